@@ -1,0 +1,167 @@
+// Package nsx runs code and commands inside named network namespaces.
+//
+// Go schedules goroutines over OS threads, and a network namespace belongs to
+// a thread, so every entry point here locks a fresh goroutine to its thread,
+// switches that thread, and lets the thread die afterwards instead of handing
+// a thread in a foreign namespace back to the scheduler.
+//
+// Named namespaces are the files under /run/netns that iproute2 and the
+// testbed create; the empty name means the namespace lanes was started in.
+package nsx
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Dir is where named network namespaces are bound (iproute2's convention).
+const Dir = "/run/netns"
+
+// Path returns the bind-mount path of a named namespace.
+func Path(name string) string { return filepath.Join(Dir, name) }
+
+// Exists reports whether a named namespace is present.
+func Exists(name string) bool {
+	if name == "" {
+		return true
+	}
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		return false
+	}
+	h.Close()
+	return true
+}
+
+// Create makes a named namespace (no-op when it exists) without leaving the
+// calling thread in it.
+func Create(name string) error {
+	if Exists(name) {
+		return nil
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is left in the new namespace: never unlock, so the
+		// runtime discards it when this goroutine ends.
+		h, err := netns.NewNamed(name)
+		if err == nil {
+			h.Close()
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("creating netns %s: %w", name, err)
+	}
+	return nil
+}
+
+// Delete removes a named namespace; a missing one is not an error.
+func Delete(name string) error {
+	if !Exists(name) {
+		return nil
+	}
+	if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("deleting netns %s: %w", name, err)
+	}
+	return nil
+}
+
+// List returns the named namespaces whose names start with prefix.
+func List(prefix string) []string {
+	ents, _ := os.ReadDir(Dir)
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// Do runs fn on a thread inside the named namespace.
+func Do(name string, fn func() error) error {
+	return do(name, false, fn)
+}
+
+// DoSysfs runs fn inside the named namespace with a private mount namespace
+// whose /sys is mounted from within it, so /sys/class/net shows that
+// namespace's devices (what `ip netns exec` does). /proc/sys/net follows the
+// thread's netns already; /sys does not, because sysfs binds its view at mount.
+func DoSysfs(name string, fn func() error) error {
+	return do(name, true, fn)
+}
+
+func do(name string, sysfs bool, fn func() error) error {
+	if name == "" && !sysfs {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Thread state changes below are never undone: the locked thread
+		// exits with the goroutine (we do not call UnlockOSThread).
+		errc <- func() error {
+			if sysfs {
+				// CLONE_FS first: Go's threads share one fs_struct, and a new
+				// mount namespace needs a private one.
+				if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+					return fmt.Errorf("unshare mount namespace: %w", err)
+				}
+				if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+					return fmt.Errorf("making mounts private: %w", err)
+				}
+			}
+			if name != "" {
+				h, err := netns.GetFromName(name)
+				if err != nil {
+					return fmt.Errorf("opening netns %s: %w", name, err)
+				}
+				defer h.Close()
+				if err := netns.Set(h); err != nil {
+					return fmt.Errorf("entering netns %s: %w", name, err)
+				}
+			}
+			if sysfs {
+				_ = unix.Unmount("/sys", unix.MNT_DETACH)
+				if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+					return fmt.Errorf("mounting sysfs for netns %s: %w", name, err)
+				}
+			}
+			return fn()
+		}()
+	}()
+	return <-errc
+}
+
+// Start starts cmd inside the named namespace: the child is forked from a
+// thread that has entered it, and inherits it.
+func Start(name string, cmd *exec.Cmd) error {
+	return Do(name, cmd.Start)
+}
+
+// Output runs argv inside the named namespace and returns its stdout; on
+// failure the error carries stderr.
+func Output(name string, argv ...string) ([]byte, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	var out []byte
+	err := Do(name, func() error {
+		var err error
+		out, err = cmd.Output()
+		return err
+	})
+	if err != nil {
+		return out, fmt.Errorf("%s (netns %q): %w: %s", strings.Join(argv, " "), name, err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}

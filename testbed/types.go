@@ -1,0 +1,117 @@
+// Package testbed builds two container hosts on one machine: network
+// namespaces joined by an underlay veth pair that behaves like a NIC (MTU
+// frames, complete checksums, NAPI + GRO polled on a chosen "IRQ core"), each
+// host with a VXLAN overlay and containers behind veth pairs, in Docker's or
+// Flannel's layout. Everything lives in namespaces whose names start with the
+// testbed's prefix, so `down` can find and remove all of it from any state.
+package testbed
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Topology is the way a host wires containers to its VXLAN device.
+type Topology string
+
+const (
+	// Docker: VXLAN enslaved to a Linux bridge together with the host-side
+	// veths; all containers share one L2 segment across hosts.
+	Docker Topology = "docker"
+	// Flannel: an L3 VXLAN device (flannel.1) routing between per-host pod
+	// subnets; containers sit on a per-host bridge (cni0).
+	Flannel Topology = "flannel"
+)
+
+// Config says what to build.
+type Config struct {
+	Prefix     string   // namespace and state prefix, default "lanes"
+	Topology   Topology // default Docker
+	Containers int      // containers per host, default 2
+	IRQCPU     int      // core that polls each host's underlay NIC, default 1 (last core)
+	MTU        int      // underlay MTU, default 1500
+	VNI        uint32   // VXLAN network identifier, default 42
+}
+
+// Testbed is what Up built (and what Load reads back).
+type Testbed struct {
+	Config Config
+	// Hosts[0] is the sender ("client host"), Hosts[1] the receiver
+	// ("server host"); traffic works both ways.
+	Hosts [2]Host
+}
+
+// Host is one simulated machine.
+type Host struct {
+	Name         string       // e.g. "h1"
+	NetNS        string       // namespace holding the host's devices, e.g. "lanes-h1"
+	Underlay     string       // underlay "NIC" (veth) name inside NetNS
+	UnderlayAddr netip.Prefix // e.g. 198.18.0.1/24: the native path's address
+	UnderlayMAC  net.HardwareAddr
+	VXLAN        string       // VXLAN device name inside NetNS
+	VTEPAddr     netip.Prefix // flannel: the VXLAN device's own address; docker: invalid
+	Bridge       string       // bridge name inside NetNS
+	PodSubnet    netip.Prefix // flannel: this host's pod subnet; docker: the shared overlay subnet
+	Containers   []Container
+}
+
+// Container is one container: a namespace with one veth into its host.
+type Container struct {
+	Name     string // e.g. "c1"
+	NetNS    string // e.g. "lanes-h1-c1"
+	Addr     netip.Prefix
+	MAC      net.HardwareAddr
+	Veth     string // device name inside the container ("eth0")
+	HostVeth string // peer name inside the host namespace
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = "lanes"
+	}
+	if c.Topology == "" {
+		c.Topology = Docker
+	}
+	if c.Containers == 0 {
+		c.Containers = 2
+	}
+	if c.MTU == 0 {
+		c.MTU = 1500
+	}
+	if c.VNI == 0 {
+		c.VNI = 42
+	}
+	return c
+}
+
+// Validate reports the first thing wrong with c, as a one-line fix-it.
+func (c Config) Validate(ncpu int) error {
+	switch c.Topology {
+	case Docker, Flannel:
+	default:
+		return fmt.Errorf("unknown topology %q: use docker or flannel", c.Topology)
+	}
+	if c.Containers < 1 || c.Containers > 50 {
+		return fmt.Errorf("containers per host must be 1..50, got %d", c.Containers)
+	}
+	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
+		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)
+	}
+	if c.MTU < 1280 || c.MTU > 9000 {
+		return fmt.Errorf("underlay MTU must be 1280..9000, got %d", c.MTU)
+	}
+	if c.VNI > 1<<24-1 {
+		return fmt.Errorf("VNI must fit in 24 bits, got %d", c.VNI)
+	}
+	if len(c.Prefix) > 8 {
+		return fmt.Errorf("prefix %q is too long: at most 8 characters (device names are limited to 15)", c.Prefix)
+	}
+	return nil
+}
+
+// Receiver is the host the benchmarks measure.
+func (tb *Testbed) Receiver() *Host { return &tb.Hosts[1] }
+
+// Sender is the host that generates traffic.
+func (tb *Testbed) Sender() *Host { return &tb.Hosts[0] }
