@@ -12,6 +12,7 @@ require (
 	github.com/cilium/ebpf v0.22.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 )
 

@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lanesnet/lanes/testbed"
+)
+
+func init() { register(newTestbedCmd) }
+
+func newTestbedCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "testbed",
+		Short: "Build, inspect and remove a two-host container overlay testbed in network namespaces",
+	}
+	var cfg testbed.Config
+	var topo string
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Build the testbed (idempotent: an intact testbed with the same settings is left as it is)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Topology = testbed.Topology(topo)
+			tb, err := testbed.Up(cfg)
+			if err != nil {
+				return err
+			}
+			return tb.WriteStatus(cmd.OutOrStdout())
+		},
+	}
+	up.Flags().StringVar(&cfg.Prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
+	up.Flags().StringVar(&topo, "topology", "docker", "docker (VXLAN in a bridge) or flannel (L3 VXLAN + pod bridge)")
+	up.Flags().IntVar(&cfg.Containers, "containers", 2, "containers per host")
+	up.Flags().IntVar(&cfg.IRQCPU, "irq-cpu", runtime.NumCPU()-1, "core that polls the underlay NICs (like a NIC's IRQ affinity)")
+	up.Flags().IntVar(&cfg.MTU, "mtu", 1500, "underlay MTU")
+	var vni uint
+	up.Flags().UintVar(&vni, "vni", 42, "VXLAN network identifier")
+	up.PreRun = func(*cobra.Command, []string) { cfg.VNI = uint32(vni) }
+
+	var prefix string
+	down := &cobra.Command{
+		Use:   "down",
+		Short: "Remove the testbed and everything in it (works from any state)",
+		Args:  cobra.NoArgs,
+		RunE:  func(*cobra.Command, []string) error { return testbed.Down(prefix) },
+	}
+	down.Flags().StringVar(&prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
+
+	var asJSON bool
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "List the testbed's devices, addresses and where each NAPI instance runs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tb, err := testbed.Load(prefix)
+			if err != nil {
+				return err
+			}
+			if !asJSON {
+				return tb.WriteStatus(cmd.OutOrStdout())
+			}
+			st, err := tb.Status()
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(map[string]any{"testbed": tb, "devices": st})
+		},
+	}
+	status.Flags().StringVar(&prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(up, down, status)
+	_ = fmt.Sprint
+	return cmd
+}

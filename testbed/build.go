@@ -1,0 +1,564 @@
+package testbed
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/nsx"
+)
+
+// StateDir holds one JSON file per testbed, so other commands (bench,
+// status, down) find what up built without rediscovering it.
+var StateDir = "/run/lanes/testbed"
+
+// Addressing plan, all inside the benchmarking range 198.18.0.0/15:
+//
+//	underlay   198.18.0.<host>/24            (the "physical" network)
+//	docker     198.19.0.<10*host+c>/24        (one L2 overlay segment)
+//	flannel    198.19.<host>.0/24 per host: VTEP .0/32, bridge .1, pods .<10+c>
+const vxlanPort = 4789
+
+func underlayAddr(host int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, 0, byte(host)}), 24)
+}
+
+// mac builds locally administered, unicast addresses that encode the role,
+// so a packet capture tells at once where a frame came from.
+func mac(role, host, idx byte) net.HardwareAddr {
+	return net.HardwareAddr{0x02, 0x1a, 0x4e, role, host, idx}
+}
+
+const (
+	roleUnderlay = 0x01
+	roleVTEP     = 0x02
+	roleCont     = 0x03
+)
+
+// overlayMTU leaves room for the VXLAN headers (outer IPv4 20 + UDP 8 +
+// VXLAN 8 + inner Ethernet 14).
+func (c Config) overlayMTU() int { return c.MTU - 50 }
+
+func (c Config) hostNS(h int) string    { return fmt.Sprintf("%s-h%d", c.Prefix, h) }
+func (c Config) contNS(h, k int) string { return fmt.Sprintf("%s-h%d-c%d", c.Prefix, h, k) }
+
+// plan computes every name and address of the testbed from the config alone.
+func plan(c Config) *Testbed {
+	tb := &Testbed{Config: c}
+	for i := range tb.Hosts {
+		h := i + 1
+		host := Host{
+			Name:         fmt.Sprintf("h%d", h),
+			NetNS:        c.hostNS(h),
+			Underlay:     fmt.Sprintf("ul%d", h),
+			UnderlayAddr: underlayAddr(h),
+			UnderlayMAC:  mac(roleUnderlay, byte(h), 0),
+		}
+		switch c.Topology {
+		case Docker:
+			host.VXLAN = "vxlan0"
+			host.Bridge = "br0"
+			host.PodSubnet = netip.MustParsePrefix("198.19.0.0/24")
+		case Flannel:
+			host.VXLAN = "flannel.1"
+			host.Bridge = "cni0"
+			host.PodSubnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), 0}), 24)
+			host.VTEPAddr = netip.PrefixFrom(host.PodSubnet.Addr(), 32)
+		}
+		for k := 1; k <= c.Containers; k++ {
+			var addr netip.Addr
+			if c.Topology == Docker {
+				addr = netip.AddrFrom4([4]byte{198, 19, 0, byte(10*h + k)})
+			} else {
+				addr = netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)})
+			}
+			host.Containers = append(host.Containers, Container{
+				Name:     fmt.Sprintf("c%d", k),
+				NetNS:    c.contNS(h, k),
+				Addr:     netip.PrefixFrom(addr, 24),
+				MAC:      mac(roleCont, byte(h), byte(k)),
+				Veth:     "eth0",
+				HostVeth: fmt.Sprintf("veth%d", k),
+			})
+		}
+		tb.Hosts[i] = host
+	}
+	return tb
+}
+
+// Up builds the testbed, or leaves it as it is when one with the same
+// config is already up and intact. A testbed with another config under the
+// same prefix is torn down first: up converges to what was asked.
+func Up(cfg Config) (*Testbed, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(runtime.NumCPU()); err != nil {
+		return nil, err
+	}
+	if old, err := Load(cfg.Prefix); err == nil {
+		if old.Config == cfg && old.intact() {
+			return old, nil
+		}
+	}
+	if err := Down(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	tb := plan(cfg)
+	if err := tb.build(); err != nil {
+		// Never leave half a testbed behind.
+		if derr := Down(cfg.Prefix); derr != nil {
+			err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+		}
+		return nil, err
+	}
+	if err := tb.save(); err != nil {
+		Down(cfg.Prefix)
+		return nil, err
+	}
+	return tb, nil
+}
+
+func (tb *Testbed) intact() bool {
+	for _, h := range tb.Hosts {
+		if !nsx.Exists(h.NetNS) {
+			return false
+		}
+		for _, c := range h.Containers {
+			if !nsx.Exists(c.NetNS) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (tb *Testbed) build() error {
+	for _, h := range tb.Hosts {
+		if err := nsx.Create(h.NetNS); err != nil {
+			return err
+		}
+		for _, c := range h.Containers {
+			if err := nsx.Create(c.NetNS); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tb.buildUnderlay(); err != nil {
+		return fmt.Errorf("building underlay: %w", err)
+	}
+	for i := range tb.Hosts {
+		if err := tb.buildHost(i); err != nil {
+			return fmt.Errorf("building host %s: %w", tb.Hosts[i].Name, err)
+		}
+	}
+	// Last: a veth re-creates its NAPI contexts as its peer comes up and
+	// its features change, so the pollers are threaded and pinned only
+	// once the underlay has settled.
+	for _, h := range tb.Hosts {
+		if err := tb.pinNAPI(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle opens a netlink handle bound to a named namespace; it works from
+// any thread, so no namespace switching is needed for link configuration.
+func handle(ns string) (*netlink.Handle, func(), error) {
+	nh, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening netns %s: %w", ns, err)
+	}
+	h, err := netlink.NewHandleAt(nh)
+	if err != nil {
+		nh.Close()
+		return nil, nil, fmt.Errorf("netlink in %s: %w", ns, err)
+	}
+	return h, func() { h.Close(); nh.Close() }, nil
+}
+
+func nsFd(ns string) (netns.NsHandle, error) {
+	nh, err := netns.GetFromName(ns)
+	if err != nil {
+		return 0, fmt.Errorf("opening netns %s: %w", ns, err)
+	}
+	return nh, nil
+}
+
+func (tb *Testbed) buildUnderlay() error {
+	a, b := &tb.Hosts[0], &tb.Hosts[1]
+	ha, closeA, err := handle(a.NetNS)
+	if err != nil {
+		return err
+	}
+	defer closeA()
+	bfd, err := nsFd(b.NetNS)
+	if err != nil {
+		return err
+	}
+	defer bfd.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: a.Underlay, MTU: tb.Config.MTU, HardwareAddr: a.UnderlayMAC},
+		PeerName:         b.Underlay,
+		PeerHardwareAddr: b.UnderlayMAC,
+		PeerNamespace:    netlink.NsFd(int(bfd)),
+	}
+	if err := ha.LinkAdd(veth); err != nil {
+		return fmt.Errorf("adding underlay veth %s<->%s: %w", a.Underlay, b.Underlay, err)
+	}
+	for _, h := range tb.Hosts {
+		if err := tb.setupNIC(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupNIC makes a host's end of the underlay veth behave like a NIC.
+func (tb *Testbed) setupNIC(h Host) error {
+	nh, closeH, err := handle(h.NetNS)
+	if err != nil {
+		return err
+	}
+	defer closeH()
+	lo, err := nh.LinkByName("lo")
+	if err == nil {
+		err = nh.LinkSetUp(lo)
+	}
+	if err != nil {
+		return fmt.Errorf("bringing up lo: %w", err)
+	}
+	link, err := nh.LinkByName(h.Underlay)
+	if err != nil {
+		return err
+	}
+	if err := nh.LinkSetMTU(link, tb.Config.MTU); err != nil {
+		return fmt.Errorf("setting MTU of %s: %w", h.Underlay, err)
+	}
+	if err := nh.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(h.UnderlayAddr)}); err != nil {
+		return fmt.Errorf("addressing %s: %w", h.Underlay, err)
+	}
+	// What a real NIC puts on the wire: MTU frames with finished checksums.
+	for _, f := range []ethtool.Feature{ethtool.TSO, ethtool.GSO, ethtool.TxChecksum} {
+		if err := ethtool.Set(h.NetNS, h.Underlay, f, false); err != nil {
+			return err
+		}
+	}
+	// GRO on a veth switches its receive side to NAPI, like a NIC driver.
+	if err := ethtool.Set(h.NetNS, h.Underlay, ethtool.GRO, true); err != nil {
+		return err
+	}
+	if err := nh.LinkSetUp(link); err != nil {
+		return fmt.Errorf("bringing up %s: %w", h.Underlay, err)
+	}
+	return nil
+}
+
+// pinNAPI threads the underlay's NAPI and pins its kthread on the IRQ core:
+// veth_xmit schedules the peer's NAPI on the sending CPU, so without this the
+// "IRQ core" would be wherever the sender runs.
+func (tb *Testbed) pinNAPI(h Host) error {
+	err := nsx.DoSysfs(h.NetNS, func() error {
+		return os.WriteFile(filepath.Join("/sys/class/net", h.Underlay, "threaded"), []byte("1"), 0)
+	})
+	if err != nil {
+		return fmt.Errorf("threading NAPI of %s: %w", h.Underlay, err)
+	}
+	// The poller is created asynchronously with the device's NAPI, and the
+	// netdev dump has been seen to fail transiently right after creation:
+	// poll for it, bounded.
+	var threads []kthread.Thread
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		threads, err = NAPIThreads(h.NetNS, h.Underlay)
+		if err == nil && len(threads) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("no NAPI kthread appeared for %s after enabling threaded NAPI", h.Underlay)
+			}
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, t := range threads {
+		if err := t.Pin(tb.Config.IRQCPU); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	bits := 32
+	if p.Addr().Is6() {
+		bits = 128
+	}
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), bits)}
+}
+
+func (tb *Testbed) buildHost(i int) error {
+	h := tb.Hosts[i]
+	peer := tb.Hosts[1-i]
+	nh, closeH, err := handle(h.NetNS)
+	if err != nil {
+		return err
+	}
+	defer closeH()
+	ul, err := nh.LinkByName(h.Underlay)
+	if err != nil {
+		return err
+	}
+	omtu := tb.Config.overlayMTU()
+
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: h.Bridge, MTU: omtu}}
+	if err := nh.LinkAdd(br); err != nil {
+		return fmt.Errorf("adding bridge %s: %w", h.Bridge, err)
+	}
+	vx := &netlink.Vxlan{
+		LinkAttrs:    netlink.LinkAttrs{Name: h.VXLAN, MTU: omtu, HardwareAddr: mac(roleVTEP, byte(i+1), 0)},
+		VxlanId:      int(tb.Config.VNI),
+		VtepDevIndex: ul.Attrs().Index,
+		SrcAddr:      h.UnderlayAddr.Addr().AsSlice(),
+		Port:         vxlanPort,
+		Learning:     false, // both Docker and Flannel program the FDB themselves
+	}
+	if err := nh.LinkAdd(vx); err != nil {
+		return fmt.Errorf("adding vxlan %s: %w", h.VXLAN, err)
+	}
+	vxl, err := nh.LinkByName(h.VXLAN)
+	if err != nil {
+		return err
+	}
+	brl, err := nh.LinkByName(h.Bridge)
+	if err != nil {
+		return err
+	}
+	remote := peer.UnderlayAddr.Addr().AsSlice()
+
+	switch tb.Config.Topology {
+	case Docker:
+		// Docker's overlay driver: the VXLAN device is a bridge port; the
+		// FDB sends every remote container MAC, and flooded ARP, to the
+		// peer's VTEP.
+		if err := nh.LinkSetMaster(vxl, brl); err != nil {
+			return fmt.Errorf("enslaving %s: %w", h.VXLAN, err)
+		}
+		fdb := []net.HardwareAddr{{0, 0, 0, 0, 0, 0}}
+		for _, c := range peer.Containers {
+			fdb = append(fdb, c.MAC)
+		}
+		for _, m := range fdb {
+			if err := nh.NeighAppend(&netlink.Neigh{
+				LinkIndex: vxl.Attrs().Index, Family: unix.AF_BRIDGE,
+				State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
+				IP: remote, HardwareAddr: m,
+			}); err != nil {
+				return fmt.Errorf("adding fdb %s -> %s: %w", m, peer.UnderlayAddr.Addr(), err)
+			}
+		}
+	case Flannel:
+		// flanneld's layout: the L3 VXLAN device owns this host's VTEP
+		// address; for each remote subnet a route via the remote VTEP
+		// address (onlink), a permanent neighbour giving its MAC, and an
+		// FDB entry sending that MAC to the remote underlay address.
+		if err := nh.AddrAdd(vxl, &netlink.Addr{IPNet: prefixNet(h.VTEPAddr)}); err != nil {
+			return fmt.Errorf("addressing %s: %w", h.VXLAN, err)
+		}
+		if err := nh.AddrAdd(brl, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.PodSubnet.Addr().Next(), 24))}); err != nil {
+			return fmt.Errorf("addressing %s: %w", h.Bridge, err)
+		}
+		peerMAC := mac(roleVTEP, byte(2-i), 0)
+		if err := nh.NeighAdd(&netlink.Neigh{
+			LinkIndex: vxl.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: peer.VTEPAddr.Addr().AsSlice(), HardwareAddr: peerMAC,
+		}); err != nil {
+			return fmt.Errorf("adding neighbour for peer VTEP: %w", err)
+		}
+		if err := nh.NeighAppend(&netlink.Neigh{
+			LinkIndex: vxl.Attrs().Index, Family: unix.AF_BRIDGE,
+			State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
+			IP: remote, HardwareAddr: peerMAC,
+		}); err != nil {
+			return fmt.Errorf("adding fdb for peer VTEP: %w", err)
+		}
+		if err := nsx.Do(h.NetNS, func() error {
+			return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0)
+		}); err != nil {
+			return fmt.Errorf("enabling forwarding: %w", err)
+		}
+	}
+	if err := nh.LinkSetUp(vxl); err != nil {
+		return err
+	}
+	if err := nh.LinkSetUp(brl); err != nil {
+		return err
+	}
+	if tb.Config.Topology == Flannel {
+		if err := nh.RouteAdd(&netlink.Route{
+			LinkIndex: vxl.Attrs().Index, Dst: prefixNet(peer.PodSubnet),
+			Gw: peer.VTEPAddr.Addr().AsSlice(), Flags: int(netlink.FLAG_ONLINK),
+		}); err != nil {
+			return fmt.Errorf("routing to %s: %w", peer.PodSubnet, err)
+		}
+	}
+	for _, c := range h.Containers {
+		if err := tb.buildContainer(nh, brl, h, c); err != nil {
+			return fmt.Errorf("container %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+func (tb *Testbed) buildContainer(nh *netlink.Handle, br netlink.Link, h Host, c Container) error {
+	cfd, err := nsFd(c.NetNS)
+	if err != nil {
+		return err
+	}
+	defer cfd.Close()
+	omtu := tb.Config.overlayMTU()
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: c.HostVeth, MTU: omtu, MasterIndex: br.Attrs().Index},
+		PeerName:         c.Veth,
+		PeerHardwareAddr: c.MAC,
+		PeerNamespace:    netlink.NsFd(int(cfd)),
+	}
+	if err := nh.LinkAdd(veth); err != nil {
+		return fmt.Errorf("adding veth %s: %w", c.HostVeth, err)
+	}
+	hv, err := nh.LinkByName(c.HostVeth)
+	if err != nil {
+		return err
+	}
+	if err := nh.LinkSetUp(hv); err != nil {
+		return err
+	}
+	ch, closeC, err := handle(c.NetNS)
+	if err != nil {
+		return err
+	}
+	defer closeC()
+	for _, name := range []string{"lo", c.Veth} {
+		l, err := ch.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if name == c.Veth {
+			if err := ch.LinkSetMTU(l, omtu); err != nil {
+				return err
+			}
+			if err := ch.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(c.Addr)}); err != nil {
+				return fmt.Errorf("addressing %s: %w", c.Veth, err)
+			}
+		}
+		if err := ch.LinkSetUp(l); err != nil {
+			return err
+		}
+		if name == c.Veth && tb.Config.Topology == Flannel {
+			if err := ch.RouteAdd(&netlink.Route{Gw: h.PodSubnet.Addr().Next().AsSlice(), LinkIndex: l.Attrs().Index}); err != nil {
+				return fmt.Errorf("default route: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func statePath(prefix string) string { return filepath.Join(StateDir, prefix+".json") }
+
+func (tb *Testbed) save() error {
+	if err := os.MkdirAll(StateDir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(tb, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := statePath(tb.Config.Prefix) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, statePath(tb.Config.Prefix))
+}
+
+// ErrNotUp says no testbed with that prefix is up.
+var ErrNotUp = errors.New("testbed is not up")
+
+// Load reads back the testbed that Up built under prefix.
+func Load(prefix string) (*Testbed, error) {
+	if prefix == "" {
+		prefix = "lanes"
+	}
+	b, err := os.ReadFile(statePath(prefix))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w (prefix %q): run 'lanes testbed up' first", ErrNotUp, prefix)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var tb Testbed
+	if err := json.Unmarshal(b, &tb); err != nil {
+		return nil, fmt.Errorf("reading testbed state %s: %w", statePath(prefix), err)
+	}
+	return &tb, nil
+}
+
+// Down removes every namespace of the testbed (and so every device in
+// them), kills processes still running inside them, and forgets the state.
+// It works from any state, including a half-built testbed and no testbed.
+func Down(prefix string) error {
+	if prefix == "" {
+		prefix = "lanes"
+	}
+	var errs []error
+	var pollers []int
+	for _, ns := range nsx.List(prefix + "-h") {
+		if !isTestbedNS(prefix, ns) {
+			continue
+		}
+		if inst, err := napi.List(ns, 0); err == nil {
+			for _, in := range inst {
+				if in.PID != 0 {
+					pollers = append(pollers, in.PID)
+				}
+			}
+		}
+		killInside(ns)
+		if err := nsx.Delete(ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	waitExited(pollers)
+	if err := os.Remove(statePath(prefix)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// isTestbedNS matches <prefix>-h<N> and <prefix>-h<N>-c<M> only, so a
+// neighbouring prefix ("lanes2") is never touched.
+func isTestbedNS(prefix, ns string) bool {
+	rest, ok := strings.CutPrefix(ns, prefix+"-h")
+	if !ok {
+		return false
+	}
+	var h, c int
+	if n, _ := fmt.Sscanf(rest, "%d-c%d", &h, &c); n == 2 && rest == fmt.Sprintf("%d-c%d", h, c) {
+		return true
+	}
+	n, _ := fmt.Sscanf(rest, "%d", &h)
+	return n == 1 && rest == fmt.Sprint(h)
+}

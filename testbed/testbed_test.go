@@ -1,0 +1,338 @@
+package testbed
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/nsx"
+)
+
+var testSeq int
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+}
+
+// upForTest builds a testbed under a prefix of its own and tears it down
+// when the test ends, pass or fail.
+func upForTest(t *testing.T, cfg Config) *Testbed {
+	t.Helper()
+	requireRoot(t)
+	if cfg.Prefix == "" {
+		testSeq++
+		cfg.Prefix = fmt.Sprintf("t%d-%d", os.Getpid()%10000, testSeq)
+	}
+	old := StateDir
+	StateDir = t.TempDir()
+	t.Cleanup(func() {
+		if err := Down(cfg.Prefix); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		if left := nsx.List(cfg.Prefix + "-"); len(left) > 0 {
+			t.Errorf("down left namespaces behind: %v", left)
+		}
+		StateDir = old
+	})
+	tb, err := Up(cfg)
+	if err != nil {
+		t.Fatalf("up: %v", err)
+	}
+	return tb
+}
+
+// tcpTransfer sends n random-ish bytes from (srcNS) to dst:port listening in
+// dstNS and checks that exactly those bytes arrived.
+func tcpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, n int) {
+	t.Helper()
+	var ln net.Listener
+	if err := nsx.Do(dstNS, func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	payload := make([]byte, n)
+	for i := range payload {
+		payload[i] = byte(i*7 + i>>8)
+	}
+	want := sha256.Sum256(payload)
+	got := make(chan [32]byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- [32]byte{}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		h := sha256.New()
+		io.Copy(h, c)
+		var s [32]byte
+		copy(s[:], h.Sum(nil))
+		got <- s
+	}()
+	var conn net.Conn
+	if err := nsx.Do(srcNS, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
+		return
+	}); err != nil {
+		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
+	}
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.Copy(conn, bytes.NewReader(payload)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if s := <-got; s != want {
+		t.Fatalf("TCP %s -> %s: received bytes differ from sent", srcNS, dstNS)
+	}
+}
+
+// udpTransfer sends datagrams until count of them have arrived in order of
+// sending at least once; overlay UDP over an idle testbed must not drop
+// them all, and every one that arrives must be intact.
+func udpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, size int) {
+	t.Helper()
+	var rc *net.UDPConn
+	if err := nsx.Do(dstNS, func() (err error) {
+		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var sc *net.UDPConn
+	if err := nsx.Do(srcNS, func() (err error) {
+		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	const count = 50
+	for i := 0; i < count; i++ {
+		msg := bytes.Repeat([]byte{byte(i)}, size)
+		if _, err := sc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 65536)
+	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := 0
+	for got < count {
+		n, err := rc.Read(buf)
+		if err != nil {
+			break
+		}
+		if n != size || !bytes.Equal(buf[:n], bytes.Repeat(buf[:1], size)) {
+			t.Fatalf("UDP %s -> %s: corrupt datagram of %d bytes", srcNS, dstNS, n)
+		}
+		got++
+	}
+	if got == 0 {
+		t.Fatalf("UDP %s -> %s: none of %d datagrams arrived", srcNS, dstNS, count)
+	}
+}
+
+func TestOverlayCarriesTraffic(t *testing.T) {
+	for _, topo := range []Topology{Docker, Flannel} {
+		t.Run(string(topo), func(t *testing.T) {
+			tb := upForTest(t, Config{Topology: topo})
+			a, b := tb.Hosts[0].Containers[0], tb.Hosts[1].Containers[1]
+			// First packets wait for ARP; the transfer itself has a deadline.
+			tcpTransfer(t, a.NetNS, b.NetNS, b.Addr.Addr(), 4<<20)
+			tcpTransfer(t, b.NetNS, a.NetNS, a.Addr.Addr(), 4<<20)
+			udpTransfer(t, a.NetNS, b.NetNS, b.Addr.Addr(), 1000)
+			udpTransfer(t, b.NetNS, a.NetNS, a.Addr.Addr(), 1000)
+			// Larger than the overlay MTU: IP fragments inside VXLAN.
+			udpTransfer(t, a.NetNS, b.NetNS, b.Addr.Addr(), 4000)
+			// Containers on the same host reach each other too.
+			c := tb.Hosts[0].Containers[1]
+			tcpTransfer(t, a.NetNS, c.NetNS, c.Addr.Addr(), 1<<20)
+		})
+	}
+}
+
+func TestNativePath(t *testing.T) {
+	tb := upForTest(t, Config{})
+	s, r := tb.Sender(), tb.Receiver()
+	tcpTransfer(t, s.NetNS, r.NetNS, r.UnderlayAddr.Addr(), 4<<20)
+	udpTransfer(t, r.NetNS, s.NetNS, s.UnderlayAddr.Addr(), 1400)
+}
+
+// The underlay must look like a NIC: no segmentation or checksum offload
+// on the wire, GRO (and so NAPI) on receive, NAPI threaded on the IRQ core.
+func TestUnderlayBehavesLikeNIC(t *testing.T) {
+	tb := upForTest(t, Config{IRQCPU: 0})
+	for _, h := range tb.Hosts {
+		for _, f := range []ethtool.Feature{ethtool.TSO, ethtool.GSO, ethtool.TxChecksum} {
+			on, err := ethtool.Get(h.NetNS, h.Underlay, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if on {
+				t.Errorf("%s/%s: %s is on", h.NetNS, h.Underlay, f.Name)
+			}
+		}
+		if on, _ := ethtool.Get(h.NetNS, h.Underlay, ethtool.GRO); !on {
+			t.Errorf("%s/%s: GRO is off", h.NetNS, h.Underlay)
+		}
+		threads, err := NAPIThreads(h.NetNS, h.Underlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(threads) == 0 {
+			t.Fatalf("%s/%s: no threaded NAPI", h.NetNS, h.Underlay)
+		}
+		for _, th := range threads {
+			aff, err := th.Affinity()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(aff) != 1 || aff[0] != 0 {
+				t.Errorf("%s affinity %v, want [0]", th.Comm, aff)
+			}
+		}
+	}
+	// MTU-sized frames on the wire: a 4 MB TCP transfer arrives as
+	// frames no larger than the underlay MTU (+ Ethernet header).
+	r := tb.Receiver()
+	before := rxCounters(t, r.NetNS, r.Underlay)
+	tcpTransfer(t, tb.Sender().Containers[0].NetNS, r.Containers[0].NetNS, r.Containers[0].Addr.Addr(), 4<<20)
+	after := rxCounters(t, r.NetNS, r.Underlay)
+	pkts, bytes := after[1]-before[1], after[0]-before[0]
+	if pkts == 0 || bytes/pkts > uint64(tb.Config.MTU+14) {
+		t.Fatalf("underlay received %d bytes in %d frames: frames larger than the MTU crossed the wire", bytes, pkts)
+	}
+}
+
+func rxCounters(t *testing.T, ns, dev string) [2]uint64 {
+	t.Helper()
+	out, err := nsx.Output(ns, "cat", "/proc/net/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(name) == dev {
+			var c [2]uint64
+			fmt.Sscan(rest, &c[0], &c[1])
+			return c
+		}
+	}
+	t.Fatalf("%s not in /proc/net/dev of %s", dev, ns)
+	return [2]uint64{}
+}
+
+func TestUpIsIdempotentAndDownIsComplete(t *testing.T) {
+	tb := upForTest(t, Config{Containers: 1})
+	threads, _ := NAPIThreads(tb.Receiver().NetNS, tb.Receiver().Underlay)
+	again, err := Up(tb.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	threads2, _ := NAPIThreads(tb.Receiver().NetNS, tb.Receiver().Underlay)
+	if len(threads) == 0 || len(threads2) != len(threads) || threads2[0].PID != threads[0].PID {
+		t.Fatalf("second up rebuilt an intact testbed (NAPI threads %v -> %v)", threads, threads2)
+	}
+	if again.Config != tb.Config {
+		t.Fatalf("config changed: %+v -> %+v", tb.Config, again.Config)
+	}
+	// A different config converges: rebuilt with 2 containers.
+	cfg := tb.Config
+	cfg.Containers = 2
+	tb2, err := Up(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tb2.Receiver().Containers) != 2 || !nsx.Exists(tb2.Receiver().Containers[1].NetNS) {
+		t.Fatal("up with a new config did not rebuild")
+	}
+	if err := Down(cfg.Prefix); err != nil {
+		t.Fatal(err)
+	}
+	if left := nsx.List(cfg.Prefix + "-"); len(left) > 0 {
+		t.Fatalf("namespaces left: %v", left)
+	}
+	for _, th := range threads2 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", th.PID)); err == nil {
+			t.Errorf("NAPI thread %s still exists after down", th.Comm)
+		}
+	}
+	if _, err := Load(cfg.Prefix); err == nil {
+		t.Fatal("state file survived down")
+	}
+	// Down of nothing is fine.
+	if err := Down(cfg.Prefix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDownFromHalfBuiltState(t *testing.T) {
+	requireRoot(t)
+	prefix := fmt.Sprintf("lh%d", os.Getpid()%100000)
+	t.Cleanup(func() { Down(prefix) })
+	// Namespaces exist, no state file, no devices: what a crash mid-up leaves.
+	for _, ns := range []string{prefix + "-h1", prefix + "-h2-c1"} {
+		if err := nsx.Create(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nsx.Create(prefix + "x-h1"); err != nil { // another testbed's: kept
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nsx.Delete(prefix + "x-h1") })
+	if err := Down(prefix); err != nil {
+		t.Fatal(err)
+	}
+	if left := nsx.List(prefix + "-"); len(left) > 0 {
+		t.Fatalf("left: %v", left)
+	}
+	if !nsx.Exists(prefix + "x-h1") {
+		t.Fatal("down removed another prefix's namespace")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	bad := []Config{
+		{Topology: "calico"},
+		{Containers: -1},
+		{IRQCPU: 64},
+		{MTU: 100},
+		{VNI: 1 << 25},
+		{Prefix: "waytoolongprefix"},
+	}
+	for _, c := range bad {
+		c2 := c
+		if c2.Topology == "" {
+			c2.Topology = Docker
+		}
+		c2 = c2.withDefaults()
+		if c.Containers == -1 {
+			c2.Containers = -1
+		}
+		if err := c2.Validate(2); err == nil {
+			t.Errorf("%+v: no error", c)
+		} else if strings.Contains(err.Error(), "\n") {
+			t.Errorf("error is not one line: %q", err)
+		}
+	}
+	if err := (Config{}).withDefaults().Validate(2); err != nil {
+		t.Errorf("defaults invalid: %v", err)
+	}
+	_ = kthread.Thread{}
+}
