@@ -1,0 +1,484 @@
+// Package report turns a results.File into report.md and into a compact
+// fixed-width comparison for the terminal. Both show, per workload and
+// point, each mode's median with its min–max over repeats and its ratio to
+// the vanilla and native medians at the same point.
+package report
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/bench/results"
+)
+
+// Baselines are the modes every other mode is compared with.
+var Baselines = []string{"vanilla", "native"}
+
+// Options tunes the markdown report.
+type Options struct {
+	// Plots are image files (as returned by plot.All) to show at the end
+	// of the report. Write makes them relative to the report's directory.
+	Plots []string
+}
+
+// Write writes the markdown report to path.
+func Write(path string, f *results.File, opt Options) error {
+	dir := filepath.Dir(path)
+	rel := make([]string, len(opt.Plots))
+	for i, p := range opt.Plots {
+		rel[i] = p
+		if r, err := filepath.Rel(dir, p); err == nil {
+			rel[i] = r
+		}
+	}
+	opt.Plots = rel
+	return os.WriteFile(path, []byte(Markdown(f, opt)), 0o644)
+}
+
+// Primary returns the metrics a workload is judged by: throughput for
+// streams, delivered messages/s for udp_stress, p50 and p99 latency for
+// request/response workloads. A workload not known here is judged by what
+// its runs measured: latency if any, else throughput, else rate.
+func Primary(a *results.Agg, workload string) []results.Metric {
+	switch workload {
+	case "tcp_stream", "udp_stream", "tcp_multi":
+		return []results.Metric{results.Throughput}
+	case "udp_stress":
+		return []results.Metric{results.PPS}
+	case "pingpong", "memcached", "nginx", "prio_latency":
+		return []results.Metric{results.LatP50, results.LatP99}
+	}
+	var lat, tput bool
+	for _, g := range a.Groups {
+		if g.Workload != workload {
+			continue
+		}
+		for i := range g.Runs {
+			lat = lat || g.Runs[i].LatP50Us > 0
+			tput = tput || g.Runs[i].ThroughputGbps > 0
+		}
+	}
+	switch {
+	case lat:
+		return []results.Metric{results.LatP50, results.LatP99}
+	case tput:
+		return []results.Metric{results.Throughput}
+	}
+	return []results.Metric{results.PPS}
+}
+
+// counters are the second table's columns after the CPU split.
+var counters = []results.Metric{
+	results.Retrans, results.OFO, results.DSACK, results.UDPReorder,
+	results.DropsSoftnet, results.DropsSocket, results.DropsNIC,
+}
+
+// Markdown returns report.md's contents.
+func Markdown(f *results.File, opt Options) string {
+	a := f.Aggregate()
+	var b strings.Builder
+	m := f.Machine
+	fmt.Fprintf(&b, "# lanes bench report\n\n")
+	fmt.Fprintf(&b, "| | |\n|---|---|\n")
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&b, "| %s | %s |\n", k, mdEscape(v))
+		}
+	}
+	row("date", dateRange(f.Started, f.Ended))
+	row("host", m.Hostname)
+	row("kernel", m.Kernel)
+	cpu := m.CPUModel
+	if m.CPUs > 0 {
+		cpu = fmt.Sprintf("%d × %s", m.CPUs, m.CPUModel)
+	}
+	row("CPU", cpu)
+	if m.MemGiB > 0 {
+		row("memory", fmt.Sprintf("%d GiB", m.MemGiB))
+	}
+	row("topology", m.Topology)
+	row("underlay IRQ core", fmt.Sprintf("cpu%d", m.IRQCPU))
+	row("lanes / Go", strings.Trim(m.LanesVer+" / "+m.GoVer, " /"))
+	row("modes", strings.Join(f.Modes, ", "))
+	runs := fmt.Sprintf("%d repeats of %gs each", f.Repeats, f.Duration)
+	if f.Quick {
+		runs += " (quick)"
+	}
+	row("runs", runs)
+	if len(f.Args) > 0 {
+		row("command", "`"+strings.Join(f.Args, " ")+"`")
+	}
+	b.WriteString("\nEach cell is the median over repeats with [min–max]. Ratios divide a mode's median by the " +
+		"vanilla or native median at the same point: above 1 is better for throughput and rates, worse for latency.\n")
+
+	if len(f.Notes) > 0 {
+		b.WriteString("\n## Notes\n\n")
+		for _, n := range f.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+
+	for _, wl := range a.Workloads() {
+		fmt.Fprintf(&b, "\n## %s\n\n", wl)
+		primaryTable(a, wl).markdown(&b)
+		b.WriteString("\nCPU split per core (median %: softirq / system / user / NAPI+cpumap kthreads; " +
+			"kthread time is part of system) and counters (median over the run):\n\n")
+		costTable(a, wl).markdown(&b)
+	}
+
+	var failed []results.Run
+	for _, g := range a.Groups {
+		failed = append(failed, g.Failed...)
+	}
+	if len(failed) > 0 {
+		b.WriteString("\n## Failed runs\n\n")
+		for _, r := range failed {
+			fmt.Fprintf(&b, "- %s %s %s, repeat %d: %s\n", r.Mode, r.Workload,
+				orDash(pointLabel(r.Point(), nil)), r.Repeat, mdEscape(r.Error))
+		}
+	}
+
+	if len(opt.Plots) > 0 {
+		b.WriteString("\n## Plots\n\n")
+		for _, p := range opt.Plots {
+			name := strings.TrimSuffix(filepath.Base(p), filepath.Ext(p))
+			fmt.Fprintf(&b, "![%s](%s)\n\n", name, filepath.ToSlash(p))
+		}
+	}
+	return b.String()
+}
+
+// Table returns the primary-metric comparison as fixed-width plain text
+// for the terminal: one block per workload.
+func Table(f *results.File) string {
+	a := f.Aggregate()
+	var b strings.Builder
+	for i, wl := range a.Workloads() {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		t := primaryTable(a, wl)
+		fmt.Fprintf(&b, "%s\n", wl)
+		t.text(&b)
+	}
+	return b.String()
+}
+
+// table is rendered both as markdown and as fixed-width text.
+type table struct {
+	header []string
+	right  []bool // right-align the column (numbers)
+	rows   [][]cell
+}
+
+// cell is a value with an optional range ("[1.2–1.4]") that markdown
+// appends to it and the text renderer aligns in a column of its own, so
+// medians line up in the terminal.
+type cell struct{ v, rng string }
+
+func (c cell) String() string {
+	if c.rng == "" {
+		return c.v
+	}
+	return c.v + " " + c.rng
+}
+
+func cells(ss ...string) []cell {
+	out := make([]cell, len(ss))
+	for i, s := range ss {
+		out[i] = cell{v: s}
+	}
+	return out
+}
+
+func primaryTable(a *results.Agg, wl string) table {
+	ms := Primary(a, wl)
+	t := table{header: []string{"point", "mode"}, right: []bool{false, false}}
+	for _, m := range ms {
+		t.header = append(t.header, metricHeader(m))
+		t.right = append(t.right, true)
+		for _, base := range Baselines {
+			t.header = append(t.header, "vs "+base)
+			t.right = append(t.right, true)
+		}
+	}
+	t.header = append(t.header, "n")
+	t.right = append(t.right, true)
+
+	pts := a.Points(wl)
+	for _, p := range pts {
+		for i, mode := range a.ModesAt(p) {
+			k := results.Key{Mode: mode, Point: p}
+			g := a.Group(k)
+			row := cells("", mode)
+			if i == 0 {
+				row[0].v = orDash(pointLabel(p, pts))
+			}
+			for _, m := range ms {
+				row = append(row, statCell(g.Stat(m), m))
+				for _, base := range Baselines {
+					if r, ok := a.Ratio(k, m, base); ok {
+						row = append(row, cell{v: fmt.Sprintf("%.2f", r)})
+					} else {
+						row = append(row, cell{v: "–"})
+					}
+				}
+			}
+			n := cell{v: fmt.Sprint(len(g.Runs))}
+			if len(g.Failed) > 0 {
+				n.rng = fmt.Sprintf("(%d failed)", len(g.Failed))
+			}
+			t.rows = append(t.rows, append(row, n))
+		}
+	}
+	return t
+}
+
+func costTable(a *results.Agg, wl string) table {
+	pts := a.Points(wl)
+	var cpus []int
+	for _, p := range pts {
+		for _, mode := range a.ModesAt(p) {
+			for _, c := range a.Group(results.Key{Mode: mode, Point: p}).CPU() {
+				if !slices.Contains(cpus, c.CPU) {
+					cpus = append(cpus, c.CPU)
+				}
+			}
+		}
+	}
+	slices.Sort(cpus)
+	t := table{header: []string{"point", "mode"}, right: []bool{false, false}}
+	for _, c := range cpus {
+		t.header = append(t.header, fmt.Sprintf("cpu%d si/sys/usr/kt", c))
+		t.right = append(t.right, true)
+	}
+	t.header = append(t.header, fmt.Sprintf("busy %% of %d", 100*len(cpus)))
+	t.right = append(t.right, true)
+	for _, m := range counters {
+		t.header = append(t.header, m.Name)
+		t.right = append(t.right, true)
+	}
+	for _, p := range pts {
+		for i, mode := range a.ModesAt(p) {
+			g := a.Group(results.Key{Mode: mode, Point: p})
+			row := []string{"", mode}
+			if i == 0 {
+				row[0] = orDash(pointLabel(p, pts))
+			}
+			byCPU := map[int]results.CPUUse{}
+			for _, c := range g.CPU() {
+				byCPU[c.CPU] = c
+			}
+			for _, c := range cpus {
+				u, ok := byCPU[c]
+				if !ok || len(g.Runs) == 0 {
+					row = append(row, "–")
+					continue
+				}
+				row = append(row, fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", u.SoftIRQ, u.System, u.User, u.Kthreads))
+			}
+			if len(g.Runs) == 0 {
+				row = append(row, "–")
+			} else {
+				row = append(row, fmt.Sprintf("%.0f", g.Stat(results.CPUBusy).Median))
+			}
+			for _, m := range counters {
+				if len(g.Runs) == 0 {
+					row = append(row, "–")
+					continue
+				}
+				row = append(row, count(g.Stat(m).Median))
+			}
+			t.rows = append(t.rows, cells(row...))
+		}
+	}
+	return t
+}
+
+func (t table) markdown(b *strings.Builder) {
+	b.WriteString("| " + strings.Join(t.header, " | ") + " |\n|")
+	for _, r := range t.right {
+		if r {
+			b.WriteString("---:|")
+		} else {
+			b.WriteString("---|")
+		}
+	}
+	b.WriteByte('\n')
+	for _, row := range t.rows {
+		ss := make([]string, len(row))
+		for i, c := range row {
+			ss[i] = mdEscape(c.String())
+		}
+		b.WriteString("| " + strings.Join(ss, " | ") + " |\n")
+	}
+}
+
+func (t table) text(b *strings.Builder) {
+	n := func(s string) int { return len([]rune(s)) }
+	wv := make([]int, len(t.header)) // value part
+	wr := make([]int, len(t.header)) // range part, with its leading space
+	for _, row := range t.rows {
+		for i, c := range row {
+			wv[i] = max(wv[i], n(c.v))
+			if c.rng != "" {
+				wr[i] = max(wr[i], 1+n(c.rng))
+			}
+		}
+	}
+	for i, h := range t.header {
+		if d := n(h) - wv[i] - wr[i]; d > 0 {
+			wv[i] += d // a wide header widens the value part
+		}
+	}
+	pad := func(s string, w int, right bool) string {
+		p := strings.Repeat(" ", max(0, w-n(s)))
+		if right {
+			return p + s
+		}
+		return s + p
+	}
+	line := func(parts []string) {
+		b.WriteString(strings.TrimRight(strings.Join(parts, "  "), " ") + "\n")
+	}
+	hdr := make([]string, len(t.header))
+	for i, h := range t.header {
+		hdr[i] = pad(h, wv[i]+wr[i], t.right[i])
+	}
+	line(hdr)
+	for _, row := range t.rows {
+		parts := make([]string, len(row))
+		for i, c := range row {
+			r := ""
+			if c.rng != "" {
+				r = " " + c.rng
+			}
+			parts[i] = pad(c.v, wv[i], t.right[i]) + pad(r, wr[i], false)
+		}
+		line(parts)
+	}
+}
+
+func metricHeader(m results.Metric) string {
+	if m.Unit == "" {
+		return m.Name
+	}
+	return m.Name + " " + m.Unit
+}
+
+// statCell is "median [min–max]", or the median alone for one repeat.
+func statCell(s results.Stat, m results.Metric) cell {
+	if s.N == 0 {
+		return cell{v: "failed"}
+	}
+	c := cell{v: num(s.Median, m.Unit)}
+	if s.N > 1 && s.Min != s.Max {
+		c.rng = fmt.Sprintf("[%s–%s]", num(s.Min, m.Unit), num(s.Max, m.Unit))
+	}
+	return c
+}
+
+// num formats a value with a precision that suits its unit and size.
+func num(v float64, unit string) string {
+	switch {
+	case unit == "Gbit/s":
+		return fmt.Sprintf("%.2f", v)
+	case unit == "µs" && v < 1000:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return count(v)
+}
+
+// count formats a number with about three significant digits, using k and
+// M past ten thousand so wide counters do not blow up the table.
+func count(v float64) string {
+	a := v
+	if a < 0 {
+		a = -a
+	}
+	switch {
+	case a >= 1e9:
+		return fmt.Sprintf("%.2fG", v/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case a >= 1e4:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	case a >= 100 || v == float64(int64(v)):
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// pointLabel names a point by the dimensions that tell it apart from the
+// other points of its workload (all of pts); with pts nil, by every
+// dimension that is set.
+func pointLabel(p results.Point, pts []results.Point) string {
+	varies := func(f func(results.Point) any) bool {
+		for _, q := range pts {
+			if f(q) != f(p) {
+				return true
+			}
+		}
+		return false
+	}
+	all := pts == nil
+	var parts []string
+	if p.Proto != "" && (all || varies(func(q results.Point) any { return q.Proto })) {
+		parts = append(parts, p.Proto)
+	}
+	if p.MsgSize > 0 {
+		parts = append(parts, Bytes(p.MsgSize))
+	}
+	if p.Flows > 1 || (!all && varies(func(q results.Point) any { return q.Flows })) {
+		if p.Flows == 1 {
+			parts = append(parts, "1 flow")
+		} else {
+			parts = append(parts, fmt.Sprintf("%d flows", p.Flows))
+		}
+	}
+	if p.Background > 0 || (!all && varies(func(q results.Point) any { return q.Background })) {
+		parts = append(parts, fmt.Sprintf("bg %.0f%%", 100*p.Background))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Bytes formats a message size: "64 B", "1400 B", "64 KiB".
+func Bytes(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func dateRange(a, b time.Time) string {
+	if a.IsZero() {
+		return ""
+	}
+	s := a.Format("2006-01-02 15:04 MST")
+	if !b.IsZero() && b.After(a) {
+		s += fmt.Sprintf(" (%s)", b.Sub(a).Round(time.Second))
+	}
+	return s
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+// mdEscape keeps a cell's text from breaking the table.
+func mdEscape(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	return strings.ReplaceAll(s, "\n", " ")
+}

@@ -1,0 +1,136 @@
+package report
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/bench/results/resultstest"
+)
+
+func TestMarkdown(t *testing.T) {
+	f := resultstest.File()
+	f.Runs[len(f.Runs)-1].Error = "iperf3: a | b" // a pipe must not split the list item's table-free text
+	md := Markdown(f, Options{Plots: []string{"plots/throughput_tcp_stream.png"}})
+	for _, want := range []string{
+		"# lanes bench report",
+		"| host | bench1 |",
+		"| kernel | 6.18.0 |",
+		"| CPU | 2 × Synthetic CPU @ 3.0GHz |",
+		"| date | 2025-03-14 09:26 UTC (42m0s) |",
+		"- rps: rps_cpus=3 on the receiving container's eth0", // notes
+		"## tcp_stream",
+		"| point | mode | throughput Gbit/s | vs vanilla | vs native | n |",
+		// native 20, vanilla 20*0.45 = 9, rps 20*0.62 = 12.4 Gbit/s; jitter 0.96/1/1.05.
+		"| 1400 B | native | 20.00 [19.20–21.00] | 2.22 | 1.00 | 3 |",
+		"|  | vanilla | 9.00 [8.64–9.45] | 1.00 | 0.45 | 3 |",
+		"|  | rps | 12.40 [11.90–13.02] | 1.38 | 0.62 | 3 |",
+		"|  | rps | 1.24 [1.19–1.30] | 1.38 | 0.62 | 3 (1 failed) |",
+		"| 128 KiB, 8 flows | native |",
+		"| p50 µs | vs vanilla | vs native | p99 µs |",
+		"|  | vanilla | 31.0 [29.8–32.6] | 1.00 | 1.72 | 77.5 [74.4–81.4] | 1.00 | 1.72 | 3 |",
+		"| 64 B | native | 1.20M [1.15M–1.26M] | 2.22 | 1.00 | 3 |", // udp_stress pps
+		// memcached has no native runs: no ratio, a dash.
+		"| 100 B, 16 flows | vanilla | 93.0 [89.3–97.7] | 1.00 | – | 372.0 [357.1–390.6] | 1.00 | – | 3 |",
+		// CPU split and counters.
+		"| point | mode | cpu0 si/sys/usr/kt | cpu1 si/sys/usr/kt | busy % of 200 | retrans | ofo | dsack | udp_reorder | drops_softnet | drops_socket | drops_nic |",
+		"|  | vanilla | 80/12/2/0 | 3/15/20/0 | 132 | 9 | 90 | 0 | 0 | 0 | 0 | 0 |",
+		"|  | rps | 55/15/5/4 | 35/18/22/2 | 150 | 0 | 0 | 0 | 3 | 756.0k | 0 | 0 |",
+		"## Failed runs",
+		"- rps tcp_stream tcp, 64 B, repeat 3: iperf3: a \\| b",
+		"![throughput_tcp_stream](plots/throughput_tcp_stream.png)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(md)
+	}
+}
+
+func TestTable(t *testing.T) {
+	txt := Table(resultstest.File())
+	for _, re := range []string{
+		`(?m)^tcp_stream$`,
+		`(?m)^point\s+mode\s+throughput Gbit/s\s+vs vanilla\s+vs native\s+n$`,
+		`(?m)^1400 B\s+native\s+20\.00 \[19\.20–21\.00\]\s+2\.22\s+1\.00\s+3$`,
+		`(?m)^\s+rps\s+12\.40 \[11\.90–13\.02\]\s+1\.38\s+0\.62\s+3$`,
+		`(?m)^\s+rps\s+1\.24 \[1\.19–1\.30\]\s+1\.38\s+0\.62\s+3 \(1 failed\)$`,
+		`(?m)^100 B, 16 flows\s+vanilla\s+93\.0 \[89\.3–97\.7\]\s+1\.00\s+–\s+372\.0`,
+	} {
+		if !regexp.MustCompile(re).MatchString(txt) {
+			t.Errorf("table does not match %s", re)
+		}
+	}
+	// Fixed width: the medians of a block end in the same column.
+	lines := strings.Split(txt, "\n")
+	col := -1
+	for _, l := range lines[2:11] {
+		i := strings.Index(l, " [")
+		if col < 0 {
+			col = i
+		}
+		if i != col {
+			t.Errorf("medians not aligned:\n%s", strings.Join(lines[:11], "\n"))
+			break
+		}
+	}
+	if t.Failed() {
+		t.Log("\n" + txt)
+	}
+}
+
+func TestEmptyAndPartial(t *testing.T) {
+	f := &results.File{}
+	if md := Markdown(f, Options{}); !strings.Contains(md, "# lanes bench report") {
+		t.Errorf("empty report: %q", md)
+	}
+	if s := Table(f); s != "" {
+		t.Errorf("empty table: %q", s)
+	}
+	// Only failures, an unknown workload, no baselines: no crash, no ratio.
+	f.Runs = []results.Run{
+		{Mode: "falcon", Workload: "prio_latency", Background: 0.5, LatP50Us: 12, LatP99Us: 40},
+		{Mode: "falcon", Workload: "prio_latency", Background: 0.5, Error: "boom"},
+		{Mode: "mflow", Workload: "mystery", Flows: 1, PPS: 1000},
+		{Mode: "mflow", Workload: "only_failed", Error: "nope"},
+	}
+	md := Markdown(f, Options{})
+	for _, want := range []string{
+		"| bg 50% | falcon | 12.0 | – | – | 40.0 | – | – | 1 (1 failed) |",
+		"| – | mflow | 1000 | – | – | 1 |",
+		"| – | mflow | failed | – | – | 0 (1 failed) |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q\n%s", want, md)
+		}
+	}
+	_ = Table(f)
+}
+
+func TestWrite(t *testing.T) {
+	dir := t.TempDir()
+	plot := filepath.Join(dir, "plots", "cdf_pingpong.png")
+	if err := Write(filepath.Join(dir, "report.md"), resultstest.File(), Options{Plots: []string{plot}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "](plots/cdf_pingpong.png)") {
+		t.Error("plot link not relative to the report")
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[int]string{64: "64 B", 1400: "1400 B", 65536: "64 KiB", 1 << 20: "1 MiB", 1500: "1500 B"} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
