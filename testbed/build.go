@@ -67,6 +67,7 @@ func plan(c Config) *Testbed {
 			Underlay:     fmt.Sprintf("ul%d", h),
 			UnderlayAddr: underlayAddr(h),
 			UnderlayMAC:  mac(roleUnderlay, byte(h), 0),
+			VXLANMAC:     mac(roleVTEP, byte(h), 0),
 		}
 		switch c.Topology {
 		case Docker:
@@ -330,7 +331,7 @@ func (tb *Testbed) buildHost(i int) error {
 		return fmt.Errorf("adding bridge %s: %w", h.Bridge, err)
 	}
 	vx := &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: h.VXLAN, MTU: omtu, HardwareAddr: mac(roleVTEP, byte(i+1), 0)},
+		LinkAttrs:    netlink.LinkAttrs{Name: h.VXLAN, MTU: omtu, HardwareAddr: h.VXLANMAC},
 		VxlanId:      int(tb.Config.VNI),
 		VtepDevIndex: ul.Attrs().Index,
 		SrcAddr:      h.UnderlayAddr.Addr().AsSlice(),
@@ -382,7 +383,7 @@ func (tb *Testbed) buildHost(i int) error {
 		if err := nh.AddrAdd(brl, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.PodSubnet.Addr().Next(), 24))}); err != nil {
 			return fmt.Errorf("addressing %s: %w", h.Bridge, err)
 		}
-		peerMAC := mac(roleVTEP, byte(2-i), 0)
+		peerMAC := peer.VXLANMAC
 		if err := nh.NeighAdd(&netlink.Neigh{
 			LinkIndex: vxl.Attrs().Index, Family: netlink.FAMILY_V4,
 			State: netlink.NUD_PERMANENT, IP: peer.VTEPAddr.Addr().AsSlice(), HardwareAddr: peerMAC,

@@ -1,0 +1,426 @@
+// Package bench is `lanes bench`: it brings up the testbed, then measures
+// every (workload point x mode) pair, interleaved and repeated, with the
+// field's real tools, and writes results.json, report.md and plots.
+//
+// Modes are compared within one run and one machine state: for each repeat
+// and each point, every mode runs back to back (in an order rotated per
+// repeat), so slow drift of a shared, noisy machine hits all modes alike and
+// ratios hold even when absolute numbers move.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/bench/metrics"
+	"github.com/lanesnet/lanes/bench/plot"
+	"github.com/lanesnet/lanes/bench/report"
+	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/bench/stress"
+	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// Options say what to measure.
+type Options struct {
+	Modes     []string
+	Workloads []string
+	Quick     bool
+	Out       string
+	Repeats   int           // 0: 3
+	Duration  time.Duration // per measurement; 0: 2 s quick, 10 s full
+	Topology  testbed.Topology
+	Prefix    string // testbed prefix; default "lbench", apart from a user's testbed
+	IRQCPU    int    // -1: the last core
+	Keep      bool   // leave the testbed up afterwards
+	Progress  io.Writer
+	Args      []string
+}
+
+// KnownModes are the modes `lanes bench` can run today. native is not a
+// lanes mode but the reference path: host to host over the underlay.
+var KnownModes = []string{"native", "vanilla", "rps"}
+
+// DefaultWorkloads is what a plain run measures; Quick trims the points.
+var DefaultWorkloads = []string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}
+
+// QuickWorkloads keeps --quick under five minutes for three modes.
+var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
+
+// Validate checks options before anything is touched, one line per problem.
+func (o *Options) Validate() error {
+	if len(o.Modes) == 0 {
+		o.Modes = []string{"native", "vanilla", "rps"}
+	}
+	seen := map[string]bool{}
+	for _, m := range o.Modes {
+		if !slices.Contains(KnownModes, m) {
+			return fmt.Errorf("unknown mode %q: use --modes with some of %s", m, strings.Join(KnownModes, ","))
+		}
+		if seen[m] {
+			return fmt.Errorf("mode %q given twice in --modes", m)
+		}
+		seen[m] = true
+	}
+	if len(o.Workloads) == 0 {
+		o.Workloads = DefaultWorkloads
+		if o.Quick {
+			o.Workloads = QuickWorkloads
+		}
+	}
+	for _, w := range o.Workloads {
+		if w == "udp_stress" {
+			continue
+		}
+		if _, err := workload.Lookup(w); err != nil {
+			return fmt.Errorf("%v; udp_stress too (use --workloads)", err)
+		}
+	}
+	if o.Repeats == 0 {
+		o.Repeats = 3
+	}
+	if o.Repeats < 1 || o.Repeats > 100 {
+		return fmt.Errorf("--repeats must be 1..100, got %d", o.Repeats)
+	}
+	if o.Duration == 0 {
+		o.Duration = 10 * time.Second
+		if o.Quick {
+			o.Duration = 2 * time.Second
+		}
+	}
+	if o.Duration < time.Second || o.Duration > 10*time.Minute {
+		return fmt.Errorf("--duration must be between 1s and 10m, got %s", o.Duration)
+	}
+	if o.Out == "" {
+		return errors.New("--out is empty: give a directory for results.json, report.md and plots")
+	}
+	if o.Prefix == "" {
+		o.Prefix = "lbench"
+	}
+	if o.Topology == "" {
+		o.Topology = testbed.Docker
+	}
+	if o.IRQCPU < 0 {
+		o.IRQCPU = runtime.NumCPU() - 1
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return nil
+}
+
+// point is one workload configuration to measure under every mode.
+type point struct {
+	workload string
+	proto    string
+	msgSize  int
+	flows    int
+	rate     int
+}
+
+func (p point) String() string {
+	s := p.workload
+	if p.msgSize > 0 {
+		s += fmt.Sprintf(" %dB", p.msgSize)
+	}
+	if p.flows > 1 {
+		s += fmt.Sprintf(" x%d", p.flows)
+	}
+	return s
+}
+
+// points expands workloads into the points the seed papers measured:
+// message sizes 16 B / 4 KB / 64 KB for streams, 1..8 flows, 64 B ping-pong.
+func points(workloads []string, quick bool) []point {
+	var out []point
+	for _, w := range workloads {
+		switch w {
+		case "tcp_stream":
+			for _, s := range []int{16, 4096, 65536} {
+				out = append(out, point{workload: w, proto: "tcp", msgSize: s, flows: 1})
+			}
+		case "udp_stream":
+			for _, s := range []int{16, 4096, 65507} {
+				out = append(out, point{workload: w, proto: "udp", msgSize: s, flows: 1})
+			}
+		case "tcp_multi":
+			flows := []int{1, 2, 4, 8}
+			if quick {
+				flows = []int{1, 4}
+			}
+			for _, f := range flows {
+				out = append(out, point{workload: w, proto: "tcp", msgSize: 65536, flows: f})
+			}
+		case "pingpong":
+			out = append(out, point{workload: w, proto: "udp", msgSize: 64, flows: 1})
+			if !quick {
+				out = append(out, point{workload: w, proto: "tcp", msgSize: 64, flows: 1})
+			}
+		case "udp_stress":
+			out = append(out, point{workload: w, proto: "udp", msgSize: 64, flows: 1})
+		case "memcached":
+			out = append(out, point{workload: w, proto: "tcp", msgSize: 550, flows: 8})
+		case "nginx":
+			out = append(out, point{workload: w, proto: "tcp", msgSize: 1024, flows: 4})
+		default:
+			out = append(out, point{workload: w, flows: 1})
+		}
+	}
+	return out
+}
+
+// Run measures and writes results into o.Out. It returns the results even
+// when some measurements failed (they are recorded with their error).
+func Run(ctx context.Context, o Options) (*results.File, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("lanes bench needs root: it builds namespaces and changes kernel knobs")
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d)...\n", o.Topology, o.IRQCPU)
+	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU})
+	if err != nil {
+		return nil, fmt.Errorf("testbed: %w", err)
+	}
+	stateDir, err := os.MkdirTemp("", "lanes-bench-state-")
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{o: o, tb: tb, stateDir: stateDir}
+	defer func() {
+		// Restore every knob before the namespaces go, then remove them.
+		control.ResetAll(stateDir)
+		os.RemoveAll(stateDir)
+		if !o.Keep {
+			testbed.Down(o.Prefix)
+		}
+	}()
+	f := &results.File{
+		Machine:  machine(tb),
+		Started:  time.Now().UTC(),
+		Args:     o.Args,
+		Quick:    o.Quick,
+		Repeats:  o.Repeats,
+		Modes:    o.Modes,
+		Duration: o.Duration.Seconds(),
+	}
+	r.file = f
+	err = r.all(ctx)
+	f.Ended = time.Now().UTC()
+	if werr := r.write(); werr != nil && err == nil {
+		err = werr
+	}
+	files, perr := plot.All(f, o.Out)
+	if perr != nil {
+		f.Notes = append(f.Notes, "plotting failed: "+perr.Error())
+	}
+	if werr := report.Write(filepath.Join(o.Out, "report.md"), f, report.Options{Plots: files}); werr != nil && err == nil {
+		err = werr
+	}
+	r.write()
+	return f, err
+}
+
+type runner struct {
+	o        Options
+	tb       *testbed.Testbed
+	stateDir string
+	file     *results.File
+	applied  string
+}
+
+func (r *runner) write() error {
+	return r.file.Write(filepath.Join(r.o.Out, "results.json"))
+}
+
+func (r *runner) all(ctx context.Context) error {
+	pts := points(r.o.Workloads, r.o.Quick)
+	total := len(pts) * len(r.o.Modes) * r.o.Repeats
+	done := 0
+	start := time.Now()
+	for rep := 0; rep < r.o.Repeats; rep++ {
+		for _, p := range pts {
+			// Rotate the mode order each repeat: no mode always runs
+			// first (after a mode switch) or last.
+			modes := slices.Clone(r.o.Modes)
+			k := rep % len(modes)
+			modes = append(modes[k:], modes[:k]...)
+			for _, mode := range modes {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				run := r.one(ctx, mode, p, rep)
+				r.file.Runs = append(r.file.Runs, run)
+				done++
+				r.progress(done, total, start, run)
+				if err := r.write(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (r *runner) progress(done, total int, start time.Time, run results.Run) {
+	eta := time.Duration(float64(time.Since(start)) / float64(done) * float64(total-done)).Round(time.Second)
+	var what string
+	switch {
+	case run.Error != "":
+		what = "FAILED: " + run.Error
+	case run.LatP50Us > 0 && run.ThroughputGbps == 0:
+		what = fmt.Sprintf("p50 %.1f us, p99 %.1f us", run.LatP50Us, run.LatP99Us)
+	case run.Workload == "udp_stress":
+		what = fmt.Sprintf("%.0f Kpps received of %.0f Kpps offered", run.PPS/1e3, run.SentPPS/1e3)
+	default:
+		what = fmt.Sprintf("%.2f Gbit/s, %.0f Kmsg/s", run.ThroughputGbps, run.PPS/1e3)
+	}
+	var cpus []string
+	for _, c := range run.CPU {
+		cpus = append(cpus, fmt.Sprintf("cpu%d %.0f%%", c.CPU, 100-c.Idle))
+	}
+	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
+		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, msgSize: run.MsgSize, flows: run.Flows}, run.Mode, what, strings.Join(cpus, ", "), eta)
+}
+
+// one measures one point under one mode.
+func (r *runner) one(ctx context.Context, mode string, p point, rep int) results.Run {
+	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Repeat: rep}
+	fail := func(err error) results.Run { run.Error = err.Error(); return run }
+	if err := r.apply(mode); err != nil {
+		return fail(err)
+	}
+	srv, cli, err := r.endpoints(mode, p)
+	if err != nil {
+		return fail(err)
+	}
+	w, err := r.workload(mode, p)
+	if err != nil {
+		return fail(err)
+	}
+	mcfg := metrics.Config{
+		RecvNS: []string{srv.NetNS},
+		SendNS: []string{cli.NetNS},
+		NICs:   []metrics.Dev{{NetNS: r.tb.Receiver().NetNS, Name: r.tb.Receiver().Underlay}},
+	}
+	before, err := metrics.Take(mcfg)
+	if err != nil {
+		return fail(fmt.Errorf("metrics: %w", err))
+	}
+	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: 5201}
+	res, werr := w.Run(ctx, srv, cli, wp)
+	after, err := metrics.Take(mcfg)
+	if err == nil {
+		metrics.Diff(before, after).Apply(&run)
+	}
+	if werr != nil {
+		return fail(werr)
+	}
+	run.ThroughputGbps = res.ThroughputGbps
+	run.PPS = res.PPS
+	run.SentPPS = res.SentPPS
+	run.LatAvgUs, run.LatMinUs, run.LatP50Us, run.LatP99Us, run.LatP999Us = res.LatAvgUs, res.LatMinUs, res.LatP50Us, res.LatP99Us, res.LatP999Us
+	run.LatCDF = res.LatCDF
+	if res.UDPReorder > 0 {
+		run.UDPReorder = res.UDPReorder
+	}
+	for k, v := range res.Extra {
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra[k] = v
+	}
+	return run
+}
+
+// apply puts the receiving host into mode. native and vanilla both mean
+// "as the kernel does it": no lanes change on the receiver.
+func (r *runner) apply(mode string) error {
+	want := mode
+	if mode == "native" {
+		want = "vanilla"
+	}
+	if r.applied == want {
+		return nil
+	}
+	if _, err := control.Apply(control.Options{Mode: want, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir}); err != nil {
+		return fmt.Errorf("applying %s: %w", want, err)
+	}
+	r.applied = want
+	return nil
+}
+
+// endpoints: overlay modes run container to container across hosts; native
+// runs host to host over the underlay. The sending application is pinned
+// off the IRQ core, so the receive path being measured has that core.
+func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, err error) {
+	s, rc := r.tb.Sender(), r.tb.Receiver()
+	var sendCPUs []int
+	for c := 0; c < runtime.NumCPU(); c++ {
+		if c != r.o.IRQCPU {
+			sendCPUs = append(sendCPUs, c)
+		}
+	}
+	if mode == "native" {
+		srv = workload.Endpoint{NetNS: rc.NetNS, Addr: rc.UnderlayAddr.Addr()}
+		cli = workload.Endpoint{NetNS: s.NetNS, Addr: s.UnderlayAddr.Addr(), CPUs: sendCPUs}
+	} else {
+		srv = workload.Endpoint{NetNS: rc.Containers[0].NetNS, Addr: rc.Containers[0].Addr.Addr()}
+		cli = workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr(), CPUs: sendCPUs}
+	}
+	return srv, cli, nil
+}
+
+func (r *runner) workload(mode string, p point) (workload.Workload, error) {
+	if p.workload != "udp_stress" {
+		return workload.Lookup(p.workload)
+	}
+	if mode == "native" {
+		return nil, errors.New("udp_stress injects VXLAN frames: it has no native variant (the native UDP reference is udp_stream)")
+	}
+	return stress.NewUDPStress(r.stressTarget(), r.stressGen()), nil
+}
+
+func (r *runner) stressTarget() stress.Target {
+	s, rc := r.tb.Sender(), r.tb.Receiver()
+	t := stress.Target{
+		SenderNetNS: s.NetNS,
+		SenderDev:   s.Underlay,
+		SrcMAC:      s.UnderlayMAC,
+		DstMAC:      rc.UnderlayMAC,
+		SrcIP:       s.UnderlayAddr.Addr(),
+		DstIP:       rc.UnderlayAddr.Addr(),
+		VNI:         r.tb.Config.VNI,
+	}
+	if r.tb.Config.Topology == testbed.Docker {
+		t.InnerSrcMAC = s.Containers[0].MAC
+		t.InnerDstMAC = rc.Containers[0].MAC
+	} else {
+		t.InnerSrcMAC = s.VXLANMAC
+		t.InnerDstMAC = rc.VXLANMAC
+	}
+	return t
+}
+
+// stressGen pins the generator off the IRQ core: a saturating generator
+// starves kthreads on its own core (PREEMPT_NONE), see shared FACTS.
+func (r *runner) stressGen() stress.GenConfig {
+	cpu := 0
+	if r.o.IRQCPU == 0 {
+		cpu = runtime.NumCPU() - 1
+	}
+	return stress.GenConfig{CPU: cpu}
+}

@@ -1,0 +1,46 @@
+package bench
+
+import (
+	"bufio"
+	"os"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// Version is set by the CLI (from the build info).
+var Version = "dev"
+
+func machine(tb *testbed.Testbed) results.Machine {
+	m := results.Machine{
+		CPUs:     runtime.NumCPU(),
+		Topology: string(tb.Config.Topology),
+		IRQCPU:   tb.Config.IRQCPU,
+		GoVer:    runtime.Version(),
+		LanesVer: Version,
+	}
+	m.Hostname, _ = os.Hostname()
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = unix.ByteSliceToString(u.Release[:])
+	}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		m.MemGiB = int((uint64(si.Totalram)*uint64(si.Unit) + 1<<29) >> 30)
+	}
+	return m
+}

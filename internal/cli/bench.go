@@ -1,0 +1,73 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lanesnet/lanes/bench"
+	"github.com/lanesnet/lanes/bench/report"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+func init() { register(newBenchCmd) }
+
+func newBenchCmd() *cobra.Command {
+	var o bench.Options
+	var modes, workloads, topo string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure modes side by side on the testbed and write results.json, report.md and plots",
+		Long: `bench brings up its own testbed, runs every workload point under every mode,
+interleaved (the mode order rotates each repeat) and repeated, and writes
+results.json, report.md (median [min-max], ratios vs vanilla and native) and
+PNG plots into --out. Knobs are restored and the testbed removed at the end,
+also on Ctrl-C.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Modes = splitList(modes)
+			o.Workloads = splitList(workloads)
+			o.Topology = testbed.Topology(topo)
+			o.Progress = cmd.ErrOrStderr()
+			o.Args = os.Args
+			bench.Version = Version()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			f, err := bench.Run(ctx, o)
+			if f != nil {
+				fmt.Fprintln(cmd.OutOrStdout(), report.Table(f))
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s/results.json, %s/report.md and plots\n", o.Out, o.Out)
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&modes, "modes", "native,vanilla,rps", "comma-separated modes to compare: "+strings.Join(bench.KnownModes, ","))
+	fl.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all; with --quick: "+strings.Join(bench.QuickWorkloads, ",")+")")
+	fl.BoolVar(&o.Quick, "quick", false, "fewer points and 2 s measurements (under 5 minutes)")
+	fl.StringVar(&o.Out, "out", "out", "directory for results.json, report.md and plots")
+	fl.IntVar(&o.Repeats, "repeats", 3, "repeats of every (point, mode) pair")
+	fl.DurationVar(&o.Duration, "duration", 0, "length of one measurement (default 2s with --quick, else 10s)")
+	fl.StringVar(&topo, "topology", "docker", "testbed topology: docker or flannel")
+	fl.IntVar(&o.IRQCPU, "irq-cpu", -1, "core polling the receiving underlay NIC (default: the last core)")
+	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
