@@ -49,7 +49,7 @@ type Host struct {
 	Underlay     string       // underlay "NIC" (veth) name inside NetNS
 	UnderlayAddr netip.Prefix // e.g. 198.18.0.1/24: the native path's address
 	UnderlayMAC  net.HardwareAddr
-	VXLAN        string       // VXLAN device name inside NetNS
+	VXLAN        string // VXLAN device name inside NetNS
 	VXLANMAC     net.HardwareAddr
 	VTEPAddr     netip.Prefix // flannel: the VXLAN device's own address; docker: invalid
 	Bridge       string       // bridge name inside NetNS

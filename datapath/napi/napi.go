@@ -90,9 +90,10 @@ func list(netns string, ifindex int) ([]Instance, error) {
 }
 
 // dump sends one generic-netlink dump request and returns each reply's
-// attribute bytes. It reads with a buffer sized by MSG_PEEK|MSG_TRUNC, so a
-// reply larger than a fixed buffer cannot arrive truncated (the netlink
-// library's fixed buffer did, as EINVAL).
+// attribute bytes. The request is built by hand: vishvananda/netlink's
+// nl.Genlmsg leaves the genlmsghdr's reserved field uninitialised, and the
+// kernel rejects most such requests with EINVAL ("genlmsghdr.reserved field
+// is not 0"). Replies are read with a buffer sized by MSG_PEEK|MSG_TRUNC.
 func dump(family uint16, cmd uint8) ([][]byte, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_GENERIC)
 	if err != nil {

@@ -22,7 +22,9 @@ type Thread struct {
 }
 
 // Find returns the threads whose comm starts with prefix, ordered by pid.
-// comm is truncated by the kernel to 15 bytes; prefixes must fit in that.
+// For kernel threads /proc/PID/comm shows the full name, but names repeat
+// across namespaces: prefer the kernel's device -> NAPI -> pid mapping
+// (datapath/napi) where one exists.
 func Find(prefix string) ([]Thread, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {

@@ -1,0 +1,356 @@
+// Package control is lanes' engine: it applies a mode to a namespace's
+// overlay, undoes it, and reports what runs where.
+//
+// Apply validates everything first, discovers the topology, asks the mode's
+// planner (package plan) for a list of knob changes, undoes the previous
+// mode, then journals and applies the changes (package knobs). Nothing is
+// left half-applied: a failed change rolls back what came before it, and a
+// process killed mid-apply leaves a journal from which Reset or the next
+// Apply restores every original value.
+package control
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "github.com/lanesnet/lanes/control/baseline" // the vanilla and rps modes
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// DefaultStateDir holds one directory per target: its journal and state.
+const DefaultStateDir = "/run/lanes"
+
+// StateFile is the state file's name next to the journal.
+const StateFile = "state.json"
+
+// Options say what to apply where.
+type Options struct {
+	Mode  string
+	NetNS string // "" = the namespace lanes runs in
+	// CPUs is a CPU list ("0-3,6") of the cores the mode may use; "" = all
+	// online cores.
+	CPUs     string
+	StateDir string // "" = DefaultStateDir
+}
+
+// Target is the name of a namespace's state directory: "host" for the
+// namespace lanes runs in, the namespace's name otherwise (paths and
+// "pid:N" forms made filesystem-safe).
+func Target(netns string) string {
+	if netns == "" {
+		return "host"
+	}
+	r := strings.NewReplacer("/", "_", ":", "_")
+	return r.Replace(strings.TrimPrefix(netns, "/"))
+}
+
+// Dir is the state directory of a namespace.
+func Dir(stateDir, netns string) string {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	return filepath.Join(stateDir, Target(netns))
+}
+
+// State is what state.json says about the mode applied to a target.
+type State struct {
+	Mode   string `json:"mode"`
+	NetNS  string `json:"netns"`
+	Target string `json:"target"`
+	// Phase is "applying" until every change is in, then "applied"; a
+	// state left "applying" means the applying process died.
+	Phase   string    `json:"phase"`
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Applied time.Time `json:"applied,omitzero"`
+	CPUs    string    `json:"cpus"`
+	Plan    Summary   `json:"plan"`
+}
+
+// Summary describes an applied plan.
+type Summary struct {
+	Changes int      `json:"changes"`
+	Targets []string `json:"targets,omitempty"` // what was changed, in order
+	Notes   []string `json:"notes,omitempty"`
+}
+
+// Phases of State.
+const (
+	Applying = "applying"
+	Applied  = "applied"
+)
+
+// testAfterChange lets crash tests kill the process after change i is in.
+var testAfterChange func(i int)
+
+// validated is Options after validation.
+type validated struct {
+	Options
+	planner plan.Planner
+	cfg     plan.Config
+}
+
+func (o Options) validate() (*validated, error) {
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if o.Mode == "" {
+		return nil, fmt.Errorf("no mode given: use --mode with one of %s", strings.Join(plan.Modes(), ", "))
+	}
+	p, err := plan.Lookup(o.Mode)
+	if err != nil {
+		return nil, err
+	}
+	online, err := knobs.OnlineCPUs()
+	if err != nil {
+		return nil, err
+	}
+	cpus := online
+	if strings.TrimSpace(o.CPUs) != "" {
+		if cpus, err = knobs.ParseCPUList(o.CPUs); err != nil {
+			return nil, fmt.Errorf("%w: this machine has cores %s", err, knobs.FormatCPUList(online))
+		}
+		if err := knobs.CheckCPUs(cpus); err != nil {
+			return nil, fmt.Errorf("bad CPU list %q: %w", o.CPUs, err)
+		}
+	}
+	if !knobs.NetNSExists(o.NetNS) {
+		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", o.NetNS)
+	}
+	if Target(o.NetNS) == "host" && o.NetNS != "" {
+		return nil, fmt.Errorf("netns %q clashes with the name lanes uses for its own namespace's state: rename it", o.NetNS)
+	}
+	return &validated{Options: o, planner: p, cfg: plan.Config{CPUs: cpus, Online: online}}, nil
+}
+
+// Apply applies a mode. Everything that can be checked is checked before
+// the first kernel write; the previous mode, if any, is restored first.
+func Apply(opts Options) (*State, error) {
+	v, err := opts.validate()
+	if err != nil {
+		return nil, err
+	}
+	topo, err := topology.Discover(v.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	p, err := v.planner.Plan(topo, v.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("planning %s for netns %s: %w", v.Mode, label(v.NetNS), err)
+	}
+
+	dir := Dir(v.StateDir, v.NetNS)
+	j, err := knobs.Open(dir, Target(v.NetNS))
+	if err != nil {
+		return nil, err
+	}
+	defer j.Close()
+	if j.Len() > 0 {
+		if _, err := j.Restore(); err != nil {
+			return nil, fmt.Errorf("restoring the previous mode before applying %s: %w (nothing new applied; see `lanes reset`)", v.Mode, err)
+		}
+	}
+	st := &State{
+		Mode:    v.Mode,
+		NetNS:   v.NetNS,
+		Target:  Target(v.NetNS),
+		Phase:   Applying,
+		PID:     os.Getpid(),
+		Started: time.Now().UTC(),
+		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
+		Plan:    Summary{Changes: len(p.Changes), Notes: p.Notes},
+	}
+	for _, c := range p.Changes {
+		st.Plan.Targets = append(st.Plan.Targets, c.Target)
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+	for i, c := range p.Changes {
+		if err := j.Set(c.Knob, c.Value); err != nil {
+			rep, rerr := j.Restore()
+			if rerr != nil {
+				return nil, fmt.Errorf("applying %s: %s: %w; rolling back failed too: %v", v.Mode, c.Target, err, rerr)
+			}
+			removeState(dir)
+			return nil, fmt.Errorf("applying %s: %s: %w (rolled back %d changes)", v.Mode, c.Target, err, len(rep.Restored))
+		}
+		if testAfterChange != nil {
+			testAfterChange(i)
+		}
+	}
+	st.Phase = Applied
+	st.Applied = time.Now().UTC()
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// ResetResult says what Reset did for one target.
+type ResetResult struct {
+	Target string `json:"target"`
+	Dir    string `json:"dir"`
+	// Mode is the mode that was in place, from the state file ("" if none).
+	Mode    string        `json:"mode,omitempty"`
+	Nothing bool          `json:"nothing"` // no journal: nothing to restore
+	Report  *knobs.Report `json:"report,omitempty"`
+}
+
+// Reset restores everything lanes changed for a namespace and removes its
+// state. Without a journal it does nothing and says so (Nothing).
+func Reset(netns, stateDir string) (*ResetResult, error) {
+	res, err := resetDir(Dir(stateDir, netns))
+	removeDefaultDir(stateDir)
+	return res, err
+}
+
+// removeDefaultDir removes /run/lanes once no target is left in it; a
+// directory the user named stays.
+func removeDefaultDir(stateDir string) {
+	if stateDir == "" || filepath.Clean(stateDir) == DefaultStateDir {
+		os.Remove(DefaultStateDir) // fails, as intended, unless empty
+	}
+}
+
+// ResetAll resets every target that has state under stateDir.
+func ResetAll(stateDir string) ([]*ResetResult, error) {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	ents, err := os.ReadDir(stateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing state dir: %w", err)
+	}
+	var out []*ResetResult
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		r, err := resetDir(filepath.Join(stateDir, e.Name()))
+		if r != nil {
+			out = append(out, r)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	removeDefaultDir(stateDir)
+	return out, errors.Join(errs...)
+}
+
+func resetDir(dir string) (*ResetResult, error) {
+	res := &ResetResult{Target: filepath.Base(dir), Dir: dir}
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		res.Nothing = true
+		return res, nil
+	}
+	target := res.Target
+	if st, err := ReadState(dir); err == nil && st != nil {
+		res.Mode = st.Mode
+		target = st.Target
+	}
+	// Open checks the journal's own target; take it from the journal so a
+	// state file lost in a crash does not block recovery.
+	if ents, err := readJournalTarget(dir); err == nil && ents != "" {
+		target = ents
+	}
+	j, err := knobs.Open(dir, target)
+	if err != nil {
+		return res, err
+	}
+	defer j.Close()
+	res.Nothing = j.Len() == 0
+	if !res.Nothing {
+		rep, err := j.Restore()
+		res.Report = rep
+		if err != nil {
+			return res, fmt.Errorf("resetting %s: %w", res.Target, err)
+		}
+	}
+	removeState(dir)
+	os.Remove(dir) // only when empty; the lock is on the open directory, not in it
+	return res, nil
+}
+
+func readJournalTarget(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, knobs.JournalFile))
+	if err != nil {
+		return "", err
+	}
+	var doc struct {
+		Target string `json:"target"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return "", err
+	}
+	return doc.Target, nil
+}
+
+// ReadState reads a target directory's state file; nil when there is none.
+func ReadState(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, StateFile), err)
+	}
+	return &st, nil
+}
+
+// writeState replaces the state file atomically (temp file, fsync, rename).
+func writeState(dir string, st *State) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, StateFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("writing state: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing state %s: %w", path, err)
+	}
+	return nil
+}
+
+func removeState(dir string) {
+	os.Remove(filepath.Join(dir, StateFile))
+	os.Remove(filepath.Join(dir, StateFile+".tmp"))
+}
+
+func label(ns string) string {
+	if ns == "" {
+		return "host"
+	}
+	return ns
+}

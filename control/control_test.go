@@ -1,0 +1,316 @@
+package control
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
+)
+
+// snapshot reads, byte for byte, every receive-side file of every device of
+// a namespace's overlay: what any mode might touch.
+func snapshot(t *testing.T, ns string) map[string][]byte {
+	t.Helper()
+	topo, err := topology.Discover(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, d := range topo.AllDevices() {
+		paths := []string{"/sys/class/net/" + d.Name + "/threaded"}
+		for _, q := range d.RxQueues {
+			paths = append(paths, d.QueuePath(q.Index)+"/rps_cpus", d.QueuePath(q.Index)+"/rps_flow_cnt")
+		}
+		for _, p := range paths {
+			k := knobs.Sysfs(d.NetNS, p)
+			b, err := k.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[k.Key()] = b
+		}
+	}
+	return out
+}
+
+func sameSnapshot(t *testing.T, what string, got, want map[string][]byte) {
+	t.Helper()
+	for k, w := range want {
+		if g, ok := got[k]; !ok || !bytes.Equal(g, w) {
+			t.Errorf("%s: %s = %q, want %q", what, k, g, w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: %d knobs, want %d", what, len(got), len(want))
+	}
+}
+
+// rpsDevices returns the rps_cpus knob keys the rps mode must set.
+func rpsKeys(f *topotest.Fixture, h topotest.Host) []string {
+	k := func(ns, dev string) string {
+		return knobs.Sysfs(ns, "/sys/class/net/"+dev+"/queues/rx-0/rps_cpus").Key()
+	}
+	keys := []string{k(h.NetNS, h.VXLAN)}
+	for _, c := range h.Containers {
+		keys = append(keys, k(h.NetNS, c.HostVeth), k(c.NetNS, c.Veth))
+	}
+	return keys
+}
+
+func noState(t *testing.T, stateDir string) {
+	t.Helper()
+	ents, _ := os.ReadDir(stateDir)
+	if len(ents) != 0 {
+		t.Errorf("state left in %s: %v", stateDir, ents)
+	}
+}
+
+func TestApplyRPSThenReset(t *testing.T) {
+	f := topotest.New(t, topotest.Options{})
+	h := f.Hosts[1]
+	stateDir := t.TempDir()
+	before := snapshot(t, h.NetNS)
+
+	st, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, StateDir: stateDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != Applied || st.Plan.Changes != len(rpsKeys(f, h)) {
+		t.Errorf("state %+v: want applied with %d changes", st, len(rpsKeys(f, h)))
+	}
+	online, _ := knobs.OnlineCPUs()
+	after := snapshot(t, h.NetNS)
+	for _, key := range rpsKeys(f, h) {
+		cpus, err := knobs.ParseCPUMask(string(after[key]))
+		if err != nil || knobs.FormatCPUList(cpus) != knobs.FormatCPUList(online) {
+			t.Errorf("%s = %q, want all online cores %v", key, after[key], online)
+		}
+	}
+	if bytes.Equal(after[rpsKeys(f, h)[0]], before[rpsKeys(f, h)[0]]) {
+		t.Fatal("rps changed nothing: the test proves nothing")
+	}
+	// The underlay is not an overlay receive device: rps leaves it alone.
+	ul := knobs.Sysfs(h.NetNS, "/sys/class/net/"+h.Underlay+"/queues/rx-0/rps_cpus").Key()
+	if !bytes.Equal(after[ul], before[ul]) {
+		t.Errorf("rps changed the underlay: %s = %q", ul, after[ul])
+	}
+
+	rep, err := Status(StatusOptions{NetNS: h.NetNS, StateDir: stateDir, Sample: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Mode != "rps" || rep.Journaled != len(rpsKeys(f, h)) || rep.Topology == nil || len(rep.Cores) != len(online) {
+		t.Errorf("status: mode %q journaled %d topology %v cores %d", rep.Mode, rep.Journaled, rep.Topology != nil, len(rep.Cores))
+	}
+	for _, c := range rep.Cores {
+		if len(c.RPS) != len(rpsKeys(f, h)) {
+			t.Errorf("core %d: %d RPS queues listed, want %d", c.CPU, len(c.RPS), len(rpsKeys(f, h)))
+		}
+	}
+
+	res, err := Reset(h.NetNS, stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Nothing || res.Mode != "rps" || len(res.Report.Restored) != len(rpsKeys(f, h)) {
+		t.Errorf("reset result %+v", res)
+	}
+	sameSnapshot(t, "after reset", snapshot(t, h.NetNS), before)
+	noState(t, stateDir)
+
+	res, err = Reset(h.NetNS, stateDir)
+	if err != nil || !res.Nothing {
+		t.Errorf("second reset: %+v, %v; want nothing to restore", res, err)
+	}
+}
+
+func TestModeSwitchRestoresFirst(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Layout: topotest.Flannel, Containers: 1})
+	h := f.Hosts[0]
+	stateDir := t.TempDir()
+	before := snapshot(t, h.NetNS)
+	online, _ := knobs.OnlineCPUs()
+	one := strconv.Itoa(online[0])
+
+	if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, CPUs: one, StateDir: stateDir}); err != nil {
+		t.Fatal(err)
+	}
+	// Re-applying with other cores must keep the true originals.
+	if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, StateDir: stateDir}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Apply(Options{Mode: "vanilla", NetNS: h.NetNS, StateDir: stateDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode != "vanilla" || st.Plan.Changes != 0 {
+		t.Errorf("vanilla state %+v", st)
+	}
+	sameSnapshot(t, "after vanilla", snapshot(t, h.NetNS), before)
+	if knobs.Exists(Dir(stateDir, h.NetNS)) {
+		t.Error("journal left after vanilla")
+	}
+	if got, _ := ReadState(Dir(stateDir, h.NetNS)); got == nil || got.Mode != "vanilla" {
+		t.Errorf("state after vanilla: %+v", got)
+	}
+	if res, err := Reset(h.NetNS, stateDir); err != nil || !res.Nothing {
+		t.Errorf("reset after vanilla: %+v, %v", res, err)
+	}
+	noState(t, stateDir)
+}
+
+const (
+	crashEnvNetNS = "LANES_CONTROL_CRASH_NETNS"
+	crashEnvDir   = "LANES_CONTROL_CRASH_DIR"
+	crashEnvAfter = "LANES_CONTROL_CRASH_AFTER"
+)
+
+// TestCrashHelper is the child of TestKilledApplyRecovers: it applies rps
+// and SIGKILLs itself once some changes are in.
+func TestCrashHelper(t *testing.T) {
+	ns := os.Getenv(crashEnvNetNS)
+	if ns == "" {
+		t.Skip("helper process for TestKilledApplyRecovers")
+	}
+	after, _ := strconv.Atoi(os.Getenv(crashEnvAfter))
+	testAfterChange = func(i int) {
+		if i == after {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+	Apply(Options{Mode: "rps", NetNS: ns, StateDir: os.Getenv(crashEnvDir)})
+	t.Fatal("helper was not killed")
+}
+
+func TestKilledApplyRecovers(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 2})
+	h := f.Hosts[1]
+	stateDir := t.TempDir()
+	before := snapshot(t, h.NetNS)
+	after := 2 // three of five changes in when the process dies
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), crashEnvNetNS+"="+h.NetNS, crashEnvDir+"="+stateDir, crashEnvAfter+"="+strconv.Itoa(after))
+	out, err := cmd.CombinedOutput()
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("helper did not die by SIGKILL: %v\n%s", err, out)
+	}
+	dir := Dir(stateDir, h.NetNS)
+	st, err := ReadState(dir)
+	if err != nil || st == nil || st.Phase != Applying {
+		t.Errorf("state after the kill: %+v, %v; want phase applying", st, err)
+	}
+	mid := snapshot(t, h.NetNS)
+	changed := 0
+	for k := range before {
+		if !bytes.Equal(mid[k], before[k]) {
+			changed++
+		}
+	}
+	if changed != after+1 {
+		t.Errorf("%d knobs changed when the apply died, want %d", changed, after+1)
+	}
+
+	res, err := Reset(h.NetNS, stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Nothing || len(res.Report.Restored) != after+1 {
+		t.Errorf("reset after kill: %+v", res)
+	}
+	sameSnapshot(t, "after reset", snapshot(t, h.NetNS), before)
+	noState(t, stateDir)
+}
+
+func TestApplyRefusesNoOverlay(t *testing.T) {
+	topotest.RequireRoot(t)
+	ns := topotest.Namespace(t, topotest.NewPrefix()+"-bare")
+	stateDir := t.TempDir()
+	for _, mode := range []string{"rps", "vanilla"} {
+		_, err := Apply(Options{Mode: mode, NetNS: ns, StateDir: stateDir})
+		if !errors.Is(err, topology.ErrNoOverlay) {
+			t.Errorf("apply %s on a bare namespace: %v, want no overlay", mode, err)
+		}
+	}
+	noState(t, stateDir)
+}
+
+func TestApplyValidatesFirst(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	h := f.Hosts[0]
+	stateDir := t.TempDir()
+	before := snapshot(t, h.NetNS)
+	online, _ := knobs.OnlineCPUs()
+	offline := strconv.Itoa(online[len(online)-1] + 1)
+	cases := []struct {
+		opts Options
+		want string
+	}{
+		{Options{Mode: "rps", CPUs: "abc"}, "is not a core number"},
+		{Options{Mode: "rps", CPUs: "1-0"}, "runs backwards"},
+		{Options{Mode: "rps", CPUs: offline}, "core " + offline + " is not online: this machine has cores"},
+		{Options{Mode: "rps", CPUs: "0-100000"}, "beyond any machine"},
+		{Options{Mode: "turbo"}, `unknown mode "turbo": use one of`},
+		{Options{Mode: ""}, "no mode given"},
+	}
+	for _, tc := range cases {
+		tc.opts.NetNS, tc.opts.StateDir = h.NetNS, stateDir
+		_, err := Apply(tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("Apply(%+v) = %v, want one line containing %q", tc.opts, err, tc.want)
+		}
+	}
+	if _, err := Apply(Options{Mode: "rps", NetNS: "lanes-no-such-ns", StateDir: stateDir}); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("apply to a missing namespace: %v", err)
+	}
+	sameSnapshot(t, "after rejected applies", snapshot(t, h.NetNS), before)
+	noState(t, stateDir)
+}
+
+func TestResetAll(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	stateDir := t.TempDir()
+	var before []map[string][]byte
+	for _, h := range f.Hosts {
+		before = append(before, snapshot(t, h.NetNS))
+		if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, StateDir: stateDir}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := ResetAll(stateDir)
+	if err != nil || len(res) != 2 {
+		t.Fatalf("reset all: %d results, %v", len(res), err)
+	}
+	for i, h := range f.Hosts {
+		sameSnapshot(t, "after reset --all", snapshot(t, h.NetNS), before[i])
+	}
+	noState(t, stateDir)
+}
+
+func TestTargetNames(t *testing.T) {
+	for ns, want := range map[string]string{
+		"":                            "host",
+		"lanes-h1":                    "lanes-h1",
+		"/var/run/docker/netns/1-abc": "var_run_docker_netns_1-abc",
+		"pid:42":                      "pid_42",
+	} {
+		if got := Target(ns); got != want {
+			t.Errorf("Target(%q) = %q, want %q", ns, got, want)
+		}
+	}
+	if got := Dir("", "x"); got != filepath.Join(DefaultStateDir, "x") {
+		t.Errorf("default dir %q", got)
+	}
+}

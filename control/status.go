@@ -1,0 +1,257 @@
+package control
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// StatusOptions say what to report on.
+type StatusOptions struct {
+	NetNS    string
+	StateDir string        // "" = DefaultStateDir
+	Sample   time.Duration // how long to measure core load; 0 = 500ms
+}
+
+// StatusReport is what lanes status reports: the overlay, the mode in place and
+// what each core is doing.
+type StatusReport struct {
+	NetNS  string `json:"netns"`
+	Target string `json:"target"`
+	// Mode is the applied mode; "vanilla" when lanes has no state for the
+	// target.
+	Mode  string `json:"mode"`
+	State *State `json:"state,omitempty"`
+	// Journaled is how many knobs lanes changed and can restore.
+	Journaled     int                `json:"journaled"`
+	Topology      *topology.Topology `json:"topology,omitempty"`
+	TopologyError string             `json:"topology_error,omitempty"`
+	SampleSeconds float64            `json:"sample_seconds"`
+	Cores         []Core             `json:"cores"`
+}
+
+// Core is one online CPU over the sample.
+type Core struct {
+	CPU int `json:"cpu"`
+	// Percent of the sample's wall time, as in bench results: system
+	// includes irq, user includes nice, idle includes iowait.
+	SoftIRQ float64 `json:"softirq"`
+	System  float64 `json:"system"`
+	User    float64 `json:"user"`
+	Idle    float64 `json:"idle"`
+	// NetRXPerSec is the rate of NET_RX softirqs on the core.
+	NetRXPerSec float64 `json:"net_rx_per_s"`
+	// Threads are the topology's NAPI threads pinned to the core (affinity
+	// only this core) or that last ran on it.
+	Threads []CoreThread `json:"napi_threads,omitempty"`
+	// RPS lists the rx queues whose RPS map includes the core.
+	RPS []CoreQueue `json:"rps,omitempty"`
+}
+
+// CoreThread is a NAPI thread seen on a core.
+type CoreThread struct {
+	Comm    string `json:"comm"`
+	PID     int    `json:"pid"`
+	Device  string `json:"device"`
+	NetNS   string `json:"netns"`
+	Pinned  bool   `json:"pinned"`   // its affinity is this core alone
+	LastRan bool   `json:"last_ran"` // it last ran here
+	Policy  string `json:"policy"`
+	Prio    int    `json:"priority"`
+}
+
+// CoreQueue is an rx queue steering packets to a core.
+type CoreQueue struct {
+	NetNS  string `json:"netns"`
+	Device string `json:"device"`
+	Queue  int    `json:"queue"`
+}
+
+// Status reports on a namespace. A namespace without an overlay still gets
+// its cores reported (TopologyError says why there is no topology).
+func Status(opts StatusOptions) (*StatusReport, error) {
+	if !knobs.NetNSExists(opts.NetNS) {
+		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", opts.NetNS)
+	}
+	if opts.Sample <= 0 {
+		opts.Sample = 500 * time.Millisecond
+	}
+	dir := Dir(opts.StateDir, opts.NetNS)
+	s := &StatusReport{NetNS: opts.NetNS, Target: Target(opts.NetNS), Mode: "vanilla", SampleSeconds: opts.Sample.Seconds()}
+	st, err := ReadState(dir)
+	if err != nil {
+		return nil, err
+	}
+	if st != nil {
+		s.State, s.Mode = st, st.Mode
+	}
+	ents, err := knobs.ReadEntries(dir)
+	if err != nil {
+		return nil, err
+	}
+	s.Journaled = len(ents)
+
+	// Sample first: discovery itself costs CPU and would show in the load.
+	cores, err := sampleCores(opts.Sample)
+	if err != nil {
+		return nil, err
+	}
+	s.Cores = cores
+	topo, err := topology.Discover(opts.NetNS)
+	if err != nil {
+		s.TopologyError = err.Error()
+		return s, nil
+	}
+	s.Topology = topo
+	attach(s)
+	return s, nil
+}
+
+// attach lists, per core, the topology's NAPI threads and RPS maps on it.
+func attach(s *StatusReport) {
+	idx := map[int]*Core{}
+	for i := range s.Cores {
+		idx[s.Cores[i].CPU] = &s.Cores[i]
+	}
+	for _, d := range s.Topology.AllDevices() {
+		for _, th := range d.NAPIThreads {
+			pinned := len(th.CPUs) == 1
+			for _, c := range s.Cores {
+				here := (pinned && th.CPUs[0] == c.CPU) || th.LastCPU == c.CPU
+				if !here {
+					continue
+				}
+				idx[c.CPU].Threads = append(idx[c.CPU].Threads, CoreThread{
+					Comm: th.Comm, PID: th.PID, Device: d.Name, NetNS: d.NetNS,
+					Pinned: pinned && th.CPUs[0] == c.CPU, LastRan: th.LastCPU == c.CPU,
+					Policy: th.Policy, Prio: th.Priority,
+				})
+			}
+		}
+		for _, q := range d.RxQueues {
+			for _, cpu := range q.RPS {
+				if c := idx[cpu]; c != nil {
+					c.RPS = append(c.RPS, CoreQueue{NetNS: d.NetNS, Device: d.Name, Queue: q.Index})
+				}
+			}
+		}
+	}
+}
+
+type cpuTimes struct{ user, nice, system, idle, iowait, irq, softirq, steal uint64 }
+
+func (t cpuTimes) total() uint64 {
+	return t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq + t.steal
+}
+
+func sampleCores(d time.Duration) ([]Core, error) {
+	online, err := knobs.OnlineCPUs()
+	if err != nil {
+		return nil, err
+	}
+	s0, err := readStat()
+	if err != nil {
+		return nil, err
+	}
+	n0, err := readNetRX()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	time.Sleep(d)
+	s1, err := readStat()
+	if err != nil {
+		return nil, err
+	}
+	n1, err := readNetRX()
+	if err != nil {
+		return nil, err
+	}
+	secs := time.Since(start).Seconds()
+	var cores []Core
+	for _, cpu := range online {
+		a, b := s0[cpu], s1[cpu]
+		c := Core{CPU: cpu}
+		if tot := float64(b.total() - a.total()); tot > 0 {
+			pct := func(x uint64) float64 { return 100 * float64(x) / tot }
+			c.SoftIRQ = pct(b.softirq - a.softirq)
+			c.System = pct(b.system - a.system + b.irq - a.irq)
+			c.User = pct(b.user - a.user + b.nice - a.nice)
+			c.Idle = pct(b.idle - a.idle + b.iowait - a.iowait)
+		}
+		if cpu < len(n0) && cpu < len(n1) && secs > 0 {
+			c.NetRXPerSec = float64(n1[cpu]-n0[cpu]) / secs
+		}
+		cores = append(cores, c)
+	}
+	return cores, nil
+}
+
+// readStat parses the per-CPU lines of /proc/stat.
+func readStat() (map[int]cpuTimes, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return nil, fmt.Errorf("reading /proc/stat: %w", err)
+	}
+	defer f.Close()
+	out := map[int]cpuTimes{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 9 || !strings.HasPrefix(fs[0], "cpu") || fs[0] == "cpu" {
+			continue
+		}
+		cpu, err := strconv.Atoi(fs[0][3:])
+		if err != nil {
+			continue
+		}
+		var v [8]uint64
+		for i := range v {
+			v[i], _ = strconv.ParseUint(fs[i+1], 10, 64)
+		}
+		out[cpu] = cpuTimes{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}
+	}
+	return out, sc.Err()
+}
+
+// readNetRX returns the NET_RX softirq count per CPU from /proc/softirqs,
+// indexed by CPU number (the header names the columns).
+func readNetRX() ([]uint64, error) {
+	b, err := os.ReadFile("/proc/softirqs")
+	if err != nil {
+		return nil, fmt.Errorf("reading /proc/softirqs: %w", err)
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("empty /proc/softirqs")
+	}
+	var cols []int
+	for _, h := range strings.Fields(lines[0]) {
+		n, err := strconv.Atoi(strings.TrimPrefix(h, "CPU"))
+		if err != nil {
+			return nil, fmt.Errorf("unexpected /proc/softirqs header %q", lines[0])
+		}
+		cols = append(cols, n)
+	}
+	for _, l := range lines[1:] {
+		fs := strings.Fields(l)
+		if len(fs) == 0 || fs[0] != "NET_RX:" {
+			continue
+		}
+		out := make([]uint64, slices.Max(append(cols, 0))+1)
+		for i, v := range fs[1:] {
+			if i < len(cols) {
+				out[cols[i]], _ = strconv.ParseUint(v, 10, 64)
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no NET_RX line in /proc/softirqs")
+}

@@ -1,0 +1,292 @@
+package knobs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// JournalFile is the journal's file name inside its state directory.
+const JournalFile = "journal.json"
+
+const journalVersion = 1
+
+// Entry is one journaled knob: what it is and the value it had before lanes
+// first wrote it.
+type Entry struct {
+	Kind     string          `json:"kind"`
+	Key      string          `json:"key"`
+	Knob     json.RawMessage `json:"knob"`
+	Original []byte          `json:"original"` // exact bytes, base64 in JSON
+	// Text repeats Original for people reading the file; Original is what
+	// Restore writes.
+	Text string    `json:"text,omitempty"`
+	At   time.Time `json:"at"`
+}
+
+type journalDoc struct {
+	Version int     `json:"version"`
+	Target  string  `json:"target"`
+	Entries []Entry `json:"entries"`
+}
+
+// Journal records original knob values in DIR/journal.json. It holds an
+// exclusive lock on DIR from Open to Close, so two lanes processes never
+// journal the same target at once; the kernel drops the lock when a process
+// dies, so a killed process never blocks recovery.
+type Journal struct {
+	dir  string
+	lock *os.File
+	doc  journalDoc
+	keys map[string]bool
+}
+
+// Open locks dir (creating it) and loads the journal there, if any. target
+// names what the journal is for ("host" or a netns name); a journal left for
+// another target in the same directory is an error.
+func Open(dir, target string) (*Journal, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening state dir: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("state dir %s is in use by another lanes process: wait for it to finish", dir)
+		}
+		return nil, fmt.Errorf("locking state dir %s: %w", dir, err)
+	}
+	j := &Journal{dir: dir, lock: lock, keys: map[string]bool{}}
+	// A temp file is what a process killed between write and rename leaves;
+	// the journal it was replacing is still the truth.
+	os.Remove(j.path() + ".tmp")
+	doc, err := readDoc(j.path())
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		j.doc = journalDoc{Version: journalVersion, Target: target}
+	case err != nil:
+		j.Close()
+		return nil, err
+	default:
+		if doc.Target != target {
+			j.Close()
+			return nil, fmt.Errorf("journal %s is for %q, not %q: use a state dir per target", j.path(), doc.Target, target)
+		}
+		j.doc = *doc
+		for _, e := range doc.Entries {
+			j.keys[e.Key] = true
+		}
+	}
+	return j, nil
+}
+
+func readDoc(path string) (*journalDoc, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc journalDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("parsing journal %s: %w (a journal lanes cannot read must be restored by hand)", path, err)
+	}
+	if doc.Version != journalVersion {
+		return nil, fmt.Errorf("journal %s has version %d, this lanes reads %d", path, doc.Version, journalVersion)
+	}
+	return &doc, nil
+}
+
+// ReadEntries returns the entries journaled in dir without locking it, for
+// reports; nil when there is no journal.
+func ReadEntries(dir string) ([]Entry, error) {
+	doc, err := readDoc(filepath.Join(dir, JournalFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return doc.Entries, nil
+}
+
+// Exists reports whether dir holds a journal.
+func Exists(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, JournalFile))
+	return err == nil
+}
+
+func (j *Journal) path() string { return filepath.Join(j.dir, JournalFile) }
+
+// Dir is the state directory the journal lives in.
+func (j *Journal) Dir() string { return j.dir }
+
+// Len is the number of journaled knobs.
+func (j *Journal) Len() int { return len(j.doc.Entries) }
+
+// Entries returns a copy of the journaled entries, oldest first.
+func (j *Journal) Entries() []Entry { return append([]Entry(nil), j.doc.Entries...) }
+
+// Close releases the lock. The journal stays on disk.
+func (j *Journal) Close() error {
+	if j.lock == nil {
+		return nil
+	}
+	err := j.lock.Close() // closing the last fd drops the flock
+	j.lock = nil
+	return err
+}
+
+// Record journals k's current value unless k is journaled already, and
+// makes the record durable before returning. Use it before changing k by
+// other means than Set.
+func (j *Journal) Record(k Knob) error {
+	if j.lock == nil {
+		return errors.New("journal is closed")
+	}
+	if j.keys[k.Key()] {
+		return nil
+	}
+	orig, err := k.Read()
+	if err != nil {
+		return fmt.Errorf("recording original of %s: %w", k.Key(), err)
+	}
+	raw, err := json.Marshal(k)
+	if err != nil {
+		return fmt.Errorf("encoding knob %s: %w", k.Key(), err)
+	}
+	e := Entry{Kind: k.Kind(), Key: k.Key(), Knob: raw, Original: orig, At: time.Now().UTC()}
+	if utf8.Valid(orig) {
+		e.Text = strings.TrimRight(string(orig), "\n")
+	}
+	j.doc.Entries = append(j.doc.Entries, e)
+	if err := j.save(); err != nil {
+		j.doc.Entries = j.doc.Entries[:len(j.doc.Entries)-1]
+		return err
+	}
+	j.keys[k.Key()] = true
+	return nil
+}
+
+// Set writes value to k, journaling k's original value first (once: a knob
+// already in the journal keeps its first original).
+func (j *Journal) Set(k Knob, value []byte) error {
+	if err := j.Record(k); err != nil {
+		return err
+	}
+	if testAfterRecord != nil {
+		testAfterRecord(k)
+	}
+	return k.Write(value)
+}
+
+// testAfterRecord lets crash tests die between a durable record and the
+// write it protects.
+var testAfterRecord func(Knob)
+
+// save replaces the journal atomically and durably: temp file, fsync,
+// rename, fsync of the directory. A crash leaves either the old or the new
+// journal, never a torn one.
+func (j *Journal) save() error {
+	b, err := json.MarshalIndent(&j.doc, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding journal: %w", err)
+	}
+	tmp := j.path() + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("writing journal: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, j.path())
+	}
+	if err == nil {
+		err = j.lock.Sync() // fsync the directory: makes the rename durable
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing journal %s: %w", j.path(), err)
+	}
+	return nil
+}
+
+// Skip is a knob Restore did not write back, and why.
+type Skip struct {
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+// Report says what Restore did.
+type Report struct {
+	Restored []string `json:"restored"`
+	// Skipped knobs live on something that is gone (a deleted device or
+	// namespace, an exited kernel thread): nothing to restore.
+	Skipped []Skip `json:"skipped,omitempty"`
+	// Failed knobs could not be restored; they stay in the journal.
+	Failed []Skip `json:"failed,omitempty"`
+}
+
+// Restore writes every original value back, newest first, so a knob
+// changed in several steps ends at its first value and settings that depend
+// on each other unwind in order. Knobs whose device, namespace or thread is
+// gone are skipped and reported. A failure does not stop the others; the
+// journal then keeps only the failed entries (for another try), otherwise it
+// is removed.
+func (j *Journal) Restore() (*Report, error) {
+	if j.lock == nil {
+		return nil, errors.New("journal is closed")
+	}
+	rep := &Report{Restored: []string{}}
+	var failed []Entry
+	for i := len(j.doc.Entries) - 1; i >= 0; i-- {
+		e := j.doc.Entries[i]
+		k, err := decode(e.Kind, e.Knob)
+		if err == nil {
+			err = k.Write(e.Original)
+		}
+		switch {
+		case err == nil:
+			rep.Restored = append(rep.Restored, e.Key)
+		case errors.Is(err, ErrGone):
+			rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: err.Error()})
+		default:
+			rep.Failed = append(rep.Failed, Skip{Key: e.Key, Reason: err.Error()})
+			failed = append([]Entry{e}, failed...)
+		}
+	}
+	if len(failed) == 0 {
+		if err := os.Remove(j.path()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return rep, fmt.Errorf("removing journal: %w", err)
+		}
+		j.lock.Sync()
+		j.doc.Entries = nil
+		j.keys = map[string]bool{}
+		return rep, nil
+	}
+	j.doc.Entries = failed
+	j.keys = map[string]bool{}
+	for _, e := range failed {
+		j.keys[e.Key] = true
+	}
+	if err := j.save(); err != nil {
+		return rep, err
+	}
+	return rep, fmt.Errorf("%d of %d knobs could not be restored (kept in %s), first: %s",
+		len(failed), len(rep.Restored)+len(rep.Skipped)+len(failed), j.path(), rep.Failed[0].Reason)
+}

@@ -1,0 +1,188 @@
+package knobs_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+)
+
+// memKnob is a knob on a plain file, for testing the journal's logic without
+// the kernel. A file named Path+".fail" makes writes fail; every write is
+// appended to Log.
+type memKnob struct {
+	Path string `json:"path"`
+	Log  string `json:"log"`
+}
+
+func (k *memKnob) Kind() string { return "test-file" }
+func (k *memKnob) Key() string  { return "test-file:" + k.Path }
+func (k *memKnob) Read() ([]byte, error) {
+	b, err := os.ReadFile(k.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", k.Path, knobs.ErrGone)
+	}
+	return b, err
+}
+func (k *memKnob) Write(v []byte) error {
+	if _, err := os.Stat(k.Path + ".fail"); err == nil {
+		return errors.New("injected failure")
+	}
+	if _, err := os.Stat(k.Path); err != nil {
+		return fmt.Errorf("%s: %w", k.Path, knobs.ErrGone)
+	}
+	f, err := os.OpenFile(k.Log, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f, "%s=%s\n", filepath.Base(k.Path), v)
+	f.Close()
+	return os.WriteFile(k.Path, v, 0o644)
+}
+
+func init() { knobs.Register("test-file", func() knobs.Knob { return &memKnob{} }) }
+
+func memKnobs(t *testing.T, n int) (dir string, ks []*memKnob) {
+	dir = t.TempDir()
+	for i := range n {
+		k := &memKnob{Path: filepath.Join(dir, fmt.Sprintf("k%d", i)), Log: filepath.Join(dir, "log")}
+		// Originals end without a newline or with odd bytes on purpose:
+		// restore must be exact, not "equal after trimming".
+		if err := os.WriteFile(k.Path, []byte(fmt.Sprintf("orig%d\x00\n ", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ks = append(ks, k)
+	}
+	return dir, ks
+}
+
+func TestJournalLogic(t *testing.T) {
+	dir, ks := memKnobs(t, 3)
+	state := filepath.Join(dir, "state")
+	j, err := knobs.Open(state, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+
+	if _, err := knobs.Open(state, "host"); err == nil || !strings.Contains(err.Error(), "in use by another lanes process") {
+		t.Errorf("second Open = %v, want in-use error", err)
+	}
+	for i, k := range ks {
+		if err := j.Set(k, []byte(fmt.Sprintf("new%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second write to a knob keeps the first original.
+	if err := j.Set(ks[0], []byte("newer0")); err != nil {
+		t.Fatal(err)
+	}
+	if j.Len() != 3 {
+		t.Fatalf("journal has %d entries, want 3", j.Len())
+	}
+	os.Remove(ks[0].Log)
+	rep, err := j.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Restored) != 3 || len(rep.Skipped)+len(rep.Failed) != 0 {
+		t.Errorf("report %+v, want 3 restored", rep)
+	}
+	for i, k := range ks {
+		b, _ := os.ReadFile(k.Path)
+		if want := fmt.Sprintf("orig%d\x00\n ", i); string(b) != want {
+			t.Errorf("%s = %q, want %q", k.Path, b, want)
+		}
+	}
+	log, _ := os.ReadFile(ks[0].Log)
+	if want := "k2=orig2\x00\n \nk1=orig1\x00\n \nk0=orig0\x00\n \n"; string(log) != want {
+		t.Errorf("restore order:\n%s\nwant newest first:\n%s", log, want)
+	}
+	if knobs.Exists(state) {
+		t.Error("journal still exists after a full restore")
+	}
+}
+
+func TestJournalGoneAndFailed(t *testing.T) {
+	dir, ks := memKnobs(t, 3)
+	state := filepath.Join(dir, "state")
+	j, err := knobs.Open(state, "lanes-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ks {
+		if err := j.Set(k, []byte("new")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Remove(ks[0].Path)                        // its "device" disappeared
+	os.WriteFile(ks[1].Path+".fail", nil, 0o644) // a write that fails
+	rep, err := j.Restore()
+	if err == nil {
+		t.Fatal("restore with a failing knob succeeded")
+	}
+	if len(rep.Skipped) != 1 || rep.Skipped[0].Key != ks[0].Key() {
+		t.Errorf("skipped %+v, want %s", rep.Skipped, ks[0].Key())
+	}
+	if len(rep.Failed) != 1 || rep.Failed[0].Key != ks[1].Key() {
+		t.Errorf("failed %+v, want %s", rep.Failed, ks[1].Key())
+	}
+	if !slices.Equal(rep.Restored, []string{ks[2].Key()}) {
+		t.Errorf("restored %v, want %s", rep.Restored, ks[2].Key())
+	}
+	j.Close()
+
+	// The failed knob stays journaled for another try, from a new process.
+	ents, err := knobs.ReadEntries(state)
+	if err != nil || len(ents) != 1 || ents[0].Key != ks[1].Key() {
+		t.Fatalf("journal after partial restore: %+v, %v", ents, err)
+	}
+	if _, err := knobs.Open(state, "other"); err == nil {
+		t.Error("opening a journal for another target succeeded")
+	}
+	os.Remove(ks[1].Path + ".fail")
+	j, err = knobs.Open(state, "lanes-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if _, err := j.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(ks[1].Path); string(b) != "orig1\x00\n " {
+		t.Errorf("retried knob = %q", b)
+	}
+}
+
+func TestJournalDecode(t *testing.T) {
+	for _, k := range []knobs.Knob{
+		knobs.Sysfs("ns1", "/sys/class/net/eth0/threaded"),
+		knobs.Sysctl("", "net.core.rps_sock_flow_entries"),
+		knobs.Affinity("napi/eth0-8195", 0),
+		knobs.Sched("napi/vx0-0", 1),
+	} {
+		raw, err := json.Marshal(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := knobs.Decode(k.Kind(), raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.Key() != k.Key() {
+			t.Errorf("decoded key %q, want %q", back.Key(), k.Key())
+		}
+	}
+	if _, err := knobs.Decode("nope", []byte("{}")); err == nil || !strings.Contains(err.Error(), "unknown knob kind") {
+		t.Errorf("decoding an unknown kind: %v", err)
+	}
+	if k := knobs.Sysctl("", "net.core.rps_sock_flow_entries"); k.Path != "/proc/sys/net/core/rps_sock_flow_entries" {
+		t.Errorf("sysctl path %q", k.Path)
+	}
+}

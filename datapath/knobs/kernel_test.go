@@ -1,0 +1,315 @@
+package knobs_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// change is a knob, the value the test writes, and its value before.
+type change struct {
+	knob  knobs.Knob
+	value string
+	orig  []byte
+}
+
+// kernelChanges builds a fixture and lists one change of every knob kind on
+// it: RPS maps in a host and a container namespace, threaded NAPI, a /proc/sys
+// setting inside a namespace, and NAPI kernel threads' affinity and
+// scheduling (a veth's thread and a VXLAN GRO cell's, which shares its name
+// with its siblings).
+func kernelChanges(t *testing.T) (*topotest.Fixture, []change) {
+	t.Helper()
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	h := f.Hosts[1]
+	c := h.Containers[0]
+	// Threads exist only while NAPI is threaded; make them before the
+	// journal so that their own settings are what gets journaled.
+	for _, k := range []knobs.Knob{
+		knobs.Sysfs(c.NetNS, "/sys/class/net/"+c.Veth+"/threaded"),
+		knobs.Sysfs(h.NetNS, "/sys/class/net/"+h.VXLAN+"/threaded"),
+	} {
+		if err := k.Write([]byte("1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	topo, err := topology.Discover(h.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eth0 := topo.Containers[0].Interfaces[0]
+	vx := topo.VXLANs[0]
+	if len(eth0.NAPIThreads) != 1 || len(vx.NAPIThreads) < 2 {
+		t.Fatalf("NAPI threads: eth0 %+v, vxlan %+v", eth0.NAPIThreads, vx.NAPIThreads)
+	}
+	online, err := knobs.OnlineCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := knobs.FormatCPUMask(online)
+	last := strconv.Itoa(online[len(online)-1])
+	q := func(dev string) string { return "/sys/class/net/" + dev + "/queues/rx-0/" }
+	eth0T, gro1 := eth0.NAPIThreads[0], vx.NAPIThreads[1]
+	chs := []change{
+		{knob: knobs.Sysfs(h.NetNS, q(h.VXLAN)+"rps_cpus"), value: mask},
+		{knob: knobs.Sysfs(h.NetNS, q(c.HostVeth)+"rps_cpus"), value: mask},
+		{knob: knobs.Sysfs(c.NetNS, q(c.Veth)+"rps_cpus"), value: mask},
+		{knob: knobs.Sysfs(c.NetNS, q(c.Veth)+"rps_flow_cnt"), value: "256"},
+		{knob: knobs.Sysfs(h.NetNS, "/sys/class/net/"+c.HostVeth+"/threaded"), value: "1"},
+		{knob: knobs.ProcSys(h.NetNS, "/proc/sys/net/ipv4/conf/"+c.HostVeth+"/rp_filter"), value: "2"},
+		{knob: knobs.Affinity(eth0T.Comm, eth0T.Index), value: last},
+		{knob: knobs.Sched(eth0T.Comm, eth0T.Index), value: "policy=fifo prio=10 nice=0"},
+		{knob: knobs.Affinity(gro1.Comm, gro1.Index), value: last},
+		{knob: knobs.Sched(gro1.Comm, gro1.Index), value: "policy=rr prio=5 nice=0"},
+	}
+	for i := range chs {
+		b, err := chs[i].knob.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(string(b)) == chs[i].value {
+			t.Fatalf("%s is %q already: the test would prove nothing", chs[i].knob.Key(), b)
+		}
+		chs[i].orig = b
+	}
+	return f, chs
+}
+
+func checkChanged(t *testing.T, chs []change) {
+	t.Helper()
+	for _, c := range chs {
+		b, err := c.knob.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.TrimSpace(string(b))
+		want := c.value
+		if m, err := knobs.ParseCPUMask(got); err == nil && strings.HasSuffix(c.knob.Key(), "rps_cpus") {
+			got = knobs.FormatCPUMask(m)
+		}
+		if got != want {
+			t.Errorf("after Set, %s = %q, want %q", c.knob.Key(), got, want)
+		}
+	}
+}
+
+func checkRestored(t *testing.T, chs []change) {
+	t.Helper()
+	for _, c := range chs {
+		b, err := c.knob.Read()
+		if err != nil {
+			t.Errorf("%s: %v", c.knob.Key(), err)
+			continue
+		}
+		if !bytes.Equal(b, c.orig) {
+			t.Errorf("after restore, %s = %q, want %q", c.knob.Key(), b, c.orig)
+		}
+	}
+}
+
+func TestJournalRoundTripKernel(t *testing.T) {
+	_, chs := kernelChanges(t)
+	state := filepath.Join(t.TempDir(), "state")
+	j, err := knobs.Open(state, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for _, c := range chs {
+		if err := j.Set(c.knob, []byte(c.value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkChanged(t, chs)
+	rep, err := j.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Restored) != len(chs) {
+		t.Errorf("restored %d of %d knobs: %+v", len(rep.Restored), len(chs), rep)
+	}
+	checkRestored(t, chs)
+	if knobs.Exists(state) {
+		t.Error("journal left behind")
+	}
+}
+
+const (
+	crashEnvDir   = "LANES_KNOBS_CRASH_DIR"
+	crashEnvKnobs = "LANES_KNOBS_CRASH_KNOBS"
+	crashEnvAt    = "LANES_KNOBS_CRASH_AT"
+)
+
+type crashKnob struct {
+	Kind  string          `json:"kind"`
+	Knob  json.RawMessage `json:"knob"`
+	Value string          `json:"value"`
+}
+
+// TestCrashHelper is the child of TestJournalKilledMidApply: it sets knobs
+// and SIGKILLs itself between journaling knob number AT and writing it.
+func TestCrashHelper(t *testing.T) {
+	dir := os.Getenv(crashEnvDir)
+	if dir == "" {
+		t.Skip("helper process for TestJournalKilledMidApply")
+	}
+	var list []crashKnob
+	if err := json.Unmarshal([]byte(os.Getenv(crashEnvKnobs)), &list); err != nil {
+		t.Fatal(err)
+	}
+	at, _ := strconv.Atoi(os.Getenv(crashEnvAt))
+	j, err := knobs.Open(dir, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	knobs.SetTestAfterRecord(func(knobs.Knob) {
+		if n == at {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+		n++
+	})
+	for _, c := range list {
+		k, err := knobs.Decode(c.Kind, c.Knob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Set(k, []byte(c.Value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("helper was not killed")
+}
+
+func TestJournalKilledMidApply(t *testing.T) {
+	_, chs := kernelChanges(t)
+	state := filepath.Join(t.TempDir(), "state")
+	var list []crashKnob
+	for _, c := range chs {
+		raw, _ := json.Marshal(c.knob)
+		list = append(list, crashKnob{Kind: c.knob.Kind(), Knob: raw, Value: c.value})
+	}
+	enc, _ := json.Marshal(list)
+	at := len(chs) - 2 // every knob before it written, it journaled but not written
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), crashEnvDir+"="+state, crashEnvKnobs+"="+string(enc), crashEnvAt+"="+strconv.Itoa(at))
+	out, err := cmd.CombinedOutput()
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("helper did not die by SIGKILL: %v\n%s", err, out)
+	}
+	checkChanged(t, chs[:at])
+	ents, err := knobs.ReadEntries(state)
+	if err != nil || len(ents) != at+1 {
+		t.Fatalf("journal after the kill has %d entries (%v), want %d", len(ents), err, at+1)
+	}
+
+	// A fresh journal, as a new lanes process would open it, recovers.
+	j, err := knobs.Open(state, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if _, err := j.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	checkRestored(t, chs)
+	if knobs.Exists(state) {
+		t.Error("journal left behind")
+	}
+}
+
+func TestJournalSkipsVanishedDevice(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	h := f.Hosts[0]
+	c := h.Containers[0]
+	q := func(dev string) string { return "/sys/class/net/" + dev + "/queues/rx-0/rps_cpus" }
+	vxKnob := knobs.Sysfs(h.NetNS, q(h.VXLAN))
+	orig, err := vxKnob.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := []knobs.Knob{
+		knobs.Sysfs(c.NetNS, q(c.Veth)),
+		knobs.ProcSys(h.NetNS, "/proc/sys/net/ipv4/conf/"+c.HostVeth+"/rp_filter"),
+	}
+	j, err := knobs.Open(filepath.Join(t.TempDir(), "state"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for _, k := range append([]knobs.Knob{vxKnob}, gone...) {
+		v := "1"
+		if k.Kind() == "procsys" {
+			v = "2"
+		}
+		if err := j.Set(k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Deleting one end of the veth pair removes both, synchronously.
+	nh, err := netns.GetFromName(h.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	hd, err := netlink.NewHandleAt(nh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hd.Close()
+	l, err := hd.LinkByName(c.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hd.LinkDel(l); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := j.Restore()
+	if err != nil {
+		t.Fatalf("restore failed on vanished devices: %v", err)
+	}
+	if len(rep.Skipped) != len(gone) || len(rep.Restored) != 1 {
+		t.Errorf("report %+v, want %d skipped and the vxlan restored", rep, len(gone))
+	}
+	if b, _ := vxKnob.Read(); !bytes.Equal(b, orig) {
+		t.Errorf("vxlan rps_cpus = %q, want %q", b, orig)
+	}
+}
+
+func TestNetNSPathForms(t *testing.T) {
+	topotest.RequireRoot(t)
+	name := topotest.Namespace(t, topotest.NewPrefix()+"-path")
+	ino := func(ns string) uint64 {
+		var st syscall.Stat_t
+		err := knobs.Do(ns, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) })
+		if err != nil {
+			t.Fatalf("entering %q: %v", ns, err)
+		}
+		return st.Ino
+	}
+	want := ino(name)
+	if got := ino("/run/netns/" + name); got != want {
+		t.Errorf("by path: inode %d, want %d", got, want)
+	}
+	if got := ino("pid:" + strconv.Itoa(os.Getpid())); got == want {
+		t.Errorf("pid form entered the named namespace")
+	}
+	if err := knobs.Do("/run/netns/lanes-nope-x", func() error { return nil }); err == nil {
+		t.Error("entering a missing namespace succeeded")
+	}
+}

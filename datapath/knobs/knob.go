@@ -1,0 +1,88 @@
+// Package knobs changes kernel settings so that every change can be undone,
+// even by a fresh process after the one that made it was killed.
+//
+// A Knob is one setting (a sysfs or /proc/sys file, a kernel thread's CPU
+// affinity or scheduling class, later a BPF map entry or pin). The Journal
+// records a knob's original value on disk before lanes first writes it, so
+// Restore can put every original back, byte for byte, from the journal alone.
+package knobs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Knob is one kernel setting lanes may change.
+//
+// A Knob must marshal to JSON and back (exported fields) because the
+// journal stores it that way and rebuilds it in a process that never saw
+// the original value.
+type Knob interface {
+	// Kind names the knob's type in the journal; see Register.
+	Kind() string
+	// Key identifies the setting uniquely; two knobs with the same key are
+	// the same setting.
+	Key() string
+	// Read returns the current value exactly as the kernel shows it.
+	Read() ([]byte, error)
+	// Write sets the value; writing what Read returned restores it.
+	Write(value []byte) error
+}
+
+// ErrGone is wrapped by Read and Write when what the knob lives on (a
+// device, a namespace, a kernel thread) no longer exists. Restore skips such
+// knobs: there is nothing left to restore.
+var ErrGone = errors.New("gone")
+
+var (
+	kindsMu sync.Mutex
+	kinds   = map[string]func() Knob{}
+)
+
+// Register makes a knob kind decodable from a journal. newKnob returns a
+// pointer to a zero value to unmarshal into. Kinds defined outside this
+// package (BPF pins, cpumap entries) register from their package's init.
+func Register(kind string, newKnob func() Knob) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	if _, dup := kinds[kind]; dup {
+		panic("knobs: kind registered twice: " + kind)
+	}
+	kinds[kind] = newKnob
+}
+
+// Kinds lists the registered kinds.
+func Kinds() []string {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func decode(kind string, raw json.RawMessage) (Knob, error) {
+	kindsMu.Lock()
+	newKnob := kinds[kind]
+	kindsMu.Unlock()
+	if newKnob == nil {
+		return nil, fmt.Errorf("unknown knob kind %q (known: %v): was the journal written by a newer lanes?", kind, Kinds())
+	}
+	k := newKnob()
+	if err := json.Unmarshal(raw, k); err != nil {
+		return nil, fmt.Errorf("decoding %s knob: %w", kind, err)
+	}
+	return k, nil
+}
+
+func init() {
+	Register(kindSysfs, func() Knob { return &SysfsFile{} })
+	Register(kindProcSys, func() Knob { return &ProcSysFile{} })
+	Register(kindKthreadAffinity, func() Knob { return &KthreadAffinity{} })
+	Register(kindKthreadSched, func() Knob { return &KthreadSched{} })
+}

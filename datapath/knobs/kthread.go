@@ -1,0 +1,323 @@
+package knobs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	kindKthreadAffinity = "kthread-affinity"
+	kindKthreadSched    = "kthread-sched"
+
+	pfKthread = 0x00200000 // PF_KTHREAD in /proc/PID/stat flags
+)
+
+// Kthread names a kernel thread by its comm, e.g. "napi/veth0-8195": pids
+// change when a device or its threaded mode is recreated, names do not.
+// Some threads share a name (VXLAN's GRO cells run one "napi/vxlan0-0" per
+// possible CPU); Index picks one of them in pid order, which is their
+// creation order.
+type Kthread struct {
+	Comm  string `json:"comm"`
+	Index int    `json:"index,omitempty"`
+}
+
+func (t Kthread) String() string {
+	if t.Index == 0 {
+		return t.Comm
+	}
+	return fmt.Sprintf("%s#%d", t.Comm, t.Index)
+}
+
+// PID finds the thread now.
+func (t Kthread) PID() (int, error) {
+	ths, err := ListKthreads(func(comm string) bool { return comm == t.Comm })
+	if err != nil {
+		return 0, err
+	}
+	if t.Index >= len(ths) {
+		return 0, fmt.Errorf("kernel thread %s: %w (%d threads with that name)", t, ErrGone, len(ths))
+	}
+	return ths[t.Index].PID, nil
+}
+
+// KthreadInfo is a kernel thread as /proc and the scheduler show it.
+type KthreadInfo struct {
+	PID      int    `json:"pid"`
+	Comm     string `json:"comm"`
+	Index    int    `json:"index,omitempty"` // among threads with the same comm, see Kthread
+	CPUs     []int  `json:"cpus"`            // affinity
+	Policy   string `json:"policy"`          // other, fifo, rr, batch, idle, deadline
+	Priority int    `json:"priority"`        // RT priority (fifo, rr), 0 otherwise
+	Nice     int    `json:"nice"`
+	LastCPU  int    `json:"last_cpu"` // the CPU it last ran on
+}
+
+// ListKthreads returns the kernel threads whose comm satisfies match, in pid
+// order, with their affinity and scheduling. /proc/PID/comm of a kernel
+// thread holds its full name, not the 15-character task comm.
+func ListKthreads(match func(comm string) bool) ([]KthreadInfo, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("listing /proc: %w", err)
+	}
+	var out []KthreadInfo
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/comm")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		comm := strings.TrimSuffix(string(b), "\n")
+		if !match(comm) {
+			continue
+		}
+		flags, lastCPU, err := statFields(pid)
+		if err != nil || flags&pfKthread == 0 {
+			continue
+		}
+		info := KthreadInfo{PID: pid, Comm: comm, LastCPU: lastCPU}
+		if cpus, err := affinity(pid); err == nil {
+			info.CPUs = cpus
+		}
+		if a, err := unix.SchedGetAttr(pid, 0); err == nil {
+			info.Policy = policyName(a.Policy)
+			info.Priority = int(a.Priority)
+			info.Nice = int(a.Nice)
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	seen := map[string]int{}
+	for i := range out {
+		out[i].Index = seen[out[i].Comm]
+		seen[out[i].Comm]++
+	}
+	return out, nil
+}
+
+// statFields returns the flags (field 9) and processor (field 39) of
+// /proc/PID/stat. The comm field may contain spaces and parentheses, so
+// fields are counted from the last ')'.
+func statFields(pid int) (flags uint64, cpu int, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 37 {
+		return 0, 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	flags, err = strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu, err = strconv.Atoi(f[36])
+	return flags, cpu, err
+}
+
+func affinity(pid int) ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(pid, &set); err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for c := 0; c < len(set)*64; c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus, nil
+}
+
+func gone(err error) error {
+	if errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("%w: %w", ErrGone, err)
+	}
+	return err
+}
+
+// KthreadAffinity is the CPU affinity of a kernel thread. Its value is a CPU
+// list ("0-1"), as in /proc/PID/status Cpus_allowed_list.
+type KthreadAffinity struct {
+	Kthread
+}
+
+// Affinity returns the affinity knob of the kernel thread comm (index 0).
+func Affinity(comm string, index int) *KthreadAffinity {
+	return &KthreadAffinity{Kthread{Comm: comm, Index: index}}
+}
+
+func (k *KthreadAffinity) Kind() string { return kindKthreadAffinity }
+func (k *KthreadAffinity) Key() string  { return kindKthreadAffinity + ":" + k.Kthread.String() }
+
+func (k *KthreadAffinity) Read() ([]byte, error) {
+	pid, err := k.PID()
+	if err != nil {
+		return nil, err
+	}
+	cpus, err := affinity(pid)
+	if err != nil {
+		return nil, fmt.Errorf("reading affinity of %s (pid %d): %w", k.Kthread, pid, gone(err))
+	}
+	return []byte(FormatCPUList(cpus)), nil
+}
+
+func (k *KthreadAffinity) Write(v []byte) error {
+	cpus, err := ParseCPUList(string(v))
+	if err != nil {
+		return fmt.Errorf("affinity of %s: %w", k.Kthread, err)
+	}
+	pid, err := k.PID()
+	if err != nil {
+		return err
+	}
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	if err := unix.SchedSetaffinity(pid, &set); err != nil {
+		return fmt.Errorf("setting affinity of %s (pid %d) to %s: %w", k.Kthread, pid, v, gone(err))
+	}
+	return nil
+}
+
+// KthreadSched is the scheduling policy, RT priority and nice value of a
+// kernel thread. Its value reads like "policy=fifo prio=50 nice=0".
+type KthreadSched struct {
+	Kthread
+}
+
+// Sched returns the scheduling knob of the kernel thread comm.
+func Sched(comm string, index int) *KthreadSched {
+	return &KthreadSched{Kthread{Comm: comm, Index: index}}
+}
+
+func (k *KthreadSched) Kind() string { return kindKthreadSched }
+func (k *KthreadSched) Key() string  { return kindKthreadSched + ":" + k.Kthread.String() }
+
+func (k *KthreadSched) Read() ([]byte, error) {
+	pid, err := k.PID()
+	if err != nil {
+		return nil, err
+	}
+	a, err := unix.SchedGetAttr(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reading scheduling of %s (pid %d): %w", k.Kthread, pid, gone(err))
+	}
+	return []byte(FormatSched(a)), nil
+}
+
+func (k *KthreadSched) Write(v []byte) error {
+	a, err := ParseSched(string(v))
+	if err != nil {
+		return fmt.Errorf("scheduling of %s: %w", k.Kthread, err)
+	}
+	pid, err := k.PID()
+	if err != nil {
+		return err
+	}
+	if err := unix.SchedSetAttr(pid, a, 0); err != nil {
+		return fmt.Errorf("setting scheduling of %s (pid %d) to %q: %w", k.Kthread, pid, v, gone(err))
+	}
+	return nil
+}
+
+var policies = map[uint32]string{
+	unix.SCHED_NORMAL:   "other",
+	unix.SCHED_FIFO:     "fifo",
+	unix.SCHED_RR:       "rr",
+	unix.SCHED_BATCH:    "batch",
+	unix.SCHED_IDLE:     "idle",
+	unix.SCHED_DEADLINE: "deadline",
+}
+
+func policyName(p uint32) string {
+	if n, ok := policies[p]; ok {
+		return n
+	}
+	return strconv.FormatUint(uint64(p), 10)
+}
+
+// FormatSched renders what sched_setattr needs to restore a, and nothing
+// more (utilization clamps are left alone by lanes).
+func FormatSched(a *unix.SchedAttr) string {
+	s := fmt.Sprintf("policy=%s prio=%d nice=%d", policyName(a.Policy), a.Priority, a.Nice)
+	if a.Flags&unix.SCHED_FLAG_RESET_ON_FORK != 0 {
+		s += " reset-on-fork"
+	}
+	if a.Policy == unix.SCHED_DEADLINE {
+		s += fmt.Sprintf(" runtime=%d deadline=%d period=%d", a.Runtime, a.Deadline, a.Period)
+	}
+	return s
+}
+
+// ParseSched is the inverse of FormatSched. prio and nice may be omitted
+// (0); policy may not.
+func ParseSched(s string) (*unix.SchedAttr, error) {
+	a := &unix.SchedAttr{}
+	havePolicy := false
+	for _, f := range strings.Fields(s) {
+		if f == "reset-on-fork" {
+			a.Flags |= unix.SCHED_FLAG_RESET_ON_FORK
+			continue
+		}
+		key, val, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, fmt.Errorf("bad scheduling %q: %q is not key=value", s, f)
+		}
+		if key == "policy" {
+			found := false
+			for p, n := range policies {
+				if n == val {
+					a.Policy, found = p, true
+				}
+			}
+			if !found {
+				return nil, fmt.Errorf("bad scheduling %q: unknown policy %q (use other, fifo, rr, batch, idle)", s, val)
+			}
+			havePolicy = true
+			continue
+		}
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad scheduling %q: %s is not a number", s, f)
+		}
+		switch key {
+		case "prio":
+			a.Priority = uint32(n)
+		case "nice":
+			a.Nice = int32(n)
+		case "runtime":
+			a.Runtime = uint64(n)
+		case "deadline":
+			a.Deadline = uint64(n)
+		case "period":
+			a.Period = uint64(n)
+		default:
+			return nil, fmt.Errorf("bad scheduling %q: unknown field %q", s, key)
+		}
+	}
+	if !havePolicy {
+		return nil, fmt.Errorf("bad scheduling %q: missing policy=", s)
+	}
+	if (a.Policy == unix.SCHED_FIFO || a.Policy == unix.SCHED_RR) && (a.Priority < 1 || a.Priority > 99) {
+		return nil, fmt.Errorf("bad scheduling %q: fifo and rr need prio 1..99", s)
+	}
+	return a, nil
+}

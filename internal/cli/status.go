@@ -1,0 +1,146 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/topology"
+	"github.com/spf13/cobra"
+)
+
+func init() { register(newStatusCmd) }
+
+func newStatusCmd() *cobra.Command {
+	var (
+		o      control.StatusOptions
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status [--netns NAME] [--json]",
+		Short: "Show the overlay, the applied mode and what each core is doing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := control.Status(o)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(s)
+			}
+			ctlPrintStatus(out, s)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.NetNS, "netns", "", "network namespace holding the VXLAN device (default: lanes' own)")
+	f.StringVar(&o.StateDir, "state-dir", control.DefaultStateDir, "where journals and state live")
+	f.DurationVar(&o.Sample, "sample", 500*time.Millisecond, "how long to measure core load")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
+	fmt.Fprintf(out, "netns %s: mode %s", ctlNSLabel(s.NetNS), s.Mode)
+	if st := s.State; st != nil {
+		if st.Phase != control.Applied {
+			fmt.Fprintf(out, " (INCOMPLETE: the apply started %s was interrupted; run lanes reset%s)",
+				st.Started.Local().Format(time.DateTime), ctlNSFlag(s.NetNS))
+		} else {
+			fmt.Fprintf(out, " since %s, %d changes on cores %s", st.Applied.Local().Format(time.DateTime), st.Plan.Changes, st.CPUs)
+		}
+	}
+	fmt.Fprintf(out, ", %d knobs journaled\n", s.Journaled)
+	if t := s.Topology; t != nil {
+		ctlPrintTopology(out, t)
+	} else {
+		fmt.Fprintln(out, s.TopologyError)
+	}
+	fmt.Fprintf(out, "\ncores over %.1fs:\n", s.SampleSeconds)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "CORE\tSOFTIRQ\tSYSTEM\tUSER\tIDLE\tNET_RX/s\tNAPI THREADS\tRPS TO HERE")
+	for _, c := range s.Cores {
+		var ths, rps []string
+		for _, th := range c.Threads {
+			tag := "last ran"
+			if th.Pinned {
+				tag = "pinned"
+			}
+			if th.Policy == "fifo" || th.Policy == "rr" {
+				tag += fmt.Sprintf(" %s/%d", th.Policy, th.Prio)
+			}
+			ths = append(ths, fmt.Sprintf("%s (%s)", th.Comm, tag))
+		}
+		for _, q := range c.RPS {
+			rps = append(rps, fmt.Sprintf("%s/%s rx-%d", ctlNSLabel(q.NetNS), q.Device, q.Queue))
+		}
+		fmt.Fprintf(w, "%d\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.0f\t%s\t%s\n",
+			c.CPU, c.SoftIRQ, c.System, c.User, c.Idle, c.NetRXPerSec, ctlOrDash(ths), ctlOrDash(rps))
+	}
+	w.Flush()
+}
+
+func ctlPrintTopology(out io.Writer, t *topology.Topology) {
+	fmt.Fprintf(out, "overlay: %s-like\n", t.Kind)
+	for _, v := range t.VXLANs {
+		use := "l2"
+		if v.L3 {
+			use = "l3"
+		}
+		fmt.Fprintf(out, "  vxlan %s: vni %d port %d %s", v.Name, v.VNI, v.Port, use)
+		if v.Master != "" {
+			fmt.Fprintf(out, " on %s", v.Master)
+		}
+		if v.Local.IsValid() {
+			fmt.Fprintf(out, " local %s", v.Local)
+		}
+		if v.Underlay != "" {
+			fmt.Fprintf(out, ", underlay %s/%s (%s)", ctlNSLabel(v.UnderlayNetNS), v.Underlay, v.How)
+		}
+		fmt.Fprintf(out, ", threaded %s\n", v.Threaded)
+	}
+	for _, b := range t.Bridges {
+		fmt.Fprintf(out, "  bridge %s: %s\n", b.Name, strings.Join(b.Ports, ", "))
+	}
+	for _, c := range t.Containers {
+		var ifs []string
+		for _, i := range c.Interfaces {
+			s := i.Name
+			if a := ctlFirstGlobal(i.Addrs); a.IsValid() {
+				s += " " + a.String()
+			}
+			if i.HostVeth != "" {
+				s += " <-> " + i.HostVeth
+			}
+			ifs = append(ifs, s)
+		}
+		fmt.Fprintf(out, "  container %s: %s\n", c.NetNS, strings.Join(ifs, "; "))
+	}
+	for _, n := range t.Notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+}
+
+func ctlFirstGlobal(ps []netip.Prefix) netip.Prefix {
+	for _, p := range ps {
+		if !p.Addr().IsLinkLocalUnicast() {
+			return p
+		}
+	}
+	return netip.Prefix{}
+}
+
+func ctlOrDash(xs []string) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	return strings.Join(xs, ", ")
+}
