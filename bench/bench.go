@@ -320,11 +320,16 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	if err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
+	s := r.tb.Sender()
+	wire0, _ := wireDrops(s.NetNS, s.Underlay)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: 5201}
 	res, werr := w.Run(ctx, srv, cli, wp)
 	after, err := metrics.Take(mcfg)
 	if err == nil {
 		metrics.Diff(before, after).Apply(&run)
+	}
+	if wire1, err := wireDrops(s.NetNS, s.Underlay); err == nil && wire1 >= wire0 {
+		run.DropsNIC += wire1 - wire0
 	}
 	if werr != nil {
 		return fail(werr)

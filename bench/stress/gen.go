@@ -1,0 +1,423 @@
+// Package stress drives the receive side of a VXLAN overlay harder than a
+// socket-based sender can: an XDP program run through BPF_PROG_RUN in
+// live-frame mode injects pre-encapsulated VXLAN frames into the sending
+// host's underlay device, whose veth peer (the receiving host's "NIC")
+// takes them through the whole overlay receive path to a UDP sink in a
+// container. Sequence numbers in every datagram let the sink count loss and
+// reordering per flow.
+package stress
+
+//go:generate go tool bpf2go -tags linux -target bpfel xdpGen xdp_gen.c -- -I../../datapath/bpf/include -I/usr/include/x86_64-linux-gnu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/nsx"
+)
+
+// Target says where generated frames go: the sending host's underlay device
+// they are transmitted on, and the headers that make the receiving host
+// decapsulate them and deliver them to the sink.
+type Target struct {
+	SenderNetNS string // namespace of the sending host ("" = current)
+	SenderDev   string // sending underlay device (a veth) in SenderNetNS
+
+	// Outer headers: sending and receiving underlay devices.
+	SrcMAC, DstMAC net.HardwareAddr
+	SrcIP, DstIP   netip.Addr // IPv4 VTEP addresses
+	VNI            uint32
+	VXLANPort      uint16 // outer UDP destination port; 0 = 4789
+
+	// Inner headers. InnerDstMAC is the receiving container's MAC on a
+	// bridged (Docker) overlay, or the receiving VXLAN device's MAC on a
+	// routed (Flannel) one. InnerDstIP is the sink's address; the workload
+	// fills it (and InnerSrcIP) from its endpoints when left zero.
+	InnerSrcMAC, InnerDstMAC net.HardwareAddr
+	InnerSrcIP, InnerDstIP   netip.Addr
+}
+
+// GenConfig is how the generator sends.
+type GenConfig struct {
+	// CPU is the core the generator thread is pinned to; negative leaves it
+	// unpinned. The generator keeps this core 100% busy at any rate (see
+	// Generator), so keep it out of the receive path being measured.
+	CPU int
+	// Rate is the offered rate in packets/s; 0 sends as fast as possible.
+	Rate float64
+	// Burst is how many packets the pacer may send back to back to catch
+	// up after its thread was held off the core; 0 = DefaultBurst.
+	Burst int
+	// PayloadSize is the inner UDP payload in bytes, including the 8-byte
+	// sequence number; 0 = DefaultPayload.
+	PayloadSize int
+	// Flows is the number of inner flows (inner UDP source ports
+	// SrcPort..SrcPort+Flows-1, each with its own sequence); 0 = 1.
+	Flows int
+	// RunLen is how many consecutive packets go to one flow before the
+	// next: 1 (the default) is round robin.
+	RunLen int
+	// SrcPort and DstPort are the inner UDP ports; 0 = DefaultSrcPort,
+	// DefaultDstPort.
+	SrcPort, DstPort uint16
+	// OuterSrcPort is flow 0's outer UDP source port (flow i uses +i, the
+	// entropy a VXLAN device derives from the inner flow); 0 = 49152.
+	OuterSrcPort uint16
+	// BatchSize is how many frames the kernel prepares per batch of the
+	// live run (1..256); 0 = 64, the kernel's default.
+	BatchSize int
+}
+
+// Defaults for GenConfig's zero fields.
+const (
+	DefaultPayload = 64 // a 156-byte frame, the small-packet stress case
+	DefaultBurst   = 256 // the receiving veth's ring: a catch-up burst alone cannot overflow it
+	DefaultSrcPort = 20000
+	DefaultDstPort = 9999
+	// MaxFlows is the size of the program's per-flow sequence array.
+	MaxFlows = 4096
+
+	defaultOuterSport = 49152
+	defaultBatch      = 64
+	maxBatch          = 256 // the kernel's TEST_XDP_MAX_BATCH
+)
+
+func (c GenConfig) withDefaults() GenConfig {
+	if c.Burst == 0 {
+		c.Burst = DefaultBurst
+	}
+	if c.PayloadSize == 0 {
+		c.PayloadSize = DefaultPayload
+	}
+	if c.Flows == 0 {
+		c.Flows = 1
+	}
+	if c.RunLen == 0 {
+		c.RunLen = 1
+	}
+	if c.SrcPort == 0 {
+		c.SrcPort = DefaultSrcPort
+	}
+	if c.DstPort == 0 {
+		c.DstPort = DefaultDstPort
+	}
+	if c.OuterSrcPort == 0 {
+		c.OuterSrcPort = defaultOuterSport
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = defaultBatch
+	}
+	return c
+}
+
+func (c GenConfig) validate() error {
+	switch {
+	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
+		return fmt.Errorf("rate %v: must be >= 0 packets/s (0 = as fast as possible)", c.Rate)
+	case c.Rate > 0 && c.Rate < 1:
+		return fmt.Errorf("rate %v: must be at least 1 packet/s", c.Rate)
+	case c.Burst < 1:
+		return fmt.Errorf("burst %d: must be >= 1", c.Burst)
+	case c.Flows < 1 || c.Flows > MaxFlows:
+		return fmt.Errorf("flows %d: must be 1..%d", c.Flows, MaxFlows)
+	case c.RunLen < 1:
+		return fmt.Errorf("run length %d: must be >= 1", c.RunLen)
+	case int(c.SrcPort)+c.Flows-1 > math.MaxUint16:
+		return fmt.Errorf("source ports %d+%d flows overflow 65535", c.SrcPort, c.Flows)
+	case int(c.OuterSrcPort)+c.Flows-1 > math.MaxUint16:
+		return fmt.Errorf("outer source ports %d+%d flows overflow 65535", c.OuterSrcPort, c.Flows)
+	case c.BatchSize < 1 || c.BatchSize > maxBatch:
+		return fmt.Errorf("batch size %d: must be 1..%d", c.BatchSize, maxBatch)
+	}
+	return nil
+}
+
+// UnsupportedError is a kernel feature the generator needs and the running
+// kernel lacks. It matches ebpf.ErrNotSupported with errors.Is.
+type UnsupportedError struct {
+	Feature   string
+	MinKernel string
+	Err       error // what the kernel said
+}
+
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("%s not supported (needs Linux >= %s)", e.Feature, e.MinKernel)
+}
+
+func (e *UnsupportedError) Unwrap() error { return e.Err }
+
+func (e *UnsupportedError) Is(target error) bool { return target == ebpf.ErrNotSupported }
+
+// Generator injects VXLAN frames into Target.SenderDev from one pinned
+// thread. It is not safe for concurrent Runs.
+//
+// Pacing. Measured on the 2-core development VM (kernel 6.18, 156-byte
+// frames, batch 64; see TestMeasure):
+//   - one BPF_PROG_RUN call costs a fixed MEASURE_CALL of wall time on top
+//     of MEASURE_PKT ns per frame, so a rate cannot be held by many short
+//     calls with sleeps in between: at the few-hundred-Kpps rates a single
+//     receive core handles, the calls would have to be sub-millisecond;
+//     long calls instead turn into line-rate bursts of thousands of frames
+//     that overflow the receiving veth's 256-frame ring.
+//   - so each Run is one open-ended call (repeat = 2^32-1) that Run ends
+//     by signalling the thread; the kernel checks for signals between
+//     batches and returns EINTR. No per-call cost, and stop latency is one
+//     batch.
+//   - with Rate set, the program paces itself: a token bucket on
+//     bpf_ktime_get_ns (ns<<8 fixed point) that drops, rather than
+//     redirects, every copy that is not due yet (a dropped live frame goes
+//     straight back to the page pool: a run costs MEASURE_HELD ns), and
+//     lets at most Burst packets through back to back after a stall.
+//     Packets leave on an absolute schedule, so the rate does not drift:
+//     measured sent/target MEASURE_ACCURACY.
+//
+// The cost of that precision is that the generator's core is busy all the
+// time (PREEMPT_NONE: kthreads pinned there only run when the loop's
+// cond_resched lets them), so keep the generator off the cores whose
+// receive path is being measured.
+type Generator struct {
+	t     Target
+	cfg   GenConfig
+	frame []byte
+	objs  xdpGenObjects
+}
+
+// GenStats is what one Run sent.
+type GenStats struct {
+	Sent    uint64        // frames redirected into the sending device: the offered load
+	Held    uint64        // program runs the pacer dropped because no packet was due
+	Errors  uint64        // program runs dropped for other reasons (should be 0)
+	Stalls  uint64        // times the pacer fell more than Burst packets behind and dropped the backlog
+	Elapsed time.Duration // from the first frame sent to the stop request
+	Calls   int           // BPF_PROG_RUN calls made
+}
+
+// PPS is the offered rate.
+func (s GenStats) PPS() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return float64(s.Sent) / s.Elapsed.Seconds()
+}
+
+// NewGenerator builds the frame, loads the program with cfg's settings and
+// probes that the kernel runs XDP programs on live frames.
+func NewGenerator(t Target, cfg GenConfig) (*Generator, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if t.SenderDev == "" {
+		return nil, errors.New("target has no sending device")
+	}
+	frame, err := buildFrame(t, frameSpec{
+		payload:    cfg.PayloadSize,
+		srcPort:    cfg.SrcPort,
+		dstPort:    cfg.DstPort,
+		outerSport: cfg.OuterSrcPort,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g := &Generator{t: t, cfg: cfg, frame: frame}
+	if err := g.load(); err != nil {
+		return nil, err
+	}
+	if err := g.probe(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *Generator) load() error {
+	spec, err := loadXdpGen()
+	if err != nil {
+		return err
+	}
+	var intervalFP, burstFP uint64
+	if g.cfg.Rate > 0 {
+		intervalFP = uint64(math.Round(1e9 * 256 / g.cfg.Rate))
+		burstFP = intervalFP * uint64(g.cfg.Burst)
+	}
+	for name, v := range map[string]any{
+		"nr_flows":    uint32(g.cfg.Flows),
+		"run_len":     uint32(g.cfg.RunLen),
+		"inner_sport": g.cfg.SrcPort,
+		"outer_sport": g.cfg.OuterSrcPort,
+		"interval_fp": intervalFP,
+		"burst_fp":    burstFP,
+	} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	if err := spec.LoadAndAssign(&g.objs, nil); err != nil {
+		return fmt.Errorf("loading xdp generator: %w", err)
+	}
+	return nil
+}
+
+// probe runs the program once on a live frame. The devmap is still empty,
+// so the frame is dropped and nothing is sent or consumed.
+func (g *Generator) probe() error {
+	err := liveRun(g.objs.XdpGen.FD(), g.frame, 1, 1)
+	switch {
+	case err == nil:
+		// Undo the probe's pass through the pacer and its count.
+		if err := g.objs.State.Put(uint32(0), xdpGenGenState{}); err != nil {
+			return fmt.Errorf("resetting generator state: %w", err)
+		}
+		ncpu, err := ebpf.PossibleCPU()
+		if err != nil {
+			return err
+		}
+		if err := g.objs.Stats.Put(uint32(0), make([]xdpGenGenStats, ncpu)); err != nil {
+			return fmt.Errorf("resetting generator stats: %w", err)
+		}
+		return nil
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.Errno(524)): // 524: kernel-internal ENOTSUPP
+		return &UnsupportedError{Feature: "live frames", MinKernel: "5.18", Err: err}
+	default:
+		return fmt.Errorf("probing live-frame BPF_PROG_RUN: %w", err)
+	}
+}
+
+// Close releases the program and its maps.
+func (g *Generator) Close() error { return g.objs.Close() }
+
+// Frame returns a copy of the frame the generator replays (sequence 0,
+// flow 0).
+func (g *Generator) Frame() []byte { return append([]byte(nil), g.frame...) }
+
+func (g *Generator) readStats() (xdpGenGenStats, error) {
+	var per []xdpGenGenStats
+	if err := g.objs.Stats.Lookup(uint32(0), &per); err != nil {
+		return xdpGenGenStats{}, fmt.Errorf("reading generator stats: %w", err)
+	}
+	var sum xdpGenGenStats
+	for _, s := range per {
+		sum.Sent += s.Sent
+		sum.Held += s.Held
+		sum.Error += s.Error
+		sum.Stall += s.Stall
+	}
+	return sum, nil
+}
+
+// Run sends for d (0 = until ctx ends) and returns what it offered.
+// Sequence numbers continue across Runs of one Generator.
+func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) {
+	before, err := g.readStats()
+	if err != nil {
+		return GenStats{}, err
+	}
+	// A new Run starts a new pacing schedule and a new clock; flows keep
+	// their sequence numbers and the round robin its position.
+	var st xdpGenGenState
+	if err := g.objs.State.Lookup(uint32(0), &st); err != nil {
+		return GenStats{}, fmt.Errorf("reading generator state: %w", err)
+	}
+	st.NextFp, st.StartNs = 0, 0
+	if err := g.objs.State.Put(uint32(0), st); err != nil {
+		return GenStats{}, fmt.Errorf("resetting generator state: %w", err)
+	}
+	var (
+		stop    atomic.Bool
+		tid     int
+		running = make(chan struct{}) // closed once the send loop starts
+		done    = make(chan struct{}) // closed when the generator thread is finished
+		runErr  error
+		res     GenStats
+		stopNs  int64 // CLOCK_MONOTONIC, bpf_ktime_get_ns's clock
+	)
+	go func() {
+		defer close(done)
+		runErr = nsx.Do(g.t.SenderNetNS, func() error {
+			if g.cfg.CPU >= 0 {
+				if err := pinThread(g.cfg.CPU); err != nil {
+					return err
+				}
+			}
+			// The devmap entry names the device by ifindex, which only
+			// means something in the sender's namespace: resolve it here.
+			ifc, err := net.InterfaceByName(g.t.SenderDev)
+			if err != nil {
+				return fmt.Errorf("sending device %s in netns %q: %w", g.t.SenderDev, g.t.SenderNetNS, err)
+			}
+			if err := g.objs.TxPort.Put(uint32(0), uint32(ifc.Index)); err != nil {
+				return fmt.Errorf("pointing devmap at %s: %w", g.t.SenderDev, err)
+			}
+			tid = unix.Gettid()
+			close(running)
+			for !stop.Load() {
+				err := liveRun(g.objs.XdpGen.FD(), g.frame, math.MaxUint32, uint32(g.cfg.BatchSize))
+				res.Calls++
+				if err != nil && !errors.Is(err, unix.EINTR) {
+					return fmt.Errorf("live BPF_PROG_RUN: %w", err)
+				}
+				// EINTR: our stop signal, or a stray signal: the loop
+				// condition tells which.
+			}
+			return nil
+		})
+	}()
+
+	select {
+	case <-done:
+		return res, runErr // failed before sending
+	case <-running:
+	}
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-timeout:
+	case <-done:
+	}
+	stop.Store(true)
+	// Sending ends within a batch of the signal, but the call then tears
+	// down its page pool, which waits ~20 ms for frames still in flight:
+	// the run lasts until the stop, not until the syscall returns.
+	stopNs = monotonicNs()
+	// A signal that lands just before the thread enters the syscall is
+	// consumed in user space, so keep signalling until the thread is out.
+	// SIGURG is the Go runtime's preemption signal: harmless to it.
+	for waiting := true; waiting; {
+		_ = unix.Tgkill(os.Getpid(), tid, unix.SIGURG)
+		select {
+		case <-done:
+			waiting = false
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	after, err := g.readStats()
+	if err != nil && runErr == nil {
+		runErr = err
+	}
+	res.Sent = after.Sent - before.Sent
+	res.Held = after.Held - before.Held
+	res.Errors = after.Error - before.Error
+	res.Stalls = after.Stall - before.Stall
+	if err := g.objs.State.Lookup(uint32(0), &st); err != nil && runErr == nil {
+		runErr = fmt.Errorf("reading generator state: %w", err)
+	}
+	if st.StartNs != 0 && stopNs > int64(st.StartNs) {
+		res.Elapsed = time.Duration(stopNs - int64(st.StartNs))
+	}
+	return res, runErr
+}

@@ -1,0 +1,287 @@
+package stress
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/internal/nsx"
+)
+
+// Test addresses: 198.18.0.0/15 only (RFC 2544 benchmarking space), so
+// nothing generated here can reach a real network.
+var (
+	sndMAC      = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+	rcvMAC      = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+	innerSrcMAC = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0x01}
+	vxMAC       = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0x02}
+	sndPrefix   = netip.MustParsePrefix("198.18.0.1/24")
+	rcvPrefix   = netip.MustParsePrefix("198.18.0.2/24")
+	vxPrefix    = netip.MustParsePrefix("198.19.0.2/24")
+	innerSrc    = netip.MustParseAddr("198.19.0.1")
+)
+
+const testVNI = 42
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+}
+
+// testTarget is a Target whose devices need not exist (for tests that
+// never send).
+func testTarget() Target {
+	return Target{
+		SenderDev: "u0",
+		SrcMAC:    sndMAC, DstMAC: rcvMAC,
+		SrcIP: sndPrefix.Addr(), DstIP: rcvPrefix.Addr(),
+		VNI:         testVNI,
+		InnerSrcMAC: innerSrcMAC, InnerDstMAC: vxMAC,
+		InnerSrcIP: innerSrc, InnerDstIP: vxPrefix.Addr(),
+	}
+}
+
+// pair is two throwaway "hosts": snd's u0 is veth-peered with rcv's u1,
+// and rcv has a VXLAN device (VNI 42, port 4789) with address vxPrefix,
+// which is where the sink binds.
+type pair struct {
+	snd, rcv string
+	target   Target
+}
+
+func newPair(t testing.TB) *pair {
+	t.Helper()
+	requireRoot(t)
+	id := make([]byte, 3)
+	rand.Read(id)
+	p := &pair{snd: "lst-" + hex.EncodeToString(id) + "-s", rcv: "lst-" + hex.EncodeToString(id) + "-r"}
+	// Deleting the namespaces takes every device in them along (the veth
+	// pair dies with either end), so this is the whole cleanup.
+	t.Cleanup(func() {
+		for _, ns := range []string{p.snd, p.rcv} {
+			if err := nsx.Delete(ns); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(nsx.Create(p.snd))
+	must(nsx.Create(p.rcv))
+	must(addVeth(p.snd, "u0", sndMAC, p.rcv, "u1", rcvMAC))
+	must(addVXLAN(p.rcv, "vx0", vxMAC, testVNI, DefaultVXLANPort))
+	must(upWithAddr(p.snd, "u0", sndPrefix))
+	must(upWithAddr(p.rcv, "u1", rcvPrefix))
+	must(upWithAddr(p.rcv, "vx0", vxPrefix))
+	// The receiving veth must run NAPI or it drops what XDP redirects
+	// into its peer.
+	must(SetGRO(p.rcv, "u1", true))
+	if on, err := GRO(p.rcv, "u1"); err != nil || !on {
+		t.Fatalf("gro on u1: %v %v", on, err)
+	}
+	p.target = testTarget()
+	p.target.SenderNetNS = p.snd
+	return p
+}
+
+func TestFrameLayout(t *testing.T) {
+	const payload = 100
+	b, err := buildFrame(testTarget(), frameSpec{payload: payload, srcPort: 1234, dstPort: 5678, outerSport: 50000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != headersLen+payload {
+		t.Fatalf("frame is %d bytes, want %d", len(b), headersLen+payload)
+	}
+	be16 := func(off int) int { return int(binary.BigEndian.Uint16(b[off:])) }
+	checkEth := func(off int, dst, src net.HardwareAddr) {
+		t.Helper()
+		if !bytes.Equal(b[off:off+6], dst) || !bytes.Equal(b[off+6:off+12], src) || be16(off+12) != 0x0800 {
+			t.Errorf("ethernet at %d: % x", off, b[off:off+14])
+		}
+	}
+	checkIP := func(off int, src, dst netip.Addr) {
+		t.Helper()
+		h := b[off : off+ipv4Len]
+		if h[0] != 0x45 || h[9] != 17 || h[8] == 0 {
+			t.Errorf("ipv4 at %d: version/ihl %#x proto %d ttl %d", off, h[0], h[9], h[8])
+		}
+		if be16(off+2) != len(b)-off {
+			t.Errorf("ipv4 at %d: total length %d, want %d", off, be16(off+2), len(b)-off)
+		}
+		if ipChecksum(h) != 0 {
+			t.Errorf("ipv4 at %d: bad header checksum %#04x", off, be16(off+10))
+		}
+		if be16(off+6)&0x3fff != 0 {
+			t.Errorf("ipv4 at %d: fragmented (%#04x)", off, be16(off+6))
+		}
+		if netip.AddrFrom4([4]byte(h[12:16])) != src || netip.AddrFrom4([4]byte(h[16:20])) != dst {
+			t.Errorf("ipv4 at %d: %v -> %v", off, h[12:16], h[16:20])
+		}
+	}
+	checkUDP := func(off, sport, dport int) {
+		t.Helper()
+		if be16(off) != sport || be16(off+2) != dport || be16(off+4) != len(b)-off || be16(off+6) != 0 {
+			t.Errorf("udp at %d: % x (want ports %d->%d, length %d, checksum 0)", off, b[off:off+8], sport, dport, len(b)-off)
+		}
+	}
+	tg := testTarget()
+	checkEth(0, rcvMAC, sndMAC)
+	checkIP(offOuterIP, tg.SrcIP, tg.DstIP)
+	checkUDP(offOuterUDP, 50000, DefaultVXLANPort)
+	if got := binary.BigEndian.Uint32(b[offVXLAN:]); got != 0x08000000 {
+		t.Errorf("vxlan flags %#x", got)
+	}
+	if got := binary.BigEndian.Uint32(b[offVXLAN+4:]); got>>8 != testVNI || got&0xff != 0 {
+		t.Errorf("vxlan vni word %#x, want VNI %d", got, testVNI)
+	}
+	checkEth(offInnerEth, vxMAC, innerSrcMAC)
+	checkIP(offInnerIP, tg.InnerSrcIP, tg.InnerDstIP)
+	checkUDP(offInnerUDP, 1234, 5678)
+	if len(b)-offPayload != payload || !bytes.Equal(b[offPayload:], make([]byte, payload)) {
+		t.Errorf("payload is not %d zero bytes", payload)
+	}
+
+	for _, bad := range []int{MinPayload - 1, MaxPayload + 1} {
+		if _, err := buildFrame(testTarget(), frameSpec{payload: bad}); err == nil {
+			t.Errorf("payload %d accepted", bad)
+		}
+	}
+	tg.InnerDstIP = netip.MustParseAddr("2001:db8::1")
+	if _, err := buildFrame(tg, frameSpec{payload: 64}); err == nil {
+		t.Error("IPv6 inner address accepted")
+	}
+}
+
+// loadTestGen loads the generator (probing live frames) and points its
+// devmap at lo, so runs end in XDP_REDIRECT without a real device.
+func loadTestGen(t *testing.T, cfg GenConfig) *Generator {
+	t.Helper()
+	requireRoot(t)
+	g, err := NewGenerator(testTarget(), cfg)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.objs.TxPort.Put(uint32(0), uint32(1)); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
+	const flows, runLen = 3, 2
+	cfg := GenConfig{Flows: flows, RunLen: runLen, SrcPort: 30000, OuterSrcPort: 40000, DstPort: 7000}
+	g := loadTestGen(t, cfg)
+	in := g.Frame()
+	next := make([]uint64, flows)
+	for k := 0; k < 20; k++ {
+		out := make([]byte, len(in))
+		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != 4 { // XDP_REDIRECT
+			t.Fatalf("packet %d: verdict %d, want XDP_REDIRECT", k, ret)
+		}
+		flow := (k / runLen) % flows
+		want := append([]byte(nil), in...)
+		binary.BigEndian.PutUint64(want[offPayload:], next[flow])
+		binary.BigEndian.PutUint16(want[offOuterUDP:], uint16(40000+flow))
+		binary.BigEndian.PutUint16(want[offInnerUDP:], uint16(30000+flow))
+		next[flow]++
+		if !bytes.Equal(out, want) {
+			t.Fatalf("packet %d (flow %d):\n got % x\nwant % x", k, flow, out, want)
+		}
+	}
+	st, err := g.readStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Sent != 20 || st.Held != 0 || st.Error != 0 {
+		t.Errorf("stats %+v, want 20 sent", st)
+	}
+}
+
+func TestXDPGenPacerHoldsEarlyPackets(t *testing.T) {
+	// One packet per second with no burst: the first run is sent, runs
+	// right after it are held (dropped) without consuming a sequence.
+	g := loadTestGen(t, GenConfig{Rate: 1, Burst: 1})
+	in := g.Frame()
+	for k, want := range []uint32{4, 1, 1} { // XDP_REDIRECT, XDP_DROP, XDP_DROP
+		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != want {
+			t.Fatalf("run %d: verdict %d, want %d", k, ret, want)
+		}
+	}
+	var seq uint64
+	if err := g.objs.FlowSeq.Lookup(uint32(0), &seq); err != nil || seq != 1 {
+		t.Fatalf("flow 0 next sequence %d (%v), want 1", seq, err)
+	}
+	st, _ := g.readStats()
+	if st.Sent != 1 || st.Held != 2 {
+		t.Errorf("stats %+v, want 1 sent, 2 held", st)
+	}
+}
+
+func TestUnsupportedErrorMatchesNotSupported(t *testing.T) {
+	err := error(&UnsupportedError{Feature: "live frames", MinKernel: "5.18", Err: unix.EINVAL})
+	if !errors.Is(err, ebpf.ErrNotSupported) || !errors.Is(err, unix.EINVAL) {
+		t.Fatal("UnsupportedError does not match ErrNotSupported and its errno")
+	}
+	if got := err.Error(); got != "live frames not supported (needs Linux >= 5.18)" {
+		t.Fatalf("message %q", got)
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	p := newPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := NewUDPStress(p.target, GenConfig{CPU: -1})
+	if w.Name() != "udp_stress" {
+		t.Fatalf("name %q", w.Name())
+	}
+	// A modest rate that one core absorbs without loss or reordering.
+	res, err := w.Run(ctx,
+		workload.Endpoint{NetNS: p.rcv, Addr: vxPrefix.Addr()},
+		workload.Endpoint{Addr: innerSrc},
+		workload.Point{Proto: "udp", MsgSize: 64, Flows: 4, Rate: 20000, Duration: time.Second, Port: 9000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	if res.Extra["udp_received"] == 0 || res.PPS <= 0 || res.SentPPS <= 0 {
+		t.Fatalf("nothing received: %+v", res)
+	}
+	if res.UDPReorder != 0 {
+		t.Errorf("%d datagrams reordered", res.UDPReorder)
+	}
+	if res.Extra["udp_received"] > res.Extra["udp_sent"] {
+		t.Errorf("received %v > sent %v", res.Extra["udp_received"], res.Extra["udp_sent"])
+	}
+}

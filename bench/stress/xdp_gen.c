@@ -1,0 +1,168 @@
+//go:build ignore
+
+/*
+ * xdp_gen: the in-kernel half of the udp_stress generator.
+ *
+ * Userspace hands BPF_PROG_RUN (BPF_F_TEST_XDP_LIVE_FRAMES) one pre-built
+ * VXLAN frame; the kernel runs this program once per repetition on a
+ * recycled copy of it. Each run stamps the next sequence number of the
+ * chosen inner flow into the payload, sets that flow's ports, and redirects
+ * the frame through a devmap into the sending underlay device, whose veth
+ * peer receives it like a NIC would.
+ *
+ * Live-frame pages are recycled without being re-initialised, so every byte
+ * that differs between packets (sequence, both source ports) is written on
+ * every run. All runs of one program happen on the single generator thread,
+ * so the plain (non-atomic) updates of the ARRAY maps below are race free.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "vxlan.h"
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+#define MAX_FLOWS 4096
+
+/*
+ * The frame userspace builds (frame.go mirrors these offsets): outer
+ * Ethernet/IPv4/UDP/VXLAN, inner Ethernet/IPv4/UDP, then the payload, whose
+ * first 8 bytes are the flow's sequence number (big endian).
+ */
+struct frame {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	struct vxlanhdr vxlan;
+	struct ethhdr inner_eth;
+	struct iphdr inner_ip;
+	struct udphdr inner_udp;
+	__be64 seq;
+} __attribute__((packed));
+
+/* Load-time settings (set from Go before loading; read-only afterwards). */
+const volatile __u32 nr_flows = 1;    /* inner flows, 1..MAX_FLOWS */
+const volatile __u32 run_len = 1;     /* consecutive packets per flow: 1 = round robin */
+const volatile __u16 inner_sport = 0; /* flow i uses inner UDP source port inner_sport+i */
+const volatile __u16 outer_sport = 0; /* flow i uses outer UDP source port outer_sport+i, the
+                                       * per-flow entropy a VXLAN device derives from the inner flow */
+/*
+ * Pacer: packet spacing and token-bucket depth in ns << 8 (fixed point so a
+ * rate like 3 Mpps is not rounded to 333 ns). interval_fp == 0: no pacing.
+ */
+const volatile __u64 interval_fp = 0;
+const volatile __u64 burst_fp = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u32); /* ifindex of the sending underlay device (sender's netns) */
+} tx_port SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_FLOWS);
+	__type(key, __u32);   /* flow index */
+	__type(value, __u64); /* next sequence number of that flow */
+} flow_seq SEC(".maps");
+
+struct gen_state {
+	__u64 pkt;     /* packets handed to the redirect so far: picks the flow */
+	__u64 next_fp; /* pacer: earliest time (ns << 8) the next packet may leave; 0 = not started */
+	__u64 start_ns; /* bpf_ktime_get_ns() of the first packet since userspace zeroed it */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct gen_state);
+} state SEC(".maps");
+
+struct gen_stats {
+	__u64 sent;  /* runs that ended in XDP_REDIRECT: the offered packets */
+	__u64 held;  /* runs the pacer dropped because the packet was not due yet */
+	__u64 error; /* runs dropped for any other reason (short frame, empty devmap) */
+	__u64 stall; /* times the pacer found itself more than burst_fp behind and forgave the backlog */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct gen_stats);
+} stats SEC(".maps");
+
+SEC("xdp")
+int xdp_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct frame *f = data;
+	struct gen_state *st;
+	struct gen_stats *cnt;
+	__u32 zero = 0, flow;
+	__u64 *seq;
+	int verdict = XDP_DROP;
+
+	cnt = bpf_map_lookup_elem(&stats, &zero);
+	st = bpf_map_lookup_elem(&state, &zero);
+	if (!cnt || !st)
+		return XDP_DROP;
+	if ((void *)(f + 1) > data_end)
+		goto out;
+
+	if (interval_fp) {
+		__u64 now = bpf_ktime_get_ns() << 8;
+		__u64 next = st->next_fp;
+
+		if (next == 0) {
+			next = now;
+		} else if (now < next) {
+			/* Not due: drop this copy. Dropped live frames go straight
+			 * back to the page pool, so waiting costs ~one run. */
+			cnt->held++;
+			return XDP_DROP;
+		} else if (now - next > burst_fp) {
+			/* After a stall (cond_resched, an interrupt) catch up at
+			 * most burst_fp worth of packets, not the whole backlog. */
+			next = now - burst_fp;
+			cnt->stall++;
+		}
+		st->next_fp = next + interval_fp;
+	}
+
+	/* A BPF_PROG_RUN call takes ~10 ms to set up before the first run:
+	 * userspace measures the rate from here, not from the syscall. */
+	if (!st->start_ns)
+		st->start_ns = bpf_ktime_get_ns();
+
+	flow = (__u32)((st->pkt / run_len) % nr_flows);
+	seq = bpf_map_lookup_elem(&flow_seq, &flow);
+	if (!seq)
+		goto out;
+
+	/* Typed stores instead of the packed members: one 8-byte and two
+	 * 2-byte writes rather than byte-wise ones (unaligned packet access
+	 * is fine on the architectures lanes runs on). */
+	*(__be64 *)((void *)f + __builtin_offsetof(struct frame, seq)) = bpf_cpu_to_be64(*seq);
+	*(__be16 *)((void *)f + __builtin_offsetof(struct frame, udp.source)) = bpf_htons(outer_sport + flow);
+	*(__be16 *)((void *)f + __builtin_offsetof(struct frame, inner_udp.source)) = bpf_htons(inner_sport + flow);
+
+	/* XDP_DROP, not XDP_ABORTED, when the devmap slot is empty. */
+	verdict = bpf_redirect_map(&tx_port, 0, XDP_DROP);
+	if (verdict == XDP_REDIRECT) {
+		(*seq)++;
+		st->pkt++;
+		cnt->sent++;
+		return verdict;
+	}
+out:
+	cnt->error++;
+	return verdict;
+}
