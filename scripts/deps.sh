@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what lanes needs on Debian (12+), idempotently: the BPF toolchain
+# (clang, llvm, libbpf headers) and the workloads the seed papers used
+# (iperf3, sockperf, memcached + memaslap, nginx + wrk). Skips apt entirely
+# when everything is present, so `make test` can depend on it cheaply.
+set -euo pipefail
+
+pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk)
+
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	if [[ $EUID -ne 0 ]]; then
+		echo "deps: missing Debian packages ${missing[*]}: run as root (sudo make deps)" >&2
+		exit 1
+	fi
+	echo "deps: installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# Debian starts packaged daemons; the benchmark runs its own copies
+	# inside namespaces, so stop the system ones where an init system runs.
+	for svc in nginx memcached; do
+		if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+			systemctl disable --now "$svc" >/dev/null 2>&1 || true
+		fi
+	done
+fi
+
+# Go is not taken from Debian: bookworm's golang is 1.19, older than the
+# module needs. A Go >= 1.21 on PATH fetches the exact toolchain go.mod asks
+# for through the module proxy by itself.
+if ! command -v go >/dev/null; then
+	echo "deps: no Go toolchain on PATH: install Go >= 1.24 from go.dev/dl (Debian 12's golang-go is too old)" >&2
+	exit 1
+fi
+gov=$(go env GOVERSION | sed 's/^go//')
+if [[ "$(printf '%s\n1.21\n' "$gov" | sort -V | head -1)" != "1.21" ]]; then
+	echo "deps: Go $gov is too old: install Go >= 1.24 from go.dev/dl" >&2
+	exit 1
+fi
+echo "deps: ok (go $gov, clang $(clang -dumpversion), $(iperf3 --version | head -1 | cut -d' ' -f1-2))"
