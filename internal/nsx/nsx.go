@@ -22,6 +22,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The main goroutine stays on the main thread for the life of the process.
+// Do leaves a thread it moved into another namespace to die with its
+// goroutine; if that were the main thread, Go could not end it and would
+// park it, still in the foreign namespace, and Linux reports the main
+// thread's namespace as the whole process's (/proc/self/net, /proc/PID/ns).
+func init() { runtime.LockOSThread() }
+
 // Dir is where named network namespaces are bound (iproute2's convention).
 const Dir = "/run/netns"
 
