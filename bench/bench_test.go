@@ -65,7 +65,7 @@ func TestRunEndToEnd(t *testing.T) {
 	t.Cleanup(func() { testbed.Down(prefix); testbed.StateDir = old })
 	o := Options{
 		Modes:     []string{"native", "vanilla", "rps"},
-		Workloads: []string{"tcp_stream"},
+		Workloads: []string{"tcp_stream", "udp_stress"},
 		Quick:     true,
 		Repeats:   1,
 		Duration:  time.Second,
@@ -77,14 +77,15 @@ func TestRunEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 3 * 3; len(f.Runs) != want {
+	// 3 stream sizes x 3 modes, udp_stress under the 2 overlay modes.
+	if want := 3*3 + 2; len(f.Runs) != want {
 		t.Fatalf("%d runs, want %d", len(f.Runs), want)
 	}
 	for _, r := range f.Runs {
 		if r.Error != "" {
 			t.Errorf("%s %s %dB: %s", r.Mode, r.Workload, r.MsgSize, r.Error)
 		}
-		if r.ThroughputGbps <= 0 || len(r.CPU) == 0 {
+		if r.ThroughputGbps <= 0 || r.PPS <= 0 || len(r.CPU) == 0 {
 			t.Errorf("%s %dB: empty measurement %+v", r.Mode, r.MsgSize, r)
 		}
 	}

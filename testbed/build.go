@@ -212,10 +212,17 @@ func (tb *Testbed) buildUnderlay() error {
 	}
 	defer bfd.Close()
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: a.Underlay, MTU: tb.Config.MTU, HardwareAddr: a.UnderlayMAC},
+		LinkAttrs:        netlink.LinkAttrs{Name: a.Underlay, MTU: tb.Config.MTU, HardwareAddr: a.UnderlayMAC, NumTxQueues: 1, NumRxQueues: 1},
 		PeerName:         b.Underlay,
 		PeerHardwareAddr: b.UnderlayMAC,
 		PeerNamespace:    netlink.NsFd(int(bfd)),
+		// One queue each way, like a single-queue NIC with one IRQ. It
+		// also matters for XDP: a veth offers ndo_xdp_xmit (the target of
+		// a devmap redirect) only while its peer has no more tx queues
+		// than it has rx queues; the kernel's default of one tx queue per
+		// CPU would silently drop every redirected frame.
+		PeerNumTxQueues: 1,
+		PeerNumRxQueues: 1,
 	}
 	if err := ha.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding underlay veth %s<->%s: %w", a.Underlay, b.Underlay, err)
@@ -225,7 +232,7 @@ func (tb *Testbed) buildUnderlay() error {
 			return err
 		}
 	}
-	return nil
+	return tb.enableGRO()
 }
 
 // setupNIC makes a host's end of the underlay veth behave like a NIC.
@@ -258,12 +265,22 @@ func (tb *Testbed) setupNIC(h Host) error {
 			return err
 		}
 	}
-	// GRO on a veth switches its receive side to NAPI, like a NIC driver.
-	if err := ethtool.Set(h.NetNS, h.Underlay, ethtool.GRO, true); err != nil {
-		return err
-	}
 	if err := nh.LinkSetUp(link); err != nil {
 		return fmt.Errorf("bringing up %s: %w", h.Underlay, err)
+	}
+	return nil
+}
+
+// enableGRO turns on GRO, which switches a veth's receive side to NAPI like
+// a NIC driver. Only once both ends are up: veth marks its peer as an XDP
+// redirect target (ndo_xdp_xmit) when GRO changes on a device that is up,
+// and a GRO set while down leaves every frame redirected into the peer
+// silently dropped.
+func (tb *Testbed) enableGRO() error {
+	for _, h := range tb.Hosts {
+		if err := ethtool.Set(h.NetNS, h.Underlay, ethtool.GRO, true); err != nil {
+			return err
+		}
 	}
 	return nil
 }

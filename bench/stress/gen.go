@@ -19,6 +19,7 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -80,7 +81,7 @@ type GenConfig struct {
 
 // Defaults for GenConfig's zero fields.
 const (
-	DefaultPayload = 64 // a 156-byte frame, the small-packet stress case
+	DefaultPayload = 64  // a 156-byte frame, the small-packet stress case
 	DefaultBurst   = 256 // the receiving veth's ring: a catch-up burst alone cannot overflow it
 	DefaultSrcPort = 20000
 	DefaultDstPort = 9999
@@ -162,27 +163,41 @@ func (e *UnsupportedError) Is(target error) bool { return target == ebpf.ErrNotS
 // thread. It is not safe for concurrent Runs.
 //
 // Pacing. Measured on the 2-core development VM (kernel 6.18, 156-byte
-// frames, batch 64; see TestMeasure):
-//   - one BPF_PROG_RUN call costs a fixed MEASURE_CALL of wall time on top
-//     of MEASURE_PKT ns per frame, so a rate cannot be held by many short
-//     calls with sleeps in between: at the few-hundred-Kpps rates a single
-//     receive core handles, the calls would have to be sub-millisecond;
-//     long calls instead turn into line-rate bursts of thousands of frames
-//     that overflow the receiving veth's 256-frame ring.
-//   - so each Run is one open-ended call (repeat = 2^32-1) that Run ends
-//     by signalling the thread; the kernel checks for signals between
-//     batches and returns EINTR. No per-call cost, and stop latency is one
-//     batch.
+// frames, batch 64, receiving veth's NAPI threaded on the other core; see
+// TestMeasure; the VM was shared with other builds, so rates are rough):
+//   - a BPF_PROG_RUN call that leaves frames in flight costs 16-25 ms of
+//     wall time however few frames it sends (repeat=64 and repeat=16384
+//     both took 16-30 ms; repeat=1 only 6-9 us): about 10 ms passes
+//     between entering the call and the first frame, and the page-pool
+//     teardown at its end waits for the frames still in flight. Calls of
+//     repeat=262144 take 40-50 ms, repeat=4194304 310-385 ms (11-12 Mpps).
+//     So a rate cannot be held by short calls with sleeps between them,
+//     and long calls become line-rate bursts of thousands of frames that
+//     overflow the receiving veth's 256-frame ring.
+//   - so a Run is one open-ended call (repeat = 2^32-1) that Run ends by
+//     signalling the thread: the kernel checks for signals between batches
+//     and returns EINTR. The fixed cost is paid once, and the rate is
+//     measured from the program's first frame (bpf_ktime_get_ns), not
+//     from the syscall. As fast as possible, one core injects 11-13 Mpps
+//     (BatchSize 256: 12-14.5 Mpps, not consistently faster), 9-11.5 Mpps
+//     while a saturated receiver drops most of it at the veth ring.
 //   - with Rate set, the program paces itself: a token bucket on
 //     bpf_ktime_get_ns (ns<<8 fixed point) that drops, rather than
-//     redirects, every copy that is not due yet (a dropped live frame goes
-//     straight back to the page pool: a run costs MEASURE_HELD ns), and
-//     lets at most Burst packets through back to back after a stall.
+//     redirects, each copy that is not due yet (a dropped live frame goes
+//     straight back to the page pool: 7-16 M held runs/s, 60-140 ns each),
+//     and after a stall lets at most Burst packets through back to back.
 //     Packets leave on an absolute schedule, so the rate does not drift:
-//     measured sent/target MEASURE_ACCURACY.
+//     sent/target was 1.0000 from 10 Kpps to 1 Mpps whenever the thread
+//     kept its core (Stalls = 0), and within 1.5% up to 4 Mpps on a
+//     lightly shared VM. When something else takes the core for
+//     longer than Burst packets' worth (other tasks on a shared core:
+//     0.25-6 ms here), the backlog beyond Burst is forgiven, not sent in
+//     one burst: the run falls short (-0.5% to -20% on the shared VM) and
+//     GenStats.Stalls says so. Whatever happens, GenStats.Sent is the
+//     count actually offered.
 //
 // The cost of that precision is that the generator's core is busy all the
-// time (PREEMPT_NONE: kthreads pinned there only run when the loop's
+// time (PREEMPT_NONE: other tasks there run only when the loop's
 // cond_resched lets them), so keep the generator off the cores whose
 // receive path is being measured.
 type Generator struct {
@@ -271,9 +286,8 @@ func (g *Generator) load() error {
 // probe runs the program once on a live frame. The devmap is still empty,
 // so the frame is dropped and nothing is sent or consumed.
 func (g *Generator) probe() error {
-	err := liveRun(g.objs.XdpGen.FD(), g.frame, 1, 1)
-	switch {
-	case err == nil:
+	err := probeError(liveRun(g.objs.XdpGen.FD(), g.frame, 1, 1))
+	if err == nil {
 		// Undo the probe's pass through the pacer and its count.
 		if err := g.objs.State.Put(uint32(0), xdpGenGenState{}); err != nil {
 			return fmt.Errorf("resetting generator state: %w", err)
@@ -285,8 +299,19 @@ func (g *Generator) probe() error {
 		if err := g.objs.Stats.Put(uint32(0), make([]xdpGenGenStats, ncpu)); err != nil {
 			return fmt.Errorf("resetting generator stats: %w", err)
 		}
+	}
+	return err
+}
+
+// probeError names what the live-frame probe's errno means. Kernels
+// before 5.18 reject the BPF_F_TEST_XDP_LIVE_FRAMES flag with EINVAL (the
+// frame is well within the size limit, so nothing else is invalid), and
+// ENOTSUPP (524, kernel-internal) means no test runner at all.
+func probeError(err error) error {
+	switch {
+	case err == nil:
 		return nil
-	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.Errno(524)): // 524: kernel-internal ENOTSUPP
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.Errno(524)):
 		return &UnsupportedError{Feature: "live frames", MinKernel: "5.18", Err: err}
 	default:
 		return fmt.Errorf("probing live-frame BPF_PROG_RUN: %w", err)
@@ -357,6 +382,15 @@ func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) 
 			}
 			if err := g.objs.TxPort.Put(uint32(0), uint32(ifc.Index)); err != nil {
 				return fmt.Errorf("pointing devmap at %s: %w", g.t.SenderDev, err)
+			}
+			// Every signal ends a call, and a new call costs ~20 ms of
+			// sending: keep the profiler's SIGPROF off this thread (it
+			// dies after the Run, so the mask needs no undoing).
+			var prof unix.Sigset_t
+			const wordBits = int(unsafe.Sizeof(prof.Val[0]) * 8)
+			prof.Val[(int(unix.SIGPROF)-1)/wordBits] |= 1 << ((int(unix.SIGPROF) - 1) % wordBits)
+			if err := unix.PthreadSigmask(unix.SIG_BLOCK, &prof, nil); err != nil {
+				return fmt.Errorf("blocking SIGPROF: %w", err)
 			}
 			tid = unix.Gettid()
 			close(running)

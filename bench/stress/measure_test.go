@@ -3,7 +3,6 @@ package stress
 import (
 	"context"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -96,6 +95,12 @@ func TestMeasure(t *testing.T) {
 
 	// Pacing accuracy and receive capacity: the full workload per rate.
 	w := func(rate int, flows int) workload.Result {
+		c0 := counters(t, p)
+		defer func() {
+			c1 := counters(t, p)
+			t.Logf("   drops: sending veth tx %d, receiving veth rx %d, udp rcvbuf %d",
+				c1.txDrop-c0.txDrop, c1.rxDrop-c0.rxDrop, c1.rcvbuf-c0.rcvbuf)
+		}()
 		res, err := NewUDPStress(p.target, GenConfig{CPU: genCPU}).Run(context.Background(),
 			workload.Endpoint{NetNS: p.rcv, Addr: vxPrefix.Addr(), CPUs: []int{rxCPU}},
 			workload.Endpoint{Addr: innerSrc},
@@ -166,4 +171,51 @@ func napiThreads(dev string) map[int]bool {
 	return out
 }
 
-var _ = math.Inf
+type dropCounters struct{ txDrop, rxDrop, rcvbuf uint64 }
+
+// counters reads drop counters: the sending veth's tx drops (frames its
+// peer's ring had no room for), the receiving veth's rx drops and the
+// receiving namespace's UDP RcvbufErrors (socket queue full).
+func counters(t *testing.T, p *pair) dropCounters {
+	var c dropCounters
+	read := func(ns, file string) string {
+		var b []byte
+		err := nsx.Do(ns, func() error {
+			var err error
+			// thread-self: /proc/self/net would show the main thread's
+			// namespace, not this thread's.
+			b, err = os.ReadFile("/proc/thread-self/net/" + file)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	devField := func(text, dev string, field int) uint64 {
+		for _, line := range strings.Split(text, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && name == dev {
+				var v uint64
+				fmt.Sscan(strings.Fields(rest)[field], &v)
+				return v
+			}
+		}
+		return 0
+	}
+	c.txDrop = devField(read(p.snd, "dev"), "u0", 11)
+	c.rxDrop = devField(read(p.rcv, "dev"), "u1", 3)
+	lines := strings.Split(read(p.rcv, "snmp"), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		if strings.HasPrefix(lines[i], "Udp:") && strings.HasPrefix(lines[i+1], "Udp:") {
+			names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			for j := range names {
+				if names[j] == "RcvbufErrors" {
+					fmt.Sscan(vals[j], &c.rcvbuf)
+				}
+			}
+			break
+		}
+	}
+	return c
+}

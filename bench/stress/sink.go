@@ -151,7 +151,7 @@ func (s *Sink) read(started chan<- error) {
 		hdrs[i].Hdr.SetIovlen(1)
 		hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&names[i]))
 	}
-	flows := make(map[uint16]*flowState)
+	acc := newSeqAccount(&s.stats)
 	st := &s.stats
 	for !s.stop.Load() {
 		for i := range hdrs {
@@ -175,30 +175,8 @@ func (s *Sink) read(started chan<- error) {
 			st.First = now
 		}
 		for i := 0; i < int(n); i++ {
-			length := int(hdrs[i].Len)
-			st.Datagrams++
-			st.Bytes += uint64(length)
-			if length < seqLen {
-				st.Short++
-				continue
-			}
-			seq := binary.BigEndian.Uint64(bufs[i*sinkBufLen:])
 			port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&names[i].Port))[:])
-			f := flows[port]
-			if f == nil {
-				flows[port] = &flowState{first: seq, highest: seq, received: 1}
-				continue
-			}
-			f.received++
-			switch {
-			case seq < f.highest:
-				st.Reorder++
-				if seq < f.first {
-					f.first = seq
-				}
-			default:
-				f.highest = seq
-			}
+			acc.add(port, bufs[i*sinkBufLen:(i+1)*sinkBufLen], int(hdrs[i].Len))
 		}
 		if n > 0 {
 			st.Last = now
@@ -207,10 +185,51 @@ func (s *Sink) read(started chan<- error) {
 	}
 	runtime.KeepAlive(iovs)
 	runtime.KeepAlive(names)
-	st.Flows = len(flows)
-	for _, f := range flows {
+	acc.finish()
+}
+
+// seqAccount keeps the per-flow sequence bookkeeping of a Sink.
+type seqAccount struct {
+	st    *SinkStats
+	flows map[uint16]*flowState
+}
+
+func newSeqAccount(st *SinkStats) *seqAccount {
+	return &seqAccount{st: st, flows: make(map[uint16]*flowState)}
+}
+
+// add counts one datagram of length bytes from source port port; buf holds
+// (at least the start of) its payload.
+func (a *seqAccount) add(port uint16, buf []byte, length int) {
+	st := a.st
+	st.Datagrams++
+	st.Bytes += uint64(length)
+	if length < seqLen {
+		st.Short++
+		return
+	}
+	seq := binary.BigEndian.Uint64(buf)
+	f := a.flows[port]
+	if f == nil {
+		a.flows[port] = &flowState{first: seq, highest: seq, received: 1}
+		return
+	}
+	f.received++
+	if seq < f.highest {
+		st.Reorder++
+		f.first = min(f.first, seq)
+		return
+	}
+	f.highest = seq
+}
+
+// finish fills in the totals that need every flow's final state.
+func (a *seqAccount) finish() {
+	a.st.Flows = len(a.flows)
+	a.st.Lost = 0
+	for _, f := range a.flows {
 		if want := f.highest - f.first + 1; want > f.received {
-			st.Lost += want - f.received
+			a.st.Lost += want - f.received
 		}
 	}
 }

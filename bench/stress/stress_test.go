@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -178,6 +179,9 @@ func loadTestGen(t *testing.T, cfg GenConfig) *Generator {
 	requireRoot(t)
 	g, err := NewGenerator(testTarget(), cfg)
 	if errors.Is(err, ebpf.ErrNotSupported) {
+		if kernelAtLeast(t, 5, 18) {
+			t.Fatalf("kernel supports live frames but: %v", err)
+		}
 		t.Skip(err)
 	}
 	if err != nil {
@@ -248,14 +252,33 @@ func TestXDPGenPacerHoldsEarlyPackets(t *testing.T) {
 	}
 }
 
-func TestUnsupportedErrorMatchesNotSupported(t *testing.T) {
-	err := error(&UnsupportedError{Feature: "live frames", MinKernel: "5.18", Err: unix.EINVAL})
-	if !errors.Is(err, ebpf.ErrNotSupported) || !errors.Is(err, unix.EINVAL) {
-		t.Fatal("UnsupportedError does not match ErrNotSupported and its errno")
+func TestProbeErrors(t *testing.T) {
+	for _, errno := range []unix.Errno{unix.EINVAL, 524} {
+		err := probeError(errno)
+		var ue *UnsupportedError
+		if !errors.As(err, &ue) || !errors.Is(err, ebpf.ErrNotSupported) || !errors.Is(err, errno) {
+			t.Fatalf("%v: got %v, want an UnsupportedError matching ErrNotSupported", errno, err)
+		}
+		if got := err.Error(); got != "live frames not supported (needs Linux >= 5.18)" {
+			t.Fatalf("message %q", got)
+		}
 	}
-	if got := err.Error(); got != "live frames not supported (needs Linux >= 5.18)" {
-		t.Fatalf("message %q", got)
+	if err := probeError(unix.EPERM); errors.Is(err, ebpf.ErrNotSupported) || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("EPERM became %v", err)
 	}
+	if probeError(nil) != nil {
+		t.Fatal("success became an error")
+	}
+}
+
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var maj, min int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min)
+	return maj > major || maj == major && min >= minor
 }
 
 func TestEndToEnd(t *testing.T) {
@@ -278,10 +301,56 @@ func TestEndToEnd(t *testing.T) {
 	if res.Extra["udp_received"] == 0 || res.PPS <= 0 || res.SentPPS <= 0 {
 		t.Fatalf("nothing received: %+v", res)
 	}
+	if res.Extra["udp_flows"] != 4 {
+		t.Errorf("sink saw %v flows, want 4", res.Extra["udp_flows"])
+	}
 	if res.UDPReorder != 0 {
 		t.Errorf("%d datagrams reordered", res.UDPReorder)
 	}
 	if res.Extra["udp_received"] > res.Extra["udp_sent"] {
 		t.Errorf("received %v > sent %v", res.Extra["udp_received"], res.Extra["udp_sent"])
+	}
+}
+
+func TestSeqAccount(t *testing.T) {
+	var st SinkStats
+	a := newSeqAccount(&st)
+	dgram := func(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+	// Flow 1: 0 1 3 2 4 (one late arrival, nothing lost).
+	for _, seq := range []uint64{0, 1, 3, 2, 4} {
+		a.add(1, dgram(seq), 64)
+	}
+	// Flow 2 starts mid-stream: 10 11 15 (12..14 lost).
+	for _, seq := range []uint64{10, 11, 15} {
+		a.add(2, dgram(seq), 64)
+	}
+	a.add(3, []byte{1, 2}, 2) // too short for a sequence number
+	a.finish()
+	want := SinkStats{Datagrams: 9, Bytes: 8*64 + 2, Short: 1, Flows: 2, Reorder: 1, Lost: 3}
+	if st != want {
+		t.Fatalf("got %+v\nwant %+v", st, want)
+	}
+}
+
+func TestGeneratorStopsOnCancel(t *testing.T) {
+	p := newPair(t)
+	g, err := NewGenerator(p.target, GenConfig{CPU: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	st, err := g.Run(ctx, 0) // no duration: only the cancel ends it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Sent == 0 || st.Elapsed <= 0 || st.Errors != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Sequence numbers carry on into the next Run.
+	var next uint64
+	if err := g.objs.FlowSeq.Lookup(uint32(0), &next); err != nil || next != st.Sent {
+		t.Fatalf("flow 0 next sequence %d (%v), want %d", next, err, st.Sent)
 	}
 }

@@ -106,7 +106,11 @@ func (u *udpStress) Run(ctx context.Context, srv, cli workload.Endpoint, p workl
 			"udp_sent":     float64(gs.Sent),
 			"udp_received": float64(ss.Datagrams),
 			"udp_lost":     float64(ss.Lost),
+			"udp_flows":    float64(ss.Flows),
 			"target_pps":   gen.Rate,
+			// Non-zero: the pacer lost its core for longer than Burst
+			// packets and SentPPS fell short of target_pps.
+			"gen_stalls": float64(gs.Stalls),
 		},
 	}, nil
 }
