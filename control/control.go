@@ -320,25 +320,8 @@ func writeState(dir string, st *State) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, StateFile)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := knobs.WriteFileAtomic(filepath.Join(dir, StateFile), append(b, '\n')); err != nil {
 		return fmt.Errorf("writing state: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing state %s: %w", path, err)
 	}
 	return nil
 }

@@ -32,32 +32,9 @@ func (k *SysfsFile) String() string {
 	return nsLabel(k.NetNS) + ":" + k.Path
 }
 
-func (k *SysfsFile) Read() ([]byte, error) {
-	if err := checkPath(k.Path, "/sys/"); err != nil {
-		return nil, err
-	}
-	var b []byte
-	err := DoSysfs(k.NetNS, func() error {
-		var err error
-		b, err = readFile(k.Path)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", k, err)
-	}
-	return b, nil
-}
+func (k *SysfsFile) Read() ([]byte, error) { return readIn(DoSysfs, k.NetNS, k.Path, "/sys/", k) }
 
-func (k *SysfsFile) Write(v []byte) error {
-	if err := checkPath(k.Path, "/sys/"); err != nil {
-		return err
-	}
-	err := DoSysfs(k.NetNS, func() error { return writeFile(k.Path, v) })
-	if err != nil {
-		return fmt.Errorf("writing %q to %s: %w", strings.TrimSpace(string(v)), k, err)
-	}
-	return nil
-}
+func (k *SysfsFile) Write(v []byte) error { return writeIn(DoSysfs, k.NetNS, k.Path, "/sys/", k, v) }
 
 // ProcSysFile is a sysctl file under /proc/sys, e.g.
 // /proc/sys/net/core/rps_sock_flow_entries. /proc/sys/net follows the
@@ -82,14 +59,21 @@ func (k *ProcSysFile) String() string {
 	return nsLabel(k.NetNS) + ":" + k.Path
 }
 
-func (k *ProcSysFile) Read() ([]byte, error) {
-	if err := checkPath(k.Path, "/proc/sys/"); err != nil {
+func (k *ProcSysFile) Read() ([]byte, error) { return readIn(Do, k.NetNS, k.Path, "/proc/sys/", k) }
+
+func (k *ProcSysFile) Write(v []byte) error { return writeIn(Do, k.NetNS, k.Path, "/proc/sys/", k, v) }
+
+// readIn and writeIn access a file knob from a thread that enter placed in
+// namespace ns: sysfs needs its own mount there (DoSysfs), /proc/sys only
+// the thread's netns (Do).
+func readIn(enter func(string, func() error) error, ns, path, under string, k fmt.Stringer) ([]byte, error) {
+	if err := checkPath(path, under); err != nil {
 		return nil, err
 	}
 	var b []byte
-	err := Do(k.NetNS, func() error {
+	err := enter(ns, func() error {
 		var err error
-		b, err = readFile(k.Path)
+		b, err = readFile(path)
 		return err
 	})
 	if err != nil {
@@ -98,12 +82,11 @@ func (k *ProcSysFile) Read() ([]byte, error) {
 	return b, nil
 }
 
-func (k *ProcSysFile) Write(v []byte) error {
-	if err := checkPath(k.Path, "/proc/sys/"); err != nil {
+func writeIn(enter func(string, func() error) error, ns, path, under string, k fmt.Stringer, v []byte) error {
+	if err := checkPath(path, under); err != nil {
 		return err
 	}
-	err := Do(k.NetNS, func() error { return writeFile(k.Path, v) })
-	if err != nil {
+	if err := enter(ns, func() error { return writeFile(path, v) }); err != nil {
 		return fmt.Errorf("writing %q to %s: %w", strings.TrimSpace(string(v)), k, err)
 	}
 	return nil

@@ -201,12 +201,25 @@ func (j *Journal) save() error {
 	if err != nil {
 		return fmt.Errorf("encoding journal: %w", err)
 	}
-	tmp := j.path() + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := WriteFileAtomic(j.path(), append(b, '\n')); err != nil {
 		return fmt.Errorf("writing journal: %w", err)
 	}
-	_, err = f.Write(append(b, '\n'))
+	// fsync the directory: makes the rename durable.
+	if err := j.lock.Sync(); err != nil {
+		return fmt.Errorf("writing journal %s: %w", j.path(), err)
+	}
+	return nil
+}
+
+// WriteFileAtomic replaces path with b: temp file, fsync, rename. A crash
+// leaves the old or the new content, never a torn file.
+func WriteFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -214,14 +227,11 @@ func (j *Journal) save() error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, j.path())
-	}
-	if err == nil {
-		err = j.lock.Sync() // fsync the directory: makes the rename durable
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("writing journal %s: %w", j.path(), err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
 }
