@@ -129,6 +129,9 @@ type point struct {
 
 func (p point) String() string {
 	s := p.workload
+	if p.workload == "pingpong" && p.proto != "" {
+		s += "/" + p.proto
+	}
 	if p.msgSize > 0 {
 		s += fmt.Sprintf(" %dB", p.msgSize)
 	}
@@ -240,6 +243,15 @@ type runner struct {
 	stateDir string
 	file     *results.File
 	applied  string
+	runs     int // measurements started, for port allocation
+}
+
+// port gives every measurement its own block of ports: a server that
+// closed first leaves TIME_WAIT sockets on its port, and tools without
+// SO_REUSEADDR (sockperf) then cannot bind it again for a while.
+func (r *runner) port() int {
+	r.runs++
+	return 20000 + (r.runs%2000)*16
 }
 
 func (r *runner) write() error {
@@ -306,7 +318,7 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 		cpus = append(cpus, fmt.Sprintf("cpu%d %.0f%%", c.CPU, 100-c.Idle))
 	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
-		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, msgSize: run.MsgSize, flows: run.Flows}, run.Mode, what, strings.Join(cpus, ", "), eta)
+		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows}, run.Mode, what, strings.Join(cpus, ", "), eta)
 }
 
 // one measures one point under one mode.
@@ -335,7 +347,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	}
 	s := r.tb.Sender()
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
-	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: 5201}
+	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
 	res, werr := w.Run(ctx, srv, cli, wp)
 	after, err := metrics.Take(mcfg)
 	if err == nil {
