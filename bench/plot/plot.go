@@ -642,15 +642,7 @@ func cmpFloat(a, b float64) int {
 	return 0
 }
 
-func bytesLabel(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
+func bytesLabel(n int) string { return results.Bytes(n) }
 
 func pointLabel(p results.Point) string {
 	var parts []string

@@ -449,15 +449,7 @@ func pointLabel(p results.Point, pts []results.Point) string {
 }
 
 // Bytes formats a message size: "64 B", "1400 B", "64 KiB".
-func Bytes(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
+func Bytes(n int) string { return results.Bytes(n) }
 
 func dateRange(a, b time.Time) string {
 	if a.IsZero() {

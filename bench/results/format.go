@@ -1,0 +1,15 @@
+package results
+
+import "fmt"
+
+// Bytes formats a message size for tables and plots: "64 B", "1400 B",
+// "64 KiB".
+func Bytes(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
