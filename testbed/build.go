@@ -295,9 +295,8 @@ func (tb *Testbed) pinNAPI(h Host) error {
 	if err != nil {
 		return fmt.Errorf("threading NAPI of %s: %w", h.Underlay, err)
 	}
-	// The poller is created asynchronously with the device's NAPI, and the
-	// netdev dump has been seen to fail transiently right after creation:
-	// poll for it, bounded.
+	// The poller kthread is created with the device's NAPI context, which
+	// veth sets up asynchronously as it comes up: poll for it, bounded.
 	var threads []kthread.Thread
 	deadline := time.Now().Add(3 * time.Second)
 	for {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"net"
 	"net/netip"
 	"os"
@@ -94,8 +95,8 @@ func newPair(t testing.TB) *pair {
 	must(upWithAddr(p.rcv, "vx0", vxPrefix))
 	// The receiving veth must run NAPI or it drops what XDP redirects
 	// into its peer.
-	must(SetGRO(p.rcv, "u1", true))
-	if on, err := GRO(p.rcv, "u1"); err != nil || !on {
+	must(ethtool.Set(p.rcv, "u1", ethtool.GRO, true))
+	if on, err := ethtool.Get(p.rcv, "u1", ethtool.GRO); err != nil || !on {
 		t.Fatalf("gro on u1: %v %v", on, err)
 	}
 	p.target = testTarget()

@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"unsafe"
 
-	"github.com/lanesnet/lanes/internal/nsx"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,73 +63,6 @@ func pinThread(cpus ...int) error {
 	}
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
 		return fmt.Errorf("pinning thread to cpus %v: %w", cpus, err)
-	}
-	return nil
-}
-
-// SetGRO switches generic receive offload on dev in netns (ETHTOOL_SGRO).
-// A veth only receives frames that XDP redirects into its peer while it
-// runs NAPI, which it does when GRO is on or an XDP program is attached;
-// otherwise the peer drops them silently.
-func SetGRO(netns, dev string, on bool) error {
-	return nsx.Do(netns, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("ethtool socket: %w", err)
-		}
-		defer unix.Close(fd)
-		v := ethtoolValue{cmd: unix.ETHTOOL_SGRO}
-		if on {
-			v.data = 1
-		}
-		if err := ethtoolIoctl(fd, dev, &v); err != nil {
-			return fmt.Errorf("setting gro on %s: %w", dev, err)
-		}
-		return nil
-	})
-}
-
-// GRO reports whether generic receive offload is on for dev in netns.
-func GRO(netns, dev string) (bool, error) {
-	var on bool
-	err := nsx.Do(netns, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("ethtool socket: %w", err)
-		}
-		defer unix.Close(fd)
-		v := ethtoolValue{cmd: unix.ETHTOOL_GGRO}
-		if err := ethtoolIoctl(fd, dev, &v); err != nil {
-			return fmt.Errorf("reading gro of %s: %w", dev, err)
-		}
-		on = v.data != 0
-		return nil
-	})
-	return on, err
-}
-
-// ethtoolValue is struct ethtool_value.
-type ethtoolValue struct {
-	cmd  uint32
-	data uint32
-}
-
-func ethtoolIoctl(fd int, dev string, v *ethtoolValue) error {
-	// struct ifreq: the name, then ifr_data pointing at the ethtool command.
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data uintptr
-		_    [16]byte
-	}
-	if len(dev) >= unix.IFNAMSIZ {
-		return fmt.Errorf("device name %q too long", dev)
-	}
-	copy(ifr.name[:], dev)
-	ifr.data = uintptr(unsafe.Pointer(v))
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	runtime.KeepAlive(v)
-	if errno != 0 {
-		return errno
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package knobs
 
 import (
+	"github.com/lanesnet/lanes/internal/kthread"
 	"errors"
 	"fmt"
 	"os"
@@ -82,12 +83,12 @@ func ListKthreads(match func(comm string) bool) ([]KthreadInfo, error) {
 		if !match(comm) {
 			continue
 		}
-		flags, lastCPU, err := statFields(pid)
+		flags, lastCPU, err := kthread.Thread{PID: pid}.Stat()
 		if err != nil || flags&pfKthread == 0 {
 			continue
 		}
 		info := KthreadInfo{PID: pid, Comm: comm, LastCPU: lastCPU}
-		if cpus, err := affinity(pid); err == nil {
+		if cpus, err := (kthread.Thread{PID: pid}).Affinity(); err == nil {
 			info.CPUs = cpus
 		}
 		if a, err := unix.SchedGetAttr(pid, 0); err == nil {
@@ -104,45 +105,6 @@ func ListKthreads(match func(comm string) bool) ([]KthreadInfo, error) {
 		seen[out[i].Comm]++
 	}
 	return out, nil
-}
-
-// statFields returns the flags (field 9) and processor (field 39) of
-// /proc/PID/stat. The comm field may contain spaces and parentheses, so
-// fields are counted from the last ')'.
-func statFields(pid int) (flags uint64, cpu int, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 37 {
-		return 0, 0, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	flags, err = strconv.ParseUint(f[6], 10, 64)
-	if err != nil {
-		return 0, 0, err
-	}
-	cpu, err = strconv.Atoi(f[36])
-	return flags, cpu, err
-}
-
-func affinity(pid int) ([]int, error) {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(pid, &set); err != nil {
-		return nil, err
-	}
-	var cpus []int
-	for c := 0; c < len(set)*64; c++ {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus, nil
 }
 
 func gone(err error) error {
@@ -171,7 +133,7 @@ func (k *KthreadAffinity) Read() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cpus, err := affinity(pid)
+	cpus, err := kthread.Thread{PID: pid}.Affinity()
 	if err != nil {
 		return nil, fmt.Errorf("reading affinity of %s (pid %d): %w", k.Kthread, pid, gone(err))
 	}

@@ -1,14 +1,12 @@
-// Package kthread finds kernel threads by name (NAPI pollers are
-// "napi/<dev>-<napi id>", cpumap workers "cpumap/<cpu>/map:<id>") and moves
-// them between cores. Kernel threads have no stable pid across a device's
-// life, so they are always looked up by name.
+// Package kthread reads and moves one thread by pid: its affinity, last
+// CPU and flags. Finding the thread is elsewhere: datapath/napi maps a
+// device to its NAPI pollers' pids, and datapath/knobs looks threads up by
+// name for the journal (pids change across a device's life).
 package kthread
 
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -20,37 +18,6 @@ type Thread struct {
 	PID  int
 	Comm string
 }
-
-// Find returns the threads whose comm starts with prefix, ordered by pid.
-// For kernel threads /proc/PID/comm shows the full name, but names repeat
-// across namespaces: prefer the kernel's device -> NAPI -> pid mapping
-// (datapath/napi) where one exists.
-func Find(prefix string) ([]Thread, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	var out []Thread
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err != nil {
-			continue
-		}
-		comm := strings.TrimSpace(string(b))
-		if strings.HasPrefix(comm, prefix) {
-			out = append(out, Thread{PID: pid, Comm: comm})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
-	return out, nil
-}
-
-// NAPI returns the NAPI poller threads of a device (one per NAPI instance).
-func NAPI(dev string) ([]Thread, error) { return Find("napi/" + dev + "-") }
 
 // Pin restricts t to the given cores.
 func (t Thread) Pin(cpus ...int) error {
@@ -71,7 +38,7 @@ func (t Thread) Affinity() ([]int, error) {
 		return nil, err
 	}
 	var out []int
-	for c := 0; c < 1024; c++ {
+	for c := 0; c < len(set)*64; c++ {
 		if set.IsSet(c) {
 			out = append(out, c)
 		}
@@ -81,20 +48,30 @@ func (t Thread) Affinity() ([]int, error) {
 
 // LastCPU is the core t last ran on (field 39 of /proc/PID/stat).
 func (t Thread) LastCPU() (int, error) {
+	_, cpu, err := t.Stat()
+	return cpu, err
+}
+
+// Stat returns the flags (field 9, e.g. PF_KTHREAD) and the last CPU
+// (field 39) of /proc/PID/stat. comm may contain spaces and parentheses,
+// so fields are counted from the last ')'.
+func (t Thread) Stat() (flags uint64, cpu int, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", t.PID))
 	if err != nil {
-		return -1, err
+		return 0, -1, err
 	}
-	// comm may contain spaces: fields start after the last ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return -1, fmt.Errorf("malformed stat for pid %d", t.PID)
+		return 0, -1, fmt.Errorf("malformed /proc/%d/stat", t.PID)
 	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); field 39 is f[36].
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
 	if len(f) < 37 {
-		return -1, fmt.Errorf("short stat for pid %d", t.PID)
+		return 0, -1, fmt.Errorf("short /proc/%d/stat", t.PID)
 	}
-	return strconv.Atoi(f[36])
+	if flags, err = strconv.ParseUint(f[6], 10, 64); err != nil {
+		return 0, -1, err
+	}
+	cpu, err = strconv.Atoi(f[36])
+	return flags, cpu, err
 }
