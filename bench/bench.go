@@ -27,6 +27,7 @@ import (
 	"github.com/lanesnet/lanes/bench/stress"
 	"github.com/lanesnet/lanes/bench/workload"
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -46,9 +47,28 @@ type Options struct {
 	Args      []string
 }
 
+// ParseModeSpec splits a benchmark mode "falcon:load=busy:threshold=70"
+// into the lanes mode and its settings, so variants of one mode run side by
+// side (each variant is reported under its full spec).
+func ParseModeSpec(spec string) (mode string, params map[string]string, err error) {
+	parts := strings.Split(spec, ":")
+	mode = parts[0]
+	for _, kv := range parts[1:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return "", nil, fmt.Errorf("bad mode %q: settings are MODE:KEY=VALUE:KEY=VALUE, e.g. falcon:load=busy", spec)
+		}
+		if params == nil {
+			params = map[string]string{}
+		}
+		params[k] = v
+	}
+	return mode, params, nil
+}
+
 // KnownModes are the modes `lanes bench` can run today. native is not a
 // lanes mode but the reference path: host to host over the underlay.
-var KnownModes = []string{"native", "vanilla", "rps"}
+var KnownModes = []string{"native", "vanilla", "rps", "falcon", "falcon-pipeline", "falcon-split", "falcon-balance"}
 
 // DefaultWorkloads is what a plain run measures; Quick trims the points.
 var DefaultWorkloads = []string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}
@@ -63,8 +83,21 @@ func (o *Options) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, m := range o.Modes {
-		if !slices.Contains(KnownModes, m) {
+		base, params, err := ParseModeSpec(m)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(KnownModes, base) {
 			return fmt.Errorf("unknown mode %q: use --modes with some of %s", m, strings.Join(KnownModes, ","))
+		}
+		if base != "native" {
+			p, err := plan.Lookup(base)
+			if err != nil {
+				return err
+			}
+			if err := plan.CheckParams(p, params); err != nil {
+				return err
+			}
 		}
 		if seen[m] {
 			return fmt.Errorf("mode %q given twice in --modes", m)
@@ -205,6 +238,7 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	r := &runner{o: o, tb: tb, stateDir: stateDir}
 	defer func() {
 		// Restore every knob before the namespaces go, then remove them.
+		r.stopAgent()
 		control.ResetAll(stateDir)
 		os.RemoveAll(stateDir)
 		if !o.Keep {
@@ -243,7 +277,10 @@ type runner struct {
 	stateDir string
 	file     *results.File
 	applied  string
-	runs     int // measurements started, for port allocation
+	// agent runs the applied mode's run-time part (Falcon's balancer)
+	// while that mode is measured.
+	agentStop func()
+	runs      int // measurements started, for port allocation
 }
 
 // port gives every measurement its own block of ports: a server that
@@ -386,11 +423,35 @@ func (r *runner) apply(mode string) error {
 	if r.applied == want {
 		return nil
 	}
-	if _, err := control.Apply(control.Options{Mode: want, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir}); err != nil {
+	r.stopAgent()
+	r.applied = ""
+	base, params, err := ParseModeSpec(want)
+	if err != nil {
+		return err
+	}
+	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params})
+	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)
+	}
+	if st.Plan.Agent != "" {
+		ag, _, err := control.NewAgent(control.AgentOptions{NetNS: st.NetNS, StateDir: r.stateDir})
+		if err != nil {
+			return fmt.Errorf("starting the %s agent: %w", want, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); ag.Run(ctx) }()
+		r.agentStop = func() { cancel(); <-done }
 	}
 	r.applied = want
 	return nil
+}
+
+func (r *runner) stopAgent() {
+	if r.agentStop != nil {
+		r.agentStop()
+		r.agentStop = nil
+	}
 }
 
 // endpoints: overlay modes run container to container across hosts; native

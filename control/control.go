@@ -21,6 +21,7 @@ import (
 	_ "github.com/lanesnet/lanes/control/baseline" // the vanilla and rps modes
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and its single-mechanism modes
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -38,18 +39,15 @@ type Options struct {
 	// online cores.
 	CPUs     string
 	StateDir string // "" = DefaultStateDir
+	// Params are mode settings (see plan.ParamPlanner); they are kept in
+	// the state file so `lanes agent` runs the mode as it was applied.
+	Params map[string]string
 }
 
 // Target is the name of a namespace's state directory: "host" for the
 // namespace lanes runs in, the namespace's name otherwise (paths and
 // "pid:N" forms made filesystem-safe).
-func Target(netns string) string {
-	if netns == "" {
-		return "host"
-	}
-	r := strings.NewReplacer("/", "_", ":", "_")
-	return r.Replace(strings.TrimPrefix(netns, "/"))
-}
+func Target(netns string) string { return plan.Target(netns) }
 
 // Dir is the state directory of a namespace.
 func Dir(stateDir, netns string) string {
@@ -66,12 +64,13 @@ type State struct {
 	Target string `json:"target"`
 	// Phase is "applying" until every change is in, then "applied"; a
 	// state left "applying" means the applying process died.
-	Phase   string    `json:"phase"`
-	PID     int       `json:"pid"`
-	Started time.Time `json:"started"`
-	Applied time.Time `json:"applied,omitzero"`
-	CPUs    string    `json:"cpus"`
-	Plan    Summary   `json:"plan"`
+	Phase   string            `json:"phase"`
+	PID     int               `json:"pid"`
+	Started time.Time         `json:"started"`
+	Applied time.Time         `json:"applied,omitzero"`
+	CPUs    string            `json:"cpus"`
+	Params  map[string]string `json:"params,omitempty"`
+	Plan    Summary           `json:"plan"`
 }
 
 // Summary describes an applied plan.
@@ -79,6 +78,8 @@ type Summary struct {
 	Changes int      `json:"changes"`
 	Targets []string `json:"targets,omitempty"` // what was changed, in order
 	Notes   []string `json:"notes,omitempty"`
+	// Agent is the plan's long-running part, if any (plan.Plan.Agent).
+	Agent string `json:"agent,omitempty"`
 }
 
 // Phases of State.
@@ -127,7 +128,10 @@ func (o Options) validate() (*validated, error) {
 	if Target(o.NetNS) == "host" && o.NetNS != "" {
 		return nil, fmt.Errorf("netns %q clashes with the name lanes uses for its own namespace's state: rename it", o.NetNS)
 	}
-	return &validated{Options: o, planner: p, cfg: plan.Config{CPUs: cpus, Online: online}}, nil
+	if err := plan.CheckParams(p, o.Params); err != nil {
+		return nil, err
+	}
+	return &validated{Options: o, planner: p, cfg: plan.Config{CPUs: cpus, Online: online, Params: o.Params}}, nil
 }
 
 // Apply applies a mode. Everything that can be checked is checked before
@@ -165,7 +169,8 @@ func Apply(opts Options) (*State, error) {
 		PID:     os.Getpid(),
 		Started: time.Now().UTC(),
 		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
-		Plan:    Summary{Changes: len(p.Changes), Notes: p.Notes},
+		Params:  v.Params,
+		Plan:    Summary{Changes: len(p.Changes), Notes: p.Notes, Agent: p.Agent},
 	}
 	for _, c := range p.Changes {
 		st.Plan.Targets = append(st.Plan.Targets, c.Target)

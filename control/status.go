@@ -35,6 +35,8 @@ type StatusReport struct {
 	TopologyError string             `json:"topology_error,omitempty"`
 	SampleSeconds float64            `json:"sample_seconds"`
 	Cores         []Core             `json:"cores"`
+	// Steering is set when a steering datapath is pinned for the target.
+	Steering *Steering `json:"steering,omitempty"`
 }
 
 // Core is one online CPU over the sample.
@@ -53,6 +55,9 @@ type Core struct {
 	Threads []CoreThread `json:"napi_threads,omitempty"`
 	// RPS lists the rx queues whose RPS map includes the core.
 	RPS []CoreQueue `json:"rps,omitempty"`
+	// Stages are the (flow, stage) pairs the steering datapath placed on
+	// the core, busiest first, that saw traffic in the last seconds.
+	Stages []FlowStage `json:"stages,omitempty"`
 }
 
 // CoreThread is a NAPI thread seen on a core.
@@ -111,6 +116,9 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 	}
 	s.Topology = topo
 	attach(s)
+	if err := steering(s, opts.NetNS); err != nil {
+		return nil, fmt.Errorf("reading the steering datapath: %w", err)
+	}
 	return s, nil
 }
 

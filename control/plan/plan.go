@@ -26,6 +26,56 @@ type Config struct {
 	CPUs []int
 	// Online are all online cores.
 	Online []int
+	// Params are mode-specific settings ("threshold" -> "80"), as the user
+	// gave them; a planner rejects keys it does not know (see
+	// ParamPlanner), so a typo never passes silently.
+	Params map[string]string
+}
+
+// ParamPlanner is a Planner with settings of its own. Apply refuses params
+// for a planner that is not one, and checks keys against Params before
+// planning.
+type ParamPlanner interface {
+	Planner
+	// Params lists the keys the mode accepts, with one-line help each.
+	Params() []Param
+}
+
+// Param is one mode setting.
+type Param struct {
+	Key     string
+	Default string
+	Help    string
+}
+
+// CheckParams returns an error naming the first key p does not accept.
+func CheckParams(p Planner, params map[string]string) error {
+	if len(params) == 0 {
+		return nil
+	}
+	pp, ok := p.(ParamPlanner)
+	if !ok {
+		for k := range params {
+			return fmt.Errorf("mode %s takes no settings, but %s was given: drop it or pick a mode that uses it", p.Mode(), k)
+		}
+	}
+	known := map[string]bool{}
+	var names []string
+	for _, q := range pp.Params() {
+		known[q.Key] = true
+		names = append(names, q.Key)
+	}
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !known[k] {
+			return fmt.Errorf("mode %s has no setting %q: it takes %s", p.Mode(), k, strings.Join(names, ", "))
+		}
+	}
+	return nil
 }
 
 // Change sets one knob.
@@ -47,6 +97,10 @@ type Plan struct {
 	// Notes explain choices a reader might question (devices skipped, a
 	// knob deliberately left alone).
 	Notes []string
+	// Agent names the long-running part of the mode ("falcon-balancer"),
+	// empty when the plan is static: `lanes agent` (or the benchmark) runs
+	// it against the applied state.
+	Agent string
 }
 
 // Add appends a change.
@@ -99,6 +153,27 @@ func Modes() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Target is the name a namespace's lanes state goes by: "host" for the
+// namespace lanes runs in, the namespace's name otherwise (paths and "pid:N"
+// forms made filesystem-safe). It names the state directory under /run/lanes
+// and the BPF pin directory under /sys/fs/bpf/lanes.
+func Target(netns string) string {
+	if netns == "" {
+		return "host"
+	}
+	r := strings.NewReplacer("/", "_", ":", "_")
+	return r.Replace(strings.TrimPrefix(netns, "/"))
+}
+
+// BPFFS is where bpffs is mounted on every distribution lanes knows.
+const BPFFS = "/sys/fs/bpf"
+
+// PinDir is where a namespace's BPF objects are pinned: one directory per
+// target, so reset removes exactly what lanes pinned for it.
+func PinDir(netns string) string {
+	return BPFFS + "/lanes/" + Target(netns)
 }
 
 // DeviceTarget is the Target label of a device's rx queue.

@@ -1,9 +1,9 @@
 package knobs
 
 import (
-	"github.com/lanesnet/lanes/internal/kthread"
 	"errors"
 	"fmt"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"os"
 	"sort"
 	"strconv"

@@ -7,12 +7,16 @@ import (
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func init() { register(newApplyCmd) }
 
 func newApplyCmd() *cobra.Command {
-	var o control.Options
+	var (
+		o    control.Options
+		sets []string
+	)
 	cmd := &cobra.Command{
 		Use:   "apply --mode MODE [--netns NAME] [--cpus LIST]",
 		Short: "Apply a receive-processing mode to a namespace's overlay",
@@ -25,6 +29,11 @@ Modes:
 ` + ctlModeList(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			params, err := ctlModeParams(cmd, sets)
+			if err != nil {
+				return err
+			}
+			o.Params = params
 			st, err := control.Apply(o)
 			if err != nil {
 				return err
@@ -38,6 +47,9 @@ Modes:
 			for _, n := range st.Plan.Notes {
 				fmt.Fprintln(out, "note:", n)
 			}
+			if st.Plan.Agent != "" {
+				fmt.Fprintf(out, "this mode balances at run time: run `lanes agent%s` (a service) to keep placement load-aware\n", ctlNSFlag(st.NetNS))
+			}
 			if st.Plan.Changes > 0 {
 				fmt.Fprintf(out, "undo with: lanes reset%s\n", ctlNSFlag(st.NetNS))
 			}
@@ -49,8 +61,51 @@ Modes:
 	f.StringVar(&o.NetNS, "netns", "", "network namespace holding the VXLAN device (default: lanes' own)")
 	f.StringVar(&o.CPUs, "cpus", "", "cores the mode may use, as a list like 0-3,6 (default: all online)")
 	f.StringVar(&o.StateDir, "state-dir", control.DefaultStateDir, "where journals and state live")
+	ctlAddModeFlags(f, &sets)
 	cmd.MarkFlagRequired("mode")
 	return cmd
+}
+
+// modeFlags are the mode settings with flags of their own; --set KEY=VALUE
+// reaches every setting of every mode. Only flags the user gave become
+// params, so a mode's defaults stay its own.
+var modeFlags = []struct{ name, help string }{
+	{"split-cpus", "falcon: cores for the split stage, a list like 2-3 (default: the set minus the IRQ cores)"},
+	{"threshold", "falcon: core load percent above which a core takes no more stages (default 80)"},
+	{"interval", "falcon: balancer sampling interval (default 40ms)"},
+	{"flowlet", "falcon: idle gap after which a flow's stage may move (default 1ms)"},
+	{"pipeline", "falcon: place stages by hash(flow, device): true|false"},
+	{"split", "falcon: split the first stage with XDP + cpumap: true|false"},
+	{"balance", "falcon: balance stages by core load: true|false"},
+	{"load", "falcon: load figure, rx or busy (default rx)"},
+}
+
+func ctlAddModeFlags(f *pflag.FlagSet, sets *[]string) {
+	for _, m := range modeFlags {
+		f.String(m.name, "", m.help)
+	}
+	f.StringArrayVar(sets, "set", nil, "mode setting KEY=VALUE (repeatable); `lanes modes` lists them")
+}
+
+func ctlModeParams(cmd *cobra.Command, sets []string) (map[string]string, error) {
+	params := map[string]string{}
+	for _, m := range modeFlags {
+		if cmd.Flags().Changed(m.name) {
+			v, _ := cmd.Flags().GetString(m.name)
+			params[m.name] = v
+		}
+	}
+	for _, kv := range sets {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("bad --set %q: write KEY=VALUE, e.g. --set threshold=70", kv)
+		}
+		params[k] = v
+	}
+	if len(params) == 0 {
+		return nil, nil
+	}
+	return params, nil
 }
 
 func ctlModeList() string {

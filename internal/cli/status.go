@@ -86,6 +86,29 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			c.CPU, c.SoftIRQ, c.System, c.User, c.Idle, c.NetRXPerSec, ctlOrDash(ths), ctlOrDash(rps))
 	}
 	w.Flush()
+	if st := s.Steering; st != nil {
+		fmt.Fprintf(out, "\nsteering (%s):\n", st.PinDir)
+		for _, c := range s.Cores {
+			for i, f := range c.Stages {
+				if i == 8 {
+					fmt.Fprintf(out, "  core %d: ... %d more\n", c.CPU, len(c.Stages)-i)
+					break
+				}
+				fmt.Fprintf(out, "  core %d: %-9s %s  (%d packets)\n", c.CPU, f.Stage, f.Flow, f.Packets)
+			}
+		}
+		for i, f := range st.Stay {
+			if i == 8 {
+				fmt.Fprintf(out, "  stay: ... %d more\n", len(st.Stay)-i)
+				break
+			}
+			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; runs where its previous stage ran)\n", f.Stage, f.Flow, f.Packets)
+		}
+		for _, name := range []string{"split", "bridge", "container"} {
+			k := st.Stages[name]
+			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d\n", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved)
+		}
+	}
 }
 
 func ctlPrintTopology(out io.Writer, t *topology.Topology) {

@@ -1,0 +1,101 @@
+package control
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"golang.org/x/sys/unix"
+)
+
+// recentFlow is how recently a (flow, stage) must have seen a packet to be
+// listed on a core.
+const recentFlow = 5 * time.Second
+
+// Steering is what the steering datapath of a target shows: which
+// (flow, stage) runs on which core, and per stage what the programs did.
+type Steering struct {
+	PinDir string                    `json:"pin_dir"`
+	Stages map[string]steer.Counters `json:"stages"`
+	// Stay lists (flow, stage) pairs left at vanilla placement: they run
+	// where the previous stage ran.
+	Stay []FlowStage `json:"stay,omitempty"`
+}
+
+// FlowStage is one stage of one flow, as the datapath placed it.
+type FlowStage struct {
+	Flow    string `json:"flow"` // "198.19.0.11:40000 > 198.19.0.21:5201 tcp"
+	Stage   string `json:"stage"`
+	Packets uint64 `json:"packets"`
+	IdleMs  int64  `json:"idle_ms"`
+}
+
+// steering reads the pinned datapath of netns, if there is one, and lists
+// its recent flows on the cores of s.
+func steering(s *StatusReport, netns string) error {
+	dir := plan.PinDir(netns)
+	if _, err := os.Stat(filepath.Join(dir, "steer_cfg")); err != nil {
+		return nil
+	}
+	d, err := steer.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	cfg, err := d.Config()
+	if err != nil {
+		return err
+	}
+	st, err := d.Stats()
+	if err != nil {
+		return err
+	}
+	flows, err := d.Flows()
+	if err != nil {
+		return err
+	}
+	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}}
+	for i, c := range st {
+		out.Stages[steer.StageName(i)] = c
+	}
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	now := time.Duration(ts.Nano())
+	idx := map[int]*Core{}
+	for i := range s.Cores {
+		idx[s.Cores[i].CPU] = &s.Cores[i]
+	}
+	sort.Slice(flows, func(i, j int) bool { return flows[i].Packets > flows[j].Packets })
+	for _, f := range flows {
+		idle := now - f.LastSeen
+		if idle > recentFlow {
+			continue
+		}
+		proto := fmt.Sprint(f.Proto)
+		switch f.Proto {
+		case unix.IPPROTO_TCP:
+			proto = "tcp"
+		case unix.IPPROTO_UDP:
+			proto = "udp"
+		}
+		fs := FlowStage{
+			Flow:    fmt.Sprintf("%s:%d > %s:%d %s", f.Src, f.SrcPort, f.Dst, f.DstPort, proto),
+			Stage:   steer.StageName(f.Stage),
+			Packets: f.Packets,
+			IdleMs:  idle.Milliseconds(),
+		}
+		if f.CPUIndex == steer.Stay || int(f.CPUIndex) >= len(cfg.CPUs) {
+			out.Stay = append(out.Stay, fs)
+			continue
+		}
+		if c := idx[cfg.CPUs[f.CPUIndex]]; c != nil {
+			c.Stages = append(c.Stages, fs)
+		}
+	}
+	s.Steering = out
+	return nil
+}

@@ -1,0 +1,99 @@
+package load
+
+import (
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestKernel samples the real kernel while one thread burns a core. The
+// machine may be busy with other work, so only sanity is asserted: the
+// burned core is clearly busy, every figure is a percentage.
+func TestKernel(t *testing.T) {
+	if _, err := os.Stat("/proc/stat"); err != nil {
+		t.Skip("no /proc/stat:", err)
+	}
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	core := -1
+	for c := 0; c < len(allowed)*64; c++ {
+		if allowed.IsSet(c) {
+			core = c // core 0 when allowed, else the first we may use
+			break
+		}
+	}
+	if core < 0 {
+		t.Skip("empty affinity mask")
+	}
+
+	s, err := NewSampler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn := 300 * time.Millisecond
+	done := make(chan error)
+	go func() {
+		// The locked thread is never unlocked, so it exits with the
+		// goroutine and takes its narrowed affinity with it.
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(core)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			done <- err
+			return
+		}
+		x := 1.0
+		for end := time.Now().Add(burn); time.Now().Before(end); {
+			for range 10000 {
+				x = x*1.0000001 + 1e-9
+			}
+		}
+		_ = x
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sm, err := s.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sm.Interval < burn || len(sm.Cores) == 0 {
+		t.Fatalf("interval %v, %d cores", sm.Interval, len(sm.Cores))
+	}
+	const eps = 1e-6
+	inRange := func(v float64) bool { return v >= 0 && v <= 100+eps }
+	var burned *Core
+	for i, c := range sm.Cores {
+		t.Logf("cpu%d busy %.0f%% user %.0f%% sys %.0f%% softirq %.0f%% idle %.0f%% rx-kthreads %.1f%% rx %.1f%%",
+			c.CPU, c.Busy, c.User, c.System, c.SoftIRQ, c.Idle, c.RxKthreads, c.Rx)
+		for _, v := range []float64{c.Busy, c.User, c.System, c.IRQ, c.SoftIRQ, c.Steal, c.Idle, c.RxKthreads, c.Rx} {
+			if !inRange(v) {
+				t.Errorf("cpu%d: figure %v outside 0..100 in %+v", c.CPU, v, c)
+			}
+		}
+		if c.Busy+c.Idle > 100+eps || (c.Busy+c.Idle < 100-eps && c.Busy+c.Idle != 0) {
+			t.Errorf("cpu%d: busy %v + idle %v != 100", c.CPU, c.Busy, c.Idle)
+		}
+		if c.CPU == core {
+			burned = &sm.Cores[i]
+		}
+	}
+	if burned == nil {
+		t.Fatalf("burned core %d missing from %+v", core, sm.Cores)
+	}
+	if burned.Busy <= 30 {
+		t.Errorf("burned core %d only %.0f%% busy over %v", core, burned.Busy, sm.Interval)
+	}
+	for _, th := range s.Threads() {
+		t.Logf("%d %s cpu%d %.1f%%", th.PID, th.Comm, th.CPU, th.Percent)
+		if !IsRxKthread(th.Comm) || th.PID <= 0 || th.CPU < 0 || th.Percent < 0 {
+			t.Errorf("odd thread %+v", th)
+		}
+	}
+}

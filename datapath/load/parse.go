@@ -1,0 +1,130 @@
+package load
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// The parsers take the files' contents rather than paths so that tests can
+// feed them captured /proc text.
+
+// cpuTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks.
+type cpuTimes struct {
+	User, Nice, System, Idle, IOWait, IRQ, SoftIRQ, Steal uint64
+}
+
+// total leaves out guest and guest_nice: the kernel already counts them in
+// user and nice, so adding them would count them twice.
+func (t cpuTimes) total() uint64 {
+	return t.User + t.Nice + t.System + t.Idle + t.IOWait + t.IRQ + t.SoftIRQ + t.Steal
+}
+
+// parseStat returns the per-CPU lines of /proc/stat keyed by CPU number.
+// Offline CPUs have no line, so the numbers need not be contiguous.
+func parseStat(r io.Reader) (map[int]cpuTimes, error) {
+	out := make(map[int]cpuTimes)
+	sc := bufio.NewScanner(r)
+	// The "intr" line has one column per interrupt and outgrows the default
+	// 64 KiB buffer on big machines.
+	sc.Buffer(make([]byte, 0, 64*1024), 4<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "cpu") || strings.HasPrefix(line, "cpu ") {
+			continue
+		}
+		f := strings.Fields(line)
+		cpu, err := strconv.Atoi(strings.TrimPrefix(f[0], "cpu"))
+		if err != nil || cpu < 0 {
+			continue
+		}
+		if len(f) < 5 { // user nice system idle are always there
+			return nil, fmt.Errorf("/proc/stat: short line %q", line)
+		}
+		var v [8]uint64
+		for i := range v {
+			if i+1 >= len(f) {
+				break // iowait, irq, softirq and steal came later; absent means 0
+			}
+			if v[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
+				return nil, fmt.Errorf("/proc/stat: %q: %w", line, err)
+			}
+		}
+		out[cpu] = cpuTimes{User: v[0], Nice: v[1], System: v[2], Idle: v[3], IOWait: v[4], IRQ: v[5], SoftIRQ: v[6], Steal: v[7]}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("/proc/stat: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("/proc/stat: no per-CPU lines")
+	}
+	return out, nil
+}
+
+// pidStat is what the sampler needs of /proc/PID/stat.
+type pidStat struct {
+	Comm      string
+	Kthread   bool   // PF_KTHREAD: not a user process that merely took the name
+	Ticks     uint64 // utime + stime, USER_HZ
+	StartTime uint64 // boot-relative ticks; tells a reused pid from the thread it had
+	CPU       int    // the core it last ran on
+}
+
+const pfKthread = 0x00200000 // PF_KTHREAD, include/linux/sched.h
+
+// parsePidStat parses /proc/PID/stat. The comm sits in parentheses and may
+// itself hold spaces and parentheses, so the fields are counted from the
+// last ')'. Field numbers are proc(5)'s, 1-based.
+func parsePidStat(s string) (pidStat, error) {
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return pidStat{}, fmt.Errorf("pid stat: no comm in %q", s)
+	}
+	f := strings.Fields(s[end+1:]) // f[0] is field 3, state
+	const flags, utime, stime, starttime, processor = 9, 14, 15, 22, 39
+	if len(f) < processor-2 {
+		return pidStat{}, fmt.Errorf("pid stat: %d fields, want at least %d", len(f)+2, processor)
+	}
+	num := func(field int) (uint64, error) { return strconv.ParseUint(f[field-3], 10, 64) }
+	fl, err1 := num(flags)
+	u, err2 := num(utime)
+	st, err3 := num(stime)
+	start, err4 := num(starttime)
+	cpu, err5 := strconv.Atoi(f[processor-3])
+	for _, err := range []error{err1, err2, err3, err4, err5} {
+		if err != nil {
+			return pidStat{}, fmt.Errorf("pid stat: %w", err)
+		}
+	}
+	return pidStat{Comm: s[open+1 : end], Kthread: fl&pfKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}, nil
+}
+
+// parseSchedstat returns the first field of /proc/PID/schedstat: the
+// thread's run time in nanoseconds (se.sum_exec_runtime).
+func parseSchedstat(s string) (uint64, error) {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0, fmt.Errorf("schedstat: empty")
+	}
+	v, err := strconv.ParseUint(f[0], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("schedstat: %w", err)
+	}
+	return v, nil
+}
+
+// parsePIDList parses a whitespace-separated pid list such as
+// /proc/2/task/2/children.
+func parsePIDList(s string) ([]int, error) {
+	var out []int
+	for _, w := range strings.Fields(s) {
+		pid, err := strconv.Atoi(w)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("pid list: bad pid %q", w)
+		}
+		out = append(out, pid)
+	}
+	return out, nil
+}

@@ -1,0 +1,140 @@
+package load
+
+import (
+	"strings"
+	"testing"
+)
+
+// A 4-CPU /proc/stat as kernel 6.x prints it, intr line shortened.
+const procStat = `cpu  9775 12 35379 25072 327 0 16649 74 0 0
+cpu0 4641 5 16194 12270 27 0 10545 26 0 0
+cpu1 5134 7 19185 12802 300 3 6103 48 0 0
+cpu2 0 0 0 0 0 0 0 0 0 0
+cpu3 1 2 3 4 5 6 7 8 9 10
+intr 4718718 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 1 16 0 0 0 0 89 53 0 19 1 44698
+ctxt 12891723
+btime 1767000000
+processes 14012
+procs_running 3
+procs_blocked 0
+softirq 5581812 0 389710 32 3306522 0 0 1020 1115720 0 768808
+`
+
+func TestParseStat(t *testing.T) {
+	got, err := parseStat(strings.NewReader(procStat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]cpuTimes{
+		0: {4641, 5, 16194, 12270, 27, 0, 10545, 26},
+		1: {5134, 7, 19185, 12802, 300, 3, 6103, 48},
+		2: {},
+		3: {1, 2, 3, 4, 5, 6, 7, 8}, // guest, guest_nice not kept
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d CPUs, want %d: %v", len(got), len(want), got)
+	}
+	for cpu, w := range want {
+		if got[cpu] != w {
+			t.Errorf("cpu%d = %+v, want %+v", cpu, got[cpu], w)
+		}
+	}
+	if tot := got[3].total(); tot != 36 {
+		t.Errorf("cpu3 total %d, want 36 (guest time is already in user)", tot)
+	}
+}
+
+func TestParseStatShapes(t *testing.T) {
+	// Offline CPUs leave gaps; old kernels stop after idle or iowait.
+	got, err := parseStat(strings.NewReader("cpu  1 1 1 1\ncpu0 1 2 3 4\ncpu5 1 2 3 4 5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != (cpuTimes{User: 1, Nice: 2, System: 3, Idle: 4}) || got[5].IOWait != 5 || len(got) != 2 {
+		t.Errorf("got %+v", got)
+	}
+	// Lines far longer than bufio's default token limit.
+	long := "intr " + strings.Repeat("0 ", 100000) + "\ncpu0 1 2 3 4\n"
+	if _, err := parseStat(strings.NewReader(long)); err != nil {
+		t.Errorf("long intr line: %v", err)
+	}
+	for _, bad := range []string{"", "cpu  1 2 3 4\n", "cpu0 1 2\n", "cpu0 1 2 x 4\n"} {
+		if _, err := parseStat(strings.NewReader(bad)); err == nil {
+			t.Errorf("parseStat(%q): no error", bad)
+		}
+	}
+}
+
+func TestParsePidStat(t *testing.T) {
+	cases := []struct {
+		in   string
+		want pidStat
+	}{
+		// A threaded NAPI poller as 6.18 prints it.
+		{"3926 (napi/ul2-259) S 2 0 0 0 -1 2129984 0 0 0 0 0 14235 0 0 20 0 1 0 12336 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			pidStat{Comm: "napi/ul2-259", Kthread: true, Ticks: 14235, StartTime: 12336, CPU: 1}},
+		// A user process whose comm holds spaces and parentheses.
+		{"4242 (evil) (napi/x) 1) R 1 4242 4242 34816 4242 4194304 120 0 0 0 7 3 0 0 20 0 1 0 99 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			pidStat{Comm: "evil) (napi/x) 1", Kthread: false, Ticks: 10, StartTime: 99, CPU: 0}},
+		// cpumap kthread, last on core 3.
+		{"812 (cpumap/3/map:17) S 2 0 0 0 -1 2129984 0 0 0 0 0 88 0 0 20 0 1 0 5000 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			pidStat{Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
+	}
+	for _, tc := range cases {
+		got, err := parsePidStat(tc.in)
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("%q:\n got %+v\nwant %+v", tc.in, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "12 napi S 2", "12 (napi) S 2 0 0", "12 (napi) S 2 0 0 0 -1 x 0 0 0 0 0 1 0 0 20 0 1 0 1 0 0 1 0 0 0 0 0 0 0 0 0 1 0 0 17 1 0"} {
+		if _, err := parsePidStat(bad); err == nil {
+			t.Errorf("parsePidStat(%q): no error", bad)
+		}
+	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	if v, err := parseSchedstat("142359404534 58211072258 2606549\n"); err != nil || v != 142359404534 {
+		t.Errorf("got %d, %v", v, err)
+	}
+	if v, err := parseSchedstat("0 0 0\n"); err != nil || v != 0 {
+		t.Errorf("got %d, %v", v, err)
+	}
+	for _, bad := range []string{"", "\n", "abc 1 2"} {
+		if _, err := parseSchedstat(bad); err == nil {
+			t.Errorf("parseSchedstat(%q): no error", bad)
+		}
+	}
+}
+
+func TestParsePIDList(t *testing.T) {
+	got, err := parsePIDList("3 4 5 3922 3926 \n")
+	if err != nil || len(got) != 5 || got[3] != 3922 {
+		t.Errorf("got %v, %v", got, err)
+	}
+	if got, err := parsePIDList(""); err != nil || len(got) != 0 {
+		t.Errorf("empty list: %v, %v", got, err)
+	}
+	if _, err := parsePIDList("3 x"); err == nil {
+		t.Error("no error for a bad pid")
+	}
+}
+
+func TestIsRxKthread(t *testing.T) {
+	for comm, want := range map[string]bool{
+		"napi/eth0-8195":   true,
+		"napi/vxlan0-0":    true,
+		"cpumap/0/map:12":  true,
+		"ksoftirqd/0":      false,
+		"kworker/0:1-napi": false,
+		"xnapi/eth0":       false,
+	} {
+		if got := IsRxKthread(comm); got != want {
+			t.Errorf("IsRxKthread(%q) = %v", comm, got)
+		}
+	}
+}

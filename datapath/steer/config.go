@@ -1,0 +1,64 @@
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Config is what every steer program reads on every packet.
+type Config struct {
+	// Enabled off makes every program pass everything untouched.
+	Enabled bool
+	// CPUs is the core set table entries index into. Stored ascending,
+	// because that is the order in which RPS lists the cores of its mask,
+	// and the tc programs' hashes rely on it.
+	CPUs []int
+	// Flowlet is the idle gap after which a flow may follow a changed
+	// table entry to another core; 0 moves flows at once (order may break).
+	Flowlet time.Duration
+	// VXLANPort is the outer UDP destination port of overlay frames.
+	VXLANPort uint16
+	// VNIs are the overlay networks steered; frames of others pass.
+	VNIs []uint32
+}
+
+// maxVNIs is steer_vni's size.
+const maxVNIs = 64
+
+// normalized checks c and returns it with CPUs sorted and VNIs sorted and
+// deduplicated, as stored.
+func (c Config) normalized() (Config, error) {
+	switch {
+	case len(c.CPUs) == 0:
+		return c, errors.New("config has no cores")
+	case len(c.CPUs) > MaxCPUs:
+		return c, fmt.Errorf("config has %d cores, at most %d", len(c.CPUs), MaxCPUs)
+	case c.VXLANPort == 0:
+		return c, errors.New("config has VXLAN port 0")
+	case c.Flowlet < 0:
+		return c, fmt.Errorf("flowlet gap %v is negative", c.Flowlet)
+	}
+	cpus := slices.Sorted(slices.Values(c.CPUs))
+	for i, cpu := range cpus {
+		if cpu < 0 || cpu >= MaxCPUs {
+			// The cpumap is indexed by core number.
+			return c, fmt.Errorf("core %d: must be 0..%d", cpu, MaxCPUs-1)
+		}
+		if i > 0 && cpus[i-1] == cpu {
+			return c, fmt.Errorf("core %d listed twice", cpu)
+		}
+	}
+	vnis := slices.Compact(slices.Sorted(slices.Values(c.VNIs)))
+	if len(vnis) > maxVNIs {
+		return c, fmt.Errorf("config has %d VNIs, at most %d", len(vnis), maxVNIs)
+	}
+	for _, v := range vnis {
+		if v >= 1<<24 {
+			return c, fmt.Errorf("VNI %d does not fit in 24 bits", v)
+		}
+	}
+	c.CPUs, c.VNIs = cpus, vnis
+	return c, nil
+}

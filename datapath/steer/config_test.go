@@ -1,0 +1,51 @@
+package steer
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidation(t *testing.T) {
+	valid := Config{Enabled: true, CPUs: []int{3, 1}, Flowlet: time.Millisecond, VXLANPort: 4789, VNIs: []uint32{7, 5, 7}}
+	tooMany := make([]int, MaxCPUs+1)
+	for i := range tooMany {
+		tooMany[i] = i
+	}
+	for name, tc := range map[string]struct {
+		mutate func(*Config)
+		err    string
+	}{
+		"no cores":         {func(c *Config) { c.CPUs = nil }, "no cores"},
+		"65 cores":         {func(c *Config) { c.CPUs = tooMany }, "at most 64"},
+		"duplicate core":   {func(c *Config) { c.CPUs = []int{2, 1, 2} }, "core 2 listed twice"},
+		"core 64":          {func(c *Config) { c.CPUs = []int{64} }, "core 64"},
+		"negative core":    {func(c *Config) { c.CPUs = []int{-1} }, "core -1"},
+		"port 0":           {func(c *Config) { c.VXLANPort = 0 }, "port 0"},
+		"negative flowlet": {func(c *Config) { c.Flowlet = -time.Second }, "negative"},
+		"VNI too wide":     {func(c *Config) { c.VNIs = []uint32{1 << 24} }, "24 bits"},
+	} {
+		c := valid
+		tc.mutate(&c)
+		if _, err := c.normalized(); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: error %v, want one containing %q", name, err, tc.err)
+		}
+	}
+
+	n, err := valid.normalized()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(n.CPUs, []int{1, 3}) || !slices.Equal(n.VNIs, []uint32{5, 7}) {
+		t.Errorf("normalized %+v: want cores [1 3], VNIs [5 7]", n)
+	}
+	if !slices.Equal(valid.CPUs, []int{3, 1}) {
+		t.Error("normalizing changed the caller's slice")
+	}
+	all := valid
+	all.CPUs = tooMany[:MaxCPUs]
+	if _, err := all.normalized(); err != nil {
+		t.Errorf("64 cores: %v", err)
+	}
+}

@@ -1,0 +1,211 @@
+//go:build linux
+
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Pin names of the programs inside a pin directory. Maps are pinned under
+// their own names (steer_cfg, steer_table, ...).
+const (
+	PinXDP       = steerProgSteerXdp
+	PinTCIngress = steerProgSteerTcIngress
+	PinTCEgress  = steerProgSteerTcEgress
+)
+
+// Datapath is one loaded (or reopened) copy of the steer programs and
+// their maps. Attaching the programs is the caller's business; the pins are
+// how a restarted control plane finds the same maps the attached programs
+// use.
+type Datapath struct {
+	objs steerObjects
+}
+
+// Load loads the embedded object into the kernel. Nothing is pinned or
+// attached, and the config is disabled until SetConfig.
+func Load() (*Datapath, error) {
+	d := &Datapath{}
+	if err := loadSteerObjects(&d.objs, nil); err != nil {
+		return nil, fmt.Errorf("loading steer datapath: %w", err)
+	}
+	return d, nil
+}
+
+// Close releases this process's handles. Pinned or attached objects stay
+// in the kernel.
+func (d *Datapath) Close() error { return d.objs.Close() }
+
+// XDP is the STAGE_SPLIT program, for the underlay NIC's XDP hook.
+func (d *Datapath) XDP() *ebpf.Program { return d.objs.SteerXdp }
+
+// TCIngress is the STAGE_BRIDGE program, for the underlay NIC's tc ingress.
+func (d *Datapath) TCIngress() *ebpf.Program { return d.objs.SteerTcIngress }
+
+// TCEgress is the STAGE_CONTAINER program, for a container's host-side
+// veth's tc egress.
+func (d *Datapath) TCEgress() *ebpf.Program { return d.objs.SteerTcEgress }
+
+type pinnedMap struct {
+	name string
+	m    **ebpf.Map
+}
+
+type pinnedProg struct {
+	name string
+	p    **ebpf.Program
+}
+
+func (d *Datapath) pinnedMaps() []pinnedMap {
+	o := &d.objs
+	return []pinnedMap{
+		{steerMapSteerCfg, &o.SteerCfg},
+		{steerMapSteerVni, &o.SteerVni},
+		{steerMapSteerTable, &o.SteerTable},
+		{steerMapSteerFlows, &o.SteerFlows},
+		{steerMapSteerCpumap, &o.SteerCpumap},
+		{steerMapSteerStats, &o.SteerStats},
+	}
+}
+
+func (d *Datapath) pinnedProgs() []pinnedProg {
+	o := &d.objs
+	return []pinnedProg{
+		{PinXDP, &o.SteerXdp},
+		{PinTCIngress, &o.SteerTcIngress},
+		{PinTCEgress, &o.SteerTcEgress},
+	}
+}
+
+// pinNames lists every pin this package creates in a directory.
+func pinNames() []string {
+	var d Datapath
+	var names []string
+	for _, m := range d.pinnedMaps() {
+		names = append(names, m.name)
+	}
+	for _, p := range d.pinnedProgs() {
+		names = append(names, p.name)
+	}
+	return names
+}
+
+// Pin pins every map and program as dir/<name>, creating dir. Pins of
+// another datapath already there are an error (reopen them with Open, or
+// Unpin them first), and nothing of this one is left pinned; pinning the
+// same Datapath in the same place again changes nothing.
+func (d *Datapath) Pin(dir string) error {
+	if err := checkBPFFS(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating pin directory: %w", err)
+	}
+	var done []interface{ Unpin() error }
+	undo := func() {
+		for _, o := range done {
+			_ = o.Unpin()
+		}
+	}
+	for _, m := range d.pinnedMaps() {
+		if err := (*m.m).Pin(filepath.Join(dir, m.name)); err != nil {
+			undo()
+			return fmt.Errorf("pinning map %s: %w", m.name, err)
+		}
+		done = append(done, *m.m)
+	}
+	for _, p := range d.pinnedProgs() {
+		if err := (*p.p).Pin(filepath.Join(dir, p.name)); err != nil {
+			undo()
+			return fmt.Errorf("pinning program %s: %w", p.name, err)
+		}
+		done = append(done, *p.p)
+	}
+	return nil
+}
+
+// checkBPFFS fails unless dir is, or would be created, on a bpf
+// filesystem: pinning anywhere else fails with an errno that does not say
+// why.
+func checkBPFFS(dir string) error {
+	p := filepath.Clean(dir)
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(p, &st)
+		if err == nil {
+			if st.Type != unix.BPF_FS_MAGIC {
+				return fmt.Errorf("pin directory %s: %s is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)", dir, p)
+			}
+			return nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("pin directory %s: %w", dir, err)
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return fmt.Errorf("pin directory %s: %w", dir, err)
+		}
+		p = parent
+	}
+}
+
+// Open reopens a datapath pinned in dir by Pin, for example by a
+// restarted control plane. Maps whose layout differs from this build's are
+// refused: the programs and the control plane must agree on them.
+func Open(dir string) (*Datapath, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{}
+	fail := func(err error) (*Datapath, error) {
+		d.Close()
+		return nil, err
+	}
+	for _, m := range d.pinnedMaps() {
+		path := filepath.Join(dir, m.name)
+		pm, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			return fail(fmt.Errorf("opening pinned map %s: %w", path, err))
+		}
+		*m.m = pm
+		if err := spec.Maps[m.name].Compatible(pm); err != nil {
+			return fail(fmt.Errorf("pinned map %s: %w", path, err))
+		}
+	}
+	for _, p := range d.pinnedProgs() {
+		path := filepath.Join(dir, p.name)
+		pp, err := ebpf.LoadPinnedProgram(path, nil)
+		if err != nil {
+			return fail(fmt.Errorf("opening pinned program %s: %w", path, err))
+		}
+		*p.p = pp
+		if want := spec.Programs[p.name].Type; pp.Type() != want {
+			return fail(fmt.Errorf("pinned program %s is %s, want %s", path, pp.Type(), want))
+		}
+	}
+	return d, nil
+}
+
+// Unpin removes the pins Pin creates in dir, and dir if that leaves it
+// empty. Missing pins are not an error. Attached programs keep running
+// until detached.
+func Unpin(dir string) error {
+	var errs []error
+	for _, name := range pinNames() {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpinning: %w", err))
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) {
+		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
+	}
+	return errors.Join(errs...)
+}

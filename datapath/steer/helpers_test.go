@@ -1,0 +1,148 @@
+//go:build linux
+
+package steer
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+const (
+	xdpPass     = 2
+	xdpRedirect = 4
+	tcUnspec    = ^uint32(0) // TC_ACT_UNSPEC (-1) as BPF_PROG_RUN returns it
+
+	// loIfindex is the device BPF_PROG_RUN runs on: the loopback device of
+	// the test's namespace.
+	loIfindex = 1
+)
+
+// xdpMd is the kernel's struct xdp_md, the XDP test run's context.
+type xdpMd struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// testCores is the core set the tests configure: the first two cores, or
+// one on a single-core machine (cpumap entries need cores that exist).
+func testCores(t *testing.T) []int {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n >= 2 {
+		return []int{0, 1}
+	}
+	return []int{0}
+}
+
+// newDatapath loads a fresh datapath with an enabled config over
+// testCores, a cpumap entry per core, every table bucket set to Stay.
+func newDatapath(t *testing.T) (*Datapath, []int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	d, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	cores := testCores(t)
+	if err := d.SetConfig(Config{Enabled: true, CPUs: cores, Flowlet: time.Hour, VXLANPort: testPort, VNIs: []uint32{testVNI}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cores {
+		if err := d.SetCPUMapEntry(c, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for s := range NumStages {
+		setAll(t, d, s, Stay)
+	}
+	return d, cores
+}
+
+func setAll(t *testing.T, d *Datapath, stage int, idx uint32) {
+	t.Helper()
+	var tab [Buckets]uint32
+	for b := range tab {
+		tab[b] = idx
+	}
+	if err := d.SetTable(stage, tab); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runXDP runs steer_xdp on frame as received by lo and returns the verdict
+// and the frame as the program left it.
+func runXDP(t *testing.T, d *Datapath, frame []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(frame)+256)
+	opts := ebpf.RunOptions{
+		Data:    frame,
+		DataOut: out,
+		Context: xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: loIfindex},
+	}
+	ret, err := d.XDP().Run(&opts)
+	if err != nil {
+		t.Fatalf("running steer_xdp on %d bytes: %v", len(frame), err)
+	}
+	return ret, opts.DataOut
+}
+
+// runTC runs a tc program on frame as an skb on lo.
+func runTC(t *testing.T, p *ebpf.Program, frame []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(frame)+256)
+	opts := ebpf.RunOptions{Data: frame, DataOut: out}
+	ret, err := p.Run(&opts)
+	if err != nil {
+		t.Fatalf("running %s on %d bytes: %v", p, len(frame), err)
+	}
+	return ret, opts.DataOut
+}
+
+func stats(t *testing.T, d *Datapath) [NumStages]Counters {
+	t.Helper()
+	s, err := d.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// flowState returns the flow's steer_flows entry at a stage.
+func flowState(t *testing.T, d *Datapath, f flowSpec, stage int) (Flow, bool) {
+	t.Helper()
+	flows, err := d.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fl := range flows {
+		if fl.Stage == stage && fl.Src == f.src && fl.Dst == f.dst &&
+			fl.SrcPort == f.sport && fl.DstPort == f.dport && fl.Proto == f.proto {
+			return fl, true
+		}
+	}
+	return Flow{}, false
+}
+
+func mustFlow(t *testing.T, d *Datapath, f flowSpec, stage int) Flow {
+	t.Helper()
+	fl, ok := flowState(t, d, f, stage)
+	if !ok {
+		t.Fatalf("no %s entry for flow %+v", StageName(stage), f)
+	}
+	return fl
+}
+
+func sameBytes(t *testing.T, name string, in, out []byte) {
+	t.Helper()
+	if !bytes.Equal(in, out) {
+		t.Errorf("%s: output frame differs from input\n in: %x\nout: %x", name, in, out)
+	}
+}

@@ -1,0 +1,308 @@
+//go:build linux
+
+package steer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"golang.org/x/sys/unix"
+)
+
+// Knob kinds of the steering datapath, journaled like sysfs files so a
+// reset after a crash unpins what an apply pinned.
+const (
+	KindDatapath = "steer-datapath"
+	KindTable    = "steer-table"
+)
+
+func init() {
+	knobs.Register(KindDatapath, func() knobs.Knob { return &DatapathKnob{} })
+	knobs.Register(KindTable, func() knobs.Knob { return &TableKnob{} })
+}
+
+// Setup is the value of a DatapathKnob: what is loaded and how it is
+// configured. Tables are not part of it: they start at Stay and TableKnob
+// (or an agent) sets them.
+type Setup struct {
+	Config Config `json:"config"`
+	// CPUMap are the cores with a cpumap entry (the split cores).
+	CPUMap    []int  `json:"cpumap,omitempty"`
+	QueueSize uint32 `json:"queue_size,omitempty"`
+	// RTPriority, when > 0, runs the cpumap kthreads lanes creates as
+	// SCHED_FIFO at this priority. On PREEMPT_NONE kernels a kthread that
+	// shares its core with a busy task gets the core only when that task
+	// yields; real-time priority lets the split stage run when its frames
+	// arrive. The threads belong to lanes' cpumap entries and die with
+	// them, so there is no host setting to restore.
+	RTPriority int `json:"rt_priority,omitempty"`
+}
+
+// Encode is Setup as a knob value.
+func (s Setup) Encode() (string, error) {
+	if s.Config.Flowlet < 0 {
+		return "", errors.New("steer: negative flowlet")
+	}
+	b, err := json.Marshal(setupDoc{
+		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet),
+		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
+	})
+	return string(b), err
+}
+
+// setupDoc spells the durations out, so a journal reads without Go's
+// time.Duration encoding in mind.
+type setupDoc struct {
+	Enabled    bool     `json:"enabled"`
+	CPUs       []int    `json:"cpus"`
+	FlowletNS  int64    `json:"flowlet_ns"`
+	Port       uint16   `json:"vxlan_port"`
+	VNIs       []uint32 `json:"vnis"`
+	CPUMap     []int    `json:"cpumap,omitempty"`
+	QueueSize  uint32   `json:"queue_size,omitempty"`
+	RTPriority int      `json:"rt_priority,omitempty"`
+}
+
+// DecodeSetup parses a DatapathKnob value.
+func DecodeSetup(v string) (Setup, error) {
+	var d setupDoc
+	if err := json.Unmarshal([]byte(v), &d); err != nil {
+		return Setup{}, fmt.Errorf("steer datapath value: %w", err)
+	}
+	return Setup{
+		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), VXLANPort: d.Port, VNIs: d.VNIs},
+		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
+	}, nil
+}
+
+// DatapathKnob is the steering datapath loaded and pinned in Dir. Value ""
+// means absent: writing it unpins everything (attached links hold their
+// programs until their own knobs detach them). Any other value is a Setup:
+// writing it loads and pins the datapath if it is not there, then
+// configures it with every table at Stay.
+type DatapathKnob struct {
+	Dir string `json:"dir"`
+}
+
+func (k *DatapathKnob) Kind() string { return KindDatapath }
+func (k *DatapathKnob) Key() string  { return KindDatapath + ":" + k.Dir }
+
+func (k *DatapathKnob) Read() ([]byte, error) {
+	if !pinned(k.Dir) {
+		return []byte{}, nil
+	}
+	d, err := Open(k.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	c, err := d.Config()
+	if err != nil {
+		return nil, err
+	}
+	cm, err := d.CPUMapEntries()
+	if err != nil {
+		return nil, err
+	}
+	v, err := Setup{Config: c, CPUMap: cm}.Encode()
+	return []byte(v), err
+}
+
+func (k *DatapathKnob) Write(v []byte) error {
+	if len(v) == 0 {
+		return Unpin(k.Dir)
+	}
+	s, err := DecodeSetup(string(v))
+	if err != nil {
+		return err
+	}
+	var d *Datapath
+	if pinned(k.Dir) {
+		d, err = Open(k.Dir)
+	} else {
+		if d, err = Load(); err == nil {
+			if err = d.Pin(k.Dir); err != nil {
+				d.Close()
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	var stay [Buckets]uint32
+	for i := range stay {
+		stay[i] = Stay
+	}
+	for st := 0; st < NumStages; st++ {
+		if err := d.SetTable(st, stay); err != nil {
+			return err
+		}
+	}
+	if err := d.SetConfig(s.Config); err != nil {
+		return err
+	}
+	have, err := d.CPUMapEntries()
+	if err != nil {
+		return err
+	}
+	q := s.QueueSize
+	if q == 0 {
+		q = 2048
+	}
+	for _, c := range s.CPUMap {
+		if err := d.SetCPUMapEntry(c, q); err != nil {
+			return fmt.Errorf("cpumap entry for core %d: %w", c, err)
+		}
+	}
+	for _, c := range have {
+		if !slices.Contains(s.CPUMap, c) {
+			if err := d.DelCPUMapEntry(c); err != nil {
+				return err
+			}
+		}
+	}
+	if s.RTPriority > 0 {
+		return d.setCPUMapPriority(s.RTPriority)
+	}
+	return nil
+}
+
+// setCPUMapPriority makes this datapath's cpumap kthreads
+// ("cpumap/<cpu>/map:<id>") SCHED_FIFO.
+func (d *Datapath) setCPUMapPriority(prio int) error {
+	info, err := d.objs.SteerCpumap.Info()
+	if err != nil {
+		return err
+	}
+	id, ok := info.ID()
+	if !ok {
+		return fmt.Errorf("cpumap has no id on this kernel")
+	}
+	suffix := fmt.Sprintf("/map:%d", id)
+	ths, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
+	if err != nil {
+		return err
+	}
+	for _, th := range ths {
+		a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(prio)}
+		if err := unix.SchedSetAttr(th.PID, a, 0); err != nil {
+			return fmt.Errorf("making %s real-time: %w", th.Comm, err)
+		}
+	}
+	return nil
+}
+
+// pinned says whether Dir holds the datapath's config map pin.
+func pinned(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "steer_cfg"))
+	return err == nil
+}
+
+// TableKnob is one stage's placement table. Its value is FormatTable's
+// text. With the datapath gone there is nothing to restore (ErrGone).
+type TableKnob struct {
+	Dir   string `json:"dir"`
+	Stage int    `json:"stage"`
+}
+
+func (k *TableKnob) Kind() string { return KindTable }
+func (k *TableKnob) Key() string  { return KindTable + ":" + k.Dir + ":" + StageName(k.Stage) }
+
+func (k *TableKnob) open() (*Datapath, error) {
+	if !pinned(k.Dir) {
+		return nil, fmt.Errorf("steer datapath in %s: %w", k.Dir, knobs.ErrGone)
+	}
+	return Open(k.Dir)
+}
+
+func (k *TableKnob) Read() ([]byte, error) {
+	d, err := k.open()
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	t, err := d.Table(k.Stage)
+	if err != nil {
+		return nil, err
+	}
+	return []byte(FormatTable(t)), nil
+}
+
+func (k *TableKnob) Write(v []byte) error {
+	t, err := ParseTable(string(v))
+	if err != nil {
+		return err
+	}
+	d, err := k.open()
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.SetTable(k.Stage, t)
+}
+
+// FormatTable writes a table as Buckets comma-separated entries, "s" for
+// Stay, run-length compressed as "VALUE*COUNT" so a journal stays readable.
+func FormatTable(t [Buckets]uint32) string {
+	var parts []string
+	for i := 0; i < Buckets; {
+		j := i
+		for j < Buckets && t[j] == t[i] {
+			j++
+		}
+		v := "s"
+		if t[i] != Stay {
+			v = strconv.FormatUint(uint64(t[i]), 10)
+		}
+		if j-i > 1 {
+			v += "*" + strconv.Itoa(j-i)
+		}
+		parts = append(parts, v)
+		i = j
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseTable reads FormatTable's text.
+func ParseTable(s string) ([Buckets]uint32, error) {
+	var t [Buckets]uint32
+	n := 0
+	for _, p := range strings.Split(strings.TrimSpace(s), ",") {
+		val, cnt, rep := strings.Cut(p, "*")
+		c := 1
+		if rep {
+			var err error
+			if c, err = strconv.Atoi(cnt); err != nil || c < 1 {
+				return t, fmt.Errorf("steer table: bad count in %q", p)
+			}
+		}
+		v := Stay
+		if val != "s" {
+			x, err := strconv.ParseUint(val, 10, 32)
+			if err != nil || x >= MaxCPUs {
+				return t, fmt.Errorf("steer table: bad entry %q (want s or a core index below %d)", p, MaxCPUs)
+			}
+			v = uint32(x)
+		}
+		if n+c > Buckets {
+			return t, fmt.Errorf("steer table: more than %d entries", Buckets)
+		}
+		for i := 0; i < c; i++ {
+			t[n+i] = v
+		}
+		n += c
+	}
+	if n != Buckets {
+		return t, fmt.Errorf("steer table: %d entries, want %d", n, Buckets)
+	}
+	return t, nil
+}

@@ -1,0 +1,319 @@
+//go:build linux
+
+package steer
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// cfgEnabled is steer_cfg.flags bit 0.
+const cfgEnabled = 1
+
+// SetConfig validates c and makes the programs use it. CPUs are stored
+// ascending; the VNI set replaces the previous one.
+//
+// The write is not atomic for a packet being placed at that moment: one
+// packet may see the old core set with the new count. It can be placed on
+// a wrong core, never dropped.
+func (d *Datapath) SetConfig(c Config) error {
+	c, err := c.normalized()
+	if err != nil {
+		return err
+	}
+	var old []uint32
+	var vni uint32
+	var one uint8
+	it := d.objs.SteerVni.Iterate()
+	for it.Next(&vni, &one) {
+		old = append(old, vni)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading VNIs: %w", err)
+	}
+	for _, v := range c.VNIs {
+		if err := d.objs.SteerVni.Put(v, uint8(1)); err != nil {
+			return fmt.Errorf("adding VNI %d: %w", v, err)
+		}
+	}
+	if err := d.objs.SteerCfg.Put(uint32(0), encodeConfig(c)); err != nil {
+		return fmt.Errorf("writing steer config: %w", err)
+	}
+	for _, v := range old {
+		if slices.Contains(c.VNIs, v) {
+			continue
+		}
+		if err := d.objs.SteerVni.Delete(v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("removing VNI %d: %w", v, err)
+		}
+	}
+	return nil
+}
+
+func encodeConfig(c Config) steerSteerCfg {
+	n := len(c.CPUs)
+	k := steerSteerCfg{
+		Ncpus:     uint32(n),
+		FlowletNs: uint64(c.Flowlet),
+		VxlanPort: uint32(c.VXLANPort),
+	}
+	if c.Enabled {
+		k.Flags |= cfgEnabled
+	}
+	for i, cpu := range c.CPUs {
+		k.Cpus[i] = uint32(cpu)
+		k.RpsLo[i], k.RpsSpan = rpsRange(i, n)
+	}
+	return k
+}
+
+// Config reads back the config the programs use.
+func (d *Datapath) Config() (Config, error) {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return Config{}, fmt.Errorf("reading steer config: %w", err)
+	}
+	c := Config{
+		Enabled:   k.Flags&cfgEnabled != 0,
+		Flowlet:   time.Duration(k.FlowletNs),
+		VXLANPort: uint16(k.VxlanPort),
+	}
+	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
+		c.CPUs = append(c.CPUs, int(cpu))
+	}
+	var vni uint32
+	var one uint8
+	it := d.objs.SteerVni.Iterate()
+	for it.Next(&vni, &one) {
+		c.VNIs = append(c.VNIs, vni)
+	}
+	if err := it.Err(); err != nil {
+		return Config{}, fmt.Errorf("reading VNIs: %w", err)
+	}
+	slices.Sort(c.VNIs)
+	return c, nil
+}
+
+// SetCPUMapEntry lets steer_xdp redirect to cpu, with a queue of qsize
+// frames. The kernel starts a cpumap/<cpu> kthread for it, which runs the
+// split stage's share of the receive path.
+func (d *Datapath) SetCPUMapEntry(cpu int, qsize uint32) error {
+	if cpu < 0 || cpu >= MaxCPUs {
+		return fmt.Errorf("cpumap entry for core %d: must be 0..%d", cpu, MaxCPUs-1)
+	}
+	if qsize == 0 {
+		// The kernel takes qsize 0 as a delete.
+		return fmt.Errorf("cpumap entry for core %d: queue size 0", cpu)
+	}
+	v := steerBpfCpumapVal{Qsize: qsize}
+	if err := d.objs.SteerCpumap.Put(uint32(cpu), v); err != nil {
+		return fmt.Errorf("cpumap entry for core %d: %w", cpu, err)
+	}
+	return nil
+}
+
+// DelCPUMapEntry removes cpu's cpumap entry; frames placed there then stay
+// on the core that received them. Removing a missing entry is not an error.
+func (d *Datapath) DelCPUMapEntry(cpu int) error {
+	if cpu < 0 || cpu >= MaxCPUs {
+		return fmt.Errorf("cpumap entry for core %d: must be 0..%d", cpu, MaxCPUs-1)
+	}
+	if err := d.objs.SteerCpumap.Delete(uint32(cpu)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("removing cpumap entry for core %d: %w", cpu, err)
+	}
+	return nil
+}
+
+// CPUMapEntries lists the cores that have a cpumap entry, ascending.
+func (d *Datapath) CPUMapEntries() ([]int, error) {
+	var cpus []int
+	var v steerBpfCpumapVal
+	for cpu := range MaxCPUs {
+		err := d.objs.SteerCpumap.Lookup(uint32(cpu), &v)
+		switch {
+		case err == nil:
+			cpus = append(cpus, cpu)
+		case !errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil, fmt.Errorf("reading cpumap entry for core %d: %w", cpu, err)
+		}
+	}
+	return cpus, nil
+}
+
+func checkStage(stage int) error {
+	if stage < 0 || stage >= NumStages {
+		return fmt.Errorf("stage %d: must be 0..%d", stage, NumStages-1)
+	}
+	return nil
+}
+
+func checkIndex(idx uint32) error {
+	if idx != Stay && idx >= MaxCPUs {
+		return fmt.Errorf("core index %d: must be 0..%d or Stay", idx, MaxCPUs-1)
+	}
+	return nil
+}
+
+// SetTable writes a stage's whole table: bucket b's flows go to
+// Config.CPUs[t[b]] (or stay, for Stay). An index beyond the configured
+// cores acts as Stay.
+func (d *Datapath) SetTable(stage int, t [Buckets]uint32) error {
+	if err := checkStage(stage); err != nil {
+		return err
+	}
+	keys := make([]uint32, Buckets)
+	for b, idx := range t {
+		if err := checkIndex(idx); err != nil {
+			return fmt.Errorf("bucket %d: %w", b, err)
+		}
+		keys[b] = uint32(stage*Buckets + b)
+	}
+	// One syscall, so the table changes as nearly at once as it can.
+	if _, err := d.objs.SteerTable.BatchUpdate(keys, t[:], nil); err != nil {
+		return fmt.Errorf("writing %s table: %w", StageName(stage), err)
+	}
+	return nil
+}
+
+// Table reads a stage's table.
+func (d *Datapath) Table(stage int) ([Buckets]uint32, error) {
+	var t [Buckets]uint32
+	if err := checkStage(stage); err != nil {
+		return t, err
+	}
+	for b := range t {
+		if err := d.objs.SteerTable.Lookup(uint32(stage*Buckets+b), &t[b]); err != nil {
+			return t, fmt.Errorf("reading %s table bucket %d: %w", StageName(stage), b, err)
+		}
+	}
+	return t, nil
+}
+
+// SetBucket points one bucket of a stage's table at a core index (or Stay).
+func (d *Datapath) SetBucket(stage, bucket int, idx uint32) error {
+	if err := checkStage(stage); err != nil {
+		return err
+	}
+	if bucket < 0 || bucket >= Buckets {
+		return fmt.Errorf("bucket %d: must be 0..%d", bucket, Buckets-1)
+	}
+	if err := checkIndex(idx); err != nil {
+		return err
+	}
+	if err := d.objs.SteerTable.Put(uint32(stage*Buckets+bucket), idx); err != nil {
+		return fmt.Errorf("writing %s table bucket %d: %w", StageName(stage), bucket, err)
+	}
+	return nil
+}
+
+// Flow is a (flow, stage) the programs have placed.
+type Flow struct {
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+	Proto            uint8
+	Stage            int
+	CPUIndex         uint32        // index into Config.CPUs, or Stay
+	Ifindex          int           // hook device of the last packet
+	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
+	Packets, Bytes   uint64
+}
+
+// Flows lists the flows in steer_flows, ordered by stage, then 5-tuple.
+// The map is an LRU: flows idle for long may have been evicted.
+func (d *Datapath) Flows() ([]Flow, error) {
+	var (
+		flows []Flow
+		k     steerSteerFlowKey
+		s     steerSteerFlowState
+	)
+	it := d.objs.SteerFlows.Iterate()
+	for it.Next(&k, &s) {
+		flows = append(flows, Flow{
+			Src:      beAddr(k.Saddr),
+			Dst:      beAddr(k.Daddr),
+			SrcPort:  bePort(k.Sport),
+			DstPort:  bePort(k.Dport),
+			Proto:    k.Proto,
+			Stage:    int(k.Stage),
+			CPUIndex: s.CpuIdx,
+			Ifindex:  int(s.Ifindex),
+			LastSeen: time.Duration(s.LastNs),
+			Packets:  s.Packets,
+			Bytes:    s.Bytes,
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading flows: %w", err)
+	}
+	slices.SortFunc(flows, func(a, b Flow) int {
+		return cmp.Or(
+			cmp.Compare(a.Stage, b.Stage),
+			a.Src.Compare(b.Src),
+			a.Dst.Compare(b.Dst),
+			cmp.Compare(a.SrcPort, b.SrcPort),
+			cmp.Compare(a.DstPort, b.DstPort),
+			cmp.Compare(a.Proto, b.Proto),
+		)
+	})
+	return flows, nil
+}
+
+// beAddr and bePort undo the host-order decoding of fields the programs
+// copied from the packet in network order.
+func beAddr(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func bePort(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+// Counters are one stage's event counts, summed over cores.
+type Counters struct {
+	Steered  uint64 // next stage sent to a chosen core
+	Stayed   uint64 // vanilla placement (table or flow said Stay, or no cpumap entry)
+	Passed   uint64 // frame not understood: passed untouched
+	Held     uint64 // a move deferred to keep the flow in order
+	Moved    uint64 // a flow moved at a flowlet boundary
+	Disabled uint64 // packets seen while the config was disabled
+}
+
+// Counter indices within a stage, as in steer.c's enum counter.
+const (
+	cntSteered = iota
+	cntStayed
+	cntPassed
+	cntHeld
+	cntMoved
+	cntDisabled
+	numCounters
+)
+
+// Stats reads every stage's counters.
+func (d *Datapath) Stats() ([NumStages]Counters, error) {
+	var out [NumStages]Counters
+	var per []uint64
+	for stage := range NumStages {
+		c := &out[stage]
+		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled} {
+			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
+				return out, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
+			}
+			for _, v := range per {
+				*dst += v
+			}
+		}
+	}
+	return out, nil
+}

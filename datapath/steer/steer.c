@@ -1,0 +1,487 @@
+//go:build ignore
+
+/*
+ * steer: per-stage core placement for overlay receive (Falcon on stock
+ * kernels). Each program finds the inner flow of a frame, hashes it with the
+ * hook device and stage into one of BUCKETS buckets, and sends the next
+ * stage of the receive path to the core the control plane wrote into that
+ * bucket:
+ *
+ *   steer_xdp         STAGE_SPLIT     underlay NIC, XDP: cpumap redirect, so
+ *                                     skb allocation, GRO, outer IP/UDP and
+ *                                     VXLAN decap run on the chosen core.
+ *   steer_tc_ingress  STAGE_BRIDGE    underlay NIC, tc ingress (before
+ *                                     decap): an L4 skb hash that RPS on the
+ *                                     VXLAN device turns into the chosen
+ *                                     core for bridge + veth transmit.
+ *   steer_tc_egress   STAGE_CONTAINER host-side veth, tc egress: an L4 skb
+ *                                     hash that RPS on the container-side
+ *                                     veth turns into the chosen core for
+ *                                     inner IP + TCP/UDP.
+ *
+ * Nothing here rewrites a packet byte, drops or consumes a frame: whatever
+ * is not understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the
+ * worst a bug can do is place a stage on the wrong core. place.go mirrors
+ * the hashing so the control plane can predict every decision.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "vxlan.h"
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+#define STAGE_SPLIT 0
+#define STAGE_BRIDGE 1
+#define STAGE_CONTAINER 2
+#define NUM_STAGES 3
+
+#define BUCKETS 256
+#define MAX_CPUS 64
+#define STAY 0xffffffffu /* table/flow value: leave the stage where the kernel puts it */
+
+/* steer_cfg.flags */
+#define CFG_ENABLED 0x1
+
+/* Not in the UAPI headers (they live in include/net/ip.h). */
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+/* Longest header chain each parser may read: IPv4 options at their maximum. */
+#define MAX_INNER_HDRS (ETH_HLEN + 60 + sizeof(struct tcphdr))
+#define MAX_OUTER_HDRS (ETH_HLEN + 60 + sizeof(struct udphdr) + sizeof(struct vxlanhdr) + MAX_INNER_HDRS)
+
+enum counter {
+	CNT_STEERED,  /* next stage sent to a chosen core */
+	CNT_STAYED,   /* vanilla placement (table says STAY, or the core has no cpumap entry) */
+	CNT_PASSED,   /* frame not understood: passed untouched */
+	CNT_HELD,     /* a move deferred because the flow was not idle for a flowlet gap */
+	CNT_MOVED,    /* a flow moved at a flowlet boundary */
+	CNT_DISABLED, /* cfg not enabled */
+	NUM_COUNTERS,
+};
+
+struct steer_cfg {
+	__u32 ncpus;      /* entries used in cpus and rps_lo; 0 = not configured */
+	__u32 rps_span;   /* floor(2^32 / ncpus), capped at 2^32-1 */
+	__u64 flowlet_ns; /* idle gap after which a flow may move */
+	__u32 vxlan_port; /* outer UDP destination port, host byte order */
+	__u32 flags;      /* CFG_ENABLED */
+	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
+	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct steer_cfg);
+} steer_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* VNI, host byte order */
+	__type(value, __u8); /* 1 */
+} steer_vni SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_STAGES * BUCKETS);
+	__type(key, __u32);   /* stage * BUCKETS + bucket */
+	__type(value, __u32); /* index into steer_cfg.cpus, or STAY */
+} steer_table SEC(".maps");
+
+struct steer_flow_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 stage;
+	__u16 pad; /* always 0: the key is hashed as bytes */
+};
+
+struct steer_flow_state {
+	__u32 cpu_idx; /* index into steer_cfg.cpus the flow uses, or STAY */
+	__u32 ifindex; /* hook device of the last packet */
+	__u64 last_ns; /* bpf_ktime_get_ns() of the last packet */
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct steer_flow_key);
+	__type(value, struct steer_flow_state);
+} steer_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32); /* core number */
+	__type(value, struct bpf_cpumap_val);
+} steer_cpumap SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NUM_STAGES * NUM_COUNTERS);
+	__type(key, __u32); /* stage * NUM_COUNTERS + enum counter */
+	__type(value, __u64);
+} steer_stats SEC(".maps");
+
+struct tuple {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+};
+
+/* A read position in a packet; every step is checked against end. */
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+static __always_inline void count(__u32 stage, __u32 ctr)
+{
+	__u32 key = stage * NUM_COUNTERS + ctr;
+	__u64 *v = bpf_map_lookup_elem(&steer_stats, &key);
+
+	if (v)
+		(*v)++;
+}
+
+static __always_inline void *take(struct cursor *c, __u32 len)
+{
+	void *p = c->pos;
+
+	if (p + len > c->end)
+		return NULL;
+	c->pos = p + len;
+	return p;
+}
+
+/* IPv4 header including options; fragments are refused because only the
+ * first carries ports, and steering the rest differently would split them. */
+static __always_inline struct iphdr *parse_ipv4(struct cursor *c)
+{
+	struct iphdr *ip = take(c, sizeof(*ip));
+	__u32 opts;
+
+	if (!ip || ip->version != 4 || ip->ihl < 5)
+		return NULL;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return NULL;
+	opts = (ip->ihl - 5) * 4;
+	if (c->pos + opts > c->end)
+		return NULL;
+	c->pos += opts;
+	return ip;
+}
+
+/* Ethernet + IPv4 + a complete TCP or UDP header. */
+static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
+{
+	struct ethhdr *eth = take(c, sizeof(*eth));
+	struct iphdr *ip;
+
+	if (!eth || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	ip = parse_ipv4(c);
+	if (!ip)
+		return -1;
+	t->saddr = ip->saddr;
+	t->daddr = ip->daddr;
+	t->proto = ip->protocol;
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = take(c, sizeof(*th));
+
+		if (!th)
+			return -1;
+		t->sport = th->source;
+		t->dport = th->dest;
+		return 0;
+	}
+	if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = take(c, sizeof(*uh));
+
+		if (!uh)
+			return -1;
+		t->sport = uh->source;
+		t->dport = uh->dest;
+		return 0;
+	}
+	return -1;
+}
+
+/* Outer Ethernet/IPv4/UDP/VXLAN of a VNI lanes knows, then the inner flow. */
+static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg *cfg, struct tuple *t)
+{
+	struct ethhdr *eth = take(c, sizeof(*eth));
+	struct iphdr *ip;
+	struct udphdr *uh;
+	struct vxlanhdr *vx;
+	__u32 vni;
+
+	if (!eth || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	ip = parse_ipv4(c);
+	if (!ip || ip->protocol != IPPROTO_UDP)
+		return -1;
+	uh = take(c, sizeof(*uh));
+	if (!uh || uh->dest != bpf_htons((__u16)cfg->vxlan_port))
+		return -1;
+	vx = take(c, sizeof(*vx));
+	if (!vx || !(vx->vx_flags & bpf_htonl(VXLAN_FLAG_VNI)))
+		return -1;
+	vni = bpf_ntohl(vx->vx_vni) >> 8;
+	if (!bpf_map_lookup_elem(&steer_vni, &vni))
+		return -1;
+	return parse_inner(c, t);
+}
+
+static __always_inline __u32 rotl32(__u32 x, int r)
+{
+	return (x << r) | (x >> (32 - r));
+}
+
+/* One murmur3_32 block round. */
+static __always_inline __u32 mm3_round(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = rotl32(k, 15);
+	k *= 0x1b873593;
+	h ^= k;
+	h = rotl32(h, 13);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/*
+ * murmur3_32 (seed 0) of the 5-tuple as four host-order words. Our own hash,
+ * not the skb's: XDP has none, and the skb hash differs between the outer
+ * and the inner headers, while every stage must agree on the flow.
+ */
+static __always_inline __u32 flow_hash(const struct tuple *t)
+{
+	__u32 h = 0;
+
+	h = mm3_round(h, bpf_ntohl(t->saddr));
+	h = mm3_round(h, bpf_ntohl(t->daddr));
+	h = mm3_round(h, ((__u32)bpf_ntohs(t->sport) << 16) | bpf_ntohs(t->dport));
+	h = mm3_round(h, t->proto);
+	return fmix32(h ^ 16);
+}
+
+/* Falcon's hash_32(skb_get_hash(skb) + ifindex, 16), plus a stage term so
+ * that the stages of one flow land in unrelated buckets. */
+static __always_inline __u32 bucket_of(__u32 fh, __u32 ifindex, __u32 stage)
+{
+	__u32 h = (fh + ifindex + stage * 0x9E3779B9u) * 0x61C88647u >> 16;
+
+	return h % BUCKETS;
+}
+
+/*
+ * The core index the stage of this flow goes to, or STAY. The table says
+ * where the flow should go; the flow's state says where it went last.
+ * Moving a busy flow would let its packets on the new core overtake those
+ * still queued on the old one, so a move waits until the flow has been idle
+ * for flowlet_ns.
+ */
+static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
+				   __u32 stage, __u32 ifindex, __u64 len)
+{
+	struct steer_flow_key key = {
+		.saddr = t->saddr,
+		.daddr = t->daddr,
+		.sport = t->sport,
+		.dport = t->dport,
+		.proto = t->proto,
+		.stage = stage,
+	};
+	struct steer_flow_state *st;
+	__u32 slot = stage * BUCKETS + bucket_of(fh, ifindex, stage);
+	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
+	__u32 want = entry ? *entry : STAY;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (want >= cfg->ncpus)
+		want = STAY;
+
+	st = bpf_map_lookup_elem(&steer_flows, &key);
+	if (!st) {
+		struct steer_flow_state fresh = {
+			.cpu_idx = want,
+			.ifindex = ifindex,
+			.last_ns = now,
+			.packets = 1,
+			.bytes = len,
+		};
+
+		/* A failed insert only loses the history: place by the table. */
+		bpf_map_update_elem(&steer_flows, &key, &fresh, BPF_ANY);
+		return want;
+	}
+
+	if (st->cpu_idx != want) {
+		if (st->cpu_idx != STAY && st->cpu_idx >= cfg->ncpus) {
+			/* The core set shrank under the flow: its old index names
+			 * no core any more, so there is no order left to keep. */
+			st->cpu_idx = want;
+			count(stage, CNT_MOVED);
+		} else if (now - st->last_ns >= cfg->flowlet_ns) {
+			st->cpu_idx = want;
+			count(stage, CNT_MOVED);
+		} else {
+			count(stage, CNT_HELD);
+		}
+	}
+	st->ifindex = ifindex;
+	st->last_ns = now;
+	st->packets++;
+	st->bytes += len;
+	return st->cpu_idx;
+}
+
+static __always_inline struct steer_cfg *get_cfg(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&steer_cfg, &zero);
+}
+
+SEC("xdp")
+int steer_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct cursor c = { .pos = data, .end = data_end };
+	struct steer_cfg *cfg = get_cfg();
+	struct tuple t = {};
+	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
+	long ret;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
+		count(STAGE_SPLIT, CNT_DISABLED);
+		return XDP_PASS;
+	}
+	if (parse_outer(&c, cfg, &t) < 0) {
+		count(STAGE_SPLIT, CNT_PASSED);
+		return XDP_PASS;
+	}
+	/* data_end - data subtracts packet pointers, which the verifier
+	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
+	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data);
+	if (idx >= MAX_CPUS) {
+		count(STAGE_SPLIT, CNT_STAYED);
+		return XDP_PASS;
+	}
+	/* A core without a cpumap entry falls back to XDP_PASS: vanilla. */
+	ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx], XDP_PASS);
+	count(STAGE_SPLIT, ret == XDP_REDIRECT ? CNT_STEERED : CNT_STAYED);
+	return ret;
+}
+
+/* The index of the core this program runs on, or STAY if it is not in the set. */
+static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+
+	for (__u32 i = 0; i < MAX_CPUS; i++) {
+		if (i >= cfg->ncpus)
+			break;
+		if (cfg->cpus[i] == cpu)
+			return i;
+	}
+	return STAY;
+}
+
+/*
+ * tc programs cannot move the skb themselves; they leave an L4 hash that
+ * RPS on the next device maps to cfg->cpus[idx]: the control plane sets that
+ * device's RPS mask to exactly the core set, and RPS picks
+ * cpus[(hash * n) >> 32], so any hash in [rps_lo[idx], rps_lo[idx] + rps_span)
+ * selects cpus[idx]. Spreading flows over that range keeps them apart for
+ * GRO and the flow dissector. bpf_set_hash marks the hash as L4, which
+ * survives VXLAN decapsulation (only non-L4 hashes are cleared) and veth.
+ */
+static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct tuple t = {};
+	struct cursor c;
+	__u32 want_len, fh, v;
+	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
+		count(stage, CNT_DISABLED);
+		return TC_ACT_UNSPEC;
+	}
+
+	/* Pull the headers into the linear area once, and only if needed:
+	 * pulling unclones the skb. */
+	want_len = outer ? MAX_OUTER_HDRS : MAX_INNER_HDRS;
+	if (want_len > skb->len)
+		want_len = skb->len;
+	if ((void *)(long)skb->data + want_len > (void *)(long)skb->data_end &&
+	    bpf_skb_pull_data(skb, want_len) < 0) {
+		count(stage, CNT_PASSED);
+		return TC_ACT_UNSPEC;
+	}
+
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if ((outer ? parse_outer(&c, cfg, &t) : parse_inner(&c, &t)) < 0) {
+		count(stage, CNT_PASSED);
+		return TC_ACT_UNSPEC;
+	}
+
+	fh = flow_hash(&t);
+	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len);
+	if (idx == STAY) {
+		/* Vanilla placement for a tc stage is the core we run on. */
+		count(stage, CNT_STAYED);
+		idx = this_cpu_index(cfg);
+	} else {
+		count(stage, CNT_STEERED);
+	}
+	if (idx >= MAX_CPUS || cfg->rps_span == 0)
+		return TC_ACT_UNSPEC;
+
+	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
+	/* 0 means "no hash" to the stack, which would recompute one. */
+	bpf_set_hash(skb, v ? v : 1);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int steer_tc_ingress(struct __sk_buff *skb)
+{
+	return steer_tc(skb, STAGE_BRIDGE, 1);
+}
+
+SEC("tc")
+int steer_tc_egress(struct __sk_buff *skb)
+{
+	return steer_tc(skb, STAGE_CONTAINER, 0);
+}

@@ -1,0 +1,32 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/spf13/cobra"
+)
+
+func init() { register(newModesCmd) }
+
+func newModesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "modes",
+		Short: "List the modes and the settings each takes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			for _, m := range plan.Modes() {
+				p, _ := plan.Lookup(m)
+				fmt.Fprintf(w, "%s\t%s\n", m, p.Summary())
+				if pp, ok := p.(plan.ParamPlanner); ok {
+					for _, q := range pp.Params() {
+						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
+					}
+				}
+			}
+			return w.Flush()
+		},
+	}
+}

@@ -1,0 +1,427 @@
+// Package balancer is Falcon's softirq balancing as pure logic: it turns
+// per-core busy samples into placement decisions and never touches the
+// system itself, so every rule can be tested from synthetic traces.
+//
+// Falcon (EuroSys'21) keeps, per CPU, a moving average of its busy percent
+// updated every 10 jiffies. When the CPU a (flow, stage) hashes to is at or
+// over a threshold (80%) Falcon rehashes once, blindly; when the average of
+// all CPUs reaches the threshold Falcon switches itself off and lets the
+// kernel place receive processing as it would without it. This package keeps
+// the moving average and the threshold but improves two rules:
+//
+//   - a stage leaving an overloaded core goes to the least-loaded core under
+//     the threshold, not to wherever a second hash lands (which may be just
+//     as busy);
+//   - after falling back, placement resumes once the average has dropped a
+//     hysteresis margin below the threshold, instead of oscillating on and
+//     off around it.
+package balancer
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+)
+
+const (
+	// DefaultThreshold is Falcon's load threshold, in percent.
+	DefaultThreshold = 80
+	// DefaultHysteresis keeps a fallen-back set off until its average is
+	// this many points under the threshold: one sample's noise should not
+	// flip the whole datapath between Falcon and vanilla placement.
+	DefaultHysteresis = 10
+
+	// HistoryWeight is Falcon's moving average: load = (HistoryWeight*old +
+	// busy) / (HistoryWeight+1), i.e. (4*old+busy)/5. With Falcon's 10-jiffy
+	// period this forgets a burst within a few tens of milliseconds while
+	// ignoring one-period spikes; it is a constant, not a knob, so lanes'
+	// numbers stay comparable with the paper's.
+	HistoryWeight = 4
+)
+
+// Config is what a Balancer balances over. It is taken literally: a zero
+// Threshold is an error, not a default (use DefaultConfig).
+type Config struct {
+	// CPUs is the core set placement may use.
+	CPUs []int
+	// Threshold is the load, in percent, at or above which a core takes no
+	// more stages and at or above which the set's average falls back to
+	// vanilla placement.
+	Threshold float64
+	// Hysteresis is how far, in percent points, the set average must fall
+	// under Threshold before a fallen-back set resumes, and how far a
+	// bucket's hashed core must fall under it before the bucket moves back.
+	Hysteresis float64
+	// Avoid lists cores to pick last among equally loaded ones, e.g. the
+	// core taking the NIC's interrupts. It only breaks ties: an avoided
+	// core that is clearly less loaded is still chosen.
+	Avoid []int
+}
+
+// DefaultConfig is Falcon's threshold with lanes' default hysteresis.
+func DefaultConfig(cpus []int) Config {
+	return Config{CPUs: slices.Clone(cpus), Threshold: DefaultThreshold, Hysteresis: DefaultHysteresis}
+}
+
+// Validate reports the first problem with c.
+func (c Config) Validate() error {
+	if len(c.CPUs) == 0 {
+		return fmt.Errorf("balancer: empty core set: list at least one core in CPUs")
+	}
+	seen := make(map[int]bool, len(c.CPUs))
+	for _, cpu := range c.CPUs {
+		if cpu < 0 {
+			return fmt.Errorf("balancer: core %d is negative: list core numbers as the kernel counts them, from 0", cpu)
+		}
+		if seen[cpu] {
+			return fmt.Errorf("balancer: core %d listed twice in CPUs: list each core once", cpu)
+		}
+		seen[cpu] = true
+	}
+	// The negated comparisons also reject NaN.
+	if !(c.Threshold > 0 && c.Threshold <= 100) {
+		return fmt.Errorf("balancer: threshold %g%% is outside (0,100]: use a percentage such as %d (Falcon's default)", c.Threshold, DefaultThreshold)
+	}
+	if !(c.Hysteresis >= 0 && c.Hysteresis < c.Threshold) {
+		return fmt.Errorf("balancer: hysteresis %g is outside [0,threshold %g): use a smaller margin such as %d", c.Hysteresis, c.Threshold, DefaultHysteresis)
+	}
+	return nil
+}
+
+// Decision is where one (flow, stage) should run now.
+type Decision struct {
+	// Core is the core to steer to; -1 when Vanilla, so that a caller that
+	// forgets to check Vanilla fails loudly instead of steering somewhere.
+	Core int
+	// Vanilla means the set has fallen back: do not steer, let the stage
+	// run where the kernel would run it.
+	Vanilla bool
+	// Reason explains the decision for logs and `lanes status`, e.g.
+	// "hashed", "rehashed: core 3 at 93%", "fallback: set average 85%".
+	Reason string
+}
+
+// Stats are event counters, for metrics.
+type Stats struct {
+	Fallbacks uint64 // times the set switched to vanilla placement
+	Resumes   uint64 // times it switched back
+	Rehashes  uint64 // Place decisions that left the hashed core
+	Moves     uint64 // table entries Assign changed
+}
+
+// Balancer holds the per-core moving averages of one core set. It is safe
+// for concurrent use: a sampler may Observe while a controller places.
+type Balancer struct {
+	mu       sync.Mutex
+	cfg      Config
+	cpus     []int // sorted, so that ties resolve to the lowest core
+	load     map[int]float64
+	avoid    map[int]bool
+	fallenBk bool
+	stats    Stats
+}
+
+// New returns a Balancer whose loads all start at 0, as Falcon's do: until
+// samples accumulate, the hash is trusted.
+func New(c Config) (*Balancer, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	c.CPUs = slices.Clone(c.CPUs)
+	b := &Balancer{cfg: c, cpus: slices.Sorted(slices.Values(c.CPUs)), load: make(map[int]float64, len(c.CPUs))}
+	for _, cpu := range b.cpus {
+		b.load[cpu] = 0
+	}
+	b.setAvoid(c.Avoid)
+	return b, nil
+}
+
+// Config returns the configuration in force.
+func (b *Balancer) Config() Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.cfg
+	c.CPUs = slices.Clone(c.CPUs)
+	c.Avoid = slices.Clone(c.Avoid)
+	return c
+}
+
+// SetAvoid replaces the tie-breaking avoid list, e.g. when the NIC's
+// interrupt moves, without losing the load history.
+func (b *Balancer) SetAvoid(cores []int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.setAvoid(cores)
+}
+
+func (b *Balancer) setAvoid(cores []int) {
+	b.cfg.Avoid = slices.Clone(cores)
+	b.avoid = make(map[int]bool, len(cores))
+	for _, c := range cores {
+		b.avoid[c] = true
+	}
+}
+
+// Observe feeds one sample: the busy percent of each core of the set over
+// the last period. Cores missing from the sample count as idle (a core with
+// nothing to report did nothing); cores outside the set are ignored. Values
+// are clamped to [0,100] so one bad reading cannot poison the average for
+// long.
+func (b *Balancer) Observe(sample map[int]float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, cpu := range b.cpus {
+		busy := sample[cpu]
+		switch {
+		case busy > 100:
+			busy = 100
+		case !(busy >= 0): // also NaN
+			busy = 0
+		}
+		b.load[cpu] = (HistoryWeight*b.load[cpu] + busy) / (HistoryWeight + 1)
+	}
+	avg := b.average()
+	switch {
+	case !b.fallenBk && avg >= b.cfg.Threshold:
+		b.fallenBk = true
+		b.stats.Fallbacks++
+	case b.fallenBk && avg < b.cfg.Threshold-b.cfg.Hysteresis:
+		b.fallenBk = false
+		b.stats.Resumes++
+	}
+}
+
+// Load is core's moving average, in percent; 0 for a core outside the set.
+func (b *Balancer) Load(core int) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.load[core]
+}
+
+// Loads returns the moving averages of the set's cores, in core order.
+func (b *Balancer) Loads() []float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]float64, len(b.cpus))
+	for i, cpu := range b.cpus {
+		out[i] = b.load[cpu]
+	}
+	return out
+}
+
+// Average is the mean moving average over the set.
+func (b *Balancer) Average() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.average()
+}
+
+func (b *Balancer) average() float64 {
+	var sum float64
+	for _, cpu := range b.cpus {
+		sum += b.load[cpu]
+	}
+	return sum / float64(len(b.cpus))
+}
+
+// FallenBack reports whether the set is in vanilla placement: entered when
+// the set average reaches the threshold, left when it drops under
+// threshold - hysteresis.
+func (b *Balancer) FallenBack() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fallenBk
+}
+
+// Stats returns the event counters.
+func (b *Balancer) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}
+
+// Place decides where a (flow, stage) whose hash picked hashed runs now:
+// nowhere in particular if the set has fallen back; hashed if its load is
+// under the threshold; otherwise the least-loaded core under the threshold,
+// or hashed if there is none (every core is busy but the average is not yet
+// at the threshold: moving would only trade one hot core for another). A
+// hashed core outside the set is kept: its load is not observed, so there
+// is no evidence against it, and a table that points outside the set (e.g.
+// at the IRQ core, for "stay where the kernel runs it") does so on purpose.
+//
+// Place judges one stage against the last sample's loads; it cannot know
+// what other stages it has just moved. Table-wide rebalancing, which must
+// not pile every moved stage on the same idle core, is Assign's job.
+func (b *Balancer) Place(hashed int) Decision {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	thr := b.cfg.Threshold
+	if b.fallenBk {
+		return Decision{Core: -1, Vanilla: true, Reason: fmt.Sprintf("fallback: set average %s", pct(b.average()))}
+	}
+	l, in := b.load[hashed]
+	switch {
+	case !in:
+		return Decision{Core: hashed, Reason: fmt.Sprintf("hashed: core %d not in the set", hashed)}
+	case l < thr:
+		return Decision{Core: hashed, Reason: "hashed"}
+	}
+	best, ok := b.leastLoaded(b.load, thr, -1)
+	if !ok {
+		return Decision{Core: hashed, Reason: fmt.Sprintf("hashed: no core under %s", pct(thr))}
+	}
+	b.stats.Rehashes++
+	return Decision{Core: best, Reason: fmt.Sprintf("rehashed: core %d at %s", hashed, pct(l))}
+}
+
+// leastLoaded returns the core of the set with the lowest load[] under
+// limit, other than skip. Ties go to a core not in Avoid, then to the lowest
+// core number. The measured load must be under limit too: a core that was
+// hot at the last sample is not a target just because a projection says
+// some of its buckets are leaving.
+func (b *Balancer) leastLoaded(load map[int]float64, limit float64, skip int) (int, bool) {
+	best, found := -1, false
+	for _, cpu := range b.cpus { // ascending, so a strict < keeps the lowest
+		l := load[cpu]
+		if cpu == skip || !(l < limit) || !(b.load[cpu] < limit) {
+			continue
+		}
+		if !found || l < load[best] || (l == load[best] && b.avoid[best] && !b.avoid[cpu]) {
+			best, found = cpu, true
+		}
+	}
+	return best, found
+}
+
+// Assign rebalances a steering table of buckets (one table per stage).
+// hashed[i] is bucket i's static Falcon core, current[i] the core the table
+// holds now (nil: the hashed table), active[i] whether the bucket carried
+// traffic recently. It returns the table to write and how many entries
+// differ from current. The three slices must have the same length
+// (current may be nil); anything else is a programming error and panics.
+//
+// Only active buckets bear load. Per-bucket load is not measured, so a
+// core's load is split evenly among the active buckets on it, and that share
+// travels with a bucket when it moves: successive moves in one call then see
+// each other and spread out instead of all landing on the one idlest core.
+// Rules, in order:
+//
+//  1. Return: a bucket away from its hashed core goes back once that core's
+//     load plus the bucket's share is under threshold - hysteresis. Counting
+//     the share keeps a bucket from returning to a core it would push back
+//     over the threshold, to be moved away again at the next sample. An
+//     inactive bucket has no share and no packets in flight, so it returns
+//     as soon as its hashed core has cooled down.
+//  2. Relieve: a core measured at or over the threshold sheds its active
+//     buckets, in index order, each to the least-loaded core under the
+//     threshold (measured and projected), until its projected load is under.
+//     If no core is under, they stay. Cores that only the moves of this call
+//     pushed over are left for the next sample to judge: relieving them now
+//     would shuffle buckets on a guess.
+//  3. Everything else stays. In particular a bucket already moved away stays
+//     where it is while that core is under the threshold, and an inactive
+//     bucket is never moved away from its hashed core: moving traffic that
+//     is not there relieves nothing.
+//
+// Cores outside the set have no observed load, so none is relieved, none is
+// a target, and a bucket whose hashed core is outside the set is not
+// returned there; a bucket on such a core still returns to a hashed core in
+// the set by rule 1. While the set is fallen back the table does not matter
+// (steering is off), so Assign returns current unchanged: the placement is
+// then intact when the set resumes.
+//
+// A single bucket that saturates any core it lands on still moves between
+// cores, at most once per several samples because the moving averages must
+// first cross the threshold; no placement can help such a flow.
+func (b *Balancer) Assign(hashed []int, current []int, active []bool) (next []int, moves int) {
+	if current == nil {
+		current = hashed
+	}
+	if len(current) != len(hashed) || len(active) != len(hashed) {
+		panic(fmt.Sprintf("balancer.Assign: %d hashed, %d current, %d active buckets", len(hashed), len(current), len(active)))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	next = slices.Clone(current)
+	if b.fallenBk {
+		return next, 0
+	}
+	thr, resume := b.cfg.Threshold, b.cfg.Threshold-b.cfg.Hysteresis
+
+	proj := make(map[int]float64, len(b.cpus))
+	for _, cpu := range b.cpus {
+		proj[cpu] = b.load[cpu]
+	}
+	nActive := make(map[int]int, len(b.cpus))
+	for i, c := range current {
+		if active[i] {
+			nActive[c]++
+		}
+	}
+	share := func(i int) float64 {
+		c := current[i]
+		if !active[i] || nActive[c] == 0 {
+			return 0
+		}
+		return b.load[c] / float64(nActive[c])
+	}
+	move := func(i, to int) {
+		s := share(i)
+		if _, in := proj[next[i]]; in {
+			proj[next[i]] -= s
+		}
+		proj[to] += s
+		next[i] = to
+	}
+
+	// 1. Return, before relieving, so that relief sees the returned load.
+	for i, h := range hashed {
+		if next[i] == h {
+			continue
+		}
+		if l, in := proj[h]; in && l+share(i) < resume {
+			move(i, h)
+		}
+	}
+	// 2. Relieve overloaded cores.
+	for i, c := range next {
+		measured, in := b.load[c]
+		if !active[i] || !in || measured < thr || proj[c] < thr {
+			continue
+		}
+		if to, ok := b.leastLoaded(proj, thr, c); ok {
+			move(i, to)
+		}
+	}
+
+	for i := range next {
+		if next[i] != current[i] {
+			moves++
+		}
+	}
+	b.stats.Moves += uint64(moves)
+	return next, moves
+}
+
+// StdDev is the population standard deviation of per-core utilization, the
+// imbalance figure the MFLOW paper reports (Falcon 20.5 vs MFLOW 11.6 over
+// 10 cores). 0 for no cores.
+func StdDev(loads []float64) float64 {
+	if len(loads) == 0 {
+		return 0
+	}
+	var mean float64
+	for _, l := range loads {
+		mean += l
+	}
+	mean /= float64(len(loads))
+	var ss float64
+	for _, l := range loads {
+		ss += (l - mean) * (l - mean)
+	}
+	return math.Sqrt(ss / float64(len(loads)))
+}
+
+// pct formats a percentage for Reason strings.
+func pct(v float64) string { return fmt.Sprintf("%.0f%%", v) }

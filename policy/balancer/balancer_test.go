@@ -1,0 +1,454 @@
+package balancer
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const eps = 1e-9
+
+func mustNew(t *testing.T, c Config) *Balancer {
+	t.Helper()
+	b, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// settle feeds the same sample until the moving averages equal it (0.8^200
+// is far below float precision at these magnitudes).
+func settle(b *Balancer, sample map[int]float64) {
+	for range 200 {
+		b.Observe(sample)
+	}
+}
+
+func TestMovingAverage(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
+	trace := []map[int]float64{
+		{0: 100, 1: 50},          // core 2 missing: idle
+		{0: 100, 1: 50, 2: 10},   //
+		{0: 0, 1: 150, 2: -5},    // clamped to 100 and 0
+		{0: 50, 1: math.NaN()},   // NaN reads as idle
+		{0: 50, 1: 50, 7: 100.0}, // core 7 is not in the set
+	}
+	var want [3]float64
+	for step, s := range trace {
+		b.Observe(s)
+		for cpu := range want {
+			v := s[cpu]
+			switch {
+			case v > 100:
+				v = 100
+			case !(v >= 0):
+				v = 0
+			}
+			want[cpu] = (4*want[cpu] + v) / 5
+			if got := b.Load(cpu); math.Abs(got-want[cpu]) > eps {
+				t.Errorf("step %d core %d: load %v, want (4*old+new)/5 = %v", step, cpu, got, want[cpu])
+			}
+		}
+	}
+	// Spelled out for the first core: 20, 36, 28.8, 33.04, 36.432.
+	if got := b.Load(0); math.Abs(got-36.432) > eps {
+		t.Errorf("core 0 after trace: %v, want 36.432", got)
+	}
+	if got, w := b.Average(), (want[0]+want[1]+want[2])/3; math.Abs(got-w) > eps {
+		t.Errorf("average %v, want %v", got, w)
+	}
+	if got := b.Load(7); got != 0 {
+		t.Errorf("core outside the set has load %v", got)
+	}
+	if got := b.Loads(); len(got) != 3 || math.Abs(got[1]-want[1]) > eps {
+		t.Errorf("Loads() = %v, want %v", got, want)
+	}
+}
+
+func TestPlace(t *testing.T) {
+	cases := []struct {
+		name   string
+		cpus   []int
+		avoid  []int
+		loads  map[int]float64
+		hashed int
+		core   int
+		reason string
+	}{
+		{"under threshold stays hashed", []int{0, 1, 2, 3}, nil,
+			map[int]float64{0: 79, 1: 0, 2: 0, 3: 0}, 0, 0, "hashed"},
+		// A blind second hash of this flow could land on core 1, at 90%:
+		// no better than staying. The least-loaded core is 2.
+		{"over threshold goes to least loaded, not a rehash", []int{0, 1, 2, 3}, nil,
+			map[int]float64{0: 95, 1: 90, 2: 10, 3: 50}, 0, 2, "rehashed: core 0 at 95%"},
+		{"tie goes to lowest core", []int{3, 2, 1, 0}, nil,
+			map[int]float64{0: 95, 1: 10, 2: 10, 3: 10}, 0, 1, "rehashed: core 0 at 95%"},
+		{"tie avoids the IRQ core", []int{0, 1, 2, 3}, []int{1},
+			map[int]float64{0: 95, 1: 10, 2: 10, 3: 10}, 0, 2, "rehashed: core 0 at 95%"},
+		{"avoid only breaks ties", []int{0, 1, 2, 3}, []int{1},
+			map[int]float64{0: 95, 1: 5, 2: 10, 3: 10}, 0, 1, "rehashed: core 0 at 95%"},
+		{"candidates must be under threshold", []int{0, 1, 2}, nil,
+			map[int]float64{0: 90, 1: 85, 2: 20}, 1, 2, "rehashed: core 1 at 85%"},
+		{"hashed outside the set is kept", []int{0, 1}, nil,
+			map[int]float64{0: 95, 1: 30}, 5, 5, "hashed: core 5 not in the set"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig(tc.cpus)
+			c.Avoid = tc.avoid
+			b := mustNew(t, c)
+			settle(b, tc.loads)
+			if b.FallenBack() {
+				t.Fatalf("set fell back at average %v; fix the case", b.Average())
+			}
+			d := b.Place(tc.hashed)
+			if d.Core != tc.core || d.Vanilla || d.Reason != tc.reason {
+				t.Errorf("Place(%d) = %+v, want core %d reason %q", tc.hashed, d, tc.core, tc.reason)
+			}
+		})
+	}
+}
+
+// TestPlaceNoCoreUnder covers cores all at or over the threshold with the
+// set not fallen back. Observe cannot produce it (such an average is at the
+// threshold, so the fallback wins), but Place must still not move a stage
+// from one hot core to another if it gets there, e.g. with a lowered
+// threshold taking effect before the next sample.
+func TestPlaceNoCoreUnder(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	b.load[0], b.load[1] = 90, 85
+	if d := b.Place(1); d.Core != 1 || d.Vanilla || d.Reason != "hashed: no core under 80%" {
+		t.Errorf("Place(1) = %+v, want to stay hashed on core 1", d)
+	}
+	if s := b.Stats(); s.Rehashes != 0 {
+		t.Errorf("rehashes %d, want 0", s.Rehashes)
+	}
+}
+
+// A moving average converges to 80 from below without reaching it, so the
+// boundary is set directly.
+func TestPlaceAtThreshold(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	b.load[0], b.load[1] = 80, 40
+	if d := b.Place(0); d.Core != 1 || d.Reason != "rehashed: core 0 at 80%" {
+		t.Errorf("Place(0) = %+v: a core at the threshold must count as over", d)
+	}
+}
+
+func TestFallback(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	type step struct {
+		sample   map[int]float64
+		n        int
+		fallen   bool
+		avgAbove float64 // the average is > this after the step
+		avgBelow float64 // and < this
+	}
+	steps := []step{
+		// Saturated: average 20, 36, 48.8, 59.04, 67.2, 73.8, 79.0, 83.2.
+		{map[int]float64{0: 100, 1: 100}, 7, false, 79, 80},
+		{map[int]float64{0: 100, 1: 100}, 1, true, 83, 84},
+		// Between threshold-hysteresis and threshold: stays fallen back.
+		{map[int]float64{0: 95, 1: 50}, 60, true, 72.4, 72.6},
+		{map[int]float64{0: 71, 1: 70}, 60, true, 70.4, 72.6},
+		// Under 70 (68.4): resumes.
+		{map[int]float64{0: 60, 1: 60}, 1, false, 68, 69},
+		// Back over 70 but under 80: stays on.
+		{map[int]float64{0: 79, 1: 79}, 60, false, 78.9, 79.1},
+	}
+	for i, s := range steps {
+		for range s.n {
+			b.Observe(s.sample)
+		}
+		avg := b.Average()
+		if b.FallenBack() != s.fallen || !(avg > s.avgAbove && avg < s.avgBelow) {
+			t.Fatalf("step %d: fallen back %v at average %v, want %v in (%v,%v)", i, b.FallenBack(), avg, s.fallen, s.avgAbove, s.avgBelow)
+		}
+		d := b.Place(0)
+		if s.fallen != d.Vanilla || (d.Vanilla && (d.Core != -1 || !strings.HasPrefix(d.Reason, "fallback: set average "))) {
+			t.Fatalf("step %d: Place(0) = %+v while fallen back %v", i, d, s.fallen)
+		}
+	}
+	if s := b.Stats(); s.Fallbacks != 1 || s.Resumes != 1 {
+		t.Errorf("stats %+v, want 1 fallback and 1 resume", s)
+	}
+}
+
+func TestFallbackReason(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	settle(b, map[int]float64{0: 90, 1: 80})
+	if d := b.Place(0); d != (Decision{Core: -1, Vanilla: true, Reason: "fallback: set average 85%"}) {
+		t.Errorf("Place(0) = %+v", d)
+	}
+}
+
+// Without hysteresis the set resumes as soon as the average dips under the
+// threshold: the margin is what TestFallback's middle steps rely on.
+func TestFallbackNoHysteresis(t *testing.T) {
+	c := DefaultConfig([]int{0, 1})
+	c.Hysteresis = 0
+	b := mustNew(t, c)
+	settle(b, map[int]float64{0: 100, 1: 100})
+	for b.Average() >= 80 {
+		b.Observe(map[int]float64{0: 75, 1: 75})
+	}
+	if b.FallenBack() {
+		t.Errorf("still fallen back at average %v with no hysteresis", b.Average())
+	}
+}
+
+func TestAssign(t *testing.T) {
+	cases := []struct {
+		name   string
+		loads  map[int]float64
+		hashed []int
+		cur    []int // nil: hashed
+		active []bool
+		want   []int
+	}{
+		{"all under threshold: hashed table",
+			map[int]float64{0: 70, 1: 10, 2: 10},
+			[]int{0, 0, 1, 2}, nil, []bool{true, true, true, true},
+			[]int{0, 0, 1, 2}},
+		// Core 0 at 100% carries 8 active buckets, 12.5 points each. Two
+		// moves bring it under 80; the second sees the first's share on
+		// core 1 (20 -> 32.5) and goes to core 2 (30) instead.
+		{"relief spreads and stops under threshold",
+			map[int]float64{0: 100, 1: 20, 2: 30},
+			[]int{0, 0, 0, 0, 0, 0, 0, 0, 1, 2}, nil,
+			[]bool{true, true, true, true, true, true, true, true, false, false},
+			[]int{1, 2, 0, 0, 0, 0, 0, 0, 1, 2}},
+		{"inactive buckets are not moved off a hot core",
+			map[int]float64{0: 100, 1: 20}, // core 2 idle
+			[]int{0, 0, 0, 1}, nil, []bool{false, true, false, true},
+			[]int{0, 2, 0, 1}},
+		// Core 0's bucket takes idle core 2, which then projects to 100%.
+		// Core 1's bucket finds no target: core 0 projects to 0% but was
+		// measured hot, so it is no target until a sample says otherwise.
+		{"two hot cores, one idle: only one bucket moves",
+			map[int]float64{0: 100, 1: 100, 2: 0}, // average 66.7: not fallen back
+			[]int{0, 1}, nil, []bool{true, true},
+			[]int{2, 1}},
+		{"moved bucket stays while its core is under threshold",
+			map[int]float64{0: 75, 1: 60, 2: 0},
+			[]int{0, 0}, []int{1, 0}, []bool{true, true},
+			[]int{1, 0}},
+		{"moved bucket returns when hashed core is under threshold-hysteresis",
+			map[int]float64{0: 40, 1: 20},
+			[]int{0, 0}, []int{1, 0}, []bool{true, true},
+			[]int{0, 0}}, // 40 + 20/1 < 70
+		{"return counts the bucket's share",
+			map[int]float64{0: 40, 1: 40},
+			[]int{0, 0}, []int{1, 0}, []bool{true, true},
+			[]int{1, 0}}, // 40 + 40 would put core 0 over 70
+		{"inactive moved bucket returns once the hashed core cools",
+			map[int]float64{0: 69, 1: 50},
+			[]int{0}, []int{1}, []bool{false},
+			[]int{0}},
+		{"inactive moved bucket waits for hysteresis",
+			map[int]float64{0: 75, 1: 50},
+			[]int{0}, []int{1}, []bool{false},
+			[]int{1}},
+		{"moved bucket on an overloaded core moves on",
+			map[int]float64{0: 75, 1: 90, 2: 30},
+			[]int{0, 1}, []int{1, 1}, []bool{true, true},
+			[]int{2, 1}}, // core 1 at 90, 45 each: one move brings it to 45
+		// Cores 5 and 6 are not observed: nothing says they are busy.
+		{"buckets on cores outside the set stay",
+			map[int]float64{0: 75, 1: 20}, // 0 too warm for returns
+			[]int{0, 0}, []int{5, 6}, []bool{true, false},
+			[]int{5, 6}},
+		{"bucket outside the set returns to a cool hashed core",
+			map[int]float64{0: 30, 1: 20},
+			[]int{0}, []int{5}, []bool{true},
+			[]int{0}},
+		{"hashed outside the set: no return there, relief as usual",
+			map[int]float64{0: 90, 1: 20},
+			[]int{5, 5}, []int{0, 1}, []bool{true, true},
+			[]int{2, 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
+			settle(b, tc.loads)
+			if b.FallenBack() {
+				t.Fatalf("set fell back at average %v; fix the case", b.Average())
+			}
+			cur := slices.Clone(tc.cur)
+			next, moves := b.Assign(tc.hashed, cur, tc.active)
+			if !slices.Equal(next, tc.want) {
+				t.Errorf("Assign = %v, want %v", next, tc.want)
+			}
+			base := tc.cur
+			if base == nil {
+				base = tc.hashed
+			}
+			var want int
+			for i := range base {
+				if base[i] != tc.want[i] {
+					want++
+				}
+			}
+			if moves != want || b.Stats().Moves != uint64(want) {
+				t.Errorf("moves %d, stats %d, want %d", moves, b.Stats().Moves, want)
+			}
+			if tc.cur != nil && !slices.Equal(cur, tc.cur) {
+				t.Errorf("Assign modified current: %v", cur)
+			}
+		})
+	}
+}
+
+// TestAssignNoFlapping alternates samples that keep core 0's average just
+// around the threshold (81.1, 78.9, 81.1, ...). A rule that keeps a bucket
+// home whenever home is under the threshold would move it every sample;
+// Assign moves it once, keeps it away while core 0 hovers, and brings it
+// back once core 0 has really cooled.
+func TestAssignNoFlapping(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	hashed, active := []int{0, 1}, []bool{true, false}
+	settle(b, map[int]float64{0: 80, 1: 10})
+	table := slices.Clone(hashed)
+	total, naive := 0, 0
+	naiveHome := true
+	for i := range 60 {
+		busy := 90.0
+		if i%2 == 1 {
+			busy = 70
+		}
+		b.Observe(map[int]float64{0: busy, 1: 10})
+		var moves int
+		table, moves = b.Assign(hashed, table, active)
+		total += moves
+		if home := b.Load(0) < 80; home != naiveHome {
+			naive++
+			naiveHome = home
+		}
+	}
+	if naive < 20 {
+		t.Fatalf("trace does not straddle the threshold: naive rule moved %d times", naive)
+	}
+	if total != 1 || table[0] != 1 || table[1] != 1 {
+		t.Errorf("%d moves while hovering (naive rule: %d), table %v; want 1 move, bucket 0 on core 1", total, naive, table)
+	}
+	// Core 0 cools: the bucket returns once 0's load plus its share (core
+	// 1's 10%) is under 70, and only once.
+	for range 30 {
+		b.Observe(map[int]float64{0: 30, 1: 10})
+		var moves int
+		table, moves = b.Assign(hashed, table, active)
+		total += moves
+	}
+	if total != 2 || !slices.Equal(table, hashed) {
+		t.Errorf("after cooling: %d moves, table %v; want 2 moves, back to %v", total, table, hashed)
+	}
+	if got := b.Stats().Moves; got != 2 {
+		t.Errorf("stats moves %d, want 2", got)
+	}
+}
+
+func TestAssignFallenBack(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	settle(b, map[int]float64{0: 100, 1: 100})
+	cur := []int{1, 1}
+	next, moves := b.Assign([]int{0, 1}, cur, []bool{true, true})
+	if moves != 0 || !slices.Equal(next, cur) {
+		t.Errorf("fallen back: Assign = %v, %d moves; want current unchanged", next, moves)
+	}
+}
+
+func TestAssignLengthMismatch(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0}))
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic on mismatched lengths")
+		}
+	}()
+	b.Assign([]int{0, 0}, nil, []bool{true})
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		c    Config
+		want string // substring of the error; "" for valid
+	}{
+		{DefaultConfig([]int{0, 1}), ""},
+		{Config{CPUs: []int{3}, Threshold: 100, Hysteresis: 0}, ""},
+		{Config{Threshold: 80}, "list at least one core"},
+		{Config{CPUs: []int{0, 1, 0}, Threshold: 80}, "core 0 listed twice"},
+		{Config{CPUs: []int{-1}, Threshold: 80}, "core -1 is negative"},
+		{Config{CPUs: []int{0}}, "threshold 0% is outside (0,100]"},
+		{Config{CPUs: []int{0}, Threshold: 101}, "outside (0,100]"},
+		{Config{CPUs: []int{0}, Threshold: math.NaN()}, "outside (0,100]"},
+		{Config{CPUs: []int{0}, Threshold: 80, Hysteresis: -1}, "hysteresis -1 is outside [0,threshold 80)"},
+		{Config{CPUs: []int{0}, Threshold: 80, Hysteresis: 80}, "use a smaller margin"},
+	}
+	for _, tc := range cases {
+		err := tc.c.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: unexpected error %v", tc.c, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: error %v, want one containing %q", tc.c, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "\n"):
+			t.Errorf("multi-line error %q", err)
+		}
+		if _, nerr := New(tc.c); (nerr == nil) != (err == nil) {
+			t.Errorf("%+v: New and Validate disagree: %v vs %v", tc.c, nerr, err)
+		}
+	}
+}
+
+func TestNewCopiesConfig(t *testing.T) {
+	cpus := []int{2, 0, 1}
+	b := mustNew(t, DefaultConfig(cpus))
+	cpus[0] = 7
+	if got := b.Config().CPUs; !slices.Equal(got, []int{2, 0, 1}) {
+		t.Errorf("config CPUs %v changed with the caller's slice", got)
+	}
+	b.SetAvoid([]int{1})
+	if got := b.Config().Avoid; !slices.Equal(got, []int{1}) {
+		t.Errorf("avoid %v", got)
+	}
+}
+
+func TestStdDev(t *testing.T) {
+	cases := []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{42}, 0},
+		{[]float64{50, 50, 50}, 0},
+		{[]float64{0, 100}, 50},
+		{[]float64{2, 4, 4, 4, 5, 5, 7, 9}, 2},
+		{[]float64{10, 20, 30, 40}, math.Sqrt(125)},
+	}
+	for _, tc := range cases {
+		if got := StdDev(tc.in); math.Abs(got-tc.want) > eps {
+			t.Errorf("StdDev(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A sampler goroutine observes while a controller places and assigns.
+func TestConcurrent(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1, 2, 3}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			b.Observe(map[int]float64{0: float64(i % 100), 1: 50})
+		}
+	}()
+	hashed, active := []int{0, 1, 2, 3}, []bool{true, true, true, true}
+	table := hashed
+	for range 500 {
+		b.Place(0)
+		table, _ = b.Assign(hashed, table, active)
+		_ = b.Stats()
+	}
+	<-done
+}

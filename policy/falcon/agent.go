@@ -1,0 +1,381 @@
+package falcon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/topology"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+func init() { plan.RegisterAgent(AgentName, newAgent) }
+
+// activeWindow is how recently a (flow, stage) must have seen a packet to
+// count as load-bearing when the balancer places buckets.
+const activeWindow = time.Second
+
+// agent is Falcon's balancer on stock kernels: every interval it samples
+// per-core load, feeds Falcon's moving average, and rewrites the buckets of
+// the steering tables whose flows are active. The datapath applies a new
+// bucket value to a running flow only after an idle gap (flowlet), so no
+// decision here can reorder packets.
+type agent struct {
+	env    plan.AgentEnv
+	o      Options
+	dir    string
+	dp     *steer.Datapath
+	cfg    steer.Config
+	static [steer.NumStages][steer.Buckets]uint32 // placement without balancing
+	stages []int                                  // stages the agent balances
+	home   int                                    // core of "stay" (the IRQ core), -1 unknown
+	bal    *balancer.Balancer
+	split  *balancer.Balancer // over the split cores only; nil when there is one or none
+
+	mu     sync.Mutex
+	status AgentStatus
+	m      *agentMetrics
+}
+
+// AgentStatus is what `lanes status` and the benchmark show of a running
+// balancer.
+type AgentStatus struct {
+	At         time.Time       `json:"at"`
+	Load       map[int]float64 `json:"load"` // moving average per core, percent
+	StdDev     float64         `json:"load_stddev"`
+	FallenBack bool            `json:"fallen_back"`
+	Moves      uint64          `json:"moves"`
+	Fallbacks  uint64          `json:"fallbacks"`
+	Active     int             `json:"active_flow_stages"`
+}
+
+func newAgent(env plan.AgentEnv) (plan.Agent, error) {
+	o, err := OptionsFor(env.Mode, env.Params)
+	if err != nil {
+		return nil, err
+	}
+	dir := plan.PinDir(env.NetNS)
+	dp, err := steer.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("falcon agent: %w (is the mode applied? `lanes status` tells)", err)
+	}
+	cfg, err := dp.Config()
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	a := &agent{env: env, o: o, dir: dir, dp: dp, cfg: cfg, home: -1}
+	if t, err := topology.Discover(env.NetNS); err == nil {
+		if irq := irqCPUs(t); len(irq) == 1 {
+			a.home = irq[0]
+		}
+	}
+	cpumap, _ := dp.CPUMapEntries()
+	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap}
+	a.static = StaticTables(o, lay)
+	if o.Pipeline || o.Balance {
+		a.stages = append(a.stages, steer.StageBridge, steer.StageContainer)
+	}
+	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis}); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	// The split stage may use the split cores, or none: when every split
+	// core is busy, the first stage stays whole on the IRQ core ("home"),
+	// which is Falcon's rule of dispatching only to cores under the
+	// threshold applied to splitting.
+	if splitSet := union(cpumap, homeSet(a.home)); o.Split && len(cpumap) > 0 && len(splitSet) > 1 {
+		a.stages = append(a.stages, steer.StageSplit)
+		if a.split, err = balancer.New(balancer.Config{CPUs: splitSet, Threshold: o.Threshold, Hysteresis: o.Hysteresis}); err != nil {
+			dp.Close()
+			return nil, err
+		}
+	}
+	if env.Metrics != nil {
+		a.m = newAgentMetrics(env.Metrics, dp)
+	}
+	return a, nil
+}
+
+func (a *agent) Status() any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.status
+	s.Load = maps(s.Load)
+	return s
+}
+
+// Run balances until ctx ends, then writes the static tables back (moves
+// back obey the flowlet rule like any other).
+func (a *agent) Run(ctx context.Context) error {
+	defer a.dp.Close()
+	defer a.restore()
+	sampler, err := load.NewSampler()
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(a.o.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		s, err := sampler.Sample()
+		if err != nil {
+			return fmt.Errorf("falcon agent: sampling load: %w", err)
+		}
+		if err := a.step(s); err != nil {
+			return fmt.Errorf("falcon agent: %w", err)
+		}
+	}
+}
+
+func (a *agent) restore() {
+	for _, st := range a.stages {
+		a.dp.SetTable(st, a.static[st])
+	}
+}
+
+// step is one balancing round.
+func (a *agent) step(s load.Sample) error {
+	loads := map[int]float64{}
+	for _, c := range s.Cores {
+		v := c.Rx
+		if a.o.Load == "busy" {
+			v = c.Busy
+		}
+		loads[c.CPU] = v
+	}
+	wasFallen := a.bal.FallenBack()
+	a.bal.Observe(loads)
+	if a.split != nil {
+		a.split.Observe(loads)
+	}
+	fallen := a.bal.FallenBack()
+	if fallen != wasFallen && a.env.Logf != nil {
+		if fallen {
+			a.env.Logf("fallback: core set average load %.0f%% >= %.0f%%: vanilla placement", a.bal.Average(), a.o.Threshold)
+		} else {
+			a.env.Logf("resume: core set average load %.0f%%", a.bal.Average())
+		}
+	}
+
+	active, nactive, err := a.active()
+	if err != nil {
+		return err
+	}
+	var moves int
+	for _, st := range a.stages {
+		cur, err := a.dp.Table(st)
+		if err != nil {
+			return err
+		}
+		var next [steer.Buckets]uint32
+		if fallen {
+			for b := range next {
+				next[b] = steer.Stay
+			}
+		} else {
+			next = a.assign(st, cur, active[st])
+		}
+		for b := range next {
+			if next[b] != cur[b] {
+				if err := a.dp.SetBucket(st, b, next[b]); err != nil {
+					return err
+				}
+				if active[st][b] {
+					moves++
+				}
+			}
+		}
+	}
+
+	var vals []float64
+	for _, c := range a.env.CPUs {
+		vals = append(vals, a.bal.Load(c))
+	}
+	bs := a.bal.Stats()
+	a.mu.Lock()
+	a.status.At = s.At
+	a.status.Load = map[int]float64{}
+	for _, c := range a.env.CPUs {
+		a.status.Load[c] = a.bal.Load(c)
+	}
+	a.status.StdDev = balancer.StdDev(vals)
+	a.status.FallenBack = fallen
+	a.status.Moves += uint64(moves)
+	a.status.Fallbacks = bs.Fallbacks
+	a.status.Active = nactive
+	a.mu.Unlock()
+	if a.m != nil {
+		a.m.observe(a.env.CPUs, a.bal, moves, fallen, bs, nactive, balancer.StdDev(vals))
+	}
+	return nil
+}
+
+// assign translates between table values (indexes into the datapath's core
+// list, or Stay) and cores for the balancer. "Stay" is the core the stage
+// would run on anyway: the home (IRQ) core.
+func (a *agent) assign(stage int, cur [steer.Buckets]uint32, active [steer.Buckets]bool) [steer.Buckets]uint32 {
+	toCore := func(v uint32) int {
+		if v == steer.Stay || int(v) >= len(a.cfg.CPUs) {
+			return a.home
+		}
+		return a.cfg.CPUs[v]
+	}
+	toIdx := func(c int, static uint32) uint32 {
+		if c < 0 || (c == a.home && (static == steer.Stay || stage == steer.StageSplit)) {
+			return steer.Stay
+		}
+		if i := slices.Index(a.cfg.CPUs, c); i >= 0 {
+			return uint32(i)
+		}
+		return steer.Stay
+	}
+	hashed := make([]int, steer.Buckets)
+	current := make([]int, steer.Buckets)
+	act := make([]bool, steer.Buckets)
+	for b := 0; b < steer.Buckets; b++ {
+		hashed[b] = toCore(a.static[stage][b])
+		current[b] = toCore(cur[b])
+		act[b] = active[b] && hashed[b] >= 0
+	}
+	bal := a.bal
+	if stage == steer.StageSplit {
+		bal = a.split
+	}
+	nextCores, _ := bal.Assign(hashed, current, act)
+	var next [steer.Buckets]uint32
+	for b := range next {
+		if !act[b] {
+			// No traffic: nothing to balance, and nothing to reorder.
+			next[b] = a.static[stage][b]
+			continue
+		}
+		next[b] = toIdx(nextCores[b], a.static[stage][b])
+	}
+	return next
+}
+
+// active marks the buckets whose flows saw a packet within activeWindow.
+func (a *agent) active() ([steer.NumStages][steer.Buckets]bool, int, error) {
+	var out [steer.NumStages][steer.Buckets]bool
+	flows, err := a.dp.Flows()
+	if err != nil {
+		return out, 0, err
+	}
+	now := monotonic()
+	n := 0
+	for _, f := range flows {
+		if f.Stage < 0 || f.Stage >= steer.NumStages || now-f.LastSeen > activeWindow {
+			continue
+		}
+		b := steer.Bucket(steer.FlowHash(f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto), f.Ifindex, f.Stage)
+		out[f.Stage][b] = true
+		n++
+	}
+	return out, n, nil
+}
+
+func homeSet(home int) []int {
+	if home < 0 {
+		return nil
+	}
+	return []int{home}
+}
+
+// monotonic is bpf_ktime_get_ns's clock.
+func monotonic() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+func maps(m map[int]float64) map[int]float64 {
+	out := make(map[int]float64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+type agentMetrics struct {
+	load     *prometheus.GaugeVec
+	stddev   prometheus.Gauge
+	moves    prometheus.Counter
+	fallback prometheus.Gauge
+	fallsTot prometheus.Counter
+	active   prometheus.Gauge
+	lastFall uint64
+}
+
+func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics {
+	m := &agentMetrics{
+		load: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lanes_core_load_percent",
+			Help: "Falcon balancer's moving-average load per core (percent)."}, []string{"cpu"}),
+		stddev: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_core_load_stddev",
+			Help: "Standard deviation of the per-core load over the core set."}),
+		moves: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_falcon_moves_total",
+			Help: "Active (flow, stage) buckets the balancer moved to another core."}),
+		fallback: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_fallen_back",
+			Help: "1 while the core set is too busy and placement is vanilla."}),
+		fallsTot: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_falcon_fallbacks_total",
+			Help: "Times the balancer fell back to vanilla placement."}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_active_flow_stages",
+			Help: "(flow, stage) pairs that saw traffic in the last second."}),
+	}
+	steered := prometheus.NewDesc("lanes_steer_packets_total", "Packets seen by the steering programs, by stage and outcome.", []string{"stage", "outcome"}, nil)
+	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.active, &statsCollector{dp: dp, desc: steered})
+	return m
+}
+
+func (m *agentMetrics) observe(cpus []int, b *balancer.Balancer, moves int, fallen bool, bs balancer.Stats, active int, sd float64) {
+	for _, c := range cpus {
+		m.load.WithLabelValues(fmt.Sprint(c)).Set(b.Load(c))
+	}
+	m.stddev.Set(sd)
+	m.moves.Add(float64(moves))
+	if fallen {
+		m.fallback.Set(1)
+	} else {
+		m.fallback.Set(0)
+	}
+	if bs.Fallbacks > m.lastFall {
+		m.fallsTot.Add(float64(bs.Fallbacks - m.lastFall))
+		m.lastFall = bs.Fallbacks
+	}
+	m.active.Set(float64(active))
+}
+
+// statsCollector reads the datapath's per-stage counters at scrape time.
+type statsCollector struct {
+	dp   *steer.Datapath
+	desc *prometheus.Desc
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.dp.Stats()
+	if err != nil {
+		return
+	}
+	for s, k := range st {
+		name := steer.StageName(s)
+		for _, kv := range []struct {
+			o string
+			v uint64
+		}{{"steered", k.Steered}, {"stayed", k.Stayed}, {"passed", k.Passed}, {"held", k.Held}, {"moved", k.Moved}, {"disabled", k.Disabled}} {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(kv.v), name, kv.o)
+		}
+	}
+}

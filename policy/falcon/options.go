@@ -1,0 +1,187 @@
+// Package falcon is the Falcon policy (EuroSys'21) on stock kernels: it
+// plans where each receive stage of an overlay flow runs (pipelining by
+// hash(flow, device)), splits the NIC's first stage in two (XDP on the IRQ
+// core, everything after skb allocation on a split core) and runs the
+// balancer that moves (flow, stage) pairs off busy cores.
+//
+// The mechanism lives in datapath/steer (BPF programs and their maps); this
+// package only decides. Its planners never touch the kernel: they return a
+// plan.Plan the engine journals and applies.
+package falcon
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+)
+
+// Options are Falcon's settings; each mechanism can be switched alone so
+// each can be measured alone.
+type Options struct {
+	// Pipeline places the bridge and container stages of every flow on
+	// cpus[hash(flow, device) % n] (Falcon's softirq pipelining).
+	Pipeline bool
+	// Split moves skb allocation, GRO and decapsulation off the IRQ core
+	// onto a split core (Falcon's softirq splitting).
+	Split bool
+	// Balance runs the balancer: stages move off cores whose load is over
+	// Threshold, and all steering stops while the set's average is over it.
+	Balance bool
+	// SplitCPUs are the cores the split stage may use; empty = the set
+	// minus the IRQ cores.
+	SplitCPUs []int
+	// Threshold is the load (percent) above which a core takes no more
+	// work (Falcon: 80).
+	Threshold float64
+	// Hysteresis is how far below Threshold the set's average load must
+	// fall before steering resumes after a fallback.
+	Hysteresis float64
+	// Interval is the balancer's sampling period (Falcon: 10 jiffies, 40 ms
+	// at HZ=250).
+	Interval time.Duration
+	// Flowlet is the idle gap after which a (flow, stage) may move to
+	// another core: longer than the old core's queue needs to drain, so a
+	// move never reorders.
+	Flowlet time.Duration
+	// Load is what counts as a core's load: "rx" (softirq time plus
+	// receive kthreads: NAPI, cpumap; what the receive path itself costs)
+	// or "busy" (all non-idle time, Falcon's own figure).
+	Load string
+	// QueueSize is the cpumap queue length per split core (frames).
+	QueueSize uint32
+	// RTPriority > 0 runs the split stage's cpumap kthreads SCHED_FIFO.
+	RTPriority int
+}
+
+// Defaults are Falcon's published defaults where it has them.
+func Defaults() Options {
+	return Options{
+		Pipeline:   true,
+		Split:      true,
+		Balance:    true,
+		Threshold:  80,
+		Hysteresis: 10,
+		Interval:   40 * time.Millisecond,
+		// A backlog of netdev_max_backlog (1000) packets drains in well
+		// under a millisecond at the ~1-2 us per packet a core spends on
+		// the later stages; 1 ms leaves margin.
+		Flowlet:   time.Millisecond,
+		Load:      "rx",
+		QueueSize: 2048,
+	}
+}
+
+// params are the keys `lanes apply --mode falcon*` accepts.
+var params = []plan.Param{
+	{Key: "pipeline", Default: "true", Help: "place the bridge and container stages by hash(flow, device)"},
+	{Key: "split", Default: "true", Help: "run skb allocation, GRO and decap on a split core (XDP + cpumap)"},
+	{Key: "balance", Default: "true", Help: "move stages off cores over the threshold (needs `lanes agent`)"},
+	{Key: "split-cpus", Default: "the set minus the IRQ cores", Help: "cores for the split stage, a list like 2-3"},
+	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
+	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
+	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
+	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move without reordering"},
+	{Key: "load", Default: "rx", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time)"},
+	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
+	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
+}
+
+// Parse reads params over base. Every error is one line saying what to
+// fix.
+func Parse(base Options, m map[string]string) (Options, error) {
+	o := base
+	for k, v := range m {
+		var err error
+		switch k {
+		case "pipeline":
+			o.Pipeline, err = strconv.ParseBool(v)
+		case "split":
+			o.Split, err = strconv.ParseBool(v)
+		case "balance":
+			o.Balance, err = strconv.ParseBool(v)
+		case "split-cpus":
+			o.SplitCPUs, err = knobs.ParseCPUList(v)
+		case "threshold":
+			o.Threshold, err = parsePercent(v)
+		case "hysteresis":
+			o.Hysteresis, err = parsePercent(v)
+		case "interval":
+			o.Interval, err = parseDuration(v, time.Millisecond, 10*time.Second)
+		case "flowlet":
+			o.Flowlet, err = parseDuration(v, 0, time.Second)
+		case "load":
+			if v != "rx" && v != "busy" {
+				err = fmt.Errorf("want rx or busy")
+			}
+			o.Load = v
+		case "queue-size":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			if err == nil && (n < 8 || n > 16384) {
+				err = fmt.Errorf("want 8..16384")
+			}
+			o.QueueSize = uint32(n)
+		case "rt":
+			o.RTPriority, err = strconv.Atoi(v)
+			if err == nil && (o.RTPriority < 0 || o.RTPriority > 99) {
+				err = fmt.Errorf("want 0..99")
+			}
+		default:
+			return o, fmt.Errorf("unknown falcon setting %q", k)
+		}
+		if err != nil {
+			return o, fmt.Errorf("bad falcon setting %s=%q: %v", k, v, err)
+		}
+	}
+	if o.Hysteresis >= o.Threshold {
+		return o, fmt.Errorf("falcon hysteresis %.0f must be below the threshold %.0f", o.Hysteresis, o.Threshold)
+	}
+	if !o.Pipeline && !o.Split && !o.Balance {
+		return o, fmt.Errorf("falcon with pipeline, split and balance all off does nothing: use --mode vanilla")
+	}
+	return o, nil
+}
+
+// Params returns o as the params map Parse reads, so the state file holds
+// the full setting and `lanes agent` needs nothing else.
+func (o Options) Params() map[string]string {
+	m := map[string]string{
+		"pipeline":   strconv.FormatBool(o.Pipeline),
+		"split":      strconv.FormatBool(o.Split),
+		"balance":    strconv.FormatBool(o.Balance),
+		"threshold":  strconv.FormatFloat(o.Threshold, 'g', -1, 64),
+		"hysteresis": strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
+		"interval":   o.Interval.String(),
+		"flowlet":    o.Flowlet.String(),
+		"load":       o.Load,
+		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
+		"rt":         strconv.Itoa(o.RTPriority),
+	}
+	if len(o.SplitCPUs) > 0 {
+		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)
+	}
+	return m
+}
+
+func parsePercent(v string) (float64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+	if err != nil || f < 0 || f > 100 {
+		return 0, fmt.Errorf("want a percentage 0..100")
+	}
+	return f, nil
+}
+
+func parseDuration(v string, min, max time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("want a duration like 40ms")
+	}
+	if d < min || d > max {
+		return 0, fmt.Errorf("want %v..%v", min, max)
+	}
+	return d, nil
+}

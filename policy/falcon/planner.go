@@ -1,0 +1,332 @@
+package falcon
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// AgentName is the plan.Plan.Agent of modes that balance.
+const AgentName = "falcon-balancer"
+
+// Modes: falcon runs all three mechanisms; the others run one each, so
+// each can be benchmarked alone.
+var presets = []struct {
+	mode, summary          string
+	pipeline, split, balan bool
+}{
+	{"falcon", "Falcon: pipelining + splitting + balancing (balancing needs `lanes agent`)", true, true, true},
+	{"falcon-pipeline", "Falcon's pipelining alone: stages placed by hash(flow, device)", true, false, false},
+	{"falcon-split", "Falcon's splitting alone: skb allocation, GRO and decap on a split core", false, true, false},
+	{"falcon-balance", "Falcon's balancing alone: stages start where the kernel runs them and move off busy cores", false, false, true},
+}
+
+func init() {
+	for _, p := range presets {
+		o := Defaults()
+		o.Pipeline, o.Split, o.Balance = p.pipeline, p.split, p.balan
+		plan.Register(&planner{mode: p.mode, summary: p.summary, base: o})
+	}
+}
+
+type planner struct {
+	mode, summary string
+	base          Options
+}
+
+func (p *planner) Mode() string         { return p.mode }
+func (p *planner) Summary() string      { return p.summary }
+func (p *planner) Params() []plan.Param { return params }
+
+// OptionsFor parses a falcon mode's params as the planner does, for the
+// agent and the benchmark.
+func OptionsFor(mode string, m map[string]string) (Options, error) {
+	pl, err := plan.Lookup(mode)
+	if err != nil {
+		return Options{}, err
+	}
+	fp, ok := pl.(*planner)
+	if !ok {
+		return Options{}, fmt.Errorf("mode %s is not a falcon mode", mode)
+	}
+	return Parse(fp.base, m)
+}
+
+// Layout is what a plan steers, kept so the agent and status can name
+// stages and cores without rediscovering the topology.
+type Layout struct {
+	CPUs      []int // the datapath's core list (set plus split cores), ascending
+	Set       []int // cores the pipelined stages may use
+	SplitCPUs []int
+	IRQCPUs   []int
+}
+
+// Plan steers the receive path of every VXLAN device of t:
+//
+//	stage      runs                                  lever (where the choice is made)
+//	split      skb alloc, GRO, outer IP/UDP, decap   XDP on the underlay NIC -> cpumap
+//	bridge     bridge/routing, veth transmit         tc ingress on the underlay sets the skb hash,
+//	                                                 RPS on the VXLAN device follows it
+//	container  inner IP, TCP/UDP, socket             tc egress on the host-side veth sets the hash,
+//	                                                 RPS on the container's veth follows it
+//
+// The NIC poll itself (XDP) stays on the IRQ core. Tables start at "stay"
+// (vanilla placement) and the placement is switched on by the last change,
+// so flows that are running when the plan lands move only at flowlet
+// boundaries, like every later move.
+func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
+	o, err := Parse(p.base, cfg.Params)
+	if err != nil {
+		return nil, err
+	}
+	pl := &plan.Plan{Mode: p.mode}
+	if o.Balance {
+		pl.Agent = AgentName
+	}
+	if len(t.Underlays) == 0 {
+		return nil, fmt.Errorf("no underlay device found under %s: falcon steers at the underlay NIC and cannot run without it", vxNames(t))
+	}
+
+	lay := Layout{Set: cfg.CPUs, IRQCPUs: irqCPUs(t)}
+	if o.Split {
+		split := o.SplitCPUs
+		if len(split) == 0 {
+			for _, c := range cfg.CPUs {
+				if !slices.Contains(lay.IRQCPUs, c) {
+					split = append(split, c)
+				}
+			}
+		}
+		for _, c := range split {
+			if !slices.Contains(cfg.Online, c) {
+				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
+			}
+		}
+		switch ok, why := steer.KernelSupport(); {
+		case len(split) == 0:
+			pl.Notes = append(pl.Notes, "split: no core left for it besides the IRQ core; splitting is off (give split-cpus or more cores)")
+			o.Split = false
+		case !ok:
+			pl.Notes = append(pl.Notes, "split: off, "+why)
+			o.Split = false
+		default:
+			lay.SplitCPUs = split
+		}
+	}
+	if len(lay.IRQCPUs) == 0 {
+		pl.Notes = append(pl.Notes, "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): split cores may include it")
+	}
+	lay.CPUs = union(lay.Set, lay.SplitCPUs)
+	if len(lay.CPUs) > steer.MaxCPUs {
+		return nil, fmt.Errorf("falcon steers over at most %d cores, %d given: narrow --cpus", steer.MaxCPUs, len(lay.CPUs))
+	}
+
+	port, vnis, err := vxlanIDs(t, pl)
+	if err != nil {
+		return nil, err
+	}
+	dir := plan.PinDir(t.NetNS)
+	setup := steer.Setup{
+		Config:     steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, VXLANPort: port, VNIs: vnis},
+		QueueSize:  o.QueueSize,
+		RTPriority: o.RTPriority,
+	}
+	if o.Split {
+		setup.CPUMap = lay.SplitCPUs
+	}
+
+	// bpffs, the pin directory and the loaded datapath come first and go
+	// last, so a reset after any crash still finds and removes every pin.
+	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
+	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
+	val, err := setup.Encode()
+	if err != nil {
+		return nil, err
+	}
+	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps, placement at stay (vanilla)")
+
+	steerStages := o.Pipeline || o.Balance
+	for _, u := range t.Underlays {
+		if o.Split {
+			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: linkPin(dir, "xdp", u.NetNS, u.Name)},
+				"attached", devLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
+		}
+		if steerStages {
+			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: linkPin(dir, "tcx-in", u.NetNS, u.Name)},
+				"attached", devLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses")
+		}
+	}
+	mask := knobs.FormatCPUMask(lay.CPUs)
+	if steerStages {
+		nveth := 0
+		for i := range t.Veths {
+			v := &t.Veths[i]
+			if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {
+				continue
+			}
+			nveth++
+			pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCEgress, Link: linkPin(dir, "tcx-out", v.NetNS, v.Name)},
+				"attached", devLabel(v.NetNS, v.Name)+" tc egress", "container stage: choose the core RPS in the container uses")
+		}
+		if nveth == 0 {
+			pl.Notes = append(pl.Notes, "no container veths found: the container stage is not steered")
+		}
+		for i := range t.VXLANs {
+			d := &t.VXLANs[i].Device
+			for _, q := range d.RxQueues {
+				pl.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(d, q.Index), "bridge stage follows the hash tc ingress set")
+			}
+		}
+		for i := range t.Containers {
+			for j := range t.Containers[i].Interfaces {
+				ifc := &t.Containers[i].Interfaces[j]
+				if ifc.HostVeth == "" {
+					continue
+				}
+				for _, q := range ifc.RxQueues {
+					pl.Add(knobs.Sysfs(ifc.NetNS, ifc.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(&ifc.Device, q.Index), "container stage follows the hash tc egress set")
+				}
+			}
+		}
+	}
+
+	// Last: switch placement on. Moves from "stay" obey the flowlet rule.
+	tables := StaticTables(o, lay)
+	for s := 0; s < steer.NumStages; s++ {
+		if allStay(tables[s]) {
+			continue
+		}
+		pl.Add(&steer.TableKnob{Dir: dir, Stage: s}, steer.FormatTable(tables[s]), dir+" "+steer.StageName(s), "placement of the "+steer.StageName(s)+" stage")
+	}
+	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v",
+		knobs.FormatCPUList(lay.Set), orNone(lay.SplitCPUs), orNone(lay.IRQCPUs), o.Flowlet))
+	if o.Balance {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
+	}
+	return pl, nil
+}
+
+// StaticTables is the placement before any balancing: Falcon's
+// cpus[hash % n] for the pipelined stages, the split cores round robin
+// over buckets for the split stage, "stay" for what is off.
+func StaticTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 {
+	var t [steer.NumStages][steer.Buckets]uint32
+	for s := range t {
+		for b := range t[s] {
+			t[s][b] = steer.Stay
+		}
+	}
+	idx := func(c int) uint32 { return uint32(slices.Index(lay.CPUs, c)) }
+	for b := 0; b < steer.Buckets; b++ {
+		if len(lay.SplitCPUs) > 0 {
+			t[steer.StageSplit][b] = idx(lay.SplitCPUs[b%len(lay.SplitCPUs)])
+		}
+		if o.Pipeline {
+			c := lay.Set[b%len(lay.Set)]
+			t[steer.StageBridge][b] = idx(c)
+			t[steer.StageContainer][b] = idx(c)
+		}
+	}
+	return t
+}
+
+func allStay(t [steer.Buckets]uint32) bool {
+	for _, v := range t {
+		if v != steer.Stay {
+			return false
+		}
+	}
+	return true
+}
+
+// irqCPUs are the cores the underlay's NAPI threads are pinned to, when
+// every one is pinned to a single core; nil when unknown.
+func irqCPUs(t *topology.Topology) []int {
+	var out []int
+	for _, u := range t.Underlays {
+		if len(u.NAPIThreads) == 0 {
+			return nil
+		}
+		for _, th := range u.NAPIThreads {
+			if len(th.CPUs) != 1 {
+				return nil
+			}
+			if !slices.Contains(out, th.CPUs[0]) {
+				out = append(out, th.CPUs[0])
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func vxlanIDs(t *topology.Topology, pl *plan.Plan) (uint16, []uint32, error) {
+	var port uint16
+	var vnis []uint32
+	for _, v := range t.VXLANs {
+		p := uint16(v.Port)
+		if p == 0 {
+			p = 4789
+		}
+		if port == 0 {
+			port = p
+		} else if p != port {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("vxlan %s uses port %d, not %d: its frames pass unsteered", v.Name, p, port))
+			continue
+		}
+		if !slices.Contains(vnis, uint32(v.VNI)) {
+			vnis = append(vnis, uint32(v.VNI))
+		}
+	}
+	if port == 0 {
+		return 0, nil, fmt.Errorf("no VXLAN device to steer")
+	}
+	return port, vnis, nil
+}
+
+func union(a, b []int) []int {
+	out := slices.Clone(a)
+	for _, c := range b {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func linkPin(dir, kind, ns, dev string) string {
+	r := strings.NewReplacer("/", "_", ":", "_")
+	if ns == "" {
+		ns = "host"
+	}
+	return dir + "/link_" + kind + "_" + r.Replace(strings.TrimPrefix(ns, "/")) + "_" + dev
+}
+
+func devLabel(ns, dev string) string {
+	if ns == "" {
+		ns = "host"
+	}
+	return ns + "/" + dev
+}
+
+func vxNames(t *topology.Topology) string {
+	var n []string
+	for _, v := range t.VXLANs {
+		n = append(n, v.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+func orNone(c []int) string {
+	if len(c) == 0 {
+		return "none"
+	}
+	return knobs.FormatCPUList(c)
+}

@@ -1,0 +1,190 @@
+package falcon
+
+import (
+	"strings"
+	"testing"
+
+	_ "github.com/lanesnet/lanes/control/baseline" // rps, for the refusal test
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// fixture is a receiving host as discovery reports the testbed's: underlay
+// NAPI pinned to core 1, a VXLAN device, one container.
+func fixture() *topology.Topology {
+	rx := []topology.RxQueue{{Index: 0}}
+	return &topology.Topology{
+		NetNS: "h2",
+		Kind:  topology.Docker,
+		VXLANs: []topology.VXLAN{{
+			Device: topology.Device{Name: "vxlan0", NetNS: "h2", RxQueues: rx},
+			VNI:    42, Port: 4789, Underlay: "ul2", UnderlayNetNS: "h2",
+		}},
+		Underlays: []topology.Device{{Name: "ul2", NetNS: "h2", RxQueues: rx,
+			NAPIThreads: []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
+		Veths: []topology.Veth{{Device: topology.Device{Name: "veth1", NetNS: "h2"}, PeerNetNS: "h2-c1", PeerName: "eth0"}},
+		Containers: []topology.Container{{NetNS: "h2-c1", Interfaces: []topology.Interface{{
+			Device: topology.Device{Name: "eth0", NetNS: "h2-c1", RxQueues: rx}, HostVeth: "veth1"}}}},
+	}
+}
+
+func planFor(t *testing.T, mode string, params map[string]string) (*plan.Plan, error) {
+	t.Helper()
+	p, err := plan.Lookup(mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.CheckParams(p, params); err != nil {
+		return nil, err
+	}
+	return p.Plan(fixture(), plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: params})
+}
+
+// kinds counts a plan's changes by knob kind and returns the table values.
+func kinds(p *plan.Plan) (map[string]int, map[int]string) {
+	n := map[string]int{}
+	tables := map[int]string{}
+	for _, c := range p.Changes {
+		n[c.Knob.Kind()]++
+		if tk, ok := c.Knob.(*steer.TableKnob); ok {
+			tables[tk.Stage] = string(c.Value)
+		}
+	}
+	return n, tables
+}
+
+func TestPlanModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode          string
+		xdp, tcx, rps int
+		tables        []int
+		agent         bool
+	}{
+		{"falcon", 1, 2, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
+		{"falcon-pipeline", 0, 2, 2, []int{steer.StageBridge, steer.StageContainer}, false},
+		{"falcon-split", 1, 0, 0, []int{steer.StageSplit}, false},
+		{"falcon-balance", 0, 2, 2, nil, true},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			p, err := planFor(t, tc.mode, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, tables := kinds(p)
+			if n[attach.KindXDP] != tc.xdp || n[attach.KindTCX] != tc.tcx || n["sysfs"] != tc.rps {
+				t.Errorf("xdp %d tcx %d rps %d, want %d %d %d", n[attach.KindXDP], n[attach.KindTCX], n["sysfs"], tc.xdp, tc.tcx, tc.rps)
+			}
+			if len(tables) != len(tc.tables) {
+				t.Errorf("tables %v, want stages %v", tables, tc.tables)
+			}
+			if (p.Agent != "") != tc.agent {
+				t.Errorf("agent %q", p.Agent)
+			}
+			// bpffs, pin dir and datapath first: restored last.
+			if p.Changes[0].Knob.Kind() != attach.KindBPFFS || p.Changes[1].Knob.Kind() != attach.KindPinDir || p.Changes[2].Knob.Kind() != steer.KindDatapath {
+				t.Errorf("first changes: %s %s %s", p.Changes[0].Knob.Kind(), p.Changes[1].Knob.Kind(), p.Changes[2].Knob.Kind())
+			}
+			// Tables last: placement switches on once everything is in.
+			if len(tc.tables) > 0 && p.Changes[len(p.Changes)-1].Knob.Kind() != steer.KindTable {
+				t.Errorf("last change is %s, want a table", p.Changes[len(p.Changes)-1].Knob.Kind())
+			}
+			for _, c := range p.Changes {
+				if c.Knob.Kind() == "sysfs" && string(c.Value) != "3" {
+					t.Errorf("%s = %q, want mask 3", c.Target, c.Value)
+				}
+			}
+		})
+	}
+}
+
+func TestPlanTables(t *testing.T) {
+	p, err := planFor(t, "falcon", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tables := kinds(p)
+	// Split core defaults to the set minus the IRQ core (1): core 0, index 0.
+	if tables[steer.StageSplit] != "0*256" {
+		t.Errorf("split table %q, want all core 0", tables[steer.StageSplit])
+	}
+	// Falcon's cpus[hash % n]: buckets alternate over the set.
+	want := strings.TrimSuffix(strings.Repeat("0,1,", steer.Buckets/2), ",")
+	if tables[steer.StageBridge] != want || tables[steer.StageContainer] != want {
+		t.Errorf("bridge %q container %q", tables[steer.StageBridge], tables[steer.StageContainer])
+	}
+	for _, c := range p.Changes {
+		if dk, ok := c.Knob.(*steer.DatapathKnob); ok {
+			s, err := steer.DecodeSetup(string(c.Value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dk.Dir != plan.PinDir("h2") || len(s.CPUMap) != 1 || s.CPUMap[0] != 0 || s.Config.VXLANPort != 4789 || len(s.Config.VNIs) != 1 || s.Config.VNIs[0] != 42 {
+				t.Errorf("setup %+v in %s", s, dk.Dir)
+			}
+		}
+	}
+}
+
+func TestPlanSplitCPUsAndIRQUnknown(t *testing.T) {
+	p, err := planFor(t, "falcon-split", map[string]string{"split-cpus": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, tables := kinds(p); tables[steer.StageSplit] != "1*256" {
+		t.Errorf("split table %q, want index of core 1", tables[steer.StageSplit])
+	}
+	top := fixture()
+	top.Underlays[0].NAPIThreads = nil
+	pl, _ := plan.Lookup("falcon")
+	p, err = pl.Plan(top, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(p.Notes, "\n"), "IRQ core is unknown") {
+		t.Errorf("notes %v: want the unknown IRQ core said", p.Notes)
+	}
+}
+
+func TestPlanBadParams(t *testing.T) {
+	for params, want := range map[string]map[string]string{
+		"percentage":       {"threshold": "abc"},
+		"has no setting":   {"treshold": "70"},
+		"below the thresh": {"threshold": "50", "hysteresis": "60"},
+		"not online":       {"split-cpus": "7"},
+		"want rx or busy":  {"load": "idle"},
+		"does nothing":     {"pipeline": "false", "split": "false", "balance": "false"},
+		"duration":         {"interval": "fast"},
+	} {
+		_, err := planFor(t, "falcon", want)
+		if err == nil || !strings.Contains(err.Error(), params) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: error %v, want one line with %q", want, err, params)
+		}
+	}
+	if err := plan.CheckParams(mustLookup(t, "rps"), map[string]string{"threshold": "70"}); err == nil || !strings.Contains(err.Error(), "takes no settings") {
+		t.Errorf("rps with a falcon setting: %v", err)
+	}
+}
+
+func mustLookup(t *testing.T, m string) plan.Planner {
+	p, err := plan.Lookup(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestParamsRoundTrip(t *testing.T) {
+	o := Defaults()
+	o.SplitCPUs = []int{0}
+	o.Threshold = 70
+	back, err := Parse(Options{}, o.Params())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "rx" || back.QueueSize != o.QueueSize {
+		t.Errorf("round trip: %+v", back)
+	}
+}
