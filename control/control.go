@@ -185,6 +185,9 @@ func Apply(opts Options) (*State, error) {
 				return nil, fmt.Errorf("applying %s: %s: %w; rolling back failed too: %v", v.Mode, c.Target, err, rerr)
 			}
 			removeState(dir)
+			j.Close()
+			os.Remove(dir)
+			removeDefaultDir(v.StateDir)
 			return nil, fmt.Errorf("applying %s: %s: %w (rolled back %d changes)", v.Mode, c.Target, err, len(rep.Restored))
 		}
 		if testAfterChange != nil {

@@ -3,6 +3,7 @@ package attach
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -83,6 +84,12 @@ func (k *BPFFS) Write(v []byte) error {
 		}
 		if !root {
 			return fmt.Errorf("%s: %s is inside a bpffs mounted above it, which lanes did not mount: not unmounting", k, p)
+		}
+		// Another lanes target (or anyone) may still have pins in it: the
+		// mount is shared, its journal entry is per target. Leave it
+		// mounted then; the reset that finds it empty unmounts it.
+		if busy, err := bpffsInUse(p); err != nil || busy {
+			return err
 		}
 		// Detach lazily: an open pin or a process with its cwd there must
 		// not make reset fail; the filesystem goes when they let go.
@@ -187,6 +194,9 @@ func (k *PinDir) remove() error {
 	if err := removeTree(k.Path, st.Dev); err != nil {
 		return fmt.Errorf("removing %s: %w", k, err)
 	}
+	// The parent ("lanes/") was made for the per-target dirs; the last one
+	// out removes it (Remove fails, as intended, while others remain).
+	os.Remove(filepath.Dir(k.Path))
 	return nil
 }
 
@@ -275,4 +285,29 @@ func checkPath(p string) error {
 		return fmt.Errorf("path %q must be a clean absolute path other than /", p)
 	}
 	return nil
+}
+
+// bpffsInUse says whether a bpffs mount holds anything but empty
+// directories (lanes' own "lanes/" parent) and the kernel's preloaded
+// iterators.
+func bpffsInUse(root string) (bool, error) {
+	busy := false
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		// The kernel preloads these iterators into every fresh bpffs.
+		if filepath.Dir(path) == filepath.Clean(root) && (d.Name() == "progs.debug" || d.Name() == "maps.debug") {
+			return nil
+		}
+		if !d.IsDir() {
+			busy = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("looking into %s: %w", root, err)
+	}
+	return busy, nil
 }
