@@ -1,7 +1,6 @@
 package control
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -153,18 +153,12 @@ func attach(s *StatusReport) {
 	}
 }
 
-type cpuTimes struct{ user, nice, system, idle, iowait, irq, softirq, steal uint64 }
-
-func (t cpuTimes) total() uint64 {
-	return t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq + t.steal
-}
-
 func sampleCores(d time.Duration) ([]Core, error) {
 	online, err := knobs.OnlineCPUs()
 	if err != nil {
 		return nil, err
 	}
-	s0, err := readStat()
+	s0, err := load.ReadStat()
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +168,7 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	}
 	start := time.Now()
 	time.Sleep(d)
-	s1, err := readStat()
+	s1, err := load.ReadStat()
 	if err != nil {
 		return nil, err
 	}
@@ -187,12 +181,12 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	for _, cpu := range online {
 		a, b := s0[cpu], s1[cpu]
 		c := Core{CPU: cpu}
-		if tot := float64(b.total() - a.total()); tot > 0 {
+		if tot := float64(b.Total() - a.Total()); tot > 0 {
 			pct := func(x uint64) float64 { return 100 * float64(x) / tot }
-			c.SoftIRQ = pct(b.softirq - a.softirq)
-			c.System = pct(b.system - a.system + b.irq - a.irq)
-			c.User = pct(b.user - a.user + b.nice - a.nice)
-			c.Idle = pct(b.idle - a.idle + b.iowait - a.iowait)
+			c.SoftIRQ = pct(b.SoftIRQ - a.SoftIRQ)
+			c.System = pct(b.System - a.System + b.IRQ - a.IRQ)
+			c.User = pct(b.User - a.User + b.Nice - a.Nice)
+			c.Idle = pct(b.Idle - a.Idle + b.IOWait - a.IOWait)
 		}
 		if cpu < len(n0) && cpu < len(n1) && secs > 0 {
 			c.NetRXPerSec = float64(n1[cpu]-n0[cpu]) / secs
@@ -200,33 +194,6 @@ func sampleCores(d time.Duration) ([]Core, error) {
 		cores = append(cores, c)
 	}
 	return cores, nil
-}
-
-// readStat parses the per-CPU lines of /proc/stat.
-func readStat() (map[int]cpuTimes, error) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return nil, fmt.Errorf("reading /proc/stat: %w", err)
-	}
-	defer f.Close()
-	out := map[int]cpuTimes{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) < 9 || !strings.HasPrefix(fs[0], "cpu") || fs[0] == "cpu" {
-			continue
-		}
-		cpu, err := strconv.Atoi(fs[0][3:])
-		if err != nil {
-			continue
-		}
-		var v [8]uint64
-		for i := range v {
-			v[i], _ = strconv.ParseUint(fs[i+1], 10, 64)
-		}
-		out[cpu] = cpuTimes{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}
-	}
-	return out, sc.Err()
 }
 
 // readNetRX returns the NET_RX softirq count per CPU from /proc/softirqs,

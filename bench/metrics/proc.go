@@ -6,56 +6,20 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/lanesnet/lanes/datapath/load"
 )
 
 // This file holds the parsers of the /proc files a Snapshot reads. They take
 // the file's bytes, not a path, so tests can feed them captured contents.
 
-// CPUTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks.
-type CPUTimes struct {
-	User, Nice, System, Idle, IOWait, IRQ, SoftIRQ, Steal uint64
-}
+// CPUTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks (the
+// datapath's load sampler owns the parser).
+type CPUTimes = load.CPUTimes
 
-// Total is every tick the CPU spent, the denominator of the time split.
-// Guest and guest_nice are left out: the kernel already counts them in
-// user and nice, and adding them again would count them twice.
-func (t CPUTimes) Total() uint64 {
-	return t.User + t.Nice + t.System + t.Idle + t.IOWait + t.IRQ + t.SoftIRQ + t.Steal
-}
-
-// parseStat returns the per-CPU lines of /proc/stat keyed by CPU number
-// (offline CPUs have no line, so the CPUs need not be contiguous).
+// parseStat returns the per-CPU lines of /proc/stat keyed by CPU number.
 func parseStat(b []byte) (map[int]CPUTimes, error) {
-	out := make(map[int]CPUTimes)
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "cpu") || strings.HasPrefix(line, "cpu ") {
-			continue
-		}
-		f := strings.Fields(line)
-		cpu, err := strconv.Atoi(strings.TrimPrefix(f[0], "cpu"))
-		if err != nil {
-			continue
-		}
-		if len(f) < 8 {
-			return nil, fmt.Errorf("/proc/stat: short line %q", line)
-		}
-		v := make([]uint64, 8)
-		for i := range v {
-			if i+1 >= len(f) {
-				break // steal is missing on very old kernels
-			}
-			if v[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
-				return nil, fmt.Errorf("/proc/stat: %q: %w", line, err)
-			}
-		}
-		out[cpu] = CPUTimes{User: v[0], Nice: v[1], System: v[2], Idle: v[3], IOWait: v[4], IRQ: v[5], SoftIRQ: v[6], Steal: v[7]}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("/proc/stat: no per-CPU lines")
-	}
-	return out, nil
+	return load.ParseStat(bytes.NewReader(b))
 }
 
 // parseSoftirqs returns one row of /proc/softirqs (e.g. "NET_RX") keyed by

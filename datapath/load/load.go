@@ -103,7 +103,7 @@ type Sampler struct {
 	now     func() time.Time
 	rescan  time.Duration
 	at      time.Time
-	stat    map[int]cpuTimes
+	stat    map[int]CPUTimes
 	threads map[int]tracked
 	scanned time.Time
 	last    []Thread
@@ -186,21 +186,21 @@ func (s *Sampler) Threads() []Thread {
 	return slices.Clone(s.last)
 }
 
-func (s *Sampler) readStat() (time.Time, map[int]cpuTimes, error) {
+func (s *Sampler) readStat() (time.Time, map[int]CPUTimes, error) {
 	f, err := os.Open(filepath.Join(s.proc, "stat"))
 	if err != nil {
 		return time.Time{}, nil, err
 	}
 	defer f.Close()
 	at := s.now()
-	stat, err := parseStat(f)
+	stat, err := ParseStat(f)
 	return at, stat, err
 }
 
 // cpuLoad splits a core's ticks between two readings. Counters are taken
 // as never going back (iowait and idle can, slightly, on tickless cores);
 // a field that did counts as 0.
-func cpuLoad(cpu int, a, b cpuTimes) Core {
+func cpuLoad(cpu int, a, b CPUTimes) Core {
 	d := func(x, y uint64) float64 {
 		if y < x {
 			return 0

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -11,21 +12,34 @@ import (
 // The parsers take the files' contents rather than paths so that tests can
 // feed them captured /proc text.
 
-// cpuTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks.
-type cpuTimes struct {
+// CPUTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks. It is the
+// one /proc/stat reading of lanes: the benchmark's metrics and `lanes
+// status` use it too.
+type CPUTimes struct {
 	User, Nice, System, Idle, IOWait, IRQ, SoftIRQ, Steal uint64
 }
 
-// total leaves out guest and guest_nice: the kernel already counts them in
-// user and nice, so adding them would count them twice.
-func (t cpuTimes) total() uint64 {
+// Total is every tick the CPU spent. It leaves out guest and guest_nice:
+// the kernel already counts them in user and nice, so adding them would
+// count them twice.
+func (t CPUTimes) Total() uint64 {
 	return t.User + t.Nice + t.System + t.Idle + t.IOWait + t.IRQ + t.SoftIRQ + t.Steal
 }
 
-// parseStat returns the per-CPU lines of /proc/stat keyed by CPU number.
+// ReadStat reads the per-CPU lines of /proc/stat.
+func ReadStat() (map[int]CPUTimes, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseStat(f)
+}
+
+// ParseStat returns the per-CPU lines of /proc/stat keyed by CPU number.
 // Offline CPUs have no line, so the numbers need not be contiguous.
-func parseStat(r io.Reader) (map[int]cpuTimes, error) {
-	out := make(map[int]cpuTimes)
+func ParseStat(r io.Reader) (map[int]CPUTimes, error) {
+	out := make(map[int]CPUTimes)
 	sc := bufio.NewScanner(r)
 	// The "intr" line has one column per interrupt and outgrows the default
 	// 64 KiB buffer on big machines.
@@ -52,7 +66,7 @@ func parseStat(r io.Reader) (map[int]cpuTimes, error) {
 				return nil, fmt.Errorf("/proc/stat: %q: %w", line, err)
 			}
 		}
-		out[cpu] = cpuTimes{User: v[0], Nice: v[1], System: v[2], Idle: v[3], IOWait: v[4], IRQ: v[5], SoftIRQ: v[6], Steal: v[7]}
+		out[cpu] = CPUTimes{User: v[0], Nice: v[1], System: v[2], Idle: v[3], IOWait: v[4], IRQ: v[5], SoftIRQ: v[6], Steal: v[7]}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("/proc/stat: %w", err)

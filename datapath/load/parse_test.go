@@ -21,11 +21,11 @@ softirq 5581812 0 389710 32 3306522 0 0 1020 1115720 0 768808
 `
 
 func TestParseStat(t *testing.T) {
-	got, err := parseStat(strings.NewReader(procStat))
+	got, err := ParseStat(strings.NewReader(procStat))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[int]cpuTimes{
+	want := map[int]CPUTimes{
 		0: {4641, 5, 16194, 12270, 27, 0, 10545, 26},
 		1: {5134, 7, 19185, 12802, 300, 3, 6103, 48},
 		2: {},
@@ -39,28 +39,28 @@ func TestParseStat(t *testing.T) {
 			t.Errorf("cpu%d = %+v, want %+v", cpu, got[cpu], w)
 		}
 	}
-	if tot := got[3].total(); tot != 36 {
+	if tot := got[3].Total(); tot != 36 {
 		t.Errorf("cpu3 total %d, want 36 (guest time is already in user)", tot)
 	}
 }
 
 func TestParseStatShapes(t *testing.T) {
 	// Offline CPUs leave gaps; old kernels stop after idle or iowait.
-	got, err := parseStat(strings.NewReader("cpu  1 1 1 1\ncpu0 1 2 3 4\ncpu5 1 2 3 4 5\n"))
+	got, err := ParseStat(strings.NewReader("cpu  1 1 1 1\ncpu0 1 2 3 4\ncpu5 1 2 3 4 5\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got[0] != (cpuTimes{User: 1, Nice: 2, System: 3, Idle: 4}) || got[5].IOWait != 5 || len(got) != 2 {
+	if got[0] != (CPUTimes{User: 1, Nice: 2, System: 3, Idle: 4}) || got[5].IOWait != 5 || len(got) != 2 {
 		t.Errorf("got %+v", got)
 	}
 	// Lines far longer than bufio's default token limit.
 	long := "intr " + strings.Repeat("0 ", 100000) + "\ncpu0 1 2 3 4\n"
-	if _, err := parseStat(strings.NewReader(long)); err != nil {
+	if _, err := ParseStat(strings.NewReader(long)); err != nil {
 		t.Errorf("long intr line: %v", err)
 	}
 	for _, bad := range []string{"", "cpu  1 2 3 4\n", "cpu0 1 2\n", "cpu0 1 2 x 4\n"} {
-		if _, err := parseStat(strings.NewReader(bad)); err == nil {
-			t.Errorf("parseStat(%q): no error", bad)
+		if _, err := ParseStat(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseStat(%q): no error", bad)
 		}
 	}
 }

@@ -31,7 +31,7 @@ func (p *fakeProc) write(rel, content string) {
 	}
 }
 
-func (p *fakeProc) stat(cpus ...cpuTimes) {
+func (p *fakeProc) stat(cpus ...CPUTimes) {
 	var b strings.Builder
 	b.WriteString("cpu  0 0 0 0 0 0 0 0 0 0\n")
 	for i, c := range cpus {
@@ -93,7 +93,7 @@ func sched(ns uint64) string { return fmt.Sprintf("%d 12345 678\n", ns) }
 
 func TestSampler(t *testing.T) {
 	p := newFakeProc(t)
-	p.stat(cpuTimes{User: 1000, System: 1000, Idle: 5000}, cpuTimes{User: 2000, Idle: 4000})
+	p.stat(CPUTimes{User: 1000, System: 1000, Idle: 5000}, CPUTimes{User: 2000, Idle: 4000})
 	p.task(task{pid: 2, comm: "kthreadd", kthread: true})
 	p.write("2/task/2/children", "100 3922 3926 300 4000 812\n")
 	p.task(task{pid: 100, comm: "kworker/0:1-events", kthread: true, cpu: 0, sched: sched(5e9)})
@@ -112,8 +112,8 @@ func TestSampler(t *testing.T) {
 
 	// One second, 100 ticks per core.
 	p.stat(
-		cpuTimes{User: 1015, Nice: 5, System: 1010, IRQ: 2, SoftIRQ: 30, Steal: 3, Idle: 5030, IOWait: 5},
-		cpuTimes{User: 2000, SoftIRQ: 10, Idle: 4090},
+		CPUTimes{User: 1015, Nice: 5, System: 1010, IRQ: 2, SoftIRQ: 30, Steal: 3, Idle: 5030, IOWait: 5},
+		CPUTimes{User: 2000, SoftIRQ: 10, Idle: 4090},
 	)
 	p.task(task{pid: 100, comm: "kworker/0:1-events", kthread: true, cpu: 0, sched: sched(6e9)})
 	p.task(task{pid: 3922, comm: "napi/ul1-258", kthread: true, cpu: 1, start: 10, sched: sched(1.25e9)})         // +250 ms
@@ -165,8 +165,8 @@ func TestSampler(t *testing.T) {
 	p.task(task{pid: 5000, comm: "napi/veth1-9000", kthread: true, cpu: 1, start: 200, sched: sched(3e9)})
 	p.task(task{pid: 4000, comm: "napi/new-2", kthread: true, cpu: 0, start: 99, sched: sched(101e6)}) // +100 ms
 	p.stat(
-		cpuTimes{User: 1115, Nice: 5, System: 1010, IRQ: 2, SoftIRQ: 30, Steal: 3, Idle: 5030, IOWait: 5},
-		cpuTimes{User: 2000, SoftIRQ: 10, Idle: 4190},
+		CPUTimes{User: 1115, Nice: 5, System: 1010, IRQ: 2, SoftIRQ: 30, Steal: 3, Idle: 5030, IOWait: 5},
+		CPUTimes{User: 2000, SoftIRQ: 10, Idle: 4190},
 	)
 	if sm, err = s.Sample(); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func checkThreads(t *testing.T, got, want []Thread) {
 // that names itself like a NAPI thread is not taken for one.
 func TestSamplerWalk(t *testing.T) {
 	p := newFakeProc(t)
-	p.stat(cpuTimes{Idle: 100})
+	p.stat(CPUTimes{Idle: 100})
 	p.task(task{pid: 2, comm: "kthreadd", kthread: true}) // no children file
 	p.task(task{pid: 3922, comm: "napi/ul1-258", kthread: true, sched: sched(1e9)})
 	p.task(task{pid: 4242, comm: "napi/ul1-258", kthread: false, sched: sched(1e9)})
@@ -216,7 +216,7 @@ func TestSamplerWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.stat(cpuTimes{Idle: 110})
+	p.stat(CPUTimes{Idle: 110})
 	p.task(task{pid: 3922, comm: "napi/ul1-258", kthread: true, sched: sched(1.05e9)})
 	p.task(task{pid: 4242, comm: "napi/ul1-258", kthread: false, sched: sched(1.05e9)})
 	sm, err := s.Sample()
@@ -233,12 +233,12 @@ func TestSamplerWalk(t *testing.T) {
 // and intervals without a tick read as 0, not as garbage.
 func TestSamplerEdges(t *testing.T) {
 	p := newFakeProc(t)
-	p.stat(cpuTimes{User: 10, Idle: 100})
+	p.stat(CPUTimes{User: 10, Idle: 100})
 	s, err := newSampler(p.root, clock(5*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.stat(cpuTimes{User: 10, Idle: 100}, cpuTimes{Idle: 7})
+	p.stat(CPUTimes{User: 10, Idle: 100}, CPUTimes{Idle: 7})
 	sm, err := s.Sample()
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestSamplerEdges(t *testing.T) {
 	if len(sm.Cores) != 1 || sm.Cores[0] != (Core{CPU: 0}) {
 		t.Errorf("tickless interval / new CPU: %+v", sm.Cores)
 	}
-	p.stat(cpuTimes{User: 11, Idle: 99}, cpuTimes{Idle: 8})
+	p.stat(CPUTimes{User: 11, Idle: 99}, CPUTimes{Idle: 8})
 	if sm, err = s.Sample(); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestSamplerEdges(t *testing.T) {
 	if _, err := s.Sample(); err == nil {
 		t.Error("no error for a /proc/stat without CPUs")
 	}
-	p.stat(cpuTimes{User: 12, Idle: 99}, cpuTimes{Idle: 9})
+	p.stat(CPUTimes{User: 12, Idle: 99}, CPUTimes{Idle: 9})
 	if sm, err = s.Sample(); err != nil || sm.Interval != 10*time.Millisecond {
 		t.Errorf("after an error: interval %v, %v; want both intervals", sm.Interval, err)
 	}
