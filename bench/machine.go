@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/internal/kver"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -24,10 +25,7 @@ func machine(tb *testbed.Testbed) results.Machine {
 		LanesVer: Version,
 	}
 	m.Hostname, _ = os.Hostname()
-	var u unix.Utsname
-	if unix.Uname(&u) == nil {
-		m.Kernel = unix.ByteSliceToString(u.Release[:])
-	}
+	m.Kernel, _ = kver.Release()
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

@@ -7,7 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"golang.org/x/sys/unix"
+	"github.com/lanesnet/lanes/internal/kver"
 )
 
 // TCX attaches the SCHED_CLS program pinned at Prog to Device's tcx hook
@@ -120,11 +120,11 @@ func (k *TCX) Write(v []byte) error {
 }
 
 func (k *TCX) attach() error {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return fmt.Errorf("uname: %w", err)
+	rel, err := kver.Release()
+	if err != nil {
+		return err
 	}
-	if err := tcxSupported(unix.ByteSliceToString(u.Release[:])); err != nil {
+	if err := tcxSupported(rel); err != nil {
 		return err
 	}
 	at, err := k.attachType()
@@ -163,11 +163,11 @@ func (k *TCX) attach() error {
 // tcxSupported checks the kernel release: tcx links came with Linux 6.6,
 // and older kernels fail the attach with an error that does not say so.
 func tcxSupported(release string) error {
-	var major, minor int
-	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
-		return fmt.Errorf("cannot tell the kernel version from release %q: %w", release, err)
+	ok, err := kver.AtLeast(release, 6, 6)
+	if err != nil {
+		return err
 	}
-	if major < 6 || major == 6 && minor < 6 {
+	if !ok {
 		return fmt.Errorf("tcx needs Linux 6.6 or newer (this kernel: %s)", release)
 	}
 	return nil

@@ -5,7 +5,7 @@ package steer
 import (
 	"fmt"
 
-	"golang.org/x/sys/unix"
+	"github.com/lanesnet/lanes/internal/kver"
 )
 
 // KernelSupport says whether the running kernel's cpumap runs GRO on the
@@ -13,19 +13,19 @@ import (
 // the target core unaggregated packets, so placing STAGE_SPLIT elsewhere
 // costs TCP throughput that the planner should weigh.
 func KernelSupport() (cpumapGRO bool, reason string) {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return false, fmt.Sprintf("uname: %v: assuming cpumap without GRO", err)
+	rel, err := kver.Release()
+	if err != nil {
+		return false, fmt.Sprintf("%v: assuming cpumap without GRO", err)
 	}
-	return cpumapGROSupport(unix.ByteSliceToString(u.Release[:]))
+	return cpumapGROSupport(rel)
 }
 
 func cpumapGROSupport(release string) (bool, string) {
-	var major, minor int
-	if n, _ := fmt.Sscanf(release, "%d.%d", &major, &minor); n != 2 {
+	ok, err := kver.AtLeast(release, 6, 15)
+	switch {
+	case err != nil:
 		return false, fmt.Sprintf("kernel %q: unrecognised release, assuming cpumap without GRO", release)
-	}
-	if major > 6 || major == 6 && minor >= 15 {
+	case ok:
 		return true, fmt.Sprintf("kernel %s: cpumap runs GRO on the target core (>= 6.15)", release)
 	}
 	return false, fmt.Sprintf("kernel %s: cpumap passes packets up without GRO (needs >= 6.15)", release)
