@@ -62,9 +62,7 @@ func steering(s *StatusReport, netns string) error {
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
 	}
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	now := time.Duration(ts.Nano())
+	now := steer.Now()
 	idx := map[int]*Core{}
 	for i := range s.Cores {
 		idx[s.Cores[i].CPU] = &s.Cores[i]

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // cfgEnabled is steer_cfg.flags bit 0.
@@ -316,4 +317,12 @@ func (d *Datapath) Stats() ([NumStages]Counters, error) {
 		}
 	}
 	return out, nil
+}
+
+// Now is the clock of Flow.LastSeen (bpf_ktime_get_ns: CLOCK_MONOTONIC),
+// so callers can tell how long a flow has been idle.
+func Now() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
 }

@@ -3,6 +3,7 @@ package falcon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"github.com/lanesnet/lanes/policy/balancer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 )
 
 func init() { plan.RegisterAgent(AgentName, newAgent) }
@@ -108,7 +108,7 @@ func (a *agent) Status() any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.status
-	s.Load = maps(s.Load)
+	s.Load = maps.Clone(s.Load)
 	return s
 }
 
@@ -199,25 +199,25 @@ func (a *agent) step(s load.Sample) error {
 		}
 	}
 
-	var vals []float64
+	load := make(map[int]float64, len(a.env.CPUs))
+	vals := make([]float64, 0, len(a.env.CPUs))
 	for _, c := range a.env.CPUs {
-		vals = append(vals, a.bal.Load(c))
+		load[c] = a.bal.Load(c)
+		vals = append(vals, load[c])
 	}
+	sd := balancer.StdDev(vals)
 	bs := a.bal.Stats()
 	a.mu.Lock()
 	a.status.At = s.At
-	a.status.Load = map[int]float64{}
-	for _, c := range a.env.CPUs {
-		a.status.Load[c] = a.bal.Load(c)
-	}
-	a.status.StdDev = balancer.StdDev(vals)
+	a.status.Load = load
+	a.status.StdDev = sd
 	a.status.FallenBack = fallen
 	a.status.Moves += uint64(moves)
 	a.status.Fallbacks = bs.Fallbacks
 	a.status.Active = nactive
 	a.mu.Unlock()
 	if a.m != nil {
-		a.m.observe(a.env.CPUs, a.bal, moves, fallen, bs, nactive, balancer.StdDev(vals))
+		a.m.observe(load, moves, fallen, bs, nactive, sd)
 	}
 	return nil
 }
@@ -273,7 +273,7 @@ func (a *agent) active() ([steer.NumStages][steer.Buckets]bool, int, error) {
 	if err != nil {
 		return out, 0, err
 	}
-	now := monotonic()
+	now := steer.Now()
 	n := 0
 	for _, f := range flows {
 		if f.Stage < 0 || f.Stage >= steer.NumStages || now-f.LastSeen > activeWindow {
@@ -291,21 +291,6 @@ func homeSet(home int) []int {
 		return nil
 	}
 	return []int{home}
-}
-
-// monotonic is bpf_ktime_get_ns's clock.
-func monotonic() time.Duration {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Duration(ts.Nano())
-}
-
-func maps(m map[int]float64) map[int]float64 {
-	out := make(map[int]float64, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 type agentMetrics struct {
@@ -338,9 +323,9 @@ func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics 
 	return m
 }
 
-func (m *agentMetrics) observe(cpus []int, b *balancer.Balancer, moves int, fallen bool, bs balancer.Stats, active int, sd float64) {
-	for _, c := range cpus {
-		m.load.WithLabelValues(fmt.Sprint(c)).Set(b.Load(c))
+func (m *agentMetrics) observe(load map[int]float64, moves int, fallen bool, bs balancer.Stats, active int, sd float64) {
+	for c, v := range load {
+		m.load.WithLabelValues(fmt.Sprint(c)).Set(v)
 	}
 	m.stddev.Set(sd)
 	m.moves.Add(float64(moves))

@@ -301,12 +301,10 @@ func union(a, b []int) []int {
 	return out
 }
 
+// linkPin names a link's pin by kind, namespace and device, so every
+// attachment of a target has its own.
 func linkPin(dir, kind, ns, dev string) string {
-	r := strings.NewReplacer("/", "_", ":", "_")
-	if ns == "" {
-		ns = "host"
-	}
-	return dir + "/link_" + kind + "_" + r.Replace(strings.TrimPrefix(ns, "/")) + "_" + dev
+	return dir + "/link_" + kind + "_" + plan.Target(ns) + "_" + dev
 }
 
 func devLabel(ns, dev string) string {
