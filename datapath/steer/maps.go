@@ -68,9 +68,13 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.Enabled {
 		k.Flags |= cfgEnabled
 	}
+	for i := range k.IndexOf {
+		k.IndexOf[i] = Stay
+	}
 	for i, cpu := range c.CPUs {
 		k.Cpus[i] = uint32(cpu)
 		k.RpsLo[i], k.RpsSpan = rpsRange(i, n)
+		k.IndexOf[cpu] = uint32(i)
 	}
 	return k
 }

@@ -76,6 +76,7 @@ struct steer_cfg {
 	__u32 flags;      /* CFG_ENABLED */
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
+	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
 };
 
 struct {
@@ -407,13 +408,7 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 
-	for (__u32 i = 0; i < MAX_CPUS; i++) {
-		if (i >= cfg->ncpus)
-			break;
-		if (cfg->cpus[i] == cpu)
-			return i;
-	}
-	return STAY;
+	return cpu < MAX_CPUS ? cfg->index_of[cpu] : STAY;
 }
 
 /*

@@ -31,6 +31,7 @@ type steerSteerCfg struct {
 	Flags     uint32
 	Cpus      [64]uint32
 	RpsLo     [64]uint32
+	IndexOf   [64]uint32
 }
 
 type steerSteerFlowKey struct {
