@@ -1,20 +1,16 @@
 package testbed
 
 import (
-	"bytes"
-	"crypto/sha256"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 )
 
 var testSeq int
@@ -53,98 +49,17 @@ func upForTest(t *testing.T, cfg Config) *Testbed {
 	return tb
 }
 
-// tcpTransfer sends n random-ish bytes from (srcNS) to dst:port listening in
-// dstNS and checks that exactly those bytes arrived.
 func tcpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, n int) {
 	t.Helper()
-	var ln net.Listener
-	if err := nsx.Do(dstNS, func() (err error) {
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	payload := make([]byte, n)
-	for i := range payload {
-		payload[i] = byte(i*7 + i>>8)
-	}
-	want := sha256.Sum256(payload)
-	got := make(chan [32]byte, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- [32]byte{}
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
-		h := sha256.New()
-		io.Copy(h, c)
-		var s [32]byte
-		copy(s[:], h.Sum(nil))
-		got <- s
-	}()
-	var conn net.Conn
-	if err := nsx.Do(srcNS, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
-		return
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
-	}
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.Copy(conn, bytes.NewReader(payload)); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
-	if s := <-got; s != want {
-		t.Fatalf("TCP %s -> %s: received bytes differ from sent", srcNS, dstNS)
-	}
+	overlaytest.TCP(t, srcNS, dstNS, dst, n)
 }
 
-// udpTransfer sends datagrams until count of them have arrived in order of
-// sending at least once; overlay UDP over an idle testbed must not drop
-// them all, and every one that arrives must be intact.
+// udpTransfer: overlay UDP over an idle testbed must not drop every
+// datagram, and every one that arrives must be intact.
 func udpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, size int) {
 	t.Helper()
-	var rc *net.UDPConn
-	if err := nsx.Do(dstNS, func() (err error) {
-		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	var sc *net.UDPConn
-	if err := nsx.Do(srcNS, func() (err error) {
-		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
-	const count = 50
-	for i := 0; i < count; i++ {
-		msg := bytes.Repeat([]byte{byte(i)}, size)
-		if _, err := sc.Write(msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	buf := make([]byte, 65536)
-	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got := 0
-	for got < count {
-		n, err := rc.Read(buf)
-		if err != nil {
-			break
-		}
-		if n != size || !bytes.Equal(buf[:n], bytes.Repeat(buf[:1], size)) {
-			t.Fatalf("UDP %s -> %s: corrupt datagram of %d bytes", srcNS, dstNS, n)
-		}
-		got++
-	}
-	if got == 0 {
-		t.Fatalf("UDP %s -> %s: none of %d datagrams arrived", srcNS, dstNS, count)
+	if overlaytest.UDP(t, srcNS, dstNS, dst, size) == 0 {
+		t.Fatalf("UDP %s -> %s: none of %d datagrams arrived", srcNS, dstNS, overlaytest.UDPCount)
 	}
 }
 

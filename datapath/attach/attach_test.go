@@ -1,6 +1,8 @@
 package attach_test
 
 import (
+	"github.com/lanesnet/lanes/topology/topotest"
+
 	"errors"
 	"os"
 	"path/filepath"
@@ -27,7 +29,7 @@ func TestKindsRegistered(t *testing.T) {
 }
 
 func TestXDP(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -82,7 +84,7 @@ func TestXDP(t *testing.T) {
 }
 
 func TestXDPGenericMode(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -111,7 +113,7 @@ func TestXDPGenericMode(t *testing.T) {
 }
 
 func TestXDPRefusesForeignProgram(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -163,7 +165,7 @@ func TestXDPRefusesForeignProgram(t *testing.T) {
 }
 
 func TestXDPStalePin(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -210,7 +212,7 @@ func TestXDPStalePin(t *testing.T) {
 }
 
 func TestTCX(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	_, tcPin := pinProgs(t, fs)
@@ -291,7 +293,7 @@ func TestTCX(t *testing.T) {
 // make the pin dir, pin, attach) and a reset from a fresh journal handle,
 // with one link pinned but never journaled, as a crash would leave it.
 func TestJournal(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	ns := testNetns(t)
 	mnt := filepath.Join(t.TempDir(), "bpf")
 	trackMount(t, mnt)
@@ -371,7 +373,7 @@ func TestJournal(t *testing.T) {
 }
 
 func TestGone(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, tcPin := pinProgs(t, fs)
@@ -425,7 +427,7 @@ func TestGone(t *testing.T) {
 // TestPinsAcrossNetns checks what the package relies on: entering a network
 // namespace leaves the mount namespace, and so the pins, as they were.
 func TestPinsAcrossNetns(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)

@@ -1,6 +1,8 @@
 package attach_test
 
 import (
+	"github.com/lanesnet/lanes/topology/topotest"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +14,7 @@ import (
 )
 
 func TestBPFFS(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	if k := (&attach.BPFFS{}); k.Key() != "bpffs-mount:/sys/fs/bpf" {
 		t.Errorf("default key %q", k.Key())
 	}
@@ -56,7 +58,7 @@ func TestBPFFS(t *testing.T) {
 }
 
 func TestPinDir(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	fs := testBPFFS(t)
 	k := &attach.PinDir{Path: filepath.Join(fs, "lanes", "host")}
 	if k.Key() != "bpf-pins:"+k.Path {
@@ -112,7 +114,7 @@ func TestPinDir(t *testing.T) {
 }
 
 func TestPinDirRefusesOutsideBPFFS(t *testing.T) {
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "precious")
 	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {

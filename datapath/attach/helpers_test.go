@@ -48,13 +48,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-}
-
 // testNetns makes a namespace with a veth pair veth0/veth1, both up, and
 // deletes it when the test ends.
 func testNetns(t *testing.T) string {

@@ -2,12 +2,9 @@ package falcon_test
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -33,8 +30,10 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
 )
 
 // isolatedEnv marks the re-executed test binary that runs in a mount
@@ -83,13 +82,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-}
-
 func prefixBase() string { return fmt.Sprintf("tf%d", os.Getpid()%10000) }
 
 var tbSeq atomic.Int32
@@ -98,7 +90,7 @@ var tbSeq atomic.Int32
 // down when the test ends, pass or fail, checking nothing is left.
 func upTestbed(t *testing.T, topo testbed.Topology) *testbed.Testbed {
 	t.Helper()
-	requireRoot(t)
+	topotest.RequireRoot(t)
 	prefix := fmt.Sprintf("%s%c", prefixBase(), 'a'+rune(tbSeq.Add(1)-1)%26)
 	old := testbed.StateDir
 	testbed.StateDir = t.TempDir()
@@ -403,103 +395,16 @@ func pinnedProgID(t *testing.T, path string) uint32 {
 	return uint32(id)
 }
 
-// tcpTransfer sends n bytes from a socket in srcNS to a listener in dstNS
-// and checks that exactly those bytes arrived.
 func tcpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, n int) {
 	t.Helper()
-	var ln net.Listener
-	if err := nsx.Do(dstNS, func() (err error) {
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	payload := make([]byte, n)
-	for i := range payload {
-		payload[i] = byte(i*7 + i>>8 + i>>16)
-	}
-	want := sha256.Sum256(payload)
-	type result struct {
-		sum [32]byte
-		n   int64
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
-		h := sha256.New()
-		n, err := io.Copy(h, c)
-		var s [32]byte
-		copy(s[:], h.Sum(nil))
-		got <- result{s, n, err}
-	}()
-	var conn net.Conn
-	if err := nsx.Do(srcNS, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
-		return
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
-	}
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.Copy(conn, bytes.NewReader(payload)); err != nil {
-		conn.Close()
-		t.Fatalf("TCP %s -> %s: %v", srcNS, dstNS, err)
-	}
-	conn.Close()
-	r := <-got
-	if r.err != nil || r.n != int64(n) || r.sum != want {
-		t.Fatalf("TCP %s -> %s: received %d of %d bytes (err %v), equal content %v", srcNS, dstNS, r.n, n, r.err, r.sum == want)
-	}
+	overlaytest.TCP(t, srcNS, dstNS, dst, n)
 }
 
-// udpTransfer sends count datagrams of size bytes and checks that most
-// arrive intact.
+// udpTransfer checks that most datagrams arrive intact.
 func udpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, size int) {
 	t.Helper()
-	var rc *net.UDPConn
-	if err := nsx.Do(dstNS, func() (err error) {
-		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	var sc *net.UDPConn
-	if err := nsx.Do(srcNS, func() (err error) {
-		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
-	const count = 50
-	for i := 0; i < count; i++ {
-		if _, err := sc.Write(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
-			t.Fatalf("UDP %s -> %s: %v", srcNS, dstNS, err)
-		}
-	}
-	buf := make([]byte, 65536)
-	got := 0
-	for got < count {
-		rc.SetReadDeadline(time.Now().Add(2 * time.Second))
-		n, err := rc.Read(buf)
-		if err != nil {
-			break
-		}
-		if n != size || !bytes.Equal(buf[:n], bytes.Repeat(buf[:1], size)) {
-			t.Fatalf("UDP %s -> %s: corrupt datagram of %d bytes", srcNS, dstNS, n)
-		}
-		got++
-	}
-	if got < count*9/10 {
-		t.Fatalf("UDP %s -> %s: %d of %d datagrams arrived", srcNS, dstNS, got, count)
+	if got := overlaytest.UDP(t, srcNS, dstNS, dst, size); got < overlaytest.UDPCount*9/10 {
+		t.Fatalf("UDP %s -> %s: %d of %d datagrams arrived", srcNS, dstNS, got, overlaytest.UDPCount)
 	}
 }
 
