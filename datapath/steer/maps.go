@@ -226,6 +226,7 @@ type Flow struct {
 	Stage            int
 	CPUIndex         uint32        // index into Config.CPUs, or Stay
 	Ifindex          int           // hook device of the last packet
+	Bucket           int           // table bucket the datapath placed the last packet by
 	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
 	Packets, Bytes   uint64
 }
@@ -249,6 +250,7 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			Stage:    int(k.Stage),
 			CPUIndex: s.CpuIdx,
 			Ifindex:  int(s.Ifindex),
+			Bucket:   int(s.Bucket),
 			LastSeen: time.Duration(s.LastNs),
 			Packets:  s.Packets,
 			Bytes:    s.Bytes,

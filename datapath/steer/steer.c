@@ -113,6 +113,8 @@ struct steer_flow_key {
 struct steer_flow_state {
 	__u32 cpu_idx; /* index into steer_cfg.cpus the flow uses, or STAY */
 	__u32 ifindex; /* hook device of the last packet */
+	__u32 bucket;  /* table bucket of the last packet, so the balancer need not rehash */
+	__u32 pad;
 	__u64 last_ns; /* bpf_ktime_get_ns() of the last packet */
 	__u64 packets;
 	__u64 bytes;
@@ -321,7 +323,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		.stage = stage,
 	};
 	struct steer_flow_state *st;
-	__u32 slot = stage * BUCKETS + bucket_of(fh, ifindex, stage);
+	__u32 bucket = bucket_of(fh, ifindex, stage);
+	__u32 slot = stage * BUCKETS + bucket;
 	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
 	__u32 want = entry ? *entry : STAY;
 	__u64 now = bpf_ktime_get_ns();
@@ -334,6 +337,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		struct steer_flow_state fresh = {
 			.cpu_idx = want,
 			.ifindex = ifindex,
+			.bucket = bucket,
 			.last_ns = now,
 			.packets = 1,
 			.bytes = len,
@@ -358,6 +362,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		}
 	}
 	st->ifindex = ifindex;
+	st->bucket = bucket;
 	st->last_ns = now;
 	st->packets++;
 	st->bytes += len;

@@ -49,6 +49,8 @@ type steerSteerFlowState struct {
 	_       structs.HostLayout
 	CpuIdx  uint32
 	Ifindex uint32
+	Bucket  uint32
+	Pad     uint32
 	LastNs  uint64
 	Packets uint64
 	Bytes   uint64

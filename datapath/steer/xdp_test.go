@@ -51,6 +51,9 @@ func TestXDPSteers(t *testing.T) {
 			t.Errorf("flow %+v: state %+v, want index %d on ifindex %d, 1 packet of %d bytes",
 				s.flow, fl, want, loIfindex, len(frame))
 		}
+		if b := Bucket(s.flow.hash(), loIfindex, StageSplit); fl.Bucket != b {
+			t.Errorf("flow %+v: recorded bucket %d, Go mirror says %d", s.flow, fl.Bucket, b)
+		}
 	}
 	st := stats(t, d)[StageSplit]
 	if st != (Counters{Steered: uint64(len(specs))}) {

@@ -279,8 +279,7 @@ func (a *agent) active() ([steer.NumStages][steer.Buckets]bool, int, error) {
 		if f.Stage < 0 || f.Stage >= steer.NumStages || now-f.LastSeen > activeWindow {
 			continue
 		}
-		b := steer.Bucket(steer.FlowHash(f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto), f.Ifindex, f.Stage)
-		out[f.Stage][b] = true
+		out[f.Stage][f.Bucket%steer.Buckets] = true
 		n++
 	}
 	return out, n, nil
