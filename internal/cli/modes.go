@@ -17,10 +17,18 @@ func newModesCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			// Modes of one policy share their settings: list them once.
+			shown := map[string]string{}
 			for _, m := range plan.Modes() {
 				p, _ := plan.Lookup(m)
 				fmt.Fprintf(w, "%s\t%s\n", m, p.Summary())
 				if pp, ok := p.(plan.ParamPlanner); ok {
+					key := fmt.Sprint(pp.Params())
+					if first, ok := shown[key]; ok {
+						fmt.Fprintf(w, "  (settings as %s)\t\n", first)
+						continue
+					}
+					shown[key] = m
 					for _, q := range pp.Params() {
 						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
 					}

@@ -307,12 +307,8 @@ func linkPin(dir, kind, ns, dev string) string {
 	return dir + "/link_" + kind + "_" + plan.Target(ns) + "_" + dev
 }
 
-func devLabel(ns, dev string) string {
-	if ns == "" {
-		ns = "host"
-	}
-	return ns + "/" + dev
-}
+// devLabel names a device for people, as plan.DeviceTarget does.
+func devLabel(ns, dev string) string { return plan.Target(ns) + "/" + dev }
 
 func vxNames(t *topology.Topology) string {
 	var n []string
