@@ -18,6 +18,11 @@ type Config struct {
 	// Flowlet is the idle gap after which a flow may follow a changed
 	// table entry to another core; 0 moves flows at once (order may break).
 	Flowlet time.Duration
+	// Drain bounds the wait for a flow's old queue to empty: a flow whose
+	// frames the next stage has not all seen moves only after this long
+	// idle (the missing frames were dropped). 0 moves on the flowlet gap
+	// alone, as if every queue were always empty.
+	Drain time.Duration
 	// VXLANPort is the outer UDP destination port of overlay frames.
 	VXLANPort uint16
 	// VNIs are the overlay networks steered; frames of others pass.
@@ -39,6 +44,8 @@ func (c Config) normalized() (Config, error) {
 		return c, errors.New("config has VXLAN port 0")
 	case c.Flowlet < 0:
 		return c, fmt.Errorf("flowlet gap %v is negative", c.Flowlet)
+	case c.Drain < 0:
+		return c, fmt.Errorf("drain timeout %v is negative", c.Drain)
 	}
 	cpus := slices.Sorted(slices.Values(c.CPUs))
 	for i, cpu := range cpus {

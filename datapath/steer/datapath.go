@@ -19,6 +19,7 @@ const (
 	PinXDP       = steerProgSteerXdp
 	PinTCIngress = steerProgSteerTcIngress
 	PinTCEgress  = steerProgSteerTcEgress
+	PinTCSeen    = steerProgSteerTcSeen
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -53,6 +54,10 @@ func (d *Datapath) TCIngress() *ebpf.Program { return d.objs.SteerTcIngress }
 // veth's tc egress.
 func (d *Datapath) TCEgress() *ebpf.Program { return d.objs.SteerTcEgress }
 
+// TCSeen ends the container stage: for the container-side veth's tc
+// ingress, where it counts the frames the container stage queued as seen.
+func (d *Datapath) TCSeen() *ebpf.Program { return d.objs.SteerTcSeen }
+
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
@@ -81,6 +86,7 @@ func (d *Datapath) pinnedProgs() []pinnedProg {
 		{PinXDP, &o.SteerXdp},
 		{PinTCIngress, &o.SteerTcIngress},
 		{PinTCEgress, &o.SteerTcEgress},
+		{PinTCSeen, &o.SteerTcSeen},
 	}
 }
 

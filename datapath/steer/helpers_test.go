@@ -78,20 +78,40 @@ func setAll(t *testing.T, d *Datapath, stage int, idx uint32) {
 }
 
 // runXDP runs steer_xdp on frame as received by lo and returns the verdict
-// and the frame as the program left it.
+// and the frame as the program left it, without its metadata.
 func runXDP(t *testing.T, d *Datapath, frame []byte) (uint32, []byte) {
 	t.Helper()
+	ret, out, _ := runXDPMeta(t, d, frame)
+	return ret, out
+}
+
+// runXDPMeta is runXDP that also returns the XDP metadata the program put
+// in front of the frame (nil if none).
+func runXDPMeta(t *testing.T, d *Datapath, frame []byte) (uint32, []byte, []byte) {
+	t.Helper()
 	out := make([]byte, len(frame)+256)
+	var ctxOut xdpMd
 	opts := ebpf.RunOptions{
-		Data:    frame,
-		DataOut: out,
-		Context: xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: loIfindex},
+		Data:       frame,
+		DataOut:    out,
+		Context:    xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: loIfindex},
+		ContextOut: &ctxOut,
 	}
 	ret, err := d.XDP().Run(&opts)
 	if err != nil {
 		t.Fatalf("running steer_xdp on %d bytes: %v", len(frame), err)
 	}
-	return ret, opts.DataOut
+	// The test run copies out from data_meta; the context's data is the
+	// metadata's length.
+	m := int(ctxOut.Data - ctxOut.DataMeta)
+	if m < 0 || m > len(opts.DataOut) {
+		t.Fatalf("context out %+v does not fit %d bytes out", ctxOut, len(opts.DataOut))
+	}
+	var meta []byte
+	if m > 0 {
+		meta = opts.DataOut[:m]
+	}
+	return ret, opts.DataOut[m:], meta
 }
 
 // runTC runs a tc program on frame as an skb on lo.

@@ -48,11 +48,11 @@ type Setup struct {
 
 // Encode is Setup as a knob value.
 func (s Setup) Encode() (string, error) {
-	if s.Config.Flowlet < 0 {
-		return "", errors.New("steer: negative flowlet")
+	if s.Config.Flowlet < 0 || s.Config.Drain < 0 {
+		return "", errors.New("steer: negative flowlet or drain timeout")
 	}
 	b, err := json.Marshal(setupDoc{
-		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet),
+		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 	})
 	return string(b), err
@@ -64,6 +64,7 @@ type setupDoc struct {
 	Enabled    bool     `json:"enabled"`
 	CPUs       []int    `json:"cpus"`
 	FlowletNS  int64    `json:"flowlet_ns"`
+	DrainNS    int64    `json:"drain_ns,omitempty"`
 	Port       uint16   `json:"vxlan_port"`
 	VNIs       []uint32 `json:"vnis"`
 	CPUMap     []int    `json:"cpumap,omitempty"`
@@ -78,7 +79,7 @@ func DecodeSetup(v string) (Setup, error) {
 		return Setup{}, fmt.Errorf("steer datapath value: %w", err)
 	}
 	return Setup{
-		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), VXLANPort: d.Port, VNIs: d.VNIs},
+		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 	}, nil
 }

@@ -63,6 +63,7 @@ func encodeConfig(c Config) steerSteerCfg {
 	k := steerSteerCfg{
 		Ncpus:     uint32(n),
 		FlowletNs: uint64(c.Flowlet),
+		DrainNs:   uint64(c.Drain),
 		VxlanPort: uint32(c.VXLANPort),
 	}
 	if c.Enabled {
@@ -88,6 +89,7 @@ func (d *Datapath) Config() (Config, error) {
 	c := Config{
 		Enabled:   k.Flags&cfgEnabled != 0,
 		Flowlet:   time.Duration(k.FlowletNs),
+		Drain:     time.Duration(k.DrainNs),
 		VXLANPort: uint16(k.VxlanPort),
 	}
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
@@ -229,6 +231,9 @@ type Flow struct {
 	Bucket           int           // table bucket the datapath placed the last packet by
 	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
 	Packets, Bytes   uint64
+	// InFlight is frames this stage queued that the next stage's program
+	// has not seen yet (may dip below 0 briefly; see steer.c's seen()).
+	InFlight int64
 }
 
 // Flows lists the flows in steer_flows, ordered by stage, then 5-tuple.
@@ -254,6 +259,7 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			LastSeen: time.Duration(s.LastNs),
 			Packets:  s.Packets,
 			Bytes:    s.Bytes,
+			InFlight: s.Inflight,
 		})
 	}
 	if err := it.Err(); err != nil {
@@ -294,6 +300,9 @@ type Counters struct {
 	Held     uint64 // a move deferred to keep the flow in order
 	Moved    uint64 // a flow moved at a flowlet boundary
 	Disabled uint64 // packets seen while the config was disabled
+	// Undrained is moves made after Config.Drain with frames still
+	// counted in flight: each may have reordered if they were not dropped.
+	Undrained uint64
 }
 
 // Counter indices within a stage, as in steer.c's enum counter.
@@ -304,6 +313,7 @@ const (
 	cntHeld
 	cntMoved
 	cntDisabled
+	cntUndrained
 	numCounters
 )
 
@@ -313,7 +323,7 @@ func (d *Datapath) Stats() ([NumStages]Counters, error) {
 	var per []uint64
 	for stage := range NumStages {
 		c := &out[stage]
-		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled} {
+		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained} {
 			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
 				return out, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
 			}

@@ -116,3 +116,10 @@ func RPSHash(idx, n int, flowhash uint32) uint32 {
 func RPSIndex(hash uint32, n int) int {
 	return int(uint64(hash) * uint64(n) >> 32)
 }
+
+// XDP metadata steer_xdp puts in front of a frame it hands to the cpumap
+// (datapath/bpf/include/lanes_meta.h): magic, then flags.
+const (
+	metaMagic  = 0x4c4e5331 // "LNS1"
+	metaQueued = 0x1        // counted in its (flow, split stage)'s in-flight frames
+)

@@ -18,6 +18,12 @@
  *                                     hash that RPS on the container-side
  *                                     veth turns into the chosen core for
  *                                     inner IP + TCP/UDP.
+ *   steer_tc_seen     (end of CONTAINER) container-side veth, tc ingress:
+ *                                     places nothing, counts frames seen.
+ *
+ * Each stage counts the frames it queues per flow and the next program
+ * counts them seen (steer_xdp's frames are marked in XDP metadata, which
+ * reaches the skb), so a flow moves only when its old queue is empty.
  *
  * Nothing here rewrites a packet byte, drops or consumes a frame: whatever
  * is not understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the
@@ -35,6 +41,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "vxlan.h"
+#include "lanes_meta.h"
 
 char __license[] SEC("license") = "Dual MIT/GPL";
 
@@ -65,6 +72,7 @@ enum counter {
 	CNT_HELD,     /* a move deferred because the flow was not idle for a flowlet gap */
 	CNT_MOVED,    /* a flow moved at a flowlet boundary */
 	CNT_DISABLED, /* cfg not enabled */
+	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
 	NUM_COUNTERS,
 };
 
@@ -72,6 +80,8 @@ struct steer_cfg {
 	__u32 ncpus;      /* entries used in cpus and rps_lo; 0 = not configured */
 	__u32 rps_span;   /* floor(2^32 / ncpus), capped at 2^32-1 */
 	__u64 flowlet_ns; /* idle gap after which a flow may move */
+	__u64 drain_ns;   /* idle gap after which a flow may move with frames still
+			   * counted in flight (they were dropped); 0: do not wait */
 	__u32 vxlan_port; /* outer UDP destination port, host byte order */
 	__u32 flags;      /* CFG_ENABLED */
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
@@ -118,6 +128,10 @@ struct steer_flow_state {
 	__u64 last_ns; /* bpf_ktime_get_ns() of the last packet */
 	__u64 packets;
 	__u64 bytes;
+	/* Frames handed to this stage's queue (cpumap ring, RPS backlog) that
+	 * the next stage's program has not seen yet. Signed: the two sides
+	 * run on different cores and update it atomically. */
+	__s64 inflight;
 };
 
 struct {
@@ -309,10 +323,17 @@ static __always_inline __u32 bucket_of(__u32 fh, __u32 ifindex, __u32 stage)
  * where the flow should go; the flow's state says where it went last.
  * Moving a busy flow would let its packets on the new core overtake those
  * still queued on the old one, so a move waits until the flow has been idle
- * for flowlet_ns.
+ * for flowlet_ns and the next stage has seen every frame this stage queued
+ * (inflight 0). An idle gap alone is not enough: a starved consumer (a
+ * cpumap kthread waiting behind a busy task) can hold frames far longer
+ * than any fixed gap. Frames dropped between the two counting points would
+ * keep inflight above 0 for ever, so after drain_ns idle the flow moves
+ * anyway. *out is the flow's state, for the caller's in-flight count
+ * (NULL if it could not be stored).
  */
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
-				   __u32 stage, __u32 ifindex, __u64 len)
+				   __u32 stage, __u32 ifindex, __u64 len,
+				   struct steer_flow_state **out)
 {
 	struct steer_flow_key key = {
 		.saddr = t->saddr,
@@ -345,6 +366,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 		/* A failed insert only loses the history: place by the table. */
 		bpf_map_update_elem(&steer_flows, &key, &fresh, BPF_ANY);
+		*out = bpf_map_lookup_elem(&steer_flows, &key);
 		return want;
 	}
 
@@ -354,7 +376,14 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
-		} else if (now - st->last_ns >= cfg->flowlet_ns) {
+		} else if (now - st->last_ns >= cfg->flowlet_ns &&
+			   (st->inflight <= 0 || !cfg->drain_ns || now - st->last_ns >= cfg->drain_ns)) {
+			if (st->inflight > 0) {
+				/* Presumed dropped: start counting afresh. */
+				if (cfg->drain_ns)
+					count(stage, CNT_UNDRAINED);
+				st->inflight = 0;
+			}
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
 		} else {
@@ -366,7 +395,55 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	st->last_ns = now;
 	st->packets++;
 	st->bytes += len;
+	*out = st;
 	return st->cpu_idx;
+}
+
+/* This stage queued n more frames of the flow. */
+static __always_inline void queued(struct steer_flow_state *st, __u32 n)
+{
+	if (st)
+		__sync_fetch_and_add(&st->inflight, n);
+}
+
+/*
+ * The program of the next stage has seen n frames the given stage of the
+ * flow queued. A flow or stage that was never counted is left alone; the
+ * count never goes below zero on purpose, since a negative count would let
+ * a later move through while frames are still queued.
+ */
+static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
+{
+	struct steer_flow_key key = {
+		.saddr = t->saddr,
+		.daddr = t->daddr,
+		.sport = t->sport,
+		.dport = t->dport,
+		.proto = t->proto,
+		.stage = stage,
+	};
+	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
+	__s64 old, new;
+
+	if (!st)
+		return;
+	/* Compare-and-swap, so a racing update on another core is retried,
+	 * not lost; a few tries bound the loop for the verifier. Giving up
+	 * leaves the count high: the safe side. */
+	for (int i = 0; i < 4; i++) {
+		old = st->inflight;
+		if (old <= 0)
+			return;
+		new = old > n ? old - n : 0;
+		if (__sync_val_compare_and_swap(&st->inflight, old, new) == old)
+			return;
+	}
+}
+
+/* Frames a (possibly GRO-merged) skb stands for. */
+static __always_inline __u32 skb_frames(const struct __sk_buff *skb)
+{
+	return skb->gso_segs > 1 ? skb->gso_segs : 1;
 }
 
 static __always_inline struct steer_cfg *get_cfg(void)
@@ -384,6 +461,8 @@ int steer_xdp(struct xdp_md *ctx)
 	struct cursor c = { .pos = data, .end = data_end };
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
+	struct steer_flow_state *st = NULL;
+	struct lanes_meta *meta;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 	long ret;
 
@@ -397,14 +476,30 @@ int steer_xdp(struct xdp_md *ctx)
 	}
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
-	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data);
+	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, &st);
 	if (idx >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
 		return XDP_PASS;
 	}
 	/* A core without a cpumap entry falls back to XDP_PASS: vanilla. */
 	ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx], XDP_PASS);
-	count(STAGE_SPLIT, ret == XDP_REDIRECT ? CNT_STEERED : CNT_STAYED);
+	if (ret != XDP_REDIRECT) {
+		count(STAGE_SPLIT, CNT_STAYED);
+		return ret;
+	}
+	count(STAGE_SPLIT, CNT_STEERED);
+	/* Mark the frame so tc ingress on the split core can count it seen.
+	 * Without metadata room (some drivers) the frame goes uncounted and
+	 * moves of this flow fall back to the idle gap alone. No packet byte
+	 * changes: metadata lives in the headroom. */
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
+		meta = (void *)(long)ctx->data_meta;
+		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
+			meta->magic = LANES_META_MAGIC;
+			meta->flags = LANES_META_QUEUED;
+			queued(st, 1);
+		}
+	}
 	return ret;
 }
 
@@ -425,26 +520,45 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
  * GRO and the flow dissector. bpf_set_hash marks the hash as L4, which
  * survives VXLAN decapsulation (only non-L4 hashes are cleared) and veth.
  */
+/* Did steer_xdp count this skb's frames in flight at the split stage? */
+static __always_inline int from_split_queue(const struct __sk_buff *skb)
+{
+	struct lanes_meta *meta = (void *)(long)skb->data_meta;
+
+	if ((void *)(meta + 1) > (void *)(long)skb->data)
+		return 0;
+	return meta->magic == LANES_META_MAGIC && (meta->flags & LANES_META_QUEUED);
+}
+
+/* Pull the first want bytes (capped at the skb's length) into the linear
+ * area, only if they are not there yet: pulling unclones the skb. */
+static __always_inline int pull(struct __sk_buff *skb, __u32 want)
+{
+	if (want > skb->len)
+		want = skb->len;
+	if ((void *)(long)skb->data + want <= (void *)(long)skb->data_end)
+		return 0;
+	return bpf_skb_pull_data(skb, want);
+}
+
 static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer)
 {
 	struct steer_cfg *cfg = get_cfg();
+	struct steer_flow_state *st = NULL;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 want_len, fh, v;
+	__u32 fh, v;
+	int counted;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(stage, CNT_DISABLED);
 		return TC_ACT_UNSPEC;
 	}
+	/* Read before pulling, which may move the data. */
+	counted = outer && from_split_queue(skb);
 
-	/* Pull the headers into the linear area once, and only if needed:
-	 * pulling unclones the skb. */
-	want_len = outer ? MAX_OUTER_HDRS : MAX_INNER_HDRS;
-	if (want_len > skb->len)
-		want_len = skb->len;
-	if ((void *)(long)skb->data + want_len > (void *)(long)skb->data_end &&
-	    bpf_skb_pull_data(skb, want_len) < 0) {
+	if (pull(skb, outer ? MAX_OUTER_HDRS : MAX_INNER_HDRS) < 0) {
 		count(stage, CNT_PASSED);
 		return TC_ACT_UNSPEC;
 	}
@@ -456,8 +570,14 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		return TC_ACT_UNSPEC;
 	}
 
+	/* The previous stage's queue handed these frames on. */
+	if (counted)
+		seen(&t, STAGE_SPLIT, skb_frames(skb));
+	else if (!outer)
+		seen(&t, STAGE_BRIDGE, skb_frames(skb));
+
 	fh = flow_hash(&t);
-	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len);
+	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, &st);
 	if (idx == STAY) {
 		/* Vanilla placement for a tc stage is the core we run on. */
 		count(stage, CNT_STAYED);
@@ -471,6 +591,8 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
 	/* 0 means "no hash" to the stack, which would recompute one. */
 	bpf_set_hash(skb, v ? v : 1);
+	/* RPS queues every skb, even to the core it runs on. */
+	queued(st, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
 
@@ -484,4 +606,27 @@ SEC("tc")
 int steer_tc_egress(struct __sk_buff *skb)
 {
 	return steer_tc(skb, STAGE_CONTAINER, 0);
+}
+
+/*
+ * tc ingress on the container-side veth: the end of the container stage's
+ * queue (the RPS backlog). It places nothing; it only counts the frames
+ * the container stage queued as seen, so that stage's moves wait for them.
+ */
+SEC("tc")
+int steer_tc_seen(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct tuple t = {};
+	struct cursor c;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED))
+		return TC_ACT_UNSPEC;
+	if (pull(skb, MAX_INNER_HDRS) < 0)
+		return TC_ACT_UNSPEC;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_inner(&c, &t) == 0)
+		seen(&t, STAGE_CONTAINER, skb_frames(skb));
+	return TC_ACT_UNSPEC;
 }

@@ -27,6 +27,7 @@ type steerSteerCfg struct {
 	Ncpus     uint32
 	RpsSpan   uint32
 	FlowletNs uint64
+	DrainNs   uint64
 	VxlanPort uint32
 	Flags     uint32
 	Cpus      [64]uint32
@@ -46,14 +47,15 @@ type steerSteerFlowKey struct {
 }
 
 type steerSteerFlowState struct {
-	_       structs.HostLayout
-	CpuIdx  uint32
-	Ifindex uint32
-	Bucket  uint32
-	Pad     uint32
-	LastNs  uint64
-	Packets uint64
-	Bytes   uint64
+	_        structs.HostLayout
+	CpuIdx   uint32
+	Ifindex  uint32
+	Bucket   uint32
+	Pad      uint32
+	LastNs   uint64
+	Packets  uint64
+	Bytes    uint64
+	Inflight int64
 }
 
 // Names of all BPF objects in the ELF.
@@ -68,6 +70,7 @@ const (
 	steerMapSteerVni        = "steer_vni"
 	steerProgSteerTcEgress  = "steer_tc_egress"
 	steerProgSteerTcIngress = "steer_tc_ingress"
+	steerProgSteerTcSeen    = "steer_tc_seen"
 	steerProgSteerXdp       = "steer_xdp"
 )
 
@@ -115,6 +118,7 @@ type steerSpecs struct {
 type steerProgramSpecs struct {
 	SteerTcEgress  *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
 	SteerTcIngress *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcSeen    *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
 	SteerXdp       *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
@@ -187,6 +191,7 @@ type steerVariables struct {
 type steerPrograms struct {
 	SteerTcEgress  *ebpf.Program `ebpf:"steer_tc_egress"`
 	SteerTcIngress *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcSeen    *ebpf.Program `ebpf:"steer_tc_seen"`
 	SteerXdp       *ebpf.Program `ebpf:"steer_xdp"`
 }
 
@@ -194,6 +199,7 @@ func (p *steerPrograms) Close() error {
 	return _SteerClose(
 		p.SteerTcEgress,
 		p.SteerTcIngress,
+		p.SteerTcSeen,
 		p.SteerXdp,
 	)
 }

@@ -106,7 +106,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		}
 		for _, name := range []string{"split", "bridge", "container"} {
 			k := st.Stages[name]
-			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d\n", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved)
+			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d (%d before the old queue drained)\n", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved, k.Undrained)
 		}
 	}
 }

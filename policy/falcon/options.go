@@ -47,6 +47,10 @@ type Options struct {
 	// another core: longer than the old core's queue needs to drain, so a
 	// move never reorders.
 	Flowlet time.Duration
+	// Drain is how long a (flow, stage) whose old queue the datapath still
+	// counts as non-empty must be idle before it moves anyway (the frames
+	// it misses were dropped on the way). See steer.Config.Drain.
+	Drain time.Duration
 	// Load is what counts as a core's load: "rx" (softirq time plus
 	// receive kthreads: NAPI, cpumap; what the receive path itself costs)
 	// or "busy" (all non-idle time, Falcon's own figure).
@@ -69,7 +73,11 @@ func Defaults() Options {
 		// A backlog of netdev_max_backlog (1000) packets drains in well
 		// under a millisecond at the ~1-2 us per packet a core spends on
 		// the later stages; 1 ms leaves margin.
-		Flowlet:   time.Millisecond,
+		Flowlet: time.Millisecond,
+		// Longer than a starved cpumap kthread or backlog waits for its
+		// core on a PREEMPT_NONE kernel (a few scheduler slices), so only
+		// dropped frames, not queued ones, are ever given up on.
+		Drain:     20 * time.Millisecond,
 		Load:      "rx",
 		QueueSize: 2048,
 	}
@@ -84,7 +92,8 @@ var params = []plan.Param{
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
-	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move without reordering"},
+	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
+	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); 0 = do not wait for the queue"},
 	{Key: "load", Default: "rx", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
@@ -113,6 +122,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Interval, err = parseDuration(v, time.Millisecond, 10*time.Second)
 		case "flowlet":
 			o.Flowlet, err = parseDuration(v, 0, time.Second)
+		case "drain":
+			o.Drain, err = parseDuration(v, 0, 10*time.Second)
 		case "load":
 			if v != "rx" && v != "busy" {
 				err = fmt.Errorf("want rx or busy")
@@ -157,6 +168,7 @@ func (o Options) Params() map[string]string {
 		"hysteresis": strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
 		"interval":   o.Interval.String(),
 		"flowlet":    o.Flowlet.String(),
+		"drain":      o.Drain.String(),
 		"load":       o.Load,
 		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
 		"rt":         strconv.Itoa(o.RTPriority),

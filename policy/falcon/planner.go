@@ -133,7 +133,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
-		Config:     steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, VXLANPort: port, VNIs: vnis},
+		Config:     steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
 	}
@@ -151,19 +151,23 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps, placement at stay (vanilla)")
 
+	// Programs attach from the end of the path to its start, so each
+	// stage's queue is counted seen before anything counts frames into it.
 	steerStages := o.Pipeline || o.Balance
-	for _, u := range t.Underlays {
-		if o.Split {
-			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: linkPin(dir, "xdp", u.NetNS, u.Name)},
-				"attached", devLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
-		}
-		if steerStages {
-			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: linkPin(dir, "tcx-in", u.NetNS, u.Name)},
-				"attached", devLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses")
-		}
-	}
 	mask := knobs.FormatCPUMask(lay.CPUs)
 	if steerStages {
+		// The end of the container stage's queue first, so that every
+		// frame tc egress counts in flight is counted seen too.
+		for i := range t.Containers {
+			for j := range t.Containers[i].Interfaces {
+				ifc := &t.Containers[i].Interfaces[j]
+				if ifc.HostVeth == "" {
+					continue
+				}
+				pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSeen, Link: linkPin(dir, "tcx-seen", ifc.NetNS, ifc.Name)},
+					"attached", devLabel(ifc.NetNS, ifc.Name)+" tc ingress", "container stage: count its frames seen, so moves wait for its queue to drain")
+			}
+		}
 		nveth := 0
 		for i := range t.Veths {
 			v := &t.Veths[i]
@@ -196,6 +200,20 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 
+	for _, u := range t.Underlays {
+		// tc ingress also counts the split stage's frames seen. Split
+		// alone never moves a flow (its table is static), so it needs no
+		// count.
+		if steerStages {
+			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: linkPin(dir, "tcx-in", u.NetNS, u.Name)},
+				"attached", devLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses; count split frames seen")
+		}
+		if o.Split {
+			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: linkPin(dir, "xdp", u.NetNS, u.Name)},
+				"attached", devLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
+		}
+	}
+
 	// Last: switch placement on. Moves from "stay" obey the flowlet rule.
 	tables := StaticTables(o, lay)
 	for s := 0; s < steer.NumStages; s++ {
@@ -204,8 +222,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		pl.Add(&steer.TableKnob{Dir: dir, Stage: s}, steer.FormatTable(tables[s]), dir+" "+steer.StageName(s), "placement of the "+steer.StageName(s)+" stage")
 	}
-	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v",
-		knobs.FormatCPUList(lay.Set), orNone(lay.SplitCPUs), orNone(lay.IRQCPUs), o.Flowlet))
+	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v, drain %v",
+		knobs.FormatCPUList(lay.Set), orNone(lay.SplitCPUs), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
 	if o.Balance {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
 	}

@@ -1,6 +1,7 @@
 package falcon
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -63,10 +64,10 @@ func TestPlanModes(t *testing.T) {
 		tables        []int
 		agent         bool
 	}{
-		{"falcon", 1, 2, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
-		{"falcon-pipeline", 0, 2, 2, []int{steer.StageBridge, steer.StageContainer}, false},
+		{"falcon", 1, 3, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
+		{"falcon-pipeline", 0, 3, 2, []int{steer.StageBridge, steer.StageContainer}, false},
 		{"falcon-split", 1, 0, 0, []int{steer.StageSplit}, false},
-		{"falcon-balance", 0, 2, 2, nil, true},
+		{"falcon-balance", 0, 3, 2, nil, true},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			p, err := planFor(t, tc.mode, nil)
@@ -90,6 +91,26 @@ func TestPlanModes(t *testing.T) {
 			// Tables last: placement switches on once everything is in.
 			if len(tc.tables) > 0 && p.Changes[len(p.Changes)-1].Knob.Kind() != steer.KindTable {
 				t.Errorf("last change is %s, want a table", p.Changes[len(p.Changes)-1].Knob.Kind())
+			}
+			// Attached from the end of the path to its start: each queue's
+			// seen-counting program is in before anything counts frames in.
+			var order []string
+			for _, c := range p.Changes {
+				switch k := c.Knob.(type) {
+				case *attach.TCX:
+					order = append(order, k.Prog[strings.LastIndex(k.Prog, "/")+1:])
+				case *attach.XDP:
+					order = append(order, k.Prog[strings.LastIndex(k.Prog, "/")+1:])
+				}
+			}
+			want := map[string][]string{
+				"falcon":          {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress, steer.PinXDP},
+				"falcon-pipeline": {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress},
+				"falcon-balance":  {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress},
+				"falcon-split":    {steer.PinXDP},
+			}[tc.mode]
+			if !slices.Equal(order, want) {
+				t.Errorf("attach order %v, want %v", order, want)
 			}
 			for _, c := range p.Changes {
 				if c.Knob.Kind() == "sysfs" && string(c.Value) != "3" {
