@@ -126,7 +126,7 @@ func Markdown(f *results.File, opt Options) string {
 		fmt.Fprintf(&b, "\n## %s\n\n", wl)
 		primaryTable(a, wl).markdown(&b)
 		b.WriteString("\nCPU split per core (median %: softirq / system / user / NAPI+cpumap kthreads; " +
-			"kthread time is part of system) and counters (median over the run):\n\n")
+			"kthread time is part of system; busy σ: standard deviation of the per-core busy %, 0 = evenly spread) and counters (median over the run):\n\n")
 		costTable(a, wl).markdown(&b)
 	}
 
@@ -256,8 +256,8 @@ func costTable(a *results.Agg, wl string) table {
 		t.header = append(t.header, fmt.Sprintf("cpu%d si/sys/usr/kt", c))
 		t.right = append(t.right, true)
 	}
-	t.header = append(t.header, fmt.Sprintf("busy %% of %d", 100*len(cpus)))
-	t.right = append(t.right, true)
+	t.header = append(t.header, fmt.Sprintf("busy %% of %d", 100*len(cpus)), "busy σ")
+	t.right = append(t.right, true, true)
 	for _, m := range counters {
 		t.header = append(t.header, m.Name)
 		t.right = append(t.right, true)
@@ -282,9 +282,9 @@ func costTable(a *results.Agg, wl string) table {
 				row = append(row, fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", u.SoftIRQ, u.System, u.User, u.Kthreads))
 			}
 			if len(g.Runs) == 0 {
-				row = append(row, "–")
+				row = append(row, "–", "–")
 			} else {
-				row = append(row, fmt.Sprintf("%.0f", g.Stat(results.CPUBusy).Median))
+				row = append(row, fmt.Sprintf("%.0f", g.Stat(results.CPUBusy).Median), fmt.Sprintf("%.1f", g.Stat(results.CPUSpread).Median))
 			}
 			for _, m := range counters {
 				if len(g.Runs) == 0 {

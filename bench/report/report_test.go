@@ -36,9 +36,9 @@ func TestMarkdown(t *testing.T) {
 		// memcached has no native runs: no ratio, a dash.
 		"| 100 B, 16 flows | vanilla | 93.0 [89.3–97.7] | 1.00 | – | 372.0 [357.1–390.6] | 1.00 | – | 3 |",
 		// CPU split and counters.
-		"| point | mode | cpu0 si/sys/usr/kt | cpu1 si/sys/usr/kt | busy % of 200 | retrans | ofo | dsack | udp_reorder | drops_softnet | drops_socket | drops_nic |",
-		"|  | vanilla | 80/12/2/0 | 3/15/20/0 | 132 | 9 | 90 | 0 | 0 | 0 | 0 | 0 |",
-		"|  | rps | 55/15/5/4 | 35/18/22/2 | 150 | 0 | 0 | 0 | 3 | 756.0k | 0 | 0 |",
+		"| point | mode | cpu0 si/sys/usr/kt | cpu1 si/sys/usr/kt | busy % of 200 | busy σ | retrans | ofo | dsack | udp_reorder | drops_softnet | drops_socket | drops_nic |",
+		"|  | vanilla | 80/12/2/0 | 3/15/20/0 | 132 | 28.0 | 9 | 90 | 0 | 0 | 0 | 0 | 0 |",
+		"|  | rps | 55/15/5/4 | 35/18/22/2 | 150 | 1.1 | 0 | 0 | 0 | 3 | 756.0k | 0 | 0 |",
 		"## Failed runs",
 		"- rps tcp_stream tcp, 64 B, repeat 3: iperf3: a \\| b",
 		"![throughput_tcp_stream](plots/throughput_tcp_stream.png)",

@@ -2,6 +2,7 @@ package results
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sort"
 )
@@ -69,6 +70,24 @@ var (
 			s += 100 - c.Idle
 		}
 		return s
+	}}
+	// CPUSpread is the population standard deviation of the per-CPU busy
+	// percent: how evenly the work is spread (MFLOW's figure of merit for
+	// balance; 0 = every core equally busy).
+	CPUSpread = Metric{"cpu_stddev", "%", func(r *Run) float64 {
+		if len(r.CPU) == 0 {
+			return 0
+		}
+		var sum, sq float64
+		for _, c := range r.CPU {
+			sum += 100 - c.Idle
+		}
+		mean := sum / float64(len(r.CPU))
+		for _, c := range r.CPU {
+			d := 100 - c.Idle - mean
+			sq += d * d
+		}
+		return math.Sqrt(sq / float64(len(r.CPU)))
 	}}
 )
 
