@@ -27,6 +27,10 @@ type Config struct {
 	VXLANPort uint16
 	// VNIs are the overlay networks steered; frames of others pass.
 	VNIs []uint32
+	// Prio classifies every flow at the split stage against the priority
+	// rules (AddRule): high-priority flows go to the chosen core's
+	// high-priority queue (SetHiCPUMapEntry), PRISM's second class.
+	Prio bool
 }
 
 // maxVNIs is steer_vni's size.

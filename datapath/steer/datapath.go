@@ -76,6 +76,8 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerTable, &o.SteerTable},
 		{steerMapSteerFlows, &o.SteerFlows},
 		{steerMapSteerCpumap, &o.SteerCpumap},
+		{steerMapSteerCpumapHi, &o.SteerCpumapHi},
+		{steerMapSteerPrio, &o.SteerPrio},
 		{steerMapSteerStats, &o.SteerStats},
 	}
 }

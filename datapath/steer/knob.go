@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
@@ -44,6 +45,10 @@ type Setup struct {
 	// arrive. The threads belong to lanes' cpumap entries and die with
 	// them, so there is no host setting to restore.
 	RTPriority int `json:"rt_priority,omitempty"`
+	// HiCPUMap are the cores with a high-priority queue (Config.Prio), and
+	// HiRTPriority the SCHED_FIFO priority of its kthreads (0: normal).
+	HiCPUMap     []int `json:"hi_cpumap,omitempty"`
+	HiRTPriority int   `json:"hi_rt_priority,omitempty"`
 }
 
 // Encode is Setup as a knob value.
@@ -54,6 +59,7 @@ func (s Setup) Encode() (string, error) {
 	b, err := json.Marshal(setupDoc{
 		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
+		Prio: s.Config.Prio, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 	})
 	return string(b), err
 }
@@ -70,6 +76,9 @@ type setupDoc struct {
 	CPUMap     []int    `json:"cpumap,omitempty"`
 	QueueSize  uint32   `json:"queue_size,omitempty"`
 	RTPriority int      `json:"rt_priority,omitempty"`
+	Prio         bool  `json:"prio,omitempty"`
+	HiCPUMap     []int `json:"hi_cpumap,omitempty"`
+	HiRTPriority int   `json:"hi_rt_priority,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -79,8 +88,9 @@ func DecodeSetup(v string) (Setup, error) {
 		return Setup{}, fmt.Errorf("steer datapath value: %w", err)
 	}
 	return Setup{
-		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs},
+		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
+		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority,
 	}, nil
 }
 
@@ -113,7 +123,11 @@ func (k *DatapathKnob) Read() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := Setup{Config: c, CPUMap: cm}.Encode()
+	hi, err := d.HiCPUMapEntries()
+	if err != nil {
+		return nil, err
+	}
+	v, err := Setup{Config: c, CPUMap: cm, HiCPUMap: hi}.Encode()
 	return []byte(v), err
 }
 
@@ -151,36 +165,48 @@ func (k *DatapathKnob) Write(v []byte) error {
 	if err := d.SetConfig(s.Config); err != nil {
 		return err
 	}
-	have, err := d.CPUMapEntries()
-	if err != nil {
-		return err
-	}
 	q := s.QueueSize
 	if q == 0 {
 		q = 2048
 	}
-	for _, c := range s.CPUMap {
-		if err := d.SetCPUMapEntry(c, q); err != nil {
-			return fmt.Errorf("cpumap entry for core %d: %w", c, err)
+	for _, cm := range []struct {
+		m     *ebpf.Map
+		what  string
+		cores []int
+		rt    int
+	}{
+		{d.objs.SteerCpumap, "cpumap", s.CPUMap, s.RTPriority},
+		{d.objs.SteerCpumapHi, "high-priority cpumap", s.HiCPUMap, s.HiRTPriority},
+	} {
+		have, err := cpuMapEntries(cm.m, cm.what)
+		if err != nil {
+			return err
 		}
-	}
-	for _, c := range have {
-		if !slices.Contains(s.CPUMap, c) {
-			if err := d.DelCPUMapEntry(c); err != nil {
+		for _, c := range cm.cores {
+			if err := putCPUMap(cm.m, cm.what, c, q); err != nil {
+				return err
+			}
+		}
+		for _, c := range have {
+			if !slices.Contains(cm.cores, c) {
+				if err := delCPUMap(cm.m, cm.what, c); err != nil {
+					return err
+				}
+			}
+		}
+		if cm.rt > 0 {
+			if err := setCPUMapPriority(cm.m, cm.rt); err != nil {
 				return err
 			}
 		}
 	}
-	if s.RTPriority > 0 {
-		return d.setCPUMapPriority(s.RTPriority)
-	}
 	return nil
 }
 
-// setCPUMapPriority makes this datapath's cpumap kthreads
+// setCPUMapPriority makes the kthreads of a cpumap
 // ("cpumap/<cpu>/map:<id>") SCHED_FIFO.
-func (d *Datapath) setCPUMapPriority(prio int) error {
-	info, err := d.objs.SteerCpumap.Info()
+func setCPUMapPriority(m *ebpf.Map, prio int) error {
+	info, err := m.Info()
 	if err != nil {
 		return err
 	}

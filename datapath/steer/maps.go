@@ -15,8 +15,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cfgEnabled is steer_cfg.flags bit 0.
-const cfgEnabled = 1
+// steer_cfg.flags bits.
+const (
+	cfgEnabled = 1
+	cfgPrio    = 2
+)
+
+// classHi is the bit of a flow's cpu_idx that says it uses the core's
+// high-priority queue (steer.c's CLASS_HI).
+const classHi = 0x40000000
 
 // SetConfig validates c and makes the programs use it. CPUs are stored
 // ascending; the VNI set replaces the previous one.
@@ -69,6 +76,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.Enabled {
 		k.Flags |= cfgEnabled
 	}
+	if c.Prio {
+		k.Flags |= cfgPrio
+	}
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -88,6 +98,7 @@ func (d *Datapath) Config() (Config, error) {
 	}
 	c := Config{
 		Enabled:   k.Flags&cfgEnabled != 0,
+		Prio:      k.Flags&cfgPrio != 0,
 		Flowlet:   time.Duration(k.FlowletNs),
 		Drain:     time.Duration(k.DrainNs),
 		VXLANPort: uint16(k.VxlanPort),
@@ -112,43 +123,71 @@ func (d *Datapath) Config() (Config, error) {
 // frames. The kernel starts a cpumap/<cpu> kthread for it, which runs the
 // split stage's share of the receive path.
 func (d *Datapath) SetCPUMapEntry(cpu int, qsize uint32) error {
-	if cpu < 0 || cpu >= MaxCPUs {
-		return fmt.Errorf("cpumap entry for core %d: must be 0..%d", cpu, MaxCPUs-1)
-	}
-	if qsize == 0 {
-		// The kernel takes qsize 0 as a delete.
-		return fmt.Errorf("cpumap entry for core %d: queue size 0", cpu)
-	}
-	v := steerBpfCpumapVal{Qsize: qsize}
-	if err := d.objs.SteerCpumap.Put(uint32(cpu), v); err != nil {
-		return fmt.Errorf("cpumap entry for core %d: %w", cpu, err)
-	}
-	return nil
+	return putCPUMap(d.objs.SteerCpumap, "cpumap", cpu, qsize)
 }
 
 // DelCPUMapEntry removes cpu's cpumap entry; frames placed there then stay
 // on the core that received them. Removing a missing entry is not an error.
 func (d *Datapath) DelCPUMapEntry(cpu int) error {
-	if cpu < 0 || cpu >= MaxCPUs {
-		return fmt.Errorf("cpumap entry for core %d: must be 0..%d", cpu, MaxCPUs-1)
-	}
-	if err := d.objs.SteerCpumap.Delete(uint32(cpu)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("removing cpumap entry for core %d: %w", cpu, err)
-	}
-	return nil
+	return delCPUMap(d.objs.SteerCpumap, "cpumap", cpu)
 }
 
 // CPUMapEntries lists the cores that have a cpumap entry, ascending.
 func (d *Datapath) CPUMapEntries() ([]int, error) {
+	return cpuMapEntries(d.objs.SteerCpumap, "cpumap")
+}
+
+// SetHiCPUMapEntry gives cpu a high-priority queue of qsize frames (its own
+// kthread) for flows the priority rules match, when Config.Prio is on.
+// Without one, high-priority frames for that core take its normal queue.
+func (d *Datapath) SetHiCPUMapEntry(cpu int, qsize uint32) error {
+	return putCPUMap(d.objs.SteerCpumapHi, "high-priority cpumap", cpu, qsize)
+}
+
+// DelHiCPUMapEntry removes cpu's high-priority queue.
+func (d *Datapath) DelHiCPUMapEntry(cpu int) error {
+	return delCPUMap(d.objs.SteerCpumapHi, "high-priority cpumap", cpu)
+}
+
+// HiCPUMapEntries lists the cores that have a high-priority queue.
+func (d *Datapath) HiCPUMapEntries() ([]int, error) {
+	return cpuMapEntries(d.objs.SteerCpumapHi, "high-priority cpumap")
+}
+
+func putCPUMap(m *ebpf.Map, what string, cpu int, qsize uint32) error {
+	if cpu < 0 || cpu >= MaxCPUs {
+		return fmt.Errorf("%s entry for core %d: must be 0..%d", what, cpu, MaxCPUs-1)
+	}
+	if qsize == 0 {
+		// The kernel takes qsize 0 as a delete.
+		return fmt.Errorf("%s entry for core %d: queue size 0", what, cpu)
+	}
+	if err := m.Put(uint32(cpu), steerBpfCpumapVal{Qsize: qsize}); err != nil {
+		return fmt.Errorf("%s entry for core %d: %w", what, cpu, err)
+	}
+	return nil
+}
+
+func delCPUMap(m *ebpf.Map, what string, cpu int) error {
+	if cpu < 0 || cpu >= MaxCPUs {
+		return fmt.Errorf("%s entry for core %d: must be 0..%d", what, cpu, MaxCPUs-1)
+	}
+	if err := m.Delete(uint32(cpu)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("removing %s entry for core %d: %w", what, cpu, err)
+	}
+	return nil
+}
+
+func cpuMapEntries(m *ebpf.Map, what string) ([]int, error) {
 	var cpus []int
 	var v steerBpfCpumapVal
 	for cpu := range MaxCPUs {
-		err := d.objs.SteerCpumap.Lookup(uint32(cpu), &v)
+		err := m.Lookup(uint32(cpu), &v)
 		switch {
 		case err == nil:
 			cpus = append(cpus, cpu)
 		case !errors.Is(err, ebpf.ErrKeyNotExist):
-			return nil, fmt.Errorf("reading cpumap entry for core %d: %w", cpu, err)
+			return nil, fmt.Errorf("reading %s entry for core %d: %w", what, cpu, err)
 		}
 	}
 	return cpus, nil
@@ -227,6 +266,7 @@ type Flow struct {
 	Proto            uint8
 	Stage            int
 	CPUIndex         uint32        // index into Config.CPUs, or Stay
+	High             bool          // in the core's high-priority queue (split stage, Config.Prio)
 	Ifindex          int           // hook device of the last packet
 	Bucket           int           // table bucket the datapath placed the last packet by
 	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
@@ -253,7 +293,8 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			DstPort:  bePort(k.Dport),
 			Proto:    k.Proto,
 			Stage:    int(k.Stage),
-			CPUIndex: s.CpuIdx,
+			CPUIndex: cpuIndex(s.CpuIdx),
+			High:     s.CpuIdx != Stay && s.CpuIdx&classHi != 0,
 			Ifindex:  int(s.Ifindex),
 			Bucket:   int(s.Bucket),
 			LastSeen: time.Duration(s.LastNs),
@@ -278,6 +319,13 @@ func (d *Datapath) Flows() ([]Flow, error) {
 	return flows, nil
 }
 
+func cpuIndex(v uint32) uint32 {
+	if v == Stay {
+		return v
+	}
+	return v &^ classHi
+}
+
 // beAddr and bePort undo the host-order decoding of fields the programs
 // copied from the packet in network order.
 func beAddr(v uint32) netip.Addr {
@@ -292,6 +340,19 @@ func bePort(v uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
+// nativeAddr and nativePort are their inverses: a value whose in-memory
+// bytes are the network-order field.
+func nativeAddr(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func nativePort(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
 // Counters are one stage's event counts, summed over cores.
 type Counters struct {
 	Steered  uint64 // next stage sent to a chosen core
@@ -303,6 +364,8 @@ type Counters struct {
 	// Undrained is moves made after Config.Drain with frames still
 	// counted in flight: each may have reordered if they were not dropped.
 	Undrained uint64
+	// High is frames of high-priority flows (split stage, Config.Prio).
+	High uint64
 }
 
 // Counter indices within a stage, as in steer.c's enum counter.
@@ -314,6 +377,7 @@ const (
 	cntMoved
 	cntDisabled
 	cntUndrained
+	cntHigh
 	numCounters
 )
 
@@ -323,7 +387,7 @@ func (d *Datapath) Stats() ([NumStages]Counters, error) {
 	var per []uint64
 	for stage := range NumStages {
 		c := &out[stage]
-		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained} {
+		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High} {
 			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
 				return out, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
 			}

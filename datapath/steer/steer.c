@@ -56,6 +56,11 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 
 /* steer_cfg.flags */
 #define CFG_ENABLED 0x1
+#define CFG_PRIO 0x2 /* classify flows against steer_prio (PRISM) */
+
+/* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
+ * rather than its normal one. Far above any core index, below STAY. */
+#define CLASS_HI 0x40000000u
 
 /* Not in the UAPI headers (they live in include/net/ip.h). */
 #define IP_MF 0x2000
@@ -73,6 +78,7 @@ enum counter {
 	CNT_MOVED,    /* a flow moved at a flowlet boundary */
 	CNT_DISABLED, /* cfg not enabled */
 	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
+	CNT_HIGH,     /* frame of a high-priority flow (CFG_PRIO) */
 	NUM_COUNTERS,
 };
 
@@ -147,6 +153,37 @@ struct {
 	__type(key, __u32); /* core number */
 	__type(value, struct bpf_cpumap_val);
 } steer_cpumap SEC(".maps");
+
+/*
+ * PRISM's high-priority class: a second cpumap, so each core can have a
+ * second queue with its own kthread, which the control plane runs at a
+ * higher real-time priority than the first. High-priority frames then
+ * overtake bulk frames at the kthreads' batch boundaries (PRISM-batch's
+ * batch-level preemption) instead of waiting behind them.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32); /* core number */
+	__type(value, struct bpf_cpumap_val);
+} steer_cpumap_hi SEC(".maps");
+
+/* PRISM's IP/port database: which inner flows are high priority. A flow
+ * matches on its destination (dir 0) or source (dir 1) address, with the
+ * port and protocol given or 0 for any. */
+struct prio_rule {
+	__be32 addr;
+	__be16 port;  /* 0: any */
+	__u8 proto;   /* IPPROTO_TCP, IPPROTO_UDP, 0: any */
+	__u8 dir;     /* 0: destination, 1: source */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct prio_rule);
+	__type(value, __u8); /* 1 */
+} steer_prio SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -267,6 +304,27 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 	return parse_inner(c, t);
 }
 
+/* Does a rule in steer_prio match the flow? Most specific first; at most
+ * eight lookups, all in a small hash. */
+static __always_inline int high_prio(const struct tuple *t)
+{
+	struct prio_rule r = {};
+
+#pragma unroll
+	for (int dir = 0; dir < 2; dir++) {
+		r.dir = dir;
+		r.addr = dir ? t->saddr : t->daddr;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			r.port = i < 2 ? (dir ? t->sport : t->dport) : 0;
+			r.proto = (i % 2) == 0 ? t->proto : 0;
+			if (bpf_map_lookup_elem(&steer_prio, &r))
+				return 1;
+		}
+	}
+	return 0;
+}
+
 static __always_inline __u32 rotl32(__u32 x, int r)
 {
 	return (x << r) | (x >> (32 - r));
@@ -328,11 +386,12 @@ static __always_inline __u32 bucket_of(__u32 fh, __u32 ifindex, __u32 stage)
  * cpumap kthread waiting behind a busy task) can hold frames far longer
  * than any fixed gap. Frames dropped between the two counting points would
  * keep inflight above 0 for ever, so after drain_ns idle the flow moves
- * anyway. *out is the flow's state, for the caller's in-flight count
- * (NULL if it could not be stored).
+ * anyway. A change of priority class (hi: the core's high-priority queue)
+ * is a move like any other. *out is the flow's state, for the caller's
+ * in-flight count (NULL if it could not be stored).
  */
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
-				   __u32 stage, __u32 ifindex, __u64 len,
+				   __u32 stage, __u32 ifindex, __u64 len, int hi,
 				   struct steer_flow_state **out)
 {
 	struct steer_flow_key key = {
@@ -352,6 +411,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 	if (want >= cfg->ncpus)
 		want = STAY;
+	else if (hi)
+		want |= CLASS_HI;
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
@@ -371,7 +432,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	}
 
 	if (st->cpu_idx != want) {
-		if (st->cpu_idx != STAY && st->cpu_idx >= cfg->ncpus) {
+		if (st->cpu_idx != STAY && (st->cpu_idx & ~CLASS_HI) >= cfg->ncpus) {
 			/* The core set shrank under the flow: its old index names
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
@@ -463,8 +524,10 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct lanes_meta *meta;
-	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
+	__u32 idx;
+	__u64 cpu; /* 64-bit so the bounds check and the array index are one register */
 	long ret;
+	int hi;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(STAGE_SPLIT, CNT_DISABLED);
@@ -476,13 +539,20 @@ int steer_xdp(struct xdp_md *ctx)
 	}
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
-	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, &st);
-	if (idx >= MAX_CPUS) {
+	hi = (cfg->flags & CFG_PRIO) && high_prio(&t);
+	if (hi)
+		count(STAGE_SPLIT, CNT_HIGH);
+	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, &st);
+	cpu = idx & ~CLASS_HI;
+	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
 		return XDP_PASS;
 	}
 	/* A core without a cpumap entry falls back to XDP_PASS: vanilla. */
-	ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx], XDP_PASS);
+	if (idx & CLASS_HI)
+		ret = bpf_redirect_map(&steer_cpumap_hi, cfg->cpus[cpu], XDP_PASS);
+	else
+		ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[cpu], XDP_PASS);
 	if (ret != XDP_REDIRECT) {
 		count(STAGE_SPLIT, CNT_STAYED);
 		return ret;
@@ -577,7 +647,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		seen(&t, STAGE_BRIDGE, skb_frames(skb));
 
 	fh = flow_hash(&t);
-	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, &st);
+	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, &st);
 	if (idx == STAY) {
 		/* Vanilla placement for a tc stage is the core we run on. */
 		count(stage, CNT_STAYED);

@@ -1,0 +1,172 @@
+//go:build linux
+
+package steer
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Rule marks inner flows high priority (PRISM's IP/port database): those
+// whose destination (or, with Src, source) address is Addr, and whose port
+// on that side and protocol match when given.
+type Rule struct {
+	Src   bool       // match the source side; default the destination
+	Addr  netip.Addr // IPv4
+	Port  uint16     // 0: any port
+	Proto uint8      // 6 (TCP), 17 (UDP), 0: any
+}
+
+// maxRules is steer_prio's size.
+const maxRules = 1024
+
+func (r Rule) check() error {
+	if !r.Addr.Is4() {
+		return fmt.Errorf("priority rule %s: only IPv4 addresses (the programs parse IPv4 only)", r)
+	}
+	if r.Proto != 0 && r.Proto != protoTCP && r.Proto != protoUDP {
+		return fmt.Errorf("priority rule %s: protocol must be tcp, udp or any", r)
+	}
+	return nil
+}
+
+const (
+	protoTCP = 6
+	protoUDP = 17
+)
+
+// String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
+func (r Rule) String() string {
+	var b strings.Builder
+	if r.Src {
+		b.WriteString("src ")
+	} else {
+		b.WriteString("dst ")
+	}
+	b.WriteString(r.Addr.String())
+	if r.Port != 0 {
+		b.WriteString(" port " + strconv.Itoa(int(r.Port)))
+	}
+	switch r.Proto {
+	case protoTCP:
+		b.WriteString(" tcp")
+	case protoUDP:
+		b.WriteString(" udp")
+	}
+	return b.String()
+}
+
+// ParseRule reads "[dst|src] ADDR [port N] [tcp|udp]".
+func ParseRule(s string) (Rule, error) {
+	var r Rule
+	f := strings.Fields(s)
+	bad := func(why string) (Rule, error) {
+		return Rule{}, fmt.Errorf("priority rule %q: %s (want [dst|src] ADDR [port N] [tcp|udp])", s, why)
+	}
+	if len(f) > 0 && (f[0] == "dst" || f[0] == "src") {
+		r.Src = f[0] == "src"
+		f = f[1:]
+	}
+	if len(f) == 0 {
+		return bad("no address")
+	}
+	a, err := netip.ParseAddr(f[0])
+	if err != nil || !a.Is4() {
+		return bad(fmt.Sprintf("%q is not an IPv4 address", f[0]))
+	}
+	r.Addr = a
+	for f = f[1:]; len(f) > 0; f = f[1:] {
+		switch f[0] {
+		case "port":
+			if len(f) < 2 {
+				return bad("port without a number")
+			}
+			p, err := strconv.ParseUint(f[1], 10, 16)
+			if err != nil || p == 0 {
+				return bad(fmt.Sprintf("port %q is not 1..65535", f[1]))
+			}
+			r.Port = uint16(p)
+			f = f[1:]
+		case "tcp":
+			r.Proto = protoTCP
+		case "udp":
+			r.Proto = protoUDP
+		default:
+			return bad(fmt.Sprintf("unknown word %q", f[0]))
+		}
+	}
+	return r, nil
+}
+
+func (r Rule) key() steerPrioRule {
+	k := steerPrioRule{Addr: nativeAddr(r.Addr), Port: nativePort(r.Port), Proto: r.Proto}
+	if r.Src {
+		k.Dir = 1
+	}
+	return k
+}
+
+// AddRule marks r's flows high priority from their next packet on (a flow
+// changes class like any move: once its old queue has drained). Adding a
+// rule that is there is not an error.
+func (d *Datapath) AddRule(r Rule) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if err := d.objs.SteerPrio.Update(r.key(), uint8(1), ebpf.UpdateAny); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return fmt.Errorf("adding priority rule %s: the table holds at most %d rules", r, maxRules)
+		}
+		return fmt.Errorf("adding priority rule %s: %w", r, err)
+	}
+	return nil
+}
+
+// DelRule removes r; it is an error if r is not there.
+func (d *Datapath) DelRule(r Rule) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if err := d.objs.SteerPrio.Delete(r.key()); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("no priority rule %s (lanes prio list shows them)", r)
+		}
+		return fmt.Errorf("removing priority rule %s: %w", r, err)
+	}
+	return nil
+}
+
+// Rules lists the priority rules, destination rules first, then by
+// address, port and protocol.
+func (d *Datapath) Rules() ([]Rule, error) {
+	var (
+		out []Rule
+		k   steerPrioRule
+		one uint8
+	)
+	it := d.objs.SteerPrio.Iterate()
+	for it.Next(&k, &one) {
+		out = append(out, Rule{Src: k.Dir == 1, Addr: beAddr(k.Addr), Port: bePort(k.Port), Proto: k.Proto})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading priority rules: %w", err)
+	}
+	slices.SortFunc(out, func(a, b Rule) int {
+		src := func(r Rule) int {
+			if r.Src {
+				return 1
+			}
+			return 0
+		}
+		return cmp.Or(cmp.Compare(src(a), src(b)), a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto))
+	})
+	return out, nil
+}
