@@ -32,15 +32,16 @@ func (r Rule) check() error {
 	if !r.Addr.Is4() {
 		return fmt.Errorf("priority rule %s: only IPv4 addresses (the programs parse IPv4 only)", r)
 	}
-	if r.Proto != 0 && r.Proto != protoTCP && r.Proto != protoUDP {
+	if r.Proto != 0 && r.Proto != ipProtoTCP && r.Proto != ipProtoUDP {
 		return fmt.Errorf("priority rule %s: protocol must be tcp, udp or any", r)
 	}
 	return nil
 }
 
+// IP protocol numbers a rule may name.
 const (
-	protoTCP = 6
-	protoUDP = 17
+	ipProtoTCP = 6
+	ipProtoUDP = 17
 )
 
 // String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
@@ -56,9 +57,9 @@ func (r Rule) String() string {
 		b.WriteString(" port " + strconv.Itoa(int(r.Port)))
 	}
 	switch r.Proto {
-	case protoTCP:
+	case ipProtoTCP:
 		b.WriteString(" tcp")
-	case protoUDP:
+	case ipProtoUDP:
 		b.WriteString(" udp")
 	}
 	return b.String()
@@ -96,9 +97,9 @@ func ParseRule(s string) (Rule, error) {
 			r.Port = uint16(p)
 			f = f[1:]
 		case "tcp":
-			r.Proto = protoTCP
+			r.Proto = ipProtoTCP
 		case "udp":
-			r.Proto = protoUDP
+			r.Proto = ipProtoUDP
 		default:
 			return bad(fmt.Sprintf("unknown word %q", f[0]))
 		}

@@ -524,8 +524,8 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct lanes_meta *meta;
-	__u32 idx;
-	__u64 cpu; /* 64-bit so the bounds check and the array index are one register */
+	__u32 idx, core;
+	__u64 cpu;
 	long ret;
 	int hi;
 
@@ -548,11 +548,14 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_STAYED);
 		return XDP_PASS;
 	}
+	/* The mask is a no-op after the check; it lets the verifier see the
+	 * bound the compiler may have moved away. */
+	core = cfg->cpus[cpu & (MAX_CPUS - 1)];
 	/* A core without a cpumap entry falls back to XDP_PASS: vanilla. */
 	if (idx & CLASS_HI)
-		ret = bpf_redirect_map(&steer_cpumap_hi, cfg->cpus[cpu], XDP_PASS);
+		ret = bpf_redirect_map(&steer_cpumap_hi, core, XDP_PASS);
 	else
-		ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[cpu], XDP_PASS);
+		ret = bpf_redirect_map(&steer_cpumap, core, XDP_PASS);
 	if (ret != XDP_REDIRECT) {
 		count(STAGE_SPLIT, CNT_STAYED);
 		return ret;

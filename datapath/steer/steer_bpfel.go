@@ -22,6 +22,14 @@ type steerBpfCpumapVal struct {
 	}
 }
 
+type steerPrioRule struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Dir   uint8
+}
+
 type steerSteerCfg struct {
 	_         structs.HostLayout
 	Ncpus     uint32
@@ -64,7 +72,9 @@ type steerSteerFlowState struct {
 const (
 	steerMapSteerCfg        = "steer_cfg"
 	steerMapSteerCpumap     = "steer_cpumap"
+	steerMapSteerCpumapHi   = "steer_cpumap_hi"
 	steerMapSteerFlows      = "steer_flows"
+	steerMapSteerPrio       = "steer_prio"
 	steerMapSteerStats      = "steer_stats"
 	steerMapSteerTable      = "steer_table"
 	steerMapSteerVni        = "steer_vni"
@@ -126,12 +136,14 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerCfg    *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerFlows  *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerStats  *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerTable  *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVni    *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerCfg      *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerCpumap   *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerFlows    *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerTable    *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVni      *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -160,19 +172,23 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerCfg    *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerFlows  *ebpf.Map `ebpf:"steer_flows"`
-	SteerStats  *ebpf.Map `ebpf:"steer_stats"`
-	SteerTable  *ebpf.Map `ebpf:"steer_table"`
-	SteerVni    *ebpf.Map `ebpf:"steer_vni"`
+	SteerCfg      *ebpf.Map `ebpf:"steer_cfg"`
+	SteerCpumap   *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerFlows    *ebpf.Map `ebpf:"steer_flows"`
+	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
+	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
+	SteerTable    *ebpf.Map `ebpf:"steer_table"`
+	SteerVni      *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.SteerCfg,
 		m.SteerCpumap,
+		m.SteerCpumapHi,
 		m.SteerFlows,
+		m.SteerPrio,
 		m.SteerStats,
 		m.SteerTable,
 		m.SteerVni,

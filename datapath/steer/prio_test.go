@@ -1,0 +1,209 @@
+//go:build linux
+
+package steer
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRule(t *testing.T) {
+	for in, want := range map[string]Rule{
+		"198.18.0.2":                  {Addr: netip.MustParseAddr("198.18.0.2")},
+		"dst 198.18.0.2 port 80 tcp":  {Addr: netip.MustParseAddr("198.18.0.2"), Port: 80, Proto: 6},
+		"src 10.0.0.1 udp":            {Src: true, Addr: netip.MustParseAddr("10.0.0.1"), Proto: 17},
+		"  dst 10.0.0.1   port 11111": {Addr: netip.MustParseAddr("10.0.0.1"), Port: 11111},
+	} {
+		got, err := ParseRule(in)
+		if err != nil || got != want {
+			t.Errorf("ParseRule(%q) = %+v, %v; want %+v", in, got, err, want)
+			continue
+		}
+		if again, err := ParseRule(got.String()); err != nil || again != got {
+			t.Errorf("%q -> %q does not read back: %+v %v", in, got.String(), again, err)
+		}
+	}
+	for _, in := range []string{"", "dst", "::1", "198.18.0.2 port", "198.18.0.2 port 0", "198.18.0.2 port 70000", "198.18.0.2 icmp", "host 1.2.3.4"} {
+		if _, err := ParseRule(in); err == nil || !strings.Contains(err.Error(), "want [dst|src]") {
+			t.Errorf("ParseRule(%q): error %v, want one saying the syntax", in, err)
+		}
+	}
+}
+
+// prioDatapath: priority classes on, every split bucket at core index 0,
+// a normal queue on core 0 and, if hiQueue, a high-priority one.
+func prioDatapath(t *testing.T, hiQueue bool, drain time.Duration) *Datapath {
+	t.Helper()
+	d, _ := newDatapath(t)
+	cfg := Config{Enabled: true, Prio: true, CPUs: []int{0}, Drain: drain, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); !got.Prio {
+		t.Fatalf("config %+v does not read back Prio", got)
+	}
+	if hiQueue {
+		if err := d.SetHiCPUMapEntry(0, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setAll(t, d, StageSplit, 0)
+	return d
+}
+
+func addRule(t *testing.T, d *Datapath, s string) Rule {
+	t.Helper()
+	r, err := ParseRule(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AddRule(r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestPrioClassifies: a flow a rule matches goes to the core's
+// high-priority queue, others to the normal one. Which queue shows in the
+// verdict: without a high-priority entry the redirect falls back to
+// XDP_PASS, while the normal entry exists.
+func TestPrioClassifies(t *testing.T) {
+	d := prioDatapath(t, false, 0)
+	hiTCP := tcpFlow(40000)
+	hiTCP.dport = 11111
+	addRule(t, d, "dst "+innerDst.String()+" port 11111 tcp")
+	addRule(t, d, "src "+innerSrc.String()+" port 5000")
+	addRule(t, d, "dst 10.9.9.9")
+	srcRule := udpFlow(5000)
+	anyPort := udpFlow(40001)
+	anyPort.dst = netip.MustParseAddr("10.9.9.9")
+	wrongProto := udpFlow(40002)
+	wrongProto.dport = 11111
+
+	for _, c := range []struct {
+		name string
+		f    flowSpec
+		high bool
+	}{
+		{"dst address, port and protocol", hiTCP, true},
+		{"src address and port, any protocol", srcRule, true},
+		{"dst address alone", anyPort, true},
+		{"right port, wrong protocol", wrongProto, false},
+		{"no rule", tcpFlow(40003), false},
+	} {
+		frame := vxlanFrame(frameSpec{flow: c.f})
+		ret, out := runXDP(t, d, frame)
+		sameBytes(t, c.name, frame, out)
+		want := uint32(xdpRedirect)
+		if c.high {
+			want = xdpPass // no high-priority queue on the core
+		}
+		if ret != want {
+			t.Errorf("%s: verdict %d, want %d", c.name, ret, want)
+		}
+		if fl := mustFlow(t, d, c.f, StageSplit); fl.High != c.high || fl.CPUIndex != 0 {
+			t.Errorf("%s: flow %+v, want high=%v on index 0", c.name, fl, c.high)
+		}
+	}
+	if st := stats(t, d)[StageSplit]; st.High != 3 || st.Steered != 2 || st.Stayed != 3 {
+		t.Errorf("counters %+v, want 3 high (stayed: no queue), 2 steered", st)
+	}
+
+	// With the queue, high-priority frames are redirected too.
+	if err := d.SetHiCPUMapEntry(0, 64); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: hiTCP})); ret != xdpRedirect {
+		t.Errorf("with a high-priority queue: verdict %d, want XDP_REDIRECT", ret)
+	}
+	if cm, err := d.HiCPUMapEntries(); err != nil || !slices.Equal(cm, []int{0}) {
+		t.Errorf("high-priority entries %v %v, want [0]", cm, err)
+	}
+
+	// Prio off: rules are kept but not consulted.
+	cfg, _ := d.Config()
+	cfg.Prio = false
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := tcpFlow(40004)
+	f.dst = netip.MustParseAddr("10.9.9.9")
+	runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+	if fl := mustFlow(t, d, f, StageSplit); fl.High {
+		t.Errorf("classified with Prio off: %+v", fl)
+	}
+}
+
+func TestPrioRulesAPI(t *testing.T) {
+	d := prioDatapath(t, true, 0)
+	b := addRule(t, d, "src 10.0.0.1 udp")
+	a := addRule(t, d, "dst 10.0.0.2 port 80 tcp")
+	addRule(t, d, "dst 10.0.0.2 port 80 tcp") // again: no error
+	rules, err := d.Rules()
+	if err != nil || !slices.Equal(rules, []Rule{a, b}) {
+		t.Fatalf("rules %v %v, want [%v %v]", rules, err, a, b)
+	}
+	if err := d.DelRule(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DelRule(a); err == nil || !strings.Contains(err.Error(), "no priority rule") {
+		t.Errorf("deleting a missing rule: %v", err)
+	}
+	if err := d.AddRule(Rule{Addr: netip.MustParseAddr("::1")}); err == nil {
+		t.Error("an IPv6 rule was accepted")
+	}
+	if rules, _ := d.Rules(); !slices.Equal(rules, []Rule{b}) {
+		t.Errorf("after delete: %v", rules)
+	}
+}
+
+// TestPrioClassChangeWaitsForDrain: a rule added while a flow has frames in
+// its normal queue takes effect once they were seen, like any move.
+func TestPrioClassChangeWaitsForDrain(t *testing.T) {
+	d := prioDatapath(t, true, time.Hour)
+	f := udpFlow(40000)
+	frame := vxlanFrame(frameSpec{flow: f})
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.High || fl.InFlight != 1 {
+		t.Fatalf("flow %+v, want normal class with 1 frame in flight", fl)
+	}
+	addRule(t, d, "dst "+innerDst.String())
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.High {
+		t.Errorf("changed class with frames queued: %+v", fl)
+	}
+	if st := stats(t, d)[StageSplit]; st.Held != 1 {
+		t.Errorf("counters %+v, want 1 held", st)
+	}
+	cfg, _ := d.Config()
+	cfg.Drain = 0
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); !fl.High {
+		t.Errorf("did not change class once allowed: %+v", fl)
+	}
+}
+
+// TestPrioMalformedPassUntouched: with a rule matching every inner flow of
+// the test frames, what the parser does not understand still passes
+// untouched and is not classified.
+func TestPrioMalformedPassUntouched(t *testing.T) {
+	d := prioDatapath(t, true, 0)
+	addRule(t, d, "dst "+innerDst.String())
+	frames := outerMalformed()
+	for name, frame := range frames {
+		ret, out := runXDP(t, d, frame)
+		if ret != xdpPass {
+			t.Errorf("%s: verdict %d, want XDP_PASS", name, ret)
+		}
+		sameBytes(t, name, frame, out)
+	}
+	if st := stats(t, d)[StageSplit]; st.High != 0 || st.Passed != uint64(len(frames)) {
+		t.Errorf("counters %+v, want %d passed, none high", st, len(frames))
+	}
+}
