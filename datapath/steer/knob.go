@@ -67,18 +67,18 @@ func (s Setup) Encode() (string, error) {
 // setupDoc spells the durations out, so a journal reads without Go's
 // time.Duration encoding in mind.
 type setupDoc struct {
-	Enabled    bool     `json:"enabled"`
-	CPUs       []int    `json:"cpus"`
-	FlowletNS  int64    `json:"flowlet_ns"`
-	DrainNS    int64    `json:"drain_ns,omitempty"`
-	Port       uint16   `json:"vxlan_port"`
-	VNIs       []uint32 `json:"vnis"`
-	CPUMap     []int    `json:"cpumap,omitempty"`
-	QueueSize  uint32   `json:"queue_size,omitempty"`
-	RTPriority int      `json:"rt_priority,omitempty"`
-	Prio         bool  `json:"prio,omitempty"`
-	HiCPUMap     []int `json:"hi_cpumap,omitempty"`
-	HiRTPriority int   `json:"hi_rt_priority,omitempty"`
+	Enabled      bool     `json:"enabled"`
+	CPUs         []int    `json:"cpus"`
+	FlowletNS    int64    `json:"flowlet_ns"`
+	DrainNS      int64    `json:"drain_ns,omitempty"`
+	Port         uint16   `json:"vxlan_port"`
+	VNIs         []uint32 `json:"vnis"`
+	CPUMap       []int    `json:"cpumap,omitempty"`
+	QueueSize    uint32   `json:"queue_size,omitempty"`
+	RTPriority   int      `json:"rt_priority,omitempty"`
+	Prio         bool     `json:"prio,omitempty"`
+	HiCPUMap     []int    `json:"hi_cpumap,omitempty"`
+	HiRTPriority int      `json:"hi_rt_priority,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.

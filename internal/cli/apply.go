@@ -78,6 +78,7 @@ var modeFlags = []struct{ name, help string }{
 	{"split", "falcon: split the first stage with XDP + cpumap: true|false"},
 	{"balance", "falcon: balance stages by core load: true|false"},
 	{"load", "falcon: load figure, rx or busy (default rx)"},
+	{"prio-mode", "prism: batch (own queue and kthread per class); sync is not implemented yet"},
 }
 
 func ctlAddModeFlags(f *pflag.FlagSet, sets *[]string) {

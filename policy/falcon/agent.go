@@ -73,7 +73,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	}
 	a := &agent{env: env, o: o, dir: dir, dp: dp, cfg: cfg, home: -1}
 	if t, err := topology.Discover(env.NetNS); err == nil {
-		if irq := irqCPUs(t); len(irq) == 1 {
+		if irq := plan.IRQCPUs(t); len(irq) == 1 {
 			a.home = irq[0]
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"
@@ -34,35 +35,35 @@ func TestFalconApplyReset(t *testing.T) {
 			cpus := online(t)
 			tb := upTestbed(t, topo)
 			r, s := tb.Receiver(), tb.Sender()
-			before := snapshot(t, tb)
+			before := modetest.Snapshot(t, tb)
 			if before["bpffs:/sys/fs/bpf"] == "true" {
 				t.Log("bpffs was mounted before the apply: the test cannot see the plan mount it")
 			}
 
 			a := apply(t, tb, "falcon", nil)
-			if a.state.Plan.Agent != falcon.AgentName {
-				t.Errorf("plan agent %q, want %q", a.state.Plan.Agent, falcon.AgentName)
+			if a.State.Plan.Agent != falcon.AgentName {
+				t.Errorf("plan agent %q, want %q", a.State.Plan.Agent, falcon.AgentName)
 			}
-			if !bpffsMounted(t) {
+			if !modetest.BPFFSMounted(t) {
 				t.Error("bpffs not mounted at /sys/fs/bpf while falcon is applied")
 			}
 			for _, name := range []string{steer.PinXDP, steer.PinTCIngress, steer.PinTCEgress, "steer_cfg", "steer_table", "steer_flows", "steer_cpumap", "steer_stats", "steer_vni"} {
-				if !exists(filepath.Join(a.pinDir, name)) {
-					t.Errorf("pin %s missing in %s", name, a.pinDir)
+				if !modetest.Exists(filepath.Join(a.PinDir, name)) {
+					t.Errorf("pin %s missing in %s", name, a.PinDir)
 				}
 			}
 			xdp, err := attach.Attached(r.NetNS, r.Underlay)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := pinnedProgID(t, filepath.Join(a.pinDir, steer.PinXDP)); xdp == 0 || xdp != want {
+			if want := pinnedProgID(t, filepath.Join(a.PinDir, steer.PinXDP)); xdp == 0 || xdp != want {
 				t.Errorf("XDP on %s: program %d, want the pinned steer_xdp %d", r.Underlay, xdp, want)
 			}
-			after := snapshot(t, tb)
-			if got, want := after["tcx:"+r.NetNS+":"+r.Underlay+":ingress"], strconv.FormatUint(uint64(pinnedProgID(t, filepath.Join(a.pinDir, steer.PinTCIngress))), 10); got != want {
+			after := modetest.Snapshot(t, tb)
+			if got, want := after["tcx:"+r.NetNS+":"+r.Underlay+":ingress"], strconv.FormatUint(uint64(pinnedProgID(t, filepath.Join(a.PinDir, steer.PinTCIngress))), 10); got != want {
 				t.Errorf("tcx ingress on %s: programs %q, want %q", r.Underlay, got, want)
 			}
-			egress := strconv.FormatUint(uint64(pinnedProgID(t, filepath.Join(a.pinDir, steer.PinTCEgress))), 10)
+			egress := strconv.FormatUint(uint64(pinnedProgID(t, filepath.Join(a.PinDir, steer.PinTCEgress))), 10)
 			for _, c := range r.Containers {
 				if got := after["tcx:"+r.NetNS+":"+c.HostVeth+":egress"]; got != egress {
 					t.Errorf("tcx egress on %s: programs %q, want %q", c.HostVeth, got, egress)
@@ -82,7 +83,7 @@ func TestFalconApplyReset(t *testing.T) {
 					t.Errorf("rps_cpus of %s in %s = %v, want all cores %v", c.Veth, c.NetNS, got, cpus)
 				}
 			}
-			dp := a.open(t)
+			dp := a.Open(t)
 			cfg, err := dp.Config()
 			if err != nil {
 				t.Fatal(err)
@@ -111,7 +112,7 @@ func TestFalconApplyReset(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("%d knobs snapshotted, bpffs before: %s; plan: %d changes; steered during the transfers: split %d, bridge %d, container %d",
-				len(before), before["bpffs:/sys/fs/bpf"], a.state.Plan.Changes,
+				len(before), before["bpffs:/sys/fs/bpf"], a.State.Plan.Changes,
 				st1[0].Steered-st0[0].Steered, st1[1].Steered-st0[1].Steered, st1[2].Steered-st0[2].Steered)
 			for stage := 0; stage < steer.NumStages; stage++ {
 				if st1[stage].Steered <= st0[stage].Steered {
@@ -120,8 +121,8 @@ func TestFalconApplyReset(t *testing.T) {
 			}
 			dp.Close()
 
-			a.resetAndCheck(t, before)
-			if bpffsMounted(t) != (before["bpffs:/sys/fs/bpf"] == "true") {
+			a.ResetAndCheck(t, before)
+			if modetest.BPFFSMounted(t) != (before["bpffs:/sys/fs/bpf"] == "true") {
 				t.Error("bpffs mount state after reset differs from before")
 			}
 			// And the overlay still works after the reset.
@@ -142,20 +143,20 @@ func TestFalconSubModes(t *testing.T) {
 	cpus := online(t)
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
-	before := snapshot(t, tb)
+	before := modetest.Snapshot(t, tb)
 	rpsKey := func(ns, dev string) string {
 		return knobs.Sysfs(ns, "/sys/class/net/"+dev+"/queues/rx-0/rps_cpus").Key()
 	}
 
 	t.Run("falcon-pipeline", func(t *testing.T) {
 		a := apply(t, tb, "falcon-pipeline", nil)
-		if a.state.Plan.Agent != "" {
-			t.Errorf("agent %q, want none", a.state.Plan.Agent)
+		if a.State.Plan.Agent != "" {
+			t.Errorf("agent %q, want none", a.State.Plan.Agent)
 		}
 		if id, _ := attach.Attached(r.NetNS, r.Underlay); id != 0 {
 			t.Errorf("XDP program %d on %s: pipeline alone must not split", id, r.Underlay)
 		}
-		dp := a.open(t)
+		dp := a.Open(t)
 		tabs := tables(t, dp)
 		if !allEqual(tabs[steer.StageSplit], steer.Stay) {
 			t.Error("split table is not all stay")
@@ -177,24 +178,24 @@ func TestFalconSubModes(t *testing.T) {
 		if got := rpsCPUs(t, r.NetNS, r.VXLAN); !slices.Equal(got, cpus) {
 			t.Errorf("rps_cpus of %s = %v, want %v", r.VXLAN, got, cpus)
 		}
-		after := snapshot(t, tb)
+		after := modetest.Snapshot(t, tb)
 		if after["tcx:"+r.NetNS+":"+r.Underlay+":ingress"] == "" {
 			t.Error("no tcx ingress program on the underlay")
 		}
 		udpTransfer(t, s.Containers[0].NetNS, r.Containers[0].NetNS, r.Containers[0].Addr.Addr(), 1000)
 		dp.Close()
-		a.resetAndCheck(t, before)
+		a.ResetAndCheck(t, before)
 	})
 
 	t.Run("falcon-split", func(t *testing.T) {
 		a := apply(t, tb, "falcon-split", nil)
-		if a.state.Plan.Agent != "" {
-			t.Errorf("agent %q, want none", a.state.Plan.Agent)
+		if a.State.Plan.Agent != "" {
+			t.Errorf("agent %q, want none", a.State.Plan.Agent)
 		}
-		if id, _ := attach.Attached(r.NetNS, r.Underlay); id == 0 || id != pinnedProgID(t, filepath.Join(a.pinDir, steer.PinXDP)) {
+		if id, _ := attach.Attached(r.NetNS, r.Underlay); id == 0 || id != pinnedProgID(t, filepath.Join(a.PinDir, steer.PinXDP)) {
 			t.Errorf("XDP on %s: program %d, want steer_xdp", r.Underlay, id)
 		}
-		dp := a.open(t)
+		dp := a.Open(t)
 		cfg, err := dp.Config()
 		if err != nil {
 			t.Fatal(err)
@@ -216,9 +217,9 @@ func TestFalconSubModes(t *testing.T) {
 			t.Errorf("cpumap entries %v, want [0]", cm)
 		}
 		// No RPS and no tcx: the only changes are XDP and the pins.
-		after := snapshot(t, tb)
+		after := modetest.Snapshot(t, tb)
 		for k, v := range before {
-			if k == "xdp:"+r.NetNS+":"+r.Underlay || k == "bpffs:/sys/fs/bpf" || k == "pindir:"+a.pinDir {
+			if k == "xdp:"+r.NetNS+":"+r.Underlay || k == "bpffs:/sys/fs/bpf" || k == "pindir:"+a.PinDir {
 				continue
 			}
 			if after[k] != v {
@@ -235,18 +236,18 @@ func TestFalconSubModes(t *testing.T) {
 			t.Errorf("split stage steered nothing: %+v", st1[steer.StageSplit])
 		}
 		dp.Close()
-		a.resetAndCheck(t, before)
+		a.ResetAndCheck(t, before)
 	})
 
 	t.Run("falcon-balance", func(t *testing.T) {
 		a := apply(t, tb, "falcon-balance", nil)
-		if a.state.Plan.Agent != falcon.AgentName {
-			t.Errorf("agent %q, want %q", a.state.Plan.Agent, falcon.AgentName)
+		if a.State.Plan.Agent != falcon.AgentName {
+			t.Errorf("agent %q, want %q", a.State.Plan.Agent, falcon.AgentName)
 		}
 		if id, _ := attach.Attached(r.NetNS, r.Underlay); id != 0 {
 			t.Errorf("XDP program %d on %s: balance alone must not split", id, r.Underlay)
 		}
-		dp := a.open(t)
+		dp := a.Open(t)
 		tabs := tables(t, dp)
 		for st := 0; st < steer.NumStages; st++ {
 			if !allEqual(tabs[st], steer.Stay) {
@@ -254,7 +255,7 @@ func TestFalconSubModes(t *testing.T) {
 			}
 		}
 		// The balancer moves stages through the tc hooks and RPS.
-		after := snapshot(t, tb)
+		after := modetest.Snapshot(t, tb)
 		if after["tcx:"+r.NetNS+":"+r.Underlay+":ingress"] == "" {
 			t.Error("no tcx ingress program on the underlay")
 		}
@@ -263,7 +264,7 @@ func TestFalconSubModes(t *testing.T) {
 		}
 		udpTransfer(t, s.Containers[0].NetNS, r.Containers[0].NetNS, r.Containers[0].Addr.Addr(), 1000)
 		dp.Close()
-		a.resetAndCheck(t, before)
+		a.ResetAndCheck(t, before)
 	})
 }
 
@@ -276,7 +277,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
 	a := apply(t, tb, "falcon", nil)
-	dp := a.open(t)
+	dp := a.Open(t)
 	static := tables(t, dp)
 	if !allEqual(static[steer.StageSplit], 0) {
 		t.Fatalf("split table %s, want all at core index 0", steer.FormatTable(static[steer.StageSplit]))
@@ -363,7 +364,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ag, state, err := control.NewAgent(control.AgentOptions{NetNS: r.NetNS, StateDir: a.stateDir, Logf: t.Logf})
+	ag, state, err := control.NewAgent(control.AgentOptions{NetNS: r.NetNS, StateDir: a.StateDir, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,13 +488,10 @@ func TestFalconPlacementObserved(t *testing.T) {
 	// on the IRQ core 1.
 	v := apply(t, tb, "vanilla", nil)
 	base, _, baseOK := measure("vanilla", 1)
-	if _, err := control.Reset(v.ns, v.stateDir); err != nil {
-		t.Fatal(err)
-	}
-	v.reset = true
+	v.Reset(t)
 
 	a := apply(t, tb, "falcon-pipeline", nil)
-	dp := a.open(t)
+	dp := a.Open(t)
 	cfg, err := dp.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -592,12 +590,12 @@ func TestFalconRefusesForeignXDP(t *testing.T) {
 	if id, _ := attach.Attached(r.NetNS, r.Underlay); id != uint32(ours) {
 		t.Fatalf("XDP on %s is %d, want the foreign program %d", r.Underlay, id, ours)
 	}
-	before := snapshot(t, tb)
+	before := modetest.Snapshot(t, tb)
 	stateDir := t.TempDir()
 	_, err = control.Apply(control.Options{Mode: "falcon", NetNS: r.NetNS, StateDir: stateDir})
 	t.Cleanup(func() { control.Reset(r.NetNS, stateDir) })
 	oneLine(t, "apply over a foreign XDP program", err, "already has XDP program")
-	sameSnapshot(t, "after the refused apply", snapshot(t, tb), before)
+	modetest.SameSnapshot(t, "after the refused apply", modetest.Snapshot(t, tb), before)
 	if id, _ := attach.Attached(r.NetNS, r.Underlay); id != uint32(ours) {
 		t.Errorf("XDP on %s is %d after the refused apply, want the foreign program %d", r.Underlay, id, ours)
 	}
@@ -608,21 +606,21 @@ func TestFalconRefusesForeignXDP(t *testing.T) {
 	if st, err := control.ReadState(dir); st != nil || err != nil {
 		t.Errorf("state file left in %s after the rolled-back apply: %+v %v", dir, st, err)
 	}
-	if exists(dir) {
+	if modetest.Exists(dir) {
 		// control.Apply's rollback removes the state file but not the
 		// target directory it created (Reset does remove it).
 		t.Errorf("BUG (control/control.go Apply rollback): state directory %s left behind after a rolled-back apply", dir)
 	} else {
-		noState(t, stateDir)
+		modetest.NoState(t, stateDir)
 	}
 	// The namespace stays usable: with the foreign program gone, falcon
 	// applies.
 	if err := setXDP(-1); err != nil {
 		t.Fatal(err)
 	}
-	before = snapshot(t, tb)
+	before = modetest.Snapshot(t, tb)
 	a := apply(t, tb, "falcon", nil)
-	a.resetAndCheck(t, before)
+	a.ResetAndCheck(t, before)
 }
 
 // TestFalconBadParams: every bad setting is refused with one line before
@@ -635,7 +633,7 @@ func TestFalconBadParams(t *testing.T) {
 	if slices.Contains(cpus, offline) {
 		offline = slices.Max(cpus) + 1
 	}
-	before := snapshot(t, tb)
+	before := modetest.Snapshot(t, tb)
 	stateDir := t.TempDir()
 	t.Cleanup(func() { control.Reset(r.NetNS, stateDir) })
 	for _, c := range []struct {
@@ -653,12 +651,12 @@ func TestFalconBadParams(t *testing.T) {
 	} {
 		_, err := control.Apply(control.Options{Mode: c.mode, NetNS: r.NetNS, StateDir: stateDir, Params: c.params})
 		oneLine(t, c.mode+" "+strconv.Quote(formatParams(c.params)), err, c.want)
-		noState(t, stateDir)
+		modetest.NoState(t, stateDir)
 		if _, err := os.Stat(control.Dir(stateDir, r.NetNS)); err == nil {
 			t.Errorf("%v: state directory created", c.params)
 		}
 	}
-	sameSnapshot(t, "after rejected applies", snapshot(t, tb), before)
+	modetest.SameSnapshot(t, "after rejected applies", modetest.Snapshot(t, tb), before)
 }
 
 func formatParams(m map[string]string) string {

@@ -93,7 +93,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, fmt.Errorf("no underlay device found under %s: falcon steers at the underlay NIC and cannot run without it", vxNames(t))
 	}
 
-	lay := Layout{Set: cfg.CPUs, IRQCPUs: irqCPUs(t)}
+	lay := Layout{Set: cfg.CPUs, IRQCPUs: plan.IRQCPUs(t)}
 	if o.Split {
 		split := o.SplitCPUs
 		if len(split) == 0 {
@@ -127,7 +127,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, fmt.Errorf("falcon steers over at most %d cores, %d given: narrow --cpus", steer.MaxCPUs, len(lay.CPUs))
 	}
 
-	port, vnis, err := vxlanIDs(t, pl)
+	port, vnis, err := plan.VXLANIDs(t, pl)
 	if err != nil {
 		return nil, err
 	}
@@ -164,8 +164,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				if ifc.HostVeth == "" {
 					continue
 				}
-				pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSeen, Link: linkPin(dir, "tcx-seen", ifc.NetNS, ifc.Name)},
-					"attached", devLabel(ifc.NetNS, ifc.Name)+" tc ingress", "container stage: count its frames seen, so moves wait for its queue to drain")
+				pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSeen, Link: plan.LinkPin(dir, "tcx-seen", ifc.NetNS, ifc.Name)},
+					"attached", plan.DevLabel(ifc.NetNS, ifc.Name)+" tc ingress", "container stage: count its frames seen, so moves wait for its queue to drain")
 			}
 		}
 		nveth := 0
@@ -175,8 +175,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				continue
 			}
 			nveth++
-			pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCEgress, Link: linkPin(dir, "tcx-out", v.NetNS, v.Name)},
-				"attached", devLabel(v.NetNS, v.Name)+" tc egress", "container stage: choose the core RPS in the container uses")
+			pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCEgress, Link: plan.LinkPin(dir, "tcx-out", v.NetNS, v.Name)},
+				"attached", plan.DevLabel(v.NetNS, v.Name)+" tc egress", "container stage: choose the core RPS in the container uses")
 		}
 		if nveth == 0 {
 			pl.Notes = append(pl.Notes, "no container veths found: the container stage is not steered")
@@ -205,12 +205,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// alone never moves a flow (its table is static), so it needs no
 		// count.
 		if steerStages {
-			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: linkPin(dir, "tcx-in", u.NetNS, u.Name)},
-				"attached", devLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses; count split frames seen")
+			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
+				"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses; count split frames seen")
 		}
 		if o.Split {
-			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: linkPin(dir, "xdp", u.NetNS, u.Name)},
-				"attached", devLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
+			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
+				"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
 		}
 	}
 
@@ -263,51 +263,6 @@ func allStay(t [steer.Buckets]uint32) bool {
 	return true
 }
 
-// irqCPUs are the cores the underlay's NAPI threads are pinned to, when
-// every one is pinned to a single core; nil when unknown.
-func irqCPUs(t *topology.Topology) []int {
-	var out []int
-	for _, u := range t.Underlays {
-		if len(u.NAPIThreads) == 0 {
-			return nil
-		}
-		for _, th := range u.NAPIThreads {
-			if len(th.CPUs) != 1 {
-				return nil
-			}
-			if !slices.Contains(out, th.CPUs[0]) {
-				out = append(out, th.CPUs[0])
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-func vxlanIDs(t *topology.Topology, pl *plan.Plan) (uint16, []uint32, error) {
-	var port uint16
-	var vnis []uint32
-	for _, v := range t.VXLANs {
-		p := uint16(v.Port)
-		if p == 0 {
-			p = 4789
-		}
-		if port == 0 {
-			port = p
-		} else if p != port {
-			pl.Notes = append(pl.Notes, fmt.Sprintf("vxlan %s uses port %d, not %d: its frames pass unsteered", v.Name, p, port))
-			continue
-		}
-		if !slices.Contains(vnis, uint32(v.VNI)) {
-			vnis = append(vnis, uint32(v.VNI))
-		}
-	}
-	if port == 0 {
-		return 0, nil, fmt.Errorf("no VXLAN device to steer")
-	}
-	return port, vnis, nil
-}
-
 func union(a, b []int) []int {
 	out := slices.Clone(a)
 	for _, c := range b {
@@ -319,14 +274,12 @@ func union(a, b []int) []int {
 	return out
 }
 
-// linkPin names a link's pin by kind, namespace and device, so every
-// attachment of a target has its own.
-func linkPin(dir, kind, ns, dev string) string {
-	return dir + "/link_" + kind + "_" + plan.Target(ns) + "_" + dev
+func orNone(c []int) string {
+	if len(c) == 0 {
+		return "none"
+	}
+	return knobs.FormatCPUList(c)
 }
-
-// devLabel names a device for people, as plan.DeviceTarget does.
-func devLabel(ns, dev string) string { return plan.Target(ns) + "/" + dev }
 
 func vxNames(t *topology.Topology) string {
 	var n []string
@@ -334,11 +287,4 @@ func vxNames(t *topology.Topology) string {
 		n = append(n, v.Name)
 	}
 	return strings.Join(n, ", ")
-}
-
-func orNone(c []int) string {
-	if len(c) == 0 {
-		return "none"
-	}
-	return knobs.FormatCPUList(c)
 }

@@ -1,0 +1,50 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/steer"
+)
+
+// PrioSet is a target's high-priority set (PRISM's IP/port database). It
+// lives in the pinned datapath's map, so it takes effect on the next
+// packet, outlives the lanes process that changed it, and goes with
+// `lanes reset`, which removes the datapath.
+type PrioSet struct {
+	d      *steer.Datapath
+	target string
+}
+
+// OpenPrio opens the high-priority set of netns's applied mode. It fails
+// with a one-line fix when no mode with priority classes is applied.
+func OpenPrio(netns string) (*PrioSet, error) {
+	dir := plan.PinDir(netns)
+	target := plan.Target(netns)
+	if _, err := os.Stat(filepath.Join(dir, "steer_cfg")); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no prism mode applied to %s: run lanes apply --mode prism first", target)
+	}
+	d, err := steer.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := d.Config()
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	if !cfg.Prio {
+		d.Close()
+		return nil, fmt.Errorf("the mode applied to %s has no priority classes: apply --mode prism (or prism-batch) to use lanes prio", target)
+	}
+	return &PrioSet{d: d, target: target}, nil
+}
+
+func (p *PrioSet) Add(r steer.Rule) error      { return p.d.AddRule(r) }
+func (p *PrioSet) Del(r steer.Rule) error      { return p.d.DelRule(r) }
+func (p *PrioSet) List() ([]steer.Rule, error) { return p.d.Rules() }
+func (p *PrioSet) Close() error                { return p.d.Close() }

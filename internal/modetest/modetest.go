@@ -1,0 +1,363 @@
+// Package modetest is the harness of lanes' mode integration tests: a
+// private mount namespace per test binary, testbeds that are always torn
+// down, a mode applied to the receiver and reset when the test ends, and
+// byte-for-byte snapshots of every knob a mode may touch, to prove a reset
+// restores them.
+package modetest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/testbed"
+	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
+)
+
+// isolatedEnv marks the re-executed test binary that runs in a mount
+// namespace of its own.
+const isolatedEnv = "LANES_FALCON_TEST_MOUNTNS"
+
+// Main runs a package's tests in a private mount namespace (as root),
+// naming testbeds prefix<pid>. A BPF mode's plan mounts bpffs at /sys/fs/bpf and its reset unmounts it again,
+// journaled per target: on a machine where someone else applies a falcon
+// mode at the same time (benchmarks do), their reset would unmount the
+// bpffs under this test's pins, and this test's reset would unmount theirs.
+// A private mount namespace gives the tests their own mount table: a
+// bpffs someone mounted before they started is still there (the same
+// filesystem, where each target keeps to its own pin directory), but what
+// the tests mount and unmount stays theirs, and nobody else's unmount
+// reaches them. Everything the tests check about the mount (present while
+// applied, as before after a reset) holds within it. Network namespaces
+// are not affected.
+func Main(m *testing.M, prefix string) {
+	base = prefix
+	if os.Geteuid() == 0 && os.Getenv(isolatedEnv) == "" {
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		// Go remounts / recursively private in the child after
+		// unsharing, so no mount propagates either way.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			os.Exit(0)
+		case errors.As(err, &ee) && ee.ExitCode() >= 0:
+			os.Exit(ee.ExitCode())
+		default:
+			fmt.Fprintf(os.Stderr, "running the tests in a private mount namespace: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	if os.Geteuid() == 0 {
+		if left := nsx.List(prefixBase()); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "namespaces left behind: %v\n", left)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// base starts the names of this test binary's testbeds (Main sets it).
+var base = "tm"
+
+func prefixBase() string { return fmt.Sprintf("%s%d", base, os.Getpid()%10000) }
+
+var tbSeq atomic.Int32
+
+// UpTestbed builds a testbed under a prefix of this process and tears it
+// down when the test ends, pass or fail, checking nothing is left.
+func UpTestbed(t *testing.T, topo testbed.Topology) *testbed.Testbed {
+	t.Helper()
+	topotest.RequireRoot(t)
+	prefix := fmt.Sprintf("%s%c", prefixBase(), 'a'+rune(tbSeq.Add(1)-1)%26)
+	old := testbed.StateDir
+	testbed.StateDir = t.TempDir()
+	mounted := BPFFSMounted(t)
+	t.Cleanup(func() {
+		// Runs after the cleanups of everything applied to the testbed.
+		if BPFFSMounted(t) != mounted {
+			t.Errorf("bpffs at %s: mounted %v at the end, %v at the start", plan.BPFFS, !mounted, mounted)
+		}
+		for _, h := range []string{prefix + "-h1", prefix + "-h2"} {
+			if Exists(plan.PinDir(h)) {
+				t.Errorf("pin directory %s left behind", plan.PinDir(h))
+			}
+		}
+		if err := testbed.Down(prefix); err != nil {
+			t.Errorf("testbed down: %v", err)
+		}
+		if left := nsx.List(prefix + "-"); len(left) > 0 {
+			t.Errorf("testbed down left namespaces behind: %v", left)
+		}
+		testbed.StateDir = old
+	})
+	tb, err := testbed.Up(testbed.Config{Prefix: prefix, Topology: topo, IRQCPU: 1})
+	if err != nil {
+		t.Fatalf("testbed up: %v", err)
+	}
+	return tb
+}
+
+// Online returns the online cores; the tests need exactly the layout the
+// brief assumes: cores 0 and 1, the IRQ core 1.
+func Online(t *testing.T) []int {
+	t.Helper()
+	cpus, err := knobs.OnlineCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cpus, 0) || !slices.Contains(cpus, 1) {
+		t.Skipf("needs cores 0 and 1 online, have %v", cpus)
+	}
+	return cpus
+}
+
+// BPFFSMounted says whether /sys/fs/bpf is a bpf filesystem.
+func BPFFSMounted(t *testing.T) bool {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(plan.BPFFS, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false
+		}
+		t.Fatal(err)
+	}
+	return st.Type == unix.BPF_FS_MAGIC
+}
+
+func Exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+// Snapshot reads every knob any lanes mode might touch on both hosts of
+// the testbed, byte for byte: threaded, rps_cpus and rps_flow_cnt of every
+// device in every namespace (containers included), the scheduling and
+// affinity of its NAPI threads, the XDP program and the
+// tcx programs (both directions) of every device, whether /sys/fs/bpf is a
+// bpffs and whether the receiver's pin directory exists.
+func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, h := range tb.Hosts {
+		topo, err := topology.Discover(h.NetNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs := topo.AllDevices()
+		if len(devs) < 3+2*len(h.Containers) {
+			t.Fatalf("discovery of %s found only %d devices", h.NetNS, len(devs))
+		}
+		for _, d := range devs {
+			paths := []string{"/sys/class/net/" + d.Name + "/threaded"}
+			for _, q := range d.RxQueues {
+				paths = append(paths, d.QueuePath(q.Index)+"/rps_cpus", d.QueuePath(q.Index)+"/rps_flow_cnt")
+			}
+			for _, p := range paths {
+				k := knobs.Sysfs(d.NetNS, p)
+				b, err := k.Read()
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[k.Key()] = string(b)
+			}
+			// NAPI threads: PRISM orders and pins them.
+			for _, th := range d.NAPIThreads {
+				for _, k := range []knobs.Knob{knobs.Sched(th.Comm, th.Index), knobs.Affinity(th.Comm, th.Index)} {
+					b, err := k.Read()
+					if err != nil {
+						t.Fatal(err)
+					}
+					out[k.Key()] = string(b)
+				}
+			}
+			id, err := attach.Attached(d.NetNS, d.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out["xdp:"+d.NetNS+":"+d.Name] = strconv.FormatUint(uint64(id), 10)
+			for dir, at := range map[string]ebpf.AttachType{"ingress": ebpf.AttachTCXIngress, "egress": ebpf.AttachTCXEgress} {
+				out["tcx:"+d.NetNS+":"+d.Name+":"+dir] = tcxProgs(t, d.NetNS, d.Name, at)
+			}
+		}
+	}
+	out["bpffs:"+plan.BPFFS] = strconv.FormatBool(BPFFSMounted(t))
+	dir := plan.PinDir(tb.Receiver().NetNS)
+	out["pindir:"+dir] = strconv.FormatBool(Exists(dir))
+	return out
+}
+
+// tcxProgs lists the ids of the tcx programs on a device, "" for none.
+func tcxProgs(t *testing.T, ns, dev string, at ebpf.AttachType) string {
+	t.Helper()
+	var ids []string
+	err := knobs.Do(ns, func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		q, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: at})
+		if err != nil {
+			return err
+		}
+		for _, p := range q.Programs {
+			ids = append(ids, fmt.Sprint(p.ID))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("tcx programs of %s in %s: %v", dev, ns, err)
+	}
+	return strings.Join(ids, ",")
+}
+
+func SameSnapshot(t *testing.T, what string, got, want map[string]string) {
+	t.Helper()
+	keys := make([]string, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if g, ok := got[k]; !ok || g != want[k] {
+			t.Errorf("%s: %s = %q, want %q", what, k, g, want[k])
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("%s: new knob %s = %q", what, k, got[k])
+		}
+	}
+}
+
+// NoState checks that a state directory holds nothing: no target
+// directory, no journal, no state file.
+func NoState(t *testing.T, stateDir string) {
+	t.Helper()
+	ents, err := os.ReadDir(stateDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		var inside []string
+		if e.IsDir() {
+			sub, _ := os.ReadDir(stateDir + "/" + e.Name())
+			for _, f := range sub {
+				inside = append(inside, f.Name())
+			}
+		}
+		t.Errorf("state left in %s: %s (holding %q)", stateDir, e.Name(), inside)
+	}
+}
+
+// Applied is a mode applied to the receiver of a testbed.
+type Applied struct {
+	TB       *testbed.Testbed
+	NS       string // the receiver's namespace
+	StateDir string
+	PinDir   string
+	State    *control.State
+	reset    bool
+}
+
+// Apply applies mode to the receiver and resets it when the test ends
+// unless the test reset it itself (ResetAndCheck).
+func Apply(t *testing.T, tb *testbed.Testbed, mode string, params map[string]string) *Applied {
+	t.Helper()
+	a := &Applied{TB: tb, NS: tb.Receiver().NetNS, StateDir: t.TempDir()}
+	a.PinDir = plan.PinDir(a.NS)
+	st, err := control.Apply(control.Options{Mode: mode, NetNS: a.NS, StateDir: a.StateDir, Params: params})
+	// Registered before checking err: a failed apply must leave nothing,
+	// and a reset of nothing is harmless.
+	t.Cleanup(func() {
+		if a.reset {
+			return
+		}
+		if _, err := control.Reset(a.NS, a.StateDir); err != nil {
+			t.Errorf("cleanup reset of %s: %v", mode, err)
+		}
+		if Exists(a.PinDir) {
+			t.Errorf("cleanup: pin directory %s left behind", a.PinDir)
+		}
+		NoState(t, a.StateDir)
+	})
+	if err != nil {
+		t.Fatalf("apply %s: %v", mode, err)
+	}
+	if st.Phase != control.Applied || st.Mode != mode {
+		t.Fatalf("apply %s: state %+v", mode, st)
+	}
+	a.State = st
+	return a
+}
+
+// Reset resets the mode now, without checks (the cleanup then skips it).
+func (a *Applied) Reset(t *testing.T) {
+	t.Helper()
+	a.reset = true
+	if _, err := control.Reset(a.NS, a.StateDir); err != nil {
+		t.Fatalf("reset of %s: %v", a.State.Mode, err)
+	}
+}
+
+// ResetAndCheck resets the mode and checks that everything is as in
+// before: every knob, no XDP, no pin directory, bpffs as before, no state.
+func (a *Applied) ResetAndCheck(t *testing.T, before map[string]string) {
+	t.Helper()
+	res, err := control.Reset(a.NS, a.StateDir)
+	a.reset = true
+	if err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	if res.Nothing || res.Mode != a.State.Mode {
+		t.Errorf("reset result %+v: want %s restored", res, a.State.Mode)
+	}
+	if res.Report != nil && len(res.Report.Restored) != a.State.Plan.Changes {
+		t.Errorf("reset restored %d knobs, the apply made %d changes", len(res.Report.Restored), a.State.Plan.Changes)
+	}
+	SameSnapshot(t, "after reset of "+a.State.Mode, Snapshot(t, a.TB), before)
+	if id, err := attach.Attached(a.NS, a.TB.Receiver().Underlay); err != nil || id != 0 {
+		t.Errorf("after reset: XDP program %d on %s (%v)", id, a.TB.Receiver().Underlay, err)
+	}
+	if Exists(a.PinDir) {
+		t.Errorf("after reset: pin directory %s still exists", a.PinDir)
+	}
+	NoState(t, a.StateDir)
+}
+
+// Open opens the applied datapath; closed when the test ends (before the
+// reset of the cleanup).
+func (a *Applied) Open(t *testing.T) *steer.Datapath {
+	t.Helper()
+	dp, err := steer.Open(a.PinDir)
+	if err != nil {
+		t.Fatalf("opening the pinned datapath: %v", err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	return dp
+}
+

@@ -1,0 +1,110 @@
+// Package prism plans PRISM (receive-side flow priority) on stock kernels:
+// flows matching the priority rules (`lanes prio`) get their own queue and
+// kthread on the receive core, at a higher real-time priority than bulk
+// traffic, and every later stage of the receive path runs above the
+// earlier ones, so a batch finishes its path before the next is polled.
+package prism
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/lanesnet/lanes/control/plan"
+)
+
+// Options are a prism mode's settings.
+type Options struct {
+	// PrioMode is PRISM's mode: "batch" (own queue and kthread per class,
+	// batch-level preemption). "sync" (run to completion from XDP to the
+	// container's veth) is not implemented yet and is refused.
+	PrioMode string
+	// CPU is the receive core: the cpumap queues and every later stage
+	// run there (-1: the underlay's IRQ core).
+	CPU int
+	// RT is the real-time priority (SCHED_FIFO) of the lowest rung; see
+	// Ladder.
+	RT int
+	// QueueSize is the length of each cpumap queue (frames).
+	QueueSize uint32
+	// Pin pins the later stages' NAPI threads (VXLAN GRO cells, container
+	// veths) to the receive core: priorities only order work that shares
+	// a core.
+	Pin bool
+}
+
+// Defaults follow the paper: batch mode, everything on one core.
+func Defaults() Options {
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true}
+}
+
+// Ladder is the SCHED_FIFO priority of each rung, from the base RT:
+//
+//	RT+4  high-priority cpumap kthread: skb alloc, GRO, decap of high-priority flows
+//	RT+3  container veth NAPI threads: inner IP, TCP/UDP (both classes)
+//	RT+2  VXLAN GRO cell threads: bridge, veth transmit (both classes)
+//	RT+1  underlay NAPI threads: the NIC poll, where XDP classifies
+//	RT    normal cpumap kthread: skb alloc, GRO, decap of bulk flows
+//
+// High-priority frames preempt bulk work at the bulk kthread's batch
+// boundary (PRISM-batch). Later stages above earlier ones is PRISM's
+// streamlined polling: what a stage hands on runs before the stage takes
+// its next batch. The NIC poll sits above bulk processing so a
+// high-priority frame is classified without waiting for the bulk queue.
+type Ladder struct{ Low, NIC, GRO, Container, High int }
+
+// Ladder returns o's priorities.
+func (o Options) Ladder() Ladder {
+	return Ladder{Low: o.RT, NIC: o.RT + 1, GRO: o.RT + 2, Container: o.RT + 3, High: o.RT + 4}
+}
+
+var params = []plan.Param{
+	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class); sync is not implemented yet"},
+	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
+	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the bulk queue; the NIC poll, GRO cells, container veths and the high-priority queue get rt+1..rt+4"},
+	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
+	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
+}
+
+// Parse reads params over base; every error is one line saying what to fix.
+func Parse(base Options, m map[string]string) (Options, error) {
+	o := base
+	for k, v := range m {
+		var err error
+		switch k {
+		case "prio-mode":
+			switch v {
+			case "batch":
+			case "sync":
+				err = fmt.Errorf("sync (decapsulate in XDP and redirect to the container's veth) is not implemented yet; use batch")
+			default:
+				err = fmt.Errorf("want batch or sync")
+			}
+			o.PrioMode = v
+		case "cpu":
+			o.CPU, err = strconv.Atoi(v)
+			if err == nil && o.CPU < 0 {
+				err = fmt.Errorf("want a core number")
+			}
+		case "rt":
+			o.RT, err = strconv.Atoi(v)
+			if err == nil && (o.RT < 1 || o.RT > 95) {
+				err = fmt.Errorf("want 1..95 (the ladder goes up to rt+4)")
+			}
+		case "queue-size":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			if err == nil && (n < 8 || n > 16384) {
+				err = fmt.Errorf("want 8..16384")
+			}
+			o.QueueSize = uint32(n)
+		case "pin":
+			o.Pin, err = strconv.ParseBool(v)
+		default:
+			return o, fmt.Errorf("unknown prism setting %q", k)
+		}
+		if err != nil {
+			return o, fmt.Errorf("bad prism setting %s=%q: %v", k, v, err)
+		}
+	}
+	return o, nil
+}

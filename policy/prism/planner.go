@@ -1,0 +1,121 @@
+package prism
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/topology"
+)
+
+func init() {
+	plan.Register(&planner{mode: "prism", summary: "PRISM: flows marked with `lanes prio` preempt bulk traffic on the receive core (--set prio-mode=batch)"})
+	plan.Register(&planner{mode: "prism-batch", summary: "PRISM-batch: high-priority flows get their own queue and kthread, stages streamlined by real-time priority"})
+}
+
+type planner struct{ mode, summary string }
+
+func (p *planner) Mode() string         { return p.mode }
+func (p *planner) Summary() string      { return p.summary }
+func (p *planner) Params() []plan.Param { return params }
+
+// Plan puts both classes' first stage on the receive core through XDP and
+// two cpumaps (the steer datapath with priority classes on) and orders
+// every receive kthread there by real-time priority (Options.Ladder).
+//
+//	stage            runs                                 lanes' lever
+//	NIC poll         XDP: parse, classify                 underlay NAPI thread at RT+1
+//	first (high)     skb alloc, GRO, outer IP/UDP, decap   high-priority cpumap kthread at RT+4
+//	first (bulk)     the same for bulk flows               normal cpumap kthread at RT
+//	bridge           GRO cell, bridge, veth transmit       VXLAN GRO cell threads at RT+2
+//	container        inner IP, TCP/UDP, socket            container veth NAPI threads at RT+3
+//
+// The bridge and container stages share one queue per device between the
+// classes (a stock kernel has one); their higher rungs keep that queue to
+// about one batch, which is how long a high-priority frame can wait there.
+func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
+	o, err := Parse(Defaults(), cfg.Params)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Underlays) == 0 {
+		return nil, fmt.Errorf("no underlay device found: prism classifies at the underlay NIC and cannot run without it")
+	}
+	pl := &plan.Plan{Mode: p.mode}
+	core := o.CPU
+	if core < 0 {
+		if irq := plan.IRQCPUs(t); len(irq) > 0 {
+			core = irq[0]
+		} else {
+			core = cfg.CPUs[len(cfg.CPUs)-1]
+			pl.Notes = append(pl.Notes, fmt.Sprintf("the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): receive core %d; give --set cpu=N", core))
+		}
+	}
+	if !slices.Contains(cfg.CPUs, core) {
+		return nil, fmt.Errorf("receive core %d is not among the cores lanes may use (%s): give --set cpu=N or widen --cpus", core, knobs.FormatCPUList(cfg.CPUs))
+	}
+	if ok, why := steer.KernelSupport(); !ok {
+		pl.Notes = append(pl.Notes, "no GRO in the cpumap kthreads ("+why+"): TCP bulk flows are received unmerged, which costs throughput")
+	}
+	port, vnis, err := plan.VXLANIDs(t, pl)
+	if err != nil {
+		return nil, err
+	}
+	lad := o.Ladder()
+	dir := plan.PinDir(t.NetNS)
+	setup := steer.Setup{
+		Config: steer.Config{Enabled: true, Prio: true, CPUs: []int{core}, Flowlet: time.Millisecond,
+			Drain: 20 * time.Millisecond, VXLANPort: port, VNIs: vnis},
+		CPUMap: []int{core}, HiCPUMap: []int{core}, QueueSize: o.QueueSize,
+		RTPriority: lad.Low, HiRTPriority: lad.High,
+	}
+	val, err := setup.Encode()
+	if err != nil {
+		return nil, err
+	}
+	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
+	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
+	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at FIFO %d, high-priority queue at FIFO %d, on core %d", lad.Low, lad.High, core))
+
+	// The ladder, from the end of the path to its start.
+	rung := func(d *topology.Device, prio int, pin bool, stage string) {
+		if len(d.NAPIThreads) == 0 {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: no NAPI thread (threaded NAPI off), so the %s stage runs in softirq, above every thread: it cannot be ordered", plan.DevLabel(d.NetNS, d.Name), stage))
+			return
+		}
+		for _, th := range d.NAPIThreads {
+			if pin {
+				pl.Add(knobs.Affinity(th.Comm, th.Index), knobs.FormatCPUList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
+			}
+			pl.Add(knobs.Sched(th.Comm, th.Index), fmt.Sprintf("policy=fifo prio=%d nice=0", prio), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage above the earlier ones")
+		}
+	}
+	for i := range t.Containers {
+		for j := range t.Containers[i].Interfaces {
+			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" {
+				rung(&ifc.Device, lad.Container, o.Pin, "container")
+			}
+		}
+	}
+	for i := range t.VXLANs {
+		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, "bridge")
+	}
+	for i := range t.Underlays {
+		// The NIC poll stays where its IRQ is.
+		rung(&t.Underlays[i], lad.NIC, false, "NIC poll")
+	}
+	for _, u := range t.Underlays {
+		pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
+			"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "classify at the NIC poll, hand each class to its queue")
+	}
+	// Last: every bucket to the receive core, which switches the queues on.
+	var tab [steer.Buckets]uint32
+	pl.Add(&steer.TableKnob{Dir: dir, Stage: steer.StageSplit}, steer.FormatTable(tab), dir+" split", "both classes' first stage on the receive core")
+	pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; FIFO ladder: bulk %d < NIC poll %d < GRO cells %d < container veths %d < high-priority %d",
+		core, lad.Low, lad.NIC, lad.GRO, lad.Container, lad.High))
+	return pl, nil
+}

@@ -1,0 +1,176 @@
+package prism_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/testbed"
+	"github.com/lanesnet/lanes/topology"
+)
+
+func TestMain(m *testing.M) { modetest.Main(m, "tp") }
+
+// TestPrismBatch applies prism-batch to the docker testbed's receiver and
+// checks, with real traffic, that a flow a rule marks takes the
+// high-priority queue while others take the bulk one, that rules change at
+// runtime, that the receive kthreads get the ladder, and that reset
+// restores every knob byte for byte.
+func TestPrismBatch(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+
+	a := modetest.Apply(t, tb, "prism-batch", nil)
+	dp := a.Open(t)
+	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMapEntries, "high-priority": dp.HiCPUMapEntries} {
+		if cm, err := get(); err != nil || len(cm) != 1 || cm[0] != 1 {
+			t.Errorf("%s cpumap entries %v (%v), want the IRQ core [1]", name, cm, err)
+		}
+	}
+	cfg, err := dp.Config()
+	if err != nil || !cfg.Prio {
+		t.Fatalf("config %+v (%v): priority classes off", cfg, err)
+	}
+
+	// The ladder on the receiver's NAPI threads.
+	topo, err := topology.Discover(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lad := func(d *topology.Device, want int) {
+		t.Helper()
+		for _, th := range d.NAPIThreads {
+			b, err := knobs.Sched(th.Comm, th.Index).Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := fmt.Sprintf("policy=fifo prio=%d nice=0", want); string(b) != w {
+				t.Errorf("%s %s: %q, want %q", d.Name, th.Comm, b, w)
+			}
+		}
+	}
+	lad(&topo.Underlays[0], 51)
+	lad(&topo.VXLANs[0].Device, 52)
+	lad(&topo.Containers[0].Interfaces[0].Device, 53)
+
+	// lanes prio: a UDP port of the destination container is high priority.
+	set, err := control.OpenPrio(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	hiPort := uint16(0) // filled once the stream's port is known
+	st0, _ := dp.Stats()
+	res := overlaytest.UDP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	if res < overlaytest.UDPCount*9/10 {
+		t.Fatalf("bulk UDP: %d of %d arrived", res, overlaytest.UDPCount)
+	}
+	st1, _ := dp.Stats()
+	if st1[steer.StageSplit].High != st0[steer.StageSplit].High {
+		t.Errorf("frames classified high with no rule: %+v", st1[steer.StageSplit])
+	}
+	if st1[steer.StageSplit].Steered == st0[steer.StageSplit].Steered {
+		t.Errorf("no frame took the bulk queue: %+v", st1[steer.StageSplit])
+	}
+
+	rule, err := steer.ParseRule("dst " + dst.Addr.Addr().String() + " udp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	if rules, err := set.List(); err != nil || len(rules) != 1 || rules[0] != rule {
+		t.Errorf("rules %v (%v), want [%v]", rules, err, rule)
+	}
+	res = overlaytest.UDP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	if res < overlaytest.UDPCount*9/10 {
+		t.Fatalf("high-priority UDP: %d of %d arrived", res, overlaytest.UDPCount)
+	}
+	st2, _ := dp.Stats()
+	if d := st2[steer.StageSplit].High - st1[steer.StageSplit].High; d < uint64(res) {
+		t.Errorf("%d frames classified high, %d datagrams arrived", d, res)
+	}
+	flows, err := dp.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	high := 0
+	for _, f := range flows {
+		if f.Stage == steer.StageSplit && f.High {
+			high++
+			if f.Dst != dst.Addr.Addr() || f.Proto != 17 {
+				t.Errorf("flow %v:%d -> %v:%d proto %d is high priority, the rule says UDP to %v", f.Src, f.SrcPort, f.Dst, f.DstPort, f.Proto, dst.Addr.Addr())
+			}
+			hiPort = f.DstPort
+		}
+	}
+	if high == 0 {
+		t.Error("no flow in the high-priority queue after the rule was added")
+	}
+	// TCP to the same address is not matched by a UDP rule.
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
+	flows, _ = dp.Flows()
+	for _, f := range flows {
+		if f.Proto == 6 && f.High {
+			t.Errorf("TCP flow %v:%d -> %v:%d classified high by a UDP rule", f.Src, f.SrcPort, f.Dst, f.DstPort)
+		}
+	}
+	if err := set.Del(rule); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("high-priority flows seen: %d (last port %d)", high, hiPort)
+
+	// The set survives the process that changed it: reopen it.
+	if err := set.Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	set2, err := control.OpenPrio(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rules, _ := set2.List(); len(rules) != 1 {
+		t.Errorf("reopened set has %v", rules)
+	}
+	set2.Close()
+
+	a.ResetAndCheck(t, before)
+	if _, err := control.OpenPrio(r.NetNS); err == nil || !strings.Contains(err.Error(), "lanes apply --mode prism") {
+		t.Errorf("prio after reset: %v, want an error saying to apply prism", err)
+	}
+}
+
+// TestPrismRefuses: bad settings fail in one line and leave nothing.
+func TestPrismRefuses(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	for params, want := range map[string]string{
+		"prio-mode=sync": "not implemented yet",
+		"prio-mode=fast": "want batch or sync",
+		"rt=99":          "want 1..95",
+		"cpu=7":          "not among the cores",
+		"split=true":     "has no setting",
+	} {
+		k, v, _ := strings.Cut(params, "=")
+		dir := t.TempDir()
+		_, err := control.Apply(control.Options{Mode: "prism", NetNS: tb.Receiver().NetNS, StateDir: dir, Params: map[string]string{k: v}})
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: error %v, want one line containing %q", params, err, want)
+		}
+		modetest.NoState(t, dir)
+	}
+	modetest.SameSnapshot(t, "after refused applies", modetest.Snapshot(t, tb), before)
+	if modetest.Exists(plan.PinDir(tb.Receiver().NetNS)) {
+		t.Error("a refused apply left a pin directory")
+	}
+}
