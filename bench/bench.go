@@ -68,10 +68,10 @@ func ParseModeSpec(spec string) (mode string, params map[string]string, err erro
 
 // KnownModes are the modes `lanes bench` can run today. native is not a
 // lanes mode but the reference path: host to host over the underlay.
-var KnownModes = []string{"native", "vanilla", "rps", "falcon", "falcon-pipeline", "falcon-split", "falcon-balance"}
+var KnownModes = []string{"native", "vanilla", "rps", "falcon", "falcon-pipeline", "falcon-split", "falcon-balance", "prism", "prism-batch"}
 
 // DefaultWorkloads is what a plain run measures; Quick trims the points.
-var DefaultWorkloads = []string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}
+var DefaultWorkloads = []string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx", prioLatencyWorkload}
 
 // QuickWorkloads keeps --quick under five minutes for three modes.
 var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
@@ -111,11 +111,11 @@ func (o *Options) Validate() error {
 		}
 	}
 	for _, w := range o.Workloads {
-		if w == "udp_stress" {
+		if w == "udp_stress" || w == prioLatencyWorkload {
 			continue
 		}
 		if _, err := workload.Lookup(w); err != nil {
-			return fmt.Errorf("%v; udp_stress too (use --workloads)", err)
+			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, prioLatencyWorkload)
 		}
 	}
 	if o.Repeats == 0 {
@@ -158,6 +158,9 @@ type point struct {
 	msgSize  int
 	flows    int
 	rate     int
+	// background is prio_latency's low-priority load, a fraction of the
+	// receive core's capacity.
+	background float64
 }
 
 func (p point) String() string {
@@ -170,6 +173,9 @@ func (p point) String() string {
 	}
 	if p.flows > 1 {
 		s += fmt.Sprintf(" x%d", p.flows)
+	}
+	if p.workload == prioLatencyWorkload {
+		s += fmt.Sprintf(" bg%.0f%%", 100*p.background)
 	}
 	return s
 }
@@ -207,6 +213,10 @@ func points(workloads []string, quick bool) []point {
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 550, flows: 8})
 		case "nginx":
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 1024, flows: 4})
+		case prioLatencyWorkload:
+			for _, bg := range prioBackgrounds(quick) {
+				out = append(out, point{workload: w, proto: "udp", msgSize: prioPingSize, flows: 1, background: bg})
+			}
 		default:
 			out = append(out, point{workload: w, flows: 1})
 		}
@@ -281,6 +291,14 @@ type runner struct {
 	// while that mode is measured.
 	agentStop func()
 	runs      int // measurements started, for port allocation
+	// capacity is what the receive core takes (packets/s), measured
+	// before prio_latency runs: the 100% of its background loads.
+	capacity float64
+}
+
+// skipNative: workloads that inject VXLAN frames have no native run.
+func skipNative(mode string, p point) bool {
+	return mode == "native" && (p.workload == "udp_stress" || p.workload == prioLatencyWorkload)
 }
 
 // port gives every measurement its own block of ports: a server that
@@ -300,13 +318,21 @@ func (r *runner) all(ctx context.Context) error {
 	total := 0
 	for _, p := range pts {
 		for _, m := range r.o.Modes {
-			if !(m == "native" && p.workload == "udp_stress") {
+			if !skipNative(m, p) {
 				total += r.o.Repeats
 			}
 		}
 	}
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress injects VXLAN frames, so it has no native run; the native UDP reference is udp_stream.")
+	}
+	if slices.Contains(r.o.Workloads, prioLatencyWorkload) {
+		if slices.Contains(r.o.Modes, "native") {
+			r.file.Notes = append(r.file.Notes, "prio_latency's background is injected VXLAN frames, so it has no native run.")
+		}
+		if err := r.calibrate(ctx); err != nil {
+			return err
+		}
 	}
 	done := 0
 	start := time.Now()
@@ -321,7 +347,7 @@ func (r *runner) all(ctx context.Context) error {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				if mode == "native" && p.workload == "udp_stress" {
+				if skipNative(mode, p) {
 					continue // no overlay to inject into; counted out of total
 				}
 				run := r.one(ctx, mode, p, rep)
@@ -354,13 +380,16 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 	for _, c := range run.CPU {
 		cpus = append(cpus, fmt.Sprintf("cpu%d %.0f%%", c.CPU, 100-c.Idle))
 	}
+	if run.Workload == prioLatencyWorkload && run.Error == "" {
+		what += fmt.Sprintf(", background %.0f Kpps received", run.Extra["bg_received_kpps"])
+	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
-		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows}, run.Mode, what, strings.Join(cpus, ", "), eta)
+		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background}, run.Mode, what, strings.Join(cpus, ", "), eta)
 }
 
 // one measures one point under one mode.
 func (r *runner) one(ctx context.Context, mode string, p point, rep int) results.Run {
-	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Repeat: rep}
+	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Background: p.background, Repeat: rep}
 	fail := func(err error) results.Run { run.Error = err.Error(); return run }
 	if err := r.apply(mode); err != nil {
 		return fail(err)
@@ -385,6 +414,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	s := r.tb.Sender()
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
+	if p.workload == prioLatencyWorkload {
+		undo, err := r.prioRule(mode, srv, wp.Port)
+		if err != nil {
+			return fail(fmt.Errorf("marking the ping-pong high priority: %w", err))
+		}
+		defer undo()
+	}
 	res, werr := w.Run(ctx, srv, cli, wp)
 	after, err := metrics.Take(mcfg)
 	if err == nil {
@@ -472,7 +508,7 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 		srv = workload.Endpoint{NetNS: rc.Containers[0].NetNS, Addr: rc.Containers[0].Addr.Addr()}
 		cli = workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr(), CPUs: sendCPUs}
 	}
-	if p.workload == "udp_stress" {
+	if p.workload == "udp_stress" || p.workload == prioLatencyWorkload {
 		// The generator keeps its core 100% busy (PREEMPT_NONE): a sink
 		// scheduled there would starve. It reads on the receive core.
 		srv.CPUs = []int{r.o.IRQCPU}
@@ -481,6 +517,9 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 }
 
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {
+	if p.workload == prioLatencyWorkload {
+		return &prioLatency{target: r.stressTarget(), gen: r.stressGen(), rate: p.background * r.capacity}, nil
+	}
 	if p.workload != "udp_stress" {
 		return workload.Lookup(p.workload)
 	}

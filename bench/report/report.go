@@ -49,7 +49,9 @@ func Primary(a *results.Agg, workload string) []results.Metric {
 		return []results.Metric{results.Throughput}
 	case "udp_stress":
 		return []results.Metric{results.PPS}
-	case "pingpong", "memcached", "nginx", "prio_latency":
+	case "prio_latency":
+		return []results.Metric{results.LatP50, results.LatP99, results.ExtraMetric("bg_received_kpps", "Kpps")}
+	case "pingpong", "memcached", "nginx":
 		return []results.Metric{results.LatP50, results.LatP99}
 	}
 	var lat, tput bool

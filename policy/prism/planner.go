@@ -28,11 +28,11 @@ func (p *planner) Params() []plan.Param { return params }
 // every receive kthread there by real-time priority (Options.Ladder).
 //
 //	stage            runs                                 lanes' lever
-//	NIC poll         XDP: parse, classify                 underlay NAPI thread at RT+1
-//	first (high)     skb alloc, GRO, outer IP/UDP, decap   high-priority cpumap kthread at RT+4
-//	first (bulk)     the same for bulk flows               normal cpumap kthread at RT
-//	bridge           GRO cell, bridge, veth transmit       VXLAN GRO cell threads at RT+2
-//	container        inner IP, TCP/UDP, socket            container veth NAPI threads at RT+3
+//	NIC poll         XDP: parse, classify                 underlay NAPI thread at RT
+//	first (high)     skb alloc, GRO, outer IP/UDP, decap   high-priority cpumap kthread at RT+3
+//	first (bulk)     the same for bulk flows               normal cpumap kthread (normal scheduling)
+//	bridge           GRO cell, bridge, veth transmit       VXLAN GRO cell threads at RT+1
+//	container        inner IP, TCP/UDP, socket            container veth NAPI threads at RT+2
 //
 // The bridge and container stages share one queue per device between the
 // classes (a stock kernel has one); their higher rungs keep that queue to
@@ -79,7 +79,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
-	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at FIFO %d, high-priority queue at FIFO %d, on core %d", lad.Low, lad.High, core))
+	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core))
 
 	// The ladder, from the end of the path to its start.
 	rung := func(d *topology.Device, prio int, pin bool, stage string) {
@@ -90,6 +90,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		for _, th := range d.NAPIThreads {
 			if pin {
 				pl.Add(knobs.Affinity(th.Comm, th.Index), knobs.FormatCPUList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
+			}
+			if !o.Streamline {
+				continue
 			}
 			pl.Add(knobs.Sched(th.Comm, th.Index), fmt.Sprintf("policy=fifo prio=%d nice=0", prio), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage above the earlier ones")
 		}
@@ -115,7 +118,14 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// Last: every bucket to the receive core, which switches the queues on.
 	var tab [steer.Buckets]uint32
 	pl.Add(&steer.TableKnob{Dir: dir, Stage: steer.StageSplit}, steer.FormatTable(tab), dir+" split", "both classes' first stage on the receive core")
-	pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; FIFO ladder: bulk %d < NIC poll %d < GRO cells %d < container veths %d < high-priority %d",
-		core, lad.Low, lad.NIC, lad.GRO, lad.Container, lad.High))
+	pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
+		core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
 	return pl, nil
+}
+
+func fifo(prio int) string {
+	if prio == 0 {
+		return "normal scheduling"
+	}
+	return fmt.Sprintf("FIFO %d", prio)
 }

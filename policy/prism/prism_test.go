@@ -58,9 +58,9 @@ func TestPrismBatch(t *testing.T) {
 			}
 		}
 	}
-	lad(&topo.Underlays[0], 51)
-	lad(&topo.VXLANs[0].Device, 52)
-	lad(&topo.Containers[0].Interfaces[0].Device, 53)
+	lad(&topo.Underlays[0], 50)
+	lad(&topo.VXLANs[0].Device, 51)
+	lad(&topo.Containers[0].Interfaces[0].Device, 52)
 
 	// lanes prio: a UDP port of the destination container is high priority.
 	set, err := control.OpenPrio(r.NetNS)
@@ -157,7 +157,8 @@ func TestPrismRefuses(t *testing.T) {
 	for params, want := range map[string]string{
 		"prio-mode=sync": "not implemented yet",
 		"prio-mode=fast": "want batch or sync",
-		"rt=99":          "want 1..95",
+		"rt=99":          "want 2..96",
+		"bulk-rt=60":     "must be below rt",
 		"cpu=7":          "not among the cores",
 		"split=true":     "has no setting",
 	} {
