@@ -505,11 +505,19 @@ func newLegend() plot.Legend {
 
 // save renders p with leg in a column to its right and writes a PNG.
 func save(p *plot.Plot, leg plot.Legend, path string) error {
-	img := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(dpi), vgimg.UseBackgroundColor(color.White))
-	dc := draw.New(img)
 	m := vg.Points(8) // margin, so the title and tick labels do not touch the edge
-	p.Draw(draw.Crop(dc, m, -legendW, m, -m))
-	lc := draw.Crop(dc, width-legendW+m, 0, 0, -vg.Points(40))
+	// Long mode names (variants like prism-batch:streamline=false) widen
+	// the legend column, and the image with it, rather than being cut.
+	lw := legendW
+	probe := draw.New(vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(dpi)))
+	if r := leg.Rectangle(probe); r.Size().X+2*m > lw {
+		lw = r.Size().X + 2*m
+	}
+	w := width - legendW + lw
+	img := vgimg.NewWith(vgimg.UseWH(w, height), vgimg.UseDPI(dpi), vgimg.UseBackgroundColor(color.White))
+	dc := draw.New(img)
+	p.Draw(draw.Crop(dc, m, -lw, m, -m))
+	lc := draw.Crop(dc, w-lw+m, 0, 0, -vg.Points(40))
 	leg.Draw(lc)
 	f, err := os.Create(path)
 	if err != nil {
