@@ -50,7 +50,7 @@ func Primary(a *results.Agg, workload string) []results.Metric {
 	case "udp_stress":
 		return []results.Metric{results.PPS}
 	case "prio_latency":
-		return []results.Metric{results.LatP50, results.LatP99, results.ExtraMetric("bg_received_kpps", "Kpps")}
+		return []results.Metric{results.LatP50, results.LatP99, results.BackgroundKpps}
 	case "pingpong", "memcached", "nginx":
 		return []results.Metric{results.LatP50, results.LatP99}
 	}

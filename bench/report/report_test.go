@@ -101,7 +101,7 @@ func TestEmptyAndPartial(t *testing.T) {
 	}
 	md := Markdown(f, Options{})
 	for _, want := range []string{
-		"| bg 50% | falcon | 12.0 | – | – | 40.0 | – | – | 1 (1 failed) |",
+		"| bg 50% | falcon | 12.0 | – | – | 40.0 | – | – | 0 | – | – | 1 (1 failed) |",
 		"| – | mflow | 1000 | – | – | 1 |",
 		"| – | mflow | failed | – | – | 0 (1 failed) |",
 	} {

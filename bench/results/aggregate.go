@@ -91,6 +91,10 @@ var (
 	}}
 )
 
+// BackgroundKpps is the low-priority background a priority workload's
+// receiver got (Kpps): PRISM must not starve it.
+var BackgroundKpps = Metric{"background received", "Kpps", func(r *Run) float64 { return r.Extra["bg_received_kpps"] }}
+
 // ExtraMetric reads r.Extra[name] (zero when absent).
 func ExtraMetric(name, unit string) Metric {
 	return Metric{name, unit, func(r *Run) float64 { return r.Extra[name] }}
