@@ -376,6 +376,21 @@ static __always_inline __u32 bucket_of(__u32 fh, __u32 ifindex, __u32 stage)
 	return h % BUCKETS;
 }
 
+/* The steer_flows key of a flow's stage. */
+static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u32 stage)
+{
+	struct steer_flow_key key = {
+		.saddr = t->saddr,
+		.daddr = t->daddr,
+		.sport = t->sport,
+		.dport = t->dport,
+		.proto = t->proto,
+		.stage = stage,
+	};
+
+	return key;
+}
+
 /*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
@@ -394,14 +409,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				   __u32 stage, __u32 ifindex, __u64 len, int hi,
 				   struct steer_flow_state **out)
 {
-	struct steer_flow_key key = {
-		.saddr = t->saddr,
-		.daddr = t->daddr,
-		.sport = t->sport,
-		.dport = t->dport,
-		.proto = t->proto,
-		.stage = stage,
-	};
+	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st;
 	__u32 bucket = bucket_of(fh, ifindex, stage);
 	__u32 slot = stage * BUCKETS + bucket;
@@ -475,14 +483,7 @@ static __always_inline void queued(struct steer_flow_state *st, __u32 n)
  */
 static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
 {
-	struct steer_flow_key key = {
-		.saddr = t->saddr,
-		.daddr = t->daddr,
-		.sport = t->sport,
-		.dport = t->dport,
-		.proto = t->proto,
-		.stage = stage,
-	};
+	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
 	__s64 old, new;
 
