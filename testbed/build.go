@@ -562,6 +562,13 @@ func Down(prefix string) error {
 	if err := os.Remove(statePath(prefix)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	// The last testbed gone takes its state directory along, and the
+	// directory above it if that is left empty too (/run/lanes): nothing
+	// of lanes stays on the host. Remove fails on a non-empty directory,
+	// which is the point.
+	if os.Remove(StateDir) == nil {
+		os.Remove(filepath.Dir(StateDir))
+	}
 	return errors.Join(errs...)
 }
 
