@@ -24,6 +24,10 @@ type Steering struct {
 	// Stay lists (flow, stage) pairs left at vanilla placement: they run
 	// where the previous stage ran.
 	Stay []FlowStage `json:"stay,omitempty"`
+	// Prio is on when the datapath has priority classes (prism), with the
+	// rules that mark flows high priority.
+	Prio  bool     `json:"prio,omitempty"`
+	Rules []string `json:"prio_rules,omitempty"`
 }
 
 // FlowStage is one stage of one flow, as the datapath placed it.
@@ -32,6 +36,7 @@ type FlowStage struct {
 	Stage   string `json:"stage"`
 	Packets uint64 `json:"packets"`
 	IdleMs  int64  `json:"idle_ms"`
+	High    bool   `json:"high_priority,omitempty"` // in the core's high-priority queue
 }
 
 // steering reads the pinned datapath of netns, if there is one, and lists
@@ -58,7 +63,16 @@ func steering(s *StatusReport, netns string) error {
 	if err != nil {
 		return err
 	}
-	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}}
+	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}, Prio: cfg.Prio}
+	if cfg.Prio {
+		rules, err := d.Rules()
+		if err != nil {
+			return err
+		}
+		for _, r := range rules {
+			out.Rules = append(out.Rules, r.String())
+		}
+	}
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
 	}
@@ -85,6 +99,7 @@ func steering(s *StatusReport, netns string) error {
 			Stage:   steer.StageName(f.Stage),
 			Packets: f.Packets,
 			IdleMs:  idle.Milliseconds(),
+			High:    f.High,
 		}
 		if f.CPUIndex == steer.Stay || int(f.CPUIndex) >= len(cfg.CPUs) {
 			out.Stay = append(out.Stay, fs)

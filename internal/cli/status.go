@@ -94,7 +94,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 					fmt.Fprintf(out, "  core %d: ... %d more\n", c.CPU, len(c.Stages)-i)
 					break
 				}
-				fmt.Fprintf(out, "  core %d: %-9s %s  (%d packets)\n", c.CPU, f.Stage, f.Flow, f.Packets)
+				class := ""
+				if f.High {
+					class = ", high priority"
+				}
+				fmt.Fprintf(out, "  core %d: %-9s %s  (%d packets%s)\n", c.CPU, f.Stage, f.Flow, f.Packets, class)
 			}
 		}
 		for i, f := range st.Stay {
@@ -103,6 +107,10 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				break
 			}
 			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; runs where its previous stage ran)\n", f.Stage, f.Flow, f.Packets)
+		}
+		if st.Prio {
+			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))
+			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}
 		for _, name := range []string{"split", "bridge", "container"} {
 			k := st.Stages[name]
