@@ -12,6 +12,7 @@ package plan
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -46,6 +47,16 @@ type Param struct {
 	Key     string
 	Default string
 	Help    string
+}
+
+// ParseQueueSize reads a queue-length setting (cpumap entries): 8..16384
+// frames.
+func ParseQueueSize(v string) (uint32, error) {
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || n < 8 || n > 16384 {
+		return 0, fmt.Errorf("want 8..16384")
+	}
+	return uint32(n), nil
 }
 
 // CheckParams returns an error naming the first key p does not accept.

@@ -360,4 +360,3 @@ func (a *Applied) Open(t *testing.T) *steer.Datapath {
 	t.Cleanup(func() { dp.Close() })
 	return dp
 }
-

@@ -130,12 +130,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 			o.Load = v
 		case "queue-size":
-			var n uint64
-			n, err = strconv.ParseUint(v, 10, 32)
-			if err == nil && (n < 8 || n > 16384) {
-				err = fmt.Errorf("want 8..16384")
-			}
-			o.QueueSize = uint32(n)
+			o.QueueSize, err = plan.ParseQueueSize(v)
 		case "rt":
 			o.RTPriority, err = strconv.Atoi(v)
 			if err == nil && (o.RTPriority < 0 || o.RTPriority > 99) {

@@ -111,12 +111,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want 0 (normal scheduling) or a priority below rt")
 			}
 		case "queue-size":
-			var n uint64
-			n, err = strconv.ParseUint(v, 10, 32)
-			if err == nil && (n < 8 || n > 16384) {
-				err = fmt.Errorf("want 8..16384")
-			}
-			o.QueueSize = uint32(n)
+			o.QueueSize, err = plan.ParseQueueSize(v)
 		case "pin":
 			o.Pin, err = strconv.ParseBool(v)
 		case "streamline":
