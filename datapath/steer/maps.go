@@ -228,18 +228,33 @@ func (d *Datapath) SetTable(stage int, t [Buckets]uint32) error {
 	return nil
 }
 
-// Table reads a stage's table.
-func (d *Datapath) Table(stage int) ([Buckets]uint32, error) {
-	var t [Buckets]uint32
-	if err := checkStage(stage); err != nil {
-		return t, err
+// Tables reads every stage's table in one syscall (an array's batch
+// lookup walks it from index 0).
+func (d *Datapath) Tables() ([NumStages][Buckets]uint32, error) {
+	var t [NumStages][Buckets]uint32
+	keys := make([]uint32, NumStages*Buckets)
+	vals := make([]uint32, NumStages*Buckets)
+	var cur ebpf.MapBatchCursor
+	n, err := d.objs.SteerTable.BatchLookup(&cur, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return t, fmt.Errorf("reading the placement tables: %w", err)
 	}
-	for b := range t {
-		if err := d.objs.SteerTable.Lookup(uint32(stage*Buckets+b), &t[b]); err != nil {
-			return t, fmt.Errorf("reading %s table bucket %d: %w", StageName(stage), b, err)
-		}
+	if n != len(keys) {
+		return t, fmt.Errorf("reading the placement tables: %d of %d entries", n, len(keys))
+	}
+	for i, k := range keys {
+		t[k/Buckets][k%Buckets] = vals[i]
 	}
 	return t, nil
+}
+
+// Table reads a stage's table.
+func (d *Datapath) Table(stage int) ([Buckets]uint32, error) {
+	if err := checkStage(stage); err != nil {
+		return [Buckets]uint32{}, err
+	}
+	t, err := d.Tables()
+	return t[stage], err
 }
 
 // SetBucket points one bucket of a stage's table at a core index (or Stay).
@@ -279,13 +294,8 @@ type Flow struct {
 // Flows lists the flows in steer_flows, ordered by stage, then 5-tuple.
 // The map is an LRU: flows idle for long may have been evicted.
 func (d *Datapath) Flows() ([]Flow, error) {
-	var (
-		flows []Flow
-		k     steerSteerFlowKey
-		s     steerSteerFlowState
-	)
-	it := d.objs.SteerFlows.Iterate()
-	for it.Next(&k, &s) {
+	var flows []Flow
+	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
 		flows = append(flows, Flow{
 			Src:      beAddr(k.Saddr),
 			Dst:      beAddr(k.Daddr),
@@ -302,9 +312,9 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			Bytes:    s.Bytes,
 			InFlight: s.Inflight,
 		})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading flows: %w", err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(flows, func(a, b Flow) int {
 		return cmp.Or(
@@ -324,6 +334,48 @@ func cpuIndex(v uint32) uint32 {
 		return v
 	}
 	return v &^ classHi
+}
+
+// ActiveBuckets marks, per stage, the table buckets whose flows saw a
+// packet within window, and counts those (flow, stage) pairs: what a
+// balancer needs each round, without building a Flow per entry.
+func (d *Datapath) ActiveBuckets(window time.Duration) ([NumStages][Buckets]bool, int, error) {
+	var out [NumStages][Buckets]bool
+	now := uint64(Now())
+	n := 0
+	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
+		if int(k.Stage) >= NumStages || now-s.LastNs > uint64(window) {
+			return
+		}
+		out[k.Stage][s.Bucket%Buckets] = true
+		n++
+	})
+	return out, n, err
+}
+
+// flowChunk is how many flows one batch syscall reads.
+const flowChunk = 1024
+
+// eachFlow calls fn for every entry of steer_flows, reading the map in
+// batches: a handful of syscalls for thousands of flows where iterating
+// takes two per entry. Entries the programs add or evict meanwhile may be
+// missed or seen twice, as with any walk of a live hash map.
+func (d *Datapath) eachFlow(fn func(*steerSteerFlowKey, *steerSteerFlowState)) error {
+	keys := make([]steerSteerFlowKey, flowChunk)
+	vals := make([]steerSteerFlowState, flowChunk)
+	var cur ebpf.MapBatchCursor
+	for {
+		n, err := d.objs.SteerFlows.BatchLookup(&cur, keys, vals, nil)
+		for i := range n {
+			fn(&keys[i], &vals[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil
+		case err != nil:
+			return fmt.Errorf("reading flows: %w", err)
+		}
+	}
 }
 
 // beAddr and bePort undo the host-order decoding of fields the programs

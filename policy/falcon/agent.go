@@ -169,16 +169,20 @@ func (a *agent) step(s load.Sample) error {
 		}
 	}
 
-	active, nactive, err := a.active()
+	// A round costs a few syscalls whatever the number of flows: one
+	// batch walk of the flow map, one read of the tables, one write per
+	// stage that changed.
+	active, nactive, err := a.dp.ActiveBuckets(activeWindow)
+	if err != nil {
+		return err
+	}
+	tables, err := a.dp.Tables()
 	if err != nil {
 		return err
 	}
 	var moves int
 	for _, st := range a.stages {
-		cur, err := a.dp.Table(st)
-		if err != nil {
-			return err
-		}
+		cur := tables[st]
 		var next [steer.Buckets]uint32
 		if fallen {
 			for b := range next {
@@ -187,14 +191,15 @@ func (a *agent) step(s load.Sample) error {
 		} else {
 			next = a.assign(st, cur, active[st])
 		}
+		if next == cur {
+			continue
+		}
+		if err := a.dp.SetTable(st, next); err != nil {
+			return err
+		}
 		for b := range next {
-			if next[b] != cur[b] {
-				if err := a.dp.SetBucket(st, b, next[b]); err != nil {
-					return err
-				}
-				if active[st][b] {
-					moves++
-				}
+			if next[b] != cur[b] && active[st][b] {
+				moves++
 			}
 		}
 	}
@@ -264,25 +269,6 @@ func (a *agent) assign(stage int, cur [steer.Buckets]uint32, active [steer.Bucke
 		next[b] = toIdx(nextCores[b], a.static[stage][b])
 	}
 	return next
-}
-
-// active marks the buckets whose flows saw a packet within activeWindow.
-func (a *agent) active() ([steer.NumStages][steer.Buckets]bool, int, error) {
-	var out [steer.NumStages][steer.Buckets]bool
-	flows, err := a.dp.Flows()
-	if err != nil {
-		return out, 0, err
-	}
-	now := steer.Now()
-	n := 0
-	for _, f := range flows {
-		if f.Stage < 0 || f.Stage >= steer.NumStages || now-f.LastSeen > activeWindow {
-			continue
-		}
-		out[f.Stage][f.Bucket%steer.Buckets] = true
-		n++
-	}
-	return out, n, nil
 }
 
 func homeSet(home int) []int {
