@@ -27,11 +27,30 @@ type Config struct {
 	VXLANPort uint16
 	// VNIs are the overlay networks steered; frames of others pass.
 	VNIs []uint32
+	// CountSplit makes steer_xdp mark and count the split stage's frames
+	// in flight, so split-stage moves wait for the cpumap queue to drain.
+	// Set it only while steer_tc_ingress or steer_tc_split_seen runs on
+	// the underlay's tc ingress: they count the frames seen, and without
+	// them the counts never drain (every move would wait for Drain).
+	CountSplit bool
 	// Prio classifies every flow at the split stage against the priority
 	// rules (AddRule): high-priority flows go to the chosen core's
 	// high-priority queue (SetHiCPUMapEntry), PRISM's second class.
 	Prio bool
 }
+
+// Defaults of Config's move rules, for every policy that moves flows.
+const (
+	// DefaultFlowlet: a backlog of netdev_max_backlog (1000) packets
+	// drains in well under a millisecond at the ~1-2 us per packet a core
+	// spends on the later stages; the gap only has to cover the short
+	// tail of a stage after the point where its frames are counted seen.
+	DefaultFlowlet = time.Millisecond
+	// DefaultDrain is longer than a starved cpumap kthread or backlog
+	// waits for its core on a PREEMPT_NONE kernel (a few scheduler
+	// slices), so only dropped frames, not queued ones, are given up on.
+	DefaultDrain = 20 * time.Millisecond
+)
 
 // maxVNIs is steer_vni's size.
 const maxVNIs = 64

@@ -20,6 +20,9 @@ const (
 	PinTCIngress = steerProgSteerTcIngress
 	PinTCEgress  = steerProgSteerTcEgress
 	PinTCSeen    = steerProgSteerTcSeen
+	// PinTCSplitSeen ends the split stage's queue on the underlay's tc
+	// ingress where steer_tc_ingress (which does the same) is not attached.
+	PinTCSplitSeen = steerProgSteerTcSplitSeen
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -89,6 +92,7 @@ func (d *Datapath) pinnedProgs() []pinnedProg {
 		{PinTCIngress, &o.SteerTcIngress},
 		{PinTCEgress, &o.SteerTcEgress},
 		{PinTCSeen, &o.SteerTcSeen},
+		{PinTCSplitSeen, &o.SteerTcSplitSeen},
 	}
 }
 

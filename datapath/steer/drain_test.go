@@ -37,7 +37,7 @@ func runTCSegs(t *testing.T, p *ebpf.Program, frame []byte, segs uint32) uint32 
 func drainDatapath(t *testing.T, drain time.Duration) *Datapath {
 	t.Helper()
 	d, _ := newDatapath(t)
-	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: 0, Drain: drain, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	cfg := Config{Enabled: true, CountSplit: true, CPUs: []int{0, 1}, Flowlet: 0, Drain: drain, VXLANPort: testPort, VNIs: []uint32{testVNI}}
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +85,23 @@ func TestXDPMarksQueuedFrames(t *testing.T) {
 		if n := inFlight(t, d, f, StageSplit); n != int64(i) {
 			t.Errorf("after %d steered frames: %d in flight", i, n)
 		}
+	}
+
+	// Without CountSplit (nothing on the underlay's tc ingress would
+	// count them seen) frames are neither marked nor counted.
+	cfg, _ := d.Config()
+	if !cfg.CountSplit {
+		t.Fatalf("config %+v does not read back CountSplit", cfg)
+	}
+	cfg.CountSplit = false
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _, meta := runXDPMeta(t, d, frame); ret != xdpRedirect || meta != nil {
+		t.Errorf("without CountSplit: verdict %d, metadata %x; want XDP_REDIRECT and none", ret, meta)
+	}
+	if n := inFlight(t, d, f, StageSplit); n != 3 {
+		t.Errorf("without CountSplit: %d in flight, want still 3", n)
 	}
 }
 

@@ -59,7 +59,7 @@ func (s Setup) Encode() (string, error) {
 	b, err := json.Marshal(setupDoc{
 		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
-		Prio: s.Config.Prio, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
+		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 	})
 	return string(b), err
 }
@@ -77,6 +77,7 @@ type setupDoc struct {
 	QueueSize    uint32   `json:"queue_size,omitempty"`
 	RTPriority   int      `json:"rt_priority,omitempty"`
 	Prio         bool     `json:"prio,omitempty"`
+	CountSplit   bool     `json:"count_split,omitempty"`
 	HiCPUMap     []int    `json:"hi_cpumap,omitempty"`
 	HiRTPriority int      `json:"hi_rt_priority,omitempty"`
 }
@@ -88,7 +89,7 @@ func DecodeSetup(v string) (Setup, error) {
 		return Setup{}, fmt.Errorf("steer datapath value: %w", err)
 	}
 	return Setup{
-		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio},
+		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority,
 	}, nil

@@ -17,8 +17,9 @@ import (
 
 // steer_cfg.flags bits.
 const (
-	cfgEnabled = 1
-	cfgPrio    = 2
+	cfgEnabled    = 1
+	cfgPrio       = 2
+	cfgCountSplit = 4
 )
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
@@ -33,6 +34,10 @@ const classHi = 0x40000000
 // a wrong core, never dropped.
 func (d *Datapath) SetConfig(c Config) error {
 	c, err := c.normalized()
+	if err != nil {
+		return err
+	}
+	shapes, err := d.prioShapes()
 	if err != nil {
 		return err
 	}
@@ -51,7 +56,9 @@ func (d *Datapath) SetConfig(c Config) error {
 			return fmt.Errorf("adding VNI %d: %w", v, err)
 		}
 	}
-	if err := d.objs.SteerCfg.Put(uint32(0), encodeConfig(c)); err != nil {
+	k := encodeConfig(c)
+	k.PrioShapes = shapes
+	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
 	for _, v := range old {
@@ -79,6 +86,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.Prio {
 		k.Flags |= cfgPrio
 	}
+	if c.CountSplit {
+		k.Flags |= cfgCountSplit
+	}
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -97,11 +107,12 @@ func (d *Datapath) Config() (Config, error) {
 		return Config{}, fmt.Errorf("reading steer config: %w", err)
 	}
 	c := Config{
-		Enabled:   k.Flags&cfgEnabled != 0,
-		Prio:      k.Flags&cfgPrio != 0,
-		Flowlet:   time.Duration(k.FlowletNs),
-		Drain:     time.Duration(k.DrainNs),
-		VXLANPort: uint16(k.VxlanPort),
+		Enabled:    k.Flags&cfgEnabled != 0,
+		Prio:       k.Flags&cfgPrio != 0,
+		CountSplit: k.Flags&cfgCountSplit != 0,
+		Flowlet:    time.Duration(k.FlowletNs),
+		Drain:      time.Duration(k.DrainNs),
+		VXLANPort:  uint16(k.VxlanPort),
 	}
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
 		c.CPUs = append(c.CPUs, int(cpu))
@@ -139,7 +150,8 @@ func (d *Datapath) CPUMapEntries() ([]int, error) {
 
 // SetHiCPUMapEntry gives cpu a high-priority queue of qsize frames (its own
 // kthread) for flows the priority rules match, when Config.Prio is on.
-// Without one, high-priority frames for that core take its normal queue.
+// Without one, high-priority frames for that core are not redirected: they
+// take the vanilla path on the core that received them.
 func (d *Datapath) SetHiCPUMapEntry(cpu int, qsize uint32) error {
 	return putCPUMap(d.objs.SteerCpumapHi, "high-priority cpumap", cpu, qsize)
 }

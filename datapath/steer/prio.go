@@ -107,6 +107,60 @@ func ParseRule(s string) (Rule, error) {
 	return r, nil
 }
 
+// shape is the rule's bit in steer_cfg.prio_shapes (steer.c's high_prio):
+// side, then port and protocol given or not.
+func (r Rule) shape() uint32 {
+	i := 3
+	switch {
+	case r.Port != 0 && r.Proto != 0:
+		i = 0
+	case r.Port != 0:
+		i = 1
+	case r.Proto != 0:
+		i = 2
+	}
+	if r.Src {
+		i += 4
+	}
+	return 1 << i
+}
+
+// prioShapes is the shape mask of the rules in the map.
+func (d *Datapath) prioShapes() (uint32, error) {
+	rules, err := d.Rules()
+	if err != nil {
+		return 0, err
+	}
+	var m uint32
+	for _, r := range rules {
+		m |= r.shape()
+	}
+	return m, nil
+}
+
+// syncPrioShapes writes the rules' shape mask into the config, so the
+// programs look up only shapes that exist. After an add, the new shape is
+// in the mask once this returns; after a delete, a stale bit only costs a
+// lookup.
+func (d *Datapath) syncPrioShapes() error {
+	shapes, err := d.prioShapes()
+	if err != nil {
+		return err
+	}
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if k.PrioShapes == shapes {
+		return nil
+	}
+	k.PrioShapes = shapes
+	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
+		return fmt.Errorf("writing steer config: %w", err)
+	}
+	return nil
+}
+
 func (r Rule) key() steerPrioRule {
 	k := steerPrioRule{Addr: nativeAddr(r.Addr), Port: nativePort(r.Port), Proto: r.Proto}
 	if r.Src {
@@ -128,7 +182,7 @@ func (d *Datapath) AddRule(r Rule) error {
 		}
 		return fmt.Errorf("adding priority rule %s: %w", r, err)
 	}
-	return nil
+	return d.syncPrioShapes()
 }
 
 // DelRule removes r; it is an error if r is not there.
@@ -142,7 +196,7 @@ func (d *Datapath) DelRule(r Rule) error {
 		}
 		return fmt.Errorf("removing priority rule %s: %w", r, err)
 	}
-	return nil
+	return d.syncPrioShapes()
 }
 
 // Rules lists the priority rules, destination rules first, then by

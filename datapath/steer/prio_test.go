@@ -38,7 +38,7 @@ func TestParseRule(t *testing.T) {
 func prioDatapath(t *testing.T, hiQueue bool, drain time.Duration) *Datapath {
 	t.Helper()
 	d, _ := newDatapath(t)
-	cfg := Config{Enabled: true, Prio: true, CPUs: []int{0}, Drain: drain, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	cfg := Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{0}, Drain: drain, VXLANPort: testPort, VNIs: []uint32{testVNI}}
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -205,5 +205,49 @@ func TestPrioMalformedPassUntouched(t *testing.T) {
 	}
 	if st := stats(t, d)[StageSplit]; st.High != 0 || st.Passed != uint64(len(frames)) {
 		t.Errorf("counters %+v, want %d passed, none high", st, len(frames))
+	}
+}
+
+// TestPrioShapes: the programs look up only rule shapes that exist; the
+// mask follows adds and deletes and survives a config rewrite.
+func TestPrioShapes(t *testing.T) {
+	d := prioDatapath(t, true, 0)
+	shapes := func() uint32 {
+		t.Helper()
+		var k steerSteerCfg
+		if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+			t.Fatal(err)
+		}
+		return k.PrioShapes
+	}
+	if m := shapes(); m != 0 {
+		t.Fatalf("shapes %#x with no rule", m)
+	}
+	a := addRule(t, d, "dst "+innerDst.String()+" port 80 tcp") // dst, port + proto: bit 0
+	b := addRule(t, d, "src 10.9.9.9 udp")                       // src, proto only: bit 4+2
+	if m := shapes(); m != 1|1<<6 {
+		t.Errorf("shapes %#x, want %#x", m, 1|1<<6)
+	}
+	cfg, _ := d.Config()
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if m := shapes(); m != 1|1<<6 {
+		t.Errorf("after SetConfig: shapes %#x, want %#x", m, 1|1<<6)
+	}
+	f := tcpFlow(40000)
+	f.dport = 80
+	runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+	if fl := mustFlow(t, d, f, StageSplit); !fl.High {
+		t.Errorf("not classified after SetConfig: %+v", fl)
+	}
+	if err := d.DelRule(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DelRule(b); err != nil {
+		t.Fatal(err)
+	}
+	if m := shapes(); m != 0 {
+		t.Errorf("shapes %#x after deleting every rule", m)
 	}
 }

@@ -20,6 +20,8 @@
  *                                     inner IP + TCP/UDP.
  *   steer_tc_seen     (end of CONTAINER) container-side veth, tc ingress:
  *                                     places nothing, counts frames seen.
+ *   steer_tc_split_seen (end of SPLIT) underlay tc ingress where
+ *                                     steer_tc_ingress is not attached.
  *
  * Each stage counts the frames it queues per flow and the next program
  * counts them seen (steer_xdp's frames are marked in XDP metadata, which
@@ -57,6 +59,10 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* steer_cfg.flags */
 #define CFG_ENABLED 0x1
 #define CFG_PRIO 0x2 /* classify flows against steer_prio (PRISM) */
+/* steer_xdp marks and counts its frames in flight: set only while a program
+ * that counts them seen (steer_tc_ingress, steer_tc_split_seen) is attached
+ * to the underlay's tc ingress, or the counts would never drain. */
+#define CFG_COUNT_SPLIT 0x4
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -89,10 +95,12 @@ struct steer_cfg {
 	__u64 drain_ns;   /* idle gap after which a flow may move with frames still
 			   * counted in flight (they were dropped); 0: do not wait */
 	__u32 vxlan_port; /* outer UDP destination port, host byte order */
-	__u32 flags;      /* CFG_ENABLED */
+	__u32 flags;      /* CFG_* */
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
+	__u32 prio_shapes; /* bit SHAPE(dir, i): steer_prio holds a rule of that shape (see high_prio) */
+	__u32 pad;
 };
 
 struct {
@@ -304,9 +312,14 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 	return parse_inner(c, t);
 }
 
-/* Does a rule in steer_prio match the flow? Most specific first; at most
- * eight lookups, all in a small hash. */
-static __always_inline int high_prio(const struct tuple *t)
+/*
+ * Does a rule in steer_prio match the flow? A rule has one of eight shapes:
+ * a side (dir), and port and protocol each given or "any" (i: 0 both, 1
+ * port only, 2 protocol only, 3 neither). Only shapes the control plane
+ * says exist are looked up (cfg->prio_shapes), so a bulk flow costs one
+ * lookup per shape in use, not eight.
+ */
+static __always_inline int high_prio(const struct steer_cfg *cfg, const struct tuple *t)
 {
 	struct prio_rule r = {};
 
@@ -316,6 +329,8 @@ static __always_inline int high_prio(const struct tuple *t)
 		r.addr = dir ? t->saddr : t->daddr;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
+			if (!(cfg->prio_shapes & (1u << (dir * 4 + i))))
+				continue;
 			r.port = i < 2 ? (dir ? t->sport : t->dport) : 0;
 			r.proto = (i % 2) == 0 ? t->proto : 0;
 			if (bpf_map_lookup_elem(&steer_prio, &r))
@@ -433,8 +448,10 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.bytes = len,
 		};
 
-		/* A failed insert only loses the history: place by the table. */
-		bpf_map_update_elem(&steer_flows, &key, &fresh, BPF_ANY);
+		/* A failed insert only loses the history: place by the table.
+		 * NOEXIST: if another core inserted the flow meanwhile, its
+		 * entry (and in-flight count) stays. */
+		bpf_map_update_elem(&steer_flows, &key, &fresh, BPF_NOEXIST);
 		*out = bpf_map_lookup_elem(&steer_flows, &key);
 		return want;
 	}
@@ -538,11 +555,11 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
 	}
-	/* data_end - data subtracts packet pointers, which the verifier
-	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
-	hi = (cfg->flags & CFG_PRIO) && high_prio(&t);
+	hi = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
 	if (hi)
 		count(STAGE_SPLIT, CNT_HIGH);
+	/* data_end - data subtracts packet pointers, which the verifier
+	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
 	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, &st);
 	cpu = idx & ~CLASS_HI;
 	if (idx == STAY || cpu >= MAX_CPUS) {
@@ -566,7 +583,7 @@ int steer_xdp(struct xdp_md *ctx)
 	 * Without metadata room (some drivers) the frame goes uncounted and
 	 * moves of this flow fall back to the idle gap alone. No packet byte
 	 * changes: metadata lives in the headroom. */
-	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
+	if ((cfg->flags & CFG_COUNT_SPLIT) && bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
 		meta = (void *)(long)ctx->data_meta;
 		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
 			meta->magic = LANES_META_MAGIC;
@@ -659,14 +676,15 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	} else {
 		count(stage, CNT_STEERED);
 	}
+	/* RPS on the next device queues every skb, even to the core it runs
+	 * on and whether or not we set the hash: count it before any return. */
+	queued(st, skb_frames(skb));
 	if (idx >= MAX_CPUS || cfg->rps_span == 0)
 		return TC_ACT_UNSPEC;
 
 	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
 	/* 0 means "no hash" to the stack, which would recompute one. */
 	bpf_set_hash(skb, v ? v : 1);
-	/* RPS queues every skb, even to the core it runs on. */
-	queued(st, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
 
@@ -702,5 +720,28 @@ int steer_tc_seen(struct __sk_buff *skb)
 	c.end = (void *)(long)skb->data_end;
 	if (parse_inner(&c, &t) == 0)
 		seen(&t, STAGE_CONTAINER, skb_frames(skb));
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * tc ingress on the underlay when nothing else runs there (PRISM): the end
+ * of the split stage's queue (the cpumap ring). Like steer_tc_seen it
+ * places nothing; frames steer_xdp did not mark return at once, unparsed.
+ */
+SEC("tc")
+int steer_tc_split_seen(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct tuple t = {};
+	struct cursor c;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !from_split_queue(skb))
+		return TC_ACT_UNSPEC;
+	if (pull(skb, MAX_OUTER_HDRS) < 0)
+		return TC_ACT_UNSPEC;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_outer(&c, cfg, &t) == 0)
+		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }

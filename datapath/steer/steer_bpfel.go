@@ -31,16 +31,18 @@ type steerPrioRule struct {
 }
 
 type steerSteerCfg struct {
-	_         structs.HostLayout
-	Ncpus     uint32
-	RpsSpan   uint32
-	FlowletNs uint64
-	DrainNs   uint64
-	VxlanPort uint32
-	Flags     uint32
-	Cpus      [64]uint32
-	RpsLo     [64]uint32
-	IndexOf   [64]uint32
+	_          structs.HostLayout
+	Ncpus      uint32
+	RpsSpan    uint32
+	FlowletNs  uint64
+	DrainNs    uint64
+	VxlanPort  uint32
+	Flags      uint32
+	Cpus       [64]uint32
+	RpsLo      [64]uint32
+	IndexOf    [64]uint32
+	PrioShapes uint32
+	Pad        uint32
 }
 
 type steerSteerFlowKey struct {
@@ -70,18 +72,19 @@ type steerSteerFlowState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerCfg        = "steer_cfg"
-	steerMapSteerCpumap     = "steer_cpumap"
-	steerMapSteerCpumapHi   = "steer_cpumap_hi"
-	steerMapSteerFlows      = "steer_flows"
-	steerMapSteerPrio       = "steer_prio"
-	steerMapSteerStats      = "steer_stats"
-	steerMapSteerTable      = "steer_table"
-	steerMapSteerVni        = "steer_vni"
-	steerProgSteerTcEgress  = "steer_tc_egress"
-	steerProgSteerTcIngress = "steer_tc_ingress"
-	steerProgSteerTcSeen    = "steer_tc_seen"
-	steerProgSteerXdp       = "steer_xdp"
+	steerMapSteerCfg          = "steer_cfg"
+	steerMapSteerCpumap       = "steer_cpumap"
+	steerMapSteerCpumapHi     = "steer_cpumap_hi"
+	steerMapSteerFlows        = "steer_flows"
+	steerMapSteerPrio         = "steer_prio"
+	steerMapSteerStats        = "steer_stats"
+	steerMapSteerTable        = "steer_table"
+	steerMapSteerVni          = "steer_vni"
+	steerProgSteerTcEgress    = "steer_tc_egress"
+	steerProgSteerTcIngress   = "steer_tc_ingress"
+	steerProgSteerTcSeen      = "steer_tc_seen"
+	steerProgSteerTcSplitSeen = "steer_tc_split_seen"
+	steerProgSteerXdp         = "steer_xdp"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -126,10 +129,11 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	SteerTcEgress  *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
-	SteerTcIngress *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
-	SteerTcSeen    *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
-	SteerXdp       *ebpf.ProgramSpec `ebpf:"steer_xdp"`
+	SteerTcEgress    *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
+	SteerTcIngress   *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
+	SteerXdp         *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -205,10 +209,11 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	SteerTcEgress  *ebpf.Program `ebpf:"steer_tc_egress"`
-	SteerTcIngress *ebpf.Program `ebpf:"steer_tc_ingress"`
-	SteerTcSeen    *ebpf.Program `ebpf:"steer_tc_seen"`
-	SteerXdp       *ebpf.Program `ebpf:"steer_xdp"`
+	SteerTcEgress    *ebpf.Program `ebpf:"steer_tc_egress"`
+	SteerTcIngress   *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcSeen      *ebpf.Program `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen *ebpf.Program `ebpf:"steer_tc_split_seen"`
+	SteerXdp         *ebpf.Program `ebpf:"steer_xdp"`
 }
 
 func (p *steerPrograms) Close() error {
@@ -216,6 +221,7 @@ func (p *steerPrograms) Close() error {
 		p.SteerTcEgress,
 		p.SteerTcIngress,
 		p.SteerTcSeen,
+		p.SteerTcSplitSeen,
 		p.SteerXdp,
 	)
 }

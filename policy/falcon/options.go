@@ -17,6 +17,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
 )
 
 // Options are Falcon's settings; each mechanism can be switched alone so
@@ -70,16 +71,10 @@ func Defaults() Options {
 		Threshold:  80,
 		Hysteresis: 10,
 		Interval:   40 * time.Millisecond,
-		// A backlog of netdev_max_backlog (1000) packets drains in well
-		// under a millisecond at the ~1-2 us per packet a core spends on
-		// the later stages; 1 ms leaves margin.
-		Flowlet: time.Millisecond,
-		// Longer than a starved cpumap kthread or backlog waits for its
-		// core on a PREEMPT_NONE kernel (a few scheduler slices), so only
-		// dropped frames, not queued ones, are ever given up on.
-		Drain:     20 * time.Millisecond,
-		Load:      "rx",
-		QueueSize: 2048,
+		Flowlet:    steer.DefaultFlowlet,
+		Drain:      steer.DefaultDrain,
+		Load:       "rx",
+		QueueSize:  2048,
 	}
 }
 

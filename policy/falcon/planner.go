@@ -133,7 +133,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
-		Config:     steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis},
+		// tc ingress on the underlay (steerStages) counts the split
+		// stage's frames seen; without it there is nothing to count for.
+		Config: steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis,
+			CountSplit: o.Split && (o.Pipeline || o.Balance)},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
 	}

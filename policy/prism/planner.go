@@ -3,7 +3,6 @@ package prism
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
@@ -72,8 +71,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	lad := o.Ladder()
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
-		Config: steer.Config{Enabled: true, Prio: true, CPUs: []int{core}, Flowlet: time.Millisecond,
-			Drain: 20 * time.Millisecond, VXLANPort: port, VNIs: vnis},
+		// CountSplit: a flow that changes class moves between the two
+		// queues, so it waits for the old one to drain like any move;
+		// steer_tc_split_seen below counts the frames out.
+		Config: steer.Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{core},
+			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis},
 		CPUMap: []int{core}, HiCPUMap: []int{core}, QueueSize: o.QueueSize,
 		RTPriority: lad.Low, HiRTPriority: lad.High,
 	}
@@ -116,6 +118,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		rung(&t.Underlays[i], lad.NIC, false, "NIC poll")
 	}
 	for _, u := range t.Underlays {
+		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSplitSeen, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
+			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "count the first stage's frames out of their queue, so a class change waits for it")
 		pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "classify at the NIC poll, hand each class to its queue")
 	}

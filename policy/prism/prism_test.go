@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
@@ -131,6 +132,29 @@ func TestPrismBatch(t *testing.T) {
 		if f.Proto == 6 && f.High {
 			t.Errorf("TCP flow %v:%d -> %v:%d classified high by a UDP rule", f.Src, f.SrcPort, f.Dst, f.DstPort)
 		}
+	}
+	// Every frame XDP counted into a queue was counted out of it by
+	// steer_tc_split_seen (XDP metadata reached the skb), and no class
+	// change had to give up waiting for a queue.
+	var left []steer.Flow
+	for range 50 {
+		flows, _ = dp.Flows()
+		left = left[:0]
+		for _, f := range flows {
+			if f.InFlight != 0 {
+				left = append(left, f)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("frames still counted in flight after the traffic: %+v", left)
+	}
+	if st, _ := dp.Stats(); st[steer.StageSplit].Undrained != 0 {
+		t.Errorf("split stage: %d undrained moves", st[steer.StageSplit].Undrained)
 	}
 	if err := set.Del(rule); err != nil {
 		t.Fatal(err)
