@@ -23,6 +23,8 @@
 package metrics
 
 import (
+	"github.com/lanesnet/lanes/internal/kthread"
+
 	"errors"
 	"fmt"
 	"os"
@@ -205,7 +207,7 @@ func scanKthreads(pats []string, out map[int]procStat) error {
 		if err != nil {
 			continue // exited since ReadDir
 		}
-		ps, err := parsePidStat(b)
+		ps, err := kthread.ParseProcStat(string(b))
 		if err != nil || !ps.Kthread {
 			continue
 		}

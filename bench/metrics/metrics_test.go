@@ -173,18 +173,6 @@ func TestParseNetDev(t *testing.T) {
 	}
 }
 
-func TestParsePidStat(t *testing.T) {
-	// The comm holds a space and a ')': fields must count from the last ')'.
-	line := "42 (napi/x) y-1) I 2 0 0 0 -1 2129984 0 0 0 0 30 12 0 0 20 0 1 0 99 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
-	ps, err := parsePidStat([]byte(line))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ps.Comm != "napi/x) y-1" || ps.Ticks != 42 || ps.CPU != 1 || !ps.Kthread {
-		t.Errorf("got %+v", ps)
-	}
-}
-
 // snap builds a Snapshot from fixture text, as Take would from /proc.
 func snap(t *testing.T, at time.Time, stat, sirq, snet, snmp, netstat, netdev string, kt map[int]procStat, cfg Config) *Snapshot {
 	t.Helper()

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"github.com/lanesnet/lanes/internal/kthread"
+
 	"bufio"
 	"bytes"
 	"fmt"
@@ -188,36 +190,5 @@ func parseNetDev(b []byte) (map[string]DevStats, error) {
 	return out, nil
 }
 
-// procStat is what a Snapshot needs of /proc/<pid>/stat.
-type procStat struct {
-	Comm    string
-	Ticks   uint64 // utime + stime, USER_HZ
-	CPU     int    // CPU the task last ran on
-	Kthread bool   // PF_KTHREAD: a kernel thread, not a process named alike
-}
-
-const pfKthread = 0x00200000 // include/linux/sched.h
-
-// parsePidStat parses /proc/<pid>/stat. The comm is in parentheses and may
-// itself hold spaces and parentheses, so fields are counted from the last
-// ')'. Field numbers below are proc(5)'s, 1-based.
-func parsePidStat(b []byte) (procStat, error) {
-	s := string(b)
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open {
-		return procStat{}, fmt.Errorf("pid stat: no comm in %q", s)
-	}
-	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
-	const flags, utime, stime, processor = 9, 14, 15, 39
-	if len(f) < processor-2 {
-		return procStat{}, fmt.Errorf("pid stat: %d fields", len(f)+2)
-	}
-	u, err1 := strconv.ParseUint(f[utime-3], 10, 64)
-	st, err2 := strconv.ParseUint(f[stime-3], 10, 64)
-	cpu, err3 := strconv.Atoi(f[processor-3])
-	fl, err4 := strconv.ParseUint(f[flags-3], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
-		return procStat{}, fmt.Errorf("pid stat: bad numbers in %q", s)
-	}
-	return procStat{Comm: s[open+1 : end], Ticks: u + st, CPU: cpu, Kthread: fl&pfKthread != 0}, nil
-}
+// procStat is what a Snapshot keeps of /proc/<pid>/stat.
+type procStat = kthread.ProcStat

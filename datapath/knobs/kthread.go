@@ -17,7 +17,6 @@ const (
 	kindKthreadAffinity = "kthread-affinity"
 	kindKthreadSched    = "kthread-sched"
 
-	pfKthread = 0x00200000 // PF_KTHREAD in /proc/PID/stat flags
 )
 
 // Kthread names a kernel thread by its comm, e.g. "napi/veth0-8195": pids
@@ -84,7 +83,7 @@ func ListKthreads(match func(comm string) bool) ([]KthreadInfo, error) {
 			continue
 		}
 		flags, lastCPU, err := kthread.Thread{PID: pid}.Stat()
-		if err != nil || flags&pfKthread == 0 {
+		if err != nil || flags&kthread.PFKthread == 0 {
 			continue
 		}
 		info := KthreadInfo{PID: pid, Comm: comm, LastCPU: lastCPU}

@@ -16,6 +16,8 @@
 package load
 
 import (
+	"github.com/lanesnet/lanes/internal/kthread"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -230,15 +232,20 @@ func percentOf(ns uint64, interval time.Duration) float64 {
 
 // readThread reads a thread's stat and run time; ok is false if it is gone.
 // schedstat is preferred (ns, exact); without it (kernels built without
-// CONFIG_SCHED_INFO print "0 0 0" or nothing) stat's ticks stand in.
-func (s *Sampler) readThread(pid int) (st pidStat, run uint64, precise, ok bool) {
+// CONFIG_SCHED_INFO print "0 0 0" or nothing) stat's ticks stand in. For a
+// thread that is not a receive kthread (which every caller skips) the run
+// time is not read: a scan meets every kernel thread.
+func (s *Sampler) readThread(pid int) (st kthread.ProcStat, run uint64, precise, ok bool) {
 	dir := filepath.Join(s.proc, strconv.Itoa(pid))
 	b, err := os.ReadFile(filepath.Join(dir, "stat"))
 	if err != nil {
-		return pidStat{}, 0, false, false
+		return kthread.ProcStat{}, 0, false, false
 	}
-	if st, err = parsePidStat(string(b)); err != nil {
-		return pidStat{}, 0, false, false
+	if st, err = kthread.ParseProcStat(string(b)); err != nil {
+		return kthread.ProcStat{}, 0, false, false
+	}
+	if !st.Kthread || !IsRxKthread(st.Comm) {
+		return st, 0, false, true
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "schedstat")); err == nil {
 		if ns, err := parseSchedstat(string(b)); err == nil && (ns > 0 || st.Ticks == 0) {
@@ -273,7 +280,7 @@ func (s *Sampler) scan(at time.Time) error {
 
 func (s *Sampler) kthreadPIDs() ([]int, error) {
 	if b, err := os.ReadFile(filepath.Join(s.proc, "2", "stat")); err == nil {
-		if st, err := parsePidStat(string(b)); err == nil && st.Kthread && st.Comm == "kthreadd" {
+		if st, err := kthread.ParseProcStat(string(b)); err == nil && st.Kthread && st.Comm == "kthreadd" {
 			if b, err := os.ReadFile(filepath.Join(s.proc, "2", "task", "2", "children")); err == nil {
 				if pids, err := parsePIDList(string(b)); err == nil {
 					return pids, nil

@@ -42,8 +42,9 @@ func ParseStat(r io.Reader) (map[int]CPUTimes, error) {
 	out := make(map[int]CPUTimes)
 	sc := bufio.NewScanner(r)
 	// The "intr" line has one column per interrupt and outgrows the default
-	// 64 KiB buffer on big machines.
-	sc.Buffer(make([]byte, 0, 64*1024), 4<<20)
+	// 64 KiB limit on big machines; the buffer still starts small and
+	// grows only as far as a line needs.
+	sc.Buffer(nil, 4<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, "cpu") || strings.HasPrefix(line, "cpu ") {
@@ -75,44 +76,6 @@ func ParseStat(r io.Reader) (map[int]CPUTimes, error) {
 		return nil, fmt.Errorf("/proc/stat: no per-CPU lines")
 	}
 	return out, nil
-}
-
-// pidStat is what the sampler needs of /proc/PID/stat.
-type pidStat struct {
-	Comm      string
-	Kthread   bool   // PF_KTHREAD: not a user process that merely took the name
-	Ticks     uint64 // utime + stime, USER_HZ
-	StartTime uint64 // boot-relative ticks; tells a reused pid from the thread it had
-	CPU       int    // the core it last ran on
-}
-
-const pfKthread = 0x00200000 // PF_KTHREAD, include/linux/sched.h
-
-// parsePidStat parses /proc/PID/stat. The comm sits in parentheses and may
-// itself hold spaces and parentheses, so the fields are counted from the
-// last ')'. Field numbers are proc(5)'s, 1-based.
-func parsePidStat(s string) (pidStat, error) {
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open {
-		return pidStat{}, fmt.Errorf("pid stat: no comm in %q", s)
-	}
-	f := strings.Fields(s[end+1:]) // f[0] is field 3, state
-	const flags, utime, stime, starttime, processor = 9, 14, 15, 22, 39
-	if len(f) < processor-2 {
-		return pidStat{}, fmt.Errorf("pid stat: %d fields, want at least %d", len(f)+2, processor)
-	}
-	num := func(field int) (uint64, error) { return strconv.ParseUint(f[field-3], 10, 64) }
-	fl, err1 := num(flags)
-	u, err2 := num(utime)
-	st, err3 := num(stime)
-	start, err4 := num(starttime)
-	cpu, err5 := strconv.Atoi(f[processor-3])
-	for _, err := range []error{err1, err2, err3, err4, err5} {
-		if err != nil {
-			return pidStat{}, fmt.Errorf("pid stat: %w", err)
-		}
-	}
-	return pidStat{Comm: s[open+1 : end], Kthread: fl&pfKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}, nil
 }
 
 // parseSchedstat returns the first field of /proc/PID/schedstat: the

@@ -65,38 +65,6 @@ func TestParseStatShapes(t *testing.T) {
 	}
 }
 
-func TestParsePidStat(t *testing.T) {
-	cases := []struct {
-		in   string
-		want pidStat
-	}{
-		// A threaded NAPI poller as 6.18 prints it.
-		{"3926 (napi/ul2-259) S 2 0 0 0 -1 2129984 0 0 0 0 0 14235 0 0 20 0 1 0 12336 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			pidStat{Comm: "napi/ul2-259", Kthread: true, Ticks: 14235, StartTime: 12336, CPU: 1}},
-		// A user process whose comm holds spaces and parentheses.
-		{"4242 (evil) (napi/x) 1) R 1 4242 4242 34816 4242 4194304 120 0 0 0 7 3 0 0 20 0 1 0 99 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			pidStat{Comm: "evil) (napi/x) 1", Kthread: false, Ticks: 10, StartTime: 99, CPU: 0}},
-		// cpumap kthread, last on core 3.
-		{"812 (cpumap/3/map:17) S 2 0 0 0 -1 2129984 0 0 0 0 0 88 0 0 20 0 1 0 5000 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			pidStat{Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
-	}
-	for _, tc := range cases {
-		got, err := parsePidStat(tc.in)
-		if err != nil {
-			t.Errorf("%q: %v", tc.in, err)
-			continue
-		}
-		if got != tc.want {
-			t.Errorf("%q:\n got %+v\nwant %+v", tc.in, got, tc.want)
-		}
-	}
-	for _, bad := range []string{"", "12 napi S 2", "12 (napi) S 2 0 0", "12 (napi) S 2 0 0 0 -1 x 0 0 0 0 0 1 0 0 20 0 1 0 1 0 0 1 0 0 0 0 0 0 0 0 0 1 0 0 17 1 0"} {
-		if _, err := parsePidStat(bad); err == nil {
-			t.Errorf("parsePidStat(%q): no error", bad)
-		}
-	}
-}
-
 func TestParseSchedstat(t *testing.T) {
 	if v, err := parseSchedstat("142359404534 58211072258 2606549\n"); err != nil || v != 142359404534 {
 		t.Errorf("got %d, %v", v, err)

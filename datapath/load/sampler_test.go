@@ -1,6 +1,8 @@
 package load
 
 import (
+	"github.com/lanesnet/lanes/internal/kthread"
+
 	"fmt"
 	"math"
 	"os"
@@ -62,7 +64,7 @@ func (p *fakeProc) task(k task) {
 	set(4, 2)
 	flags := 0x00400040
 	if k.kthread {
-		flags |= pfKthread
+		flags |= kthread.PFKthread
 	}
 	set(9, flags)
 	set(14, k.ticks)

@@ -52,26 +52,58 @@ func (t Thread) LastCPU() (int, error) {
 	return cpu, err
 }
 
-// Stat returns the flags (field 9, e.g. PF_KTHREAD) and the last CPU
-// (field 39) of /proc/PID/stat. comm may contain spaces and parentheses,
-// so fields are counted from the last ')'.
+// Stat returns the flags (field 9, e.g. PFKthread) and the last CPU
+// (field 39) of /proc/PID/stat.
 func (t Thread) Stat() (flags uint64, cpu int, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", t.PID))
 	if err != nil {
 		return 0, -1, err
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, -1, fmt.Errorf("malformed /proc/%d/stat", t.PID)
+	ps, err := ParseProcStat(string(b))
+	if err != nil {
+		return 0, -1, fmt.Errorf("/proc/%d/stat: %w", t.PID, err)
 	}
-	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 37 {
-		return 0, -1, fmt.Errorf("short /proc/%d/stat", t.PID)
+	return ps.Flags, ps.CPU, nil
+}
+
+// PFKthread is the PF_KTHREAD bit of ProcStat.Flags (include/linux/sched.h):
+// a kernel thread, not a user process that merely took its name.
+const PFKthread = 0x00200000
+
+// ProcStat is what lanes reads of /proc/PID/stat.
+type ProcStat struct {
+	Comm      string
+	Flags     uint64 // field 9
+	Kthread   bool   // Flags has PFKthread
+	Ticks     uint64 // utime + stime, USER_HZ
+	StartTime uint64 // boot-relative ticks; tells a reused pid from the thread it had
+	CPU       int    // the core it last ran on
+}
+
+// ParseProcStat parses /proc/PID/stat: the one parser of it in lanes. The
+// comm sits in parentheses and may itself hold spaces and parentheses, so
+// the fields are counted from the last ')'. Field numbers are proc(5)'s,
+// 1-based.
+func ParseProcStat(s string) (ProcStat, error) {
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return ProcStat{}, fmt.Errorf("pid stat: no comm in %q", s)
 	}
-	if flags, err = strconv.ParseUint(f[6], 10, 64); err != nil {
-		return 0, -1, err
+	f := strings.Fields(s[end+1:]) // f[0] is field 3, state
+	const flags, utime, stime, starttime, processor = 9, 14, 15, 22, 39
+	if len(f) < processor-2 {
+		return ProcStat{}, fmt.Errorf("pid stat: %d fields, want at least %d", len(f)+2, processor)
 	}
-	cpu, err = strconv.Atoi(f[36])
-	return flags, cpu, err
+	num := func(field int) (uint64, error) { return strconv.ParseUint(f[field-3], 10, 64) }
+	fl, err1 := num(flags)
+	u, err2 := num(utime)
+	st, err3 := num(stime)
+	start, err4 := num(starttime)
+	cpu, err5 := strconv.Atoi(f[processor-3])
+	for _, err := range []error{err1, err2, err3, err4, err5} {
+		if err != nil {
+			return ProcStat{}, fmt.Errorf("pid stat: %w", err)
+		}
+	}
+	return ProcStat{Comm: s[open+1 : end], Flags: fl, Kthread: fl&PFKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}, nil
 }

@@ -1,0 +1,47 @@
+package kthread
+
+import "testing"
+
+func TestParseProcStat(t *testing.T) {
+	cases := []struct {
+		in   string
+		want ProcStat
+	}{
+		// A threaded NAPI poller as 6.18 prints it.
+		{"3926 (napi/ul2-259) S 2 0 0 0 -1 2129984 0 0 0 0 0 14235 0 0 20 0 1 0 12336 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			ProcStat{Flags: 2129984, Comm: "napi/ul2-259", Kthread: true, Ticks: 14235, StartTime: 12336, CPU: 1}},
+		// A user process whose comm holds spaces and parentheses.
+		{"4242 (evil) (napi/x) 1) R 1 4242 4242 34816 4242 4194304 120 0 0 0 7 3 0 0 20 0 1 0 99 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			ProcStat{Flags: 4194304, Comm: "evil) (napi/x) 1", Kthread: false, Ticks: 10, StartTime: 99, CPU: 0}},
+		// cpumap kthread, last on core 3.
+		{"812 (cpumap/3/map:17) S 2 0 0 0 -1 2129984 0 0 0 0 0 88 0 0 20 0 1 0 5000 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+			ProcStat{Flags: 2129984, Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
+	}
+	for _, tc := range cases {
+		got, err := ParseProcStat(tc.in)
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("%q:\n got %+v\nwant %+v", tc.in, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "12 napi S 2", "12 (napi) S 2 0 0", "12 (napi) S 2 0 0 0 -1 x 0 0 0 0 0 1 0 0 20 0 1 0 1 0 0 1 0 0 0 0 0 0 0 0 0 1 0 0 17 1 0"} {
+		if _, err := ParseProcStat(bad); err == nil {
+			t.Errorf("ParseProcStat(%q): no error", bad)
+		}
+	}
+}
+
+func TestParseProcStatCommWithParen(t *testing.T) {
+	// The comm holds a space and a ')': fields must count from the last ')'.
+	line := "42 (napi/x) y-1) I 2 0 0 0 -1 2129984 0 0 0 0 30 12 0 0 20 0 1 0 99 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+	ps, err := ParseProcStat(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.Comm != "napi/x) y-1" || ps.Ticks != 42 || ps.CPU != 1 || !ps.Kthread {
+		t.Errorf("got %+v", ps)
+	}
+}
