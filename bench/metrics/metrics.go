@@ -112,10 +112,10 @@ func Take(cfg Config) (*Snapshot, error) {
 		errs = append(errs, err)
 	}
 	// softnet_stat is per CPU, not per namespace: any namespace shows it.
-	if b, err := os.ReadFile("/proc/net/softnet_stat"); err != nil {
+	if sn, err := ReadSoftnet(); err != nil {
 		errs = append(errs, err)
-	} else if s.Softnet, err = parseSoftnet(b); err != nil {
-		errs = append(errs, err)
+	} else {
+		s.Softnet = sn
 	}
 	pats := cfg.Kthreads
 	if pats == nil {

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"github.com/lanesnet/lanes/internal/kthread"
+	"os"
 
 	"bufio"
 	"bytes"
@@ -72,6 +73,16 @@ type Softnet struct {
 	TimeSqueeze uint64 // net_rx_action ran out of budget or time with work left
 	ReceivedRPS uint64 // times this CPU was kicked (IPI) to process an RPS backlog
 	FlowLimit   uint64 // packets dropped by the flow limit
+}
+
+// ReadSoftnet reads /proc/net/softnet_stat (per CPU, the same in every
+// namespace).
+func ReadSoftnet() (map[int]Softnet, error) {
+	b, err := os.ReadFile("/proc/net/softnet_stat")
+	if err != nil {
+		return nil, err
+	}
+	return parseSoftnet(b)
 }
 
 // parseSoftnet parses /proc/net/softnet_stat: one line per online CPU, all

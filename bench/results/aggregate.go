@@ -2,9 +2,10 @@ package results
 
 import (
 	"cmp"
-	"math"
 	"slices"
 	"sort"
+
+	"github.com/lanesnet/lanes/policy/balancer"
 )
 
 // Point is a workload point: everything that identifies a measurement
@@ -75,19 +76,11 @@ var (
 	// percent: how evenly the work is spread (MFLOW's figure of merit for
 	// balance; 0 = every core equally busy).
 	CPUSpread = Metric{"cpu_stddev", "%", func(r *Run) float64 {
-		if len(r.CPU) == 0 {
-			return 0
+		busy := make([]float64, len(r.CPU))
+		for i, c := range r.CPU {
+			busy[i] = 100 - c.Idle
 		}
-		var sum, sq float64
-		for _, c := range r.CPU {
-			sum += 100 - c.Idle
-		}
-		mean := sum / float64(len(r.CPU))
-		for _, c := range r.CPU {
-			d := 100 - c.Idle - mean
-			sq += d * d
-		}
-		return math.Sqrt(sq / float64(len(r.CPU)))
+		return balancer.StdDev(busy)
 	}}
 )
 

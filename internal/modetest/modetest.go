@@ -36,7 +36,7 @@ import (
 
 // isolatedEnv marks the re-executed test binary that runs in a mount
 // namespace of its own.
-const isolatedEnv = "LANES_FALCON_TEST_MOUNTNS"
+const isolatedEnv = "LANES_MODE_TEST_MOUNTNS"
 
 // Main runs a package's tests in a private mount namespace (as root),
 // naming testbeds prefix<pid>. A BPF mode's plan mounts bpffs at /sys/fs/bpf and its reset unmounts it again,
@@ -359,4 +359,17 @@ func (a *Applied) Open(t *testing.T) *steer.Datapath {
 	}
 	t.Cleanup(func() { dp.Close() })
 	return dp
+}
+
+// OneLine checks an error is there, on one line, and says want.
+func OneLine(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Errorf("%s: no error, want one containing %q", what, want)
+	case !strings.Contains(err.Error(), want):
+		t.Errorf("%s: error %q does not say %q", what, err, want)
+	case strings.Contains(err.Error(), "\n"):
+		t.Errorf("%s: error is not one line: %q", what, err)
+	}
 }

@@ -115,3 +115,14 @@ func UDP(t testing.TB, srcNS, dstNS string, dst netip.Addr, size int) int {
 	}
 	return got
 }
+
+// UDPMost is UDP for modes that must not lose traffic: it fails t unless
+// at least 9 in 10 datagrams arrived, and returns how many did.
+func UDPMost(t testing.TB, srcNS, dstNS string, dst netip.Addr, size int) int {
+	t.Helper()
+	got := UDP(t, srcNS, dstNS, dst, size)
+	if got < UDPCount*9/10 {
+		t.Fatalf("UDP %s -> %s: %d of %d datagrams arrived", srcNS, dstNS, got, UDPCount)
+	}
+	return got
+}

@@ -594,7 +594,7 @@ func TestFalconRefusesForeignXDP(t *testing.T) {
 	stateDir := t.TempDir()
 	_, err = control.Apply(control.Options{Mode: "falcon", NetNS: r.NetNS, StateDir: stateDir})
 	t.Cleanup(func() { control.Reset(r.NetNS, stateDir) })
-	oneLine(t, "apply over a foreign XDP program", err, "already has XDP program")
+	modetest.OneLine(t, "apply over a foreign XDP program", err, "already has XDP program")
 	modetest.SameSnapshot(t, "after the refused apply", modetest.Snapshot(t, tb), before)
 	if id, _ := attach.Attached(r.NetNS, r.Underlay); id != uint32(ours) {
 		t.Errorf("XDP on %s is %d after the refused apply, want the foreign program %d", r.Underlay, id, ours)
@@ -650,7 +650,7 @@ func TestFalconBadParams(t *testing.T) {
 		{"falcon-split", map[string]string{"split-cpus": strconv.Itoa(offline)}, "split core " + strconv.Itoa(offline) + " is not online"},
 	} {
 		_, err := control.Apply(control.Options{Mode: c.mode, NetNS: r.NetNS, StateDir: stateDir, Params: c.params})
-		oneLine(t, c.mode+" "+strconv.Quote(formatParams(c.params)), err, c.want)
+		modetest.OneLine(t, c.mode+" "+strconv.Quote(formatParams(c.params)), err, c.want)
 		modetest.NoState(t, stateDir)
 		if _, err := os.Stat(control.Dir(stateDir, r.NetNS)); err == nil {
 			t.Errorf("%v: state directory created", c.params)
