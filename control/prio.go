@@ -1,11 +1,7 @@
 package control
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
@@ -25,7 +21,7 @@ type PrioSet struct {
 func OpenPrio(netns string) (*PrioSet, error) {
 	dir := plan.PinDir(netns)
 	target := plan.Target(netns)
-	if _, err := os.Stat(filepath.Join(dir, "steer_cfg")); errors.Is(err, fs.ErrNotExist) {
+	if !steer.Pinned(dir) {
 		return nil, fmt.Errorf("no prism mode applied to %s: run lanes apply --mode prism first", target)
 	}
 	d, err := steer.Open(dir)

@@ -2,8 +2,6 @@ package control
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"time"
 
@@ -43,7 +41,7 @@ type FlowStage struct {
 // its recent flows on the cores of s.
 func steering(s *StatusReport, netns string) error {
 	dir := plan.PinDir(netns)
-	if _, err := os.Stat(filepath.Join(dir, "steer_cfg")); err != nil {
+	if !steer.Pinned(dir) {
 		return nil
 	}
 	d, err := steer.Open(dir)

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -178,8 +179,8 @@ func Target(netns string) string {
 	return r.Replace(strings.TrimPrefix(netns, "/"))
 }
 
-// BPFFS is where bpffs is mounted on every distribution lanes knows.
-const BPFFS = "/sys/fs/bpf"
+// BPFFS is where lanes mounts (or finds) bpffs for its pins.
+const BPFFS = attach.DefaultBPFFS
 
 // PinDir is where a namespace's BPF objects are pinned: one directory per
 // target, so reset removes exactly what lanes pinned for it.

@@ -108,7 +108,7 @@ func (k *DatapathKnob) Kind() string { return KindDatapath }
 func (k *DatapathKnob) Key() string  { return KindDatapath + ":" + k.Dir }
 
 func (k *DatapathKnob) Read() ([]byte, error) {
-	if !pinned(k.Dir) {
+	if !Pinned(k.Dir) {
 		return []byte{}, nil
 	}
 	d, err := Open(k.Dir)
@@ -141,7 +141,7 @@ func (k *DatapathKnob) Write(v []byte) error {
 		return err
 	}
 	var d *Datapath
-	if pinned(k.Dir) {
+	if Pinned(k.Dir) {
 		d, err = Open(k.Dir)
 	} else {
 		if d, err = Load(); err == nil {
@@ -229,9 +229,10 @@ func setCPUMapPriority(m *ebpf.Map, prio int) error {
 	return nil
 }
 
-// pinned says whether Dir holds the datapath's config map pin.
-func pinned(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, "steer_cfg"))
+// Pinned says whether dir holds a pinned steering datapath (its config
+// map's pin), so callers can tell "nothing applied" from a broken pin.
+func Pinned(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, steerMapSteerCfg))
 	return err == nil
 }
 
@@ -246,7 +247,7 @@ func (k *TableKnob) Kind() string { return KindTable }
 func (k *TableKnob) Key() string  { return KindTable + ":" + k.Dir + ":" + StageName(k.Stage) }
 
 func (k *TableKnob) open() (*Datapath, error) {
-	if !pinned(k.Dir) {
+	if !Pinned(k.Dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", k.Dir, knobs.ErrGone)
 	}
 	return Open(k.Dir)
