@@ -279,3 +279,34 @@ func linkTypeName(t link.Type) string {
 	}
 	return fmt.Sprintf("type %d", t)
 }
+
+// readLink is Read of the link knobs: ValueAttached when the device's
+// state (read by in) shows lanes' link, "" otherwise.
+func readLink[S any](k fmt.Stringer, in func(func(S) error) error, ours func(S) bool) ([]byte, error) {
+	var v []byte
+	err := in(func(s S) error {
+		if ours(s) {
+			v = []byte(ValueAttached)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", k, err)
+	}
+	return v, nil
+}
+
+// writeLink is Write of the link knobs: "" detaches the link pinned at pin
+// (of type lt), ValueAttached runs attach.
+func writeLink(k fmt.Stringer, v []byte, ns, dev, pin string, lt link.Type, attach func() error) error {
+	switch string(v) {
+	case "":
+		if err := detachPinned(ns, dev, pin, lt); err != nil {
+			return fmt.Errorf("detaching %s: %w", k, err)
+		}
+		return nil
+	case ValueAttached:
+		return attach()
+	}
+	return fmt.Errorf("%s: bad value %q (want %q or \"\")", k, v, ValueAttached)
+}

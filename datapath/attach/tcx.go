@@ -87,36 +87,19 @@ func (s *tcxState) linkInfo() *link.TCXInfo {
 }
 
 func (k *TCX) Read() ([]byte, error) {
-	var v []byte
-	err := k.in(func(s *tcxState) error {
-		if s.ours {
-			v = []byte(ValueAttached)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", k, err)
-	}
-	return v, nil
+	return readLink(k, k.in, func(s *tcxState) bool { return s.ours })
 }
 
 func (k *TCX) Write(v []byte) error {
-	switch string(v) {
-	case "":
-		if _, err := k.attachType(); err != nil {
-			return err
-		}
-		if err := detachPinned(k.NetNS, k.Device, k.Link, link.TCXType); err != nil {
-			return fmt.Errorf("detaching %s: %w", k, err)
-		}
-		return nil
-	case ValueAttached:
+	if _, err := k.attachType(); err != nil {
+		return err
+	}
+	return writeLink(k, v, k.NetNS, k.Device, k.Link, link.TCXType, func() error {
 		if err := k.attach(); err != nil {
 			return fmt.Errorf("attaching %s: %w", k, err)
 		}
 		return nil
-	}
-	return fmt.Errorf("%s: bad value %q (want %q or \"\")", k, v, ValueAttached)
+	})
 }
 
 func (k *TCX) attach() error {

@@ -96,30 +96,12 @@ func (k *XDP) in(fn func(*xdpState) error) error {
 }
 
 func (k *XDP) Read() ([]byte, error) {
-	var v []byte
-	err := k.in(func(s *xdpState) error {
-		if s.ours() {
-			v = []byte(ValueAttached)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", k, err)
-	}
-	return v, nil
+	return readLink(k, k.in, (*xdpState).ours)
 }
 
+// Write: attach wraps its own errors, leaving a ForeignXDPError as it is.
 func (k *XDP) Write(v []byte) error {
-	switch string(v) {
-	case "":
-		if err := detachPinned(k.NetNS, k.Device, k.Link, link.XDPType); err != nil {
-			return fmt.Errorf("detaching %s: %w", k, err)
-		}
-		return nil
-	case ValueAttached:
-		return k.attach()
-	}
-	return fmt.Errorf("%s: bad value %q (want %q or \"\")", k, v, ValueAttached)
+	return writeLink(k, v, k.NetNS, k.Device, k.Link, link.XDPType, k.attach)
 }
 
 func (k *XDP) attach() error {

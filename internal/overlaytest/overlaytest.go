@@ -6,6 +6,7 @@ package overlaytest
 import (
 	"bytes"
 	"crypto/sha256"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
@@ -79,21 +80,8 @@ const UDPCount = 50
 // decide how many must.
 func UDP(t testing.TB, srcNS, dstNS string, dst netip.Addr, size int) int {
 	t.Helper()
-	var rc *net.UDPConn
-	if err := nsx.Do(dstNS, func() (err error) {
-		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
+	rc, sc := UDPPair(t, srcNS, dstNS, dst, 0)
 	defer rc.Close()
-	var sc *net.UDPConn
-	if err := nsx.Do(srcNS, func() (err error) {
-		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
 	defer sc.Close()
 	for i := 0; i < UDPCount; i++ {
 		if _, err := sc.Write(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
@@ -125,4 +113,41 @@ func UDPMost(t testing.TB, srcNS, dstNS string, dst netip.Addr, size int) int {
 		t.Fatalf("UDP %s -> %s: %d of %d datagrams arrived", srcNS, dstNS, got, UDPCount)
 	}
 	return got
+}
+
+// UDPPair opens a UDP socket bound to dst (any port) in dstNS and one in
+// srcNS connected to it; rcvBuf > 0 sets the receiver's buffer past
+// rmem_max (SO_RCVBUFFORCE). The caller closes both.
+func UDPPair(t testing.TB, srcNS, dstNS string, dst netip.Addr, rcvBuf int) (rc, sc *net.UDPConn) {
+	t.Helper()
+	if err := nsx.Do(dstNS, func() (err error) {
+		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		if err != nil || rcvBuf <= 0 {
+			return err
+		}
+		raw, err := rc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvBuf)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}); err != nil {
+		if rc != nil {
+			rc.Close()
+		}
+		t.Fatal(err)
+	}
+	if err := nsx.Do(srcNS, func() (err error) {
+		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
+		return
+	}); err != nil {
+		rc.Close()
+		t.Fatal(err)
+	}
+	return rc, sc
 }

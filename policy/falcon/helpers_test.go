@@ -144,35 +144,8 @@ func (s stream) run(t *testing.T, srcNS, dstNS string, dst netip.Addr) streamRes
 	if s.Burst == 0 {
 		s.Burst = s.Count
 	}
-	var rc *net.UDPConn
-	if err := nsx.Do(dstNS, func() (err error) {
-		rc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
-		if err != nil {
-			return err
-		}
-		// SO_RCVBUFFORCE: SetReadBuffer is capped at rmem_max.
-		raw, err := rc.SyscallConn()
-		if err != nil {
-			return err
-		}
-		var serr error
-		if err := raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvBuf)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}); err != nil {
-		t.Fatal(err)
-	}
+	rc, sc := overlaytest.UDPPair(t, srcNS, dstNS, dst, rcvBuf)
 	defer rc.Close()
-	var sc *net.UDPConn
-	if err := nsx.Do(srcNS, func() (err error) {
-		sc, err = net.DialUDP("udp4", nil, rc.LocalAddr().(*net.UDPAddr))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
 	defer sc.Close()
 	res := streamResult{
 		Src: sc.LocalAddr().(*net.UDPAddr).AddrPort(),
