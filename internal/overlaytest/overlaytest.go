@@ -6,12 +6,13 @@ package overlaytest
 import (
 	"bytes"
 	"crypto/sha256"
-	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
 )
