@@ -3,7 +3,6 @@ package knobs
 import (
 	"errors"
 	"fmt"
-	"github.com/lanesnet/lanes/internal/kthread"
 	"os"
 	"sort"
 	"strconv"
@@ -11,12 +10,13 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/kthread"
 )
 
 const (
 	kindKthreadAffinity = "kthread-affinity"
 	kindKthreadSched    = "kthread-sched"
-
 )
 
 // Kthread names a kernel thread by its comm, e.g. "napi/veth0-8195": pids

@@ -224,7 +224,7 @@ func TestPrioShapes(t *testing.T) {
 		t.Fatalf("shapes %#x with no rule", m)
 	}
 	a := addRule(t, d, "dst "+innerDst.String()+" port 80 tcp") // dst, port + proto: bit 0
-	b := addRule(t, d, "src 10.9.9.9 udp")                       // src, proto only: bit 4+2
+	b := addRule(t, d, "src 10.9.9.9 udp")                      // src, proto only: bit 4+2
 	if m := shapes(); m != 1|1<<6 {
 		t.Errorf("shapes %#x, want %#x", m, 1|1<<6)
 	}

@@ -41,7 +41,6 @@ func apply(t *testing.T, tb *testbed.Testbed, mode string, params map[string]str
 
 func online(t *testing.T) []int { return modetest.Online(t) }
 
-
 func tables(t *testing.T, dp *steer.Datapath) [steer.NumStages][steer.Buckets]uint32 {
 	t.Helper()
 	var out [steer.NumStages][steer.Buckets]uint32
