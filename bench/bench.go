@@ -509,8 +509,10 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 		cli = workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr(), CPUs: sendCPUs}
 	}
 	if p.workload == "udp_stress" || p.workload == prioLatencyWorkload {
-		// The generator keeps its core 100% busy (PREEMPT_NONE): a sink
-		// scheduled there would starve. It reads on the receive core.
+		// The sink reads on the receive core, so vanilla runs the whole
+		// receive path, application included, on one core (the papers'
+		// baseline); the generator keeps the other core busy with what
+		// receive work leaves it (stressGen).
 		srv.CPUs = []int{r.o.IRQCPU}
 	}
 	return srv, cli, nil
@@ -550,12 +552,16 @@ func (r *runner) stressTarget() stress.Target {
 	return t
 }
 
-// stressGen pins the generator off the IRQ core: a saturating generator
-// starves kthreads on its own core (PREEMPT_NONE), see shared FACTS.
+// stressGen pins the generator off the IRQ core and lets it yield that
+// core: Falcon and MFLOW measured receive capacity with senders on other
+// machines, so the receiver had every core. On 2 cores the generator's core
+// is the only one a mode can move receive work to; at normal priority a
+// saturating generator starves kthreads there (PREEMPT_NONE, see shared
+// FACTS), at SCHED_IDLE it sends with what receive work leaves.
 func (r *runner) stressGen() stress.GenConfig {
 	cpu := 0
 	if r.o.IRQCPU == 0 {
 		cpu = runtime.NumCPU() - 1
 	}
-	return stress.GenConfig{CPU: cpu}
+	return stress.GenConfig{CPU: cpu, Yield: true}
 }

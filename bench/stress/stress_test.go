@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -354,4 +355,64 @@ func TestGeneratorStopsOnCancel(t *testing.T) {
 	if err := g.objs.FlowSeq.Lookup(uint32(0), &next); err != nil || next != st.Sent {
 		t.Fatalf("flow 0 next sequence %d (%v), want %d", next, err, st.Sent)
 	}
+}
+
+// A yielding generator sends from a SCHED_IDLE thread: while it runs, one
+// thread of this process has that policy, and none once it returned.
+func TestGeneratorYields(t *testing.T) {
+	p := newPair(t)
+	g, err := NewGenerator(p.target, GenConfig{CPU: -1, Yield: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		st  GenStats
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := g.Run(ctx, 0)
+		done <- result{st, err}
+	}()
+	seen := false
+	for deadline := time.Now().Add(5 * time.Second); !seen && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		seen = idleThreads(t) > 0
+	}
+	cancel()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !seen {
+		t.Fatal("no thread of the process ran SCHED_IDLE while the generator sent")
+	}
+	if r.st.Sent == 0 {
+		t.Fatalf("a yielding generator on an idle machine sent nothing: %+v", r.st)
+	}
+	if n := idleThreads(t); n != 0 {
+		t.Errorf("%d SCHED_IDLE threads left after Run: the generator's thread must die with its run", n)
+	}
+}
+
+func idleThreads(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		a, err := unix.SchedGetAttr(tid, 0)
+		if err == nil && a.Policy == unix.SCHED_IDLE {
+			n++
+		}
+	}
+	return n
 }

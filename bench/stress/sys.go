@@ -67,6 +67,16 @@ func pinThread(cpus ...int) error {
 	return nil
 }
 
+// yieldThread puts the calling OS thread (which the caller has locked) at
+// SCHED_IDLE, below every normal task of its core.
+func yieldThread() error {
+	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
+	if err := unix.SchedSetAttr(0, a, 0); err != nil {
+		return fmt.Errorf("making the generator thread SCHED_IDLE: %w", err)
+	}
+	return nil
+}
+
 // monotonicNs reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
 func monotonicNs() int64 {
 	var ts unix.Timespec
