@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what lanes needs on Debian (12+), idempotently: the BPF toolchain
 # (clang, llvm, libbpf headers) and the workloads the seed papers used
-# (iperf3, sockperf, memcached + memaslap, nginx + wrk). Skips apt entirely
+# (iperf3, sockperf, memcached + memaslap, nginx + wrk), and nft, with which
+# the tests put a filter on the path PRISM-sync must not skip. Skips apt entirely
 # when everything is present, so `make test` can depend on it cheaply.
 set -euo pipefail
 
-pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk)
+pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk nftables)
 
 missing=()
 for p in "${pkgs[@]}"; do

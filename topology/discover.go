@@ -40,7 +40,7 @@ func Discover(ns string) (*Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Topology{NetNS: ns, VXLANs: []VXLAN{}, Underlays: []Device{}, Bridges: []Bridge{}, Veths: []Veth{}, Containers: []Container{}}
+	t := &Topology{NetNS: ns, VXLANs: []VXLAN{}, Underlays: []Device{}, Bridges: []Bridge{}, Veths: []Veth{}, Containers: []Container{}, Netfilter: host.path.netfilter}
 	for _, l := range host.links {
 		if vx, ok := l.(*netlink.Vxlan); ok {
 			t.VXLANs = append(t.VXLANs, d.vxlan(host, vx))
@@ -62,10 +62,14 @@ func Discover(ns string) (*Topology, error) {
 		a := l.Attrs()
 		switch l.Type() {
 		case "bridge":
-			b := Bridge{Device: host.device(l), Ports: []string{}}
+			f := host.path.bridges[a.Name]
+			b := Bridge{Device: host.device(l), Ports: []string{}, VLANFiltering: f.vlanFiltering, NFCallIPTables: f.nfCall, FDB: host.path.fdb[a.Index]}
 			for _, p := range host.links {
 				if p.Attrs().MasterIndex == a.Index {
 					b.Ports = append(b.Ports, p.Attrs().Name)
+					if bp, ok := host.path.brports[p.Attrs().Name]; ok {
+						b.PortInfo = append(b.PortInfo, bp)
+					}
 				}
 			}
 			t.Bridges = append(t.Bridges, b)
@@ -129,6 +133,8 @@ func (d *discovery) vxlan(s *nsScan, l *netlink.Vxlan) VXLAN {
 		VNI:           l.VxlanId,
 		Port:          l.Port,
 		Learning:      l.Learning,
+		External:      l.FlowBased,
+		GBP:           l.GBP,
 		UnderlayNetNS: s.ns,
 		Addrs:         s.addrs[l.Index],
 	}
@@ -435,6 +441,7 @@ type nsScan struct {
 	napi    map[int][]int
 	napiErr error
 	nsids   map[int]string // peer netns id (as this namespace numbers them) -> name
+	path    pathScan
 }
 
 func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
@@ -490,6 +497,7 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 			}
 		}
 		s.napi, s.napiErr = napiDump()
+		s.readPath()
 		s.resolveIDs(cat, wantIDs)
 		return nil
 	})
@@ -560,14 +568,19 @@ func (s *nsScan) nsName(id int) string {
 func (s *nsScan) device(l netlink.Link) Device {
 	a := l.Attrs()
 	d := Device{
-		Name:     a.Name,
-		NetNS:    s.ns,
-		Index:    a.Index,
-		Type:     l.Type(),
-		Up:       a.Flags&net.FlagUp != 0,
-		MTU:      a.MTU,
-		RxQueues: s.queues[a.Name],
-		Threaded: s.threaded[a.Name],
+		Name:      a.Name,
+		NetNS:     s.ns,
+		Index:     a.Index,
+		Type:      l.Type(),
+		Up:        a.Flags&net.FlagUp != 0,
+		MTU:       a.MTU,
+		RxQueues:  s.queues[a.Name],
+		Threaded:  s.threaded[a.Name],
+		MAC:       a.HardwareAddr.String(),
+		TxQueues:  s.path.txq[a.Name],
+		GRO:       s.path.gro[a.Name],
+		XDPTarget: s.path.xdpTarget[a.Index],
+		Hooks:     s.path.hooks[a.Index],
 	}
 	if d.RxQueues == nil {
 		d.RxQueues = []RxQueue{}

@@ -40,6 +40,8 @@ type Topology struct {
 	Bridges    []Bridge    `json:"bridges"`
 	Veths      []Veth      `json:"veths"` // host-side veths (the underlay excluded)
 	Containers []Container `json:"containers"`
+	// Netfilter is what netfilter has in NetNS.
+	Netfilter Netfilter `json:"netfilter"`
 	// Notes are things a reader should know about the discovery (an
 	// underlay that could not be resolved, NAPI threads matched by name).
 	Notes []string `json:"notes,omitempty"`
@@ -63,7 +65,56 @@ type Device struct {
 	// NAPIByName is set when NAPIThreads were found by name only: VXLAN's
 	// GRO cells have no NAPI id, so the netdev family does not list them,
 	// and a device of the same name in another namespace would match too.
-	NAPIByName bool `json:"napi_by_name,omitempty"`
+	NAPIByName bool   `json:"napi_by_name,omitempty"`
+	MAC        string `json:"mac,omitempty"`
+	TxQueues   int    `json:"tx_queues,omitempty"`
+	// GRO is the generic-receive-offload feature. On a veth it also means
+	// the veth polls with NAPI, and its peer then takes XDP-redirected
+	// frames (XDPTarget).
+	GRO bool `json:"gro"`
+	// XDPTarget: frames an XDP program redirects to this device are sent
+	// (the netdev family's xdp-features include ndo-xmit).
+	XDPTarget bool `json:"xdp_target"`
+	// Hooks is what else acts on the device's packets (nil: none found).
+	Hooks *Hooks `json:"hooks,omitempty"`
+}
+
+// Hooks are the programs and filters on a device besides the kernel's
+// defaults: what a shortcut past the device would skip. Each entry names
+// its kind and program ("tcx:steer_xdp", "clsact:bpf", "qdisc:htb").
+type Hooks struct {
+	XDP     string   `json:"xdp,omitempty"`     // attached XDP program's name
+	Ingress []string `json:"ingress,omitempty"` // tc ingress filters, tcx ingress programs
+	// Egress are tc egress filters, tcx egress programs and a root qdisc
+	// other than noqueue (a veth's default).
+	Egress []string `json:"egress,omitempty"`
+	// Err is what could not be read; a reader must treat the device as
+	// hooked when it is set.
+	Err string `json:"err,omitempty"`
+}
+
+// Others lists every hook of h that own does not claim (by its entry:
+// "xdp:NAME", "tcx:NAME", "tc:KIND", "qdisc:KIND"), and "unread: ..."
+// when something could not be read: a reader must then assume the worst.
+func (h *Hooks) Others(own func(entry string) bool) []string {
+	if h == nil {
+		return nil
+	}
+	var out []string
+	all := append([]string{}, h.Ingress...)
+	all = append(all, h.Egress...)
+	if h.XDP != "" {
+		all = append(all, "xdp:"+h.XDP)
+	}
+	for _, e := range all {
+		if own == nil || !own(e) {
+			out = append(out, e)
+		}
+	}
+	if h.Err != "" {
+		out = append(out, "unread: "+h.Err)
+	}
+	return out
 }
 
 // RxQueue is one receive queue.
@@ -90,6 +141,11 @@ type VXLAN struct {
 	FDB      []netip.Addr `json:"fdb,omitempty"`   // remote VTEPs from the forwarding database
 	Dev      string       `json:"dev,omitempty"`   // the underlay device configured with `dev`
 	Learning bool         `json:"learning"`
+	// External (collect metadata) devices take their VNI per packet from
+	// a tunnel key set by tc or routes, not from the device; GBP devices
+	// carry a group policy id that filters may match on.
+	External bool `json:"external,omitempty"`
+	GBP      bool `json:"gbp,omitempty"`
 	// L3 is set when the device carries IP addresses and routes (Flannel,
 	// Calico); otherwise it is a bridge port (L2, Docker).
 	L3     bool           `json:"l3"`
@@ -108,6 +164,55 @@ type VXLAN struct {
 type Bridge struct {
 	Device
 	Ports []string `json:"ports"`
+	// PortInfo says how each port forwards, in Ports' order.
+	PortInfo      []BridgePort `json:"port_info,omitempty"`
+	VLANFiltering bool         `json:"vlan_filtering"`
+	// NFCallIPTables: IPv4 frames this bridge forwards pass iptables and
+	// nftables' ip/inet hooks (br_netfilter: the namespace's
+	// bridge-nf-call-iptables or the bridge's own nf_call_iptables).
+	NFCallIPTables bool `json:"nf_call_iptables"`
+	// FDB is the forwarding database: which port a unicast MAC goes out on.
+	FDB []FDBEntry `json:"fdb,omitempty"`
+}
+
+// BridgePort is one bridge port's forwarding state.
+type BridgePort struct {
+	Name  string `json:"name"`
+	State string `json:"state"` // STP state: forwarding, blocking, learning, listening, disabled
+	// Isolated ports do not forward to each other; Locked ports forward
+	// only from hosts they authenticated (802.1X).
+	Isolated bool `json:"isolated,omitempty"`
+	Locked   bool `json:"locked,omitempty"`
+}
+
+// FDBEntry is one forwarding-database entry of a bridge (the bridge's own,
+// "master", entries; not a VXLAN device's remote-VTEP entries).
+type FDBEntry struct {
+	MAC  string `json:"mac"`
+	Port string `json:"port"`
+	VLAN int    `json:"vlan,omitempty"`
+	// Local entries are the bridge's or a port's own address: frames to
+	// them are delivered to the host, not forwarded.
+	Local bool `json:"local,omitempty"`
+	// Static entries never age out (added by a user or a network plugin);
+	// the rest were learned from traffic.
+	Static bool `json:"static,omitempty"`
+}
+
+// Netfilter is what of netfilter may see a namespace's packets.
+type Netfilter struct {
+	// IPTables are the legacy iptables tables instantiated in the
+	// namespace (a table exists once a rule or policy was set in it).
+	IPTables []string `json:"iptables,omitempty"`
+	// NFTables are the nftables tables, as "family name".
+	NFTables []string `json:"nftables,omitempty"`
+	// Err is what could not be read; a reader must assume rules then.
+	Err string `json:"err,omitempty"`
+}
+
+// None says whether no table of either kind exists and both were read.
+func (n Netfilter) None() bool {
+	return n.Err == "" && len(n.IPTables) == 0 && len(n.NFTables) == 0
 }
 
 // Veth is the host side of a veth pair.

@@ -16,6 +16,8 @@ import (
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/lanesnet/lanes/internal/ethtool"
 )
 
 // change is a knob, the value the test writes, and its value before.
@@ -73,6 +75,7 @@ func kernelChanges(t *testing.T) (*topotest.Fixture, []change) {
 		{knob: knobs.Sched(eth0T.Comm, eth0T.Index), value: "policy=fifo prio=10 nice=0"},
 		{knob: knobs.Affinity(gro1.Comm, gro1.Index), value: last},
 		{knob: knobs.Sched(gro1.Comm, gro1.Index), value: "policy=rr prio=5 nice=0"},
+		{knob: knobs.Feature(h.NetNS, c.HostVeth, ethtool.GRO), value: "off"}, // topotest turned it on
 	}
 	for i := range chs {
 		b, err := chs[i].knob.Read()
@@ -245,6 +248,7 @@ func TestJournalSkipsVanishedDevice(t *testing.T) {
 	gone := []knobs.Knob{
 		knobs.Sysfs(c.NetNS, q(c.Veth)),
 		knobs.ProcSys(h.NetNS, "/proc/sys/net/ipv4/conf/"+c.HostVeth+"/rp_filter"),
+		knobs.Feature(c.NetNS, c.Veth, ethtool.GRO),
 	}
 	j, err := knobs.Open(filepath.Join(t.TempDir(), "state"), "test")
 	if err != nil {
@@ -253,8 +257,11 @@ func TestJournalSkipsVanishedDevice(t *testing.T) {
 	defer j.Close()
 	for _, k := range append([]knobs.Knob{vxKnob}, gone...) {
 		v := "1"
-		if k.Kind() == "procsys" {
+		switch k.Kind() {
+		case "procsys":
 			v = "2"
+		case "ethtool-feature":
+			v = "on"
 		}
 		if err := j.Set(k, []byte(v)); err != nil {
 			t.Fatal(err)

@@ -10,12 +10,12 @@ package napi
 import (
 	"errors"
 	"fmt"
-	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanesnet/lanes/internal/nlraw"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
@@ -89,74 +89,14 @@ func list(netns string, ifindex int) ([]Instance, error) {
 	return out, err
 }
 
-// dump sends one generic-netlink dump request and returns each reply's
-// attribute bytes. The request is built by hand: vishvananda/netlink's
-// nl.Genlmsg leaves the genlmsghdr's reserved field uninitialised, and the
-// kernel rejects most such requests with EINVAL ("genlmsghdr.reserved field
-// is not 0"). Replies are read with a buffer sized by MSG_PEEK|MSG_TRUNC.
+// dump sends one generic-netlink dump request of cmd (version 1).
+// Each reply is returned without its genlmsghdr.
 func dump(family uint16, cmd uint8) ([][]byte, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_GENERIC)
-	if err != nil {
-		return nil, err
+	msgs, err := nlraw.Dump(unix.NETLINK_GENERIC, family, [4]byte{cmd, 1})
+	for i := range msgs {
+		msgs[i] = msgs[i][4:]
 	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, err
-	}
-	const seq = 1
-	req := make([]byte, unix.NLMSG_HDRLEN+4)
-	native.PutUint32(req[0:], uint32(len(req)))
-	native.PutUint16(req[4:], family)
-	native.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-	native.PutUint32(req[8:], seq)
-	req[unix.NLMSG_HDRLEN] = cmd
-	req[unix.NLMSG_HDRLEN+1] = 1 // version
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, err
-	}
-	var out [][]byte
-	buf := make([]byte, 1<<16)
-	for {
-		n, _, err := unix.Recvfrom(fd, buf, unix.MSG_PEEK|unix.MSG_TRUNC)
-		if err != nil {
-			return nil, err
-		}
-		if n > len(buf) {
-			buf = make([]byte, n)
-		}
-		n, _, err = unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			return nil, err
-		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			return nil, fmt.Errorf("parsing netlink reply: %w", err)
-		}
-		for _, m := range msgs {
-			if m.Header.Seq != seq {
-				continue
-			}
-			switch m.Header.Type {
-			case unix.NLMSG_DONE:
-				if len(m.Data) >= 4 {
-					if e := int32(native.Uint32(m.Data)); e < 0 {
-						return nil, syscall.Errno(-e)
-					}
-				}
-				return out, nil
-			case unix.NLMSG_ERROR:
-				if len(m.Data) >= 4 {
-					if e := int32(native.Uint32(m.Data)); e < 0 {
-						return nil, syscall.Errno(-e)
-					}
-				}
-				return out, nil
-			}
-			if len(m.Data) >= 4 {
-				out = append(out, append([]byte(nil), m.Data[4:]...)) // skip genlmsghdr
-			}
-		}
-	}
+	return msgs, err
 }
 
-var native = nl.NativeEndian()
+var native = nlraw.Native

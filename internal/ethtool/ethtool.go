@@ -34,6 +34,16 @@ var (
 	GRO        = Feature{"generic-receive-offload", 0x2b, 0x2c}
 )
 
+// ByName returns the feature with the given Name (as ethtool(8) calls it).
+func ByName(name string) (Feature, bool) {
+	for _, f := range []Feature{TxChecksum, SG, TSO, GSO, GRO} {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return Feature{}, false
+}
+
 type value struct{ cmd, data uint32 }
 
 type ifreq struct {
