@@ -1,6 +1,7 @@
 package attach
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -103,13 +104,6 @@ func (k *TCX) Write(v []byte) error {
 }
 
 func (k *TCX) attach() error {
-	rel, err := kver.Release()
-	if err != nil {
-		return err
-	}
-	if err := tcxSupported(rel); err != nil {
-		return err
-	}
 	at, err := k.attachType()
 	if err != nil {
 		return err
@@ -133,7 +127,7 @@ func (k *TCX) attach() error {
 		// No anchor: the kernel appends, after programs others attached.
 		l, err := link.AttachTCX(link.TCXOptions{Interface: s.ifindex, Program: prog, Attach: at})
 		if err != nil {
-			return err
+			return tcxError(err)
 		}
 		defer l.Close()
 		if err := l.Pin(k.Link); err != nil {
@@ -143,15 +137,13 @@ func (k *TCX) attach() error {
 	})
 }
 
-// tcxSupported checks the kernel release: tcx links came with Linux 6.6,
-// and older kernels fail the attach with an error that does not say so.
-func tcxSupported(release string) error {
-	ok, err := kver.AtLeast(release, 6, 6)
-	if err != nil {
+// tcxError says what a failed tcx attach means when the kernel has no tcx
+// links (cilium/ebpf probes for them once an attach fails, so a kernel
+// with tcx backported is not refused by its version).
+func tcxError(err error) error {
+	if !errors.Is(err, ebpf.ErrNotSupported) {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("tcx needs Linux 6.6 or newer (this kernel: %s)", release)
-	}
-	return nil
+	rel, _ := kver.Release()
+	return fmt.Errorf("tcx links need Linux 6.6 or newer or a backport (this kernel: %s): %w", rel, err)
 }
