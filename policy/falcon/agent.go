@@ -83,7 +83,9 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	if o.Pipeline || o.Balance {
 		a.stages = append(a.stages, steer.StageBridge, steer.StageContainer)
 	}
-	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis}); err != nil {
+	// Among equally loaded cores, the IRQ core is picked last: it already
+	// runs the NIC poll of every flow.
+	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Avoid: homeSet(a.home)}); err != nil {
 		dp.Close()
 		return nil, err
 	}
