@@ -48,30 +48,17 @@ type Options struct {
 }
 
 // ParseModeSpec splits a benchmark mode "falcon:load=busy:threshold=70"
-// into the lanes mode and its settings, so variants of one mode run side by
-// side (each variant is reported under its full spec).
-func ParseModeSpec(spec string) (mode string, params map[string]string, err error) {
-	parts := strings.Split(spec, ":")
-	mode = parts[0]
-	for _, kv := range parts[1:] {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return "", nil, fmt.Errorf("bad mode %q: settings are MODE:KEY=VALUE:KEY=VALUE, e.g. falcon:load=busy", spec)
-		}
-		if params == nil {
-			params = map[string]string{}
-		}
-		params[k] = v
-	}
-	return mode, params, nil
-}
+// into the lanes mode and its settings (see results.ParseModeSpec).
+var ParseModeSpec = results.ParseModeSpec
 
-// KnownModes are the modes `lanes bench` can run today. native is not a
-// lanes mode but the reference path: host to host over the underlay.
-var KnownModes = []string{"native", "vanilla", "rps", "falcon", "falcon-pipeline", "falcon-split", "falcon-balance", "prism", "prism-batch"}
+// KnownModes are the modes `lanes bench` can run: every registered lanes
+// mode, and native, which is not a lanes mode but the reference path: host
+// to host over the underlay. (control imports every planner, so they are
+// all registered before this is set.)
+var KnownModes = append([]string{"native"}, plan.Modes()...)
 
 // DefaultWorkloads is what a plain run measures; Quick trims the points.
-var DefaultWorkloads = []string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx", prioLatencyWorkload}
+var DefaultWorkloads = append([]string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}, prioNames...)
 
 // QuickWorkloads keeps --quick under five minutes for three modes.
 var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
@@ -89,6 +76,9 @@ func (o *Options) Validate() error {
 		}
 		if !slices.Contains(KnownModes, base) {
 			return fmt.Errorf("unknown mode %q: use --modes with some of %s", m, strings.Join(KnownModes, ","))
+		}
+		if base == "native" && len(params) > 0 {
+			return fmt.Errorf("mode %q: native is the kernel's host path and takes no settings", m)
 		}
 		if base != "native" {
 			p, err := plan.Lookup(base)
@@ -111,11 +101,11 @@ func (o *Options) Validate() error {
 		}
 	}
 	for _, w := range o.Workloads {
-		if w == "udp_stress" || w == prioLatencyWorkload {
+		if w == "udp_stress" || isPrio(w) {
 			continue
 		}
 		if _, err := workload.Lookup(w); err != nil {
-			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, prioLatencyWorkload)
+			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, strings.Join(prioNames, ", "))
 		}
 	}
 	if o.Repeats == 0 {
@@ -158,8 +148,8 @@ type point struct {
 	msgSize  int
 	flows    int
 	rate     int
-	// background is prio_latency's low-priority load, a fraction of the
-	// receive core's capacity.
+	// background is a priority workload's low-priority load, a fraction
+	// of the receive core's capacity.
 	background float64
 }
 
@@ -174,7 +164,7 @@ func (p point) String() string {
 	if p.flows > 1 {
 		s += fmt.Sprintf(" x%d", p.flows)
 	}
-	if p.workload == prioLatencyWorkload {
+	if isPrio(p.workload) {
 		s += fmt.Sprintf(" bg%.0f%%", 100*p.background)
 	}
 	return s
@@ -213,12 +203,12 @@ func points(workloads []string, quick bool) []point {
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 550, flows: 8})
 		case "nginx":
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 1024, flows: 4})
-		case prioLatencyWorkload:
-			for _, bg := range prioBackgrounds(quick) {
-				out = append(out, point{workload: w, proto: "udp", msgSize: prioPingSize, flows: 1, background: bg})
-			}
 		default:
-			out = append(out, point{workload: w, flows: 1})
+			if s, ok := prioSpecs[w]; ok {
+				out = append(out, s.points(quick)...)
+			} else {
+				out = append(out, point{workload: w, flows: 1})
+			}
 		}
 	}
 	return out
@@ -291,14 +281,10 @@ type runner struct {
 	// while that mode is measured.
 	agentStop func()
 	runs      int // measurements started, for port allocation
-	// capacity is what the receive core takes (packets/s), measured
-	// before prio_latency runs: the 100% of its background loads.
-	capacity float64
-}
-
-// skipNative: workloads that inject VXLAN frames have no native run.
-func skipNative(mode string, p point) bool {
-	return mode == "native" && (p.workload == "udp_stress" || p.workload == prioLatencyWorkload)
+	// capacity is what the receive core takes (packets/s) on the native
+	// path (true) and the overlay (false), measured before the priority
+	// workloads run: the 100% of their background loads.
+	capacity map[bool]float64
 }
 
 // port gives every measurement its own block of ports: a server that
@@ -315,24 +301,12 @@ func (r *runner) write() error {
 
 func (r *runner) all(ctx context.Context) error {
 	pts := points(r.o.Workloads, r.o.Quick)
-	total := 0
-	for _, p := range pts {
-		for _, m := range r.o.Modes {
-			if !skipNative(m, p) {
-				total += r.o.Repeats
-			}
-		}
-	}
+	total := len(pts) * len(r.o.Modes) * r.o.Repeats
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
-		r.file.Notes = append(r.file.Notes, "udp_stress injects VXLAN frames, so it has no native run; the native UDP reference is udp_stream.")
+		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
 	}
-	if slices.Contains(r.o.Workloads, prioLatencyWorkload) {
-		if slices.Contains(r.o.Modes, "native") {
-			r.file.Notes = append(r.file.Notes, "prio_latency's background is injected VXLAN frames, so it has no native run.")
-		}
-		if err := r.calibrate(ctx); err != nil {
-			return err
-		}
+	if err := r.prioCalibrate(ctx); err != nil {
+		return err
 	}
 	done := 0
 	start := time.Now()
@@ -346,9 +320,6 @@ func (r *runner) all(ctx context.Context) error {
 			for _, mode := range modes {
 				if err := ctx.Err(); err != nil {
 					return err
-				}
-				if skipNative(mode, p) {
-					continue // no overlay to inject into; counted out of total
 				}
 				run := r.one(ctx, mode, p, rep)
 				r.file.Runs = append(r.file.Runs, run)
@@ -371,6 +342,8 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 		what = "FAILED: " + run.Error
 	case run.LatP50Us > 0 && run.ThroughputGbps == 0:
 		what = fmt.Sprintf("p50 %.1f us, p99 %.1f us", run.LatP50Us, run.LatP99Us)
+	case run.LatP50Us > 0 && isPrio(run.Workload):
+		what = fmt.Sprintf("%.0f req/s, p50 %.1f us, p99 %.1f us", run.PPS, run.LatP50Us, run.LatP99Us)
 	case run.Workload == "udp_stress":
 		what = fmt.Sprintf("%.0f Kpps received of %.0f Kpps offered", run.PPS/1e3, run.SentPPS/1e3)
 	default:
@@ -380,7 +353,7 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 	for _, c := range run.CPU {
 		cpus = append(cpus, fmt.Sprintf("cpu%d %.0f%%", c.CPU, 100-c.Idle))
 	}
-	if run.Workload == prioLatencyWorkload && run.Error == "" {
+	if isPrio(run.Workload) && run.Error == "" {
 		what += fmt.Sprintf(", background %.0f Kpps received", run.Extra["bg_received_kpps"])
 	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
@@ -414,10 +387,12 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	s := r.tb.Sender()
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
-	if p.workload == prioLatencyWorkload {
-		undo, err := r.prioRule(mode, srv, wp.Port)
+	marked := false
+	if isPrio(p.workload) {
+		var undo func()
+		marked, undo, err = r.prioRule(mode, srv, wp.Port, p.proto)
 		if err != nil {
-			return fail(fmt.Errorf("marking the ping-pong high priority: %w", err))
+			return fail(fmt.Errorf("marking %s high priority: %w", prioSpecs[p.workload].fg.Name(), err))
 		}
 		defer undo()
 	}
@@ -445,6 +420,14 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra[k] = v
+	}
+	if marked {
+		// The service was high priority: a record that the rule was in
+		// place, for readers and tests.
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["prio_marked"] = 1
 	}
 	return run
 }
@@ -508,7 +491,7 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 		srv = workload.Endpoint{NetNS: rc.Containers[0].NetNS, Addr: rc.Containers[0].Addr.Addr()}
 		cli = workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr(), CPUs: sendCPUs}
 	}
-	if p.workload == "udp_stress" || p.workload == prioLatencyWorkload {
+	if p.workload == "udp_stress" || isPrio(p.workload) {
 		// The sink reads on the receive core, so vanilla runs the whole
 		// receive path, application included, on one core (the papers'
 		// baseline); the generator keeps the other core busy with what
@@ -519,19 +502,19 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 }
 
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {
-	if p.workload == prioLatencyWorkload {
-		return &prioLatency{target: r.stressTarget(), gen: r.stressGen(), rate: p.background * r.capacity}, nil
+	native := mode == "native"
+	if s, ok := prioSpecs[p.workload]; ok {
+		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.stressGen(), rate: p.background * r.capacity[native]}, nil
 	}
-	if p.workload != "udp_stress" {
-		return workload.Lookup(p.workload)
+	if p.workload == "udp_stress" {
+		return stress.NewUDPStress(r.stressTarget(native), r.stressGen()), nil
 	}
-	if mode == "native" {
-		return nil, errors.New("udp_stress injects VXLAN frames: it has no native variant (the native UDP reference is udp_stream)")
-	}
-	return stress.NewUDPStress(r.stressTarget(), r.stressGen()), nil
+	return workload.Lookup(p.workload)
 }
 
-func (r *runner) stressTarget() stress.Target {
+// stressTarget aims the generator at the receiving container through the
+// overlay, or (native) with plain UDP at the receiving host.
+func (r *runner) stressTarget(native bool) stress.Target {
 	s, rc := r.tb.Sender(), r.tb.Receiver()
 	t := stress.Target{
 		SenderNetNS: s.NetNS,
@@ -541,6 +524,10 @@ func (r *runner) stressTarget() stress.Target {
 		SrcIP:       s.UnderlayAddr.Addr(),
 		DstIP:       rc.UnderlayAddr.Addr(),
 		VNI:         r.tb.Config.VNI,
+		Plain:       native,
+	}
+	if native {
+		return t
 	}
 	if r.tb.Config.Topology == testbed.Docker {
 		t.InnerSrcMAC = s.Containers[0].MAC

@@ -2,13 +2,16 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -17,6 +20,7 @@ func TestValidate(t *testing.T) {
 	for _, o := range []Options{
 		{Modes: []string{"falcon9"}, Out: "x"},
 		{Modes: []string{"vanilla", "vanilla"}, Out: "x"},
+		{Modes: []string{"native:batch=4"}, Out: "x"},
 		{Workloads: []string{"tcp_strem"}, Out: "x"},
 		{Repeats: -1, Out: "x"},
 		{Duration: time.Millisecond, Out: "x"},
@@ -38,6 +42,47 @@ func TestValidate(t *testing.T) {
 	if o.Repeats != 3 || o.Duration != 2*time.Second || len(o.Modes) != 3 {
 		t.Errorf("defaults: %+v", o)
 	}
+	// Every registered mode runs, whoever registered it (prism-sync,
+	// mflow, ... as they land), with the priority workloads.
+	for _, m := range append([]string{"native"}, plan.Modes()...) {
+		o := Options{Modes: []string{m}, Workloads: prioNames, Out: "x"}
+		if err := o.Validate(); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
+	}
+}
+
+// The priority workloads' loads: the paper's sweep from 10% to 95% in a
+// full run, idle and 65% quick; each point its service's shape.
+func TestPrioPoints(t *testing.T) {
+	loads := func(wl string, quick bool) []float64 {
+		var out []float64
+		for _, p := range points([]string{wl}, quick) {
+			if p.workload != wl || p.proto != prioSpecs[wl].proto || p.flows < 1 {
+				t.Errorf("%s: point %+v", wl, p)
+			}
+			out = append(out, p.background)
+		}
+		return out
+	}
+	full := loads(prioLatencyWorkload, false)
+	if len(full) < 6 || full[0] != 0 || full[1] != 0.1 || full[len(full)-1] != 0.95 || !slices.Contains(full, 0.65) || !slices.IsSorted(full) {
+		t.Errorf("prio_latency full run loads %v", full)
+	}
+	for _, wl := range prioNames {
+		if q := loads(wl, true); !slices.Equal(q, []float64{0, 0.65}) {
+			t.Errorf("%s quick loads %v, want 0, 0.65", wl, q)
+		}
+		if f := loads(wl, false); len(f) < 3 || f[0] != 0 || !slices.Contains(f, 0.65) {
+			t.Errorf("%s full loads %v", wl, f)
+		}
+		if !slices.Contains(DefaultWorkloads, wl) || slices.Contains(QuickWorkloads, wl) {
+			t.Errorf("%s: in every full run, not in --quick's defaults", wl)
+		}
+	}
+	if p := points([]string{prioLatencyWorkload}, true)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
+		t.Errorf("ping-pong point %+v %q", p, p)
+	}
 }
 
 func TestPointsCoverPaperSizes(t *testing.T) {
@@ -55,30 +100,10 @@ func TestPointsCoverPaperSizes(t *testing.T) {
 // A tiny real run: every mode measured, results.json complete, report and
 // plots written, knobs restored and the testbed gone afterwards.
 func TestRunEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	out := t.TempDir()
-	prefix := "lbt"
-	old := testbed.StateDir
-	testbed.StateDir = t.TempDir()
-	t.Cleanup(func() { testbed.Down(prefix); testbed.StateDir = old })
-	o := Options{
-		Modes:     []string{"native", "vanilla", "rps"},
-		Workloads: []string{"tcp_stream", "udp_stress"},
-		Quick:     true,
-		Repeats:   1,
-		Duration:  time.Second,
-		Out:       out,
-		Prefix:    prefix,
-		IRQCPU:    -1,
-	}
-	f, err := Run(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 3 stream sizes x 3 modes, udp_stress under the 2 overlay modes.
-	if want := 3*3 + 2; len(f.Runs) != want {
+	f, out := tinyRun(t, "lbt", []string{"native", "vanilla", "rps"}, []string{"tcp_stream", "udp_stress"})
+	// 3 stream sizes and udp_stress, x 3 modes (native's udp_stress is
+	// plain UDP to the receiving host).
+	if want := 4 * 3; len(f.Runs) != want {
 		t.Fatalf("%d runs, want %d", len(f.Runs), want)
 	}
 	for _, r := range f.Runs {
@@ -96,20 +121,89 @@ func TestRunEndToEnd(t *testing.T) {
 	if back.Machine.Kernel == "" || len(back.Runs) != len(f.Runs) {
 		t.Fatalf("results.json incomplete: %+v", back.Machine)
 	}
-	rep, err := os.ReadFile(filepath.Join(out, "report.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"tcp_stream", "vs vanilla", "vs native", "rps"} {
-		if !strings.Contains(string(rep), want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	reportHas(t, out, "tcp_stream", "vs vanilla", "vs native", "rps")
 	pngs, _ := filepath.Glob(filepath.Join(out, "*.png"))
 	if len(pngs) == 0 {
 		t.Error("no plots written")
 	}
+}
+
+// tinyRun runs the benchmark for real, quick, one repeat of 1 s, on a
+// testbed of its own named prefix, and checks the testbed is gone
+// afterwards; it returns the results and the output directory.
+func tinyRun(t *testing.T, prefix string, modes, workloads []string) (*results.File, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	out := t.TempDir()
+	old := testbed.StateDir
+	testbed.StateDir = t.TempDir()
+	t.Cleanup(func() { testbed.Down(prefix); testbed.StateDir = old })
+	f, err := Run(context.Background(), Options{Modes: modes, Workloads: workloads, Quick: true, Repeats: 1,
+		Duration: time.Second, Out: out, Prefix: prefix, IRQCPU: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if left := nsx.List(prefix + "-"); len(left) > 0 {
 		t.Errorf("testbed left behind: %v", left)
+	}
+	return f, out
+}
+
+// reportHas checks that out's report.md contains every string of want.
+func reportHas(t *testing.T, out string, want ...string) {
+	t.Helper()
+	rep, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(rep), w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
+}
+
+// The priority workloads on the overlay under prism-batch and on the
+// native path: the service marked high priority exactly in the prism
+// mode, every load recorded, the background received, the PRISM tables
+// and figures written, and nothing left behind.
+func TestPrioEndToEnd(t *testing.T) {
+	const prefix = "lbp"
+	f, out := tinyRun(t, prefix, []string{"native", "prism-batch"}, []string{prioLatencyWorkload, prioNginxWorkload})
+	if want := 2 * 2 * 2; len(f.Runs) != want { // workloads x loads x modes
+		t.Fatalf("%d runs, want %d", len(f.Runs), want)
+	}
+	for _, r := range f.Runs {
+		what := fmt.Sprintf("%s %s bg %.2f", r.Mode, r.Workload, r.Background)
+		if r.Error != "" {
+			t.Errorf("%s: %s", what, r.Error)
+			continue
+		}
+		if r.LatP50Us <= 0 || r.PPS <= 0 {
+			t.Errorf("%s: no latency or rate: %+v", what, r)
+		}
+		if marked := r.Extra["prio_marked"] == 1; marked != (r.Mode == "prism-batch") {
+			t.Errorf("%s: marked high priority: %v", what, marked)
+		}
+		if got := r.Extra["bg_received_kpps"] > 0; got != (r.Background > 0) {
+			t.Errorf("%s: background received %v Kpps", what, r.Extra["bg_received_kpps"])
+		}
+		if r.Background > 0 && r.Extra["bg_offered_kpps"] <= 0 {
+			t.Errorf("%s: nothing offered", what)
+		}
+	}
+	if !slices.ContainsFunc(f.Notes, func(n string) bool { return strings.Contains(n, "Native path") }) {
+		t.Errorf("no note on the native path: %q", f.Notes)
+	}
+	reportHas(t, out, "## prio_latency", "## prio_nginx", "background received % of offered", "| rate req/s |")
+	for _, png := range []string{"cdf_prio_latency_idle_vs_busy.png", "latency_vs_background_prio_latency.png", "rate_vs_background_prio_nginx.png"} {
+		if _, err := os.Stat(filepath.Join(out, png)); err != nil {
+			t.Errorf("figure: %v", err)
+		}
+	}
+	if _, err := os.Stat(plan.PinDir(prefix + "-h2")); !os.IsNotExist(err) {
+		t.Errorf("prism's pins left behind in %s: %v", plan.PinDir(prefix+"-h2"), err)
 	}
 }

@@ -43,6 +43,18 @@ const (
 //	cpu_<workload>_<point>.png per-CPU split per mode at the workload's
 //	                           heaviest point (largest message, most flows, idle background)
 //	cdf_<workload>_<point>.png latency CDF per mode (workloads with LatCDF)
+//	cdf_<workload>_idle_vs_busy.png  PRISM's Fig. 9: idle CDFs of the
+//	                           baselines and every mode's CDF under the
+//	                           background load nearest 65%
+//	latency_vs_background_<workload>.png  PRISM's Fig. 11: min, avg and p99
+//	                           latency per mode against background load
+//	background_rate_<workload>.png  the low-priority background's received
+//	                           rate per mode against its load
+//	rate_vs_background_<workload>.png  request rate of prio_memcached and
+//	                           prio_nginx against background load
+//	order_vs_batch_<point>.png MFLOW's Fig. 7: reordering counters per base
+//	                           mode against the micro-flow batch size of
+//	                           MODE:batch=N variants
 //
 // An error drawing one figure does not stop the others; the errors are
 // joined.
@@ -93,8 +105,42 @@ func All(f *results.File, dir string) ([]string, error) {
 			emit(name, ok, err)
 		}
 	}
+	for _, wl := range a.Workloads() {
+		figs := []figure{
+			{"cdf_" + wl + "_idle_vs_busy", func(n string) (bool, error) { return CDFIdleBusy(a, wl, n) }},
+			{"latency_vs_background_" + wl, func(n string) (bool, error) { return LatencyVsBackground(a, wl, n) }},
+			{"background_rate_" + wl, func(n string) (bool, error) {
+				return VsBackground(a, wl, results.BackgroundKpps, "low-priority background received (Kpps)", true, n)
+			}},
+		}
+		if slices.Contains(requestWorkloads, wl) {
+			figs = append(figs, figure{"rate_vs_background_" + wl, func(n string) (bool, error) {
+				return VsBackground(a, wl, results.RequestRate, "high-priority requests/s", false, n)
+			}})
+		}
+		for _, f := range figs {
+			name := filepath.Join(dir, f.name+".png")
+			ok, err := guard(func() (bool, error) { return f.draw(name) })
+			emit(name, ok, err)
+		}
+		for _, p := range a.Points(wl) {
+			name := filepath.Join(dir, "order_vs_batch_"+slug(p)+".png")
+			ok, err := guard(func() (bool, error) { return OrderVsBatch(a, p, name) })
+			emit(name, ok, err)
+		}
+	}
 	return files, errors.Join(errs...)
 }
+
+// figure is a file name (without .png) and what draws it there.
+type figure struct {
+	name string
+	draw func(path string) (bool, error)
+}
+
+// requestWorkloads are the priority workloads whose service's request rate
+// is a result (prio_latency's ping-pong runs at a fixed rate).
+var requestWorkloads = []string{"prio_memcached", "prio_nginx"}
 
 // guard turns a panic inside gonum/plot (it panics on data it cannot
 // scale, e.g. a non-positive value on a log axis) into an error: a figure
@@ -225,34 +271,56 @@ func modeLines(p *plot.Plot, a *results.Agg, sel []results.Point, x func(results
 	leg := newLegend()
 	n := 0
 	for i, mode := range a.Modes() {
-		var e errXYs
-		for _, pt := range sel {
-			g := a.Group(results.Key{Mode: mode, Point: pt})
-			if g == nil || len(g.Runs) == 0 {
-				continue
-			}
-			s := g.Stat(m)
-			e = append(e, errXY{x(pt), s.Median, s.Median - s.Min, s.Max - s.Median})
-		}
+		e := series(a, mode, sel, x, m, false)
 		if len(e) == 0 {
 			continue
 		}
-		slices.SortFunc(e, func(a, b errXY) int { return cmpFloat(a.x, b.x) })
-		l, pts, err := plotter.NewLinePoints(e)
-		if err != nil {
+		if err := addLine(p, &leg, mode, e, i, i); err != nil {
 			return leg, 0, err
 		}
-		style(l, pts, i)
-		eb, err := plotter.NewYErrorBars(e)
-		if err != nil {
-			return leg, 0, err
-		}
-		eb.LineStyle.Color = modeColor(i)
-		p.Add(l, pts, eb)
-		leg.Add(mode, l, pts)
 		n++
 	}
 	return leg, n, nil
+}
+
+// series is mode's median of m with its min–max at each selected point
+// that has a successful repeat; positive keeps only medians above 0 (for
+// a log axis).
+func series(a *results.Agg, mode string, sel []results.Point, x func(results.Point) float64, m results.Metric, positive bool) errXYs {
+	var e errXYs
+	for _, pt := range sel {
+		g := a.Group(results.Key{Mode: mode, Point: pt})
+		if g == nil || len(g.Runs) == 0 {
+			continue
+		}
+		s := g.Stat(m)
+		if positive && s.Median <= 0 {
+			continue
+		}
+		e = append(e, errXY{x(pt), s.Median, s.Median - s.Min, s.Max - s.Median})
+	}
+	return e
+}
+
+// addLine draws e (sorted by x here) as a line with markers and min–max
+// error bars, colored and marked as the color-th mode, dashed as the
+// dash-th style, and adds it to leg as label.
+func addLine(p *plot.Plot, leg *plot.Legend, label string, e errXYs, color, dash int) error {
+	slices.SortFunc(e, func(a, b errXY) int { return cmpFloat(a.x, b.x) })
+	l, pts, err := plotter.NewLinePoints(e)
+	if err != nil {
+		return err
+	}
+	style(l, pts, color)
+	l.Dashes = plotutil.Dashes(dash)
+	eb, err := plotter.NewYErrorBars(e)
+	if err != nil {
+		return err
+	}
+	eb.LineStyle.Color = modeColor(color)
+	p.Add(l, pts, eb)
+	leg.Add(label, l, pts)
+	return nil
 }
 
 // HeaviestPoint picks the point the CPU figure shows for a workload: idle
@@ -408,69 +476,95 @@ func CPU(a *results.Agg, pt results.Point, irqCPU int, path string) (bool, error
 // logarithmic when the latencies span more than a factor of five. It
 // returns false when no repeat at p has a CDF.
 func CDF(a *results.Agg, pt results.Point, path string) (bool, error) {
-	p := newPlot("", "latency (µs)", "fraction of requests ≤ latency")
-	p.Add(plotter.NewGrid())
-	leg := newLegend()
-	lo, hi := math.Inf(1), math.Inf(-1)
-	n := 0
+	c := newCDFPlot()
 	for i, mode := range a.Modes() {
-		g := a.Group(results.Key{Mode: mode, Point: pt})
-		if g == nil {
-			continue
-		}
-		var withCDF results.Group
-		for _, r := range g.Runs {
-			if len(r.LatCDF) > 0 {
-				withCDF.Runs = append(withCDF.Runs, r)
-			}
-		}
-		r := withCDF.MedianRun(results.LatP50)
-		if r == nil {
-			continue
-		}
-		var xy plotter.XYs
-		for _, c := range r.LatCDF {
-			if c.Us > 0 && !math.IsNaN(c.Fraction) {
-				xy = append(xy, plotter.XY{X: c.Us, Y: c.Fraction})
-				lo, hi = min(lo, c.Us), max(hi, c.Us)
-			}
-		}
-		if len(xy) == 0 {
-			continue
-		}
-		slices.SortFunc(xy, func(a, b plotter.XY) int { return cmpFloat(a.X, b.X) })
-		l, err := plotter.NewLine(xy)
-		if err != nil {
+		if err := c.add(a.Group(results.Key{Mode: mode, Point: pt}), mode, modeColor(i), i); err != nil {
 			return false, err
 		}
-		// Straight segments, not steps: the CDF is thinned, and steps
-		// between its few points would show the thinning, not the data.
-		l.Color = modeColor(i)
-		l.Width = vg.Points(2)
-		l.Dashes = plotutil.Dashes(i)
-		p.Add(l)
-		leg.Add(mode, l)
-		n++
 	}
-	if n == 0 {
+	title := fmt.Sprintf("%s: latency CDF", pt.Workload)
+	if l := pointLabel(pt); l != "" {
+		title += " (" + l + ")"
+	}
+	return c.save(title, path)
+}
+
+// cdfPlot collects latency CDF lines and the range they span.
+type cdfPlot struct {
+	p      *plot.Plot
+	leg    plot.Legend
+	lo, hi float64
+	n      int
+}
+
+func newCDFPlot() *cdfPlot {
+	p := newPlot("", "latency (µs)", "fraction of requests ≤ latency")
+	p.Add(plotter.NewGrid())
+	return &cdfPlot{p: p, leg: newLegend(), lo: math.Inf(1), hi: math.Inf(-1)}
+}
+
+// add draws the CDF of g's repeat whose p50 is the median of its repeats
+// that have one, as label; nothing when g has none.
+func (c *cdfPlot) add(g *results.Group, label string, col color.Color, dash int) error {
+	if g == nil {
+		return nil
+	}
+	var withCDF results.Group
+	for _, r := range g.Runs {
+		if len(r.LatCDF) > 0 {
+			withCDF.Runs = append(withCDF.Runs, r)
+		}
+	}
+	r := withCDF.MedianRun(results.LatP50)
+	if r == nil {
+		return nil
+	}
+	var xy plotter.XYs
+	for _, p := range r.LatCDF {
+		if p.Us > 0 && !math.IsNaN(p.Fraction) {
+			xy = append(xy, plotter.XY{X: p.Us, Y: p.Fraction})
+			c.lo, c.hi = min(c.lo, p.Us), max(c.hi, p.Us)
+		}
+	}
+	if len(xy) == 0 {
+		return nil
+	}
+	slices.SortFunc(xy, func(a, b plotter.XY) int { return cmpFloat(a.X, b.X) })
+	l, err := plotter.NewLine(xy)
+	if err != nil {
+		return err
+	}
+	// Straight segments, not steps: the CDF is thinned, and steps
+	// between its few points would show the thinning, not the data.
+	l.Color = col
+	l.Width = vg.Points(2)
+	l.Dashes = plotutil.Dashes(dash)
+	c.p.Add(l)
+	c.leg.Add(label, l)
+	c.n++
+	return nil
+}
+
+// save writes the figure, with a logarithmic x axis when the latencies
+// span more than a factor of five; false when no line was added.
+func (c *cdfPlot) save(title, path string) (bool, error) {
+	if c.n == 0 {
 		return false, nil
 	}
-	p.Title.Text = fmt.Sprintf("%s: latency CDF", pt.Workload)
-	if l := pointLabel(pt); l != "" {
-		p.Title.Text += " (" + l + ")"
-	}
-	if hi > 5*lo {
+	p := c.p
+	p.Title.Text = title
+	if c.hi > 5*c.lo {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 		p.X.Label.Text = "latency (µs, log scale)"
-		p.X.Min, p.X.Max = lo/1.1, hi*1.1
+		p.X.Min, p.X.Max = c.lo/1.1, c.hi*1.1
 	}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Y.Tick.Marker = plot.TickerFunc(niceTicks)
 	if p.X.Scale == (plot.LinearScale{}) {
 		p.X.Tick.Marker = plot.TickerFunc(niceTicks)
 	}
-	return true, save(p, leg, path)
+	return true, save(p, c.leg, path)
 }
 
 // errXY is a point with asymmetric y errors (median, median-min, max-median).

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lanesnet/lanes/bench/results"
@@ -21,16 +22,7 @@ func outDir(t *testing.T) string {
 }
 
 func TestAll(t *testing.T) {
-	dir := outDir(t)
-	files, err := All(resultstest.File(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, f := range files {
-		names = append(names, filepath.Base(f))
-		checkPNG(t, f)
-	}
+	names := drawAll(t, resultstest.File(), "")
 	want := []string{
 		"throughput_tcp_stream.png",
 		"throughput_udp_stream.png",
@@ -149,18 +141,72 @@ func TestManyModes(t *testing.T) {
 	}
 	f.Runs = append(f.Runs, add...)
 	f.Modes = append(f.Modes, extra...)
+	if files := drawAll(t, f, "many"); len(files) != 10 {
+		t.Errorf("%d files", len(files))
+	}
+}
+
+// The priority workloads' figures: PRISM's Fig. 9 (idle vs busy CDF), 11
+// (latency vs load), the background's rate, memcached's request rate.
+func TestPrioFigures(t *testing.T) {
+	names := drawAll(t, resultstest.PrioFile(), "prio")
+	for _, want := range []string{
+		"cdf_prio_latency_idle_vs_busy.png",
+		"latency_vs_background_prio_latency.png",
+		"background_rate_prio_latency.png",
+		"latency_vs_background_prio_memcached.png",
+		"rate_vs_background_prio_memcached.png",
+		"cdf_prio_latency_udp_64B_bg65.png",
+	} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no %s in %v", want, names)
+		}
+	}
+	// memcached has one busy load: no line for the background's rate;
+	// and no batch-size series in this run.
+	for _, not := range []string{"background_rate_prio_memcached.png", "rate_vs_background_prio_latency.png"} {
+		if slices.Contains(names, not) {
+			t.Errorf("%s drawn", not)
+		}
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "order_vs_batch") {
+			t.Errorf("%s drawn without batch variants", n)
+		}
+	}
+}
+
+// MFLOW's Fig. 7: one figure per stream point of a run with
+// MODE:batch=N variants.
+func TestBatchFigures(t *testing.T) {
+	var order []string
+	for _, n := range drawAll(t, resultstest.BatchFile(), "batch") {
+		if strings.HasPrefix(n, "order_vs_batch") {
+			order = append(order, n)
+		}
+	}
+	want := []string{"order_vs_batch_udp_stress_udp_64B.png", "order_vs_batch_tcp_stream_tcp_65536B.png"}
+	if !slices.Equal(order, want) {
+		t.Errorf("batch figures %v, want %v", order, want)
+	}
+}
+
+// drawAll draws every figure of f (into LANES_PLOT_DIR/sub when set),
+// checks each is a PNG with ink, and returns their file names.
+func drawAll(t *testing.T, f *results.File, sub string) []string {
+	t.Helper()
 	dir := outDir(t)
 	if d := os.Getenv("LANES_PLOT_DIR"); d != "" {
-		dir = filepath.Join(d, "many")
+		dir = filepath.Join(d, sub)
 	}
 	files, err := All(f, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 10 {
-		t.Errorf("%d files", len(files))
-	}
+	var names []string
 	for _, f := range files {
+		names = append(names, filepath.Base(f))
 		checkPNG(t, f)
 	}
+	return names
 }

@@ -51,6 +51,8 @@ func Primary(a *results.Agg, workload string) []results.Metric {
 		return []results.Metric{results.PPS}
 	case "prio_latency":
 		return []results.Metric{results.LatP50, results.LatP99, results.BackgroundKpps}
+	case "prio_memcached", "prio_nginx":
+		return []results.Metric{results.RequestRate, results.LatP50, results.LatP99, results.BackgroundKpps}
 	case "pingpong", "memcached", "nginx":
 		return []results.Metric{results.LatP50, results.LatP99}
 	}
@@ -127,10 +129,18 @@ func Markdown(f *results.File, opt Options) string {
 	for _, wl := range a.Workloads() {
 		fmt.Fprintf(&b, "\n## %s\n\n", wl)
 		primaryTable(a, wl).markdown(&b)
+		if hasBackground(a, wl) {
+			b.WriteString("\nLatency of the high-priority service and the low-priority background at every load " +
+				"(medians over repeats; background load in % of the receive core's capacity; " +
+				"received % of offered below 100 means the background lost packets):\n\n")
+			backgroundTable(a, wl).markdown(&b)
+		}
 		b.WriteString("\nCPU split per core (median %: softirq / system / user / NAPI+cpumap kthreads; " +
 			"kthread time is part of system; busy σ: standard deviation of the per-core busy %, 0 = evenly spread) and counters (median over the run):\n\n")
 		costTable(a, wl).markdown(&b)
 	}
+
+	batchSection(&b, a)
 
 	var failed []results.Run
 	for _, g := range a.Groups {
@@ -211,33 +221,41 @@ func primaryTable(a *results.Agg, wl string) table {
 	t.header = append(t.header, "n")
 	t.right = append(t.right, true)
 
+	eachRow(a, wl, func(label string, g *results.Group) {
+		k := g.Key
+		row := cells(label, g.Mode)
+		for _, m := range ms {
+			row = append(row, statCell(g.Stat(m), m))
+			for _, base := range Baselines {
+				if r, ok := a.Ratio(k, m, base); ok {
+					row = append(row, cell{v: fmt.Sprintf("%.2f", r)})
+				} else {
+					row = append(row, cell{v: "–"})
+				}
+			}
+		}
+		n := cell{v: fmt.Sprint(len(g.Runs))}
+		if len(g.Failed) > 0 {
+			n.rng = fmt.Sprintf("(%d failed)", len(g.Failed))
+		}
+		t.rows = append(t.rows, append(row, n))
+	})
+	return t
+}
+
+// eachRow calls row for every mode's group at every point of a workload,
+// in report order, with the point's label on the first mode's row only.
+func eachRow(a *results.Agg, wl string, row func(label string, g *results.Group)) {
 	pts := a.Points(wl)
 	for _, p := range pts {
 		for i, mode := range a.ModesAt(p) {
-			k := results.Key{Mode: mode, Point: p}
-			g := a.Group(k)
-			row := cells("", mode)
+			label := ""
 			if i == 0 {
-				row[0].v = orDash(pointLabel(p, pts))
+				label = orDash(pointLabel(p, pts))
 			}
-			for _, m := range ms {
-				row = append(row, statCell(g.Stat(m), m))
-				for _, base := range Baselines {
-					if r, ok := a.Ratio(k, m, base); ok {
-						row = append(row, cell{v: fmt.Sprintf("%.2f", r)})
-					} else {
-						row = append(row, cell{v: "–"})
-					}
-				}
-			}
-			n := cell{v: fmt.Sprint(len(g.Runs))}
-			if len(g.Failed) > 0 {
-				n.rng = fmt.Sprintf("(%d failed)", len(g.Failed))
-			}
-			t.rows = append(t.rows, append(row, n))
+			row(label, a.Group(results.Key{Mode: mode, Point: p}))
 		}
 	}
-	return t
 }
 
 func costTable(a *results.Agg, wl string) table {
@@ -264,41 +282,152 @@ func costTable(a *results.Agg, wl string) table {
 		t.header = append(t.header, m.Name)
 		t.right = append(t.right, true)
 	}
-	for _, p := range pts {
-		for i, mode := range a.ModesAt(p) {
-			g := a.Group(results.Key{Mode: mode, Point: p})
-			row := []string{"", mode}
-			if i == 0 {
-				row[0] = orDash(pointLabel(p, pts))
+	eachRow(a, wl, func(label string, g *results.Group) {
+		row := []string{label, g.Mode}
+		byCPU := map[int]results.CPUUse{}
+		for _, c := range g.CPU() {
+			byCPU[c.CPU] = c
+		}
+		for _, c := range cpus {
+			u, ok := byCPU[c]
+			if !ok || len(g.Runs) == 0 {
+				row = append(row, "–")
+				continue
 			}
-			byCPU := map[int]results.CPUUse{}
-			for _, c := range g.CPU() {
-				byCPU[c.CPU] = c
-			}
-			for _, c := range cpus {
-				u, ok := byCPU[c]
-				if !ok || len(g.Runs) == 0 {
-					row = append(row, "–")
-					continue
-				}
-				row = append(row, fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", u.SoftIRQ, u.System, u.User, u.Kthreads))
-			}
-			if len(g.Runs) == 0 {
-				row = append(row, "–", "–")
-			} else {
-				row = append(row, fmt.Sprintf("%.0f", g.Stat(results.CPUBusy).Median), fmt.Sprintf("%.1f", g.Stat(results.CPUSpread).Median))
-			}
-			for _, m := range counters {
-				if len(g.Runs) == 0 {
-					row = append(row, "–")
-					continue
-				}
-				row = append(row, count(g.Stat(m).Median))
-			}
-			t.rows = append(t.rows, cells(row...))
+			row = append(row, fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", u.SoftIRQ, u.System, u.User, u.Kthreads))
+		}
+		if len(g.Runs) == 0 {
+			row = append(row, "–", "–")
+		} else {
+			row = append(row, fmt.Sprintf("%.0f", g.Stat(results.CPUBusy).Median), fmt.Sprintf("%.1f", g.Stat(results.CPUSpread).Median))
+		}
+		for _, m := range counters {
+			row = append(row, median(g, m, count))
+		}
+		t.rows = append(t.rows, cells(row...))
+	})
+	return t
+}
+
+// median is g's median of m in format, or a dash when no repeat succeeded.
+func median(g *results.Group, m results.Metric, format func(float64) string) string {
+	if len(g.Runs) == 0 {
+		return "–"
+	}
+	return format(g.Stat(m).Median)
+}
+
+// hasBackground says whether a workload ran under background load.
+func hasBackground(a *results.Agg, wl string) bool {
+	for _, p := range a.Points(wl) {
+		if p.Background > 0 {
+			return true
 		}
 	}
+	return false
+}
+
+// Latency statistics and background columns of backgroundTable, after
+// PRISM's Fig. 11 (min, average and tail latency against background load).
+var (
+	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999}
+	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundKpps, results.BackgroundShare}
+)
+
+// backgroundTable is the medians of every latency statistic and of the
+// background's offered and received rates, per load and mode: idle points
+// have no background columns.
+func backgroundTable(a *results.Agg, wl string) table {
+	t := table{header: []string{"point", "mode"}, right: []bool{false, false}}
+	for _, m := range append(slices.Clone(bgLatency), bgTraffic...) {
+		t.header = append(t.header, metricHeader(m))
+		t.right = append(t.right, true)
+	}
+	eachRow(a, wl, func(label string, g *results.Group) {
+		row := []string{label, g.Mode}
+		for _, m := range bgLatency {
+			row = append(row, median(g, m, func(v float64) string { return num(v, m.Unit) }))
+		}
+		for _, m := range bgTraffic {
+			if g.Background == 0 {
+				row = append(row, "–")
+				continue
+			}
+			row = append(row, median(g, m, func(v float64) string { return num(v, m.Unit) }))
+		}
+		t.rows = append(t.rows, cells(row...))
+	})
 	return t
+}
+
+// batchSection is MFLOW's Fig. 7 as a table: for runs that compare a mode
+// at several micro-flow batch sizes (MODE:batch=N), the reordering counters
+// of each stream workload per batch size, with the stream's own rate, and
+// the other modes of the run as references. Nothing without such modes.
+func batchSection(b *strings.Builder, a *results.Agg) {
+	bases, series := a.BatchSeries()
+	if len(bases) == 0 {
+		return
+	}
+	b.WriteString("\n## Out of order vs batch size\n\n" +
+		"Modes run at several micro-flow batch sizes (`MODE:batch=N`; MFLOW's Fig. 7): datagrams received out of order " +
+		"(udp_reorder: the sink's or iperf3's count), TCP segments queued out of order (ofo) and DSACKs, median [min–max] per run.\n")
+	inSeries := map[string]bool{}
+	for _, vs := range series {
+		for _, v := range vs {
+			inSeries[v.Mode] = true
+		}
+	}
+	for _, wl := range a.Workloads() {
+		ms := append(slices.Clone(results.OrderMetrics(wl)), Primary(a, wl)...)
+		if len(ms) == len(Primary(a, wl)) {
+			continue // not a stream
+		}
+		t := table{header: []string{"point", "mode", "batch"}, right: []bool{false, false, true}}
+		for _, m := range ms {
+			t.header = append(t.header, metricHeader(m))
+			t.right = append(t.right, true)
+		}
+		pts := a.Points(wl)
+		for _, p := range pts {
+			var rows []batchRow
+			for _, base := range bases {
+				for _, v := range series[base] {
+					rows = append(rows, batchRow{base, fmt.Sprint(v.Batch), a.Group(results.Key{Mode: v.Mode, Point: p})})
+				}
+			}
+			for _, mode := range a.ModesAt(p) {
+				if !inSeries[mode] {
+					rows = append(rows, batchRow{mode, "–", a.Group(results.Key{Mode: mode, Point: p})})
+				}
+			}
+			first := true
+			for _, r := range rows {
+				if r.g == nil {
+					continue
+				}
+				row := cells("", r.base, r.batch)
+				if first {
+					row[0].v, first = orDash(pointLabel(p, pts)), false
+				}
+				for _, m := range ms {
+					row = append(row, statCell(r.g.Stat(m), m))
+				}
+				t.rows = append(t.rows, row)
+			}
+		}
+		if len(t.rows) > 0 {
+			fmt.Fprintf(b, "\n### %s\n\n", wl)
+			t.markdown(b)
+		}
+	}
+}
+
+// batchRow is one row of the batch table: a base mode at one batch size
+// ("–" for a reference mode).
+type batchRow struct {
+	base, batch string
+	g           *results.Group
 }
 
 func (t table) markdown(b *strings.Builder) {

@@ -1,6 +1,7 @@
 package report
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,8 +15,7 @@ import (
 func TestMarkdown(t *testing.T) {
 	f := resultstest.File()
 	f.Runs[len(f.Runs)-1].Error = "iperf3: a | b" // a pipe must not split the list item's table-free text
-	md := Markdown(f, Options{Plots: []string{"plots/throughput_tcp_stream.png"}})
-	for _, want := range []string{
+	has(t, Markdown(f, Options{Plots: []string{"plots/throughput_tcp_stream.png"}}),
 		"# lanes bench report",
 		"| host | bench1 |",
 		"| kernel | 6.18.0 |",
@@ -42,14 +42,7 @@ func TestMarkdown(t *testing.T) {
 		"## Failed runs",
 		"- rps tcp_stream tcp, 64 B, repeat 3: iperf3: a \\| b",
 		"![throughput_tcp_stream](plots/throughput_tcp_stream.png)",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
-	if t.Failed() {
-		t.Log(md)
-	}
+	)
 }
 
 func TestTable(t *testing.T) {
@@ -132,5 +125,62 @@ func TestBytes(t *testing.T) {
 		if got := Bytes(n); got != want {
 			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// Every load of a priority workload is in its tables, with the service's
+// request rate where it has one and the background's rates per load.
+func TestPrioReport(t *testing.T) {
+	md := Markdown(resultstest.PrioFile(), Options{})
+	has(t, md,
+		"## prio_latency",
+		"| point | mode | p50 µs | vs vanilla | vs native | p99 µs | vs vanilla | vs native | background received Kpps | vs vanilla | vs native | n |",
+		// vanilla at 65%: 40 * (1 + 4*0.65) = 144 µs p50, p99 3x.
+		"| 64 B, bg 65% | native |",
+		"|  | vanilla | 144.0 [138.2–151.2] | 1.00 | 2.50 | 432.0 [414.7–453.6] | 1.00 | 2.50 | 64.4 | 1.00 | 1.00 | 3 |",
+		// The detail table: min, avg, p50, p99, p99.9, background.
+		"| point | mode | min µs | avg µs | p50 µs | p99 µs | p99.9 µs | background offered Kpps | background received Kpps | background received % of offered |",
+		"|  | vanilla | 86.4 | 158.4 | 144.0 | 432.0 | 720.0 | 65 | 64.4 | 99.0 |",
+		"| 64 B, bg 0% | native | 15.0 | 27.5 | 25.0 | 75.0 | 125.0 | – | – | – |",
+		"## prio_memcached",
+		"| point | mode | rate req/s | vs vanilla | vs native | p50 µs |",
+	)
+	for _, bg := range resultstest.PrioBackgrounds {
+		if want := fmt.Sprintf("| 64 B, bg %.0f%% | native |", 100*bg); strings.Count(md, want) != 3 {
+			t.Errorf("load %.0f%% not in the primary, detail and CPU tables (%d)", 100*bg, strings.Count(md, want))
+		}
+	}
+	if strings.Contains(md, "Out of order vs batch size") {
+		t.Error("batch section without batch variants")
+	}
+}
+
+func TestBatchReport(t *testing.T) {
+	has(t, Markdown(resultstest.BatchFile(), Options{}),
+		"## Out of order vs batch size",
+		"### udp_stress",
+		"| point | mode | batch | udp_reorder | rate msg/s |",
+		// 10000/16 = 625 reordered at batch 16; jitter 0.96/1/1.05.
+		"| 64 B | mflow | 16 | 625 [600–656] | 400.0k [384.0k–420.0k] |",
+		"|  | mflow | 1024 | 9 [9–10] |",
+		"|  | vanilla | – | 0 |",
+		"### tcp_stream",
+		"| point | mode | batch | ofo | dsack | throughput Gbit/s |",
+		"| 64 KiB | mflow | 16 | 1250 [1200–1312] | 62 [60–65] | 8.00 [7.68–8.40] |",
+	)
+}
+
+// has checks that md contains every string of want, and shows md if not.
+func has(t *testing.T, md string, want ...string) {
+	t.Helper()
+	ok := true
+	for _, w := range want {
+		if !strings.Contains(md, w) {
+			t.Errorf("report lacks %q", w)
+			ok = false
+		}
+	}
+	if !ok {
+		t.Log(md)
 	}
 }

@@ -49,13 +49,17 @@ type Metric struct {
 // The metrics the report and the plots use. Others are one Metric literal
 // away (see ExtraMetric).
 var (
-	Throughput   = Metric{"throughput", "Gbit/s", func(r *Run) float64 { return r.ThroughputGbps }}
-	PPS          = Metric{"rate", "msg/s", func(r *Run) float64 { return r.PPS }}
-	SentPPS      = Metric{"offered", "msg/s", func(r *Run) float64 { return r.SentPPS }}
-	LatP50       = Metric{"p50", "µs", func(r *Run) float64 { return r.LatP50Us }}
-	LatP99       = Metric{"p99", "µs", func(r *Run) float64 { return r.LatP99Us }}
-	LatP999      = Metric{"p99.9", "µs", func(r *Run) float64 { return r.LatP999Us }}
-	LatAvg       = Metric{"avg", "µs", func(r *Run) float64 { return r.LatAvgUs }}
+	Throughput = Metric{"throughput", "Gbit/s", func(r *Run) float64 { return r.ThroughputGbps }}
+	PPS        = Metric{"rate", "msg/s", func(r *Run) float64 { return r.PPS }}
+	SentPPS    = Metric{"offered", "msg/s", func(r *Run) float64 { return r.SentPPS }}
+	LatP50     = Metric{"p50", "µs", func(r *Run) float64 { return r.LatP50Us }}
+	LatP99     = Metric{"p99", "µs", func(r *Run) float64 { return r.LatP99Us }}
+	LatP999    = Metric{"p99.9", "µs", func(r *Run) float64 { return r.LatP999Us }}
+	LatAvg     = Metric{"avg", "µs", func(r *Run) float64 { return r.LatAvgUs }}
+	LatMin     = Metric{"min", "µs", func(r *Run) float64 { return r.LatMinUs }}
+	// RequestRate is PPS for request/response workloads: completed
+	// operations (memcached) or requests (nginx) per second.
+	RequestRate  = Metric{"rate", "req/s", func(r *Run) float64 { return r.PPS }}
 	Retrans      = Metric{"retrans", "", func(r *Run) float64 { return float64(r.Retrans) }}
 	OFO          = Metric{"ofo", "", func(r *Run) float64 { return float64(r.OFO) }}
 	DSACK        = Metric{"dsack", "", func(r *Run) float64 { return float64(r.DSACK) }}
@@ -87,6 +91,19 @@ var (
 // BackgroundKpps is the low-priority background a priority workload's
 // receiver got (Kpps): PRISM must not starve it.
 var BackgroundKpps = Metric{"background received", "Kpps", func(r *Run) float64 { return r.Extra["bg_received_kpps"] }}
+
+// BackgroundOffered is what the generator offered the low-priority
+// receiver (Kpps).
+var BackgroundOffered = Metric{"background offered", "Kpps", func(r *Run) float64 { return r.Extra["bg_offered_kpps"] }}
+
+// BackgroundShare is the share of the offered background its receiver
+// got (%): below 100 the low-priority traffic lost packets.
+var BackgroundShare = Metric{"background received", "% of offered", func(r *Run) float64 {
+	if o := r.Extra["bg_offered_kpps"]; o > 0 {
+		return 100 * r.Extra["bg_received_kpps"] / o
+	}
+	return 0
+}}
 
 // ExtraMetric reads r.Extra[name] (zero when absent).
 func ExtraMetric(name, unit string) Metric {

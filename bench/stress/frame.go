@@ -7,9 +7,10 @@ import (
 	"net/netip"
 )
 
-// Frame layout, mirrored from struct frame in xdp_gen.c: the program writes
-// at these offsets, so a change on either side must be made on both
-// (TestXDPGenRewritesOnlySeqAndPorts holds them together).
+// Frame layouts, mirrored from struct frame and struct plain_frame in
+// xdp_gen.c: the program writes at these offsets, so a change on either
+// side must be made on both (TestXDPGenRewritesOnlySeqAndPorts holds them
+// together).
 const (
 	ethLen   = 14
 	ipv4Len  = 20
@@ -27,6 +28,11 @@ const (
 	seqLen        = 8
 	vxlanOverhead = offInnerEth // what encapsulation adds to the inner frame (50)
 
+	// A plain frame (Target.Plain) is the outer headers alone: Ethernet,
+	// IPv4, UDP, then the sequence number.
+	offPlainUDP     = offOuterUDP
+	offPlainPayload = offPlainUDP + udpLen // 42
+
 	// DefaultVXLANPort is the IANA VXLAN port, what Linux uses by default.
 	DefaultVXLANPort = 4789
 
@@ -43,16 +49,17 @@ const (
 // frameSpec is what varies per generator on top of the Target.
 type frameSpec struct {
 	payload    int    // UDP payload bytes, >= MinPayload
-	srcPort    uint16 // inner UDP source port (flow 0; the program sets flow i's)
-	dstPort    uint16 // inner UDP destination port
-	outerSport uint16 // outer UDP source port (flow 0; the program sets flow i's)
+	srcPort    uint16 // inner (plain: the) UDP source port (flow 0; the program sets flow i's)
+	dstPort    uint16 // inner (plain: the) UDP destination port
+	outerSport uint16 // outer UDP source port (flow 0; the program sets flow i's); not in a plain frame
 }
 
-// buildFrame encodes the VXLAN frame the generator replays: outer
-// Ethernet/IPv4/UDP/VXLAN, inner Ethernet/IPv4/UDP, a zero sequence number
-// and zero padding. Both UDP checksums are 0 (allowed for IPv4, and what
-// Linux VXLAN sends outside), so the program can rewrite ports and sequence
-// without fixing checksums; both IPv4 header checksums are complete.
+// buildFrame encodes the frame the generator replays, with a zero sequence
+// number and zero padding: a VXLAN frame (outer Ethernet/IPv4/UDP/VXLAN,
+// inner Ethernet/IPv4/UDP) or, for a Plain target, Ethernet/IPv4/UDP
+// straight to DstIP. UDP checksums are 0 (allowed for IPv4, and what Linux
+// VXLAN sends outside), so the program can rewrite ports and sequence
+// without fixing checksums; IPv4 header checksums are complete.
 func buildFrame(t Target, s frameSpec) ([]byte, error) {
 	if err := t.validate(); err != nil {
 		return nil, err
@@ -60,37 +67,37 @@ func buildFrame(t Target, s frameSpec) ([]byte, error) {
 	if s.payload < MinPayload || s.payload > MaxPayload {
 		return nil, fmt.Errorf("payload of %d bytes: must be %d..%d", s.payload, MinPayload, MaxPayload)
 	}
+	if t.Plain {
+		b := make([]byte, offPlainPayload+s.payload)
+		putEthIPv4UDP(b, t.DstMAC, t.SrcMAC, t.SrcIP, t.DstIP, s.srcPort, s.dstPort)
+		return b, nil
+	}
 	vxPort := t.VXLANPort
 	if vxPort == 0 {
 		vxPort = DefaultVXLANPort
 	}
 	b := make([]byte, headersLen+s.payload)
-
-	// Outer Ethernet.
-	copy(b[0:6], t.DstMAC)
-	copy(b[6:12], t.SrcMAC)
-	binary.BigEndian.PutUint16(b[12:14], 0x0800)
-	// Outer IPv4.
-	putIPv4(b[offOuterIP:], len(b)-offOuterIP, t.SrcIP, t.DstIP)
 	// Outer UDP: checksum 0, as Linux VXLAN sends by default.
-	u := b[offOuterUDP:]
-	binary.BigEndian.PutUint16(u[0:2], s.outerSport)
-	binary.BigEndian.PutUint16(u[2:4], vxPort)
-	binary.BigEndian.PutUint16(u[4:6], uint16(len(b)-offOuterUDP))
+	putEthIPv4UDP(b, t.DstMAC, t.SrcMAC, t.SrcIP, t.DstIP, s.outerSport, vxPort)
 	// VXLAN: I flag, VNI in the upper 24 bits.
 	binary.BigEndian.PutUint32(b[offVXLAN:], 0x08000000)
 	binary.BigEndian.PutUint32(b[offVXLAN+4:], t.VNI<<8)
-	// Inner Ethernet.
-	copy(b[offInnerEth:], t.InnerDstMAC)
-	copy(b[offInnerEth+6:], t.InnerSrcMAC)
-	binary.BigEndian.PutUint16(b[offInnerEth+12:], 0x0800)
-	// Inner IPv4 and UDP (checksum 0: no checksum, valid for IPv4).
-	putIPv4(b[offInnerIP:], len(b)-offInnerIP, t.InnerSrcIP, t.InnerDstIP)
-	u = b[offInnerUDP:]
-	binary.BigEndian.PutUint16(u[0:2], s.srcPort)
-	binary.BigEndian.PutUint16(u[2:4], s.dstPort)
-	binary.BigEndian.PutUint16(u[4:6], uint16(len(b)-offInnerUDP))
+	putEthIPv4UDP(b[offInnerEth:], t.InnerDstMAC, t.InnerSrcMAC, t.InnerSrcIP, t.InnerDstIP, s.srcPort, s.dstPort)
 	return b, nil
+}
+
+// putEthIPv4UDP writes Ethernet, IPv4 and UDP headers (UDP checksum 0: no
+// checksum, valid for IPv4) at the start of b, whose whole length they
+// describe.
+func putEthIPv4UDP(b []byte, dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, sport, dport uint16) {
+	copy(b[0:6], dstMAC)
+	copy(b[6:12], srcMAC)
+	binary.BigEndian.PutUint16(b[12:14], 0x0800)
+	putIPv4(b[ethLen:], len(b)-ethLen, src, dst)
+	u := b[ethLen+ipv4Len:]
+	binary.BigEndian.PutUint16(u[0:2], sport)
+	binary.BigEndian.PutUint16(u[2:4], dport)
+	binary.BigEndian.PutUint16(u[4:6], uint16(len(u)))
 }
 
 // putIPv4 writes a 20-byte IPv4 header carrying UDP with DF set and a
@@ -124,19 +131,29 @@ func ipChecksum(b []byte) uint16 {
 	return ^uint16(sum)
 }
 
+// validate checks the fields the frame uses: a plain frame has no inner
+// headers.
 func (t Target) validate() error {
-	for _, m := range []struct {
+	type mac struct {
 		name string
 		mac  net.HardwareAddr
-	}{{"SrcMAC", t.SrcMAC}, {"DstMAC", t.DstMAC}, {"InnerSrcMAC", t.InnerSrcMAC}, {"InnerDstMAC", t.InnerDstMAC}} {
+	}
+	type ip struct {
+		name string
+		ip   netip.Addr
+	}
+	macs := []mac{{"SrcMAC", t.SrcMAC}, {"DstMAC", t.DstMAC}}
+	ips := []ip{{"SrcIP", t.SrcIP}, {"DstIP", t.DstIP}}
+	if !t.Plain {
+		macs = append(macs, mac{"InnerSrcMAC", t.InnerSrcMAC}, mac{"InnerDstMAC", t.InnerDstMAC})
+		ips = append(ips, ip{"InnerSrcIP", t.InnerSrcIP}, ip{"InnerDstIP", t.InnerDstIP})
+	}
+	for _, m := range macs {
 		if len(m.mac) != 6 {
 			return fmt.Errorf("target %s %q is not a 6-byte Ethernet address", m.name, m.mac)
 		}
 	}
-	for _, a := range []struct {
-		name string
-		ip   netip.Addr
-	}{{"SrcIP", t.SrcIP}, {"DstIP", t.DstIP}, {"InnerSrcIP", t.InnerSrcIP}, {"InnerDstIP", t.InnerDstIP}} {
+	for _, a := range ips {
 		if !a.ip.Is4() {
 			return fmt.Errorf("target %s %v is not an IPv4 address (only IPv4 overlays are generated)", a.name, a.ip)
 		}

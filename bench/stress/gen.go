@@ -3,8 +3,9 @@
 // live-frame mode injects pre-encapsulated VXLAN frames into the sending
 // host's underlay device, whose veth peer (the receiving host's "NIC")
 // takes them through the whole overlay receive path to a UDP sink in a
-// container. Sequence numbers in every datagram let the sink count loss and
-// reordering per flow.
+// container. With a Plain target it injects plain UDP to the receiving
+// host instead (the native path). Sequence numbers in every datagram let
+// the sink count loss and reordering per flow.
 package stress
 
 //go:generate go tool bpf2go -tags linux -target bpfel xdpGen xdp_gen.c -- -I../../datapath/bpf/include -I/usr/include/x86_64-linux-gnu
@@ -47,6 +48,12 @@ type Target struct {
 	// fills it (and InnerSrcIP) from its endpoints when left zero.
 	InnerSrcMAC, InnerDstMAC net.HardwareAddr
 	InnerSrcIP, InnerDstIP   netip.Addr
+
+	// Plain sends UDP straight to DstIP, no VXLAN: the native path, host
+	// to host over the underlay, with the sink on the receiving host.
+	// VNI, VXLANPort and the inner headers are then unused, and the
+	// generator's SrcPort/DstPort are the frame's UDP ports.
+	Plain bool
 }
 
 // GenConfig is how the generator sends.
@@ -168,8 +175,8 @@ func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 func (e *UnsupportedError) Is(target error) bool { return target == ebpf.ErrNotSupported }
 
-// Generator injects VXLAN frames into Target.SenderDev from one pinned
-// thread. It is not safe for concurrent Runs.
+// Generator injects VXLAN frames (plain UDP for a Plain target) into
+// Target.SenderDev from one pinned thread. It is not safe for concurrent Runs.
 //
 // Pacing. Measured on the 2-core development VM (kernel 6.18, 156-byte
 // frames, batch 64, receiving veth's NAPI threaded on the other core; see
@@ -285,6 +292,7 @@ func (g *Generator) load() error {
 		"outer_sport": g.cfg.OuterSrcPort,
 		"interval_fp": intervalFP,
 		"burst_fp":    burstFP,
+		"plain":       boolU8(g.t.Plain),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
@@ -294,6 +302,13 @@ func (g *Generator) load() error {
 		return fmt.Errorf("loading xdp generator: %w", err)
 	}
 	return nil
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // probe runs the program once on a live frame. The devmap is still empty,

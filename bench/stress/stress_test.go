@@ -174,12 +174,45 @@ func TestFrameLayout(t *testing.T) {
 	}
 }
 
+func TestPlainFrameLayout(t *testing.T) {
+	tg := testTarget()
+	tg.Plain = true
+	tg.InnerSrcMAC, tg.InnerDstMAC, tg.InnerSrcIP, tg.InnerDstIP = nil, nil, netip.Addr{}, netip.Addr{} // unused
+	const payload = 64
+	b, err := buildFrame(tg, frameSpec{payload: payload, srcPort: 1234, dstPort: 5678, outerSport: 50000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != offPlainPayload+payload {
+		t.Fatalf("frame is %d bytes, want %d", len(b), offPlainPayload+payload)
+	}
+	// The same frame, built by hand: Ethernet, IPv4 (DF, TTL 64, UDP),
+	// UDP 1234 -> 5678 with checksum 0, 64 zero bytes.
+	want := append([]byte(nil), rcvMAC...)
+	want = append(want, sndMAC...)
+	want = append(want, 0x08, 0x00)
+	ip := []byte{0x45, 0, 0, byte(len(b) - ethLen), 0, 0, 0x40, 0, 64, 17, 0, 0}
+	ip = append(ip, tg.SrcIP.AsSlice()...)
+	ip = append(ip, tg.DstIP.AsSlice()...)
+	binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip))
+	want = append(want, ip...)
+	want = append(want, 0x04, 0xd2, 0x16, 0x2e, 0, byte(udpLen+payload), 0, 0)
+	want = append(want, make([]byte, payload)...)
+	if !bytes.Equal(b, want) {
+		t.Fatalf("plain frame\n got % x\nwant % x", b, want)
+	}
+	tg.DstIP = netip.Addr{}
+	if _, err := buildFrame(tg, frameSpec{payload: payload}); err == nil {
+		t.Error("plain frame without a destination address accepted")
+	}
+}
+
 // loadTestGen loads the generator (probing live frames) and points its
 // devmap at lo, so runs end in XDP_REDIRECT without a real device.
-func loadTestGen(t *testing.T, cfg GenConfig) *Generator {
+func loadTestGen(t *testing.T, tg Target, cfg GenConfig) *Generator {
 	t.Helper()
 	requireRoot(t)
-	g, err := NewGenerator(testTarget(), cfg)
+	g, err := NewGenerator(tg, cfg)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		if kernelAtLeast(t, 5, 18) {
 			t.Fatalf("kernel supports live frames but: %v", err)
@@ -196,44 +229,71 @@ func loadTestGen(t *testing.T, cfg GenConfig) *Generator {
 	return g
 }
 
+// The program writes the sequence and the source ports at the offsets
+// frame.go builds, for both layouts, and nothing else.
 func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
 	const flows, runLen = 3, 2
 	cfg := GenConfig{Flows: flows, RunLen: runLen, SrcPort: 30000, OuterSrcPort: 40000, DstPort: 7000}
-	g := loadTestGen(t, cfg)
-	in := g.Frame()
-	next := make([]uint64, flows)
-	for k := 0; k < 20; k++ {
-		out := make([]byte, len(in))
-		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in, DataOut: out})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ret != 4 { // XDP_REDIRECT
-			t.Fatalf("packet %d: verdict %d, want XDP_REDIRECT", k, ret)
-		}
-		flow := (k / runLen) % flows
-		want := append([]byte(nil), in...)
-		binary.BigEndian.PutUint64(want[offPayload:], next[flow])
-		binary.BigEndian.PutUint16(want[offOuterUDP:], uint16(40000+flow))
-		binary.BigEndian.PutUint16(want[offInnerUDP:], uint16(30000+flow))
-		next[flow]++
-		if !bytes.Equal(out, want) {
-			t.Fatalf("packet %d (flow %d):\n got % x\nwant % x", k, flow, out, want)
-		}
-	}
-	st, err := g.readStats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Sent != 20 || st.Held != 0 || st.Error != 0 {
-		t.Errorf("stats %+v, want 20 sent", st)
+	plain := testTarget()
+	plain.Plain = true
+	for _, c := range []struct {
+		name          string
+		target        Target
+		seq, sport    int // offsets of the sequence and the flow's UDP source port
+		outer         int // offset of the outer source port; -1: none
+		headers, size int
+	}{
+		{"vxlan", testTarget(), offPayload, offInnerUDP, offOuterUDP, headersLen, headersLen + DefaultPayload},
+		{"plain", plain, offPlainPayload, offPlainUDP, -1, offPlainPayload, offPlainPayload + DefaultPayload},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := loadTestGen(t, c.target, cfg)
+			in := g.Frame()
+			if len(in) != c.size {
+				t.Fatalf("frame of %d bytes, want %d", len(in), c.size)
+			}
+			next := make([]uint64, flows)
+			for k := 0; k < 20; k++ {
+				out := make([]byte, len(in))
+				ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ret != 4 { // XDP_REDIRECT
+					t.Fatalf("packet %d: verdict %d, want XDP_REDIRECT", k, ret)
+				}
+				flow := (k / runLen) % flows
+				want := append([]byte(nil), in...)
+				binary.BigEndian.PutUint64(want[c.seq:], next[flow])
+				if c.outer >= 0 {
+					binary.BigEndian.PutUint16(want[c.outer:], uint16(40000+flow))
+				}
+				binary.BigEndian.PutUint16(want[c.sport:], uint16(30000+flow))
+				next[flow]++
+				if !bytes.Equal(out, want) {
+					t.Fatalf("packet %d (flow %d):\n got % x\nwant % x", k, flow, out, want)
+				}
+			}
+			st, err := g.readStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Sent != 20 || st.Held != 0 || st.Error != 0 {
+				t.Errorf("stats %+v, want 20 sent", st)
+			}
+			// A frame too short for its layout is dropped, not written.
+			short := in[:c.headers+seqLen-1]
+			if ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: short}); err != nil || ret != 1 {
+				t.Errorf("short frame: verdict %d (%v), want XDP_DROP", ret, err)
+			}
+		})
 	}
 }
 
 func TestXDPGenPacerHoldsEarlyPackets(t *testing.T) {
 	// One packet per second with no burst: the first run is sent, runs
 	// right after it are held (dropped) without consuming a sequence.
-	g := loadTestGen(t, GenConfig{Rate: 1, Burst: 1})
+	g := loadTestGen(t, testTarget(), GenConfig{Rate: 1, Burst: 1})
 	in := g.Frame()
 	for k, want := range []uint32{4, 1, 1} { // XDP_REDIRECT, XDP_DROP, XDP_DROP
 		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
@@ -283,34 +343,49 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 	return maj > major || maj == major && min >= minor
 }
 
+// Frames reach a sink through the receiving host's stack: VXLAN frames
+// the container-like VXLAN address, plain ones the underlay address.
 func TestEndToEnd(t *testing.T) {
 	p := newPair(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	w := NewUDPStress(p.target, GenConfig{CPU: -1})
-	if w.Name() != "udp_stress" {
-		t.Fatalf("name %q", w.Name())
-	}
-	// A modest rate that one core absorbs without loss or reordering.
-	res, err := w.Run(ctx,
-		workload.Endpoint{NetNS: p.rcv, Addr: vxPrefix.Addr()},
-		workload.Endpoint{Addr: innerSrc},
-		workload.Point{Proto: "udp", MsgSize: 64, Flows: 4, Rate: 20000, Duration: time.Second, Port: 9000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%+v", res)
-	if res.Extra["udp_received"] == 0 || res.PPS <= 0 || res.SentPPS <= 0 {
-		t.Fatalf("nothing received: %+v", res)
-	}
-	if res.Extra["udp_flows"] != 4 {
-		t.Errorf("sink saw %v flows, want 4", res.Extra["udp_flows"])
-	}
-	if res.UDPReorder != 0 {
-		t.Errorf("%d datagrams reordered", res.UDPReorder)
-	}
-	if res.Extra["udp_received"] > res.Extra["udp_sent"] {
-		t.Errorf("received %v > sent %v", res.Extra["udp_received"], res.Extra["udp_sent"])
+	for _, c := range []struct {
+		name  string
+		plain bool
+		sink  netip.Addr
+	}{
+		{"vxlan", false, vxPrefix.Addr()},
+		{"plain", true, rcvPrefix.Addr()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tg := p.target
+			tg.Plain = c.plain
+			w := NewUDPStress(tg, GenConfig{CPU: -1})
+			if w.Name() != "udp_stress" {
+				t.Fatalf("name %q", w.Name())
+			}
+			// A modest rate that one core absorbs without loss or reordering.
+			res, err := w.Run(ctx,
+				workload.Endpoint{NetNS: p.rcv, Addr: c.sink},
+				workload.Endpoint{Addr: innerSrc},
+				workload.Point{Proto: "udp", MsgSize: 64, Flows: 4, Rate: 20000, Duration: time.Second, Port: 9000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%+v", res)
+			if res.Extra["udp_received"] == 0 || res.PPS <= 0 || res.SentPPS <= 0 {
+				t.Fatalf("nothing received: %+v", res)
+			}
+			if res.Extra["udp_flows"] != 4 {
+				t.Errorf("sink saw %v flows, want 4", res.Extra["udp_flows"])
+			}
+			if res.UDPReorder != 0 {
+				t.Errorf("%d datagrams reordered", res.UDPReorder)
+			}
+			if res.Extra["udp_received"] > res.Extra["udp_sent"] {
+				t.Errorf("received %v > sent %v", res.Extra["udp_received"], res.Extra["udp_sent"])
+			}
+		})
 	}
 }
 

@@ -12,7 +12,9 @@ import (
 
 // NewUDPStress returns the udp_stress workload: the generator injects
 // VXLAN frames at the sending host's underlay device (Target) and a Sink in
-// the receiving container counts what the overlay delivered.
+// the receiving container counts what the overlay delivered. With a Plain
+// target the frames are plain UDP and srv is the receiving host itself
+// (its underlay address, t.DstIP): the native path.
 //
 // From the workload's arguments: srv is the receiving container (the sink
 // binds srv.Addr:p.Port in srv.NetNS, reading on srv.CPUs; srv.Addr is the

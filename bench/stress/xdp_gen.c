@@ -4,7 +4,8 @@
  * xdp_gen: the in-kernel half of the udp_stress generator.
  *
  * Userspace hands BPF_PROG_RUN (BPF_F_TEST_XDP_LIVE_FRAMES) one pre-built
- * VXLAN frame; the kernel runs this program once per repetition on a
+ * VXLAN frame (or, with `plain` set, a plain Ethernet/IPv4/UDP frame for
+ * the native path); the kernel runs this program once per repetition on a
  * recycled copy of it. Each run stamps the next sequence number of the
  * chosen inner flow into the payload, sets that flow's ports, and redirects
  * the frame through a devmap into the sending underlay device, whose veth
@@ -44,12 +45,21 @@ struct frame {
 	__be64 seq;
 } __attribute__((packed));
 
+/* The plain frame (plain = 1): no VXLAN, the outer UDP is the flow's. */
+struct plain_frame {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	__be64 seq;
+} __attribute__((packed));
+
 /* Load-time settings (set from Go before loading; read-only afterwards). */
 const volatile __u32 nr_flows = 1;    /* inner flows, 1..MAX_FLOWS */
 const volatile __u32 run_len = 1;     /* consecutive packets per flow: 1 = round robin */
 const volatile __u16 inner_sport = 0; /* flow i uses inner UDP source port inner_sport+i */
 const volatile __u16 outer_sport = 0; /* flow i uses outer UDP source port outer_sport+i, the
                                        * per-flow entropy a VXLAN device derives from the inner flow */
+const volatile __u8 plain = 0;        /* 1: struct plain_frame, flow i's UDP source port inner_sport+i */
 /*
  * Pacer: packet spacing and token-bucket depth in ns << 8 (fixed point so a
  * rate like 3 Mpps is not rounded to 333 ns). interval_fp == 0: no pacing.
@@ -114,8 +124,14 @@ int xdp_gen(struct xdp_md *ctx)
 	st = bpf_map_lookup_elem(&state, &zero);
 	if (!cnt || !st)
 		return XDP_DROP;
-	if ((void *)(f + 1) > data_end)
+	/* The verifier knows `plain` (frozen rodata), so each load keeps one
+	 * of the two layouts' checks and stores. */
+	if (plain) {
+		if (data + sizeof(struct plain_frame) > data_end)
+			goto out;
+	} else if ((void *)(f + 1) > data_end) {
 		goto out;
+	}
 
 	if (interval_fp) {
 		__u64 now = bpf_ktime_get_ns() << 8;
@@ -152,9 +168,14 @@ int xdp_gen(struct xdp_md *ctx)
 	/* Typed stores instead of the packed members: one 8-byte and two
 	 * 2-byte writes rather than byte-wise ones (unaligned packet access
 	 * is fine on the architectures lanes runs on). */
-	*(__be64 *)((void *)f + __builtin_offsetof(struct frame, seq)) = bpf_cpu_to_be64(*seq);
-	*(__be16 *)((void *)f + __builtin_offsetof(struct frame, udp.source)) = bpf_htons(outer_sport + flow);
-	*(__be16 *)((void *)f + __builtin_offsetof(struct frame, inner_udp.source)) = bpf_htons(inner_sport + flow);
+	if (plain) {
+		*(__be64 *)(data + __builtin_offsetof(struct plain_frame, seq)) = bpf_cpu_to_be64(*seq);
+		*(__be16 *)(data + __builtin_offsetof(struct plain_frame, udp.source)) = bpf_htons(inner_sport + flow);
+	} else {
+		*(__be64 *)((void *)f + __builtin_offsetof(struct frame, seq)) = bpf_cpu_to_be64(*seq);
+		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, udp.source)) = bpf_htons(outer_sport + flow);
+		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, inner_udp.source)) = bpf_htons(inner_sport + flow);
+	}
 
 	/* XDP_DROP, not XDP_ABORTED, when the devmap slot is empty. */
 	verdict = bpf_redirect_map(&tx_port, 0, XDP_DROP);

@@ -42,6 +42,7 @@ const (
 	xdpGenVarIntervalFp = "interval_fp"
 	xdpGenVarNrFlows    = "nr_flows"
 	xdpGenVarOuterSport = "outer_sport"
+	xdpGenVarPlain      = "plain"
 	xdpGenVarRunLen     = "run_len"
 )
 
@@ -109,6 +110,7 @@ type xdpGenVariableSpecs struct {
 	IntervalFp *ebpf.VariableSpec `ebpf:"interval_fp"`
 	NrFlows    *ebpf.VariableSpec `ebpf:"nr_flows"`
 	OuterSport *ebpf.VariableSpec `ebpf:"outer_sport"`
+	Plain      *ebpf.VariableSpec `ebpf:"plain"`
 	RunLen     *ebpf.VariableSpec `ebpf:"run_len"`
 }
 
@@ -156,6 +158,7 @@ type xdpGenVariables struct {
 	IntervalFp *ebpf.Variable `ebpf:"interval_fp"`
 	NrFlows    *ebpf.Variable `ebpf:"nr_flows"`
 	OuterSport *ebpf.Variable `ebpf:"outer_sport"`
+	Plain      *ebpf.Variable `ebpf:"plain"`
 	RunLen     *ebpf.Variable `ebpf:"run_len"`
 }
 

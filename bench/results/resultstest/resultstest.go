@@ -4,6 +4,7 @@
 package resultstest
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -40,13 +41,7 @@ func File() *results.File {
 	// throughput, RPS wins part of it back.
 	scale := map[string]float64{"native": 1, "vanilla": 0.45, "rps": 0.62}
 	add := func(r results.Run, mode string, v float64, fill func(r *results.Run, v float64)) {
-		for rep, j := range jitter {
-			r := r
-			r.Mode, r.Repeat = mode, rep
-			fill(&r, v*j)
-			r.CPU = cpu(mode, rep)
-			f.Runs = append(f.Runs, r)
-		}
+		f.Runs = append(f.Runs, repeats(r, mode, v, fill)...)
 	}
 	tput := func(r *results.Run, v float64) {
 		r.ThroughputGbps = v
@@ -101,6 +96,103 @@ func File() *results.File {
 		Mode: "rps", Workload: "tcp_stream", Proto: "tcp", MsgSize: 64, Flows: 1, Repeat: 3,
 		Error: "iperf3: unable to connect to server",
 	})
+	return f
+}
+
+// repeats returns three repeats of r under mode, fill setting the
+// measured values around v (jitter).
+func repeats(r results.Run, mode string, v float64, fill func(r *results.Run, v float64)) []results.Run {
+	var out []results.Run
+	for rep, j := range jitter {
+		r := r
+		r.Mode, r.Repeat = mode, rep
+		fill(&r, v*j)
+		r.CPU = cpu(mode, rep)
+		out = append(out, r)
+	}
+	return out
+}
+
+// PrioBackgrounds are the loads of PrioFile's prio_latency.
+var PrioBackgrounds = []float64{0, 0.1, 0.3, 0.5, 0.65, 0.8, 0.95}
+
+// PrioFile returns a synthetic run of the priority workloads: modes
+// native, vanilla and prism-batch; prio_latency at every load of
+// PrioBackgrounds with latency CDFs, prio_memcached at 0 and 65%. Latency
+// grows with the load, less under prism-batch; the background receiver
+// gets 99% of what was offered (100 Kpps = 100%).
+func PrioFile() *results.File {
+	f := File()
+	f.Runs = nil
+	f.Modes = []string{"native", "vanilla", "prism-batch"}
+	f.Notes = nil
+	slow := map[string]float64{"native": 0.5, "vanilla": 1, "prism-batch": 0.4}
+	base := map[string]float64{"native": 25, "vanilla": 40, "prism-batch": 41}
+	bg := func(r *results.Run) {
+		if r.Background > 0 {
+			r.Extra = map[string]float64{"bg_offered_kpps": 100 * r.Background, "bg_received_kpps": 99 * r.Background}
+		}
+	}
+	for _, mode := range f.Modes {
+		for _, load := range PrioBackgrounds {
+			lat := base[mode] * (1 + 4*slow[mode]*load)
+			r := results.Run{Workload: "prio_latency", Proto: "udp", MsgSize: 64, Flows: 1, Background: load}
+			f.Runs = append(f.Runs, repeats(r, mode, lat, func(r *results.Run, v float64) {
+				r.LatMinUs, r.LatP50Us, r.LatAvgUs, r.LatP99Us, r.LatP999Us = v*0.6, v, v*1.1, v*3, v*5
+				r.PPS = 1000
+				r.LatCDF = cdf(v)
+				bg(r)
+			})...)
+		}
+		for _, load := range []float64{0, 0.65} {
+			lat := 3 * base[mode] * (1 + 4*slow[mode]*load)
+			r := results.Run{Workload: "prio_memcached", Proto: "tcp", MsgSize: 550, Flows: 8, Background: load}
+			f.Runs = append(f.Runs, repeats(r, mode, lat, func(r *results.Run, v float64) {
+				r.LatMinUs, r.LatP50Us, r.LatAvgUs, r.LatP99Us = v*0.5, v, v*1.2, v*4
+				r.PPS = 8e6 / v
+				bg(r)
+			})...)
+		}
+	}
+	return f
+}
+
+// BatchBatches are BatchFile's batch sizes.
+var BatchBatches = []int{16, 64, 256, 1024}
+
+// BatchFile returns a synthetic MFLOW batch-size comparison: modes vanilla
+// and mflow:batch=N for N in BatchBatches, on udp_stress (64 B) and
+// tcp_stream (64 KiB). Reordering falls as the batch grows: udp_reorder
+// 10000/N, ofo 20000/N and dsack 1000/N (times the repeat's jitter);
+// vanilla reorders nothing.
+func BatchFile() *results.File {
+	f := File()
+	f.Runs = nil
+	f.Notes = nil
+	f.Modes = []string{"vanilla"}
+	for _, n := range BatchBatches {
+		f.Modes = append(f.Modes, fmt.Sprintf("mflow:batch=%d", n))
+	}
+	for i, mode := range f.Modes {
+		n := 0.0 // vanilla: no micro-flows, nothing reordered
+		if i > 0 {
+			n = float64(BatchBatches[i-1])
+		}
+		order := func(per float64) uint64 {
+			if n == 0 {
+				return 0
+			}
+			return uint64(per / n)
+		}
+		f.Runs = append(f.Runs, repeats(results.Run{Workload: "udp_stress", Proto: "udp", MsgSize: 64, Flows: 1}, mode, 1, func(r *results.Run, j float64) {
+			r.PPS, r.SentPPS = 400e3*j, 1e6
+			r.UDPReorder = order(10000 * j)
+		})...)
+		f.Runs = append(f.Runs, repeats(results.Run{Workload: "tcp_stream", Proto: "tcp", MsgSize: 65536, Flows: 1}, mode, 1, func(r *results.Run, j float64) {
+			r.ThroughputGbps = 8 * j
+			r.OFO, r.DSACK = order(20000*j), order(1000*j)
+		})...)
+	}
 	return f
 }
 
