@@ -26,6 +26,19 @@ type Steering struct {
 	// rules that mark flows high priority.
 	Prio  bool     `json:"prio,omitempty"`
 	Rules []string `json:"prio_rules,omitempty"`
+	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
+	// Elephants lists the flows being split now.
+	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
+	Elephants  []Elephant     `json:"elephants,omitempty"`
+}
+
+// Elephant is a flow MFLOW splits into micro-flows.
+type Elephant struct {
+	Flow       string `json:"flow"`
+	Stage      string `json:"stage"` // where it is split: split (at the NIC poll) or bridge
+	MicroFlows uint32 `json:"micro_flows"`
+	Frames     uint64 `json:"frames"` // sent as micro-flows
+	CPU        int    `json:"cpu"`    // core of the current micro-flow
 }
 
 // FlowStage is one stage of one flow, as the datapath placed it.
@@ -74,6 +87,11 @@ func steering(s *StatusReport, netns string) error {
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
 	}
+	if cfg.MFlow.At != steer.SplitOff {
+		if out.MicroFlows, err = microFlowsPerCore(d, cfg.CPUs); err != nil {
+			return err
+		}
+	}
 	now := steer.Now()
 	idx := map[int]*Core{}
 	for i := range s.Cores {
@@ -99,6 +117,9 @@ func steering(s *StatusReport, netns string) error {
 			IdleMs:  idle.Milliseconds(),
 			High:    f.High,
 		}
+		if m := f.MicroFlow; m.Elephant && int(m.CPUIndex) < len(cfg.CPUs) {
+			out.Elephants = append(out.Elephants, Elephant{Flow: fs.Flow, Stage: fs.Stage, MicroFlows: m.Started, Frames: m.Frames, CPU: cfg.CPUs[m.CPUIndex]})
+		}
 		if f.CPUIndex == steer.Stay || int(f.CPUIndex) >= len(cfg.CPUs) {
 			out.Stay = append(out.Stay, fs)
 			continue
@@ -109,4 +130,17 @@ func steering(s *StatusReport, netns string) error {
 	}
 	s.Steering = out
 	return nil
+}
+
+// microFlowsPerCore reads the micro-flows sent to each of cpus.
+func microFlowsPerCore(d *steer.Datapath, cpus []int) (map[int]uint64, error) {
+	per, err := d.MicroFlowsPerCore()
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]uint64{}
+	for _, c := range cpus {
+		out[c] = per[c]
+	}
+	return out, nil
 }

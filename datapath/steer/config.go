@@ -37,7 +37,69 @@ type Config struct {
 	// rules (AddRule): high-priority flows go to the chosen core's
 	// high-priority queue (SetHiCPUMapEntry), PRISM's second class.
 	Prio bool
+	// NoBridgeCount stops steer_tc_ingress from counting the bridge
+	// stage's frames in flight. Set it while steer_tc_egress, which counts
+	// them seen, is not attached (MFLOW splitting at the bridge alone), or
+	// the counts only grow; bridge-stage moves then wait for the flowlet
+	// gap alone.
+	NoBridgeCount bool
+	// MFlow splits elephant flows into micro-flows; the zero value is off.
+	MFlow MFlow
 }
+
+// SplitAt is where MFLOW splits elephant flows.
+type SplitAt uint8
+
+const (
+	// SplitOff: no flow is split.
+	SplitOff SplitAt = iota
+	// SplitAtIRQ splits in steer_xdp on the underlay, before skb
+	// allocation: each micro-flow goes to its core's cpumap entry (give
+	// every split core one), and everything after the NIC poll runs there.
+	SplitAtIRQ
+	// SplitAtBridge splits in steer_tc_ingress on the underlay: each
+	// micro-flow gets the skb hash RPS on the VXLAN device maps to its
+	// core (set that device's RPS mask to Config.CPUs), so everything
+	// after VXLAN's GRO cell runs there.
+	SplitAtBridge
+)
+
+// String is the name the mflow policy's "at" setting uses.
+func (a SplitAt) String() string {
+	switch a {
+	case SplitOff:
+		return "off"
+	case SplitAtIRQ:
+		return "irq"
+	case SplitAtBridge:
+		return "bridge"
+	}
+	return fmt.Sprintf("split-at-%d", uint8(a))
+}
+
+// MFlow is MFLOW's splitting: a flow whose rate reaches Threshold frames
+// within Window (an elephant) is cut into micro-flows of Batch consecutive
+// frames, and micro-flow k goes to Cores[k % len(Cores)]. Micro-flows of
+// one flow run in parallel and may overtake each other: a stock kernel
+// cannot reassemble them before TCP/UDP, so splitting reorders by design.
+// Mice keep the placement the tables give them.
+type MFlow struct {
+	At SplitAt
+	// Batch is the number of frames per micro-flow (GRO-merged skbs count
+	// their segments at the bridge).
+	Batch uint32
+	// Cores are the split cores (core numbers, each in Config.CPUs), in
+	// dispatch order.
+	Cores []int
+	// Threshold is how many frames a flow must carry within one Window to
+	// be an elephant; 0 makes every flow one from its first frame.
+	Threshold uint32
+	// Window is the elephant test's rate window.
+	Window time.Duration
+}
+
+// MaxBatch is the largest micro-flow batch the datapath takes.
+const MaxBatch = 65536
 
 // Defaults of Config's move rules, for every policy that moves flows.
 const (
@@ -89,6 +151,34 @@ func (c Config) normalized() (Config, error) {
 			return c, fmt.Errorf("VNI %d does not fit in 24 bits", v)
 		}
 	}
+	if err := c.MFlow.check(cpus); err != nil {
+		return c, err
+	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil
+}
+
+// check validates m against the (sorted) core set.
+func (m MFlow) check(cpus []int) error {
+	switch {
+	case m.At == SplitOff:
+		return nil
+	case m.At > SplitAtBridge:
+		return fmt.Errorf("micro-flow split point %s: want irq or bridge", m.At)
+	case m.Batch < 1 || m.Batch > MaxBatch:
+		return fmt.Errorf("micro-flow batch %d: want 1..%d frames", m.Batch, MaxBatch)
+	case len(m.Cores) == 0:
+		return errors.New("micro-flows have no split cores")
+	case m.Window <= 0:
+		return fmt.Errorf("elephant window %v: must be positive", m.Window)
+	}
+	for i, c := range m.Cores {
+		if !slices.Contains(cpus, c) {
+			return fmt.Errorf("split core %d is not among the config's cores %v", c, cpus)
+		}
+		if slices.Contains(m.Cores[:i], c) {
+			return fmt.Errorf("split core %d listed twice", c)
+		}
+	}
+	return nil
 }

@@ -25,6 +25,15 @@ func TestConfigValidation(t *testing.T) {
 		"port 0":           {func(c *Config) { c.VXLANPort = 0 }, "port 0"},
 		"negative flowlet": {func(c *Config) { c.Flowlet = -time.Second }, "negative"},
 		"VNI too wide":     {func(c *Config) { c.VNIs = []uint32{1 << 24} }, "24 bits"},
+		"batch 0":          {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Cores: []int{1}, Window: time.Second} }, "batch 0"},
+		"batch too big": {func(c *Config) {
+			c.MFlow = MFlow{At: SplitAtIRQ, Batch: MaxBatch + 1, Cores: []int{1}, Window: time.Second}
+		}, "want 1..65536"},
+		"no split cores":        {func(c *Config) { c.MFlow = MFlow{At: SplitAtBridge, Batch: 1, Window: time.Second} }, "no split cores"},
+		"split core not in set": {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{2}, Window: time.Second} }, "split core 2 is not among"},
+		"split core twice":      {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3, 3}, Window: time.Second} }, "split core 3 listed twice"},
+		"no window":             {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3}} }, "window 0s"},
+		"unknown split":         {func(c *Config) { c.MFlow = MFlow{At: 7, Batch: 1, Cores: []int{3}, Window: time.Second} }, "want irq or bridge"},
 	} {
 		c := valid
 		tc.mutate(&c)

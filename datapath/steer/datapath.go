@@ -61,6 +61,11 @@ func (d *Datapath) TCEgress() *ebpf.Program { return d.objs.SteerTcEgress }
 // ingress, where it counts the frames the container stage queued as seen.
 func (d *Datapath) TCSeen() *ebpf.Program { return d.objs.SteerTcSeen }
 
+// TCSplitSeen ends the split stage where TCIngress is not attached: for the
+// underlay's tc ingress, where it counts queued frames seen and reads
+// micro-flows' sequence numbers back from the skb metadata.
+func (d *Datapath) TCSplitSeen() *ebpf.Program { return d.objs.SteerTcSplitSeen }
+
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
@@ -82,6 +87,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerCpumapHi, &o.SteerCpumapHi},
 		{steerMapSteerPrio, &o.SteerPrio},
 		{steerMapSteerStats, &o.SteerStats},
+		{steerMapSteerMfCores, &o.SteerMfCores},
 	}
 }
 

@@ -60,26 +60,62 @@ func (s Setup) Encode() (string, error) {
 		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
+		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow),
 	})
 	return string(b), err
+}
+
+// mflowDoc is Config.MFlow in a knob value; absent when splitting is off,
+// so the values of modes without it read as before.
+type mflowDoc struct {
+	At        string `json:"at"`
+	Batch     uint32 `json:"batch"`
+	Cores     []int  `json:"cores"`
+	Threshold uint32 `json:"threshold_frames"`
+	WindowNS  int64  `json:"window_ns"`
+}
+
+func encodeMFlowDoc(m MFlow) *mflowDoc {
+	if m.At == SplitOff {
+		return nil
+	}
+	return &mflowDoc{At: m.At.String(), Batch: m.Batch, Cores: m.Cores, Threshold: m.Threshold, WindowNS: int64(m.Window)}
+}
+
+func (d *mflowDoc) decode() (MFlow, error) {
+	if d == nil {
+		return MFlow{}, nil
+	}
+	m := MFlow{Batch: d.Batch, Cores: d.Cores, Threshold: d.Threshold, Window: time.Duration(d.WindowNS)}
+	for at := range mflowFlag {
+		if at.String() == d.At {
+			m.At = at
+		}
+	}
+	if m.At == SplitOff {
+		return m, fmt.Errorf("steer datapath value: micro-flow split point %q: want irq or bridge", d.At)
+	}
+	return m, nil
 }
 
 // setupDoc spells the durations out, so a journal reads without Go's
 // time.Duration encoding in mind.
 type setupDoc struct {
-	Enabled      bool     `json:"enabled"`
-	CPUs         []int    `json:"cpus"`
-	FlowletNS    int64    `json:"flowlet_ns"`
-	DrainNS      int64    `json:"drain_ns,omitempty"`
-	Port         uint16   `json:"vxlan_port"`
-	VNIs         []uint32 `json:"vnis"`
-	CPUMap       []int    `json:"cpumap,omitempty"`
-	QueueSize    uint32   `json:"queue_size,omitempty"`
-	RTPriority   int      `json:"rt_priority,omitempty"`
-	Prio         bool     `json:"prio,omitempty"`
-	CountSplit   bool     `json:"count_split,omitempty"`
-	HiCPUMap     []int    `json:"hi_cpumap,omitempty"`
-	HiRTPriority int      `json:"hi_rt_priority,omitempty"`
+	Enabled       bool      `json:"enabled"`
+	CPUs          []int     `json:"cpus"`
+	FlowletNS     int64     `json:"flowlet_ns"`
+	DrainNS       int64     `json:"drain_ns,omitempty"`
+	Port          uint16    `json:"vxlan_port"`
+	VNIs          []uint32  `json:"vnis"`
+	CPUMap        []int     `json:"cpumap,omitempty"`
+	QueueSize     uint32    `json:"queue_size,omitempty"`
+	RTPriority    int       `json:"rt_priority,omitempty"`
+	Prio          bool      `json:"prio,omitempty"`
+	CountSplit    bool      `json:"count_split,omitempty"`
+	HiCPUMap      []int     `json:"hi_cpumap,omitempty"`
+	HiRTPriority  int       `json:"hi_rt_priority,omitempty"`
+	NoBridgeCount bool      `json:"no_bridge_count,omitempty"`
+	MFlow         *mflowDoc `json:"mflow,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -88,8 +124,13 @@ func DecodeSetup(v string) (Setup, error) {
 	if err := json.Unmarshal([]byte(v), &d); err != nil {
 		return Setup{}, fmt.Errorf("steer datapath value: %w", err)
 	}
+	mf, err := d.MFlow.decode()
+	if err != nil {
+		return Setup{}, err
+	}
 	return Setup{
-		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit},
+		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
+			NoBridgeCount: d.NoBridgeCount, MFlow: mf},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority,
 	}, nil

@@ -17,10 +17,16 @@ import (
 
 // steer_cfg.flags bits.
 const (
-	cfgEnabled    = 1
-	cfgPrio       = 2
-	cfgCountSplit = 4
+	cfgEnabled       = 1
+	cfgPrio          = 2
+	cfgCountSplit    = 4
+	cfgMFlow         = 8
+	cfgMFlowBridge   = 0x10
+	cfgNoBridgeCount = 0x20
 )
+
+// mflowFlag is the steer_cfg flag of each split point.
+var mflowFlag = map[SplitAt]uint32{SplitAtIRQ: cfgMFlow, SplitAtBridge: cfgMFlowBridge}
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
 // high-priority queue (steer.c's CLASS_HI).
@@ -89,6 +95,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.CountSplit {
 		k.Flags |= cfgCountSplit
 	}
+	if c.NoBridgeCount {
+		k.Flags |= cfgNoBridgeCount
+	}
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -97,7 +106,37 @@ func encodeConfig(c Config) steerSteerCfg {
 		k.RpsLo[i], k.RpsSpan = rpsRange(i, n)
 		k.IndexOf[cpu] = uint32(i)
 	}
+	if m := c.MFlow; m.At != SplitOff {
+		k.Flags |= mflowFlag[m.At]
+		k.MfWindowNs = uint64(m.Window)
+		k.MfThresh = m.Threshold
+		k.MfBatch = m.Batch
+		k.MfNcores = uint32(len(m.Cores))
+		for i, cpu := range m.Cores {
+			k.MfCores[i] = k.IndexOf[cpu]
+		}
+	}
 	return k
+}
+
+// decodeMFlow reads MFlow back from the programs' config.
+func decodeMFlow(k *steerSteerCfg) MFlow {
+	var m MFlow
+	for at, flag := range mflowFlag {
+		if k.Flags&flag != 0 {
+			m.At = at
+		}
+	}
+	if m.At == SplitOff {
+		return m
+	}
+	m.Batch, m.Threshold, m.Window = k.MfBatch, k.MfThresh, time.Duration(k.MfWindowNs)
+	for _, idx := range k.MfCores[:min(k.MfNcores, MaxCPUs)] {
+		if idx < min(k.Ncpus, MaxCPUs) {
+			m.Cores = append(m.Cores, int(k.Cpus[idx]))
+		}
+	}
+	return m
 }
 
 // Config reads back the config the programs use.
@@ -107,12 +146,14 @@ func (d *Datapath) Config() (Config, error) {
 		return Config{}, fmt.Errorf("reading steer config: %w", err)
 	}
 	c := Config{
-		Enabled:    k.Flags&cfgEnabled != 0,
-		Prio:       k.Flags&cfgPrio != 0,
-		CountSplit: k.Flags&cfgCountSplit != 0,
-		Flowlet:    time.Duration(k.FlowletNs),
-		Drain:      time.Duration(k.DrainNs),
-		VXLANPort:  uint16(k.VxlanPort),
+		Enabled:       k.Flags&cfgEnabled != 0,
+		Prio:          k.Flags&cfgPrio != 0,
+		CountSplit:    k.Flags&cfgCountSplit != 0,
+		NoBridgeCount: k.Flags&cfgNoBridgeCount != 0,
+		Flowlet:       time.Duration(k.FlowletNs),
+		Drain:         time.Duration(k.DrainNs),
+		VXLANPort:     uint16(k.VxlanPort),
+		MFlow:         decodeMFlow(&k),
 	}
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
 		c.CPUs = append(c.CPUs, int(cpu))
@@ -301,6 +342,41 @@ type Flow struct {
 	// InFlight is frames this stage queued that the next stage's program
 	// has not seen yet (may dip below 0 briefly; see steer.c's seen()).
 	InFlight int64
+	// MicroFlow is the flow's MFLOW state at the stage that splits it.
+	MicroFlow MicroFlowState
+}
+
+// MicroFlowState is one flow's MFLOW state (Config.MFlow): the split stage
+// keeps it for SplitAtIRQ, the bridge stage for SplitAtBridge.
+type MicroFlowState struct {
+	// Elephant: the flow is being split.
+	Elephant bool
+	// Started is the number of micro-flows started; the current one's
+	// sequence number is Started-1.
+	Started uint32
+	// CPUIndex is the index into Config.CPUs of the current micro-flow.
+	CPUIndex uint32
+	// Frames is how many frames were sent as micro-flows.
+	Frames uint64
+	// Seen is the highest sequence number whose frames the skb side (tc
+	// ingress on the underlay) read back from their metadata, valid when
+	// SeenAny (split stage only).
+	Seen    uint32
+	SeenAny bool
+}
+
+// mfSeen is steer.c's MF_SEEN: the flow's mf_seen holds a sequence number.
+const mfSeen = 1 << 32
+
+func microFlowState(s *steerSteerFlowState) MicroFlowState {
+	return MicroFlowState{
+		Elephant: s.MfElephant != 0,
+		Started:  s.MfStarted,
+		CPUIndex: s.MfCore,
+		Frames:   s.MfFrames,
+		Seen:     uint32(s.MfSeen),
+		SeenAny:  s.MfSeen&mfSeen != 0,
+	}
 }
 
 // Flows lists the flows in steer_flows, ordered by stage, then 5-tuple.
@@ -309,20 +385,21 @@ func (d *Datapath) Flows() ([]Flow, error) {
 	var flows []Flow
 	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
 		flows = append(flows, Flow{
-			Src:      beAddr(k.Saddr),
-			Dst:      beAddr(k.Daddr),
-			SrcPort:  bePort(k.Sport),
-			DstPort:  bePort(k.Dport),
-			Proto:    k.Proto,
-			Stage:    int(k.Stage),
-			CPUIndex: cpuIndex(s.CpuIdx),
-			High:     s.CpuIdx != Stay && s.CpuIdx&classHi != 0,
-			Ifindex:  int(s.Ifindex),
-			Bucket:   int(s.Bucket),
-			LastSeen: time.Duration(s.LastNs),
-			Packets:  s.Packets,
-			Bytes:    s.Bytes,
-			InFlight: s.Inflight,
+			Src:       beAddr(k.Saddr),
+			Dst:       beAddr(k.Daddr),
+			SrcPort:   bePort(k.Sport),
+			DstPort:   bePort(k.Dport),
+			Proto:     k.Proto,
+			Stage:     int(k.Stage),
+			CPUIndex:  cpuIndex(s.CpuIdx),
+			High:      s.CpuIdx != Stay && s.CpuIdx&classHi != 0,
+			Ifindex:   int(s.Ifindex),
+			Bucket:    int(s.Bucket),
+			LastSeen:  time.Duration(s.LastNs),
+			Packets:   s.Packets,
+			Bytes:     s.Bytes,
+			InFlight:  s.Inflight,
+			MicroFlow: microFlowState(s),
 		})
 	})
 	if err != nil {
@@ -430,35 +507,84 @@ type Counters struct {
 	Undrained uint64
 	// High is frames of high-priority flows (split stage, Config.Prio).
 	High uint64
+
+	// MFLOW (Config.MFlow), at the stage that splits (split: SplitAtIRQ,
+	// bridge: SplitAtBridge). MicroFrames are frames of elephants sent to
+	// their micro-flow's core (GRO segments at the bridge); they are not
+	// in Steered or Stayed.
+	MicroFrames  uint64
+	MicroFlows   uint64 // micro-flows started
+	Elephants    uint64 // flows that became elephants
+	ElephantsEnd uint64 // elephants that fell below the threshold
+	// MicroArrived (split stage, SplitAtIRQ) is micro-flow frames whose
+	// metadata tc ingress on the underlay read back, counted on the core
+	// they arrived on (CoreStats); MicroLate is those of a micro-flow
+	// older than one already seen there: batch-level reordering.
+	MicroArrived uint64
+	MicroLate    uint64
 }
 
-// Counter indices within a stage, as in steer.c's enum counter.
-const (
-	cntSteered = iota
-	cntStayed
-	cntPassed
-	cntHeld
-	cntMoved
-	cntDisabled
-	cntUndrained
-	cntHigh
-	numCounters
-)
+// fields lists c's counters in steer.c's enum counter order.
+func (c *Counters) fields() []*uint64 {
+	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate}
+}
 
-// Stats reads every stage's counters.
+// numCounters is steer.c's NUM_COUNTERS.
+var numCounters = len((&Counters{}).fields())
+
+// Stats reads every stage's counters, summed over cores.
 func (d *Datapath) Stats() ([NumStages]Counters, error) {
 	var out [NumStages]Counters
-	var per []uint64
-	for stage := range NumStages {
-		c := &out[stage]
-		for i, dst := range []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High} {
-			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
-				return out, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
-			}
-			for _, v := range per {
-				*dst += v
+	per, err := d.CoreStats()
+	for _, core := range per {
+		for stage := range core {
+			dst, src := out[stage].fields(), core[stage].fields()
+			for i := range dst {
+				*dst[i] += *src[i]
 			}
 		}
+	}
+	return out, err
+}
+
+// CoreStats reads every stage's counters per core (index: core number),
+// as counted on the core each program ran on.
+func (d *Datapath) CoreStats() ([][NumStages]Counters, error) {
+	var out [][NumStages]Counters
+	var per []uint64
+	for stage := range NumStages {
+		for i := range numCounters {
+			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
+				return nil, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
+			}
+			if out == nil {
+				out = make([][NumStages]Counters, len(per))
+			}
+			for cpu, v := range per {
+				*out[cpu][stage].fields()[i] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// MicroFlowsPerCore reads how many micro-flows (Config.MFlow) were sent to
+// each core (index: core number).
+func (d *Datapath) MicroFlowsPerCore() ([MaxCPUs]uint64, error) {
+	var out [MaxCPUs]uint64
+	keys := make([]uint32, MaxCPUs)
+	vals := make([]uint64, MaxCPUs)
+	var cur ebpf.MapBatchCursor
+	n, err := d.objs.SteerMfCores.BatchLookup(&cur, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return out, fmt.Errorf("reading micro-flows per core: %w", err)
+	}
+	if n != MaxCPUs {
+		return out, fmt.Errorf("reading micro-flows per core: %d of %d entries", n, MaxCPUs)
+	}
+	for i, k := range keys {
+		out[k%MaxCPUs] = vals[i]
 	}
 	return out, nil
 }

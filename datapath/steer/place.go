@@ -118,8 +118,12 @@ func RPSIndex(hash uint32, n int) int {
 }
 
 // XDP metadata steer_xdp puts in front of a frame it hands to the cpumap
-// (datapath/bpf/include/lanes_meta.h): magic, then flags.
+// (datapath/bpf/include/lanes_meta.h): magic, then flags; with metaMFlow,
+// then the micro-flow's sequence number.
 const (
 	metaMagic  = 0x4c4e5331 // "LNS1"
 	metaQueued = 0x1        // counted in its (flow, split stage)'s in-flight frames
+	metaMFlow  = 0x2        // part of a micro-flow: the sequence number follows
+	metaLen    = 8          // struct lanes_meta
+	metaMFLen  = 12         // struct lanes_meta_mflow
 )

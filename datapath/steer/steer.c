@@ -27,6 +27,26 @@
  * counts them seen (steer_xdp's frames are marked in XDP metadata, which
  * reaches the skb), so a flow moves only when its old queue is empty.
  *
+ * MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE): a flow above a rate threshold (an
+ * elephant) is cut into micro-flows of mf_batch consecutive frames, and
+ * each micro-flow goes to the next split core, round robin, so the stages
+ * after the split run for several micro-flows of one flow in parallel.
+ * CFG_MFLOW splits in steer_xdp, before any skb exists (MFLOW's IRQ
+ * splitting: cpumap), and marks each frame with its micro-flow's sequence
+ * number in XDP metadata; CFG_MFLOW_BRIDGE splits in steer_tc_ingress, by
+ * the RPS hash of the VXLAN device (the stages after VXLAN's GRO cell).
+ * Micro-flows overtake each other by design: a stock kernel has no
+ * reassembly before TCP/UDP, so they bypass the in-flight accounting (never
+ * counted, never held by the flowlet rule), and the tc side counts the
+ * frames that arrive after a later micro-flow's. Mice (below the
+ * threshold) take whatever path the table gives them, with their in-flight
+ * counts intact. What may reorder besides micro-flows overtaking each
+ * other: when a flow turns into an elephant, its first micro-flow may
+ * overtake the frames its mouse path still holds (the NIC poll's GRO, or
+ * Falcon's split queue when composed); when it falls back to a mouse, its
+ * next frames may overtake the last micro-flow's. Neither waits for a
+ * drain: an elephant is already reordering.
+ *
  * Nothing here rewrites a packet byte, drops or consumes a frame: whatever
  * is not understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the
  * worst a bug can do is place a stage on the wrong core. place.go mirrors
@@ -52,6 +72,8 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 #define STAGE_CONTAINER 2
 #define NUM_STAGES 3
 
+#define MF_SEEN (1ull << 32) /* flow state mf_seen: a sequence number is stored */
+
 #define BUCKETS 256
 #define MAX_CPUS 64
 #define STAY 0xffffffffu /* table/flow value: leave the stage where the kernel puts it */
@@ -63,6 +85,14 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * that counts them seen (steer_tc_ingress, steer_tc_split_seen) is attached
  * to the underlay's tc ingress, or the counts would never drain. */
 #define CFG_COUNT_SPLIT 0x4
+/* MFLOW: split elephants into micro-flows in steer_xdp (cpumap, before skb
+ * allocation), or in steer_tc_ingress (the RPS hash of the VXLAN device). */
+#define CFG_MFLOW 0x8
+#define CFG_MFLOW_BRIDGE 0x10
+/* steer_tc_ingress does not count the bridge stage's frames in flight: set
+ * while nothing (steer_tc_egress) counts them seen, or the counts would
+ * only grow. */
+#define CFG_NO_BRIDGE_COUNT 0x20
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -85,6 +115,12 @@ enum counter {
 	CNT_DISABLED, /* cfg not enabled */
 	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
 	CNT_HIGH,     /* frame of a high-priority flow (CFG_PRIO) */
+	CNT_MF_FRAMES,   /* frames of elephants sent to their micro-flow's core */
+	CNT_MF_STARTED,  /* micro-flows started */
+	CNT_MF_ELEPHANT, /* a flow became an elephant */
+	CNT_MF_ENDED,    /* an elephant fell below the threshold */
+	CNT_MF_ARRIVED,  /* micro-flow frames whose metadata a tc program read back (per core: where they ran) */
+	CNT_MF_LATE,     /* of those, frames of a micro-flow older than one already seen: batch-level reordering */
 	NUM_COUNTERS,
 };
 
@@ -101,6 +137,13 @@ struct steer_cfg {
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
 	__u32 prio_shapes; /* bit SHAPE(dir, i): steer_prio holds a rule of that shape (see high_prio) */
 	__u32 pad;
+	/* MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE) */
+	__u64 mf_window_ns; /* the elephant test's rate window */
+	__u32 mf_thresh;    /* frames within a window from which a flow is an elephant; 0: every flow */
+	__u32 mf_batch;     /* frames per micro-flow */
+	__u32 mf_ncores;    /* entries used in mf_cores; 0: nothing is split */
+	__u32 mf_pad;
+	__u32 mf_cores[MAX_CPUS]; /* split cores as indices into cpus, in dispatch order */
 };
 
 struct {
@@ -146,6 +189,20 @@ struct steer_flow_state {
 	 * the next stage's program has not seen yet. Signed: the two sides
 	 * run on different cores and update it atomically. */
 	__s64 inflight;
+	/* MF_SEEN | the highest sequence number of the micro-flows whose
+	 * frames the skb side has seen; 0: none yet (split stage). Every split
+	 * core updates it, so it is 64-bit: the compare-and-swap needs that on
+	 * BPF CPU v1. */
+	__u64 mf_seen;
+	/* MFLOW, kept by the program that splits the flow (see microflow()). */
+	__u64 mf_win_start;  /* start of the current rate window */
+	__u64 mf_frames;     /* frames sent as micro-flows */
+	__u32 mf_win_frames; /* frames in the current window */
+	__u32 mf_elephant;   /* 1 while the flow is split */
+	__u32 mf_started;    /* micro-flows started; the current one's sequence number is mf_started - 1 */
+	__u32 mf_left;       /* frames the current micro-flow still takes */
+	__u32 mf_core;       /* index into cpus of the current micro-flow */
+	__u32 mf_pad;
 };
 
 struct {
@@ -193,6 +250,15 @@ struct {
 	__type(value, __u8); /* 1 */
 } steer_prio SEC(".maps");
 
+/* MFLOW: micro-flows sent to each core. Written once per micro-flow, not
+ * per frame, so one shared counter per core costs nothing that matters. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);   /* core number */
+	__type(value, __u64); /* micro-flows */
+} steer_mf_cores SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NUM_STAGES * NUM_COUNTERS);
@@ -214,13 +280,18 @@ struct cursor {
 	void *end;
 };
 
-static __always_inline void count(__u32 stage, __u32 ctr)
+static __always_inline void count_n(__u32 stage, __u32 ctr, __u32 n)
 {
 	__u32 key = stage * NUM_COUNTERS + ctr;
 	__u64 *v = bpf_map_lookup_elem(&steer_stats, &key);
 
 	if (v)
-		(*v)++;
+		*v += n;
+}
+
+static __always_inline void count(__u32 stage, __u32 ctr)
+{
+	count_n(stage, ctr, 1);
 }
 
 static __always_inline void *take(struct cursor *c, __u32 len)
@@ -519,6 +590,127 @@ static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
 	}
 }
 
+/*
+ * MFLOW's elephant test, on n more frames of the flow at now: is the flow
+ * above the rate threshold? A window of mf_window_ns starts with the first
+ * frame after the previous one closed. The flow becomes an elephant with
+ * the frame that brings its window to mf_thresh frames, and stays one while
+ * every window reaches it; it falls back when a window closes short, or
+ * when a whole window passed without a frame (age >= 2 windows). A flow
+ * that turns into an elephant starts a new micro-flow. With mf_thresh 0
+ * every flow is an elephant from its first frame and stays one.
+ */
+static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_flow_state *st,
+				    __u64 now, __u32 n, __u32 stage)
+{
+	__u64 age = now - st->mf_win_start;
+
+	if (age >= cfg->mf_window_ns) {
+		if (st->mf_elephant && cfg->mf_thresh &&
+		    (st->mf_win_frames < cfg->mf_thresh || age >= 2 * cfg->mf_window_ns)) {
+			st->mf_elephant = 0;
+			count(stage, CNT_MF_ENDED);
+		}
+		st->mf_win_start = now;
+		st->mf_win_frames = 0;
+	}
+	st->mf_win_frames += n;
+	if (!st->mf_elephant && st->mf_win_frames >= cfg->mf_thresh) {
+		st->mf_elephant = 1;
+		st->mf_left = 0;
+		count(stage, CNT_MF_ELEPHANT);
+	}
+	return st->mf_elephant;
+}
+
+/* Start the flow's next micro-flow on the next split core, round robin by
+ * sequence number (one division per micro-flow, none per frame). */
+static __always_inline void next_microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
+					   __u32 stage)
+{
+	__u32 slot = st->mf_started % cfg->mf_ncores;
+	__u32 idx = cfg->mf_cores[slot & (MAX_CPUS - 1)];
+	__u32 core = cfg->cpus[idx & (MAX_CPUS - 1)];
+	__u64 *sent = bpf_map_lookup_elem(&steer_mf_cores, &core);
+
+	st->mf_core = idx;
+	st->mf_started++;
+	st->mf_left = cfg->mf_batch;
+	count(stage, CNT_MF_STARTED);
+	if (sent)
+		__sync_fetch_and_add(sent, 1);
+}
+
+/*
+ * MFLOW's split of n frames (a GRO-merged skb counts gso_segs) of a flow:
+ * the index into cfg->cpus of the micro-flow they belong to, or STAY for a
+ * mouse, which keeps whatever placement it has. Micro-flow k of an
+ * elephant is frames [k * batch, (k + 1) * batch) since it became one and
+ * goes to mf_cores[k % mf_ncores]; a GRO skb across a boundary stays whole
+ * in the micro-flow it starts in. st->last_ns is the arrival time place()
+ * just stored.
+ *
+ * One writer, no atomics: a flow's frames reach the splitting program from
+ * one rx queue (RSS keeps a flow on one queue), whose NAPI poll runs on one
+ * core at a time; tc ingress on the underlay runs there too, or, when
+ * Falcon's split stage composes, on the one split core the flow is placed
+ * on at a time.
+ */
+static __always_inline __u32 microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
+				       __u32 n, __u32 stage)
+{
+	if (!cfg->mf_ncores || !cfg->mf_batch || !elephant(cfg, st, st->last_ns, n, stage))
+		return STAY;
+	if (st->mf_left == 0)
+		next_microflow(cfg, st, stage);
+	if (st->mf_core >= cfg->ncpus)
+		return STAY; /* the core set shrank under a stale config: vanilla */
+	st->mf_left = st->mf_left > n ? st->mf_left - n : 0;
+	return st->mf_core;
+}
+
+/* n frames of the flow went to their micro-flow's core. */
+static __always_inline void split_sent(struct steer_flow_state *st, __u32 n, __u32 stage)
+{
+	st->mf_frames += n;
+	count_n(stage, CNT_MF_FRAMES, n);
+}
+
+/*
+ * n frames of micro-flow seq of the flow reached the skb side (tc ingress
+ * on the underlay, on the core the micro-flow was sent to): count them on
+ * this core, and as late if a later micro-flow of the flow was already seen
+ * here, the batch-level reordering a reassembler would have to undo. Every
+ * split core updates the flow's mf_seen, so the maximum is kept by
+ * compare-and-swap; giving up after a few tries only loses a late count.
+ * The sequence is 32 bits (2^32 micro-flows of 256 frames is 12 days at
+ * 1 Mpps), so it is compared in serial-number order and may wrap.
+ */
+static __always_inline void arrived(const struct tuple *t, __u32 seq, __u32 n)
+{
+	struct steer_flow_key key = flow_key(t, STAGE_SPLIT);
+	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
+	__u64 old;
+	__s32 ahead;
+
+	count_n(STAGE_SPLIT, CNT_MF_ARRIVED, n);
+	if (!st)
+		return;
+	for (int i = 0; i < 4; i++) {
+		old = st->mf_seen;
+		/* Serial-number order, so the 32-bit sequence may wrap. */
+		ahead = (__s32)(seq - (__u32)old);
+		if ((old & MF_SEEN) && ahead == 0)
+			return;
+		if ((old & MF_SEEN) && ahead < 0) {
+			count_n(STAGE_SPLIT, CNT_MF_LATE, n);
+			return;
+		}
+		if (__sync_val_compare_and_swap(&st->mf_seen, old, MF_SEEN | seq) == old)
+			return;
+	}
+}
+
 /* Frames a (possibly GRO-merged) skb stands for. */
 static __always_inline __u32 skb_frames(const struct __sk_buff *skb)
 {
@@ -530,6 +722,35 @@ static __always_inline struct steer_cfg *get_cfg(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&steer_cfg, &zero);
+}
+
+/*
+ * Hand a micro-flow's frame to its core's cpumap entry, marked with the
+ * micro-flow's sequence number for the skb side. Not counted in flight and
+ * not subject to the flowlet rule: micro-flows are meant to overtake each
+ * other. A core without a cpumap entry falls back to XDP_PASS (vanilla);
+ * without metadata room the frame still goes, unmarked.
+ */
+static __always_inline int split_microflow(struct xdp_md *ctx, const struct steer_cfg *cfg,
+					   struct steer_flow_state *st, __u32 idx)
+{
+	struct lanes_meta_mflow *meta;
+	long ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx & (MAX_CPUS - 1)], XDP_PASS);
+
+	if (ret != XDP_REDIRECT) {
+		count(STAGE_SPLIT, CNT_STAYED);
+		return ret;
+	}
+	split_sent(st, 1, STAGE_SPLIT);
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
+		meta = (void *)(long)ctx->data_meta;
+		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
+			meta->hdr.magic = LANES_META_MAGIC;
+			meta->hdr.flags = LANES_META_MFLOW;
+			meta->seq = st->mf_started - 1;
+		}
+	}
+	return ret;
 }
 
 SEC("xdp")
@@ -561,6 +782,13 @@ int steer_xdp(struct xdp_md *ctx)
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
 	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, &st);
+	/* High-priority flows are PRISM's: never split. */
+	if ((cfg->flags & CFG_MFLOW) && st && !hi) {
+		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT);
+
+		if (mf != STAY)
+			return split_microflow(ctx, cfg, st, mf);
+	}
 	cpu = idx & ~CLASS_HI;
 	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
@@ -611,14 +839,39 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
  * GRO and the flow dissector. bpf_set_hash marks the hash as L4, which
  * survives VXLAN decapsulation (only non-L4 hashes are cleared) and veth.
  */
-/* Did steer_xdp count this skb's frames in flight at the split stage? */
-static __always_inline int from_split_queue(const struct __sk_buff *skb)
+static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh)
 {
-	struct lanes_meta *meta = (void *)(long)skb->data_meta;
+	__u32 v;
 
-	if ((void *)(meta + 1) > (void *)(long)skb->data)
+	if (idx >= MAX_CPUS || cfg->rps_span == 0)
+		return TC_ACT_UNSPEC;
+	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
+	/* 0 means "no hash" to the stack, which would recompute one. */
+	bpf_set_hash(skb, v ? v : 1);
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * What steer_xdp noted in the skb's metadata: LANES_META_* flags, 0 if the
+ * metadata is not ours; with LANES_META_MFLOW, the micro-flow's sequence
+ * number in *seq (the flag is dropped if the sequence is cut off).
+ */
+static __always_inline __u32 meta_flags(const struct __sk_buff *skb, __u32 *seq)
+{
+	void *data = (void *)(long)skb->data;
+	struct lanes_meta *meta = (void *)(long)skb->data_meta;
+	struct lanes_meta_mflow *mf = (void *)meta;
+	__u32 flags;
+
+	if ((void *)(meta + 1) > data || meta->magic != LANES_META_MAGIC)
 		return 0;
-	return meta->magic == LANES_META_MAGIC && (meta->flags & LANES_META_QUEUED);
+	flags = meta->flags;
+	if (!(flags & LANES_META_MFLOW))
+		return flags;
+	if ((void *)(mf + 1) > data)
+		return flags & ~LANES_META_MFLOW;
+	*seq = mf->seq;
+	return flags;
 }
 
 /* Pull the first want bytes (capped at the skb's length) into the linear
@@ -632,14 +885,40 @@ static __always_inline int pull(struct __sk_buff *skb, __u32 want)
 	return bpf_skb_pull_data(skb, want);
 }
 
+/*
+ * MFLOW's later split (CFG_MFLOW_BRIDGE), in tc ingress on the underlay:
+ * an elephant's micro-flow gets the hash RPS on the VXLAN device maps to
+ * its core, so the GRO cell's output (bridge, veth, container stage,
+ * socket) runs there; a GRO skb counts gso_segs frames of the batch.
+ * Returns 0 for a mouse, which the caller places as usual.
+ *
+ * This is the earliest skb-level split a stock kernel allows: VXLAN decap
+ * runs in the underlay's own protocol handler, and the one hand-off before
+ * it, RPS on the underlay (get_rps_cpu in netif_receive_skb_internal and
+ * friends), has already chosen a core by the time tc ingress runs (in
+ * __netif_receive_skb_core); XDP, which runs before it, cannot set
+ * skb->hash. Splitting before decap is CFG_MFLOW's job, before the skb.
+ */
+static __always_inline int split_bridge(struct __sk_buff *skb, const struct steer_cfg *cfg,
+					struct steer_flow_state *st, __u32 fh)
+{
+	__u32 n = skb_frames(skb);
+	__u32 idx = microflow(cfg, st, n, STAGE_BRIDGE);
+
+	if (idx == STAY)
+		return 0;
+	split_sent(st, n, STAGE_BRIDGE);
+	rps_to(skb, cfg, idx, fh);
+	return 1;
+}
+
 static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer)
 {
 	struct steer_cfg *cfg = get_cfg();
 	struct steer_flow_state *st = NULL;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 fh, v;
-	int counted;
+	__u32 fh, flags = 0, seq = 0;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
@@ -647,7 +926,8 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		return TC_ACT_UNSPEC;
 	}
 	/* Read before pulling, which may move the data. */
-	counted = outer && from_split_queue(skb);
+	if (outer)
+		flags = meta_flags(skb, &seq);
 
 	if (pull(skb, outer ? MAX_OUTER_HDRS : MAX_INNER_HDRS) < 0) {
 		count(stage, CNT_PASSED);
@@ -662,13 +942,23 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 
 	/* The previous stage's queue handed these frames on. */
-	if (counted)
+	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	else if (!outer)
 		seen(&t, STAGE_BRIDGE, skb_frames(skb));
 
 	fh = flow_hash(&t);
+	if (flags & LANES_META_MFLOW) {
+		/* A micro-flow split at the NIC poll keeps its core for the
+		 * rest of the path (MFLOW's full-path parallelism), outside
+		 * the table and the in-flight counts, like at the split. */
+		arrived(&t, seq, skb_frames(skb));
+		count(stage, CNT_STAYED);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
+	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, &st);
+	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
+		return TC_ACT_UNSPEC;
 	if (idx == STAY) {
 		/* Vanilla placement for a tc stage is the core we run on. */
 		count(stage, CNT_STAYED);
@@ -678,14 +968,9 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 	/* RPS on the next device queues every skb, even to the core it runs
 	 * on and whether or not we set the hash: count it before any return. */
-	queued(st, skb_frames(skb));
-	if (idx >= MAX_CPUS || cfg->rps_span == 0)
-		return TC_ACT_UNSPEC;
-
-	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
-	/* 0 means "no hash" to the stack, which would recompute one. */
-	bpf_set_hash(skb, v ? v : 1);
-	return TC_ACT_UNSPEC;
+	if (!(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT)))
+		queued(st, skb_frames(skb));
+	return rps_to(skb, cfg, idx, fh);
 }
 
 SEC("tc")
@@ -724,9 +1009,11 @@ int steer_tc_seen(struct __sk_buff *skb)
 }
 
 /*
- * tc ingress on the underlay when nothing else runs there (PRISM): the end
- * of the split stage's queue (the cpumap ring). Like steer_tc_seen it
- * places nothing; frames steer_xdp did not mark return at once, unparsed.
+ * tc ingress on the underlay when nothing else runs there (PRISM, MFLOW at
+ * the NIC poll): the end of the split stage's queue (the cpumap ring), on
+ * the core that took the frame off it. Like steer_tc_seen it places
+ * nothing: it counts queued frames seen and reads micro-flows' sequence
+ * numbers back; frames steer_xdp did not mark return at once, unparsed.
  */
 SEC("tc")
 int steer_tc_split_seen(struct __sk_buff *skb)
@@ -735,13 +1022,22 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 	struct tuple t = {};
 	struct cursor c;
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED) || !from_split_queue(skb))
+	__u32 flags, seq = 0;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED))
+		return TC_ACT_UNSPEC;
+	flags = meta_flags(skb, &seq);
+	if (!(flags & (LANES_META_QUEUED | LANES_META_MFLOW)))
 		return TC_ACT_UNSPEC;
 	if (pull(skb, MAX_OUTER_HDRS) < 0)
 		return TC_ACT_UNSPEC;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if (parse_outer(&c, cfg, &t) == 0)
+	if (parse_outer(&c, cfg, &t) < 0)
+		return TC_ACT_UNSPEC;
+	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
+	if (flags & LANES_META_MFLOW)
+		arrived(&t, seq, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }

@@ -43,6 +43,12 @@ type steerSteerCfg struct {
 	IndexOf    [64]uint32
 	PrioShapes uint32
 	Pad        uint32
+	MfWindowNs uint64
+	MfThresh   uint32
+	MfBatch    uint32
+	MfNcores   uint32
+	MfPad      uint32
+	MfCores    [64]uint32
 }
 
 type steerSteerFlowKey struct {
@@ -57,15 +63,24 @@ type steerSteerFlowKey struct {
 }
 
 type steerSteerFlowState struct {
-	_        structs.HostLayout
-	CpuIdx   uint32
-	Ifindex  uint32
-	Bucket   uint32
-	Pad      uint32
-	LastNs   uint64
-	Packets  uint64
-	Bytes    uint64
-	Inflight int64
+	_           structs.HostLayout
+	CpuIdx      uint32
+	Ifindex     uint32
+	Bucket      uint32
+	Pad         uint32
+	LastNs      uint64
+	Packets     uint64
+	Bytes       uint64
+	Inflight    int64
+	MfSeen      uint64
+	MfWinStart  uint64
+	MfFrames    uint64
+	MfWinFrames uint32
+	MfElephant  uint32
+	MfStarted   uint32
+	MfLeft      uint32
+	MfCore      uint32
+	MfPad       uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -76,6 +91,7 @@ const (
 	steerMapSteerCpumap       = "steer_cpumap"
 	steerMapSteerCpumapHi     = "steer_cpumap_hi"
 	steerMapSteerFlows        = "steer_flows"
+	steerMapSteerMfCores      = "steer_mf_cores"
 	steerMapSteerPrio         = "steer_prio"
 	steerMapSteerStats        = "steer_stats"
 	steerMapSteerTable        = "steer_table"
@@ -144,6 +160,7 @@ type steerMapSpecs struct {
 	SteerCpumap   *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
 	SteerFlows    *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerMfCores  *ebpf.MapSpec `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
 	SteerTable    *ebpf.MapSpec `ebpf:"steer_table"`
@@ -180,6 +197,7 @@ type steerMaps struct {
 	SteerCpumap   *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi *ebpf.Map `ebpf:"steer_cpumap_hi"`
 	SteerFlows    *ebpf.Map `ebpf:"steer_flows"`
+	SteerMfCores  *ebpf.Map `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
 	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
 	SteerTable    *ebpf.Map `ebpf:"steer_table"`
@@ -192,6 +210,7 @@ func (m *steerMaps) Close() error {
 		m.SteerCpumap,
 		m.SteerCpumapHi,
 		m.SteerFlows,
+		m.SteerMfCores,
 		m.SteerPrio,
 		m.SteerStats,
 		m.SteerTable,

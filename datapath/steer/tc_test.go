@@ -108,25 +108,33 @@ func TestTCMalformedPassUntouched(t *testing.T) {
 	for _, tc := range tcCases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, _ := newDatapath(t)
-			setAll(t, d, tc.stage, 0)
-			frames := innerMalformed()
-			if tc.stage == StageBridge {
-				frames = outerMalformed()
-			}
-			for name, frame := range frames {
-				ret, out := runTC(t, tc.prog(d), frame)
-				if ret != tcUnspec {
-					t.Errorf("%s: verdict %d, want TC_ACT_UNSPEC", name, int32(ret))
-				}
-				sameBytes(t, name, frame, out)
-			}
-			if st := stats(t, d)[tc.stage]; st != (Counters{Passed: uint64(len(frames))}) {
-				t.Errorf("counters %+v, want %d passed", st, len(frames))
-			}
-			if flows, _ := d.Flows(); len(flows) != 0 {
-				t.Errorf("malformed frames created flows: %+v", flows)
-			}
+			tcMalformedPassUntouched(t, d, tc)
 		})
+	}
+}
+
+// tcMalformedPassUntouched runs the malformed frames of a tc stage through
+// its program with every bucket steering: each must pass untouched and
+// create no flow.
+func tcMalformedPassUntouched(t *testing.T, d *Datapath, tc tcCase) {
+	t.Helper()
+	setAll(t, d, tc.stage, 0)
+	frames := innerMalformed()
+	if tc.stage == StageBridge {
+		frames = outerMalformed()
+	}
+	for name, frame := range frames {
+		ret, out := runTC(t, tc.prog(d), frame)
+		if ret != tcUnspec {
+			t.Errorf("%s: verdict %d, want TC_ACT_UNSPEC", name, int32(ret))
+		}
+		sameBytes(t, name, frame, out)
+	}
+	if st := stats(t, d)[tc.stage]; st != (Counters{Passed: uint64(len(frames))}) {
+		t.Errorf("counters %+v, want %d passed", st, len(frames))
+	}
+	if flows, _ := d.Flows(); len(flows) != 0 {
+		t.Errorf("malformed frames created flows: %+v", flows)
 	}
 }
 

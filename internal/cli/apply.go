@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 
@@ -70,8 +71,10 @@ Modes:
 // reaches every setting of every mode. Only flags the user gave become
 // params, so a mode's defaults stay its own.
 var modeFlags = []struct{ name, help string }{
-	{"split-cpus", "falcon: cores for the split stage, a list like 2-3 (default: the set minus the IRQ cores)"},
-	{"threshold", "falcon: core load percent above which a core takes no more stages (default 80)"},
+	{"split-cpus", "falcon: cores for the split stage, a list like 2-3 (default: the set minus the IRQ cores); mflow: cores micro-flows go to (default: two cores of the set, the IRQ core among them)"},
+	{"split-cores", "mflow: the same as --split-cpus"},
+	{"batch", "mflow: frames per micro-flow, 1..65536 (default 256)"},
+	{"threshold", "falcon: core load percent above which a core takes no more stages (default 80); mflow: packets/s from which a flow is split (default 10000)"},
 	{"interval", "falcon: balancer sampling interval (default 40ms)"},
 	{"flowlet", "falcon: idle gap after which a flow's stage may move (default 1ms)"},
 	{"pipeline", "falcon: place stages by hash(flow, device): true|false"},
@@ -80,6 +83,11 @@ var modeFlags = []struct{ name, help string }{
 	{"load", "falcon: load figure, rx or busy (default rx)"},
 	{"prio-mode", "prism: batch (own queue and kthread per class); sync is not implemented yet"},
 }
+
+// flagAliases are flags that set the same setting as another flag: the
+// issue's --split-cores is mflow's split-cpus, falcon's flag for its own
+// split cores.
+var flagAliases = map[string]string{"split-cores": "split-cpus"}
 
 func ctlAddModeFlags(f *pflag.FlagSet, sets *[]string) {
 	for _, m := range modeFlags {
@@ -93,7 +101,11 @@ func ctlModeParams(cmd *cobra.Command, sets []string) (map[string]string, error)
 	for _, m := range modeFlags {
 		if cmd.Flags().Changed(m.name) {
 			v, _ := cmd.Flags().GetString(m.name)
-			params[m.name] = v
+			key := cmp.Or(flagAliases[m.name], m.name)
+			if old, dup := params[key]; dup && old != v {
+				return nil, fmt.Errorf("--%s and --%s set the same setting: give one", key, m.name)
+			}
+			params[key] = v
 		}
 	}
 	for _, kv := range sets {

@@ -13,8 +13,25 @@
 
 /* lanes_meta.flags */
 #define LANES_META_QUEUED 0x1 /* counted in its (flow, stage)'s in-flight frames */
+#define LANES_META_MFLOW 0x2  /* part of a micro-flow: the metadata is a struct lanes_meta_mflow */
 
 struct lanes_meta {
 	__u32 magic; /* LANES_META_MAGIC: anything else is not ours */
 	__u32 flags;
+};
+
+/*
+ * The metadata of a micro-flow's frame (MFLOW): struct lanes_meta, then the
+ * micro-flow's sequence number within its flow, which a reassembler after
+ * the parallel stages would merge by. It is one word longer than struct
+ * lanes_meta rather than a field of it so that the metadata of every other
+ * frame keeps its 8 bytes: readers check the header first, and the
+ * sequence only when LANES_META_MFLOW says it is there. The sequence is
+ * constant within a micro-flow, so GRO still merges inside a batch and
+ * never across two (MFLOW's own batching); no per-packet value may ever go
+ * here.
+ */
+struct lanes_meta_mflow {
+	struct lanes_meta hdr;
+	__u32 seq;
 };

@@ -1,0 +1,144 @@
+// Package mflow is MFLOW (packet-level parallelism for overlay receive,
+// Lei et al.) on stock kernels: it plans where the steering datapath
+// (datapath/steer) cuts elephant flows into micro-flows of consecutive
+// frames and which cores process those micro-flows in parallel. MFLOW's
+// in-order reassembly before TCP/UDP has no stock-kernel equivalent, so
+// the mode reorders and stays opt-in.
+//
+// Planners only: they never touch the kernel and return a plan.Plan the
+// engine journals and applies.
+package mflow
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+)
+
+// Options are mflow's settings.
+type Options struct {
+	// Batch is the number of consecutive frames per micro-flow. MFLOW uses
+	// 256: its measurements (16..1024) showed little reordering from 256
+	// up, and GRO merges within a batch only.
+	Batch uint32
+	// SplitCPUs are the cores micro-flows go to, round robin in ascending
+	// order; empty = DefaultSplitCPUs.
+	SplitCPUs []int
+	// Threshold is the rate (packets/s) from which a flow is an elephant
+	// and split; 0 splits every flow.
+	Threshold uint64
+	// At is where elephants are split: SplitAtIRQ (XDP + cpumap, before
+	// skb allocation) or SplitAtBridge (RPS on the VXLAN device).
+	At steer.SplitAt
+	// QueueSize is the cpumap queue length per split core (at=irq).
+	QueueSize uint32
+}
+
+// Defaults are MFLOW's where it has them. The threshold is lanes' own (the
+// paper names elephants but gives no number): 10000 packets/s. The overlay
+// receive path costs about 2.5 us per packet on one core (FACTS.md: one
+// core delivers 380-450 Kpps), so a flow below that rate takes under 3% of
+// a core and splitting it would only reorder it; request/response flows
+// (a ping-pong at 1000 messages/s, a memcached connection) stay below it,
+// while bulk streams (tens to hundreds of Kpps) are far above. A flow at
+// the threshold fills a 256-frame micro-flow every 25 ms.
+func Defaults() Options {
+	return Options{Batch: 256, Threshold: 10000, At: steer.SplitAtIRQ, QueueSize: 2048}
+}
+
+// Limits of the settings.
+const (
+	maxThreshold = 1_000_000_000
+	// window is the datapath's elephant-test window: short enough that a
+	// new elephant is split within milliseconds, long enough to hold
+	// minWindowFrames at the default threshold's rate and above.
+	window          = 10 * time.Millisecond
+	minWindowFrames = 16
+	minThreshold    = minWindowFrames // packets/s: a window of at most 1 s
+)
+
+var params = []plan.Param{
+	{Key: "batch", Default: "256", Help: "frames per micro-flow, 1..65536 (MFLOW measured 16..1024; from 256 up little reordering)"},
+	{Key: "split-cpus", Default: "two cores of the set, the IRQ core among them", Help: "cores micro-flows go to, round robin, a list like 0-1"},
+	{Key: "threshold", Default: "10000", Help: "packets/s from which a flow is an elephant and split; 0 splits every flow"},
+	{Key: "at", Default: "irq", Help: "split point: irq (XDP + cpumap, before skb allocation: everything after the NIC poll runs per micro-flow) or bridge (RPS on the VXLAN device: everything after its GRO cell)"},
+	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core (at=irq)"},
+}
+
+// Parse reads params over base. Every error is one line saying what to
+// fix.
+func Parse(base Options, m map[string]string) (Options, error) {
+	o := base
+	for k, v := range m {
+		var err error
+		switch k {
+		case "batch":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			if err != nil || n < 1 || n > steer.MaxBatch {
+				err = fmt.Errorf("want 1..%d frames (MFLOW measured 16..1024)", steer.MaxBatch)
+			}
+			o.Batch = uint32(n)
+		case "split-cpus":
+			o.SplitCPUs, err = knobs.ParseCPUList(v)
+		case "threshold":
+			o.Threshold, err = strconv.ParseUint(v, 10, 64)
+			if err != nil || (o.Threshold != 0 && (o.Threshold < minThreshold || o.Threshold > maxThreshold)) {
+				err = fmt.Errorf("want packets/s, 0 (every flow) or %d..%d", minThreshold, maxThreshold)
+			}
+		case "at":
+			o.At, err = parseAt(v)
+		case "queue-size":
+			o.QueueSize, err = plan.ParseQueueSize(v)
+		default:
+			return o, fmt.Errorf("unknown mflow setting %q", k)
+		}
+		if err != nil {
+			return o, fmt.Errorf("bad mflow setting %s=%q: %v", k, v, err)
+		}
+	}
+	return o, nil
+}
+
+func parseAt(v string) (steer.SplitAt, error) {
+	for _, at := range []steer.SplitAt{steer.SplitAtIRQ, steer.SplitAtBridge} {
+		if v == at.String() {
+			return at, nil
+		}
+	}
+	return steer.SplitOff, fmt.Errorf("want irq or bridge")
+}
+
+// Params returns o as the params map Parse reads.
+func (o Options) Params() map[string]string {
+	m := map[string]string{
+		"batch":      strconv.FormatUint(uint64(o.Batch), 10),
+		"threshold":  strconv.FormatUint(o.Threshold, 10),
+		"at":         o.At.String(),
+		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
+	}
+	if len(o.SplitCPUs) > 0 {
+		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)
+	}
+	return m
+}
+
+// Window is the datapath's elephant test for o.Threshold: a flow is an
+// elephant while it carries frames frames per window. The window is 10 ms,
+// longer for thresholds too low to put minWindowFrames in it, so a single
+// burst of a mouse does not pass for a rate.
+func (o Options) Window() (w time.Duration, frames uint32) {
+	if o.Threshold == 0 {
+		return window, 0
+	}
+	perWindow := math.Ceil(float64(o.Threshold) * window.Seconds())
+	if perWindow >= minWindowFrames {
+		return window, uint32(perWindow)
+	}
+	return time.Duration(float64(time.Second) * minWindowFrames / float64(o.Threshold)), minWindowFrames
+}
