@@ -45,6 +45,9 @@ type Config struct {
 	NoBridgeCount bool
 	// MFlow splits elephant flows into micro-flows; the zero value is off.
 	MFlow MFlow
+	// Sync (with Prio) hands high-priority frames whose destination is in
+	// the sync set (SetSync) straight to the container's veth: PRISM-sync.
+	Sync bool
 }
 
 // SplitAt is where MFLOW splits elephant flows.

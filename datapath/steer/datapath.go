@@ -88,6 +88,8 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerPrio, &o.SteerPrio},
 		{steerMapSteerStats, &o.SteerStats},
 		{steerMapSteerMfCores, &o.SteerMfCores},
+		{steerMapSteerSync, &o.SteerSync},
+		{steerMapSteerSyncDev, &o.SteerSyncDev},
 	}
 }
 

@@ -60,7 +60,7 @@ func (s Setup) Encode() (string, error) {
 		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
-		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow),
+		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
 	})
 	return string(b), err
 }
@@ -116,6 +116,7 @@ type setupDoc struct {
 	HiRTPriority  int       `json:"hi_rt_priority,omitempty"`
 	NoBridgeCount bool      `json:"no_bridge_count,omitempty"`
 	MFlow         *mflowDoc `json:"mflow,omitempty"`
+	Sync          bool      `json:"sync,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -130,7 +131,7 @@ func DecodeSetup(v string) (Setup, error) {
 	}
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
-			NoBridgeCount: d.NoBridgeCount, MFlow: mf},
+			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority,
 	}, nil

@@ -23,14 +23,19 @@ const (
 	cfgMFlow         = 8
 	cfgMFlowBridge   = 0x10
 	cfgNoBridgeCount = 0x20
+	cfgSync          = 0x40
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
 var mflowFlag = map[SplitAt]uint32{SplitAtIRQ: cfgMFlow, SplitAtBridge: cfgMFlowBridge}
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
-// high-priority queue (steer.c's CLASS_HI).
-const classHi = 0x40000000
+// high-priority queue (steer.c's CLASS_HI); syncIdx is the cpu_idx of a
+// flow on PRISM-sync's shortcut (SYNC_IDX).
+const (
+	classHi = 0x40000000
+	syncIdx = 0x20000000
+)
 
 // SetConfig validates c and makes the programs use it. CPUs are stored
 // ascending; the VNI set replaces the previous one.
@@ -98,6 +103,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.NoBridgeCount {
 		k.Flags |= cfgNoBridgeCount
 	}
+	if c.Sync {
+		k.Flags |= cfgSync
+	}
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -150,6 +158,7 @@ func (d *Datapath) Config() (Config, error) {
 		Prio:          k.Flags&cfgPrio != 0,
 		CountSplit:    k.Flags&cfgCountSplit != 0,
 		NoBridgeCount: k.Flags&cfgNoBridgeCount != 0,
+		Sync:          k.Flags&cfgSync != 0,
 		Flowlet:       time.Duration(k.FlowletNs),
 		Drain:         time.Duration(k.DrainNs),
 		VXLANPort:     uint16(k.VxlanPort),
@@ -334,7 +343,8 @@ type Flow struct {
 	Proto            uint8
 	Stage            int
 	CPUIndex         uint32        // index into Config.CPUs, or Stay
-	High             bool          // in the core's high-priority queue (split stage, Config.Prio)
+	High             bool          // in the core's high-priority queue, or on the sync shortcut (split stage, Config.Prio)
+	Sync             bool          // on PRISM-sync's shortcut (Config.Sync); CPUIndex is Stay then
 	Ifindex          int           // hook device of the last packet
 	Bucket           int           // table bucket the datapath placed the last packet by
 	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
@@ -392,7 +402,8 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			Proto:     k.Proto,
 			Stage:     int(k.Stage),
 			CPUIndex:  cpuIndex(s.CpuIdx),
-			High:      s.CpuIdx != Stay && s.CpuIdx&classHi != 0,
+			High:      s.CpuIdx != Stay && (s.CpuIdx&classHi != 0 || s.CpuIdx == syncIdx),
+			Sync:      s.CpuIdx == syncIdx,
 			Ifindex:   int(s.Ifindex),
 			Bucket:    int(s.Bucket),
 			LastSeen:  time.Duration(s.LastNs),
@@ -419,8 +430,8 @@ func (d *Datapath) Flows() ([]Flow, error) {
 }
 
 func cpuIndex(v uint32) uint32 {
-	if v == Stay {
-		return v
+	if v == Stay || v == syncIdx {
+		return Stay
 	}
 	return v &^ classHi
 }
@@ -522,12 +533,19 @@ type Counters struct {
 	// older than one already seen there: batch-level reordering.
 	MicroArrived uint64
 	MicroLate    uint64
+
+	// PRISM-sync (Config.Sync), split stage: Sync is high-priority frames
+	// decapsulated and handed straight to their container's veth;
+	// SyncMiss those that took the batch path for want of a vouched-for
+	// destination (or because they were too long for it).
+	Sync     uint64
+	SyncMiss uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss}
 }
 
 // numCounters is steer.c's NUM_COUNTERS.

@@ -47,9 +47,16 @@
  * next frames may overtake the last micro-flow's. Neither waits for a
  * drain: an elephant is already reordering.
  *
- * Nothing here rewrites a packet byte, drops or consumes a frame: whatever
- * is not understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the
- * worst a bug can do is place a stage on the wrong core. place.go mirrors
+ * PRISM-sync (CFG_SYNC, with CFG_PRIO): a high-priority frame whose
+ * container the control plane vouches for (steer_sync) is decapsulated
+ * here and redirected to that container's host-side veth: it reaches the
+ * socket in one pass of the receive core. See sync_dest().
+ *
+ * Nothing here rewrites a packet byte, drops or consumes a frame, with one
+ * exception: PRISM-sync strips the outer headers of the frames it hands to
+ * a container, exactly as the VXLAN device would. Whatever is not
+ * understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the worst a
+ * bug can do is place a stage on the wrong core. place.go mirrors
  * the hashing so the control plane can predict every decision.
  */
 #include <linux/bpf.h>
@@ -93,10 +100,15 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * while nothing (steer_tc_egress) counts them seen, or the counts would
  * only grow. */
 #define CFG_NO_BRIDGE_COUNT 0x20
+/* PRISM-sync: high-priority frames for a destination in steer_sync skip
+ * every queue (see sync_dest). Only with CFG_PRIO. */
+#define CFG_SYNC 0x40
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
 #define CLASS_HI 0x40000000u
+/* A flow's cpu_idx: PRISM-sync's shortcut to the container, no core. */
+#define SYNC_IDX 0x20000000u
 
 /* Not in the UAPI headers (they live in include/net/ip.h). */
 #define IP_MF 0x2000
@@ -121,6 +133,8 @@ enum counter {
 	CNT_MF_ENDED,    /* an elephant fell below the threshold */
 	CNT_MF_ARRIVED,  /* micro-flow frames whose metadata a tc program read back (per core: where they ran) */
 	CNT_MF_LATE,     /* of those, frames of a micro-flow older than one already seen: batch-level reordering */
+	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
+	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
 	NUM_COUNTERS,
 };
 
@@ -250,6 +264,38 @@ struct {
 	__type(value, __u8); /* 1 */
 } steer_prio SEC(".maps");
 
+/*
+ * PRISM-sync's destinations: a (VNI, inner destination MAC) the bridge
+ * forwards to a container's host-side veth, on a path where nothing but
+ * the forward happens (policy/prism/sync.go decides, lanes agent keeps it
+ * fresh). The devmap holds the veths the redirect may use; an entry
+ * vanishes with its device.
+ */
+struct sync_key {
+	__u32 vni;   /* host byte order */
+	__u8 mac[6]; /* inner destination MAC */
+	__u16 pad;   /* 0: the key is hashed as bytes */
+};
+
+struct sync_dest {
+	__u32 ifindex; /* host-side veth, key of steer_sync_dev */
+	__u32 mtu;     /* the container interface's MTU: longer inner frames take the batch path */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct sync_key);
+	__type(value, struct sync_dest);
+} steer_sync SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);   /* ifindex */
+	__type(value, __u32); /* the same ifindex (struct bpf_devmap_val without a program) */
+} steer_sync_dev SEC(".maps");
+
 /* MFLOW: micro-flows sent to each core. Written once per micro-flow, not
  * per frame, so one shared counter per core costs nothing that matters. */
 struct {
@@ -357,9 +403,19 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 	return -1;
 }
 
-/* Outer Ethernet/IPv4/UDP/VXLAN of a VNI lanes knows, then the inner flow. */
-static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg *cfg, struct tuple *t)
+/* Where parse_outer found the overlay: for PRISM-sync, which strips the
+ * outer headers. */
+struct overlay {
+	__u32 vni;
+	__u32 inner_off; /* offset of the inner Ethernet header */
+};
+
+/* Outer Ethernet/IPv4/UDP/VXLAN of a VNI lanes knows, then the inner flow;
+ * ov (may be NULL) gets the VNI and where the inner frame starts. */
+static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg *cfg, struct tuple *t,
+				       struct overlay *ov)
 {
+	void *start = c->pos;
 	struct ethhdr *eth = take(c, sizeof(*eth));
 	struct iphdr *ip;
 	struct udphdr *uh;
@@ -380,6 +436,10 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 	vni = bpf_ntohl(vx->vx_vni) >> 8;
 	if (!bpf_map_lookup_elem(&steer_vni, &vni))
 		return -1;
+	if (ov) {
+		ov->vni = vni;
+		ov->inner_off = c->pos - start;
+	}
 	return parse_inner(c, t);
 }
 
@@ -488,11 +548,15 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
  * than any fixed gap. Frames dropped between the two counting points would
  * keep inflight above 0 for ever, so after drain_ns idle the flow moves
  * anyway. A change of priority class (hi: the core's high-priority queue)
- * is a move like any other. *out is the flow's state, for the caller's
+ * is a move like any other, and so is a high-priority flow taking
+ * PRISM-sync's shortcut (sync: SYNC_IDX), which must not overtake what the
+ * flow still has queued. Leaving the shortcut needs no wait: what it
+ * delivered is already in the container's queue, ahead of anything the
+ * longer path can bring. *out is the flow's state, for the caller's
  * in-flight count (NULL if it could not be stored).
  */
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
-				   __u32 stage, __u32 ifindex, __u64 len, int hi,
+				   __u32 stage, __u32 ifindex, __u64 len, int hi, int sync,
 				   struct steer_flow_state **out)
 {
 	struct steer_flow_key key = flow_key(t, stage);
@@ -507,6 +571,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		want = STAY;
 	else if (hi)
 		want |= CLASS_HI;
+	if (sync)
+		want = SYNC_IDX;
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
@@ -528,7 +594,11 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	}
 
 	if (st->cpu_idx != want) {
-		if (st->cpu_idx != STAY && (st->cpu_idx & ~CLASS_HI) >= cfg->ncpus) {
+		if (st->cpu_idx == SYNC_IDX) {
+			/* Off the shortcut: nothing of the flow is queued behind. */
+			st->cpu_idx = want;
+			count(stage, CNT_MOVED);
+		} else if (st->cpu_idx != STAY && (st->cpu_idx & ~CLASS_HI) >= cfg->ncpus) {
 			/* The core set shrank under the flow: its old index names
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
@@ -753,6 +823,52 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 	return ret;
 }
 
+/*
+ * PRISM-sync: the host-side veth a high-priority frame may go to directly,
+ * or 0. The control plane lists a (VNI, inner destination MAC) only where
+ * the bridge forwards that MAC to that veth and nothing on the way could
+ * act on the frame; a frame longer than the container's MTU would be
+ * dropped by the veth, so it takes the batch path (CNT_SYNC_MISS).
+ */
+static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay *ov)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data + (ov->inner_off & 0xff); /* < 256: outer headers, IPv4 options at most */
+	struct sync_key key = { .vni = ov->vni };
+	struct sync_dest *d;
+
+	if ((void *)(eth + 1) > data_end)
+		return 0;
+	__builtin_memcpy(key.mac, eth->h_dest, sizeof(key.mac));
+	d = bpf_map_lookup_elem(&steer_sync, &key);
+	if (!d || data_end - (void *)eth - ETH_HLEN > d->mtu) {
+		count(STAGE_SPLIT, CNT_SYNC_MISS);
+		return 0;
+	}
+	return d->ifindex;
+}
+
+/*
+ * Strip the outer Ethernet/IPv4/UDP/VXLAN headers, as the VXLAN device
+ * would, and hand the inner frame to the container's host-side veth: the
+ * veth's transmit puts it on its peer's queue, whose NAPI runs next on
+ * this core and takes it through inner IP and UDP/TCP to the socket.
+ * The devmap is checked first, so a vanished veth leaves the frame whole
+ * on the normal path; a redirect that still fails (the device went in
+ * between) drops the frame, which then no longer is a valid overlay frame.
+ */
+static __always_inline int sync_redirect(struct xdp_md *ctx, const struct overlay *ov, __u32 ifindex)
+{
+	if (!bpf_map_lookup_elem(&steer_sync_dev, &ifindex) ||
+	    bpf_xdp_adjust_head(ctx, (int)(ov->inner_off & 0xff))) {
+		count(STAGE_SPLIT, CNT_SYNC_MISS);
+		return XDP_PASS;
+	}
+	count(STAGE_SPLIT, CNT_SYNC);
+	return bpf_redirect_map(&steer_sync_dev, ifindex, XDP_DROP);
+}
+
 SEC("xdp")
 int steer_xdp(struct xdp_md *ctx)
 {
@@ -763,7 +879,8 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct lanes_meta *meta;
-	__u32 idx, core;
+	struct overlay ov = {};
+	__u32 idx, core, dest = 0;
 	__u64 cpu;
 	long ret;
 	int hi;
@@ -772,16 +889,21 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_DISABLED);
 		return XDP_PASS;
 	}
-	if (parse_outer(&c, cfg, &t) < 0) {
+	if (parse_outer(&c, cfg, &t, &ov) < 0) {
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
 	}
 	hi = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
-	if (hi)
+	if (hi) {
 		count(STAGE_SPLIT, CNT_HIGH);
+		if (cfg->flags & CFG_SYNC)
+			dest = sync_dest(ctx, &ov);
+	}
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
-	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, &st);
+	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, dest != 0, &st);
+	if (idx == SYNC_IDX)
+		return sync_redirect(ctx, &ov, dest);
 	/* High-priority flows are PRISM's: never split. */
 	if ((cfg->flags & CFG_MFLOW) && st && !hi) {
 		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT);
@@ -936,7 +1058,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if ((outer ? parse_outer(&c, cfg, &t) : parse_inner(&c, &t)) < 0) {
+	if ((outer ? parse_outer(&c, cfg, &t, NULL) : parse_inner(&c, &t)) < 0) {
 		count(stage, CNT_PASSED);
 		return TC_ACT_UNSPEC;
 	}
@@ -956,7 +1078,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		count(stage, CNT_STAYED);
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
 	}
-	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, &st);
+	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
 		return TC_ACT_UNSPEC;
 	if (idx == STAY) {
@@ -1033,7 +1155,7 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if (parse_outer(&c, cfg, &t) < 0)
+	if (parse_outer(&c, cfg, &t, NULL) < 0)
 		return TC_ACT_UNSPEC;
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));

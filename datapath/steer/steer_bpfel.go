@@ -83,6 +83,19 @@ type steerSteerFlowState struct {
 	MfPad       uint32
 }
 
+type steerSyncDest struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Mtu     uint32
+}
+
+type steerSyncKey struct {
+	_   structs.HostLayout
+	Vni uint32
+	Mac [6]uint8
+	Pad uint16
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -94,6 +107,8 @@ const (
 	steerMapSteerMfCores      = "steer_mf_cores"
 	steerMapSteerPrio         = "steer_prio"
 	steerMapSteerStats        = "steer_stats"
+	steerMapSteerSync         = "steer_sync"
+	steerMapSteerSyncDev      = "steer_sync_dev"
 	steerMapSteerTable        = "steer_table"
 	steerMapSteerVni          = "steer_vni"
 	steerProgSteerTcEgress    = "steer_tc_egress"
@@ -163,6 +178,8 @@ type steerMapSpecs struct {
 	SteerMfCores  *ebpf.MapSpec `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync     *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev  *ebpf.MapSpec `ebpf:"steer_sync_dev"`
 	SteerTable    *ebpf.MapSpec `ebpf:"steer_table"`
 	SteerVni      *ebpf.MapSpec `ebpf:"steer_vni"`
 }
@@ -200,6 +217,8 @@ type steerMaps struct {
 	SteerMfCores  *ebpf.Map `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
 	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync     *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev  *ebpf.Map `ebpf:"steer_sync_dev"`
 	SteerTable    *ebpf.Map `ebpf:"steer_table"`
 	SteerVni      *ebpf.Map `ebpf:"steer_vni"`
 }
@@ -213,6 +232,8 @@ func (m *steerMaps) Close() error {
 		m.SteerMfCores,
 		m.SteerPrio,
 		m.SteerStats,
+		m.SteerSync,
+		m.SteerSyncDev,
 		m.SteerTable,
 		m.SteerVni,
 	)

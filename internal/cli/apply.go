@@ -81,7 +81,7 @@ var modeFlags = []struct{ name, help string }{
 	{"split", "falcon: split the first stage with XDP + cpumap: true|false"},
 	{"balance", "falcon: balance stages by core load: true|false"},
 	{"load", "falcon: load figure, rx or busy (default rx)"},
-	{"prio-mode", "prism: batch (own queue and kthread per class); sync is not implemented yet"},
+	{"prio-mode", "prism: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 }
 
 // flagAliases are flags that set the same setting as another flag: the

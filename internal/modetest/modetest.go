@@ -28,6 +28,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
@@ -155,8 +156,8 @@ func Exists(p string) bool {
 }
 
 // Snapshot reads every knob any lanes mode might touch on both hosts of
-// the testbed, byte for byte: threaded, rps_cpus and rps_flow_cnt of every
-// device in every namespace (containers included), the scheduling and
+// the testbed, byte for byte: threaded, rps_cpus, rps_flow_cnt and GRO of
+// every device in every namespace (containers included), the scheduling and
 // affinity of its NAPI threads, the XDP program and the
 // tcx programs (both directions) of every device, whether /sys/fs/bpf is a
 // bpffs and whether the receiver's pin directory exists.
@@ -195,6 +196,14 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 					out[k.Key()] = string(b)
 				}
 			}
+			// GRO: PRISM-sync turns it on in containers so their veths
+			// take redirected frames.
+			gro := knobs.Feature(d.NetNS, d.Name, ethtool.GRO)
+			b, err := gro.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[gro.Key()] = string(b)
 			id, err := attach.Attached(d.NetNS, d.Name)
 			if err != nil {
 				t.Fatal(err)

@@ -6,9 +6,14 @@ package overlaytest
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,4 +156,153 @@ func UDPPair(t testing.TB, srcNS, dstNS string, dst netip.Addr, rcvBuf int) (rc,
 		t.Fatal(err)
 	}
 	return rc, sc
+}
+
+// Stream is a sequence-numbered UDP stream from a sender thread pinned to
+// one core: what order-keeping modes are tested with.
+type Stream struct {
+	Count, Size, Burst int
+	Pause              time.Duration
+	CPU                int // core of the sending thread
+	// During runs while the stream is sent (optional).
+	During func()
+}
+
+type StreamResult struct {
+	Sent, SendErrs, Received int
+	// Reordered counts arrivals whose sequence number is not above every
+	// one that arrived before.
+	Reordered int
+	Examples  []string
+	// IncomingCPU is SO_INCOMING_CPU of the receiving socket at the end:
+	// the core that ran UDP receive (the container stage) for the last
+	// datagram.
+	IncomingCPU int
+	Src, Dst    netip.AddrPort
+}
+
+// streamRcvBuf is the receiving socket's buffer: large, so that what the
+// receiver drops is not mistaken for what a mode loses.
+const streamRcvBuf = 8 << 20
+
+// Run sends the stream from a socket in srcNS to a socket bound to dst in
+// dstNS and accounts the arrivals.
+func (s Stream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) StreamResult {
+	t.Helper()
+	if s.Size < 8 {
+		s.Size = 8
+	}
+	if s.Burst == 0 {
+		s.Burst = s.Count
+	}
+	rc, sc := UDPPair(t, srcNS, dstNS, dst, streamRcvBuf)
+	defer rc.Close()
+	defer sc.Close()
+	res := StreamResult{
+		Src: sc.LocalAddr().(*net.UDPAddr).AddrPort(),
+		Dst: rc.LocalAddr().(*net.UDPAddr).AddrPort(),
+	}
+	res.Src = netip.AddrPortFrom(res.Src.Addr().Unmap(), res.Src.Port())
+	res.Dst = netip.AddrPortFrom(res.Dst.Addr().Unmap(), res.Dst.Port())
+	// Connect the receiver to the sender: UDP updates SO_INCOMING_CPU
+	// for connected sockets only.
+	raw, err := rc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cerr = unix.Connect(int(fd), &unix.SockaddrInet4{Addr: res.Src.Addr().As4(), Port: int(res.Src.Port())})
+	}); err != nil || cerr != nil {
+		t.Fatalf("connecting the receiver to %v: %v %v", res.Src, err, cerr)
+	}
+
+	var sendDone atomic.Bool
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		buf := make([]byte, 65536)
+		var highest uint64
+		first := true
+		for {
+			rc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			n, err := rc.Read(buf)
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() && !sendDone.Load() {
+					continue
+				}
+				return
+			}
+			if n < 8 {
+				continue
+			}
+			seq := binary.BigEndian.Uint64(buf)
+			res.Received++
+			if !first && seq <= highest {
+				res.Reordered++
+				if len(res.Examples) < 5 {
+					res.Examples = append(res.Examples, fmt.Sprintf("%d after %d", seq, highest))
+				}
+			} else {
+				highest = seq
+			}
+			first = false
+		}
+	}()
+
+	sendErr := make(chan error, 1)
+	go func() {
+		// Pinning changes this thread for good: never unlock, so the
+		// runtime retires it with the goroutine.
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(s.CPU)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			sendErr <- fmt.Errorf("pinning the sender to core %d: %w", s.CPU, err)
+			return
+		}
+		msg := make([]byte, s.Size)
+		for i := 0; i < s.Count; i++ {
+			binary.BigEndian.PutUint64(msg, uint64(i))
+			if _, err := sc.Write(msg); err != nil {
+				res.SendErrs++
+			}
+			res.Sent++
+			if (i+1)%s.Burst == 0 && s.Pause > 0 {
+				time.Sleep(s.Pause)
+			}
+		}
+		sendErr <- nil
+	}()
+	if s.During != nil {
+		s.During()
+	}
+	err = <-sendErr
+	sendDone.Store(true)
+	<-recvDone
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gerr error
+	raw.Control(func(fd uintptr) {
+		res.IncomingCPU, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_INCOMING_CPU)
+	})
+	if gerr != nil {
+		t.Fatalf("SO_INCOMING_CPU: %v", gerr)
+	}
+	return res
+}
+
+// InOrder fails t if any datagram of r arrived out of order or fewer than
+// 90% arrived.
+func InOrder(t testing.TB, what string, r StreamResult) {
+	t.Helper()
+	t.Logf("%s: sent %d (%d send errors), received %d, reordered %d %v", what, r.Sent, r.SendErrs, r.Received, r.Reordered, r.Examples)
+	if r.Received*10 < r.Sent*9 {
+		t.Errorf("%s: only %d of %d datagrams arrived", what, r.Received, r.Sent)
+	}
+	if r.Reordered != 0 {
+		t.Errorf("%s: %d datagrams arrived out of order", what, r.Reordered)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -331,7 +332,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 			time.Sleep(3 * time.Millisecond)
 		}
 	}()
-	inOrder(t, "stream with tables flipping", stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
+	overlaytest.InOrder(t, "stream with tables flipping", overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
 	close(stop)
 	wg.Wait()
 	stopHogs()
@@ -381,7 +382,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 			<-runErr
 		}
 	})
-	inOrder(t, "stream with the balancer running", stream{Count: 10000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
+	overlaytest.InOrder(t, "stream with the balancer running", overlaytest.Stream{Count: 10000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
 	status, ok := ag.Status().(falcon.AgentStatus)
 	if !ok {
 		t.Errorf("agent status is %T, want falcon.AgentStatus", ag.Status())
@@ -442,11 +443,11 @@ func TestFalconPlacementObserved(t *testing.T) {
 
 	// measure sends the stream until softnet_stat gives a clean reading
 	// (at most 4 tries) and checks the exact observers on every try.
-	measure := func(what string, core int) (map[int]uint64, streamResult, bool) {
+	measure := func(what string, core int) (map[int]uint64, overlaytest.StreamResult, bool) {
 		for try := 0; try < 4; try++ {
 			b0, c0 := bridgeCtr.read(t), contCtr.read(t)
 			before := softnet(t)
-			res := stream{Count: n, Size: 200, Burst: 100, Pause: time.Millisecond, CPU: 0}.run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+			res := overlaytest.Stream{Count: n, Size: 200, Burst: 100, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			d := softnetDelta(before, softnet(t))
 			bd, cd := diff(bridgeCtr.read(t), b0), diff(contCtr.read(t), c0)
 			var total uint64
@@ -480,7 +481,7 @@ func TestFalconPlacementObserved(t *testing.T) {
 			}
 		}
 		t.Logf("%s: softnet_stat stayed busy with other traffic on this machine: no clean reading", what)
-		return nil, streamResult{}, false
+		return nil, overlaytest.StreamResult{}, false
 	}
 
 	// Vanilla: the sender's own container veth backlog on core 0 is the

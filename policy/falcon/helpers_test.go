@@ -1,9 +1,6 @@
 package falcon_test
 
 import (
-	"encoding/binary"
-	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
@@ -108,140 +105,6 @@ func udpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, size int) {
 	overlaytest.UDPMost(t, srcNS, dstNS, dst, size)
 }
 
-// stream is a sequence-numbered UDP stream from a sender thread pinned to
-// one core.
-type stream struct {
-	Count, Size, Burst int
-	Pause              time.Duration
-	CPU                int // core of the sending thread
-	// During runs while the stream is sent (optional).
-	During func()
-}
-
-type streamResult struct {
-	Sent, SendErrs, Received int
-	// Reordered counts arrivals whose sequence number is not above every
-	// one that arrived before.
-	Reordered int
-	Examples  []string
-	// IncomingCPU is SO_INCOMING_CPU of the receiving socket at the end:
-	// the core that ran UDP receive (the container stage) for the last
-	// datagram.
-	IncomingCPU int
-	Src, Dst    netip.AddrPort
-}
-
-const rcvBuf = 8 << 20
-
-// run sends the stream from a socket in srcNS to a socket bound to dst in
-// dstNS and accounts the arrivals.
-func (s stream) run(t *testing.T, srcNS, dstNS string, dst netip.Addr) streamResult {
-	t.Helper()
-	if s.Size < 8 {
-		s.Size = 8
-	}
-	if s.Burst == 0 {
-		s.Burst = s.Count
-	}
-	rc, sc := overlaytest.UDPPair(t, srcNS, dstNS, dst, rcvBuf)
-	defer rc.Close()
-	defer sc.Close()
-	res := streamResult{
-		Src: sc.LocalAddr().(*net.UDPAddr).AddrPort(),
-		Dst: rc.LocalAddr().(*net.UDPAddr).AddrPort(),
-	}
-	res.Src = netip.AddrPortFrom(res.Src.Addr().Unmap(), res.Src.Port())
-	res.Dst = netip.AddrPortFrom(res.Dst.Addr().Unmap(), res.Dst.Port())
-	// Connect the receiver to the sender: UDP updates SO_INCOMING_CPU
-	// for connected sockets only.
-	raw, err := rc.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cerr = unix.Connect(int(fd), &unix.SockaddrInet4{Addr: res.Src.Addr().As4(), Port: int(res.Src.Port())})
-	}); err != nil || cerr != nil {
-		t.Fatalf("connecting the receiver to %v: %v %v", res.Src, err, cerr)
-	}
-
-	var sendDone atomic.Bool
-	recvDone := make(chan struct{})
-	go func() {
-		defer close(recvDone)
-		buf := make([]byte, 65536)
-		var highest uint64
-		first := true
-		for {
-			rc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			n, err := rc.Read(buf)
-			if err != nil {
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() && !sendDone.Load() {
-					continue
-				}
-				return
-			}
-			if n < 8 {
-				continue
-			}
-			seq := binary.BigEndian.Uint64(buf)
-			res.Received++
-			if !first && seq <= highest {
-				res.Reordered++
-				if len(res.Examples) < 5 {
-					res.Examples = append(res.Examples, fmt.Sprintf("%d after %d", seq, highest))
-				}
-			} else {
-				highest = seq
-			}
-			first = false
-		}
-	}()
-
-	sendErr := make(chan error, 1)
-	go func() {
-		// Pinning changes this thread for good: never unlock, so the
-		// runtime retires it with the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(s.CPU)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			sendErr <- fmt.Errorf("pinning the sender to core %d: %w", s.CPU, err)
-			return
-		}
-		msg := make([]byte, s.Size)
-		for i := 0; i < s.Count; i++ {
-			binary.BigEndian.PutUint64(msg, uint64(i))
-			if _, err := sc.Write(msg); err != nil {
-				res.SendErrs++
-			}
-			res.Sent++
-			if (i+1)%s.Burst == 0 && s.Pause > 0 {
-				time.Sleep(s.Pause)
-			}
-		}
-		sendErr <- nil
-	}()
-	if s.During != nil {
-		s.During()
-	}
-	err = <-sendErr
-	sendDone.Store(true)
-	<-recvDone
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gerr error
-	raw.Control(func(fd uintptr) {
-		res.IncomingCPU, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_INCOMING_CPU)
-	})
-	if gerr != nil {
-		t.Fatalf("SO_INCOMING_CPU: %v", gerr)
-	}
-	return res
-}
-
 // hogEveryCore runs a busy loop pinned to each online core until the
 // returned function is called (also at cleanup).
 func hogEveryCore(t *testing.T) func() {
@@ -305,19 +168,6 @@ func drained(t *testing.T, dp *steer.Datapath) {
 	}
 }
 
-// inOrder sends a stream once and fails the test if any datagram arrived
-// out of order or too few arrived.
-func inOrder(t *testing.T, what string, r streamResult) {
-	t.Helper()
-	t.Logf("%s: sent %d (%d send errors), received %d, reordered %d %v", what, r.Sent, r.SendErrs, r.Received, r.Reordered, r.Examples)
-	if r.Received*10 < r.Sent*9 {
-		t.Errorf("%s: only %d of %d datagrams arrived", what, r.Received, r.Sent)
-	}
-	if r.Reordered != 0 {
-		t.Errorf("%s: %d datagrams arrived out of order", what, r.Reordered)
-	}
-}
-
 // softnet reads the "processed" column of /proc/net/softnet_stat per core.
 func softnet(t *testing.T) map[int]uint64 {
 	t.Helper()
@@ -342,7 +192,7 @@ func softnetDelta(before, after map[int]uint64) map[int]uint64 {
 }
 
 // flowAt returns the steer_flows entry of the stream's flow at a stage.
-func flowAt(t *testing.T, dp *steer.Datapath, r streamResult, stage int) (steer.Flow, bool) {
+func flowAt(t *testing.T, dp *steer.Datapath, r overlaytest.StreamResult, stage int) (steer.Flow, bool) {
 	t.Helper()
 	flows, err := dp.Flows()
 	if err != nil {

@@ -8,6 +8,7 @@ package prism
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 )
@@ -15,9 +16,14 @@ import (
 // Options are a prism mode's settings.
 type Options struct {
 	// PrioMode is PRISM's mode: "batch" (own queue and kthread per class,
-	// batch-level preemption). "sync" (run to completion from XDP to the
-	// container's veth) is not implemented yet and is refused.
+	// batch-level preemption) or "sync" (batch, plus run to completion:
+	// high-priority frames for a container the bridge forwards to plainly
+	// are decapsulated in XDP and handed straight to its veth; see Sync).
 	PrioMode string
+	// SyncInterval is how often sync mode's agent rediscovers the host
+	// (besides on every link or forwarding-table change) to keep the
+	// shortcut's destinations true.
+	SyncInterval time.Duration
 	// CPU is the receive core: the cpumap queues and every later stage
 	// run there (-1: the underlay's IRQ core).
 	CPU int
@@ -41,7 +47,7 @@ type Options struct {
 
 // Defaults follow the paper: batch mode, everything on one core.
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true, Streamline: true}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true, Streamline: true, SyncInterval: time.Second}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -71,13 +77,14 @@ func (o Options) Ladder() Ladder {
 }
 
 var params = []plan.Param{
-	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class); sync is not implemented yet"},
+	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
 	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the NIC poll; GRO cells, container veths and the high-priority queue get rt+1..rt+3"},
 	{Key: "bulk-rt", Default: "0", Help: "SCHED_FIFO priority of the bulk queue's kthread, below rt (0 = normal scheduling, sharing the core with applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "true", Help: "run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order); false: only the high-priority queue is real-time"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
+	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
 }
 
 // Parse reads params over base; every error is one line saying what to fix.
@@ -87,14 +94,15 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case "prio-mode":
-			switch v {
-			case "batch":
-			case "sync":
-				err = fmt.Errorf("sync (decapsulate in XDP and redirect to the container's veth) is not implemented yet; use batch")
-			default:
+			if v != "batch" && v != "sync" {
 				err = fmt.Errorf("want batch or sync")
 			}
 			o.PrioMode = v
+		case "sync-interval":
+			o.SyncInterval, err = time.ParseDuration(v)
+			if err == nil && (o.SyncInterval < 10*time.Millisecond || o.SyncInterval > time.Minute) {
+				err = fmt.Errorf("want 10ms..1m")
+			}
 		case "cpu":
 			o.CPU, err = strconv.Atoi(v)
 			if err == nil && o.CPU < 0 {

@@ -8,15 +8,22 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/topology"
 )
 
 func init() {
-	plan.Register(&planner{mode: "prism", summary: "PRISM: flows marked with `lanes prio` preempt bulk traffic on the receive core (--set prio-mode=batch)"})
-	plan.Register(&planner{mode: "prism-batch", summary: "PRISM-batch: high-priority flows get their own queue and kthread, stages streamlined by real-time priority"})
+	plan.Register(&planner{mode: "prism", summary: "PRISM: flows marked with `lanes prio` preempt bulk traffic on the receive core (--set prio-mode=batch|sync)", base: Defaults()})
+	plan.Register(&planner{mode: "prism-batch", summary: "PRISM-batch: high-priority flows get their own queue and kthread, stages streamlined by real-time priority", base: Defaults()})
+	syncBase := Defaults()
+	syncBase.PrioMode = "sync"
+	plan.Register(&planner{mode: "prism-sync", summary: "PRISM-sync: as batch, and high-priority frames for plainly bridged containers run to completion from XDP (needs `lanes agent` to follow container changes)", base: syncBase})
 }
 
-type planner struct{ mode, summary string }
+type planner struct {
+	mode, summary string
+	base          Options
+}
 
 func (p *planner) Mode() string         { return p.mode }
 func (p *planner) Summary() string      { return p.summary }
@@ -41,7 +48,7 @@ func (p *planner) Params() []plan.Param { return params }
 // next is taken either way, and a high-priority frame waits behind at most
 // the bulk batch in progress.
 func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
-	o, err := Parse(Defaults(), cfg.Params)
+	o, err := Parse(p.base, cfg.Params)
 	if err != nil {
 		return nil, err
 	}
@@ -72,10 +79,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
 		// CountSplit: a flow that changes class moves between the two
-		// queues, so it waits for the old one to drain like any move;
-		// steer_tc_split_seen below counts the frames out.
+		// queues (or onto sync's shortcut), so it waits for the old one to
+		// drain like any move; steer_tc_split_seen below counts the frames
+		// out.
 		Config: steer.Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{core},
-			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis},
+			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis,
+			Sync: o.PrioMode == "sync"},
 		CPUMap: []int{core}, HiCPUMap: []int{core}, QueueSize: o.QueueSize,
 		RTPriority: lad.Low, HiRTPriority: lad.High,
 	}
@@ -85,7 +94,24 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
+	var sp SyncPlan
+	if setup.Config.Sync {
+		sp = Sync(t)
+		// GRO gives a container's veth its NAPI, without which its host
+		// side drops every redirected frame; before anything redirects.
+		for _, g := range sp.GRO {
+			pl.Add(knobs.Feature(g.NetNS, g.Device, ethtool.GRO), "on", plan.DevLabel(g.NetNS, g.Device)+" gro",
+				"sync: "+g.HostVeth+" takes redirected frames only while its peer polls with NAPI")
+		}
+	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core))
+	if setup.Config.Sync {
+		pl.Agent = SyncAgentName
+		pl.Add(&steer.SyncKnob{Dir: dir, NetNS: t.NetNS}, steer.FormatSync(toSteer(sp.Targets)), dir+" sync",
+			fmt.Sprintf("sync: %d destinations the bridge forwards to plainly", len(sp.Targets)))
+		pl.Notes = append(pl.Notes, sp.Notes...)
+		pl.Notes = append(pl.Notes, fmt.Sprintf("sync: %d destinations now; run `lanes agent` to follow containers and filters as they change (every %v and on each change)", len(sp.Targets), o.SyncInterval))
+	}
 
 	// The ladder, from the end of the path to its start.
 	rung := func(d *topology.Device, prio int, pin bool, stage string) {

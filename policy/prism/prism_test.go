@@ -180,7 +180,7 @@ func TestPrismRefuses(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	for params, want := range map[string]string{
-		"prio-mode=sync": "not implemented yet",
+		"sync-interval=5ms": "want 10ms..1m",
 		"prio-mode=fast": "want batch or sync",
 		"rt=99":          "want 2..96",
 		"bulk-rt=60":     "must be below rt",

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -238,6 +239,15 @@ func peerOf(t *topology.Topology, v *topology.Veth) *topology.Interface {
 		}
 	}
 	return nil
+}
+
+// toSteer is targets as the datapath takes them.
+func toSteer(targets []SyncTarget) []steer.SyncTarget {
+	out := make([]steer.SyncTarget, len(targets))
+	for i, tg := range targets {
+		out[i] = steer.SyncTarget{VNI: tg.VNI, MAC: tg.MAC, Ifindex: uint32(tg.Ifindex), MTU: uint32(tg.MTU)}
+	}
+	return out
 }
 
 func label(ns string) string {

@@ -1,0 +1,210 @@
+package prism_test
+
+import (
+	"context"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/policy/prism"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// TestPrismSync applies prism-sync to the docker testbed's receiver and
+// checks with real traffic that a high-priority stream runs to completion
+// from XDP (decapsulated, redirected to its container's veth) in order and
+// to that container only, that bulk and unlisted traffic keep the queues,
+// that the agent withdraws the shortcut when a filter appears on the path
+// and brings it back when it goes, and that reset restores every knob.
+func TestPrismSync(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0, c1 := s.Containers[0], r.Containers[0], r.Containers[1]
+	// The bridge learns the receiving containers' MACs from their traffic.
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	overlaytest.UDPMost(t, c1.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	before := modetest.Snapshot(t, tb)
+
+	a := modetest.Apply(t, tb, "prism-sync", nil)
+	if a.State.Plan.Agent != prism.SyncAgentName {
+		t.Errorf("plan agent %q, want %q", a.State.Plan.Agent, prism.SyncAgentName)
+	}
+	dp := a.Open(t)
+	if cfg, err := dp.Config(); err != nil || !cfg.Sync || !cfg.Prio {
+		t.Fatalf("config %+v (%v): want priority classes and sync", cfg, err)
+	}
+	targets := func() string {
+		t.Helper()
+		ts, err := dp.Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return steer.FormatSync(ts)
+	}
+	applied := targets()
+	for _, c := range []testbed.Container{c0, c1} {
+		if !strings.Contains(applied, "/"+c.MAC.String()+">") {
+			t.Errorf("sync destinations %q lack container %s (%s)", applied, c.Name, c.MAC)
+		}
+		if b, err := knobs.Feature(c.NetNS, c.Veth, ethtool.GRO).Read(); err != nil || string(b) != "on" {
+			t.Errorf("%s GRO %q (%v), want on: its veth takes no redirected frames otherwise", c.NetNS, b, err)
+		}
+	}
+
+	set, err := control.OpenPrio(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	for _, c := range []testbed.Container{c0, c1} {
+		rule, err := steer.ParseRule("dst " + c.Addr.Addr().String() + " udp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Add(rule); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := overlaytest.Stream{Count: 5000, Size: 200, Burst: 100, Pause: time.Millisecond, CPU: 0}
+	rx := func(c testbed.Container) uint64 {
+		t.Helper()
+		b, err := knobs.Sysfs(c.NetNS, "/sys/class/net/"+c.Veth+"/statistics/rx_packets").Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	counters := func() steer.Counters {
+		t.Helper()
+		st, err := dp.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[steer.StageSplit]
+	}
+
+	// A high-priority stream to c0: through the shortcut, in order, to
+	// c0 alone.
+	st0, c1rx := counters(), rx(c1)
+	res := stream.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	overlaytest.InOrder(t, "high-priority stream on the shortcut", res)
+	st1 := counters()
+	if d := st1.Sync - st0.Sync; d < uint64(res.Received) {
+		t.Errorf("%d frames took the shortcut, %d datagrams arrived", d, res.Received)
+	}
+	if d := rx(c1) - c1rx; d > 10 {
+		t.Errorf("container %s received %d frames during a stream to %s", c1.Name, d, c0.Name)
+	}
+	flows, err := dp.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onShortcut := 0
+	for _, f := range flows {
+		if f.Sync {
+			onShortcut++
+			if f.Dst != c0.Addr.Addr() || f.Proto != 17 {
+				t.Errorf("flow %v:%d -> %v:%d proto %d on the shortcut", f.Src, f.SrcPort, f.Dst, f.DstPort, f.Proto)
+			}
+		}
+	}
+	if onShortcut == 0 {
+		t.Error("no flow on the shortcut")
+	}
+	// Bulk TCP to the same container keeps the queues.
+	overlaytest.TCP(t, src.NetNS, c0.NetNS, c0.Addr.Addr(), 1<<20)
+	flows, _ = dp.Flows()
+	for _, f := range flows {
+		if f.Proto == 6 && (f.Sync || f.High) {
+			t.Errorf("bulk TCP flow %v:%d -> %v:%d classified high", f.Src, f.SrcPort, f.Dst, f.DstPort)
+		}
+	}
+
+	// A container the shortcut does not list: high priority, batch path.
+	only0, err := steer.ParseSync(applied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(only0); {
+		if only0[i].MAC.String() == c1.MAC.String() {
+			only0 = append(only0[:i], only0[i+1:]...)
+			continue
+		}
+		i++
+	}
+	if err := knobs.Do(r.NetNS, func() error { return dp.SetSync(only0) }); err != nil {
+		t.Fatal(err)
+	}
+	st2 := counters()
+	res = stream.Run(t, src.NetNS, c1.NetNS, c1.Addr.Addr())
+	overlaytest.InOrder(t, "high-priority stream without a destination", res)
+	if st3 := counters(); st3.Sync != st2.Sync || st3.SyncMiss-st2.SyncMiss < uint64(res.Received) {
+		t.Errorf("unlisted container: %d shortcut, %d misses for %d datagrams", st3.Sync-st2.Sync, st3.SyncMiss-st2.SyncMiss, res.Received)
+	}
+
+	// The agent puts c1 back (the bridge still forwards to it plainly),
+	// withdraws everything while an nftables table exists in the host's
+	// namespace, and restores the shortcut when the table is gone.
+	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: r.NetNS, StateDir: a.StateDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	waitFor(t, "the agent to restore the destinations", func() bool { return targets() == applied })
+	nft := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("nsenter", append([]string{"--net=" + nsx.Path(r.NetNS), "nft"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
+	nft("add", "table", "inet", "lanes_sync_test")
+	waitFor(t, "the agent to withdraw the shortcut under a filter table", func() bool { return targets() == "" })
+	st4 := counters()
+	res = stream.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	overlaytest.InOrder(t, "high-priority stream with a filter table on the host", res)
+	if st5 := counters(); st5.Sync != st4.Sync {
+		t.Errorf("%d frames took the shortcut past a filter table", st5.Sync-st4.Sync)
+	}
+	nft("delete", "table", "inet", "lanes_sync_test")
+	waitFor(t, "the agent to restore the shortcut", func() bool { return targets() == applied })
+	if status, ok := ag.Status().(prism.SyncStatus); !ok || len(status.Targets) != 2 || status.Changes < 3 {
+		t.Errorf("agent status %+v (%T), want 2 targets after at least 3 changes", ag.Status(), ag.Status())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("agent: %v", err)
+	}
+	done <- nil // the deferred stop finds it stopped
+
+	a.ResetAndCheck(t, before)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
