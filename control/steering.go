@@ -7,6 +7,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,6 +31,12 @@ type Steering struct {
 	// Elephants lists the flows being split now.
 	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
 	Elephants  []Elephant     `json:"elephants,omitempty"`
+	// Sync is on when high-priority frames may run to completion
+	// (PRISM-sync), to the destinations listed; Shortcut lists the flows
+	// on it now.
+	Sync        bool        `json:"sync,omitempty"`
+	SyncTargets []string    `json:"sync_targets,omitempty"` // "VNI/MAC > veth (MTU)"
+	Shortcut    []FlowStage `json:"shortcut,omitempty"`
 }
 
 // Elephant is a flow MFLOW splits into micro-flows.
@@ -87,6 +94,15 @@ func steering(s *StatusReport, netns string) error {
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
 	}
+	if out.Sync = cfg.Sync; cfg.Sync {
+		ts, err := d.Sync()
+		if err != nil {
+			return err
+		}
+		for _, tg := range ts {
+			out.SyncTargets = append(out.SyncTargets, fmt.Sprintf("%d/%s > %s (MTU %d)", tg.VNI, tg.MAC, devName(s.Topology, int(tg.Ifindex)), tg.MTU))
+		}
+	}
 	if cfg.MFlow.At != steer.SplitOff {
 		if out.MicroFlows, err = microFlowsPerCore(d, cfg.CPUs); err != nil {
 			return err
@@ -120,6 +136,10 @@ func steering(s *StatusReport, netns string) error {
 		if m := f.MicroFlow; m.Elephant && int(m.CPUIndex) < len(cfg.CPUs) {
 			out.Elephants = append(out.Elephants, Elephant{Flow: fs.Flow, Stage: fs.Stage, MicroFlows: m.Started, Frames: m.Frames, CPU: cfg.CPUs[m.CPUIndex]})
 		}
+		if f.Sync {
+			out.Shortcut = append(out.Shortcut, fs)
+			continue
+		}
 		if f.CPUIndex == steer.Stay || int(f.CPUIndex) >= len(cfg.CPUs) {
 			out.Stay = append(out.Stay, fs)
 			continue
@@ -130,6 +150,19 @@ func steering(s *StatusReport, netns string) error {
 	}
 	s.Steering = out
 	return nil
+}
+
+// devName names the host device with ifindex for people: its name when the
+// topology knows it, else "ifindex N".
+func devName(t *topology.Topology, ifindex int) string {
+	if t != nil {
+		for _, d := range t.AllDevices() {
+			if d.Index == ifindex && d.NetNS == t.NetNS {
+				return d.Name
+			}
+		}
+	}
+	return fmt.Sprintf("ifindex %d", ifindex)
 }
 
 // microFlowsPerCore reads the micro-flows sent to each of cpus.

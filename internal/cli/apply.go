@@ -49,7 +49,7 @@ Modes:
 				fmt.Fprintln(out, "note:", n)
 			}
 			if st.Plan.Agent != "" {
-				fmt.Fprintf(out, "this mode balances at run time: run `lanes agent%s` (a service) to keep placement load-aware\n", ctlNSFlag(st.NetNS))
+				fmt.Fprintf(out, "this mode has a run-time part (%s): run `lanes agent%s` as a service\n", st.Plan.Agent, ctlNSFlag(st.NetNS))
 			}
 			if st.Plan.Changes > 0 {
 				fmt.Fprintf(out, "undo with: lanes reset%s\n", ctlNSFlag(st.NetNS))

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -111,6 +113,27 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		if st.Prio {
 			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
+		}
+		if st.Sync {
+			k := st.Stages["split"]
+			fmt.Fprintf(out, "  sync on: %d high-priority frames ran to completion, %d took the batch path; destinations: %s\n", k.Sync, k.SyncMiss, ctlOrDash(st.SyncTargets))
+			for i, f := range st.Shortcut {
+				if i == 8 {
+					fmt.Fprintf(out, "  shortcut: ... %d more\n", len(st.Shortcut)-i)
+					break
+				}
+				fmt.Fprintf(out, "  shortcut: %s  (%d packets)\n", f.Flow, f.Packets)
+			}
+		}
+		if len(st.MicroFlows) > 0 || len(st.Elephants) > 0 {
+			var per []string
+			for _, c := range slices.Sorted(maps.Keys(st.MicroFlows)) {
+				per = append(per, fmt.Sprintf("core %d: %d", c, st.MicroFlows[c]))
+			}
+			fmt.Fprintf(out, "  micro-flows sent: %s\n", ctlOrDash(per))
+			for _, e := range st.Elephants {
+				fmt.Fprintf(out, "  elephant: %s split at %s, %d micro-flows, %d frames, now on core %d\n", e.Flow, e.Stage, e.MicroFlows, e.Frames, e.CPU)
+			}
 		}
 		for _, name := range []string{"split", "bridge", "container"} {
 			k := st.Stages[name]
