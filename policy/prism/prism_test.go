@@ -181,11 +181,11 @@ func TestPrismRefuses(t *testing.T) {
 	before := modetest.Snapshot(t, tb)
 	for params, want := range map[string]string{
 		"sync-interval=5ms": "want 10ms..1m",
-		"prio-mode=fast": "want batch or sync",
-		"rt=99":          "want 2..96",
-		"bulk-rt=60":     "must be below rt",
-		"cpu=7":          "not among the cores",
-		"split=true":     "has no setting",
+		"prio-mode=fast":    "want batch or sync",
+		"rt=99":             "want 2..96",
+		"bulk-rt=60":        "must be below rt",
+		"cpu=7":             "not among the cores",
+		"split=true":        "has no setting",
 	} {
 		k, v, _ := strings.Cut(params, "=")
 		dir := t.TempDir()
