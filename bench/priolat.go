@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/lanesnet/lanes/control/plan"
 	"strings"
 	"time"
 
@@ -154,11 +155,12 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 }
 
 // prioRule marks a point's high-priority service (its port on the
-// receiving container, its protocol) in any prism mode, until the
+// receiving container, its protocol) in any mode with priority classes
+// (prism*, falcon-prism, falcon:prio=true), until the
 // returned undo. marked says whether a rule was added.
 func (r *runner) prioRule(mode string, srv workload.Endpoint, port int, proto string) (marked bool, undo func(), err error) {
-	base, _, _ := ParseModeSpec(mode)
-	if !strings.HasPrefix(base, "prism") {
+	base, params, _ := ParseModeSpec(mode)
+	if !plan.Prioritizes(base, params) {
 		return false, func() {}, nil
 	}
 	set, err := control.OpenPrio(r.tb.Receiver().NetNS)

@@ -22,7 +22,7 @@ func OpenPrio(netns string) (*PrioSet, error) {
 	dir := plan.PinDir(netns)
 	target := plan.Target(netns)
 	if !steer.Pinned(dir) {
-		return nil, fmt.Errorf("no prism mode applied to %s: run lanes apply --mode prism first", target)
+		return nil, fmt.Errorf("no prism mode applied to %s: run lanes apply --mode prism (or falcon-prism) first", target)
 	}
 	d, err := steer.Open(dir)
 	if err != nil {
@@ -35,7 +35,7 @@ func OpenPrio(netns string) (*PrioSet, error) {
 	}
 	if !cfg.Prio {
 		d.Close()
-		return nil, fmt.Errorf("the mode applied to %s has no priority classes: apply --mode prism (or prism-batch) to use lanes prio", target)
+		return nil, fmt.Errorf("the mode applied to %s has no priority classes: apply --mode prism, prism-batch, prism-sync or falcon-prism to use lanes prio", target)
 	}
 	return &PrioSet{d: d, target: target}, nil
 }

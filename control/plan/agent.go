@@ -10,8 +10,10 @@ import (
 
 // An Agent is the long-running part of a mode (Falcon's balancer): it
 // adjusts an applied plan at run time through what the plan set up (BPF
-// maps), never through knobs, so stopping it, or killing it, leaves a plan
-// that `lanes reset` undoes like any other.
+// maps), and at most switches a knob the plan itself set (so the journal
+// already holds its original) between the plan's value and another; it
+// never touches a knob the plan did not. Stopping it, or killing it,
+// leaves a plan that `lanes reset` undoes like any other.
 type Agent interface {
 	// Run works until ctx ends; it returns nil then. Before returning it
 	// puts the plan's static placement back.

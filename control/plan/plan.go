@@ -43,6 +43,27 @@ type ParamPlanner interface {
 	Params() []Param
 }
 
+// Prioritizer is a Planner whose plans can classify flows by the `lanes
+// prio` rules (prism modes, falcon with prio): the benchmark marks its
+// high-priority service under exactly these.
+type Prioritizer interface {
+	Planner
+	// Prioritizes says whether the mode, with these settings, has
+	// priority classes.
+	Prioritizes(params map[string]string) bool
+}
+
+// Prioritizes says whether mode with params has priority classes; false
+// for unknown modes.
+func Prioritizes(mode string, params map[string]string) bool {
+	p, err := Lookup(mode)
+	if err != nil {
+		return false
+	}
+	pr, ok := p.(Prioritizer)
+	return ok && pr.Prioritizes(params)
+}
+
 // Param is one mode setting.
 type Param struct {
 	Key     string

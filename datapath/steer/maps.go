@@ -548,6 +548,17 @@ func (c *Counters) fields() []*uint64 {
 		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss}
 }
 
+// Sub returns c minus earlier, counter by counter: what happened between
+// two reads.
+func (c Counters) Sub(earlier Counters) Counters {
+	out := c
+	o, e := out.fields(), earlier.fields()
+	for i := range o {
+		*o[i] -= *e[i]
+	}
+	return out
+}
+
 // numCounters is steer.c's NUM_COUNTERS.
 var numCounters = len((&Counters{}).fields())
 

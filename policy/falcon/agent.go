@@ -36,8 +36,11 @@ type agent struct {
 	static [steer.NumStages][steer.Buckets]uint32 // placement without balancing
 	stages []int                                  // stages the agent balances
 	home   int                                    // core of "stay" (the IRQ core), -1 unknown
-	bal    *balancer.Balancer
-	split  *balancer.Balancer // over the split cores only; nil when there is one or none
+	// homeQueued: home has cpumap queues (prio), so the split stage's way
+	// home is its queue there, not "stay" (which would drop the classes).
+	homeQueued bool
+	bal        *balancer.Balancer
+	split      *balancer.Balancer // over the split cores only; nil when there is one or none
 
 	mu     sync.Mutex
 	status AgentStatus
@@ -79,7 +82,23 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	}
 	cpumap, _ := dp.CPUMapEntries()
 	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap}
+	if o.Prio {
+		// With prio the IRQ core has queues too (the planner's Layout):
+		// the split stage's home is then that queue, not the NIC poll.
+		a.homeQueued = slices.Contains(cpumap, a.home)
+		lay.SplitCPUs = nil
+		if o.Split {
+			for _, c := range cpumap {
+				if c != a.home {
+					lay.SplitCPUs = append(lay.SplitCPUs, c)
+				}
+			}
+		} else {
+			lay.FirstCPUs = cpumap
+		}
+	}
 	a.static = StaticTables(o, lay)
+	cpumap = union(lay.SplitCPUs, nil)
 	if o.Pipeline || o.Balance {
 		a.stages = append(a.stages, steer.StageBridge, steer.StageContainer)
 	}
@@ -187,8 +206,14 @@ func (a *agent) step(s load.Sample) error {
 		cur := tables[st]
 		var next [steer.Buckets]uint32
 		if fallen {
+			// Vanilla placement: everything on the IRQ core, where with
+			// prio the first stage keeps its two queues.
+			stay := uint32(steer.Stay)
+			if st == steer.StageSplit && a.homeQueued {
+				stay = uint32(slices.Index(a.cfg.CPUs, a.home))
+			}
 			for b := range next {
-				next[b] = steer.Stay
+				next[b] = stay
 			}
 		} else {
 			next = a.assign(st, cur, active[st])
@@ -240,7 +265,7 @@ func (a *agent) assign(stage int, cur [steer.Buckets]uint32, active [steer.Bucke
 		return a.cfg.CPUs[v]
 	}
 	toIdx := func(c int, static uint32) uint32 {
-		if c < 0 || (c == a.home && (static == steer.Stay || stage == steer.StageSplit)) {
+		if c < 0 || (c == a.home && (static == steer.Stay || (stage == steer.StageSplit && !a.homeQueued))) {
 			return steer.Stay
 		}
 		if i := slices.Index(a.cfg.CPUs, c); i >= 0 {

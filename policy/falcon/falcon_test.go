@@ -411,13 +411,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 	}
 }
 
-func sub(a, b steer.Counters) steer.Counters {
-	return steer.Counters{
-		Steered: a.Steered - b.Steered, Stayed: a.Stayed - b.Stayed, Passed: a.Passed - b.Passed,
-		Held: a.Held - b.Held, Moved: a.Moved - b.Moved, Disabled: a.Disabled - b.Disabled,
-		Undrained: a.Undrained - b.Undrained,
-	}
-}
+func sub(a, b steer.Counters) steer.Counters { return a.Sub(b) }
 
 // TestFalconPlacementObserved checks that the RPS hash trick runs the
 // bridge and container stages where the tables say. Three observers:

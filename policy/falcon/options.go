@@ -60,6 +60,15 @@ type Options struct {
 	QueueSize uint32
 	// RTPriority > 0 runs the split stage's cpumap kthreads SCHED_FIFO.
 	RTPriority int
+	// Prio composes PRISM-batch with Falcon: flows marked with `lanes
+	// prio` get a second cpumap queue on the core their first stage runs
+	// on, whose kthread runs SCHED_FIFO at PrioRT, so they preempt bulk
+	// work there at batch boundaries; their later stages are placed by
+	// the same hash as every flow's.
+	Prio bool
+	// PrioRT is the high-priority queue's SCHED_FIFO priority (PRISM's
+	// top rung: rt 50 + 3).
+	PrioRT int
 }
 
 // Defaults are Falcon's published defaults where it has them.
@@ -75,6 +84,7 @@ func Defaults() Options {
 		Drain:      steer.DefaultDrain,
 		Load:       "rx",
 		QueueSize:  2048,
+		PrioRT:     53,
 	}
 }
 
@@ -92,6 +102,8 @@ var params = []plan.Param{
 	{Key: "load", Default: "rx", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
+	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
+	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
 }
 
 // Parse reads params over base. Every error is one line saying what to
@@ -131,6 +143,13 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && (o.RTPriority < 0 || o.RTPriority > 99) {
 				err = fmt.Errorf("want 0..99")
 			}
+		case "prio":
+			o.Prio, err = strconv.ParseBool(v)
+		case "prio-rt":
+			o.PrioRT, err = strconv.Atoi(v)
+			if err == nil && (o.PrioRT < 1 || o.PrioRT > 99) {
+				err = fmt.Errorf("want 1..99")
+			}
 		default:
 			return o, fmt.Errorf("unknown falcon setting %q", k)
 		}
@@ -140,6 +159,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.Hysteresis >= o.Threshold {
 		return o, fmt.Errorf("falcon hysteresis %.0f must be below the threshold %.0f", o.Hysteresis, o.Threshold)
+	}
+	if o.Prio && o.PrioRT <= o.RTPriority {
+		return o, fmt.Errorf("falcon prio-rt %d must be above rt %d: high-priority queues must preempt bulk ones", o.PrioRT, o.RTPriority)
 	}
 	if !o.Pipeline && !o.Split && !o.Balance {
 		return o, fmt.Errorf("falcon with pipeline, split and balance all off does nothing: use --mode vanilla")
@@ -162,6 +184,8 @@ func (o Options) Params() map[string]string {
 		"load":       o.Load,
 		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
 		"rt":         strconv.Itoa(o.RTPriority),
+		"prio":       strconv.FormatBool(o.Prio),
+		"prio-rt":    strconv.Itoa(o.PrioRT),
 	}
 	if len(o.SplitCPUs) > 0 {
 		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)

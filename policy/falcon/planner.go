@@ -17,20 +17,22 @@ const AgentName = "falcon-balancer"
 
 // Modes: falcon runs all three mechanisms; the others run one each, so
 // each can be benchmarked alone.
+// falcon-prism composes PRISM-batch with all of Falcon (Options.Prio).
 var presets = []struct {
-	mode, summary          string
-	pipeline, split, balan bool
+	mode, summary                string
+	pipeline, split, balan, prio bool
 }{
-	{"falcon", "Falcon: pipelining + splitting + balancing (balancing needs `lanes agent`)", true, true, true},
-	{"falcon-pipeline", "Falcon's pipelining alone: stages placed by hash(flow, device)", true, false, false},
-	{"falcon-split", "Falcon's splitting alone: skb allocation, GRO and decap on a split core", false, true, false},
-	{"falcon-balance", "Falcon's balancing alone: stages start where the kernel runs them and move off busy cores", false, false, true},
+	{"falcon", "Falcon: pipelining + splitting + balancing (balancing needs `lanes agent`)", true, true, true, false},
+	{"falcon-pipeline", "Falcon's pipelining alone: stages placed by hash(flow, device)", true, false, false, false},
+	{"falcon-split", "Falcon's splitting alone: skb allocation, GRO and decap on a split core", false, true, false, false},
+	{"falcon-balance", "Falcon's balancing alone: stages start where the kernel runs them and move off busy cores", false, false, true, false},
+	{"falcon-prism", "Falcon with PRISM-batch on top: flows marked with `lanes prio` get their own real-time queue wherever their first stage runs", true, true, true, true},
 }
 
 func init() {
 	for _, p := range presets {
 		o := Defaults()
-		o.Pipeline, o.Split, o.Balance = p.pipeline, p.split, p.balan
+		o.Pipeline, o.Split, o.Balance, o.Prio = p.pipeline, p.split, p.balan, p.prio
 		plan.Register(&planner{mode: p.mode, summary: p.summary, base: o})
 	}
 }
@@ -43,6 +45,12 @@ type planner struct {
 func (p *planner) Mode() string         { return p.mode }
 func (p *planner) Summary() string      { return p.summary }
 func (p *planner) Params() []plan.Param { return params }
+
+// Prioritizes: falcon-prism, or any falcon mode with prio=true.
+func (p *planner) Prioritizes(m map[string]string) bool {
+	o, err := Parse(p.base, m)
+	return err == nil && o.Prio
+}
 
 // OptionsFor parses a falcon mode's params as the planner does, for the
 // agent and the benchmark.
@@ -65,6 +73,10 @@ type Layout struct {
 	Set       []int // cores the pipelined stages may use
 	SplitCPUs []int
 	IRQCPUs   []int
+	// FirstCPUs, without splitting, are the cores the whole first stage
+	// is queued to (prio: both classes' queues on the IRQ core); empty =
+	// it stays in the NIC's poll.
+	FirstCPUs []int
 }
 
 // Plan steers the receive path of every VXLAN device of t:
@@ -122,7 +134,28 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if len(lay.IRQCPUs) == 0 {
 		pl.Notes = append(pl.Notes, "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): split cores may include it")
 	}
-	lay.CPUs = union(lay.Set, lay.SplitCPUs)
+	// PRISM-batch on top: both classes get a queue on every core the
+	// first stage may run on (the split cores and the IRQ core, where the
+	// balancer puts it back when the split cores are busy), the
+	// high-priority one a real-time kthread.
+	var queues []int
+	if o.Prio {
+		queues = slices.Clone(lay.SplitCPUs)
+		switch {
+		case len(lay.IRQCPUs) > 0:
+			queues = union(queues, lay.IRQCPUs)
+		case len(queues) == 0:
+			c := cfg.CPUs[len(cfg.CPUs)-1]
+			queues = []int{c}
+			pl.Notes = append(pl.Notes, fmt.Sprintf("prio: the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): both classes' first stage on core %d", c))
+		}
+		if !o.Split {
+			// No split: the first stage stays on the IRQ core, now in two
+			// queues there.
+			lay.FirstCPUs = queues
+		}
+	}
+	lay.CPUs = union(union(lay.Set, lay.SplitCPUs), queues)
 	if len(lay.CPUs) > steer.MaxCPUs {
 		return nil, fmt.Errorf("falcon steers over at most %d cores, %d given: narrow --cpus", steer.MaxCPUs, len(lay.CPUs))
 	}
@@ -135,13 +168,20 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	setup := steer.Setup{
 		// tc ingress on the underlay (steerStages) counts the split
 		// stage's frames seen; without it there is nothing to count for.
+		// A class change is a move of the first stage, so with prio
+		// the split stage's queue is always counted.
 		Config: steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis,
-			CountSplit: o.Split && (o.Pipeline || o.Balance)},
+			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
 	}
 	if o.Split {
 		setup.CPUMap = lay.SplitCPUs
+	}
+	if o.Prio {
+		setup.CPUMap = queues
+		setup.HiCPUMap = queues
+		setup.HiRTPriority = o.PrioRT
 	}
 
 	// bpffs, the pin directory and the loaded datapath come first and go
@@ -207,13 +247,17 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// tc ingress also counts the split stage's frames seen. Split
 		// alone never moves a flow (its table is static), so it needs no
 		// count.
-		if steerStages {
+		switch {
+		case steerStages:
 			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
 				"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "bridge stage: choose the core RPS on the VXLAN device uses; count split frames seen")
+		case o.Prio:
+			pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSplitSeen, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
+				"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "count the first stage's frames out of their queue, so a class change waits for it")
 		}
-		if o.Split {
+		if o.Split || o.Prio {
 			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
-				"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "split: hand frames to the split core before skb allocation")
+				"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "split (or classify): hand frames to their first stage's queue before skb allocation")
 		}
 	}
 
@@ -227,6 +271,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v, drain %v",
 		knobs.FormatCPUList(lay.Set), orNone(lay.SplitCPUs), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
+	if o.Prio {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", knobs.FormatCPUList(queues), o.PrioRT, rtName(o.RTPriority)))
+	}
 	if o.Balance {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
 	}
@@ -245,8 +292,11 @@ func StaticTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 
 	}
 	idx := func(c int) uint32 { return uint32(slices.Index(lay.CPUs, c)) }
 	for b := 0; b < steer.Buckets; b++ {
-		if len(lay.SplitCPUs) > 0 {
+		switch {
+		case len(lay.SplitCPUs) > 0:
 			t[steer.StageSplit][b] = idx(lay.SplitCPUs[b%len(lay.SplitCPUs)])
+		case len(lay.FirstCPUs) > 0:
+			t[steer.StageSplit][b] = idx(lay.FirstCPUs[b%len(lay.FirstCPUs)])
 		}
 		if o.Pipeline {
 			c := lay.Set[b%len(lay.Set)]
@@ -275,6 +325,13 @@ func union(a, b []int) []int {
 	}
 	slices.Sort(out)
 	return out
+}
+
+func rtName(prio int) string {
+	if prio == 0 {
+		return "normal scheduling"
+	}
+	return fmt.Sprintf("FIFO %d", prio)
 }
 
 func orNone(c []int) string {

@@ -68,6 +68,7 @@ func TestPlanModes(t *testing.T) {
 		{"falcon-pipeline", 0, 3, 2, []int{steer.StageBridge, steer.StageContainer}, false},
 		{"falcon-split", 1, 0, 0, []int{steer.StageSplit}, false},
 		{"falcon-balance", 0, 3, 2, nil, true},
+		{"falcon-prism", 1, 3, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			p, err := planFor(t, tc.mode, nil)
@@ -108,6 +109,7 @@ func TestPlanModes(t *testing.T) {
 				"falcon-pipeline": {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress},
 				"falcon-balance":  {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress},
 				"falcon-split":    {steer.PinXDP},
+				"falcon-prism":    {steer.PinTCSeen, steer.PinTCEgress, steer.PinTCIngress, steer.PinXDP},
 			}[tc.mode]
 			if !slices.Equal(order, want) {
 				t.Errorf("attach order %v, want %v", order, want)
@@ -178,6 +180,8 @@ func TestPlanBadParams(t *testing.T) {
 		"want rx or busy":  {"load": "idle"},
 		"does nothing":     {"pipeline": "false", "split": "false", "balance": "false"},
 		"duration":         {"interval": "fast"},
+		"above rt":         {"prio": "true", "rt": "60", "prio-rt": "53"},
+		"want 1..99":       {"prio": "true", "prio-rt": "0"},
 	} {
 		_, err := planFor(t, "falcon", want)
 		if err == nil || !strings.Contains(err.Error(), params) || strings.Contains(err.Error(), "\n") {
@@ -207,5 +211,73 @@ func TestParamsRoundTrip(t *testing.T) {
 	}
 	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "rx" || back.QueueSize != o.QueueSize {
 		t.Errorf("round trip: %+v", back)
+	}
+}
+
+// PRISM-batch on Falcon: both classes get a queue on the split core and
+// on the IRQ core (the split stage's way home), the high one real-time;
+// the split table still sends every bucket to the split core.
+func TestPlanPrio(t *testing.T) {
+	setupOf := func(p *plan.Plan) (steer.Setup, map[int]string) {
+		t.Helper()
+		_, tables := kinds(p)
+		for _, c := range p.Changes {
+			if _, ok := c.Knob.(*steer.DatapathKnob); ok {
+				s, err := steer.DecodeSetup(string(c.Value))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s, tables
+			}
+		}
+		t.Fatal("no datapath in the plan")
+		return steer.Setup{}, nil
+	}
+	p, err := planFor(t, "falcon-prism", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, tables := setupOf(p)
+	if !s.Config.Prio || !s.Config.CountSplit || !slices.Equal(s.CPUMap, []int{0, 1}) || !slices.Equal(s.HiCPUMap, []int{0, 1}) || s.HiRTPriority != 53 || s.RTPriority != 0 {
+		t.Errorf("setup %+v", s)
+	}
+	if tables[steer.StageSplit] != "0*256" {
+		t.Errorf("split table %q, want all on the split core 0", tables[steer.StageSplit])
+	}
+	// Without splitting the first stage stays on the IRQ core, in two
+	// queues; tc ingress only counts them out.
+	p, err = planFor(t, "falcon-pipeline", map[string]string{"prio": "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, tables = setupOf(p)
+	if !s.Config.Prio || !slices.Equal(s.HiCPUMap, []int{1}) || tables[steer.StageSplit] != "1*256" {
+		t.Errorf("pipeline+prio: setup %+v, split table %q", s, tables[steer.StageSplit])
+	}
+	// Split alone steers no later stage: a program that only counts the
+	// first stage's frames out.
+	p, err = planFor(t, "falcon-split", map[string]string{"prio": "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progs []string
+	for _, c := range p.Changes {
+		switch k := c.Knob.(type) {
+		case *attach.TCX:
+			progs = append(progs, k.Prog[strings.LastIndex(k.Prog, "/")+1:])
+		case *attach.XDP:
+			progs = append(progs, k.Prog[strings.LastIndex(k.Prog, "/")+1:])
+		}
+	}
+	if !slices.Equal(progs, []string{steer.PinTCSplitSeen, steer.PinXDP}) {
+		t.Errorf("split+prio programs %v", progs)
+	}
+	// Plain falcon has no classes.
+	p, err = planFor(t, "falcon", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := setupOf(p); s.Config.Prio || len(s.HiCPUMap) != 0 {
+		t.Errorf("falcon without prio: %+v", s)
 	}
 }

@@ -34,6 +34,7 @@ type syncAgent struct {
 	env      plan.AgentEnv
 	interval time.Duration
 	dp       *steer.Datapath
+	guard    *guard // the overload guard (guard.go); nil without one
 
 	mu     sync.Mutex
 	status SyncStatus
@@ -48,6 +49,9 @@ type SyncStatus struct {
 	Refreshes uint64    `json:"refreshes"`
 	Changes   uint64    `json:"changes"`
 	Err       string    `json:"error,omitempty"`
+	// Guard is the overload guard's state, when the NIC poll is on the
+	// ladder.
+	Guard *GuardStatus `json:"guard,omitempty"`
 }
 
 type syncMetrics struct {
@@ -64,7 +68,12 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("prism-sync agent: %w (is prism-sync applied? `lanes status` tells)", err)
 	}
-	a := &syncAgent{env: env, interval: o.SyncInterval, dp: dp}
+	g, err := newGuard(env, o)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	a := &syncAgent{env: env, interval: o.SyncInterval, dp: dp, guard: g}
 	if env.Metrics != nil {
 		a.m = &syncMetrics{
 			targets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
@@ -81,13 +90,28 @@ func (a *syncAgent) Status() any {
 	s := a.status
 	s.Targets = slices.Clone(s.Targets)
 	s.Notes = slices.Clone(s.Notes)
+	if a.guard != nil {
+		gs := a.guard.Status()
+		s.Guard = &gs
+	}
 	return s
 }
 
 // Run refreshes until ctx ends. The destinations it leaves behind are the
 // last true ones; reset removes them with the datapath.
-func (a *syncAgent) Run(ctx context.Context) error {
+func (a *syncAgent) Run(ctx context.Context) (err error) {
 	defer a.dp.Close()
+	if a.guard != nil {
+		gctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- a.guard.run(gctx) }()
+		defer func() {
+			cancel()
+			if gerr := <-done; err == nil {
+				err = gerr
+			}
+		}()
+	}
 	events := a.subscribe(ctx)
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()

@@ -29,6 +29,9 @@ func (p *planner) Mode() string         { return p.mode }
 func (p *planner) Summary() string      { return p.summary }
 func (p *planner) Params() []plan.Param { return params }
 
+// Prioritizes: every prism mode has the two classes.
+func (p *planner) Prioritizes(map[string]string) bool { return true }
+
 // Plan puts both classes' first stage on the receive core through XDP and
 // two cpumaps (the steer datapath with priority classes on) and orders
 // every receive kthread there by real-time priority (Options.Ladder).
@@ -105,6 +108,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core))
+	if o.Streamline && len(guarded(t)) > 0 {
+		// The NIC poll goes on the ladder, above bulk work: the guard
+		// takes it off under overload (guard.go).
+		pl.Agent = GuardAgentName
+		pl.Notes = append(pl.Notes, "the NIC poll runs real-time above bulk processing: run `lanes agent` so that under overload it is taken off the ladder before bulk throughput collapses")
+	}
 	if setup.Config.Sync {
 		pl.Agent = SyncAgentName
 		pl.Add(&steer.SyncKnob{Dir: dir, NetNS: t.NetNS}, steer.FormatSync(toSteer(sp.Targets)), dir+" sync",
@@ -155,6 +164,18 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
 		core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
 	return pl, nil
+}
+
+// guarded are the NAPI threads of t's underlays: the NIC poll the ladder
+// raises and the overload guard watches.
+func guarded(t *topology.Topology) []string {
+	var out []string
+	for _, u := range t.Underlays {
+		for _, th := range u.NAPIThreads {
+			out = append(out, th.Comm)
+		}
+	}
+	return out
 }
 
 func fifo(prio int) string {

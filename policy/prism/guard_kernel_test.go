@@ -1,0 +1,82 @@
+package prism_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/policy/prism"
+	"github.com/lanesnet/lanes/testbed"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// TestPrismGuard: prism-batch's plan names the overload guard; the guard
+// takes the NIC poll thread off the real-time ladder when its rule says
+// overload and puts the plan's value back when it stops; reset restores
+// the original. The rule is forced (demote at once, never promote) so the
+// test does not depend on how loaded the machine is; the decisions
+// themselves are TestGuardRule's.
+func TestPrismGuard(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	defer prism.SetGuardRule(prism.GuardRule{Demote: 0, DemoteAfter: 1, Promote: 101, PromoteAfter: 1, Interval: 50 * time.Millisecond})()
+
+	a := modetest.Apply(t, tb, "prism-batch", nil)
+	if a.State.Plan.Agent != prism.GuardAgentName {
+		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
+	}
+	topo, err := topology.Discover(tb.Receiver().NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nic := topo.Underlays[0].NAPIThreads
+	if len(nic) == 0 {
+		t.Fatal("the testbed's underlay has no NAPI thread")
+	}
+	sched := func() string {
+		t.Helper()
+		b, err := knobs.Sched(nic[0].Comm, nic[0].Index).Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	const ladder = "policy=fifo prio=50 nice=0"
+	if got := sched(); got != ladder {
+		t.Fatalf("NIC poll %s: %q, want the plan's %q", nic[0].Comm, got, ladder)
+	}
+
+	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: a.NS, StateDir: a.StateDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	var st prism.GuardStatus
+	for range 100 {
+		time.Sleep(20 * time.Millisecond)
+		st, _ = ag.Status().(prism.GuardStatus)
+		if st.Demoted {
+			break
+		}
+	}
+	if !st.Demoted || st.Demotions != 1 || st.Err != "" {
+		t.Errorf("guard status %+v: want one demotion, no error", st)
+	}
+	if got := sched(); got != prism.GuardOff {
+		t.Errorf("demoted NIC poll: %q, want %q", got, prism.GuardOff)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("agent: %v", err)
+	}
+	if got := sched(); got != ladder {
+		t.Errorf("after the guard stopped: %q, want the plan's %q back", got, ladder)
+	}
+	a.ResetAndCheck(t, before)
+}
