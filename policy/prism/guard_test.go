@@ -12,7 +12,7 @@ func TestGuardRule(t *testing.T) {
 	}
 	for name, trace := range map[string][]s{
 		"normal load never demotes": {{20, 30, false}, {40, 5, false}, {84, 0, false}, {60, 0, false}, {84, 0, false}},
-		"a short burst does not": {{95, 0, false}, {95, 0, false}, {50, 0, false}, {95, 0, false}, {95, 0, false}},
+		"a short burst does not":    {{95, 0, false}, {95, 0, false}, {50, 0, false}, {95, 0, false}, {95, 0, false}},
 		"overload demotes after three samples, slack promotes after two": {
 			{95, 0, false}, {90, 0, false}, {99, 0, true},
 			// Demoted under continuing overload: the NIC poll's share falls,
