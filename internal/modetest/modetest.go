@@ -6,6 +6,7 @@
 package modetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -381,4 +383,29 @@ func OneLine(t *testing.T, what string, err error, want string) {
 	case strings.Contains(err.Error(), "\n"):
 		t.Errorf("%s: error is not one line: %q", what, err)
 	}
+}
+
+// StartAgent runs the applied mode's agent until the returned stop, which
+// cancels it, waits for it to return and reports a failure of its Run (it
+// also runs at cleanup if the test did not call it).
+func (a *Applied) StartAgent(t *testing.T) (ag plan.Agent, stop func()) {
+	t.Helper()
+	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: a.NS, StateDir: a.StateDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return ag, stop
 }

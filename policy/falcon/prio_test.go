@@ -1,7 +1,6 @@
 package falcon_test
 
 import (
-	"context"
 	"slices"
 	"sync"
 	"testing"
@@ -65,13 +64,7 @@ func TestFalconPrism(t *testing.T) {
 	// The balancer runs, and the rule comes and goes every 5 ms: each
 	// change moves the flow's first stage between the classes' queues,
 	// which must wait until the old queue drained.
-	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: r.NetNS, StateDir: a.StateDir, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- ag.Run(ctx) }()
+	_, stopAgent := a.StartAgent(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var flipErr error
@@ -100,10 +93,7 @@ func TestFalconPrism(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	stopHogs()
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Errorf("agent: %v", err)
-	}
+	stopAgent()
 	overlaytest.InOrder(t, "stream changing class while the balancer runs", res)
 	if flipErr != nil {
 		t.Fatalf("changing the rule: %v", flipErr)

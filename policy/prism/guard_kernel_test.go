@@ -1,11 +1,9 @@
 package prism_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -50,13 +48,7 @@ func TestPrismGuard(t *testing.T) {
 		t.Fatalf("NIC poll %s: %q, want the plan's %q", nic[0].Comm, got, ladder)
 	}
 
-	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: a.NS, StateDir: a.StateDir, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ag.Run(ctx) }()
+	ag, stopAgent := a.StartAgent(t)
 	var st prism.GuardStatus
 	for range 100 {
 		time.Sleep(20 * time.Millisecond)
@@ -71,10 +63,7 @@ func TestPrismGuard(t *testing.T) {
 	if got := sched(); got != prism.GuardOff {
 		t.Errorf("demoted NIC poll: %q, want %q", got, prism.GuardOff)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("agent: %v", err)
-	}
+	stopAgent()
 	if got := sched(); got != ladder {
 		t.Errorf("after the guard stopped: %q, want the plan's %q back", got, ladder)
 	}
