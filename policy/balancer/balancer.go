@@ -294,6 +294,12 @@ func (b *Balancer) leastLoaded(load map[int]float64, limit float64, skip int) (i
 	return best, found
 }
 
+// under: core is in the set and under limit, measured and projected.
+func (b *Balancer) under(core int, proj map[int]float64, limit float64) bool {
+	l, in := b.load[core]
+	return in && l < limit && proj[core] < limit
+}
+
 // Assign rebalances a steering table of buckets (one table per stage).
 // hashed[i] is bucket i's static Falcon core, current[i] the core the table
 // holds now (nil: the hashed table), active[i] whether the bucket carried
@@ -335,12 +341,36 @@ func (b *Balancer) leastLoaded(load map[int]float64, limit float64, skip int) (i
 // cores, at most once per several samples because the moving averages must
 // first cross the threshold; no placement can help such a flow.
 func (b *Balancer) Assign(hashed []int, current []int, active []bool) (next []int, moves int) {
+	return b.AssignHome(hashed, nil, current, active)
+}
+
+// AssignHome is Assign for a table whose buckets rest somewhere other than
+// their hashed core: home[i] is where bucket i runs while its core is not
+// overloaded (lanes' "spread when busy": the core the kernel runs the stage
+// on), hashed[i] where Falcon's hash sends it once that core is. The rules
+// become:
+//
+//  1. Return: a bucket away from home goes back once home's load plus the
+//     bucket's share is under threshold - hysteresis.
+//  2. Relieve: a core at or over the threshold sheds its active buckets,
+//     each to its hashed core if that is another core of the set under the
+//     threshold (measured and projected), else to the least-loaded core
+//     under it: Falcon's dispatch to the hashed core under the threshold,
+//     with the least-loaded core instead of a blind rehash.
+//  3. Everything else stays.
+//
+// A nil home is hashed, which is Assign.
+func (b *Balancer) AssignHome(hashed, home, current []int, active []bool) (next []int, moves int) {
+	if home == nil {
+		home = hashed
+	}
 	if current == nil {
-		current = hashed
+		current = home
 	}
-	if len(current) != len(hashed) || len(active) != len(hashed) {
-		panic(fmt.Sprintf("balancer.Assign: %d hashed, %d current, %d active buckets", len(hashed), len(current), len(active)))
+	if len(current) != len(hashed) || len(active) != len(hashed) || len(home) != len(hashed) {
+		panic(fmt.Sprintf("balancer.Assign: %d hashed, %d home, %d current, %d active buckets", len(hashed), len(home), len(current), len(active)))
 	}
+	preferHashed := !slices.Equal(home, hashed)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	next = slices.Clone(current)
@@ -376,7 +406,7 @@ func (b *Balancer) Assign(hashed []int, current []int, active []bool) (next []in
 	}
 
 	// 1. Return, before relieving, so that relief sees the returned load.
-	for i, h := range hashed {
+	for i, h := range home {
 		if next[i] == h {
 			continue
 		}
@@ -388,6 +418,10 @@ func (b *Balancer) Assign(hashed []int, current []int, active []bool) (next []in
 	for i, c := range next {
 		measured, in := b.load[c]
 		if !active[i] || !in || measured < thr || proj[c] < thr {
+			continue
+		}
+		if h := hashed[i]; preferHashed && h != c && b.under(h, proj, thr) {
+			move(i, h)
 			continue
 		}
 		if to, ok := b.leastLoaded(proj, thr, c); ok {

@@ -301,6 +301,64 @@ func TestAssign(t *testing.T) {
 	}
 }
 
+// TestAssignHome is lanes' "spread when busy": buckets rest on their home
+// core (where the kernel runs the stage) and go to their hashed core only
+// when home is overloaded.
+func TestAssignHome(t *testing.T) {
+	cases := []struct {
+		name         string
+		loads        map[int]float64
+		hashed, home []int
+		cur          []int // nil: home
+		active       []bool
+		want         []int
+	}{
+		{"home under threshold: everything stays home",
+			map[int]float64{0: 10, 1: 75, 2: 10},
+			[]int{0, 2, 1}, []int{1, 1, 1}, nil, []bool{true, true, true},
+			[]int{1, 1, 1}},
+		// Core 1 at 90 with 3 active buckets, 30 each: the first goes to
+		// its hashed core 0, which brings core 1 to 60.
+		{"overloaded home sheds to the hashed core",
+			map[int]float64{0: 10, 1: 90, 2: 0},
+			[]int{0, 2, 1}, []int{1, 1, 1}, nil, []bool{true, true, true},
+			[]int{0, 1, 1}},
+		{"hashed core busy: least-loaded instead",
+			map[int]float64{0: 85, 1: 90, 2: 20},
+			[]int{0, 0}, []int{1, 1}, nil, []bool{true, false},
+			[]int{2, 1}},
+		{"hashed core is home: least-loaded",
+			map[int]float64{0: 30, 1: 95, 2: 50},
+			[]int{1}, []int{1}, nil, []bool{true},
+			[]int{0}},
+		{"inactive buckets stay home",
+			map[int]float64{0: 10, 1: 95, 2: 10},
+			[]int{0, 2}, []int{1, 1}, nil, []bool{false, false},
+			[]int{1, 1}},
+		{"moved bucket returns home, not to its hashed core",
+			map[int]float64{0: 20, 1: 30, 2: 0},
+			[]int{0}, []int{1}, []int{0}, []bool{true},
+			[]int{1}}, // 30 + 20 < 70
+		{"return counts the share",
+			map[int]float64{0: 50, 1: 30, 2: 0},
+			[]int{0}, []int{1}, []int{0}, []bool{true},
+			[]int{0}}, // 30 + 50 would put home over 70
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
+			settle(b, tc.loads)
+			if b.FallenBack() {
+				t.Fatalf("set fell back at average %v; fix the case", b.Average())
+			}
+			next, _ := b.AssignHome(tc.hashed, tc.home, slices.Clone(tc.cur), tc.active)
+			if !slices.Equal(next, tc.want) {
+				t.Errorf("AssignHome = %v, want %v", next, tc.want)
+			}
+		})
+	}
+}
+
 // TestAssignNoFlapping alternates samples that keep core 0's average just
 // around the threshold (81.1, 78.9, 81.1, ...). A rule that keeps a bucket
 // home whenever home is under the threshold would move it every sample;

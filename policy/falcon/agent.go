@@ -18,6 +18,10 @@ import (
 
 func init() { plan.RegisterAgent(AgentName, newAgent) }
 
+// settleRounds is how many balancing rounds the moving average needs to
+// show most of a move's effect ((4/5)^8 < 0.17 of the old load left).
+const settleRounds = 8
+
 // activeWindow is how recently a (flow, stage) must have seen a packet to
 // count as load-bearing when the balancer places buckets.
 const activeWindow = time.Second
@@ -33,8 +37,17 @@ type agent struct {
 	dir    string
 	dp     *steer.Datapath
 	cfg    steer.Config
-	static [steer.NumStages][steer.Buckets]uint32 // placement without balancing
-	stages []int                                  // stages the agent balances
+	static [steer.NumStages][steer.Buckets]uint32 // Falcon's hashed placement
+	// initial is what apply wrote and where idle buckets rest: static, or
+	// with spread=busy "stay" for the stages in homeFirst.
+	initial   [steer.NumStages][steer.Buckets]uint32
+	homeFirst map[int]bool
+	stages    []int // stages the agent balances, in pipeline order
+	round     int
+	// lastSpread is the round in which a pipelined stage last moved:
+	// spread=busy moves the split stage off the IRQ core only once the
+	// later stages' moves have settled and the core is still busy.
+	lastSpread int
 	home   int                                    // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
@@ -98,6 +111,12 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		}
 	}
 	a.static = StaticTables(o, lay)
+	a.initial = InitialTables(o, lay)
+	a.homeFirst = map[int]bool{}
+	for _, st := range HomeFirstStages(o) {
+		a.homeFirst[st] = true
+	}
+	a.lastSpread = -settleRounds
 	cpumap = union(lay.SplitCPUs, nil)
 	if o.Pipeline || o.Balance {
 		a.stages = append(a.stages, steer.StageBridge, steer.StageContainer)
@@ -133,8 +152,8 @@ func (a *agent) Status() any {
 	return s
 }
 
-// Run balances until ctx ends, then writes the static tables back (moves
-// back obey the flowlet rule like any other).
+// Run balances until ctx ends, then writes the tables apply wrote back
+// (moves back obey the flowlet rule like any other).
 func (a *agent) Run(ctx context.Context) error {
 	defer a.dp.Close()
 	defer a.restore()
@@ -162,7 +181,7 @@ func (a *agent) Run(ctx context.Context) error {
 
 func (a *agent) restore() {
 	for _, st := range a.stages {
-		a.dp.SetTable(st, a.static[st])
+		a.dp.SetTable(st, a.initial[st])
 	}
 }
 
@@ -202,9 +221,16 @@ func (a *agent) step(s load.Sample) error {
 		return err
 	}
 	var moves int
+	a.round++
 	for _, st := range a.stages {
 		cur := tables[st]
 		var next [steer.Buckets]uint32
+		if st == steer.StageSplit && a.homeFirst[st] && !fallen && a.round-a.lastSpread < settleRounds {
+			// Splitting is the last resort: wait until the moving
+			// averages show what the later stages' moves left on the
+			// IRQ core.
+			continue
+		}
 		if fallen {
 			// Vanilla placement: everything on the IRQ core, where with
 			// prio the first stage keeps its two queues.
@@ -227,6 +253,9 @@ func (a *agent) step(s load.Sample) error {
 		for b := range next {
 			if next[b] != cur[b] && active[st][b] {
 				moves++
+				if st != steer.StageSplit {
+					a.lastSpread = a.round
+				}
 			}
 		}
 	}
@@ -274,10 +303,12 @@ func (a *agent) assign(stage int, cur [steer.Buckets]uint32, active [steer.Bucke
 		return steer.Stay
 	}
 	hashed := make([]int, steer.Buckets)
+	home := make([]int, steer.Buckets)
 	current := make([]int, steer.Buckets)
 	act := make([]bool, steer.Buckets)
 	for b := 0; b < steer.Buckets; b++ {
 		hashed[b] = toCore(a.static[stage][b])
+		home[b] = toCore(a.initial[stage][b])
 		current[b] = toCore(cur[b])
 		act[b] = active[b] && hashed[b] >= 0
 	}
@@ -285,15 +316,24 @@ func (a *agent) assign(stage int, cur [steer.Buckets]uint32, active [steer.Bucke
 	if stage == steer.StageSplit {
 		bal = a.split
 	}
-	nextCores, _ := bal.Assign(hashed, current, act)
+	var nextCores []int
+	if a.homeFirst[stage] {
+		nextCores, _ = bal.AssignHome(hashed, home, current, act)
+	} else {
+		nextCores, _ = bal.Assign(hashed, current, act)
+	}
 	var next [steer.Buckets]uint32
 	for b := range next {
 		if !act[b] {
 			// No traffic: nothing to balance, and nothing to reorder.
-			next[b] = a.static[stage][b]
+			next[b] = a.initial[stage][b]
 			continue
 		}
-		next[b] = toIdx(nextCores[b], a.static[stage][b])
+		ref := a.static[stage][b]
+		if a.homeFirst[stage] {
+			ref = a.initial[stage][b] // home is "stay": the kernel's core
+		}
+		next[b] = toIdx(nextCores[b], ref)
 	}
 	return next
 }

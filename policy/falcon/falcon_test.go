@@ -41,7 +41,9 @@ func TestFalconApplyReset(t *testing.T) {
 				t.Log("bpffs was mounted before the apply: the test cannot see the plan mount it")
 			}
 
-			a := apply(t, tb, "falcon", nil)
+			// spread=always: every stage placed by hash from the start,
+			// so the transfers below cross the steered paths.
+			a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
 			if a.State.Plan.Agent != falcon.AgentName {
 				t.Errorf("plan agent %q, want %q", a.State.Plan.Agent, falcon.AgentName)
 			}
@@ -277,7 +279,9 @@ func TestFalconUDPInOrder(t *testing.T) {
 	online(t)
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
-	a := apply(t, tb, "falcon", nil)
+	// spread=always: the tables start at Falcon's hash, so the stream
+	// crosses cores from its first datagram.
+	a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
 	dp := a.Open(t)
 	static := tables(t, dp)
 	if !allEqual(static[steer.StageSplit], 0) {

@@ -262,7 +262,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 
 	// Last: switch placement on. Moves from "stay" obey the flowlet rule.
-	tables := StaticTables(o, lay)
+	tables := InitialTables(o, lay)
 	for s := 0; s < steer.NumStages; s++ {
 		if allStay(tables[s]) {
 			continue
@@ -276,6 +276,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.Balance {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
+	}
+	if o.spreadBusy() && (o.Pipeline || o.Split) {
+		pl.Notes = append(pl.Notes, "spread=busy: stages stay on the IRQ core until it passes the threshold; `lanes agent` then sends them to their hashed cores (spread=always places them by hash from the start)")
 	}
 	return pl, nil
 }
@@ -305,6 +308,37 @@ func StaticTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 
 		}
 	}
 	return t
+}
+
+// InitialTables is the placement apply writes: StaticTables, except that
+// with spread=busy the stages the balancer spreads start where the kernel
+// runs them (Stay) and leave only once that core is busy. With prio the
+// split stage keeps its static table: its "stay" is the IRQ core's
+// high-priority-aware queue, which the static table already names.
+func InitialTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 {
+	t := StaticTables(o, lay)
+	if !o.spreadBusy() {
+		return t
+	}
+	for _, s := range HomeFirstStages(o) {
+		for b := range t[s] {
+			t[s][b] = steer.Stay
+		}
+	}
+	return t
+}
+
+// HomeFirstStages are the stages spread=busy keeps home until the IRQ core
+// is busy.
+func HomeFirstStages(o Options) []int {
+	if !o.spreadBusy() {
+		return nil
+	}
+	st := []int{steer.StageBridge, steer.StageContainer}
+	if !o.Prio {
+		st = append(st, steer.StageSplit)
+	}
+	return st
 }
 
 func allStay(t [steer.Buckets]uint32) bool {

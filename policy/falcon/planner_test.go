@@ -64,11 +64,14 @@ func TestPlanModes(t *testing.T) {
 		tables        []int
 		agent         bool
 	}{
-		{"falcon", 1, 3, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
+		// spread=busy (the default): every stage starts where the kernel
+		// runs it; the agent spreads them once the IRQ core is busy.
+		{"falcon", 1, 3, 2, nil, true},
 		{"falcon-pipeline", 0, 3, 2, []int{steer.StageBridge, steer.StageContainer}, false},
 		{"falcon-split", 1, 0, 0, []int{steer.StageSplit}, false},
 		{"falcon-balance", 0, 3, 2, nil, true},
-		{"falcon-prism", 1, 3, 2, []int{steer.StageSplit, steer.StageBridge, steer.StageContainer}, true},
+		// prio: the split stage's table names the IRQ core's queues.
+		{"falcon-prism", 1, 3, 2, []int{steer.StageSplit}, true},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			p, err := planFor(t, tc.mode, nil)
@@ -124,7 +127,7 @@ func TestPlanModes(t *testing.T) {
 }
 
 func TestPlanTables(t *testing.T) {
-	p, err := planFor(t, "falcon", nil)
+	p, err := planFor(t, "falcon", map[string]string{"spread": "always"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +151,39 @@ func TestPlanTables(t *testing.T) {
 				t.Errorf("setup %+v in %s", s, dk.Dir)
 			}
 		}
+	}
+}
+
+// With spread=busy the hashed tables are the balancer's targets, not
+// what apply writes: nothing leaves the IRQ core before it is busy.
+func TestPlanSpreadBusy(t *testing.T) {
+	p, err := planFor(t, "falcon", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, tables := kinds(p); len(tables) != 0 {
+		t.Errorf("tables %v, want none written (all stay)", tables)
+	}
+	o, err := OptionsFor("falcon", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay := Layout{CPUs: []int{0, 1}, Set: []int{0, 1}, SplitCPUs: []int{0}, IRQCPUs: []int{1}}
+	init, static := InitialTables(o, lay), StaticTables(o, lay)
+	for s := range steer.NumStages {
+		if !allStay(init[s]) {
+			t.Errorf("stage %d starts %v, want all stay", s, init[s][:4])
+		}
+		if allStay(static[s]) {
+			t.Errorf("stage %d: no hashed placement for the balancer", s)
+		}
+	}
+	if st := HomeFirstStages(o); len(st) != 3 {
+		t.Errorf("home-first stages %v, want all three", st)
+	}
+	o.Balance = false // without the balancer nobody would spread them
+	if st := HomeFirstStages(o); st != nil {
+		t.Errorf("home-first stages without balance: %v", st)
 	}
 }
 

@@ -1,0 +1,92 @@
+//go:build sweep
+
+package falcon_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/lanesnet/lanes/bench/stress"
+	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/testbed"
+	"golang.org/x/sys/unix"
+)
+
+type progCost struct{ ns, cnt uint64 }
+
+func readCosts(t *testing.T) map[string]progCost {
+	out := map[string]progCost{}
+	id := ebpf.ProgramID(0)
+	for {
+		next, err := ebpf.ProgramGetNextID(id)
+		if err != nil {
+			break
+		}
+		id = next
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := p.Info()
+		ps, err2 := p.Stats()
+		p.Close()
+		if err != nil || err2 != nil || !strings.HasPrefix(info.Name, "steer_") {
+			continue
+		}
+		rt, rc := ps.Runtime, ps.RunCount
+		c := out[info.Name]
+		c.ns += uint64(rt)
+		c.cnt += rc
+		out[info.Name] = c
+	}
+	return out
+}
+
+func TestSteerCost(t *testing.T) {
+	st, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	a := modetest.Apply(t, tb, "falcon", nil)
+	dp := a.Open(t)
+	for _, stg := range []int{steer.StageSplit, steer.StageBridge, steer.StageContainer} {
+		var tab [steer.Buckets]uint32
+		for i := range tab {
+			tab[i] = steer.Stay
+		}
+		dp.SetTable(stg, tab)
+	}
+	r, s := tb.Receiver(), tb.Sender()
+	tgt := stress.Target{
+		SenderNetNS: s.NetNS, SenderDev: s.Underlay, SrcMAC: s.UnderlayMAC, DstMAC: r.UnderlayMAC,
+		SrcIP: s.UnderlayAddr.Addr(), DstIP: r.UnderlayAddr.Addr(), VNI: tb.Config.VNI,
+		InnerSrcMAC: s.Containers[0].MAC, InnerDstMAC: r.Containers[0].MAC,
+	}
+	before := readCosts(t)
+	w := stress.NewUDPStress(tgt, stress.GenConfig{CPU: 0, Yield: true})
+	srv := workload.Endpoint{NetNS: r.Containers[0].NetNS, Addr: r.Containers[0].Addr.Addr(), CPUs: []int{1}}
+	cli := workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr()}
+	res, err := w.Run(context.Background(), srv, cli, workload.Point{Duration: 3 * time.Second, Port: 31000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := readCosts(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nrate %.0f Kpps\n", res.PPS/1e3)
+	for n, c := range after {
+		d := progCost{c.ns - before[n].ns, c.cnt - before[n].cnt}
+		if d.cnt == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%-22s runs %10d  avg %6.0f ns  total %.2f s\n", n, d.cnt, float64(d.ns)/float64(d.cnt), float64(d.ns)/1e9)
+	}
+	t.Log(b.String())
+}
