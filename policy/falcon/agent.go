@@ -48,7 +48,7 @@ type agent struct {
 	// spread=busy moves the split stage off the IRQ core only once the
 	// later stages' moves have settled and the core is still busy.
 	lastSpread int
-	home   int                                    // core of "stay" (the IRQ core), -1 unknown
+	home       int // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
 	homeQueued bool

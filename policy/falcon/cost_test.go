@@ -1,5 +1,11 @@
 //go:build sweep
 
+// TestSteerCost is an experiment, not a test: it runs the stress stream
+// at vanilla placement with BPF run-time statistics on and prints what each
+// steer program costs per packet.
+//
+//	go test -tags sweep -run TestSteerCost -v ./policy/falcon/
+
 package falcon_test
 
 import (
