@@ -97,3 +97,76 @@ func TestKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelYielding: a SCHED_IDLE thread spinning on a core shows up as
+// that core's Yielding time, which Contended leaves out.
+func TestKernelYielding(t *testing.T) {
+	if _, err := os.Stat("/proc/stat"); err != nil {
+		t.Skip("no /proc/stat:", err)
+	}
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	core := -1
+	for c := 0; c < len(allowed)*64; c++ {
+		if allowed.IsSet(c) {
+			core = c
+			break
+		}
+	}
+	if core < 0 {
+		t.Skip("empty affinity mask")
+	}
+	ready, stop, done := make(chan error), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		// Never unlocked: the thread, its affinity and its policy die
+		// with the goroutine.
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(core)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			ready <- err
+			return
+		}
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+			ready <- err
+			return
+		}
+		ready <- nil
+		x := 1.0
+		for {
+			select {
+			case <-stop:
+				_ = x
+				return
+			default:
+			}
+			for range 10000 {
+				x = x*1.0000001 + 1e-9
+			}
+		}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	defer func() { close(stop); <-done }()
+	s, err := NewSampler() // finds the spinning thread
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	sm, err := s.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := sm.Core(core)
+	if !ok {
+		t.Fatalf("core %d missing", core)
+	}
+	t.Logf("cpu%d busy %.0f%% yielding %.0f%% contended %.0f%%", core, c.Busy, c.Yielding, c.Contended())
+	if c.Yielding <= 0 || c.Yielding > c.Busy || c.Contended() != c.Busy-c.Yielding {
+		t.Errorf("cpu%d: yielding %v of busy %v: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
+	}
+}

@@ -47,7 +47,17 @@ type Core struct {
 	// Rx is the core's receive processing: SoftIRQ + RxKthreads, capped at
 	// 100.
 	Rx float64
+	// Yielding is the run time of SCHED_IDLE threads that last ran on this
+	// core, as a percent of the interval, capped at Busy. Such a thread
+	// runs only when nothing else wants the core, so that time is free for
+	// receive work (the benchmark's traffic generator is one, standing in
+	// for a sender on another machine; batch jobs are others).
+	Yielding float64
 }
+
+// Contended is the core's busy time that receive work would compete for:
+// Busy less Yielding. It is the balancer's "busy" figure.
+func (c Core) Contended() float64 { return max(0, c.Busy-c.Yielding) }
 
 // Sample is the load of every online core over the interval that ended at
 // At.
@@ -109,6 +119,9 @@ type Sampler struct {
 	threads map[int]tracked
 	scanned time.Time
 	last    []Thread
+	// yielders are the SCHED_IDLE user threads, by /proc-relative path of
+	// their task directory ("PID/task/TID").
+	yielders map[string]tracked
 }
 
 // NewSampler takes the first snapshot; the first Sample measures from here.
@@ -117,7 +130,7 @@ func NewSampler() (*Sampler, error) {
 }
 
 func newSampler(proc string, now func() time.Time) (*Sampler, error) {
-	s := &Sampler{proc: proc, now: now, rescan: rescanEvery, threads: map[int]tracked{}}
+	s := &Sampler{proc: proc, now: now, rescan: rescanEvery, threads: map[int]tracked{}, yielders: map[string]tracked{}}
 	at, stat, err := s.readStat()
 	if err != nil {
 		return nil, err
@@ -126,6 +139,7 @@ func newSampler(proc string, now func() time.Time) (*Sampler, error) {
 	if err := s.scan(at); err != nil {
 		return nil, err
 	}
+	s.scanYielders()
 	return s, nil
 }
 
@@ -160,10 +174,12 @@ func (s *Sampler) Sample() (Sample, error) {
 		rxNS[st.CPU] += ns
 		threads = append(threads, Thread{PID: pid, Comm: st.Comm, CPU: st.CPU, Percent: percentOf(ns, interval)})
 	}
+	yieldNS := s.measureYielders()
 	if at.Sub(s.scanned) >= s.rescan {
 		// The threads already known are measured either way; a failed search
 		// for new ones is retried at the next sample.
 		_ = s.scan(at)
+		s.scanYielders()
 	}
 
 	for cpu, cur := range stat {
@@ -174,6 +190,7 @@ func (s *Sampler) Sample() (Sample, error) {
 		c := cpuLoad(cpu, prev, cur)
 		c.RxKthreads = min(100, percentOf(rxNS[cpu], interval))
 		c.Rx = min(100, c.SoftIRQ+c.RxKthreads)
+		c.Yielding = min(c.Busy, percentOf(yieldNS[cpu], interval))
 		out.Cores = append(out.Cores, c)
 	}
 	slices.SortFunc(out.Cores, func(a, b Core) int { return a.CPU - b.CPU })
@@ -299,4 +316,74 @@ func (s *Sampler) kthreadPIDs() ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// measureYielders returns, per core, the run time of the tracked SCHED_IDLE
+// threads since the last reading (each counted whole on the core it last
+// ran on), and drops those that exited or left SCHED_IDLE.
+func (s *Sampler) measureYielders() map[int]uint64 {
+	ns := map[int]uint64{}
+	for dir, old := range s.yielders {
+		st, run, ok := s.readYielder(dir)
+		if !ok {
+			delete(s.yielders, dir)
+			continue
+		}
+		s.yielders[dir] = tracked{start: st.StartTime, run: run, precise: true}
+		if st.StartTime == old.start && run >= old.run {
+			ns[st.CPU] += run - old.run
+		}
+	}
+	return ns
+}
+
+// scanYielders looks through every user thread for SCHED_IDLE ones not yet
+// tracked. It reads one small file per thread of the host, so it runs at
+// the kthread rescan's pace, not at every sample; errors only mean a
+// thread is found later or not at all.
+func (s *Sampler) scanYielders() {
+	procs, err := os.ReadDir(s.proc)
+	if err != nil {
+		return
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		tasks, err := os.ReadDir(filepath.Join(s.proc, p.Name(), "task"))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			dir := filepath.Join(p.Name(), "task", t.Name())
+			if _, ok := s.yielders[dir]; ok {
+				continue
+			}
+			if st, run, ok := s.readYielder(dir); ok {
+				s.yielders[dir] = tracked{start: st.StartTime, run: run, precise: true}
+			}
+		}
+	}
+}
+
+// readYielder reads a task's stat and schedstat run time; ok only for a
+// live SCHED_IDLE user thread with a schedstat.
+func (s *Sampler) readYielder(dir string) (kthread.ProcStat, uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(s.proc, dir, "stat"))
+	if err != nil {
+		return kthread.ProcStat{}, 0, false
+	}
+	st, err := kthread.ParseProcStat(string(b))
+	if err != nil || st.Kthread || st.Policy != kthread.SchedIdle {
+		return kthread.ProcStat{}, 0, false
+	}
+	b, err = os.ReadFile(filepath.Join(s.proc, dir, "schedstat"))
+	if err != nil {
+		return kthread.ProcStat{}, 0, false
+	}
+	ns, err := parseSchedstat(string(b))
+	if err != nil {
+		return kthread.ProcStat{}, 0, false
+	}
+	return st, ns, true
 }

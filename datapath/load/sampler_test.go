@@ -51,6 +51,8 @@ type task struct {
 	start   uint64
 	cpu     int
 	sched   string // schedstat content; "" for no file
+	policy  int
+	dir     string // task directory relative to /proc; "" for "PID"
 }
 
 func (p *fakeProc) task(k task) {
@@ -70,7 +72,11 @@ func (p *fakeProc) task(k task) {
 	set(14, k.ticks)
 	set(22, k.start)
 	set(39, k.cpu)
+	set(41, k.policy)
 	dir := fmt.Sprint(k.pid)
+	if k.dir != "" {
+		dir = k.dir
+	}
 	p.write(filepath.Join(dir, "stat"), fmt.Sprintf("%d (%s) %s\n", k.pid, k.comm, strings.Join(f, " ")))
 	if k.sched != "" {
 		p.write(filepath.Join(dir, "schedstat"), k.sched)
@@ -267,5 +273,54 @@ func TestSamplerEdges(t *testing.T) {
 	}
 	if _, err := newSampler(filepath.Join(p.root, "nope"), time.Now); err == nil {
 		t.Error("no error without /proc/stat")
+	}
+}
+
+// SCHED_IDLE user threads' run time is Yielding on the core they last ran
+// on, and Contended leaves it out; other threads and kthreads are not
+// yielders, and a thread that leaves SCHED_IDLE stops counting.
+func TestSamplerYielding(t *testing.T) {
+	p := newFakeProc(t)
+	p.stat(CPUTimes{System: 1000, Idle: 1000}, CPUTimes{System: 1000, Idle: 1000})
+	gen := task{pid: 700, comm: "lanes", cpu: 0, start: 5, policy: kthread.SchedIdle, sched: sched(1e9), dir: "700/task/701"}
+	p.task(gen)
+	p.task(task{pid: 700, comm: "lanes", cpu: 1, start: 5, sched: sched(1e9), dir: "700/task/700"})                                 // normal policy
+	p.task(task{pid: 9, comm: "ksoftirqd/0", kthread: true, cpu: 0, policy: kthread.SchedIdle, sched: sched(1e9), dir: "9/task/9"}) // kthreads are not yielders
+
+	s, err := newSampler(p.root, clock(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.rescan = time.Hour
+	// One second: core 0 100% system, 90% of it the generator's.
+	p.stat(CPUTimes{System: 1100, Idle: 1000}, CPUTimes{System: 1050, Idle: 1050})
+	gen.sched = sched(1.9e9)
+	p.task(gen)
+	p.task(task{pid: 700, comm: "lanes", cpu: 1, start: 5, sched: sched(1.5e9), dir: "700/task/700"})
+	p.task(task{pid: 9, comm: "ksoftirqd/0", kthread: true, cpu: 0, policy: kthread.SchedIdle, sched: sched(1.5e9), dir: "9/task/9"})
+	sm, err := s.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0, c1 := sm.Cores[0], sm.Cores[1]
+	if !near(c0.Busy, 100) || !near(c0.Yielding, 90) || !near(c0.Contended(), 10) {
+		t.Errorf("core 0: busy %v yielding %v contended %v, want 100 90 10", c0.Busy, c0.Yielding, c0.Contended())
+	}
+	if !near(c1.Yielding, 0) || !near(c1.Contended(), 50) {
+		t.Errorf("core 1: yielding %v contended %v, want 0 50", c1.Yielding, c1.Contended())
+	}
+	// Back to normal scheduling: no longer a yielder.
+	gen.policy, gen.sched = 0, sched(2.9e9)
+	p.task(gen)
+	p.stat(CPUTimes{System: 1200, Idle: 1000}, CPUTimes{System: 1100, Idle: 1100})
+	if sm, err = s.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	if c := sm.Cores[0]; !near(c.Yielding, 0) || !near(c.Contended(), 100) {
+		t.Errorf("after leaving SCHED_IDLE: yielding %v contended %v, want 0 100", c.Yielding, c.Contended())
+	}
+	// Yielding never exceeds Busy (a whole-interval thread on an idle-looking core).
+	if c := (Core{Busy: 20, Yielding: 20}); c.Contended() != 0 {
+		t.Errorf("Contended %v", c.Contended())
 	}
 }

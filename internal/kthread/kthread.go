@@ -78,7 +78,12 @@ type ProcStat struct {
 	Ticks     uint64 // utime + stime, USER_HZ
 	StartTime uint64 // boot-relative ticks; tells a reused pid from the thread it had
 	CPU       int    // the core it last ran on
+	Policy    int    // scheduling policy (field 41; SchedIdle, ...); 0 when the line is shorter
 }
+
+// SchedIdle is the SCHED_IDLE policy: a thread that runs only when nothing
+// else on its core wants to.
+const SchedIdle = 5
 
 // ParseProcStat parses /proc/PID/stat: the one parser of it in lanes. The
 // comm sits in parentheses and may itself hold spaces and parentheses, so
@@ -105,5 +110,14 @@ func ParseProcStat(s string) (ProcStat, error) {
 			return ProcStat{}, fmt.Errorf("pid stat: %w", err)
 		}
 	}
-	return ProcStat{Comm: s[open+1 : end], Flags: fl, Kthread: fl&PFKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}, nil
+	ps := ProcStat{Comm: s[open+1 : end], Flags: fl, Kthread: fl&PFKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}
+	const policy = 41
+	if len(f) > policy-3 {
+		p, err := strconv.Atoi(f[policy-3])
+		if err != nil {
+			return ProcStat{}, fmt.Errorf("pid stat: policy: %w", err)
+		}
+		ps.Policy = p
+	}
+	return ps, nil
 }

@@ -17,6 +17,12 @@ func TestParseProcStat(t *testing.T) {
 		{"812 (cpumap/3/map:17) S 2 0 0 0 -1 2129984 0 0 0 0 0 88 0 0 20 0 1 0 5000 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
 			ProcStat{Flags: 2129984, Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
 	}
+	// The stress generator's thread: SCHED_IDLE (policy 5, field 41).
+	cases = append(cases, struct {
+		in   string
+		want ProcStat
+	}{"777 (lanes) R 1 777 777 0 -1 4194368 0 0 0 0 10 290 0 0 39 19 1 0 4000 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 -1 0 0 5 0 0 0 0 0 0 0 0 0 0 0\n",
+		ProcStat{Flags: 4194368, Comm: "lanes", Ticks: 300, StartTime: 4000, CPU: 0, Policy: SchedIdle}})
 	for _, tc := range cases {
 		got, err := ParseProcStat(tc.in)
 		if err != nil {

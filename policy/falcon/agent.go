@@ -191,7 +191,9 @@ func (a *agent) step(s load.Sample) error {
 	for _, c := range s.Cores {
 		v := c.Rx
 		if a.o.Load == "busy" {
-			v = c.Busy
+			// Falcon's figure, less the time of threads that yield to
+			// anything (SCHED_IDLE): receive work would not wait for it.
+			v = c.Contended()
 		}
 		loads[c.CPU] = v
 	}

@@ -54,7 +54,8 @@ type Options struct {
 	Drain time.Duration
 	// Load is what counts as a core's load: "rx" (softirq time plus
 	// receive kthreads: NAPI, cpumap; what the receive path itself costs)
-	// or "busy" (all non-idle time, Falcon's own figure).
+	// or "busy" (all non-idle time, Falcon's own figure, less the time of
+	// SCHED_IDLE threads, which give the core up to anything).
 	Load string
 	// QueueSize is the cpumap queue length per split core (frames).
 	QueueSize uint32
@@ -100,7 +101,7 @@ func Defaults() Options {
 		Interval:   40 * time.Millisecond,
 		Flowlet:    steer.DefaultFlowlet,
 		Drain:      steer.DefaultDrain,
-		Load:       "rx",
+		Load:       "busy",
 		QueueSize:  2048,
 		PrioRT:     53,
 		Spread:     SpreadBusy,
@@ -118,7 +119,7 @@ var params = []plan.Param{
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
 	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); 0 = do not wait for the queue"},
-	{Key: "load", Default: "rx", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time)"},
+	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},

@@ -245,7 +245,7 @@ func TestParamsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "rx" || back.QueueSize != o.QueueSize {
+	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "busy" || back.Spread != SpreadBusy || back.QueueSize != o.QueueSize {
 		t.Errorf("round trip: %+v", back)
 	}
 }
