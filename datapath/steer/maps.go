@@ -24,6 +24,7 @@ const (
 	cfgMFlowBridge   = 0x10
 	cfgNoBridgeCount = 0x20
 	cfgSync          = 0x40
+	cfgHome          = 0x80 // << stage: the stage is at home (SetHome)
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -453,6 +454,83 @@ func (d *Datapath) ActiveBuckets(window time.Duration) ([NumStages][Buckets]bool
 	return out, n, err
 }
 
+// Home reports which stages are at home (SetHome).
+func (d *Datapath) Home() ([NumStages]bool, error) {
+	var out [NumStages]bool
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return out, fmt.Errorf("reading steer config: %w", err)
+	}
+	for st := range out {
+		out[st] = k.Flags&(cfgHome<<st) != 0
+	}
+	return out, nil
+}
+
+// SetHome switches a stage's at-home fast path: while on, the stage's
+// program keeps vanilla placement without per-flow state, which costs a
+// fraction of the full path. It is runtime state of the balancer, not part
+// of Config (SetConfig clears it):
+//
+//   - Switch it on only while the stage's table is all Stay and StageAtHome
+//     says no flow's stage runs elsewhere: on the fast path nothing moves.
+//   - Before switching it off, DeleteStageFlows: the states left from
+//     before count nothing the fast path queued. The frames queued at home
+//     are ahead, in the same per-core FIFO queues, of the first frames
+//     counted afresh, so a move that waits for those waits for them too.
+//
+// The write replaces the whole config entry with what was read plus the
+// bit; lanes agent is its only runtime writer.
+func (d *Datapath) SetHome(stage int, on bool) error {
+	if err := checkStage(stage); err != nil {
+		return err
+	}
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	bit := uint32(cfgHome) << stage
+	if on {
+		k.Flags |= bit
+	} else {
+		k.Flags &^= bit
+	}
+	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
+		return fmt.Errorf("writing steer config: %w", err)
+	}
+	return nil
+}
+
+// StageAtHome reports whether no flow's stage runs away from where the
+// kernel runs it: every state of the stage says Stay.
+func (d *Datapath) StageAtHome(stage int) (bool, error) {
+	home := true
+	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
+		if int(k.Stage) == stage && s.CpuIdx != Stay {
+			home = false
+		}
+	})
+	return home, err
+}
+
+// DeleteStageFlows removes every flow state of a stage.
+func (d *Datapath) DeleteStageFlows(stage int) error {
+	var keys []steerSteerFlowKey
+	if err := d.eachFlow(func(k *steerSteerFlowKey, _ *steerSteerFlowState) {
+		if int(k.Stage) == stage {
+			keys = append(keys, *k)
+		}
+	}); err != nil {
+		return err
+	}
+	for i := range keys {
+		if err := d.objs.SteerFlows.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting a flow state: %w", err)
+		}
+	}
+	return nil
+}
+
 // flowChunk is how many flows one batch syscall reads.
 const flowChunk = 1024
 
@@ -540,12 +618,16 @@ type Counters struct {
 	// destination (or because they were too long for it).
 	Sync     uint64
 	SyncMiss uint64
+
+	// Home is frames that took the stage's at-home fast path (SetHome):
+	// vanilla placement without per-flow state; not in Stayed.
+	Home uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

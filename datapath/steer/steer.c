@@ -103,6 +103,14 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* PRISM-sync: high-priority frames for a destination in steer_sync skip
  * every queue (see sync_dest). Only with CFG_PRIO. */
 #define CFG_SYNC 0x40
+/* The stage is at home: every flow's stage runs where the kernel runs it
+ * and stays there, so its program skips the per-flow state (lookups, clock,
+ * in-flight counts) and only keeps vanilla placement. Runtime state, set
+ * by lanes agent only when the stage's table is all STAY and no flow's
+ * stage is elsewhere; before it leaves home it deletes the stage's stale
+ * flow states, so counting starts afresh. PRISM's classification and
+ * MFLOW's splitting need the full path: steer_xdp ignores the bit then. */
+#define CFG_HOME(stage) (0x80u << (stage))
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -135,6 +143,7 @@ enum counter {
 	CNT_MF_LATE,     /* of those, frames of a micro-flow older than one already seen: batch-level reordering */
 	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
 	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
+	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
 	NUM_COUNTERS,
 };
 
@@ -889,6 +898,10 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_DISABLED);
 		return XDP_PASS;
 	}
+	if ((cfg->flags & CFG_HOME(STAGE_SPLIT)) && !(cfg->flags & (CFG_PRIO | CFG_MFLOW))) {
+		count(STAGE_SPLIT, CNT_HOME);
+		return XDP_PASS;
+	}
 	if (parse_outer(&c, cfg, &t, &ov) < 0) {
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
@@ -1063,10 +1076,11 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		return TC_ACT_UNSPEC;
 	}
 
-	/* The previous stage's queue handed these frames on. */
+	/* The previous stage's queue handed these frames on (a stage at home
+	 * counted none). */
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
-	else if (!outer)
+	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)))
 		seen(&t, STAGE_BRIDGE, skb_frames(skb));
 
 	fh = flow_hash(&t);
@@ -1076,6 +1090,10 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		 * the table and the in-flight counts, like at the split. */
 		arrived(&t, seq, skb_frames(skb));
 		count(stage, CNT_STAYED);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
+	}
+	if ((cfg->flags & CFG_HOME(stage)) && !(outer && (cfg->flags & CFG_MFLOW_BRIDGE))) {
+		count(stage, CNT_HOME);
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, &st);
@@ -1119,7 +1137,7 @@ int steer_tc_seen(struct __sk_buff *skb)
 	struct tuple t = {};
 	struct cursor c;
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED))
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || (cfg->flags & CFG_HOME(STAGE_CONTAINER)))
 		return TC_ACT_UNSPEC;
 	if (pull(skb, MAX_INNER_HDRS) < 0)
 		return TC_ACT_UNSPEC;

@@ -48,7 +48,11 @@ type agent struct {
 	// spread=busy moves the split stage off the IRQ core only once the
 	// later stages' moves have settled and the core is still busy.
 	lastSpread int
-	home       int // core of "stay" (the IRQ core), -1 unknown
+	// atHome: the stage's programs are on their at-home fast path
+	// (steer.Datapath.SetHome), which spread=busy uses while nothing of
+	// the stage leaves the IRQ core.
+	atHome [steer.NumStages]bool
+	home   int // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
 	homeQueued bool
@@ -70,6 +74,9 @@ type AgentStatus struct {
 	Moves      uint64          `json:"moves"`
 	Fallbacks  uint64          `json:"fallbacks"`
 	Active     int             `json:"active_flow_stages"`
+	// Home lists the stages on their at-home fast path: vanilla placement
+	// without per-flow work, until the IRQ core gets busy.
+	Home []string `json:"home,omitempty"`
 }
 
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
@@ -117,6 +124,13 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		a.homeFirst[st] = true
 	}
 	a.lastSpread = -settleRounds
+	if a.home >= 0 && len(a.homeFirst) > 0 {
+		// A previous agent may have left stages at home.
+		if a.atHome, err = dp.Home(); err != nil {
+			dp.Close()
+			return nil, err
+		}
+	}
 	cpumap = union(lay.SplitCPUs, nil)
 	if o.Pipeline || o.Balance {
 		a.stages = append(a.stages, steer.StageBridge, steer.StageContainer)
@@ -233,6 +247,16 @@ func (a *agent) step(s load.Sample) error {
 			// IRQ core.
 			continue
 		}
+		if a.atHome[st] {
+			// Leave home only to spread: when the IRQ core is busy.
+			if fallen || a.stageBal(st).Load(a.home) < a.o.Threshold {
+				continue
+			}
+			if err := a.leaveHome(st); err != nil {
+				return err
+			}
+			continue // the next round sees the stage's flows afresh
+		}
 		if fallen {
 			// Vanilla placement: everything on the IRQ core, where with
 			// prio the first stage keeps its two queues.
@@ -247,6 +271,9 @@ func (a *agent) step(s load.Sample) error {
 			next = a.assign(st, cur, active[st])
 		}
 		if next == cur {
+			if err := a.maybeHome(st, next); err != nil {
+				return err
+			}
 			continue
 		}
 		if err := a.dp.SetTable(st, next); err != nil {
@@ -278,9 +305,59 @@ func (a *agent) step(s load.Sample) error {
 	a.status.Moves += uint64(moves)
 	a.status.Fallbacks = bs.Fallbacks
 	a.status.Active = nactive
+	a.status.Home = nil
+	for st, h := range a.atHome {
+		if h {
+			a.status.Home = append(a.status.Home, steer.StageName(st))
+		}
+	}
 	a.mu.Unlock()
 	if a.m != nil {
 		a.m.observe(load, moves, fallen, bs, nactive, sd)
+	}
+	return nil
+}
+
+func (a *agent) stageBal(stage int) *balancer.Balancer {
+	if stage == steer.StageSplit && a.split != nil {
+		return a.split
+	}
+	return a.bal
+}
+
+// maybeHome puts a home-first stage on its at-home fast path once its
+// table (unchanged this round) is all "stay" and no flow's stage is still
+// elsewhere (flows follow a table only at their next flowlet boundary).
+func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32) error {
+	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || !allStay(table) {
+		return nil
+	}
+	ok, err := a.dp.StageAtHome(stage)
+	if err != nil || !ok {
+		return err
+	}
+	if err := a.dp.SetHome(stage, true); err != nil {
+		return err
+	}
+	a.atHome[stage] = true
+	if a.env.Logf != nil {
+		a.env.Logf("%s stage at home: vanilla placement, per-flow work off", steer.StageName(stage))
+	}
+	return nil
+}
+
+// leaveHome puts a stage back on the full path, with fresh flow states:
+// the old ones counted nothing while at home (see steer.Datapath.SetHome).
+func (a *agent) leaveHome(stage int) error {
+	if err := a.dp.DeleteStageFlows(stage); err != nil {
+		return err
+	}
+	if err := a.dp.SetHome(stage, false); err != nil {
+		return err
+	}
+	a.atHome[stage] = false
+	if a.env.Logf != nil {
+		a.env.Logf("%s stage leaves home: core %d at %.0f%%", steer.StageName(stage), a.home, a.stageBal(stage).Load(a.home))
 	}
 	return nil
 }

@@ -1,0 +1,115 @@
+//go:build linux
+
+package steer
+
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// A stage at home (SetHome) keeps vanilla placement without per-flow state:
+// no flow is created or updated, frames pass byte for byte, the Home
+// counter counts them; leaving home restores the full path. PRISM and MFLOW
+// keep steer_xdp on the full path whatever the bit says.
+func TestHomeFastPath(t *testing.T) {
+	d, _ := newDatapath(t)
+	for st := range NumStages {
+		if err := d.SetHome(st, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, err := d.Home(); err != nil || h != [NumStages]bool{true, true, true} {
+		t.Fatalf("Home = %v, %v", h, err)
+	}
+	f := udpFlow(40000)
+	outer, inner := vxlanFrame(frameSpec{flow: f}), innerFrame(frameSpec{flow: f})
+	if ret, out := runXDP(t, d, outer); ret != xdpPass {
+		t.Errorf("xdp verdict %d, want XDP_PASS", ret)
+	} else {
+		sameBytes(t, "xdp at home", outer, out)
+	}
+	for _, run := range []struct {
+		name  string
+		frame []byte
+		prog  func(*Datapath) *ebpf.Program
+	}{
+		{"ingress", outer, (*Datapath).TCIngress},
+		{"egress", inner, (*Datapath).TCEgress},
+	} {
+		ret, out := runTC(t, run.prog(d), run.frame)
+		if ret != tcUnspec {
+			t.Errorf("%s: verdict %d, want TC_ACT_UNSPEC", run.name, int32(ret))
+		}
+		sameBytes(t, run.name+" at home", run.frame, out)
+	}
+	if ret, _ := runTC(t, d.TCSeen(), inner); ret != tcUnspec {
+		t.Errorf("seen: verdict %d", int32(ret))
+	}
+	for st := range NumStages {
+		if _, ok := flowState(t, d, f, st); ok {
+			t.Errorf("stage %d: flow state created at home", st)
+		}
+	}
+	s := stats(t, d)
+	for st := range NumStages {
+		if s[st] != (Counters{Home: 1}) {
+			t.Errorf("stage %d counters %+v, want 1 home", st, s[st])
+		}
+	}
+
+	// Leaving home: the full path again.
+	if err := d.SetHome(StageBridge, false); err != nil {
+		t.Fatal(err)
+	}
+	runTC(t, d.TCIngress(), outer)
+	if fl := mustFlow(t, d, f, StageBridge); fl.CPUIndex != Stay || fl.Packets != 1 {
+		t.Errorf("bridge flow after leaving home: %+v", fl)
+	}
+	if err := d.DeleteStageFlows(StageBridge); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := flowState(t, d, f, StageBridge); ok {
+		t.Error("DeleteStageFlows left the bridge state")
+	}
+	if ok, err := d.StageAtHome(StageBridge); err != nil || !ok {
+		t.Errorf("StageAtHome = %v, %v", ok, err)
+	}
+
+	// SetConfig (a new apply) starts on the full path.
+	c, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Prio = true
+	if err := d.SetConfig(c); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := d.Home(); h != [NumStages]bool{} {
+		t.Errorf("Home after SetConfig = %v, want all off", h)
+	}
+	// With prio the split stage is classified whatever the bit says.
+	if err := d.SetHome(StageSplit, true); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, outer)
+	if _, ok := flowState(t, d, f, StageSplit); !ok {
+		t.Error("prio: steer_xdp took the fast path")
+	}
+	if err := d.SetHome(NumStages, true); err == nil {
+		t.Error("SetHome accepted a stage out of range")
+	}
+}
+
+// StageAtHome is false while any flow's stage runs away from home.
+func TestStageAtHome(t *testing.T) {
+	d, cores := newDatapath(t)
+	setAll(t, d, StageContainer, uint32(len(cores)-1))
+	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: tcpFlow(40001)}))
+	if ok, err := d.StageAtHome(StageContainer); err != nil || ok {
+		t.Errorf("StageAtHome = %v, %v with a flow placed on a core", ok, err)
+	}
+	if ok, err := d.StageAtHome(StageBridge); err != nil || !ok {
+		t.Errorf("StageAtHome(bridge) = %v, %v with no bridge flows", ok, err)
+	}
+}
