@@ -20,6 +20,9 @@ const recentFlow = 5 * time.Second
 type Steering struct {
 	PinDir string                    `json:"pin_dir"`
 	Stages map[string]steer.Counters `json:"stages"`
+	// Home lists the stages on their at-home fast path (Falcon's agent,
+	// spread=busy): vanilla placement, no per-flow work.
+	Home []string `json:"home,omitempty"`
 	// Stay lists (flow, stage) pairs left at vanilla placement: they run
 	// where the previous stage ran.
 	Stay []FlowStage `json:"stay,omitempty"`
@@ -82,6 +85,13 @@ func steering(s *StatusReport, netns string) error {
 		return err
 	}
 	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}, Prio: cfg.Prio}
+	if home, err := d.Home(); err == nil {
+		for st, h := range home {
+			if h {
+				out.Home = append(out.Home, steer.StageName(st))
+			}
+		}
+	}
 	if cfg.Prio {
 		rules, err := d.Rules()
 		if err != nil {

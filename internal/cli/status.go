@@ -90,6 +90,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 	w.Flush()
 	if st := s.Steering; st != nil {
 		fmt.Fprintf(out, "\nsteering (%s):\n", st.PinDir)
+		if len(st.Home) > 0 {
+			fmt.Fprintf(out, "  at home (vanilla placement, per-flow work off until the IRQ core is busy): %s\n", strings.Join(st.Home, ", "))
+		}
 		for _, c := range s.Cores {
 			for i, f := range c.Stages {
 				if i == 8 {

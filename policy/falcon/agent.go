@@ -490,7 +490,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, kv := range []struct {
 			o string
 			v uint64
-		}{{"steered", k.Steered}, {"stayed", k.Stayed}, {"passed", k.Passed}, {"held", k.Held}, {"moved", k.Moved}, {"undrained", k.Undrained}, {"disabled", k.Disabled}} {
+		}{{"steered", k.Steered}, {"stayed", k.Stayed}, {"passed", k.Passed}, {"held", k.Held}, {"moved", k.Moved}, {"undrained", k.Undrained}, {"disabled", k.Disabled}, {"home", k.Home}} {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(kv.v), name, kv.o)
 		}
 	}
