@@ -16,20 +16,7 @@ func TestKernel(t *testing.T) {
 	if _, err := os.Stat("/proc/stat"); err != nil {
 		t.Skip("no /proc/stat:", err)
 	}
-	var allowed unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
-		t.Fatal(err)
-	}
-	core := -1
-	for c := 0; c < len(allowed)*64; c++ {
-		if allowed.IsSet(c) {
-			core = c // core 0 when allowed, else the first we may use
-			break
-		}
-	}
-	if core < 0 {
-		t.Skip("empty affinity mask")
-	}
+	core := firstCore(t)
 
 	s, err := NewSampler()
 	if err != nil {
@@ -104,20 +91,7 @@ func TestKernelYielding(t *testing.T) {
 	if _, err := os.Stat("/proc/stat"); err != nil {
 		t.Skip("no /proc/stat:", err)
 	}
-	var allowed unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
-		t.Fatal(err)
-	}
-	core := -1
-	for c := 0; c < len(allowed)*64; c++ {
-		if allowed.IsSet(c) {
-			core = c
-			break
-		}
-	}
-	if core < 0 {
-		t.Skip("empty affinity mask")
-	}
+	core := firstCore(t)
 	ready, stop, done := make(chan error), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -169,4 +143,21 @@ func TestKernelYielding(t *testing.T) {
 	if c.Yielding <= 0 || c.Yielding > c.Busy || c.Contended() != c.Busy-c.Yielding {
 		t.Errorf("cpu%d: yielding %v of busy %v: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
 	}
+}
+
+// firstCore is core 0 when the test may run there, else the first core it
+// may use.
+func firstCore(t *testing.T) int {
+	t.Helper()
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	for c := 0; c < len(allowed)*64; c++ {
+		if allowed.IsSet(c) {
+			return c
+		}
+	}
+	t.Skip("empty affinity mask")
+	return -1
 }
