@@ -4,6 +4,7 @@ package steer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -72,8 +73,8 @@ func TestHomeFastPath(t *testing.T) {
 	if _, ok := flowState(t, d, f, StageBridge); ok {
 		t.Error("DeleteStageFlows left the bridge state")
 	}
-	if ok, err := d.StageAtHome(StageBridge); err != nil || !ok {
-		t.Errorf("StageAtHome = %v, %v", ok, err)
+	if act, err := d.Activity(time.Second); err != nil || act.Away[StageBridge] {
+		t.Errorf("after DeleteStageFlows: away %v, %v", act.Away, err)
 	}
 
 	// SetConfig (a new apply) starts on the full path.
@@ -101,15 +102,24 @@ func TestHomeFastPath(t *testing.T) {
 	}
 }
 
-// StageAtHome is false while any flow's stage runs away from home.
-func TestStageAtHome(t *testing.T) {
+// Activity: a stage is Away while any flow's stage runs away from home,
+// and the flow's bucket is active.
+func TestActivityAway(t *testing.T) {
 	d, cores := newDatapath(t)
 	setAll(t, d, StageContainer, uint32(len(cores)-1))
-	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: tcpFlow(40001)}))
-	if ok, err := d.StageAtHome(StageContainer); err != nil || ok {
-		t.Errorf("StageAtHome = %v, %v with a flow placed on a core", ok, err)
+	f := tcpFlow(40001)
+	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: f}))
+	act, err := d.Activity(time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if ok, err := d.StageAtHome(StageBridge); err != nil || !ok {
-		t.Errorf("StageAtHome(bridge) = %v, %v with no bridge flows", ok, err)
+	if !act.Away[StageContainer] {
+		t.Error("container stage not away with a flow placed on a core")
+	}
+	if act.Away[StageBridge] {
+		t.Error("bridge stage away with no bridge flows")
+	}
+	if b := Bucket(f.hash(), loIfindex, StageContainer); !act.Active[StageContainer][b] || act.Flows != 1 {
+		t.Errorf("bucket %d active %v, %d flows; want active, 1", b, act.Active[StageContainer][b], act.Flows)
 	}
 }

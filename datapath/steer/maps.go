@@ -437,21 +437,37 @@ func cpuIndex(v uint32) uint32 {
 	return v &^ classHi
 }
 
-// ActiveBuckets marks, per stage, the table buckets whose flows saw a
-// packet within window, and counts those (flow, stage) pairs: what a
-// balancer needs each round, without building a Flow per entry.
-func (d *Datapath) ActiveBuckets(window time.Duration) ([NumStages][Buckets]bool, int, error) {
-	var out [NumStages][Buckets]bool
+// Activity is what a balancer needs of the flow map each round, from one
+// walk of it, without building a Flow per entry.
+type Activity struct {
+	// Active marks, per stage, the table buckets whose flows saw a packet
+	// within the window; Flows counts those (flow, stage) pairs.
+	Active [NumStages][Buckets]bool
+	Flows  int
+	// Away is set for a stage if any flow's stage (active or not) runs
+	// away from where the kernel runs it: the stage is not at home yet.
+	Away [NumStages]bool
+}
+
+// Activity walks the flow map once; window is how recent a packet makes a
+// (flow, stage) active.
+func (d *Datapath) Activity(window time.Duration) (Activity, error) {
+	var a Activity
 	now := uint64(Now())
-	n := 0
 	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
-		if int(k.Stage) >= NumStages || now-s.LastNs > uint64(window) {
+		if int(k.Stage) >= NumStages {
 			return
 		}
-		out[k.Stage][s.Bucket%Buckets] = true
-		n++
+		if s.CpuIdx != Stay {
+			a.Away[k.Stage] = true
+		}
+		if now-s.LastNs > uint64(window) {
+			return
+		}
+		a.Active[k.Stage][s.Bucket%Buckets] = true
+		a.Flows++
 	})
-	return out, n, err
+	return a, err
 }
 
 // Home reports which stages are at home (SetHome).
@@ -472,8 +488,9 @@ func (d *Datapath) Home() ([NumStages]bool, error) {
 // fraction of the full path. It is runtime state of the balancer, not part
 // of Config (SetConfig clears it):
 //
-//   - Switch it on only while the stage's table is all Stay and StageAtHome
-//     says no flow's stage runs elsewhere: on the fast path nothing moves.
+//   - Switch it on only while the stage's table is all Stay and Activity
+//     says no flow's stage runs elsewhere (not Away): on the fast path
+//     nothing moves.
 //   - Before switching it off, DeleteStageFlows: the states left from
 //     before count nothing the fast path queued. The frames queued at home
 //     are ahead, in the same per-core FIFO queues, of the first frames
@@ -499,18 +516,6 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
 	return nil
-}
-
-// StageAtHome reports whether no flow's stage runs away from where the
-// kernel runs it: every state of the stage says Stay.
-func (d *Datapath) StageAtHome(stage int) (bool, error) {
-	home := true
-	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
-		if int(k.Stage) == stage && s.CpuIdx != Stay {
-			home = false
-		}
-	})
-	return home, err
 }
 
 // DeleteStageFlows removes every flow state of a stage.

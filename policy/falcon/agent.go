@@ -228,10 +228,11 @@ func (a *agent) step(s load.Sample) error {
 	// A round costs a few syscalls whatever the number of flows: one
 	// batch walk of the flow map, one read of the tables, one write per
 	// stage that changed.
-	active, nactive, err := a.dp.ActiveBuckets(activeWindow)
+	act, err := a.dp.Activity(activeWindow)
 	if err != nil {
 		return err
 	}
+	active, nactive := act.Active, act.Flows
 	tables, err := a.dp.Tables()
 	if err != nil {
 		return err
@@ -271,7 +272,7 @@ func (a *agent) step(s load.Sample) error {
 			next = a.assign(st, cur, active[st])
 		}
 		if next == cur {
-			if err := a.maybeHome(st, next); err != nil {
+			if err := a.maybeHome(st, next, act.Away[st]); err != nil {
 				return err
 			}
 			continue
@@ -327,14 +328,11 @@ func (a *agent) stageBal(stage int) *balancer.Balancer {
 
 // maybeHome puts a home-first stage on its at-home fast path once its
 // table (unchanged this round) is all "stay" and no flow's stage is still
-// elsewhere (flows follow a table only at their next flowlet boundary).
-func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32) error {
-	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || !allStay(table) {
+// elsewhere (away: flows follow a table only at their next flowlet
+// boundary).
+func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away bool) error {
+	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || away || !allStay(table) {
 		return nil
-	}
-	ok, err := a.dp.StageAtHome(stage)
-	if err != nil || !ok {
-		return err
 	}
 	if err := a.dp.SetHome(stage, true); err != nil {
 		return err
