@@ -78,9 +78,9 @@ var modeFlags = []struct{ name, help string }{
 	{"interval", "falcon: balancer sampling interval (default 40ms)"},
 	{"flowlet", "falcon: idle gap after which a flow's stage may move (default 1ms)"},
 	{"pipeline", "falcon: place stages by hash(flow, device): true|false"},
-	{"split", "falcon: split the first stage with XDP + cpumap: true|false"},
+	{"split", "falcon: split the first stage with XDP + cpumap: true|false|auto (off on a veth underlay)"},
 	{"balance", "falcon: balance stages by core load: true|false"},
-	{"load", "falcon: load figure, rx or busy (default rx)"},
+	{"load", "falcon: load figure, rx or busy (default busy)"},
 	{"prio-mode", "prism: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 }
 

@@ -99,6 +99,12 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		if irq := plan.IRQCPUs(t); len(irq) == 1 {
 			a.home = irq[0]
 		}
+		// The planner's rule, so the agent reads the same cpumap the
+		// same way.
+		if o.Split && o.SplitAuto && !o.Prio && len(vethUnderlays(t)) > 0 {
+			o.Split = false
+			a.o = o
+		}
 	}
 	cpumap, _ := dp.CPUMapEntries()
 	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap}

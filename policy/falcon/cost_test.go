@@ -61,7 +61,7 @@ func TestSteerCost(t *testing.T) {
 	}
 	defer st.Close()
 	tb := modetest.UpTestbed(t, testbed.Docker)
-	a := modetest.Apply(t, tb, "falcon", nil)
+	a := modetest.Apply(t, tb, "falcon", map[string]string{"split": "true"})
 	dp := a.Open(t)
 	for _, stg := range []int{steer.StageSplit, steer.StageBridge, steer.StageContainer} {
 		var tab [steer.Buckets]uint32

@@ -42,8 +42,9 @@ func TestFalconApplyReset(t *testing.T) {
 			}
 
 			// spread=always: every stage placed by hash from the start,
-			// so the transfers below cross the steered paths.
-			a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
+			// so the transfers below cross the steered paths; split=true:
+			// the testbed's underlay is a veth, where split=auto is off.
+			a := apply(t, tb, "falcon", map[string]string{"spread": "always", "split": "true"})
 			if a.State.Plan.Agent != falcon.AgentName {
 				t.Errorf("plan agent %q, want %q", a.State.Plan.Agent, falcon.AgentName)
 			}
@@ -280,8 +281,9 @@ func TestFalconUDPInOrder(t *testing.T) {
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
 	// spread=always: the tables start at Falcon's hash, so the stream
-	// crosses cores from its first datagram.
-	a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
+	// crosses cores from its first datagram; split=true: the testbed's
+	// veth underlay would leave splitting off (split=auto).
+	a := apply(t, tb, "falcon", map[string]string{"spread": "always", "split": "true"})
 	dp := a.Open(t)
 	static := tables(t, dp)
 	if !allEqual(static[steer.StageSplit], 0) {
@@ -591,7 +593,8 @@ func TestFalconRefusesForeignXDP(t *testing.T) {
 	}
 	before := modetest.Snapshot(t, tb)
 	stateDir := t.TempDir()
-	_, err = control.Apply(control.Options{Mode: "falcon", NetNS: r.NetNS, StateDir: stateDir})
+	// split=true: on the testbed's veth underlay split=auto attaches no XDP.
+	_, err = control.Apply(control.Options{Mode: "falcon", NetNS: r.NetNS, StateDir: stateDir, Params: map[string]string{"split": "true"}})
 	t.Cleanup(func() { control.Reset(r.NetNS, stateDir) })
 	modetest.OneLine(t, "apply over a foreign XDP program", err, "already has XDP program")
 	modetest.SameSnapshot(t, "after the refused apply", modetest.Snapshot(t, tb), before)
@@ -618,7 +621,7 @@ func TestFalconRefusesForeignXDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = modetest.Snapshot(t, tb)
-	a := apply(t, tb, "falcon", nil)
+	a := apply(t, tb, "falcon", map[string]string{"split": "true"})
 	a.ResetAndCheck(t, before)
 }
 

@@ -33,6 +33,8 @@ func init() {
 	for _, p := range presets {
 		o := Defaults()
 		o.Pipeline, o.Split, o.Balance, o.Prio = p.pipeline, p.split, p.balan, p.prio
+		// Splitting alone is what falcon-split measures: never auto there.
+		o.SplitAuto = o.Split && p.mode != "falcon-split"
 		plan.Register(&planner{mode: p.mode, summary: p.summary, base: o})
 	}
 }
@@ -120,7 +122,18 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
 			}
 		}
+		// With prio, XDP runs anyway (it classifies): nothing to save.
+		if o.SplitAuto && !o.Prio {
+			if v := vethUnderlays(t); len(v) > 0 {
+				pl.Notes = append(pl.Notes, fmt.Sprintf("split=auto: off, the underlay %s is a veth: XDP there copies every frame before the program runs, which costs more than splitting gains (split=true forces it)", strings.Join(v, ", ")))
+				o.Split = false
+				if !o.Pipeline && !o.Balance {
+					return nil, fmt.Errorf("%s with pipeline and balance off and split=auto does nothing on the veth underlay %s: give split=true", p.mode, strings.Join(v, ", "))
+				}
+			}
+		}
 		switch ok, why := steer.KernelSupport(); {
+		case !o.Split: // split=auto said no
 		case len(split) == 0:
 			pl.Notes = append(pl.Notes, "split: no core left for it besides the IRQ core; splitting is off (give split-cpus or more cores)")
 			o.Split = false
@@ -339,6 +352,17 @@ func HomeFirstStages(o Options) []int {
 		st = append(st, steer.StageSplit)
 	}
 	return st
+}
+
+// vethUnderlays names the underlays that are veths.
+func vethUnderlays(t *topology.Topology) []string {
+	var out []string
+	for _, u := range t.Underlays {
+		if u.Type == "veth" {
+			out = append(out, u.Name)
+		}
+	}
+	return out
 }
 
 func allStay(t [steer.Buckets]uint32) bool {

@@ -317,3 +317,61 @@ func TestPlanPrio(t *testing.T) {
 		t.Errorf("falcon without prio: %+v", s)
 	}
 }
+
+// TestPlanSplitAuto: split=auto (the default) leaves the XDP hook off on a
+// veth underlay, says so, and keeps it where the underlay is a NIC;
+// split=true and falcon-split force it; nothing left is refused.
+func TestPlanSplitAuto(t *testing.T) {
+	planOn := func(typ, mode string, params map[string]string) (*plan.Plan, error) {
+		t.Helper()
+		p, err := plan.Lookup(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := fixture()
+		top.Underlays[0].Type = typ
+		return p.Plan(top, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: params})
+	}
+	hasXDP := func(p *plan.Plan) bool {
+		for _, c := range p.Changes {
+			if _, ok := c.Knob.(*attach.XDP); ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range []struct {
+		typ, mode string
+		params    map[string]string
+		xdp       bool
+	}{
+		{"veth", "falcon", nil, false},
+		{"veth", "falcon", map[string]string{"split": "auto"}, false},
+		{"veth", "falcon", map[string]string{"split": "true"}, true},
+		{"veth", "falcon-split", nil, true},
+		{"veth", "falcon-prism", nil, true}, // prio: XDP classifies anyway, so auto splits
+		{"device", "falcon", nil, true},
+		{"device", "falcon", map[string]string{"split": "false"}, false},
+	} {
+		p, err := planOn(c.typ, c.mode, c.params)
+		if err != nil {
+			t.Fatalf("%s %s %v: %v", c.typ, c.mode, c.params, err)
+		}
+		if got := hasXDP(p); got != c.xdp {
+			t.Errorf("%s underlay, %s %v: XDP attached %v, want %v", c.typ, c.mode, c.params, got, c.xdp)
+		}
+		noted := strings.Contains(strings.Join(p.Notes, "\n"), "split=auto: off, the underlay ul2 is a veth")
+		if want := c.typ == "veth" && (c.params["split"] == "" || c.params["split"] == "auto") && c.mode == "falcon"; noted != want {
+			t.Errorf("%s underlay, %s %v: split=auto note %v, want %v (notes %q)", c.typ, c.mode, c.params, noted, want, p.Notes)
+		}
+	}
+	_, err := planOn("veth", "falcon", map[string]string{"pipeline": "false", "balance": "false"})
+	if err == nil || !strings.Contains(err.Error(), "give split=true") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("falcon with only split=auto on a veth: %v, want a one-line refusal naming split=true", err)
+	}
+	if o, err := OptionsFor("falcon", map[string]string{"split": "maybe"}); err == nil {
+		t.Errorf("split=maybe accepted: %+v", o)
+	} else if !strings.Contains(err.Error(), "want true, false or auto") {
+		t.Errorf("split=maybe: %v", err)
+	}
+}

@@ -40,7 +40,7 @@ func TestPlacementSweep(t *testing.T) {
 	repeats := envInt(t, "SWEEP_REPEATS", 3)
 	rate := envInt(t, "SWEEP_RATE", 0) // packets/s; 0: as fast as possible
 	tb := modetest.UpTestbed(t, testbed.Docker)
-	a := modetest.Apply(t, tb, "falcon", nil) // split cpumap on core 0, no agent: tables stay as set here
+	a := modetest.Apply(t, tb, "falcon", map[string]string{"split": "true"}) // split cpumap on core 0, no agent: tables stay as set here
 	dp := a.Open(t)
 	cfg, err := dp.Config()
 	if err != nil {
