@@ -79,6 +79,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, err
 	}
 	lad := o.Ladder()
+	inline := o.High == HighInline
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
 		// CountSplit: a flow that changes class moves between the two
@@ -88,8 +89,14 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		Config: steer.Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{core},
 			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis,
 			Sync: o.PrioMode == "sync"},
-		CPUMap: []int{core}, HiCPUMap: []int{core}, QueueSize: o.QueueSize,
-		RTPriority: lad.Low, HiRTPriority: lad.High,
+		CPUMap: []int{core}, QueueSize: o.QueueSize, RTPriority: lad.Low,
+	}
+	// Inline: no high-priority queue. steer_xdp's redirect of a
+	// high-priority frame to the core's missing entry then falls back to
+	// XDP_PASS, so the frame runs on in the NIC poll that classified it
+	// (tested in datapath/steer's TestPrioClassifies).
+	if !inline {
+		setup.HiCPUMap, setup.HiRTPriority = []int{core}, lad.High
 	}
 	val, err := setup.Encode()
 	if err != nil {
@@ -107,8 +114,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				"sync: "+g.HostVeth+" takes redirected frames only while its peer polls with NAPI")
 		}
 	}
-	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core))
-	if o.Streamline && len(guarded(t)) > 0 {
+	what := fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core)
+	if inline {
+		what = fmt.Sprintf("steering with priority classes: bulk queue at %s on core %d, high-priority frames inline in the NIC poll", fifo(lad.Low), core)
+	}
+	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
+	// The NIC poll is real-time only on the streamlined ladder. Inline
+	// without it, nothing is real-time: high-priority frames still run
+	// ahead of bulk work, which waits in its queue's kthread.
+	nicRT := o.Streamline
+	if nicRT && len(guarded(t)) > 0 {
 		// The NIC poll goes on the ladder, above bulk work: the guard
 		// takes it off under overload (guard.go).
 		pl.Agent = GuardAgentName
@@ -123,7 +138,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 
 	// The ladder, from the end of the path to its start.
-	rung := func(d *topology.Device, prio int, pin bool, stage string) {
+	rung := func(d *topology.Device, prio int, pin, rt bool, stage string) {
 		if len(d.NAPIThreads) == 0 {
 			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: threaded NAPI off, so the %s stage runs in softirq right after the batch that fed it, in the feeding kthread (already in path order); it gets no priority of its own", plan.DevLabel(d.NetNS, d.Name), stage))
 			return
@@ -132,7 +147,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			if pin {
 				pl.Add(knobs.Affinity(th.Comm, th.Index), knobs.FormatCPUList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
 			}
-			if !o.Streamline {
+			if !rt {
 				continue
 			}
 			pl.Add(knobs.Sched(th.Comm, th.Index), fmt.Sprintf("policy=fifo prio=%d nice=0", prio), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage above the earlier ones")
@@ -141,16 +156,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	for i := range t.Containers {
 		for j := range t.Containers[i].Interfaces {
 			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" {
-				rung(&ifc.Device, lad.Container, o.Pin, "container")
+				rung(&ifc.Device, lad.Container, o.Pin, o.Streamline, "container")
 			}
 		}
 	}
 	for i := range t.VXLANs {
-		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, "bridge")
+		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, o.Streamline, "bridge")
 	}
 	for i := range t.Underlays {
 		// The NIC poll stays where its IRQ is.
-		rung(&t.Underlays[i], lad.NIC, false, "NIC poll")
+		rung(&t.Underlays[i], lad.NIC, false, nicRT, "NIC poll")
 	}
 	for _, u := range t.Underlays {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSplitSeen, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
@@ -161,8 +176,17 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// Last: every bucket to the receive core, which switches the queues on.
 	var tab [steer.Buckets]uint32
 	pl.Add(&steer.TableKnob{Dir: dir, Stage: steer.StageSplit}, steer.FormatTable(tab), dir+" split", "both classes' first stage on the receive core")
-	pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
-		core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
+	if inline {
+		nic := 0 // normal scheduling
+		if nicRT {
+			nic = lad.NIC
+		}
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; high=inline: high-priority frames run in the NIC poll (%s), bulk frames in the queue at %s",
+			core, fifo(nic), fifo(lad.Low)))
+	} else {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
+			core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
+	}
 	return pl, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -186,6 +187,7 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-rt=60":        "must be below rt",
 		"cpu=7":             "not among the cores",
 		"split=true":        "has no setting",
+		"high=fast":         "want queue or inline",
 	} {
 		k, v, _ := strings.Cut(params, "=")
 		dir := t.TempDir()
@@ -197,4 +199,67 @@ func TestPrismRefuses(t *testing.T) {
 	if modetest.Exists(plan.PinDir(tb.Receiver().NetNS)) {
 		t.Error("a refused apply left a pin directory")
 	}
+}
+
+// TestPrismHighInline: with high=inline there is no high-priority queue:
+// a marked flow's frames pass XDP and run in the NIC poll (real-time on
+// the streamlined ladder), bulk frames still take the bulk queue, and
+// reset restores every knob.
+func TestPrismHighInline(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "inline"})
+	dp := a.Open(t)
+	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+		t.Errorf("bulk cpumap entries %v (%v), want the IRQ core [1]", cm, err)
+	}
+	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 0 {
+		t.Errorf("high-priority cpumap entries %v (%v), want none", cm, err)
+	}
+	topo, err := topology.Discover(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range topo.Underlays[0].NAPIThreads {
+		b, err := knobs.Sched(th.Comm, th.Index).Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := "policy=fifo prio=50 nice=0"; string(b) != w {
+			t.Errorf("NIC poll %s: %q, want %q (the ladder's first rung)", th.Comm, b, w)
+		}
+	}
+	if a.State.Plan.Agent != prism.GuardAgentName {
+		t.Errorf("plan agent %q, want the overload guard %q", a.State.Plan.Agent, prism.GuardAgentName)
+	}
+
+	set, err := control.OpenPrio(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	rule, err := steer.ParseRule("dst " + dst.Addr.Addr().String() + " udp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	st0, _ := dp.Stats()
+	res := overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	st1, _ := dp.Stats()
+	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
+	if d.High < uint64(res) || d.Stayed < uint64(res) {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and passed inline", d, res)
+	}
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
+	st2, _ := dp.Stats()
+	if st2[steer.StageSplit].Steered == st1[steer.StageSplit].Steered {
+		t.Errorf("bulk TCP took no queue: %+v", st2[steer.StageSplit])
+	}
+	a.ResetAndCheck(t, before)
 }
