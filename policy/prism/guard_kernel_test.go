@@ -23,7 +23,7 @@ func TestPrismGuard(t *testing.T) {
 	before := modetest.Snapshot(t, tb)
 	defer prism.SetGuardRule(prism.GuardRule{Demote: 0, DemoteAfter: 1, Promote: 101, PromoteAfter: 1, Interval: 50 * time.Millisecond})()
 
-	a := modetest.Apply(t, tb, "prism-batch", nil)
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"streamline": "true"}) // the guard watches the ladder
 	if a.State.Plan.Agent != prism.GuardAgentName {
 		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}

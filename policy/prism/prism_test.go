@@ -31,7 +31,7 @@ func TestPrismBatch(t *testing.T) {
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
 
-	a := modetest.Apply(t, tb, "prism-batch", nil)
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"streamline": "true"}) // the ladder, checked below
 	dp := a.Open(t)
 	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMapEntries, "high-priority": dp.HiCPUMapEntries} {
 		if cm, err := get(); err != nil || len(cm) != 1 || cm[0] != 1 {
@@ -212,7 +212,7 @@ func TestPrismHighInline(t *testing.T) {
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
 
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "inline"})
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "inline", "streamline": "true"})
 	dp := a.Open(t)
 	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("bulk cpumap entries %v (%v), want the IRQ core [1]", cm, err)
