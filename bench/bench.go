@@ -285,6 +285,8 @@ type runner struct {
 	// path (true) and the overlay (false), measured before the priority
 	// workloads run: the 100% of their background loads.
 	capacity map[bool]float64
+	// calibration says how capacity was found, per path.
+	calibration map[bool]string
 }
 
 // port gives every measurement its own block of ports: a server that

@@ -197,6 +197,12 @@ func TestPrioEndToEnd(t *testing.T) {
 	if !slices.ContainsFunc(f.Notes, func(n string) bool { return strings.Contains(n, "Native path") }) {
 		t.Errorf("no note on the native path: %q", f.Notes)
 	}
+	// The capacity comes from paced probes on both paths, and says so.
+	if !slices.ContainsFunc(f.Notes, func(n string) bool {
+		return strings.Contains(n, "overlay: udp_stress at full rate") && strings.Contains(n, "native path: udp_stress at full rate") && strings.Contains(n, "paced: receive core")
+	}) {
+		t.Errorf("no note on how the background's 100%% was found on both paths: %q", f.Notes)
+	}
 	reportHas(t, out, "## prio_latency", "## prio_nginx", "background received % of offered", "| rate req/s |")
 	for _, png := range []string{"cdf_prio_latency_idle_vs_busy.png", "latency_vs_background_prio_latency.png", "rate_vs_background_prio_nginx.png"} {
 		if _, err := os.Stat(filepath.Join(out, png)); err != nil {

@@ -122,4 +122,11 @@ func TestActivityAway(t *testing.T) {
 	if b := Bucket(f.hash(), loIfindex, StageContainer); !act.Active[StageContainer][b] || act.Flows != 1 {
 		t.Errorf("bucket %d active %v, %d flows; want active, 1", b, act.Active[StageContainer][b], act.Flows)
 	}
+	// Once the flow is idle for longer than the window it no longer keeps
+	// the stage away: otherwise a stage never came home after the flow
+	// that moved it ended.
+	time.Sleep(5 * time.Millisecond)
+	if act, err = d.Activity(time.Millisecond); err != nil || act.Away[StageContainer] || act.Flows != 0 {
+		t.Errorf("idle past the window: away %v, %d flows (%v); want not away, 0", act.Away, act.Flows, err)
+	}
 }

@@ -444,8 +444,12 @@ type Activity struct {
 	// within the window; Flows counts those (flow, stage) pairs.
 	Active [NumStages][Buckets]bool
 	Flows  int
-	// Away is set for a stage if any flow's stage (active or not) runs
-	// away from where the kernel runs it: the stage is not at home yet.
+	// Away is set for a stage if an active flow's stage runs away from
+	// where the kernel runs it: the stage is not at home yet. A flow idle
+	// for longer than the window does not count: whatever it queued was
+	// seen long ago (or dropped, past any drain bound), so its next frame
+	// may run at home. Counting it kept a stage away for ever once the
+	// flow that had moved it ended.
 	Away [NumStages]bool
 }
 
@@ -458,11 +462,11 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 		if int(k.Stage) >= NumStages {
 			return
 		}
-		if s.CpuIdx != Stay {
-			a.Away[k.Stage] = true
-		}
 		if now-s.LastNs > uint64(window) {
 			return
+		}
+		if s.CpuIdx != Stay {
+			a.Away[k.Stage] = true
 		}
 		a.Active[k.Stage][s.Bucket%Buckets] = true
 		a.Flows++

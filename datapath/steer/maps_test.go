@@ -41,13 +41,16 @@ func TestEncodeConfigMatchesRPSHash(t *testing.T) {
 		}
 		k := encodeConfig(c)
 		for i := range n {
-			for _, fh := range []uint32{1, 12345, 0xdeadbeef, ^uint32(0)} {
-				v := k.RpsLo[i] + fh%k.RpsSpan
-				if v == 0 { // steer.c's "0 is no hash" rule
-					v = 1
-				}
-				if v != RPSHash(i, n, fh) {
-					t.Fatalf("n=%d core %d fh %#x: config gives %#x, RPSHash %#x", n, i, fh, v, RPSHash(i, n, fh))
+			for _, fh := range []uint32{0, 1, 12345, 0xdeadbeef, ^uint32(0)} {
+				for _, counted := range []uint32{0, 1} {
+					// steer.c's rps_to arithmetic, on the config's fields.
+					v := (k.RpsLo[i]+1)&^1 + fh%((k.RpsSpan-1)/2)*2 + counted
+					if v == 0 { // "0 is no hash"
+						v = 2
+					}
+					if want := RPSHash(i, n, fh, counted == 1); v != want {
+						t.Fatalf("n=%d core %d fh %#x counted %d: config gives %#x, RPSHash %#x", n, i, fh, counted, v, want)
+					}
 				}
 			}
 		}

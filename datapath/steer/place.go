@@ -102,13 +102,22 @@ func rpsRange(idx, n int) (lo, span uint32) {
 
 // RPSHash is the skb hash steer's tc programs set for a flow placed on the
 // idx-th of n cores; RPS with the core set as its mask then runs the next
-// stage there. It is never 0, which the stack reads as "no hash".
-func RPSHash(idx, n int, flowhash uint32) uint32 {
+// stage there. Its low bit says whether the frame was counted into the
+// flow's in-flight count (steer.c's HASH_COUNTED). It is never 0, which the
+// stack reads as "no hash".
+func RPSHash(idx, n int, flowhash uint32, counted bool) uint32 {
 	lo, span := rpsRange(idx, n)
-	if v := lo + flowhash%span; v != 0 {
-		return v
+	if span < 4 {
+		return 0 // steer.c sets no hash
 	}
-	return 1
+	v := (lo+1)&^1 + flowhash%((span-1)/2)*2
+	if counted {
+		v |= 1
+	}
+	if v == 0 {
+		return 2
+	}
+	return v
 }
 
 // RPSIndex is the kernel's reciprocal_scale(hash, n): which of an RPS

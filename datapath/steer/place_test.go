@@ -20,12 +20,17 @@ func TestRPSHashSelectsCore(t *testing.T) {
 		_, span := rpsRange(0, n)
 		for idx := range n {
 			for _, fh := range append(hashes, span-1, span, span+1) {
-				h := RPSHash(idx, n, fh)
-				if h == 0 {
-					t.Fatalf("RPSHash(%d, %d, %#x) = 0", idx, n, fh)
-				}
-				if got := RPSIndex(h, n); got != idx {
-					t.Fatalf("RPSHash(%d, %d, %#x) = %#x selects core %d", idx, n, fh, h, got)
+				for _, counted := range []bool{false, true} {
+					h := RPSHash(idx, n, fh, counted)
+					if h == 0 {
+						t.Fatalf("RPSHash(%d, %d, %#x, %v) = 0", idx, n, fh, counted)
+					}
+					if got := RPSIndex(h, n); got != idx {
+						t.Fatalf("RPSHash(%d, %d, %#x, %v) = %#x selects core %d", idx, n, fh, counted, h, got)
+					}
+					if h&1 == 1 != counted {
+						t.Fatalf("RPSHash(%d, %d, %#x, %v) = %#x: low bit is not the counted mark", idx, n, fh, counted, h)
+					}
 				}
 			}
 		}
@@ -44,7 +49,7 @@ func TestRPSHashSelectsCore(t *testing.T) {
 func TestRPSHashKeepsFlowsApart(t *testing.T) {
 	seen := map[uint32]bool{}
 	for sport := uint16(1000); sport < 1100; sport++ {
-		seen[RPSHash(1, 4, FlowHash(innerSrc, innerDst, sport, 80, protoTCP))] = true
+		seen[RPSHash(1, 4, FlowHash(innerSrc, innerDst, sport, 80, protoTCP), true)] = true
 	}
 	if len(seen) < 99 {
 		t.Errorf("100 flows got %d distinct hashes", len(seen))

@@ -965,6 +965,10 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
 	return cpu < MAX_CPUS ? cfg->index_of[cpu] : STAY;
 }
 
+/* Low bit of the skb hash the tc programs set: the frame was counted into
+ * its flow's in-flight count (see hash_counted). */
+#define HASH_COUNTED 1u
+
 /*
  * tc programs cannot move the skb themselves; they leave an L4 hash that
  * RPS on the next device maps to cfg->cpus[idx]: the control plane sets that
@@ -974,16 +978,33 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
  * GRO and the flow dissector. bpf_set_hash marks the hash as L4, which
  * survives VXLAN decapsulation (only non-L4 hashes are cleared) and veth.
  */
-static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh)
+static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh,
+				  int counted)
 {
-	__u32 v;
+	__u32 lo, base, pairs, v;
 
-	if (idx >= MAX_CPUS || cfg->rps_span == 0)
+	if (idx >= MAX_CPUS || cfg->rps_span < 4)
 		return TC_ACT_UNSPEC;
-	v = cfg->rps_lo[idx] + fh % cfg->rps_span;
+	/* Pairs of hashes inside the core's range: the low bit is free for
+	 * HASH_COUNTED, the rest still picks the core and keeps flows apart. */
+	lo = cfg->rps_lo[idx];
+	base = (lo + 1) & ~1u;
+	pairs = (cfg->rps_span - 1) / 2;
+	v = base + (fh % pairs) * 2 + (counted ? HASH_COUNTED : 0);
 	/* 0 means "no hash" to the stack, which would recompute one. */
-	bpf_set_hash(skb, v ? v : 1);
+	bpf_set_hash(skb, v ? v : 2);
 	return TC_ACT_UNSPEC;
+}
+
+/* Did the previous stage count this frame queued? Frames it queued without
+ * counting (a stage at home, MFLOW's micro-flows) must not be counted seen:
+ * they would cancel counted frames still queued behind them, and a move
+ * would then overtake those (measured: after a stage left home, 45
+ * datagrams of a stream out of order). No hash at all (BPF_PROG_RUN, a
+ * frame no lanes program hashed) counts, as before this bit existed. */
+static __always_inline int hash_counted(const struct __sk_buff *skb)
+{
+	return skb->hash == 0 || (skb->hash & HASH_COUNTED);
 }
 
 /*
@@ -1043,7 +1064,7 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 	if (idx == STAY)
 		return 0;
 	split_sent(st, n, STAGE_BRIDGE);
-	rps_to(skb, cfg, idx, fh);
+	rps_to(skb, cfg, idx, fh, 0);
 	return 1;
 }
 
@@ -1054,6 +1075,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	struct tuple t = {};
 	struct cursor c;
 	__u32 fh, flags = 0, seq = 0;
+	int counted;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
@@ -1080,7 +1102,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	 * counted none). */
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
-	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)))
+	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)) && hash_counted(skb))
 		seen(&t, STAGE_BRIDGE, skb_frames(skb));
 
 	fh = flow_hash(&t);
@@ -1090,11 +1112,11 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		 * the table and the in-flight counts, like at the split. */
 		arrived(&t, seq, skb_frames(skb));
 		count(stage, CNT_STAYED);
-		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh, 0);
 	}
 	if ((cfg->flags & CFG_HOME(stage)) && !(outer && (cfg->flags & CFG_MFLOW_BRIDGE))) {
 		count(stage, CNT_HOME);
-		return rps_to(skb, cfg, this_cpu_index(cfg), fh);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh, 0);
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
@@ -1108,9 +1130,10 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 	/* RPS on the next device queues every skb, even to the core it runs
 	 * on and whether or not we set the hash: count it before any return. */
-	if (!(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT)))
+	counted = st && !(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT));
+	if (counted)
 		queued(st, skb_frames(skb));
-	return rps_to(skb, cfg, idx, fh);
+	return rps_to(skb, cfg, idx, fh, counted);
 }
 
 SEC("tc")
@@ -1143,7 +1166,7 @@ int steer_tc_seen(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if (parse_inner(&c, &t) == 0)
+	if (parse_inner(&c, &t) == 0 && hash_counted(skb))
 		seen(&t, STAGE_CONTAINER, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }

@@ -109,9 +109,16 @@ func udpTransfer(t *testing.T, srcNS, dstNS string, dst netip.Addr, size int) {
 // returned function is called (also at cleanup).
 func hogEveryCore(t *testing.T) func() {
 	t.Helper()
+	return hogCores(t, online(t))
+}
+
+// hogCores runs a busy loop (normal scheduling) pinned to each of cores
+// until the returned function is called (also at cleanup).
+func hogCores(t *testing.T, cores []int) func() {
+	t.Helper()
 	var stop atomic.Bool
 	var wg sync.WaitGroup
-	for _, c := range online(t) {
+	for _, c := range cores {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -1,6 +1,8 @@
 package falcon_test
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -85,6 +88,77 @@ func TestFalconSplitAutoOnVeth(t *testing.T) {
 	src, dst := s.Containers[0], r.Containers[0]
 	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1000)
 	tcpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
+	stopAgent()
+	a.ResetAndCheck(t, before)
+}
+
+// TestFalconLeavesHome: the whole spread=busy cycle under real load. With
+// the stages at home, a busy loop on the IRQ core makes the agent leave
+// home and send the active (flow, stage) pairs to the other core while a
+// sequence-numbered stream runs (in order throughout); once the loop stops
+// and the traffic ends, every stage comes home again.
+func TestFalconLeavesHome(t *testing.T) {
+	cpus := online(t)
+	tb := upTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	before := modetest.Snapshot(t, tb)
+	a := apply(t, tb, "falcon", nil)
+	dp := a.Open(t)
+	src, dst := s.Containers[0], r.Containers[0]
+	// Resolve ARP first: datagrams a sender queues behind resolution are
+	// released while newer ones pass them, a reordering of the sender's.
+	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	_, stopAgent := a.StartAgent(t)
+	later := []int{steer.StageBridge, steer.StageContainer}
+	waitHome := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			h, err := dp.Home()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h[steer.StageBridge] && h[steer.StageContainer] {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: stages at home after 10 s: %v, want bridge and container", what, h)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitHome("idle")
+
+	irq := tb.Config.IRQCPU
+	if irq < 0 || !slices.Contains(cpus, irq) {
+		t.Skipf("IRQ core %d is not online (%v)", irq, cpus)
+	}
+	stopHog := hogCores(t, []int{irq})
+	irqIdx := uint32(slices.Index(cpus, irq))
+	spread := false
+	for try := 0; try < 20 && !spread; try++ {
+		res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+		overlaytest.InOrder(t, fmt.Sprintf("stream %d with the IRQ core busy", try), res)
+		tabs := tables(t, dp)
+		h, err := dp.Home()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range later {
+			for _, v := range tabs[st] {
+				if v != steer.Stay && v != irqIdx && !h[st] {
+					spread = true
+				}
+			}
+		}
+	}
+	if !spread {
+		t.Fatal("the IRQ core was busy for 20 streams and no bridge or container bucket left it")
+	}
+	stopHog()
+	res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.InOrder(t, "stream after the busy loop stopped", res)
+	waitHome("after the load")
 	stopAgent()
 	a.ResetAndCheck(t, before)
 }
