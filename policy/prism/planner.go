@@ -119,11 +119,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		what = fmt.Sprintf("steering with priority classes: bulk queue at %s on core %d, high-priority frames inline in the NIC poll", fifo(lad.Low), core)
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
-	// The NIC poll is real-time only on the streamlined ladder. Inline
-	// without it, nothing is real-time: high-priority frames still run
-	// ahead of bulk work, which waits in its queue's kthread.
-	nicRT := o.Streamline
-	if nicRT && len(guarded(t)) > 0 {
+	if o.Streamline && len(guarded(t)) > 0 {
 		// The NIC poll goes on the ladder, above bulk work: the guard
 		// takes it off under overload (guard.go).
 		pl.Agent = GuardAgentName
@@ -138,7 +134,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 
 	// The ladder, from the end of the path to its start.
-	rung := func(d *topology.Device, prio int, pin, rt bool, stage string) {
+	rung := func(d *topology.Device, prio int, pin bool, stage string) {
 		if len(d.NAPIThreads) == 0 {
 			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: threaded NAPI off, so the %s stage runs in softirq right after the batch that fed it, in the feeding kthread (already in path order); it gets no priority of its own", plan.DevLabel(d.NetNS, d.Name), stage))
 			return
@@ -147,7 +143,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			if pin {
 				pl.Add(knobs.Affinity(th.Comm, th.Index), knobs.FormatCPUList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
 			}
-			if !rt {
+			if !o.Streamline {
 				continue
 			}
 			pl.Add(knobs.Sched(th.Comm, th.Index), fmt.Sprintf("policy=fifo prio=%d nice=0", prio), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage above the earlier ones")
@@ -156,16 +152,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	for i := range t.Containers {
 		for j := range t.Containers[i].Interfaces {
 			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" {
-				rung(&ifc.Device, lad.Container, o.Pin, o.Streamline, "container")
+				rung(&ifc.Device, lad.Container, o.Pin, "container")
 			}
 		}
 	}
 	for i := range t.VXLANs {
-		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, o.Streamline, "bridge")
+		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, "bridge")
 	}
 	for i := range t.Underlays {
 		// The NIC poll stays where its IRQ is.
-		rung(&t.Underlays[i], lad.NIC, false, nicRT, "NIC poll")
+		rung(&t.Underlays[i], lad.NIC, false, "NIC poll")
 	}
 	for _, u := range t.Underlays {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCSplitSeen, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
@@ -177,8 +173,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	var tab [steer.Buckets]uint32
 	pl.Add(&steer.TableKnob{Dir: dir, Stage: steer.StageSplit}, steer.FormatTable(tab), dir+" split", "both classes' first stage on the receive core")
 	if inline {
+		// Inline without the ladder nothing is real-time: high-priority
+		// frames still run ahead of bulk work, which waits in its queue.
 		nic := 0 // normal scheduling
-		if nicRT {
+		if o.Streamline {
 			nic = lad.NIC
 		}
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; high=inline: high-priority frames run in the NIC poll (%s), bulk frames in the queue at %s",
