@@ -1160,13 +1160,14 @@ int steer_tc_seen(struct __sk_buff *skb)
 	struct tuple t = {};
 	struct cursor c;
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED) || (cfg->flags & CFG_HOME(STAGE_CONTAINER)))
+	/* Uncounted frames return before any parsing. */
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || (cfg->flags & CFG_HOME(STAGE_CONTAINER)) || !hash_counted(skb))
 		return TC_ACT_UNSPEC;
 	if (pull(skb, MAX_INNER_HDRS) < 0)
 		return TC_ACT_UNSPEC;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if (parse_inner(&c, &t) == 0 && hash_counted(skb))
+	if (parse_inner(&c, &t) == 0)
 		seen(&t, STAGE_CONTAINER, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }

@@ -409,3 +409,25 @@ func (a *Applied) StartAgent(t *testing.T) (ag plan.Agent, stop func()) {
 	t.Cleanup(stop)
 	return ag, stop
 }
+
+// Prio opens the priority rule set of netns (a prio mode must be applied)
+// and closes it when the test ends.
+func Prio(t *testing.T, netns string) *control.PrioSet {
+	t.Helper()
+	set, err := control.OpenPrio(netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return set
+}
+
+// Rule parses a `lanes prio` rule the test writes itself.
+func Rule(t *testing.T, spec string) steer.Rule {
+	t.Helper()
+	r, err := steer.ParseRule(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

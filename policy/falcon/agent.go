@@ -101,7 +101,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		}
 		// The planner's rule, so the agent reads the same cpumap the
 		// same way.
-		if o.Split && o.SplitAuto && !o.Prio && len(vethUnderlays(t)) > 0 {
+		if len(autoSplitOff(o, t)) > 0 {
 			o.Split = false
 			a.o = o
 		}

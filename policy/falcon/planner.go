@@ -122,14 +122,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
 			}
 		}
-		// With prio, XDP runs anyway (it classifies): nothing to save.
-		if o.SplitAuto && !o.Prio {
-			if v := vethUnderlays(t); len(v) > 0 {
-				pl.Notes = append(pl.Notes, fmt.Sprintf("split=auto: off, the underlay %s is a veth: XDP there copies every frame before the program runs, which costs more than splitting gains (split=true forces it)", strings.Join(v, ", ")))
-				o.Split = false
-				if !o.Pipeline && !o.Balance {
-					return nil, fmt.Errorf("%s with pipeline and balance off and split=auto does nothing on the veth underlay %s: give split=true", p.mode, strings.Join(v, ", "))
-				}
+		if v := autoSplitOff(o, t); len(v) > 0 {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("split=auto: off, the underlay %s is a veth: XDP there copies every frame before the program runs, which costs more than splitting gains (split=true forces it)", strings.Join(v, ", ")))
+			o.Split = false
+			if !o.Pipeline && !o.Balance {
+				return nil, fmt.Errorf("%s with pipeline and balance off and split=auto does nothing on the veth underlay %s: give split=true", p.mode, strings.Join(v, ", "))
 			}
 		}
 		switch ok, why := steer.KernelSupport(); {
@@ -354,8 +351,13 @@ func HomeFirstStages(o Options) []int {
 	return st
 }
 
-// vethUnderlays names the underlays that are veths.
-func vethUnderlays(t *topology.Topology) []string {
+// autoSplitOff names the veth underlays for which split=auto leaves
+// splitting off (Options.SplitAuto); none when o splits regardless. With
+// prio, XDP runs anyway (it classifies): there is nothing to save.
+func autoSplitOff(o Options, t *topology.Topology) []string {
+	if !o.Split || !o.SplitAuto || o.Prio {
+		return nil
+	}
 	var out []string
 	for _, u := range t.Underlays {
 		if u.Type == "veth" {

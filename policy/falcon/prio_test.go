@@ -36,15 +36,8 @@ func TestFalconPrism(t *testing.T) {
 			t.Errorf("%s cpumap entries %v (%v), want every core %v (split and IRQ)", name, cm, err, cpus)
 		}
 	}
-	set, err := control.OpenPrio(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	rule, err := steer.ParseRule("dst " + dst.Addr.Addr().String() + " udp")
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := modetest.Prio(t, r.NetNS)
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
 	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
 	// Marked: the flow's frames are classified high.
 	if err := set.Add(rule); err != nil {

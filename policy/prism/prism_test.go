@@ -72,11 +72,7 @@ func TestPrismBatch(t *testing.T) {
 	}
 
 	// lanes prio: a UDP port of the destination container is high priority.
-	set, err := control.OpenPrio(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
+	set := modetest.Prio(t, r.NetNS)
 	hiPort := uint16(0) // filled once the stream's port is known
 	st0, _ := dp.Stats()
 	overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
@@ -88,10 +84,7 @@ func TestPrismBatch(t *testing.T) {
 		t.Errorf("no frame took the bulk queue: %+v", st1[steer.StageSplit])
 	}
 
-	rule, err := steer.ParseRule("dst " + dst.Addr.Addr().String() + " udp")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
 	if err := set.Add(rule); err != nil {
 		t.Fatal(err)
 	}
@@ -237,15 +230,8 @@ func TestPrismHighInline(t *testing.T) {
 		t.Errorf("plan agent %q, want the overload guard %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
 
-	set, err := control.OpenPrio(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	rule, err := steer.ParseRule("dst " + dst.Addr.Addr().String() + " udp")
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := modetest.Prio(t, r.NetNS)
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
 	if err := set.Add(rule); err != nil {
 		t.Fatal(err)
 	}

@@ -61,11 +61,7 @@ func TestPrismSync(t *testing.T) {
 		}
 	}
 
-	set, err := control.OpenPrio(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
+	set := modetest.Prio(t, r.NetNS)
 	for _, c := range []testbed.Container{c0, c1} {
 		rule, err := steer.ParseRule("dst " + c.Addr.Addr().String() + " udp")
 		if err != nil {
