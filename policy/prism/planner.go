@@ -14,7 +14,7 @@ import (
 
 func init() {
 	plan.Register(&planner{mode: "prism", summary: "PRISM: flows marked with `lanes prio` preempt bulk traffic on the receive core (--set prio-mode=batch|sync)", base: Defaults()})
-	plan.Register(&planner{mode: "prism-batch", summary: "PRISM-batch: high-priority flows get their own queue and kthread, stages streamlined by real-time priority", base: Defaults()})
+	plan.Register(&planner{mode: "prism-batch", summary: "PRISM-batch: high-priority flows get their own real-time queue and kthread, preempting bulk work at its batch boundary", base: Defaults()})
 	syncBase := Defaults()
 	syncBase.PrioMode = "sync"
 	plan.Register(&planner{mode: "prism-sync", summary: "PRISM-sync: as batch, and high-priority frames for plainly bridged containers run to completion from XDP (needs `lanes agent` to follow container changes)", base: syncBase})
@@ -49,7 +49,9 @@ func (p *planner) Prioritizes(map[string]string) bool { return true }
 // container veths) they run in softirq as soon as the cpumap kthread that
 // fed them ends its batch, so each batch runs to completion before the
 // next is taken either way, and a high-priority frame waits behind at most
-// the bulk batch in progress.
+// the bulk batch in progress. With Options.Bulk inline there is no bulk
+// queue: bulk frames run their first stage in the NIC poll, and the
+// high-priority kthread preempts that poll instead.
 func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	o, err := Parse(p.base, cfg.Params)
 	if err != nil {
@@ -98,6 +100,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if !inline {
 		setup.HiCPUMap, setup.HiRTPriority = []int{core}, lad.High
 	}
+	// Bulk inline: no bulk queue, the same fallback keeps bulk frames in
+	// the NIC poll.
+	bulkInline := o.Bulk == BulkInline
+	if bulkInline {
+		setup.CPUMap, setup.RTPriority = nil, 0
+	}
 	val, err := setup.Encode()
 	if err != nil {
 		return nil, err
@@ -117,6 +125,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	what := fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core)
 	if inline {
 		what = fmt.Sprintf("steering with priority classes: bulk queue at %s on core %d, high-priority frames inline in the NIC poll", fifo(lad.Low), core)
+	}
+	if bulkInline {
+		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at FIFO %d, on core %d", lad.High, core)
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
 	if o.Streamline && len(guarded(t)) > 0 {
@@ -181,6 +192,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; high=inline: high-priority frames run in the NIC poll (%s), bulk frames in the queue at %s",
 			core, fifo(nic), fifo(lad.Low)))
+	} else if bulkInline {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk=inline: bulk frames run in the NIC poll (normal scheduling), high-priority frames in their queue at FIFO %d, which takes the core at the poll's batch boundary",
+			core, lad.High))
 	} else {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
 			core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))

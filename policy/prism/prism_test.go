@@ -174,17 +174,24 @@ func TestPrismRefuses(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	for params, want := range map[string]string{
-		"sync-interval=5ms": "want 10ms..1m",
-		"prio-mode=fast":    "want batch or sync",
-		"rt=99":             "want 2..96",
-		"bulk-rt=60":        "must be below rt",
-		"cpu=7":             "not among the cores",
-		"split=true":        "has no setting",
-		"high=fast":         "want queue or inline",
+		"sync-interval=5ms":           "want 10ms..1m",
+		"prio-mode=fast":              "want batch or sync",
+		"rt=99":                       "want 2..96",
+		"bulk-rt=60":                  "must be below rt",
+		"cpu=7":                       "not among the cores",
+		"split=true":                  "has no setting",
+		"high=fast":                   "want queue or inline",
+		"bulk=fast":                   "want queue or inline",
+		"bulk=inline,high=inline":     "leave no class queued",
+		"bulk=inline,streamline=true": "real-time NIC poll",
 	} {
-		k, v, _ := strings.Cut(params, "=")
+		m := map[string]string{}
+		for _, kv := range strings.Split(params, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			m[k] = v
+		}
 		dir := t.TempDir()
-		_, err := control.Apply(control.Options{Mode: "prism", NetNS: tb.Receiver().NetNS, StateDir: dir, Params: map[string]string{k: v}})
+		_, err := control.Apply(control.Options{Mode: "prism", NetNS: tb.Receiver().NetNS, StateDir: dir, Params: m})
 		modetest.OneLine(t, params, err, want)
 		modetest.NoState(t, dir)
 	}
@@ -192,6 +199,47 @@ func TestPrismRefuses(t *testing.T) {
 	if modetest.Exists(plan.PinDir(tb.Receiver().NetNS)) {
 		t.Error("a refused apply left a pin directory")
 	}
+}
+
+// TestPrismBulkInline: with bulk=inline there is no bulk queue: bulk
+// frames pass XDP and run in the NIC poll as under vanilla, a marked
+// flow's frames take the real-time high-priority queue, and reset
+// restores every knob.
+func TestPrismBulkInline(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk": "inline"})
+	dp := a.Open(t)
+	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 0 {
+		t.Errorf("bulk cpumap entries %v (%v), want none", cm, err)
+	}
+	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
+	}
+
+	set := modetest.Prio(t, r.NetNS)
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
+	if err := set.Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	st0, _ := dp.Stats()
+	res := overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	st1, _ := dp.Stats()
+	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
+	if d.High < uint64(res) || d.Steered < uint64(res) {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", d, res)
+	}
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
+	st2, _ := dp.Stats()
+	d = st2[steer.StageSplit].Sub(st1[steer.StageSplit])
+	if d.Steered != 0 || d.Stayed == 0 {
+		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", d)
+	}
+	a.ResetAndCheck(t, before)
 }
 
 // TestPrismHighInline: with high=inline there is no high-priority queue:
