@@ -17,6 +17,9 @@
 // 43 ns of tc_ingress when spread is the flow state's cache line moving
 // between cores: the next stage's program on cpu0 counts the frames seen in
 // the same entry tc_ingress writes on cpu1.
+// At home (2026-11-23, same VM): 72, 59, 33 (543 Kpps); tc_seen returns
+// there before parsing, so its 33 ns is about what the statistics' own
+// clock reads add to each program.
 
 package falcon_test
 
