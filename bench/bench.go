@@ -43,8 +43,11 @@ type Options struct {
 	Prefix    string // testbed prefix; default "lbench", apart from a user's testbed
 	IRQCPU    int    // -1: the last core
 	Keep      bool   // leave the testbed up afterwards
-	Progress  io.Writer
-	Args      []string
+	// SenderApart polls the sending host's NIC off the IRQ core
+	// (testbed.Config.SenderApart).
+	SenderApart bool
+	Progress    io.Writer
+	Args        []string
 }
 
 // ParseModeSpec splits a benchmark mode "falcon:load=busy:threshold=70"
@@ -227,7 +230,7 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d)...\n", o.Topology, o.IRQCPU)
-	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU})
+	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart})
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
 	}

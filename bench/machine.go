@@ -24,6 +24,8 @@ func machine(tb *testbed.Testbed) results.Machine {
 		GoVer:    runtime.Version(),
 		LanesVer: Version,
 	}
+	poll := tb.Config.PollCPU(0)
+	m.SenderPollCPU = &poll
 	m.Hostname, _ = os.Hostname()
 	m.Kernel, _ = kver.Release()
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {

@@ -168,8 +168,8 @@ func (tb *Testbed) build() error {
 	// Last: a veth re-creates its NAPI contexts as its peer comes up and
 	// its features change, so the pollers are threaded and pinned only
 	// once the underlay has settled.
-	for _, h := range tb.Hosts {
-		if err := tb.pinNAPI(h); err != nil {
+	for i, h := range tb.Hosts {
+		if err := tb.pinNAPI(h, tb.Config.PollCPU(i)); err != nil {
 			return err
 		}
 	}
@@ -285,10 +285,10 @@ func (tb *Testbed) enableGRO() error {
 	return nil
 }
 
-// pinNAPI threads the underlay's NAPI and pins its kthread on the IRQ core:
+// pinNAPI threads the underlay's NAPI and pins its kthread on cpu:
 // veth_xmit schedules the peer's NAPI on the sending CPU, so without this the
 // "IRQ core" would be wherever the sender runs.
-func (tb *Testbed) pinNAPI(h Host) error {
+func (tb *Testbed) pinNAPI(h Host, cpu int) error {
 	err := nsx.DoSysfs(h.NetNS, func() error {
 		return os.WriteFile(filepath.Join("/sys/class/net", h.Underlay, "threaded"), []byte("1"), 0)
 	})
@@ -313,7 +313,7 @@ func (tb *Testbed) pinNAPI(h Host) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, t := range threads {
-		if err := t.Pin(tb.Config.IRQCPU); err != nil {
+		if err := t.Pin(cpu); err != nil {
 			return err
 		}
 	}

@@ -79,8 +79,8 @@ func (tb *Testbed) WriteStatus(w io.Writer) error {
 		return err
 	}
 	c := tb.Config
-	fmt.Fprintf(w, "testbed %q: topology %s, %d containers per host, IRQ core %d, underlay MTU %d, VNI %d\n",
-		c.Prefix, c.Topology, c.Containers, c.IRQCPU, c.MTU, c.VNI)
+	fmt.Fprintf(w, "testbed %q: topology %s, %d containers per host, IRQ core %d (sender's NIC polled on %d), underlay MTU %d, VNI %d\n",
+		c.Prefix, c.Topology, c.Containers, c.IRQCPU, c.PollCPU(0), c.MTU, c.VNI)
 	fmt.Fprintf(w, "%-14s %-10s %-7s %-4s %-5s %-22s %s\n", "NETNS", "DEVICE", "KIND", "UP", "MTU", "ADDRESS", "NAPI (thread -> cores, last ran on)")
 	for _, d := range st {
 		var napi []string

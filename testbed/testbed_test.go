@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -151,6 +152,33 @@ func rxCounters(t *testing.T, ns, dev string) [2]uint64 {
 	}
 	t.Fatalf("%s not in /proc/net/dev of %s", dev, ns)
 	return [2]uint64{}
+}
+
+// With SenderApart the sending host's NIC is polled on another core than
+// the IRQ core, the receiving host's still on the IRQ core.
+func TestSenderApart(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 cores")
+	}
+	tb := upForTest(t, Config{IRQCPU: 1, SenderApart: true})
+	for i, want := range []int{0, 1} {
+		h := tb.Hosts[i]
+		if got := tb.Config.PollCPU(i); got != want {
+			t.Errorf("PollCPU(%d) = %d, want %d", i, got, want)
+		}
+		threads, err := NAPIThreads(h.NetNS, h.Underlay)
+		if err != nil || len(threads) == 0 {
+			t.Fatalf("%s/%s: NAPI threads %v (%v)", h.NetNS, h.Underlay, threads, err)
+		}
+		for _, th := range threads {
+			if aff, err := th.Affinity(); err != nil || len(aff) != 1 || aff[0] != want {
+				t.Errorf("%s affinity %v (%v), want [%d]", th.Comm, aff, err, want)
+			}
+		}
+	}
+	if c := (Config{IRQCPU: 0, SenderApart: true}); c.PollCPU(0) != 1 || c.PollCPU(1) != 0 {
+		t.Errorf("IRQ core 0: sender polled on %d, receiver on %d; want 1 and 0", c.PollCPU(0), c.PollCPU(1))
+	}
 }
 
 func TestUpIsIdempotentAndDownIsComplete(t *testing.T) {

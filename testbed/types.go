@@ -30,8 +30,13 @@ type Config struct {
 	Topology   Topology // default Docker
 	Containers int      // containers per host, default 2
 	IRQCPU     int      // core that polls each host's underlay NIC, default 1 (last core)
-	MTU        int      // underlay MTU, default 1500
-	VNI        uint32   // VXLAN network identifier, default 42
+	// SenderApart polls the sending host's underlay NIC on the first
+	// core other than IRQCPU, as if the sender were another machine; by
+	// default both hosts' NICs are polled on IRQCPU, so the sender's
+	// receive work (ACKs, responses) shares the receiving host's IRQ core.
+	SenderApart bool
+	MTU         int    // underlay MTU, default 1500
+	VNI         uint32 // VXLAN network identifier, default 42
 }
 
 // Testbed is what Up built (and what Load reads back).
@@ -99,6 +104,9 @@ func (c Config) Validate(ncpu int) error {
 	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
 		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)
 	}
+	if c.SenderApart && ncpu < 2 {
+		return fmt.Errorf("sender apart needs a second core besides the IRQ core; this machine has %d", ncpu)
+	}
 	if c.MTU < 1280 || c.MTU > 9000 {
 		return fmt.Errorf("underlay MTU must be 1280..9000, got %d", c.MTU)
 	}
@@ -116,3 +124,15 @@ func (tb *Testbed) Receiver() *Host { return &tb.Hosts[1] }
 
 // Sender is the host that generates traffic.
 func (tb *Testbed) Sender() *Host { return &tb.Hosts[0] }
+
+// PollCPU is the core that polls host h's underlay NIC (h: index into
+// Hosts): IRQCPU, or with SenderApart the first other core for the sender.
+func (c Config) PollCPU(h int) int {
+	if h == 0 && c.SenderApart {
+		if c.IRQCPU == 0 {
+			return 1
+		}
+		return 0
+	}
+	return c.IRQCPU
+}

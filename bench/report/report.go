@@ -105,7 +105,11 @@ func Markdown(f *results.File, opt Options) string {
 		row("memory", fmt.Sprintf("%d GiB", m.MemGiB))
 	}
 	row("topology", m.Topology)
-	row("underlay IRQ core", fmt.Sprintf("cpu%d", m.IRQCPU))
+	irq := fmt.Sprintf("cpu%d", m.IRQCPU)
+	if m.SenderPollCPU != nil {
+		irq += fmt.Sprintf(" (the sending host's NIC polled on cpu%d)", *m.SenderPollCPU)
+	}
+	row("underlay IRQ core", irq)
 	row("lanes / Go", strings.Trim(m.LanesVer+" / "+m.GoVer, " /"))
 	row("modes", strings.Join(f.Modes, ", "))
 	runs := fmt.Sprintf("%d repeats of %gs each", f.Repeats, f.Duration)

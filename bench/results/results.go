@@ -39,8 +39,11 @@ type Machine struct {
 	MemGiB   int    `json:"mem_gib"`
 	Topology string `json:"topology"` // testbed topology: docker or flannel
 	IRQCPU   int    `json:"irq_cpu"`  // core that polls the receiving underlay NIC
-	GoVer    string `json:"go_version"`
-	LanesVer string `json:"lanes_version"`
+	// SenderPollCPU polls the sending host's underlay NIC: IRQCPU unless
+	// the run had --sender-apart (nil in files from before it existed).
+	SenderPollCPU *int   `json:"sender_poll_cpu,omitempty"`
+	GoVer         string `json:"go_version"`
+	LanesVer      string `json:"lanes_version"`
 }
 
 // Run is one measurement.
