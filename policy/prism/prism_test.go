@@ -221,23 +221,12 @@ func TestPrismBulkInline(t *testing.T) {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 
-	set := modetest.Prio(t, r.NetNS)
-	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
-	if err := set.Add(rule); err != nil {
-		t.Fatal(err)
+	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	if hi.High < n || hi.Steered < n {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
 	}
-	st0, _ := dp.Stats()
-	res := overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
-	st1, _ := dp.Stats()
-	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
-	if d.High < uint64(res) || d.Steered < uint64(res) {
-		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", d, res)
-	}
-	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
-	st2, _ := dp.Stats()
-	d = st2[steer.StageSplit].Sub(st1[steer.StageSplit])
-	if d.Steered != 0 || d.Stayed == 0 {
-		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", d)
+	if bulk.Steered != 0 || bulk.Stayed == 0 {
+		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", bulk)
 	}
 	a.ResetAndCheck(t, before)
 }
@@ -278,22 +267,28 @@ func TestPrismHighInline(t *testing.T) {
 		t.Errorf("plan agent %q, want the overload guard %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
 
-	set := modetest.Prio(t, r.NetNS)
-	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
-	if err := set.Add(rule); err != nil {
+	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	if hi.High < n || hi.Stayed < n {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and passed inline", hi, n)
+	}
+	if bulk.Steered == 0 {
+		t.Errorf("bulk TCP took no queue: %+v", bulk)
+	}
+	a.ResetAndCheck(t, before)
+}
+
+// classTraffic marks UDP to dst high priority, sends a datagram stream
+// (high) and then a TCP transfer (bulk) from src to dst, and returns the
+// split stage's counters for each and how many datagrams arrived.
+func classTraffic(t *testing.T, dp *steer.Datapath, ns string, src, dst testbed.Container) (hi, bulk steer.Counters, n uint64) {
+	t.Helper()
+	if err := modetest.Prio(t, ns).Add(modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")); err != nil {
 		t.Fatal(err)
 	}
 	st0, _ := dp.Stats()
-	res := overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	n = uint64(overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200))
 	st1, _ := dp.Stats()
-	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
-	if d.High < uint64(res) || d.Stayed < uint64(res) {
-		t.Errorf("split stage %+v for %d datagrams: want them all high and passed inline", d, res)
-	}
 	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
 	st2, _ := dp.Stats()
-	if st2[steer.StageSplit].Steered == st1[steer.StageSplit].Steered {
-		t.Errorf("bulk TCP took no queue: %+v", st2[steer.StageSplit])
-	}
-	a.ResetAndCheck(t, before)
+	return st1[steer.StageSplit].Sub(st0[steer.StageSplit]), st2[steer.StageSplit].Sub(st1[steer.StageSplit]), n
 }
