@@ -79,6 +79,17 @@ func TestParseSchedstat(t *testing.T) {
 	}
 }
 
+func TestParseSchedstatWait(t *testing.T) {
+	if r, w, err := ParseSchedstatWait("142359404534 58211072258 2606549\n"); err != nil || r != 142359404534 || w != 58211072258 {
+		t.Errorf("got %d %d, %v", r, w, err)
+	}
+	for _, bad := range []string{"", "\n", "12", "abc 1 2", "1 x 2"} {
+		if _, _, err := ParseSchedstatWait(bad); err == nil {
+			t.Errorf("ParseSchedstatWait(%q): no error", bad)
+		}
+	}
+}
+
 func TestParsePIDList(t *testing.T) {
 	got, err := parsePIDList("3 4 5 3922 3926 \n")
 	if err != nil || len(got) != 5 || got[3] != 3922 {

@@ -49,6 +49,11 @@ type Setup struct {
 	// HiRTPriority the SCHED_FIFO priority of its kthreads (0: normal).
 	HiCPUMap     []int `json:"hi_cpumap,omitempty"`
 	HiRTPriority int   `json:"hi_rt_priority,omitempty"`
+	// BulkPolicy, when RTPriority is 0, is the fair policy of the (bulk)
+	// cpumap kthreads: "" or "other" (normal), "batch" (never preempts a
+	// task when woken) or "idle" (yields to every normal task: receive
+	// work gets what the applications leave of the core).
+	BulkPolicy string `json:"bulk_policy,omitempty"`
 }
 
 // Encode is Setup as a knob value.
@@ -61,6 +66,7 @@ func (s Setup) Encode() (string, error) {
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
+		BulkPolicy: s.BulkPolicy,
 	})
 	return string(b), err
 }
@@ -117,6 +123,7 @@ type setupDoc struct {
 	NoBridgeCount bool      `json:"no_bridge_count,omitempty"`
 	MFlow         *mflowDoc `json:"mflow,omitempty"`
 	Sync          bool      `json:"sync,omitempty"`
+	BulkPolicy    string    `json:"bulk_policy,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -133,7 +140,7 @@ func DecodeSetup(v string) (Setup, error) {
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
 			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
-		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority,
+		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil
 }
 
@@ -217,9 +224,10 @@ func (k *DatapathKnob) Write(v []byte) error {
 		what  string
 		cores []int
 		rt    int
+		fair  string
 	}{
-		{d.objs.SteerCpumap, "cpumap", s.CPUMap, s.RTPriority},
-		{d.objs.SteerCpumapHi, "high-priority cpumap", s.HiCPUMap, s.HiRTPriority},
+		{d.objs.SteerCpumap, "cpumap", s.CPUMap, s.RTPriority, s.BulkPolicy},
+		{d.objs.SteerCpumapHi, "high-priority cpumap", s.HiCPUMap, s.HiRTPriority, ""},
 	} {
 		have, err := cpuMapEntries(cm.m, cm.what)
 		if err != nil {
@@ -237,38 +245,60 @@ func (k *DatapathKnob) Write(v []byte) error {
 				}
 			}
 		}
-		if cm.rt > 0 {
-			if err := setCPUMapPriority(cm.m, cm.rt); err != nil {
+		switch {
+		case cm.rt > 0:
+			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: uint32(cm.rt)}); err != nil {
 				return err
 			}
+		case cm.fair == "batch":
+			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_BATCH}); err != nil {
+				return err
+			}
+		case cm.fair == "idle":
+			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_IDLE}); err != nil {
+				return err
+			}
+		case cm.fair != "" && cm.fair != "other":
+			return fmt.Errorf("steer: unknown bulk kthread policy %q (want other, batch or idle)", cm.fair)
 		}
 	}
 	return nil
 }
 
-// setCPUMapPriority makes the kthreads of a cpumap
-// ("cpumap/<cpu>/map:<id>") SCHED_FIFO.
-func setCPUMapPriority(m *ebpf.Map, prio int) error {
-	info, err := m.Info()
+// setCPUMapSched gives the kthreads of a cpumap ("cpumap/<cpu>/map:<id>")
+// the scheduling policy a.
+func setCPUMapSched(m *ebpf.Map, a *unix.SchedAttr) error {
+	ths, err := cpuMapKthreads(m)
 	if err != nil {
 		return err
 	}
-	id, ok := info.ID()
-	if !ok {
-		return fmt.Errorf("cpumap has no id on this kernel")
-	}
-	suffix := fmt.Sprintf("/map:%d", id)
-	ths, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
-	if err != nil {
-		return err
-	}
+	a.Size = unix.SizeofSchedAttr
 	for _, th := range ths {
-		a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(prio)}
 		if err := unix.SchedSetAttr(th.PID, a, 0); err != nil {
-			return fmt.Errorf("making %s real-time: %w", th.Comm, err)
+			return fmt.Errorf("setting the scheduling policy of %s: %w", th.Comm, err)
 		}
 	}
 	return nil
+}
+
+// cpuMapKthreads are the kthreads of a cpumap's entries.
+func cpuMapKthreads(m *ebpf.Map) ([]knobs.KthreadInfo, error) {
+	info, err := m.Info()
+	if err != nil {
+		return nil, err
+	}
+	id, ok := info.ID()
+	if !ok {
+		return nil, fmt.Errorf("cpumap has no id on this kernel")
+	}
+	suffix := fmt.Sprintf("/map:%d", id)
+	return knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
+}
+
+// BulkKthreads are the kthreads of the (bulk) cpumap's entries, one per
+// core with an entry ("cpumap/<cpu>/map:<id>").
+func (d *Datapath) BulkKthreads() ([]knobs.KthreadInfo, error) {
+	return cpuMapKthreads(d.objs.SteerCpumap)
 }
 
 // Pinned says whether dir holds a pinned steering datapath (its config

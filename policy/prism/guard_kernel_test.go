@@ -9,6 +9,7 @@ import (
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
+	"golang.org/x/sys/unix"
 )
 
 // TestPrismGuard: prism-batch's plan names the overload guard; the guard
@@ -66,6 +67,58 @@ func TestPrismGuard(t *testing.T) {
 	stopAgent()
 	if got := sched(); got != ladder {
 		t.Errorf("after the guard stopped: %q, want the plan's %q back", got, ladder)
+	}
+	a.ResetAndCheck(t, before)
+}
+
+// TestPrismBulkGuard: with bulk-sched=idle the plan names the guard, which
+// gives the bulk queue's kthread normal scheduling when its rule says the
+// kthread is starved and SCHED_IDLE back when it stops. The rule is forced
+// as in TestPrismGuard.
+func TestPrismBulkGuard(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	defer prism.SetGuardRule(prism.GuardRule{Demote: 0, DemoteAfter: 1, Promote: 101, PromoteAfter: 1, Interval: 50 * time.Millisecond})()
+
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-sched": "idle"})
+	if a.State.Plan.Agent != prism.GuardAgentName {
+		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
+	}
+	ths, err := a.Open(t).BulkKthreads()
+	if err != nil || len(ths) != 1 {
+		t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
+	}
+	policy := func() uint32 {
+		t.Helper()
+		attr, err := unix.SchedGetAttr(ths[0].PID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return attr.Policy
+	}
+	if p := policy(); p != unix.SCHED_IDLE {
+		t.Fatalf("bulk queue %s: policy %d, want SCHED_IDLE", ths[0].Comm, p)
+	}
+
+	ag, stopAgent := a.StartAgent(t)
+	var st prism.GuardStatus
+	for range 100 {
+		time.Sleep(20 * time.Millisecond)
+		st, _ = ag.Status().(prism.GuardStatus)
+		if st.Demoted {
+			break
+		}
+	}
+	if !st.Demoted || st.Demotions != 1 || st.Err != "" || len(st.Threads) != 1 || st.Threads[0] != ths[0].Comm {
+		t.Errorf("guard status %+v: want one demotion of %s, no error", st, ths[0].Comm)
+	}
+	if p := policy(); p != unix.SCHED_NORMAL {
+		t.Errorf("demoted bulk queue: policy %d, want SCHED_NORMAL", p)
+	}
+	stopAgent()
+	if p := policy(); p != unix.SCHED_IDLE {
+		t.Errorf("after the guard stopped: policy %d, want SCHED_IDLE back", p)
 	}
 	a.ResetAndCheck(t, before)
 }

@@ -69,6 +69,21 @@ type Options struct {
 	// core in 2 s against vanilla's 973 ms, and memcached on that core got
 	// 322 ms against 469.
 	Bulk string
+	// BulkSched is the fair scheduling policy of the bulk queue's
+	// kthread, which does all of a bulk frame's receive work after XDP
+	// (skb, GRO, decap, bridge, veth, socket): "normal" (as the kernel
+	// makes it), "batch" (when woken it never preempts an application) or
+	// "idle" (SCHED_IDLE: any normal task, the high-priority service's
+	// among them, takes the core from bulk receive work at once, and bulk
+	// gets what the applications leave of the core). Why: traced on 2
+	// cores (2026-11-23, Intel VM, 65% background), the ping-pong's p99
+	// was not spent in a receive stage but in the server waiting for the
+	// core after its wake-up, behind a bulk receive kthread that kept the
+	// core for up to its fair-scheduling slice (0.4-2.5 ms). The NIC poll
+	// keeps its policy: it classifies both classes, and with it idle a
+	// busy high-priority service starved its own frames in the NIC's
+	// ring (nginx p99 170 ms, measured). Needs bulk=queue.
+	BulkSched string
 }
 
 // High and Bulk values.
@@ -77,11 +92,15 @@ const (
 	HighInline = "inline"
 	BulkQueue  = "queue"
 	BulkInline = "inline"
+
+	SchedNormal = "normal"
+	SchedBatch  = "batch"
+	SchedIdle   = "idle"
 )
 
 // Defaults follow the paper: batch mode, everything on one core.
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue, BulkSched: SchedNormal}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -119,6 +138,7 @@ var params = []plan.Param{
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
 	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
+	{Key: "bulk-sched", Default: "normal", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
 }
@@ -170,6 +190,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s or %s", BulkQueue, BulkInline)
 			}
 			o.Bulk = v
+		case "bulk-sched":
+			if v != SchedNormal && v != SchedBatch && v != SchedIdle {
+				err = fmt.Errorf("want %s, %s or %s", SchedNormal, SchedBatch, SchedIdle)
+			}
+			o.BulkSched = v
 		default:
 			return o, fmt.Errorf("unknown prism setting %q", k)
 		}
@@ -182,6 +207,15 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.Bulk == BulkInline && o.Streamline {
 		return o, fmt.Errorf("prism bulk=inline with streamline=true would run all bulk processing in a real-time NIC poll, starving the applications: drop one of them")
+	}
+	if o.BulkSched != SchedNormal && o.Bulk == BulkInline {
+		return o, fmt.Errorf("prism bulk-sched=%s sets the bulk queue's kthread, but bulk=inline has no bulk queue: drop one of them", o.BulkSched)
+	}
+	if o.BulkSched == SchedIdle && o.Streamline {
+		return o, fmt.Errorf("prism bulk-sched=idle with streamline=true would put bulk work below a real-time NIC poll and below every application: drop one of them")
+	}
+	if o.BulkSched != SchedNormal && o.BulkRT > 0 {
+		return o, fmt.Errorf("prism bulk-sched=%s is for a normally scheduled bulk queue, but bulk-rt=%d makes it real-time: drop one of them", o.BulkSched, o.BulkRT)
 	}
 	if o.BulkRT >= o.RT {
 		return o, fmt.Errorf("prism bulk-rt %d must be below rt %d: the NIC poll must preempt bulk work", o.BulkRT, o.RT)

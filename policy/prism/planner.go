@@ -3,6 +3,7 @@ package prism
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
@@ -93,6 +94,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			Sync: o.PrioMode == "sync"},
 		CPUMap: []int{core}, QueueSize: o.QueueSize, RTPriority: lad.Low,
 	}
+	if o.BulkSched != SchedNormal {
+		setup.BulkPolicy = o.BulkSched
+	}
 	// Inline: no high-priority queue. steer_xdp's redirect of a
 	// high-priority frame to the core's missing entry then falls back to
 	// XDP_PASS, so the frame runs on in the NIC poll that classified it
@@ -135,6 +139,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// takes it off under overload (guard.go).
 		pl.Agent = GuardAgentName
 		pl.Notes = append(pl.Notes, "the NIC poll runs real-time above bulk processing: run `lanes agent` so that under overload it is taken off the ladder before bulk throughput collapses")
+	}
+	if o.BulkSched == SchedIdle {
+		pl.Agent = GuardAgentName
+		pl.Notes = append(pl.Notes, "bulk-sched=idle: run `lanes agent`, whose guard gives the bulk queue normal scheduling while a busy application on the receive core starves it")
 	}
 	if setup.Config.Sync {
 		pl.Agent = SyncAgentName
@@ -198,6 +206,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	} else {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
 			core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
+	}
+	if o.BulkSched != SchedNormal {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk-sched=%s: the bulk queue's kthread runs SCHED_%s, so applications on core %d (the high-priority service's among them) %s",
+			o.BulkSched, strings.ToUpper(o.BulkSched), core, map[string]string{SchedBatch: "are never preempted by a woken receive kthread", SchedIdle: "take the core from bulk receive work at once; bulk gets what they leave"}[o.BulkSched]))
 	}
 	return pl, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) { modetest.Main(m, "tp") }
@@ -174,16 +175,20 @@ func TestPrismRefuses(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	for params, want := range map[string]string{
-		"sync-interval=5ms":           "want 10ms..1m",
-		"prio-mode=fast":              "want batch or sync",
-		"rt=99":                       "want 2..96",
-		"bulk-rt=60":                  "must be below rt",
-		"cpu=7":                       "not among the cores",
-		"split=true":                  "has no setting",
-		"high=fast":                   "want queue or inline",
-		"bulk=fast":                   "want queue or inline",
-		"bulk=inline,high=inline":     "leave no class queued",
-		"bulk=inline,streamline=true": "real-time NIC poll",
+		"sync-interval=5ms":               "want 10ms..1m",
+		"prio-mode=fast":                  "want batch or sync",
+		"rt=99":                           "want 2..96",
+		"bulk-rt=60":                      "must be below rt",
+		"cpu=7":                           "not among the cores",
+		"split=true":                      "has no setting",
+		"high=fast":                       "want queue or inline",
+		"bulk=fast":                       "want queue or inline",
+		"bulk=inline,high=inline":         "leave no class queued",
+		"bulk=inline,streamline=true":     "real-time NIC poll",
+		"bulk-sched=lowest":               "want normal, batch or idle",
+		"bulk-sched=idle,bulk-rt=10":      "makes it real-time",
+		"bulk-sched=idle,bulk=inline":     "has no bulk queue",
+		"bulk-sched=idle,streamline=true": "drop one of them",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -227,6 +232,63 @@ func TestPrismBulkInline(t *testing.T) {
 	}
 	if bulk.Steered != 0 || bulk.Stayed == 0 {
 		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", bulk)
+	}
+	a.ResetAndCheck(t, before)
+}
+
+// TestPrismBulkSched: with bulk-sched=idle the bulk queue's cpumap kthread
+// runs SCHED_IDLE while the high-priority queue stays real-time and the
+// NIC poll keeps normal scheduling, both classes still flow, and reset
+// restores every knob.
+func TestPrismBulkSched(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-sched": "idle"})
+	dp := a.Open(t)
+	topo, err := topology.Discover(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(topo.Underlays[0].NAPIThreads) == 0 {
+		t.Fatal("the testbed's underlay has no NAPI thread to check")
+	}
+	for _, th := range topo.Underlays[0].NAPIThreads {
+		b, err := knobs.Sched(th.Comm, th.Index).Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := "policy=other prio=0 nice=0"; string(b) != w {
+			t.Errorf("NIC poll %s: %q, want %q (it classifies both classes)", th.Comm, b, w)
+		}
+	}
+	// The receive core's cpumap kthreads: the bulk queue's idle, the
+	// high-priority queue's real-time.
+	ths, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/1/") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies := map[uint32]int{}
+	for _, th := range ths {
+		attr, err := unix.SchedGetAttr(th.PID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policies[attr.Policy]++
+	}
+	if len(ths) != 2 || policies[unix.SCHED_IDLE] != 1 || policies[unix.SCHED_FIFO] != 1 {
+		t.Errorf("cpumap kthreads on core 1: %v with policies %v, want one SCHED_IDLE (bulk) and one SCHED_FIFO (high priority)", ths, policies)
+	}
+
+	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	if hi.High < n || hi.Steered < n {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
+	}
+	if bulk.Steered == 0 {
+		t.Errorf("bulk TCP took no queue: %+v", bulk)
 	}
 	a.ResetAndCheck(t, before)
 }
