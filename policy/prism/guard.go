@@ -323,13 +323,7 @@ func (n *nicTarget) set(demoted bool) error {
 	return first
 }
 
-func (n *nicTarget) names() []string {
-	var out []string
-	for _, th := range n.threads {
-		out = append(out, th.Comm)
-	}
-	return out
-}
+func (n *nicTarget) names() []string { return comms(n.threads) }
 
 func (n *nicTarget) watch() string { return "NIC poll on the real-time ladder (streamline)" }
 func (n *nicTarget) demote() string {
@@ -416,13 +410,7 @@ func (b *bulkTarget) set(demoted bool) error {
 	return first
 }
 
-func (b *bulkTarget) names() []string {
-	var out []string
-	for _, th := range b.threads {
-		out = append(out, th.Comm)
-	}
-	return out
-}
+func (b *bulkTarget) names() []string { return comms(b.threads) }
 
 func (b *bulkTarget) watch() string { return "bulk queue at SCHED_IDLE (bulk-sched=idle)" }
 func (b *bulkTarget) demote() string {
@@ -448,4 +436,13 @@ func (a guardAgent) Status() any {
 		return GuardStatus{Err: "nothing to guard: the NIC poll is not on the ladder and bulk-sched is not idle"}
 	}
 	return a.g.Status()
+}
+
+// comms are the threads' names.
+func comms(ths []knobs.KthreadInfo) []string {
+	var out []string
+	for _, th := range ths {
+		out = append(out, th.Comm)
+	}
+	return out
 }

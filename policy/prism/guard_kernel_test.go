@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -50,14 +51,7 @@ func TestPrismGuard(t *testing.T) {
 	}
 
 	ag, stopAgent := a.StartAgent(t)
-	var st prism.GuardStatus
-	for range 100 {
-		time.Sleep(20 * time.Millisecond)
-		st, _ = ag.Status().(prism.GuardStatus)
-		if st.Demoted {
-			break
-		}
-	}
+	st := waitDemoted(ag)
 	if !st.Demoted || st.Demotions != 1 || st.Err != "" {
 		t.Errorf("guard status %+v: want one demotion, no error", st)
 	}
@@ -102,14 +96,7 @@ func TestPrismBulkGuard(t *testing.T) {
 	}
 
 	ag, stopAgent := a.StartAgent(t)
-	var st prism.GuardStatus
-	for range 100 {
-		time.Sleep(20 * time.Millisecond)
-		st, _ = ag.Status().(prism.GuardStatus)
-		if st.Demoted {
-			break
-		}
-	}
+	st := waitDemoted(ag)
 	if !st.Demoted || st.Demotions != 1 || st.Err != "" || len(st.Threads) != 1 || st.Threads[0] != ths[0].Comm {
 		t.Errorf("guard status %+v: want one demotion of %s, no error", st, ths[0].Comm)
 	}
@@ -121,4 +108,17 @@ func TestPrismBulkGuard(t *testing.T) {
 		t.Errorf("after the guard stopped: policy %d, want SCHED_IDLE back", p)
 	}
 	a.ResetAndCheck(t, before)
+}
+
+// waitDemoted polls the guard's status until it demoted (2 s at most) and
+// returns the last status.
+func waitDemoted(ag plan.Agent) prism.GuardStatus {
+	var st prism.GuardStatus
+	for range 100 {
+		time.Sleep(20 * time.Millisecond)
+		if st, _ = ag.Status().(prism.GuardStatus); st.Demoted {
+			break
+		}
+	}
+	return st
 }
