@@ -203,9 +203,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	} else if bulkInline {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk=inline: bulk frames run in the NIC poll (normal scheduling), high-priority frames in their queue at FIFO %d, which takes the core at the poll's batch boundary",
 			core, lad.High))
-	} else {
+	} else if o.Streamline {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
 			core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
+	} else {
+		bulk := fifo(lad.Low)
+		if o.BulkSched != SchedNormal {
+			bulk = "SCHED_" + strings.ToUpper(o.BulkSched)
+		}
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk queue at %s, NIC poll and later stages as the kernel runs them, high-priority queue at FIFO %d",
+			core, bulk, lad.High))
 	}
 	if o.BulkSched != SchedNormal {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk-sched=%s: the bulk queue's kthread runs SCHED_%s, so applications on core %d (the high-priority service's among them) %s",
