@@ -73,7 +73,9 @@ type AgentStatus struct {
 	FallenBack bool            `json:"fallen_back"`
 	Moves      uint64          `json:"moves"`
 	Fallbacks  uint64          `json:"fallbacks"`
-	Active     int             `json:"active_flow_stages"`
+	// Active are the (flow, stage) pairs seen in the last window; not
+	// read (0) while every stage is at home, where nothing is placed.
+	Active int `json:"active_flow_stages"`
 	// Home lists the stages on their at-home fast path: vanilla placement
 	// without per-flow work, until the IRQ core gets busy.
 	Home []string `json:"home,omitempty"`
@@ -231,69 +233,9 @@ func (a *agent) step(s load.Sample) error {
 		}
 	}
 
-	// A round costs a few syscalls whatever the number of flows: one
-	// batch walk of the flow map, one read of the tables, one write per
-	// stage that changed.
-	act, err := a.dp.Activity(activeWindow)
+	moves, nactive, err := a.place(fallen)
 	if err != nil {
 		return err
-	}
-	active, nactive := act.Active, act.Flows
-	tables, err := a.dp.Tables()
-	if err != nil {
-		return err
-	}
-	var moves int
-	a.round++
-	for _, st := range a.stages {
-		cur := tables[st]
-		var next [steer.Buckets]uint32
-		if st == steer.StageSplit && a.homeFirst[st] && !fallen && a.round-a.lastSpread < settleRounds {
-			// Splitting is the last resort: wait until the moving
-			// averages show what the later stages' moves left on the
-			// IRQ core.
-			continue
-		}
-		if a.atHome[st] {
-			// Leave home only to spread: when the IRQ core is busy.
-			if fallen || a.stageBal(st).Load(a.home) < a.o.Threshold {
-				continue
-			}
-			if err := a.leaveHome(st); err != nil {
-				return err
-			}
-			continue // the next round sees the stage's flows afresh
-		}
-		if fallen {
-			// Vanilla placement: everything on the IRQ core, where with
-			// prio the first stage keeps its two queues.
-			stay := uint32(steer.Stay)
-			if st == steer.StageSplit && a.homeQueued {
-				stay = uint32(slices.Index(a.cfg.CPUs, a.home))
-			}
-			for b := range next {
-				next[b] = stay
-			}
-		} else {
-			next = a.assign(st, cur, active[st])
-		}
-		if next == cur {
-			if err := a.maybeHome(st, next, act.Away[st]); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := a.dp.SetTable(st, next); err != nil {
-			return err
-		}
-		for b := range next {
-			if next[b] != cur[b] && active[st][b] {
-				moves++
-				if st != steer.StageSplit {
-					a.lastSpread = a.round
-				}
-			}
-		}
 	}
 
 	load := make(map[int]float64, len(a.env.CPUs))
@@ -323,6 +265,93 @@ func (a *agent) step(s load.Sample) error {
 		a.m.observe(load, moves, fallen, bs, nactive, sd)
 	}
 	return nil
+}
+
+// place runs one round of placement: every stage's table from the moving
+// averages and the active buckets. It returns the moves (active buckets
+// whose core changed) and the active flows.
+func (a *agent) place(fallen bool) (moves, nactive int, err error) {
+	// A round costs a few syscalls whatever the number of flows: one
+	// batch walk of the flow map, one read of the tables, one write per
+	// stage that changed.
+	a.round++
+	if a.stayHome(fallen) {
+		// Nothing away and nothing to leave home this round: no flow
+		// state to read (the at-home fast path keeps none) and no table
+		// to change, so the round ends here. It is the common case, and
+		// the agent's time on the IRQ core is time the NIC poll waits.
+		return 0, 0, nil
+	}
+	act, err := a.dp.Activity(activeWindow)
+	if err != nil {
+		return 0, 0, err
+	}
+	active, nactive := act.Active, act.Flows
+	tables, err := a.dp.Tables()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, st := range a.stages {
+		cur := tables[st]
+		var next [steer.Buckets]uint32
+		if st == steer.StageSplit && a.homeFirst[st] && !fallen && a.round-a.lastSpread < settleRounds {
+			// Splitting is the last resort: wait until the moving
+			// averages show what the later stages' moves left on the
+			// IRQ core.
+			continue
+		}
+		if a.atHome[st] {
+			// Leave home only to spread: when the IRQ core is busy.
+			if fallen || a.stageBal(st).Load(a.home) < a.o.Threshold {
+				continue
+			}
+			if err := a.leaveHome(st); err != nil {
+				return 0, 0, err
+			}
+			continue // the next round sees the stage's flows afresh
+		}
+		if fallen {
+			// Vanilla placement: everything on the IRQ core, where with
+			// prio the first stage keeps its two queues.
+			stay := uint32(steer.Stay)
+			if st == steer.StageSplit && a.homeQueued {
+				stay = uint32(slices.Index(a.cfg.CPUs, a.home))
+			}
+			for b := range next {
+				next[b] = stay
+			}
+		} else {
+			next = a.assign(st, cur, active[st])
+		}
+		if next == cur {
+			if err := a.maybeHome(st, next, act.Away[st]); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		if err := a.dp.SetTable(st, next); err != nil {
+			return 0, 0, err
+		}
+		for b := range next {
+			if next[b] != cur[b] && active[st][b] {
+				moves++
+				if st != steer.StageSplit {
+					a.lastSpread = a.round
+				}
+			}
+		}
+	}
+	return moves, nactive, nil
+}
+
+// stayHome says whether every stage is at home and stays there this round.
+func (a *agent) stayHome(fallen bool) bool {
+	for _, st := range a.stages {
+		if !a.atHome[st] || (!fallen && a.stageBal(st).Load(a.home) >= a.o.Threshold) {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *agent) stageBal(stage int) *balancer.Balancer {
