@@ -249,22 +249,7 @@ func TestPrismBulkSched(t *testing.T) {
 
 	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-sched": "idle"})
 	dp := a.Open(t)
-	topo, err := topology.Discover(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(topo.Underlays[0].NAPIThreads) == 0 {
-		t.Fatal("the testbed's underlay has no NAPI thread to check")
-	}
-	for _, th := range topo.Underlays[0].NAPIThreads {
-		b, err := knobs.Sched(th.Comm, th.Index).Read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w := "policy=other prio=0 nice=0"; string(b) != w {
-			t.Errorf("NIC poll %s: %q, want %q (it classifies both classes)", th.Comm, b, w)
-		}
-	}
+	nicPollSched(t, r.NetNS, "policy=other prio=0 nice=0", "it classifies both classes")
 	// The receive core's cpumap kthreads: the bulk queue's idle, the
 	// high-priority queue's real-time.
 	ths, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/1/") })
@@ -312,19 +297,7 @@ func TestPrismHighInline(t *testing.T) {
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want none", cm, err)
 	}
-	topo, err := topology.Discover(r.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, th := range topo.Underlays[0].NAPIThreads {
-		b, err := knobs.Sched(th.Comm, th.Index).Read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w := "policy=fifo prio=50 nice=0"; string(b) != w {
-			t.Errorf("NIC poll %s: %q, want %q (the ladder's first rung)", th.Comm, b, w)
-		}
-	}
+	nicPollSched(t, r.NetNS, "policy=fifo prio=50 nice=0", "the ladder's first rung")
 	if a.State.Plan.Agent != prism.GuardAgentName {
 		t.Errorf("plan agent %q, want the overload guard %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
@@ -353,4 +326,26 @@ func classTraffic(t *testing.T, dp *steer.Datapath, ns string, src, dst testbed.
 	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
 	st2, _ := dp.Stats()
 	return st1[steer.StageSplit].Sub(st0[steer.StageSplit]), st2[steer.StageSplit].Sub(st1[steer.StageSplit]), n
+}
+
+// nicPollSched checks the scheduling of every NAPI thread of ns's
+// underlay (the NIC poll) against want; why says why it should be so.
+func nicPollSched(t *testing.T, ns, want, why string) {
+	t.Helper()
+	topo, err := topology.Discover(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(topo.Underlays) == 0 || len(topo.Underlays[0].NAPIThreads) == 0 {
+		t.Fatal("the testbed's underlay has no NAPI thread to check")
+	}
+	for _, th := range topo.Underlays[0].NAPIThreads {
+		b, err := knobs.Sched(th.Comm, th.Index).Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(b) != want {
+			t.Errorf("NIC poll %s: %q, want %q (%s)", th.Comm, b, want, why)
+		}
+	}
 }
