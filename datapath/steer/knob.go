@@ -245,21 +245,21 @@ func (k *DatapathKnob) Write(v []byte) error {
 				}
 			}
 		}
+		var a *unix.SchedAttr
 		switch {
 		case cm.rt > 0:
-			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: uint32(cm.rt)}); err != nil {
-				return err
-			}
+			a = &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: uint32(cm.rt)}
 		case cm.fair == "batch":
-			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_BATCH}); err != nil {
-				return err
-			}
+			a = &unix.SchedAttr{Policy: unix.SCHED_BATCH}
 		case cm.fair == "idle":
-			if err := setCPUMapSched(cm.m, &unix.SchedAttr{Policy: unix.SCHED_IDLE}); err != nil {
-				return err
-			}
+			a = &unix.SchedAttr{Policy: unix.SCHED_IDLE}
 		case cm.fair != "" && cm.fair != "other":
 			return fmt.Errorf("steer: unknown bulk kthread policy %q (want other, batch or idle)", cm.fair)
+		}
+		if a != nil {
+			if err := setCPUMapSched(cm.m, a); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -340,8 +340,8 @@ func (n *nicTarget) promote() string {
 type bulkTarget struct {
 	dir  string
 	core int
-	// threads is the kthread(s) and wait their schedstat wait times at
-	// the last sample.
+	// threads are the bulk queue's kthreads on the receive core; wait
+	// is each one's schedstat wait time at the last sample, by pid.
 	threads []knobs.KthreadInfo
 	wait    map[int]uint64
 }

@@ -211,14 +211,8 @@ func TestPrismRefuses(t *testing.T) {
 // flow's frames take the real-time high-priority queue, and reset
 // restores every knob.
 func TestPrismBulkInline(t *testing.T) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk": "inline"})
-	dp := a.Open(t)
+	c := newClassCase(t, map[string]string{"bulk": "inline"})
+	dp := c.dp
 	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 0 {
 		t.Errorf("bulk cpumap entries %v (%v), want none", cm, err)
 	}
@@ -226,14 +220,14 @@ func TestPrismBulkInline(t *testing.T) {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 
-	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	hi, bulk, n := c.traffic(t)
 	if hi.High < n || hi.Steered < n {
 		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
 	}
 	if bulk.Steered != 0 || bulk.Stayed == 0 {
 		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", bulk)
 	}
-	a.ResetAndCheck(t, before)
+	c.reset(t)
 }
 
 // TestPrismBulkSched: with bulk-sched=idle the bulk queue's cpumap kthread
@@ -241,18 +235,11 @@ func TestPrismBulkInline(t *testing.T) {
 // NIC poll keeps normal scheduling, both classes still flow, and reset
 // restores every knob.
 func TestPrismBulkSched(t *testing.T) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-sched": "idle"})
-	dp := a.Open(t)
-	nicPollSched(t, r.NetNS, "policy=other prio=0 nice=0", "it classifies both classes")
+	c := newClassCase(t, map[string]string{"bulk-sched": "idle"})
+	nicPollSched(t, c.ns, "policy=other prio=0 nice=0", "it classifies both classes")
 	// The receive core's cpumap kthreads: the bulk queue's idle, the
 	// high-priority queue's real-time.
-	ths, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/1/") })
+	ths, err := knobs.ListKthreads(func(comm string) bool { return strings.HasPrefix(comm, "cpumap/1/") })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,14 +255,14 @@ func TestPrismBulkSched(t *testing.T) {
 		t.Errorf("cpumap kthreads on core 1: %v with policies %v, want one SCHED_IDLE (bulk) and one SCHED_FIFO (high priority)", ths, policies)
 	}
 
-	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	hi, bulk, n := c.traffic(t)
 	if hi.High < n || hi.Steered < n {
 		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
 	}
 	if bulk.Steered == 0 {
 		t.Errorf("bulk TCP took no queue: %+v", bulk)
 	}
-	a.ResetAndCheck(t, before)
+	c.reset(t)
 }
 
 // TestPrismHighInline: with high=inline there is no high-priority queue:
@@ -283,34 +270,57 @@ func TestPrismBulkSched(t *testing.T) {
 // the streamlined ladder), bulk frames still take the bulk queue, and
 // reset restores every knob.
 func TestPrismHighInline(t *testing.T) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "inline", "streamline": "true"})
-	dp := a.Open(t)
+	c := newClassCase(t, map[string]string{"high": "inline", "streamline": "true"})
+	dp := c.dp
 	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("bulk cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want none", cm, err)
 	}
-	nicPollSched(t, r.NetNS, "policy=fifo prio=50 nice=0", "the ladder's first rung")
-	if a.State.Plan.Agent != prism.GuardAgentName {
-		t.Errorf("plan agent %q, want the overload guard %q", a.State.Plan.Agent, prism.GuardAgentName)
+	nicPollSched(t, c.ns, "policy=fifo prio=50 nice=0", "the ladder's first rung")
+	if c.a.State.Plan.Agent != prism.GuardAgentName {
+		t.Errorf("plan agent %q, want the overload guard %q", c.a.State.Plan.Agent, prism.GuardAgentName)
 	}
 
-	hi, bulk, n := classTraffic(t, dp, r.NetNS, src, dst)
+	hi, bulk, n := c.traffic(t)
 	if hi.High < n || hi.Stayed < n {
 		t.Errorf("split stage %+v for %d datagrams: want them all high and passed inline", hi, n)
 	}
 	if bulk.Steered == 0 {
 		t.Errorf("bulk TCP took no queue: %+v", bulk)
 	}
-	a.ResetAndCheck(t, before)
+	c.reset(t)
 }
+
+// classCase is prism-batch applied with some settings to a fresh docker
+// testbed's receiver, for the tests of where each class runs.
+type classCase struct {
+	a        *modetest.Applied
+	dp       *steer.Datapath
+	before   map[string]string
+	ns       string
+	src, dst testbed.Container
+}
+
+func newClassCase(t *testing.T, params map[string]string) classCase {
+	t.Helper()
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	c := classCase{before: modetest.Snapshot(t, tb), ns: tb.Receiver().NetNS, src: tb.Sender().Containers[0], dst: tb.Receiver().Containers[0]}
+	c.a = modetest.Apply(t, tb, "prism-batch", params)
+	c.dp = c.a.Open(t)
+	return c
+}
+
+// traffic is classTraffic from the sender's container to the receiver's.
+func (c classCase) traffic(t *testing.T) (hi, bulk steer.Counters, n uint64) {
+	t.Helper()
+	return classTraffic(t, c.dp, c.ns, c.src, c.dst)
+}
+
+// reset resets the mode and checks every knob is back.
+func (c classCase) reset(t *testing.T) { c.a.ResetAndCheck(t, c.before) }
 
 // classTraffic marks UDP to dst high priority, sends a datagram stream
 // (high) and then a TCP transfer (bulk) from src to dst, and returns the
