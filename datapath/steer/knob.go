@@ -301,6 +301,11 @@ func (d *Datapath) BulkKthreads() ([]knobs.KthreadInfo, error) {
 	return cpuMapKthreads(d.objs.SteerCpumap)
 }
 
+// HiKthreads are the kthreads of the high-priority cpumap's entries.
+func (d *Datapath) HiKthreads() ([]knobs.KthreadInfo, error) {
+	return cpuMapKthreads(d.objs.SteerCpumapHi)
+}
+
 // Pinned says whether dir holds a pinned steering datapath (its config
 // map's pin), so callers can tell "nothing applied" from a broken pin.
 func Pinned(dir string) bool {

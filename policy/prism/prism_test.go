@@ -237,22 +237,28 @@ func TestPrismBulkInline(t *testing.T) {
 func TestPrismBulkSched(t *testing.T) {
 	c := newClassCase(t, map[string]string{"bulk-sched": "idle"})
 	nicPollSched(t, c.ns, "policy=other prio=0 nice=0", "it classifies both classes")
-	// The receive core's cpumap kthreads: the bulk queue's idle, the
+	// This datapath's cpumap kthreads (other packages' tests may run
+	// cpumaps of their own meanwhile): the bulk queue's idle, the
 	// high-priority queue's real-time.
-	ths, err := knobs.ListKthreads(func(comm string) bool { return strings.HasPrefix(comm, "cpumap/1/") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	policies := map[uint32]int{}
-	for _, th := range ths {
-		attr, err := unix.SchedGetAttr(th.PID, 0)
+	for _, q := range []struct {
+		what   string
+		get    func() ([]knobs.KthreadInfo, error)
+		policy uint32
+	}{
+		{"bulk", c.dp.BulkKthreads, unix.SCHED_IDLE},
+		{"high-priority", c.dp.HiKthreads, unix.SCHED_FIFO},
+	} {
+		ths, err := q.get()
+		if err != nil || len(ths) != 1 || !strings.HasPrefix(ths[0].Comm, "cpumap/1/") {
+			t.Fatalf("%s queue kthreads %v (%v), want one on core 1", q.what, ths, err)
+		}
+		attr, err := unix.SchedGetAttr(ths[0].PID, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		policies[attr.Policy]++
-	}
-	if len(ths) != 2 || policies[unix.SCHED_IDLE] != 1 || policies[unix.SCHED_FIFO] != 1 {
-		t.Errorf("cpumap kthreads on core 1: %v with policies %v, want one SCHED_IDLE (bulk) and one SCHED_FIFO (high priority)", ths, policies)
+		if attr.Policy != q.policy {
+			t.Errorf("%s queue %s: policy %d, want %d", q.what, ths[0].Comm, attr.Policy, q.policy)
+		}
 	}
 
 	hi, bulk, n := c.traffic(t)
