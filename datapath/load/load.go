@@ -1,8 +1,14 @@
 // Package load measures per-core load the way Falcon's balancer needs it,
 // on a stock kernel: Falcon reads per-CPU busy time inside the kernel every
-// 10 jiffies, lanes has only /proc.
+// 10 jiffies. There are two samplers with the same figures.
 //
-// Two sources are combined. /proc/stat gives each core's split of time
+// SchedSampler (acct.go, cpuacct.c) has the kernel hand the time over as it
+// switches tasks, through BPF tracing programs: a sample is one map read.
+// It needs BTF and tracing programs; Falcon's agent uses it by default.
+//
+// Sampler reads /proc, which every kernel has, and also lists the receive
+// kthreads one by one (`lanes status`, PRISM's guard). Two sources are
+// combined there. /proc/stat gives each core's split of time
 // (user, system, softirq, ...) in USER_HZ ticks: coarse over short
 // intervals, but it covers everything. Receive processing that runs in
 // kernel threads instead of softirq context - threaded NAPI ("napi/...")

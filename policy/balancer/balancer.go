@@ -164,15 +164,19 @@ func (b *Balancer) setAvoid(cores []int) {
 }
 
 // Observe feeds one sample: the busy percent of each core of the set over
-// the last period. Cores missing from the sample count as idle (a core with
-// nothing to report did nothing); cores outside the set are ignored. Values
+// the last period. Cores missing from the sample keep their average (not
+// measured this time: a core that just came online, a reading that raced
+// with the core's own update); cores outside the set are ignored. Values
 // are clamped to [0,100] so one bad reading cannot poison the average for
 // long.
 func (b *Balancer) Observe(sample map[int]float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, cpu := range b.cpus {
-		busy := sample[cpu]
+		busy, ok := sample[cpu]
+		if !ok {
+			continue
+		}
 		switch {
 		case busy > 100:
 			busy = 100

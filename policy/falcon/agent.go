@@ -79,6 +79,8 @@ type AgentStatus struct {
 	// Home lists the stages on their at-home fast path: vanilla placement
 	// without per-flow work, until the IRQ core gets busy.
 	Home []string `json:"home,omitempty"`
+	// Sampler is where the load comes from: "sched" or "proc".
+	Sampler string `json:"sampler,omitempty"`
 }
 
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
@@ -179,10 +181,11 @@ func (a *agent) Status() any {
 func (a *agent) Run(ctx context.Context) error {
 	defer a.dp.Close()
 	defer a.restore()
-	sampler, err := load.NewSampler()
+	sampler, err := a.openSampler()
 	if err != nil {
 		return err
 	}
+	defer sampler.Close()
 	tick := time.NewTicker(a.o.Interval)
 	defer tick.Stop()
 	for {
@@ -199,6 +202,51 @@ func (a *agent) Run(ctx context.Context) error {
 			return fmt.Errorf("falcon agent: %w", err)
 		}
 	}
+}
+
+// sampler is a source of load samples: load.SchedSampler or load.Sampler.
+type sampler interface {
+	Sample() (load.Sample, error)
+	Close() error
+}
+
+// procSampler is load.Sampler, which holds nothing to close.
+type procSampler struct{ *load.Sampler }
+
+func (procSampler) Close() error { return nil }
+
+// openSampler opens the load source the options name; with auto, the
+// scheduler's events where the kernel has them, /proc where not (and
+// says so).
+func (a *agent) openSampler() (sampler, error) {
+	if a.o.Sampler != SamplerProc {
+		s, err := load.NewSchedSampler()
+		if err == nil {
+			a.setSampler(SamplerSched)
+			if a.env.Logf != nil {
+				a.env.Logf("load from the scheduler's task switches and softirqs (BPF)")
+			}
+			return s, nil
+		}
+		if a.o.Sampler == SamplerSched {
+			return nil, fmt.Errorf("falcon agent: sampler=sched: %w (sampler=proc reads /proc instead)", err)
+		}
+		if a.env.Logf != nil {
+			a.env.Logf("load from /proc: no scheduler accounting on this kernel (%v)", err)
+		}
+	}
+	s, err := load.NewSampler()
+	if err != nil {
+		return nil, err
+	}
+	a.setSampler(SamplerProc)
+	return procSampler{s}, nil
+}
+
+func (a *agent) setSampler(v string) {
+	a.mu.Lock()
+	a.status.Sampler = v
+	a.mu.Unlock()
 }
 
 func (a *agent) restore() {

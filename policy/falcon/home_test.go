@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -92,23 +94,37 @@ func TestFalconSplitAutoOnVeth(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
-// TestFalconLeavesHome: the whole spread=busy cycle under real load. With
-// the stages at home, a busy loop on the IRQ core makes the agent leave
-// home and send the active (flow, stage) pairs to the other core while a
+// TestFalconLeavesHome: the whole spread=busy cycle under real load, with
+// the load read from the scheduler's events and from /proc. With the
+// stages at home, a busy loop on the IRQ core makes the agent leave home
+// and send the active (flow, stage) pairs to the other core while a
 // sequence-numbered stream runs (in order throughout); once the loop stops
 // and the traffic ends, every stage comes home again.
 func TestFalconLeavesHome(t *testing.T) {
+	for _, sampler := range []string{falcon.SamplerSched, falcon.SamplerProc} {
+		t.Run("sampler="+sampler, func(t *testing.T) { leavesHome(t, sampler) })
+	}
+}
+
+func leavesHome(t *testing.T, sampler string) {
 	cpus := online(t)
+	if sampler == falcon.SamplerSched {
+		s, err := load.NewSchedSampler()
+		if err != nil {
+			t.Skip("no scheduler accounting on this kernel:", err)
+		}
+		s.Close()
+	}
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
 	before := modetest.Snapshot(t, tb)
-	a := apply(t, tb, "falcon", nil)
+	a := apply(t, tb, "falcon", map[string]string{"sampler": sampler})
 	dp := a.Open(t)
 	src, dst := s.Containers[0], r.Containers[0]
 	// Resolve ARP first: datagrams a sender queues behind resolution are
 	// released while newer ones pass them, a reordering of the sender's.
 	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
-	_, stopAgent := a.StartAgent(t)
+	ag, stopAgent := a.StartAgent(t)
 	later := []int{steer.StageBridge, steer.StageContainer}
 	waitHome := func(what string) {
 		t.Helper()
@@ -128,6 +144,9 @@ func TestFalconLeavesHome(t *testing.T) {
 		}
 	}
 	waitHome("idle")
+	if got := ag.Status().(falcon.AgentStatus).Sampler; got != sampler {
+		t.Errorf("agent reads load from %q, want %q", got, sampler)
+	}
 
 	irq := tb.Config.IRQCPU
 	if irq < 0 || !slices.Contains(cpus, irq) {

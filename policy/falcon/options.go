@@ -66,6 +66,13 @@ type Options struct {
 	// or "busy" (all non-idle time, Falcon's own figure, less the time of
 	// SCHED_IDLE threads, which give the core up to anything).
 	Load string
+	// Sampler is where the agent reads that load: "sched" (BPF programs
+	// on the scheduler's task switches and softirqs: one map read per
+	// sample, nanosecond figures), "proc" (/proc/stat and the threads'
+	// /proc files, with a walk of all of /proc once a second: about 1 ms
+	// of a core, often the IRQ core, whose NIC poll waits behind it) or
+	// "auto" (sched where the kernel can, else proc).
+	Sampler string
 	// QueueSize is the cpumap queue length per split core (frames).
 	QueueSize uint32
 	// RTPriority > 0 runs the split stage's cpumap kthreads SCHED_FIFO.
@@ -90,6 +97,13 @@ type Options struct {
 	Spread string
 }
 
+// Sampler values.
+const (
+	SamplerAuto  = "auto"
+	SamplerSched = "sched"
+	SamplerProc  = "proc"
+)
+
 // Spread values.
 const (
 	SpreadAlways = "always"
@@ -112,6 +126,7 @@ func Defaults() Options {
 		Flowlet:    steer.DefaultFlowlet,
 		Drain:      steer.DefaultDrain,
 		Load:       "busy",
+		Sampler:    SamplerAuto,
 		QueueSize:  2048,
 		PrioRT:     53,
 		Spread:     SpreadBusy,
@@ -130,6 +145,7 @@ var params = []plan.Param{
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
 	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); 0 = do not wait for the queue"},
 	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
+	{Key: "sampler", Default: "auto", Help: "where the agent reads core load: sched (BPF on the scheduler's task switches: one map read per sample), proc (/proc files, a walk of /proc once a second), auto (sched if the kernel has BTF and tracing programs, else proc)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
@@ -172,6 +188,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want rx or busy")
 			}
 			o.Load = v
+		case "sampler":
+			if v != SamplerAuto && v != SamplerSched && v != SamplerProc {
+				err = fmt.Errorf("want %s, %s or %s", SamplerAuto, SamplerSched, SamplerProc)
+			}
+			o.Sampler = v
 		case "queue-size":
 			o.QueueSize, err = plan.ParseQueueSize(v)
 		case "rt":
@@ -223,6 +244,7 @@ func (o Options) Params() map[string]string {
 		"flowlet":    o.Flowlet.String(),
 		"drain":      o.Drain.String(),
 		"load":       o.Load,
+		"sampler":    o.Sampler,
 		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
 		"rt":         strconv.Itoa(o.RTPriority),
 		"prio":       strconv.FormatBool(o.Prio),

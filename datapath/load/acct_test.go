@@ -1,0 +1,220 @@
+package load
+
+import (
+	"math"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// spin runs a thread on core at policy until stop closes; ready says when
+// it runs there.
+func spin(t *testing.T, core int, policy uint32) (stop func()) {
+	t.Helper()
+	ready, quit, done := make(chan error), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		// Never unlocked: the thread, its affinity and its policy die
+		// with the goroutine.
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(core)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			ready <- err
+			return
+		}
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}, 0); err != nil {
+			ready <- err
+			return
+		}
+		ready <- nil
+		x := 1.0
+		for {
+			select {
+			case <-quit:
+				_ = x
+				return
+			default:
+			}
+			for range 10000 {
+				x = x*1.0000001 + 1e-9
+			}
+		}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	return func() { close(quit); <-done }
+}
+
+func newSchedSampler(t *testing.T) *SchedSampler {
+	t.Helper()
+	s, err := NewSchedSampler()
+	if err != nil {
+		t.Skip("no scheduler accounting on this kernel:", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// checkFigures: every figure a percentage, Busy + Idle = 100, the parts
+// within the whole.
+func checkFigures(t *testing.T, sm Sample) {
+	t.Helper()
+	const eps = 1e-6
+	for _, c := range sm.Cores {
+		t.Logf("cpu%d busy %.1f%% softirq %.1f%% rx-kthreads %.1f%% rx %.1f%% yielding %.1f%% idle %.1f%%",
+			c.CPU, c.Busy, c.SoftIRQ, c.RxKthreads, c.Rx, c.Yielding, c.Idle)
+		for _, v := range []float64{c.Busy, c.SoftIRQ, c.Idle, c.RxKthreads, c.Rx, c.Yielding} {
+			if v < 0 || v > 100+eps || math.IsNaN(v) {
+				t.Errorf("cpu%d: figure %v outside 0..100 in %+v", c.CPU, v, c)
+			}
+		}
+		if math.Abs(c.Busy+c.Idle-100) > eps || c.Yielding > c.Busy+eps {
+			t.Errorf("cpu%d: busy %v, idle %v, yielding %v do not add up", c.CPU, c.Busy, c.Idle, c.Yielding)
+		}
+	}
+}
+
+// TestSchedSampler: a thread burning a core at normal priority makes it
+// busy; the same at SCHED_IDLE is that core's Yielding time, which
+// Contended leaves out. The machine may run other work, so the bounds are
+// loose: they separate "counted" from "not counted", not timings.
+func TestSchedSampler(t *testing.T) {
+	core := firstCore(t)
+	s := newSchedSampler(t)
+	for _, tc := range []struct {
+		name   string
+		policy uint32
+	}{{"normal", unix.SCHED_NORMAL}, {"sched_idle", unix.SCHED_IDLE}} {
+		t.Run(tc.name, func(t *testing.T) {
+			stop := spin(t, core, tc.policy)
+			if _, err := s.Sample(); err != nil { // from the spin on
+				stop()
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			sm, err := s.Sample()
+			stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sm.Interval < 300*time.Millisecond {
+				t.Errorf("interval %v, slept 300ms", sm.Interval)
+			}
+			checkFigures(t, sm)
+			c, ok := sm.Core(core)
+			if !ok {
+				t.Fatalf("core %d missing from %+v", core, sm.Cores)
+			}
+			if c.Busy <= 50 {
+				t.Errorf("core %d burned by a thread, only %.1f%% busy", core, c.Busy)
+			}
+			switch tc.policy {
+			case unix.SCHED_IDLE:
+				if c.Yielding <= 50 || c.Contended() >= c.Busy {
+					t.Errorf("core %d: yielding %.1f%% of busy %.1f%%: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
+				}
+			default:
+				if c.Yielding >= 50 {
+					t.Errorf("core %d: a normal thread counted as yielding (%.1f%%)", core, c.Yielding)
+				}
+			}
+		})
+	}
+}
+
+// TestSchedSamplerIdle: with nothing running on a core but an occasional
+// sleeper, the core reads mostly idle, and a sample with no time passed
+// leaves the core out instead of dividing by zero.
+func TestSchedSamplerIdle(t *testing.T) {
+	s := newSchedSampler(t)
+	time.Sleep(200 * time.Millisecond)
+	sm, err := s.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFigures(t, sm)
+	if len(sm.Cores) == 0 {
+		t.Fatal("no cores in the sample")
+	}
+}
+
+// TestCoreLoad checks the arithmetic on synthetic readings: softirq time
+// on top of the idle task is busy, on top of a SCHED_IDLE thread it is not
+// that thread's, on top of a receive kthread it is not counted twice.
+func TestCoreLoad(t *testing.T) {
+	ms := uint64(time.Millisecond)
+	a := cpuTotals{at: 1000 * ms}
+	b := a
+	b.at += 100 * ms
+	b.wall[clsIdle] = 40 * ms
+	b.wall[clsOther] = 10 * ms
+	b.wall[clsYield] = 30 * ms
+	b.wall[clsRxK] = 20 * ms
+	b.sirq[clsIdle] = 5 * ms
+	b.sirq[clsYield] = 10 * ms
+	b.sirq[clsRxK] = 4 * ms
+	c := coreLoad(3, a, b)
+	want := Core{CPU: 3, Busy: 65, Idle: 35, SoftIRQ: 19, RxKthreads: 16, Rx: 35, Yielding: 20}
+	if math.Abs(c.Busy-want.Busy) > 1e-9 || math.Abs(c.Idle-want.Idle) > 1e-9 || math.Abs(c.SoftIRQ-want.SoftIRQ) > 1e-9 ||
+		math.Abs(c.RxKthreads-want.RxKthreads) > 1e-9 || math.Abs(c.Rx-want.Rx) > 1e-9 || math.Abs(c.Yielding-want.Yielding) > 1e-9 || c.CPU != 3 {
+		t.Errorf("coreLoad = %+v, want %+v", c, want)
+	}
+	if got := c.Contended(); math.Abs(got-45) > 1e-9 {
+		t.Errorf("contended %v, want 45", got)
+	}
+	// Counters never go back; if they seem to, that part is 0.
+	b.wall[clsOther] = 0
+	a.wall[clsOther] = 5 * ms
+	if c := coreLoad(3, a, b); math.Abs(c.Busy-55) > 1e-9 {
+		t.Errorf("busy with a counter gone back: %v, want 55", c.Busy)
+	}
+}
+
+// The samplers' cost, for the README's comparison:
+//
+//	go test -run XXX -bench Sampler ./datapath/load/
+func BenchmarkSampler(b *testing.B) {
+	s, err := NewSampler()
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.rescan = 1 << 62 // the per-sample part; the walk is measured below
+	for b.Loop() {
+		if _, err := s.Sample(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSamplerRescan is the walk of /proc a Sampler makes once a second.
+func BenchmarkSamplerRescan(b *testing.B) {
+	s, err := NewSampler()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		s.threads = map[int]tracked{}
+		s.yielders = map[string]tracked{}
+		if err := s.scan(s.at); err != nil {
+			b.Fatal(err)
+		}
+		s.scanYielders()
+	}
+}
+
+func BenchmarkSchedSampler(b *testing.B) {
+	s, err := NewSchedSampler()
+	if err != nil {
+		b.Skip("no scheduler accounting on this kernel:", err)
+	}
+	defer s.Close()
+	for b.Loop() {
+		if _, err := s.Sample(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+//go:build ignore
+
+/*
+ * cpuacct: per-core time by class of task, taken from the scheduler's own
+ * events, for Falcon's balancer.
+ *
+ * Falcon reads per-CPU busy time inside the kernel every 10 jiffies. From
+ * user space the same figure costs a /proc/stat read per sample, plus the
+ * run time of every receive kthread and SCHED_IDLE thread from their
+ * /proc files, plus a walk of all of /proc now and then to find new ones:
+ * about 1 ms of one core once a second, on the IRQ core as likely as not,
+ * where the NIC poll waits behind it. Here the kernel hands the time over
+ * as it switches tasks, so a sample is one map read, and the figures are
+ * in nanoseconds instead of /proc/stat's 10 ms ticks.
+ *
+ * acct_switch (tp_btf/sched_switch) charges the time since the last switch
+ * on this core to the class of the task that ran: idle (the idle task),
+ * rxk (a receive kthread: threaded NAPI "napi/...", cpumap "cpumap/..."),
+ * yield (a SCHED_IDLE user thread: it gives the core up to anything, so
+ * receive work would not wait for it) or other. That wall time includes
+ * the interrupts and softirqs that ran on top of the task, so
+ * acct_sirq_entry/acct_sirq_exit (tp_btf/softirq_entry, softirq_exit)
+ * also charge each softirq's time to the class it interrupted; user space
+ * takes it out of the class and counts it as softirq (what the kernel's
+ * IRQ time accounting does for /proc/stat): a softirq on top of the idle
+ * task is busy time, one on top of a SCHED_IDLE thread is not that
+ * thread's.
+ *
+ * The time since the last switch is not charged yet: user space adds it
+ * from `last` and `cls`, or a core that runs one task for seconds without
+ * switching would look idle.
+ *
+ * Consistency: user space copies each core's struct while that core may be
+ * writing it. The writer bumps `begin` (the last field) first and copies
+ * it into `end` (the first field) last; the kernel copies a per-CPU value
+ * in ascending order, so a copy with end == begin saw no write in flight.
+ */
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+/* Just the fields read, relocated against the running kernel's BTF
+ * (CO-RE): no vmlinux.h needed. */
+struct task_struct {
+	int pid;
+	unsigned int flags;
+	unsigned int policy;
+	char comm[16];
+} __attribute__((preserve_access_index));
+
+#define PF_KTHREAD 0x00200000
+#define SCHED_IDLE 5
+
+/* Classes; keep in step with cls* in acct.go. */
+enum {
+	CLS_IDLE,
+	CLS_OTHER,
+	CLS_YIELD,
+	CLS_RXK,
+	NCLS,
+};
+
+struct acct {
+	__u64 end;        /* == begin when no write was in flight */
+	__u64 last;       /* ns (CLOCK_MONOTONIC) of the last switch; 0 before the first */
+	__u64 cls;        /* class of the task running since last */
+	__u64 wall[NCLS]; /* ns each class ran, interrupts included */
+	__u64 sirq[NCLS]; /* ns of softirq on top of each class */
+	__u64 sirq_start; /* softirq in progress since (ns), 0 none; not guarded */
+	__u64 begin;      /* bumped before each write */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct acct);
+} acct SEC(".maps");
+
+#define barrier() asm volatile("" ::: "memory")
+
+static __always_inline struct acct *mine(void)
+{
+	__u32 k = 0;
+	return bpf_map_lookup_elem(&acct, &k);
+}
+
+static __always_inline __u64 classify(struct task_struct *t)
+{
+	if (t->pid == 0)
+		return CLS_IDLE;
+	if (t->flags & PF_KTHREAD) {
+		/* The kthread's name is set before it first runs. */
+		const char *c = t->comm;
+		if (c[0] == 'n' && c[1] == 'a' && c[2] == 'p' && c[3] == 'i' && c[4] == '/')
+			return CLS_RXK;
+		if (c[0] == 'c' && c[1] == 'p' && c[2] == 'u' && c[3] == 'm' && c[4] == 'a' &&
+		    c[5] == 'p' && c[6] == '/')
+			return CLS_RXK;
+		return CLS_OTHER;
+	}
+	return t->policy == SCHED_IDLE ? CLS_YIELD : CLS_OTHER;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(acct_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct acct *a = mine();
+	if (!a)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 seq = a->begin + 1;
+
+	__u64 c = a->cls;
+
+	a->begin = seq;
+	barrier();
+	if (a->last && now > a->last && c < NCLS)
+		a->wall[c] += now - a->last;
+	a->last = now;
+	a->cls = classify(next);
+	barrier();
+	a->end = seq;
+	return 0;
+}
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(acct_sirq_entry, unsigned int vec)
+{
+	struct acct *a = mine();
+	if (a)
+		a->sirq_start = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(acct_sirq_exit, unsigned int vec)
+{
+	struct acct *a = mine();
+	if (!a || !a->sirq_start)
+		return 0; /* attached while this softirq ran */
+	__u64 now = bpf_ktime_get_ns();
+	__u64 start = a->sirq_start;
+	__u64 seq = a->begin + 1;
+	__u64 c = a->cls;
+
+	a->sirq_start = 0;
+	if (!a->last || now <= start || c >= NCLS)
+		return 0; /* no switch seen yet: the class is unknown */
+	a->begin = seq;
+	barrier();
+	a->sirq[c] += now - start;
+	barrier();
+	a->end = seq;
+	return 0;
+}

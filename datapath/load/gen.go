@@ -1,0 +1,3 @@
+package load
+
+//go:generate go tool bpf2go -tags linux -target bpfel cpuacct cpuacct.c -- -I../../datapath/bpf/include -I/usr/include/x86_64-linux-gnu
