@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,7 +47,11 @@ type Options struct {
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
-	Progress    io.Writer
+	// Rates adds udp_stress points paced at these offered rates
+	// (packets/s) to its unpaced one: the curve of delivered against
+	// offered, whose peak is the receive capacity short of livelock.
+	Rates    []int
+	Progress io.Writer
 	Args        []string
 }
 
@@ -111,6 +116,14 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, strings.Join(prioNames, ", "))
 		}
 	}
+	for _, r := range o.Rates {
+		if r < 1000 || r > 100_000_000 {
+			return fmt.Errorf("--rates: %d packets/s is outside 1k..100M (give Kpps like 300k or packets/s)", r)
+		}
+	}
+	if len(o.Rates) > 0 && !slices.Contains(o.Workloads, "udp_stress") {
+		return errors.New("--rates paces udp_stress, which --workloads leaves out: add it")
+	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
 	}
@@ -170,12 +183,15 @@ func (p point) String() string {
 	if isPrio(p.workload) {
 		s += fmt.Sprintf(" bg%.0f%%", 100*p.background)
 	}
+	if p.workload == "udp_stress" && p.rate > 0 {
+		s += fmt.Sprintf(" @%dK", p.rate/1000)
+	}
 	return s
 }
 
 // points expands workloads into the points the seed papers measured:
 // message sizes 16 B / 4 KB / 64 KB for streams, 1..8 flows, 64 B ping-pong.
-func points(workloads []string, quick bool) []point {
+func points(workloads []string, quick bool, rates []int) []point {
 	var out []point
 	for _, w := range workloads {
 		switch w {
@@ -202,6 +218,9 @@ func points(workloads []string, quick bool) []point {
 			}
 		case "udp_stress":
 			out = append(out, point{workload: w, proto: "udp", msgSize: 64, flows: 1})
+			for _, r := range rates {
+				out = append(out, point{workload: w, proto: "udp", msgSize: 64, flows: 1, rate: r})
+			}
 		case "memcached":
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 550, flows: 8})
 		case "nginx":
@@ -238,7 +257,11 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{o: o, tb: tb, stateDir: stateDir}
+	r := &runner{o: o, tb: tb, stateDir: stateDir, agentLog: io.Discard}
+	if lf, err := os.Create(filepath.Join(o.Out, "agent.log")); err == nil {
+		defer lf.Close()
+		r.agentLog = lf
+	}
 	defer func() {
 		// Restore every knob before the namespaces go, then remove them.
 		r.stopAgent()
@@ -283,7 +306,11 @@ type runner struct {
 	// agent runs the applied mode's run-time part (Falcon's balancer)
 	// while that mode is measured.
 	agentStop func()
-	runs      int // measurements started, for port allocation
+	// agentLog receives the agents' decisions (agent.log in the output
+	// directory), stamped with the time and the mode: what the balancer
+	// did during a run is there to look at next to its figures.
+	agentLog io.Writer
+	runs     int // measurements started, for port allocation
 	// capacity is what the receive core takes (packets/s) on the native
 	// path (true) and the overlay (false), measured before the priority
 	// workloads run: the 100% of their background loads.
@@ -305,7 +332,7 @@ func (r *runner) write() error {
 }
 
 func (r *runner) all(ctx context.Context) error {
-	pts := points(r.o.Workloads, r.o.Quick)
+	pts := points(r.o.Workloads, r.o.Quick, r.o.Rates)
 	total := len(pts) * len(r.o.Modes) * r.o.Repeats
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
@@ -362,15 +389,23 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 		what += fmt.Sprintf(", background %.0f Kpps received", run.Extra["bg_received_kpps"])
 	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
-		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background}, run.Mode, what, strings.Join(cpus, ", "), eta)
+		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background, rate: run.Rate}, run.Mode, what, strings.Join(cpus, ", "), eta)
 }
 
 // one measures one point under one mode.
 func (r *runner) one(ctx context.Context, mode string, p point, rep int) results.Run {
 	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Background: p.background, Repeat: rep}
+	if p.workload == "udp_stress" {
+		// Elsewhere rate is a workload's own setting (the priority
+		// workloads' foreground), the same at every point.
+		run.Rate = p.rate
+	}
 	fail := func(err error) results.Run { run.Error = err.Error(); return run }
 	if err := r.apply(mode); err != nil {
 		return fail(err)
+	}
+	if r.agentStop != nil {
+		fmt.Fprintf(r.agentLog, "%s %s: measuring %s, repeat %d\n", time.Now().UTC().Format("15:04:05.000"), mode, p, rep+1)
 	}
 	srv, cli, err := r.endpoints(mode, p)
 	if err != nil {
@@ -458,7 +493,10 @@ func (r *runner) apply(mode string) error {
 		return fmt.Errorf("applying %s: %w", want, err)
 	}
 	if st.Plan.Agent != "" {
-		ag, _, err := control.NewAgent(control.AgentOptions{NetNS: st.NetNS, StateDir: r.stateDir})
+		logf := func(format string, args ...any) {
+			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
+		}
+		ag, _, err := control.NewAgent(control.AgentOptions{NetNS: st.NetNS, StateDir: r.stateDir, Logf: logf})
 		if err != nil {
 			return fmt.Errorf("starting the %s agent: %w", want, err)
 		}
@@ -556,4 +594,34 @@ func (r *runner) stressGen() stress.GenConfig {
 		cpu = runtime.NumCPU() - 1
 	}
 	return stress.GenConfig{CPU: cpu, Yield: true}
+}
+
+// ParseRates reads --rates: a comma-separated list of packet rates, each a
+// number with an optional k or M suffix ("300k,1.2M", "450000").
+func ParseRates(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		mult := 1.0
+		switch {
+		case strings.HasSuffix(f, "k"), strings.HasSuffix(f, "K"):
+			mult, f = 1e3, f[:len(f)-1]
+		case strings.HasSuffix(f, "M"):
+			mult, f = 1e6, f[:len(f)-1]
+		}
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("--rates: %q is not a packet rate (give numbers like 300k, 1.2M or 450000)", f)
+		}
+		r := int(v * mult)
+		if slices.Contains(out, r) {
+			return nil, fmt.Errorf("--rates: %d packets/s given twice", r)
+		}
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out, nil
 }

@@ -57,7 +57,7 @@ func TestValidate(t *testing.T) {
 func TestPrioPoints(t *testing.T) {
 	loads := func(wl string, quick bool) []float64 {
 		var out []float64
-		for _, p := range points([]string{wl}, quick) {
+		for _, p := range points([]string{wl}, quick, nil) {
 			if p.workload != wl || p.proto != prioSpecs[wl].proto || p.flows < 1 {
 				t.Errorf("%s: point %+v", wl, p)
 			}
@@ -80,14 +80,14 @@ func TestPrioPoints(t *testing.T) {
 			t.Errorf("%s: in every full run, not in --quick's defaults", wl)
 		}
 	}
-	if p := points([]string{prioLatencyWorkload}, true)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
+	if p := points([]string{prioLatencyWorkload}, true, nil)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
 		t.Errorf("ping-pong point %+v %q", p, p)
 	}
 }
 
 func TestPointsCoverPaperSizes(t *testing.T) {
 	sizes := map[int]bool{}
-	for _, p := range points([]string{"tcp_stream"}, false) {
+	for _, p := range points([]string{"tcp_stream"}, false, nil) {
 		sizes[p.msgSize] = true
 	}
 	for _, s := range []int{16, 4096, 65536} {
@@ -211,5 +211,42 @@ func TestPrioEndToEnd(t *testing.T) {
 	}
 	if _, err := os.Stat(plan.PinDir(prefix + "-h2")); !os.IsNotExist(err) {
 		t.Errorf("prism's pins left behind in %s: %v", plan.PinDir(prefix+"-h2"), err)
+	}
+}
+
+// --rates: paced udp_stress points after the unpaced one, labelled with
+// their rate; bad lists are one-line errors.
+func TestRates(t *testing.T) {
+	rates, err := ParseRates("600k, 300K,1.2M,450000")
+	if err != nil || !slices.Equal(rates, []int{300000, 450000, 600000, 1200000}) {
+		t.Fatalf("ParseRates = %v, %v", rates, err)
+	}
+	pts := points([]string{"udp_stress", "tcp_stream"}, true, rates)
+	var got []int
+	for _, p := range pts {
+		if p.workload == "udp_stress" {
+			got = append(got, p.rate)
+		} else if p.rate != 0 {
+			t.Errorf("%v paced", p)
+		}
+	}
+	if !slices.Equal(got, []int{0, 300000, 450000, 600000, 1200000}) {
+		t.Errorf("udp_stress rates %v", got)
+	}
+	if s := pts[2].String(); s != "udp_stress 64B @450K" {
+		t.Errorf("point label %q", s)
+	}
+	for _, bad := range []string{"fast", "0", "-3k", "300k,300000", "k"} {
+		if _, err := ParseRates(bad); err == nil || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ParseRates(%q) = %v, want a one-line error", bad, err)
+		}
+	}
+	o := Options{Modes: []string{"vanilla"}, Workloads: []string{"tcp_stream"}, Out: t.TempDir(), Rates: []int{300000}}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "udp_stress") {
+		t.Errorf("--rates without udp_stress: %v", err)
+	}
+	o = Options{Modes: []string{"vanilla"}, Workloads: []string{"udp_stress"}, Out: t.TempDir(), Rates: []int{10}}
+	if err := o.Validate(); err == nil {
+		t.Error("--rates 10 pps accepted")
 	}
 }

@@ -78,6 +78,11 @@ func All(f *results.File, dir string) ([]string, error) {
 		ok, err := guard(func() (bool, error) { return ThroughputVsSize(a, wl, name) })
 		emit(name, ok, err)
 	}
+	{
+		name := filepath.Join(dir, "capacity_udp_stress.png")
+		ok, err := guard(func() (bool, error) { return DeliveredVsOffered(a, "udp_stress", name) })
+		emit(name, ok, err)
+	}
 	for _, wl := range a.Workloads() {
 		for _, msg := range flowSeries(a, wl) {
 			name := filepath.Join(dir, fmt.Sprintf("flows_%s_%dB.png", wl, msg))
@@ -188,6 +193,46 @@ func ThroughputVsSize(a *results.Agg, workload, path string) (bool, error) {
 	}
 	padLog(&p.X, sel, xs)
 	p.Y.Min = 0
+	return true, save(p, leg, path)
+}
+
+// DeliveredVsOffered plots, per mode, the median rate the receiver
+// delivered against the rate the generator was paced at (--rates), with
+// min–max error bars and the line where nothing is lost. The peak of a
+// mode's curve is its receive capacity short of livelock; the unpaced
+// point is left out (its offered rate depends on the mode). It returns
+// false when fewer than two rates were measured.
+func DeliveredVsOffered(a *results.Agg, workload, path string) (bool, error) {
+	var sel []results.Point
+	for _, p := range a.Points(workload) {
+		if p.Rate > 0 && measured(a, p) {
+			sel = append(sel, p)
+		}
+	}
+	kpps := func(p results.Point) float64 { return float64(p.Rate) / 1e3 }
+	if countDistinct(sel, kpps) < 2 {
+		return false, nil
+	}
+	p := newPlot(fmt.Sprintf("%s: delivered vs offered", workload), "offered (Kpps)", "delivered to the application (Kpps)")
+	p.Add(hgrid())
+	delivered := results.Metric{Name: "delivered", Unit: "Kpps", Get: func(r *results.Run) float64 { return r.PPS / 1e3 }}
+	leg, n, err := modeLines(p, a, sel, kpps, delivered)
+	if err != nil || n == 0 {
+		return false, err
+	}
+	hi := 0.0
+	for _, s := range sel {
+		hi = max(hi, kpps(s))
+	}
+	ideal, err := plotter.NewLine(plotter.XYs{{X: 0, Y: 0}, {X: hi, Y: hi}})
+	if err != nil {
+		return false, err
+	}
+	ideal.LineStyle.Color = color.Gray{Y: 160}
+	ideal.LineStyle.Dashes = plotutil.Dashes(2)
+	p.Add(ideal)
+	leg.Add("offered (nothing lost)", ideal)
+	p.X.Min, p.Y.Min = 0, 0
 	return true, save(p, leg, path)
 }
 
@@ -757,6 +802,9 @@ func pointLabel(p results.Point) string {
 	if p.Background > 0 {
 		parts = append(parts, fmt.Sprintf("background %.0f%%", 100*p.Background))
 	}
+	if p.Rate > 0 {
+		parts = append(parts, results.OfferedLabel(p.Rate))
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -774,6 +822,9 @@ func slug(p results.Point) string {
 	}
 	if p.Background > 0 {
 		parts = append(parts, fmt.Sprintf("bg%.0f", 100*p.Background))
+	}
+	if p.Rate > 0 {
+		parts = append(parts, fmt.Sprintf("at%dk", p.Rate/1000))
 	}
 	s := strings.Join(parts, "_")
 	return strings.Map(func(r rune) rune {

@@ -210,3 +210,34 @@ func drawAll(t *testing.T, f *results.File, sub string) []string {
 	}
 	return names
 }
+
+// udp_stress paced at several rates (--rates): the capacity figure, and
+// the CPU figure of the unpaced point, the one the modes loaded hardest.
+func TestCapacityFigure(t *testing.T) {
+	f := &results.File{}
+	for _, mode := range []string{"vanilla", "falcon"} {
+		for _, rate := range []int{0, 300000, 600000, 900000} {
+			for rep := range 3 {
+				got := float64(min(rate, 500000))
+				if rate == 0 {
+					got = 350000
+				}
+				if mode == "falcon" {
+					got *= 1.2
+				}
+				f.Runs = append(f.Runs, results.Run{Mode: mode, Workload: "udp_stress", Proto: "udp", MsgSize: 64, Flows: 1,
+					Rate: rate, Repeat: rep, PPS: got + float64(rep)*1000, SentPPS: float64(rate),
+					CPU: []results.CPUUse{{CPU: 0, Idle: 10}, {CPU: 1, Idle: 5}}})
+			}
+		}
+	}
+	names := drawAll(t, f, "capacity")
+	for _, want := range []string{"capacity_udp_stress.png", "cpu_udp_stress_udp_64B.png"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no %s in %v", want, names)
+		}
+	}
+	if slices.Contains(drawAll(t, resultstest.File(), ""), "capacity_udp_stress.png") {
+		t.Error("capacity figure drawn without paced points")
+	}
+}

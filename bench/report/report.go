@@ -580,6 +580,9 @@ func pointLabel(p results.Point, pts []results.Point) string {
 	if p.Background > 0 || (!all && varies(func(q results.Point) any { return q.Background })) {
 		parts = append(parts, fmt.Sprintf("bg %.0f%%", 100*p.Background))
 	}
+	if p.Rate > 0 || (!all && varies(func(q results.Point) any { return q.Rate })) {
+		parts = append(parts, results.OfferedLabel(p.Rate))
+	}
 	return strings.Join(parts, ", ")
 }
 

@@ -16,6 +16,7 @@ type Point struct {
 	MsgSize    int
 	Flows      int
 	Background float64
+	Rate       int // offered packets/s, 0 = unpaced
 }
 
 // Key identifies a group of repeats: one mode at one point.
@@ -26,7 +27,7 @@ type Key struct {
 
 // Point returns the run's workload point.
 func (r *Run) Point() Point {
-	return Point{Workload: r.Workload, Proto: r.Proto, MsgSize: r.MsgSize, Flows: r.Flows, Background: r.Background}
+	return Point{Workload: r.Workload, Proto: r.Proto, MsgSize: r.MsgSize, Flows: r.Flows, Background: r.Background, Rate: r.Rate}
 }
 
 // Key returns the run's group key.
@@ -261,6 +262,7 @@ func comparePoint(x, y Point) int {
 		cmp.Compare(x.MsgSize, y.MsgSize),
 		cmp.Compare(x.Flows, y.Flows),
 		cmp.Compare(x.Background, y.Background),
+		cmp.Compare(x.Rate, y.Rate),
 	)
 }
 

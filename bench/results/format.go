@@ -13,3 +13,15 @@ func Bytes(n int) string {
 	}
 	return fmt.Sprintf("%d B", n)
 }
+
+// OfferedLabel names a paced point's offered rate: "offered 600 Kpps", or
+// "unpaced" for 0.
+func OfferedLabel(pps int) string {
+	if pps == 0 {
+		return "unpaced"
+	}
+	if pps%1000 == 0 {
+		return fmt.Sprintf("offered %d Kpps", pps/1000)
+	}
+	return fmt.Sprintf("offered %d pps", pps)
+}

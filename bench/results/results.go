@@ -56,7 +56,10 @@ type Run struct {
 	// Background is the low-priority load the run ran under, as a fraction
 	// of the receive core (0 = idle). Used by priority workloads.
 	Background float64 `json:"background"`
-	Repeat     int     `json:"repeat"` // 0-based repeat index
+	// Rate is the offered rate the generator was paced at, packets/s (0 =
+	// as fast as it can). Used by udp_stress's paced points (--rates).
+	Rate   int `json:"rate,omitempty"`
+	Repeat int `json:"repeat"` // 0-based repeat index
 	Error      string  `json:"error,omitempty"`
 
 	// Throughput at the receiving application.

@@ -130,3 +130,39 @@ func TestActivityAway(t *testing.T) {
 		t.Errorf("idle past the window: away %v, %d flows (%v); want not away, 0", act.Away, act.Flows, err)
 	}
 }
+
+// A flow stamped after Activity read its clock is a busy flow (its
+// packets keep coming during the walk), so it is active. Unsigned
+// arithmetic once made it idle for ever: under a steady stream the
+// balancer saw no active flow, and its stages went home and left again
+// every round.
+func TestActivityBusyFlow(t *testing.T) {
+	d, cores := newDatapath(t)
+	setAll(t, d, StageContainer, uint32(len(cores)-1))
+	f := tcpFlow(40002)
+	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: f}))
+	var (
+		k     steerSteerFlowKey
+		st    steerSteerFlowState
+		later = uint64(Now() + 50*time.Millisecond)
+		n     int
+	)
+	it := d.objs.SteerFlows.Iterate()
+	for it.Next(&k, &st) {
+		st.LastNs = later
+		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if err := it.Err(); err != nil || n != 1 {
+		t.Fatalf("%d flow states (%v), want 1", n, err)
+	}
+	act, err := d.Activity(time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := Bucket(f.hash(), loIfindex, StageContainer); !act.Active[StageContainer][b] || act.Flows != 1 || !act.Away[StageContainer] {
+		t.Errorf("flow stamped after the walk's clock: bucket %d active %v, %d flows, away %v; want active, 1, away", b, act.Active[StageContainer][b], act.Flows, act.Away[StageContainer])
+	}
+}

@@ -462,7 +462,9 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 		if int(k.Stage) >= NumStages {
 			return
 		}
-		if now-s.LastNs > uint64(window) {
+		// A flow stamped after now was read, during the walk, is a busy
+		// one: the subtraction would wrap and call it idle.
+		if s.LastNs < now && now-s.LastNs > uint64(window) {
 			return
 		}
 		if s.CpuIdx != Stay {

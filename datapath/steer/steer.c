@@ -612,7 +612,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
-		} else if (now - st->last_ns >= cfg->flowlet_ns &&
+		} else if (now >= st->last_ns && /* another core may have stamped it after our clock read */
+			   now - st->last_ns >= cfg->flowlet_ns &&
 			   (st->inflight <= 0 || !cfg->drain_ns || now - st->last_ns >= cfg->drain_ns)) {
 			if (st->inflight > 0) {
 				/* Presumed dropped: start counting afresh. */

@@ -346,3 +346,46 @@ func TestFlowOnRemovedCoreMoves(t *testing.T) {
 		t.Errorf("counters %+v, want 1 moved", st)
 	}
 }
+
+// TestFlowletClockSkew: a flow whose last packet was stamped after this
+// program read the clock (by another core, a moment later) has had no idle
+// gap at all, so a table change is held: the unsigned gap once wrapped
+// around to "idle for ages" and let the move through.
+func TestFlowletClockSkew(t *testing.T) {
+	d, _ := newDatapath(t)
+	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: time.Millisecond, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := tcpFlow(40003)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	var (
+		k  steerSteerFlowKey
+		st steerSteerFlowState
+	)
+	it := d.objs.SteerFlows.Iterate()
+	for it.Next(&k, &st) {
+		st.LastNs = uint64(Now() + time.Hour)
+		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.CPUIndex != 0 {
+		t.Errorf("flow stamped in the future moved to index %d, want held on 0", fl.CPUIndex)
+	}
+	if s := stats(t, d)[StageSplit]; s.Held != 1 || s.Moved != 0 {
+		t.Errorf("counters %+v, want 1 held, none moved", s)
+	}
+}

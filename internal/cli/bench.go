@@ -19,7 +19,7 @@ func init() { register(newBenchCmd) }
 
 func newBenchCmd() *cobra.Command {
 	var o bench.Options
-	var modes, workloads, topo string
+	var modes, workloads, topo, rates string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure modes side by side on the testbed and write results.json, report.md and plots",
@@ -33,10 +33,14 @@ also on Ctrl-C.`,
 			o.Modes = splitList(modes)
 			o.Workloads = splitList(workloads)
 			o.Topology = testbed.Topology(topo)
+			var err error
+			if o.Rates, err = bench.ParseRates(rates); err != nil {
+				return err
+			}
 			o.Progress = cmd.ErrOrStderr()
 			o.Args = os.Args
 			bench.Version = Version()
-			if err := o.Validate(); err != nil {
+			if err = o.Validate(); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -60,6 +64,7 @@ also on Ctrl-C.`,
 	fl.IntVar(&o.IRQCPU, "irq-cpu", -1, "core polling the receiving underlay NIC (default: the last core)")
 	fl.BoolVar(&o.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than the IRQ core, as if it were another machine (default: both on the IRQ core)")
 	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")
+	fl.StringVar(&rates, "rates", "", "also run udp_stress paced at these offered rates, e.g. 300k,600k,900k: delivered against offered, whose peak is the receive capacity short of livelock")
 	return cmd
 }
 

@@ -57,7 +57,18 @@ type Config struct {
 	// core taking the NIC's interrupts. It only breaks ties: an avoided
 	// core that is clearly less loaded is still chosen.
 	Avoid []int
+	// Fallback is the figure the fallback to vanilla placement watches:
+	// FallbackAverage (Falcon's: the set's average load) or FallbackAll
+	// (the least-loaded core's: every core is at the threshold, so there is
+	// nowhere left to dispatch to). "" is FallbackAverage.
+	Fallback string
 }
+
+// Fallback rules.
+const (
+	FallbackAverage = "average"
+	FallbackAll     = "all"
+)
 
 // DefaultConfig is Falcon's threshold with lanes' default hysteresis.
 func DefaultConfig(cpus []int) Config {
@@ -85,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Hysteresis >= 0 && c.Hysteresis < c.Threshold) {
 		return fmt.Errorf("balancer: hysteresis %g is outside [0,threshold %g): use a smaller margin such as %d", c.Hysteresis, c.Threshold, DefaultHysteresis)
+	}
+	if c.Fallback != "" && c.Fallback != FallbackAverage && c.Fallback != FallbackAll {
+		return fmt.Errorf("balancer: fallback rule %q: use %s or %s", c.Fallback, FallbackAverage, FallbackAll)
 	}
 	return nil
 }
@@ -185,7 +199,7 @@ func (b *Balancer) Observe(sample map[int]float64) {
 		}
 		b.load[cpu] = (HistoryWeight*b.load[cpu] + busy) / (HistoryWeight + 1)
 	}
-	avg := b.average()
+	avg := b.fallbackLoad()
 	switch {
 	case !b.fallenBk && avg >= b.cfg.Threshold:
 		b.fallenBk = true
@@ -221,6 +235,26 @@ func (b *Balancer) Average() float64 {
 	return b.average()
 }
 
+// fallbackLoad is the figure the fallback rule compares with the
+// threshold: the average, or with FallbackAll the least-loaded core's.
+func (b *Balancer) fallbackLoad() float64 {
+	if b.cfg.Fallback != FallbackAll {
+		return b.average()
+	}
+	low := math.Inf(1)
+	for _, cpu := range b.cpus {
+		low = min(low, b.load[cpu])
+	}
+	return low
+}
+
+// FallbackLoad is the figure the fallback rule watches (see Config.Fallback).
+func (b *Balancer) FallbackLoad() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fallbackLoad()
+}
+
 func (b *Balancer) average() float64 {
 	var sum float64
 	for _, cpu := range b.cpus {
@@ -230,8 +264,8 @@ func (b *Balancer) average() float64 {
 }
 
 // FallenBack reports whether the set is in vanilla placement: entered when
-// the set average reaches the threshold, left when it drops under
-// threshold - hysteresis.
+// the set average (or, with FallbackAll, every core's load) reaches the
+// threshold, left when it drops under threshold - hysteresis.
 func (b *Balancer) FallenBack() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -262,6 +296,9 @@ func (b *Balancer) Place(hashed int) Decision {
 	defer b.mu.Unlock()
 	thr := b.cfg.Threshold
 	if b.fallenBk {
+		if b.cfg.Fallback == FallbackAll {
+			return Decision{Core: -1, Vanilla: true, Reason: fmt.Sprintf("fallback: every core at %s or more", pct(b.fallbackLoad()))}
+		}
 		return Decision{Core: -1, Vanilla: true, Reason: fmt.Sprintf("fallback: set average %s", pct(b.average()))}
 	}
 	l, in := b.load[hashed]

@@ -516,3 +516,39 @@ func TestConcurrent(t *testing.T) {
 	}
 	<-done
 }
+
+// FallbackAll: the set falls back only when its least-loaded core reaches
+// the threshold, not when one saturated core lifts the average (on two
+// cores, the IRQ core at 100% and the core it spreads to at 62% average
+// 81%), and resumes once a core is under threshold - hysteresis.
+func TestFallbackAll(t *testing.T) {
+	avg := mustNew(t, DefaultConfig([]int{0, 1}))
+	c := DefaultConfig([]int{0, 1})
+	c.Fallback = FallbackAll
+	all := mustNew(t, c)
+	for _, s := range []struct {
+		sample     map[int]float64
+		avg, allFB bool
+	}{
+		{map[int]float64{0: 62, 1: 100}, true, false},
+		{map[int]float64{0: 85, 1: 100}, true, true},
+		{map[int]float64{0: 75, 1: 100}, true, true},  // min 75: between 70 and 80, stays fallen back
+		{map[int]float64{0: 65, 1: 100}, true, false}, // min 65 < 70: resumes; the average (82.5) does not
+	} {
+		settle(avg, s.sample)
+		settle(all, s.sample)
+		if avg.FallenBack() != s.avg || all.FallenBack() != s.allFB {
+			t.Errorf("%v: fallen back average %v all %v, want %v %v", s.sample, avg.FallenBack(), all.FallenBack(), s.avg, s.allFB)
+		}
+	}
+	if d := all.Place(0); d.Vanilla {
+		t.Errorf("Place(0) = %+v with a core under the threshold", d)
+	}
+	settle(all, map[int]float64{0: 90, 1: 100})
+	if d := all.Place(0); d != (Decision{Core: -1, Vanilla: true, Reason: "fallback: every core at 90% or more"}) {
+		t.Errorf("Place(0) = %+v", d)
+	}
+	if err := (Config{CPUs: []int{0}, Threshold: 80, Fallback: "median"}).Validate(); err == nil || !strings.Contains(err.Error(), "average") {
+		t.Errorf("Validate accepted fallback median: %v", err)
+	}
+}

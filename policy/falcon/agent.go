@@ -147,7 +147,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	}
 	// Among equally loaded cores, the IRQ core is picked last: it already
 	// runs the NIC poll of every flow.
-	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Avoid: homeSet(a.home)}); err != nil {
+	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Avoid: homeSet(a.home), Fallback: o.Fallback}); err != nil {
 		dp.Close()
 		return nil, err
 	}
@@ -157,7 +157,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	// threshold applied to splitting.
 	if splitSet := union(cpumap, homeSet(a.home)); o.Split && len(cpumap) > 0 && len(splitSet) > 1 {
 		a.stages = append(a.stages, steer.StageSplit)
-		if a.split, err = balancer.New(balancer.Config{CPUs: splitSet, Threshold: o.Threshold, Hysteresis: o.Hysteresis}); err != nil {
+		if a.split, err = balancer.New(balancer.Config{CPUs: splitSet, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Fallback: o.Fallback}); err != nil {
 			dp.Close()
 			return nil, err
 		}
@@ -202,6 +202,14 @@ func (a *agent) Run(ctx context.Context) error {
 			return fmt.Errorf("falcon agent: %w", err)
 		}
 	}
+}
+
+// fallbackName names the fallback rule's figure for the log.
+func (a *agent) fallbackName() string {
+	if a.o.Fallback == balancer.FallbackAll {
+		return "least-loaded core's"
+	}
+	return "average"
 }
 
 // sampler is a source of load samples: load.SchedSampler or load.Sampler.
@@ -275,9 +283,9 @@ func (a *agent) step(s load.Sample) error {
 	fallen := a.bal.FallenBack()
 	if fallen != wasFallen && a.env.Logf != nil {
 		if fallen {
-			a.env.Logf("fallback: core set average load %.0f%% >= %.0f%%: vanilla placement", a.bal.Average(), a.o.Threshold)
+			a.env.Logf("fallback: core set %s load %.0f%% >= %.0f%%: vanilla placement", a.fallbackName(), a.bal.FallbackLoad(), a.o.Threshold)
 		} else {
-			a.env.Logf("resume: core set average load %.0f%%", a.bal.Average())
+			a.env.Logf("resume: core set %s load %.0f%%", a.fallbackName(), a.bal.FallbackLoad())
 		}
 	}
 

@@ -18,6 +18,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/policy/balancer"
 )
 
 // Options are Falcon's settings; each mechanism can be switched alone so
@@ -47,6 +48,12 @@ type Options struct {
 	// Threshold is the load (percent) above which a core takes no more
 	// work (Falcon: 80).
 	Threshold float64
+	// Fallback is what sends the whole set back to vanilla placement:
+	// "average" (Falcon's rule: the set's average load reaches Threshold)
+	// or "all" (every core of the set is at Threshold: nowhere left to
+	// dispatch to). On a few cores the average counts the receive work
+	// Falcon itself spread: see the README's capacity section.
+	Fallback string
 	// Hysteresis is how far below Threshold the set's average load must
 	// fall before steering resumes after a fallback.
 	Hysteresis float64
@@ -122,6 +129,7 @@ func Defaults() Options {
 		Balance:    true,
 		Threshold:  80,
 		Hysteresis: 10,
+		Fallback:   balancer.FallbackAverage,
 		Interval:   40 * time.Millisecond,
 		Flowlet:    steer.DefaultFlowlet,
 		Drain:      steer.DefaultDrain,
@@ -140,6 +148,7 @@ var params = []plan.Param{
 	{Key: "balance", Default: "true", Help: "move stages off cores over the threshold (needs `lanes agent`)"},
 	{Key: "split-cpus", Default: "the set minus the IRQ cores", Help: "cores for the split stage, a list like 2-3"},
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
+	{Key: "fallback", Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
@@ -177,6 +186,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Threshold, err = parsePercent(v)
 		case "hysteresis":
 			o.Hysteresis, err = parsePercent(v)
+		case "fallback":
+			if v != balancer.FallbackAverage && v != balancer.FallbackAll {
+				err = fmt.Errorf("want %s or %s", balancer.FallbackAverage, balancer.FallbackAll)
+			}
+			o.Fallback = v
 		case "interval":
 			o.Interval, err = parseDuration(v, time.Millisecond, 10*time.Second)
 		case "flowlet":
@@ -240,6 +254,7 @@ func (o Options) Params() map[string]string {
 		"balance":    strconv.FormatBool(o.Balance),
 		"threshold":  strconv.FormatFloat(o.Threshold, 'g', -1, 64),
 		"hysteresis": strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
+		"fallback":   o.Fallback,
 		"interval":   o.Interval.String(),
 		"flowlet":    o.Flowlet.String(),
 		"drain":      o.Drain.String(),
