@@ -92,40 +92,8 @@ func TestKernelYielding(t *testing.T) {
 		t.Skip("no /proc/stat:", err)
 	}
 	core := firstCore(t)
-	ready, stop, done := make(chan error), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		// Never unlocked: the thread, its affinity and its policy die
-		// with the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(core)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			ready <- err
-			return
-		}
-		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
-			ready <- err
-			return
-		}
-		ready <- nil
-		x := 1.0
-		for {
-			select {
-			case <-stop:
-				_ = x
-				return
-			default:
-			}
-			for range 10000 {
-				x = x*1.0000001 + 1e-9
-			}
-		}
-	}()
-	if err := <-ready; err != nil {
-		t.Fatal(err)
-	}
-	defer func() { close(stop); <-done }()
+	stop := spin(t, core, unix.SCHED_IDLE)
+	defer stop()
 	s, err := NewSampler() // finds the spinning thread
 	if err != nil {
 		t.Fatal(err)

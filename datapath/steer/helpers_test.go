@@ -166,3 +166,26 @@ func sameBytes(t *testing.T, name string, in, out []byte) {
 		t.Errorf("%s: output frame differs from input\n in: %x\nout: %x", name, in, out)
 	}
 }
+
+// stampFlows sets every flow state's last packet time to at and returns
+// how many there were: a stamp a core wrote after a reader took its clock.
+func stampFlows(t *testing.T, d *Datapath, at time.Duration) int {
+	t.Helper()
+	var (
+		k  steerSteerFlowKey
+		st steerSteerFlowState
+		n  int
+	)
+	it := d.objs.SteerFlows.Iterate()
+	for it.Next(&k, &st) {
+		st.LastNs = uint64(at)
+		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

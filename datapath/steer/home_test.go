@@ -141,22 +141,8 @@ func TestActivityBusyFlow(t *testing.T) {
 	setAll(t, d, StageContainer, uint32(len(cores)-1))
 	f := tcpFlow(40002)
 	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: f}))
-	var (
-		k     steerSteerFlowKey
-		st    steerSteerFlowState
-		later = uint64(Now() + 50*time.Millisecond)
-		n     int
-	)
-	it := d.objs.SteerFlows.Iterate()
-	for it.Next(&k, &st) {
-		st.LastNs = later
-		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
-			t.Fatal(err)
-		}
-		n++
-	}
-	if err := it.Err(); err != nil || n != 1 {
-		t.Fatalf("%d flow states (%v), want 1", n, err)
+	if n := stampFlows(t, d, Now()+50*time.Millisecond); n != 1 {
+		t.Fatalf("%d flow states, want 1", n)
 	}
 	act, err := d.Activity(time.Millisecond)
 	if err != nil {

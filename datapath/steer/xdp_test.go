@@ -364,20 +364,7 @@ func TestFlowletClockSkew(t *testing.T) {
 		t.Fatal(err)
 	}
 	runXDP(t, d, frame)
-	var (
-		k  steerSteerFlowKey
-		st steerSteerFlowState
-	)
-	it := d.objs.SteerFlows.Iterate()
-	for it.Next(&k, &st) {
-		st.LastNs = uint64(Now() + time.Hour)
-		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
+	stampFlows(t, d, Now()+time.Hour)
 	if err := d.SetBucket(StageSplit, b, 1); err != nil {
 		t.Fatal(err)
 	}
