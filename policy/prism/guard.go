@@ -157,13 +157,20 @@ type GuardStatus struct {
 	Idle       float64 `json:"idle_percent"`
 	Demotions  uint64  `json:"demotions"`
 	Err        string  `json:"error,omitempty"`
+	// Sampler is where the load comes from: "sched" (the scheduler's
+	// events) or "proc".
+	Sampler string `json:"sampler,omitempty"`
 }
 
 // guardTarget is what a guard watches and switches.
 type guardTarget interface {
 	// signal is the demotion signal over the sample just taken, in
-	// percent of its interval.
-	signal(s *load.Sampler, interval time.Duration) (float64, error)
+	// percent of its interval; threads are the receive kthreads that
+	// sample measured (nil unless needsThreads).
+	signal(threads []load.Thread, interval time.Duration) (float64, error)
+	// needsThreads: the signal is receive kthreads' run time, which only
+	// the /proc sampler lists by thread.
+	needsThreads() bool
 	// set switches the target: demoted or the plan's value.
 	set(demoted bool) error
 	names() []string
@@ -234,10 +241,11 @@ func (g *guard) Status() GuardStatus {
 
 // run samples until ctx ends and leaves the plan's scheduling behind.
 func (g *guard) run(ctx context.Context) error {
-	sampler, err := load.NewSampler()
+	sample, threads, closeSampler, err := g.openSampler()
 	if err != nil {
 		return fmt.Errorf("prism guard: %w", err)
 	}
+	defer closeSampler()
 	defer func() {
 		if g.state.demoted {
 			g.target.set(false)
@@ -251,12 +259,12 @@ func (g *guard) run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		s, err := sampler.Sample()
+		s, err := sample()
 		if err != nil {
 			return fmt.Errorf("prism guard: sampling load: %w", err)
 		}
 		var errText string
-		sig, err := g.target.signal(sampler, s.Interval)
+		sig, err := g.target.signal(threads(), s.Interval)
 		if err != nil {
 			errText = err.Error()
 		}
@@ -290,6 +298,33 @@ func (g *guard) run(ctx context.Context) error {
 	}
 }
 
+// openSampler picks the load source: the scheduler's events (one map read
+// a sample) unless the target needs the receive kthreads one by one, or
+// the kernel lacks the tracing programs; then /proc, whose sampler also
+// walks all of /proc once a second, often on the very core it guards.
+func (g *guard) openSampler() (sample func() (load.Sample, error), threads func() []load.Thread, closeFn func(), err error) {
+	if !g.target.needsThreads() {
+		if s, err := load.NewSchedSampler(); err == nil {
+			g.setSampler("sched")
+			return s.Sample, func() []load.Thread { return nil }, func() { s.Close() }, nil
+		} else if g.env.Logf != nil {
+			g.env.Logf("guard reads /proc: no scheduler accounting on this kernel (%v)", err)
+		}
+	}
+	p, err := load.NewSampler()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	g.setSampler("proc")
+	return p.Sample, p.Threads, func() {}, nil
+}
+
+func (g *guard) setSampler(v string) {
+	g.mu.Lock()
+	g.status.Sampler = v
+	g.mu.Unlock()
+}
+
 // nicTarget is the NIC poll on the streamlined ladder: its signal is its
 // threads' run time; demoted, it runs at guardOff.
 type nicTarget struct {
@@ -297,9 +332,11 @@ type nicTarget struct {
 	onLadder, off string
 }
 
-func (n *nicTarget) signal(s *load.Sampler, _ time.Duration) (float64, error) {
+func (n *nicTarget) needsThreads() bool { return true }
+
+func (n *nicTarget) signal(threads []load.Thread, _ time.Duration) (float64, error) {
 	var nic float64
-	for _, th := range s.Threads() {
+	for _, th := range threads {
 		if slices.ContainsFunc(n.threads, func(k knobs.KthreadInfo) bool { return k.Comm == th.Comm }) {
 			nic += th.Percent
 		}
@@ -375,7 +412,10 @@ func (b *bulkTarget) find() error {
 	return nil
 }
 
-func (b *bulkTarget) signal(_ *load.Sampler, interval time.Duration) (float64, error) {
+// needsThreads: the bulk kthreads' wait is read from their own schedstat.
+func (b *bulkTarget) needsThreads() bool { return false }
+
+func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, error) {
 	var most float64
 	for _, th := range b.threads {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", th.PID))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
@@ -52,7 +53,7 @@ func TestPrismGuard(t *testing.T) {
 
 	ag, stopAgent := a.StartAgent(t)
 	st := waitDemoted(ag)
-	if !st.Demoted || st.Demotions != 1 || st.Err != "" {
+	if !st.Demoted || st.Demotions != 1 || st.Err != "" || st.Sampler != "proc" {
 		t.Errorf("guard status %+v: want one demotion, no error", st)
 	}
 	if got := sched(); got != prism.GuardOff {
@@ -99,6 +100,14 @@ func TestPrismBulkGuard(t *testing.T) {
 	st := waitDemoted(ag)
 	if !st.Demoted || st.Demotions != 1 || st.Err != "" || len(st.Threads) != 1 || st.Threads[0] != ths[0].Comm {
 		t.Errorf("guard status %+v: want one demotion of %s, no error", st, ths[0].Comm)
+	}
+	// The bulk guard needs no thread list: it reads the scheduler's
+	// events where the kernel can, not /proc with its walks.
+	if s, err := load.NewSchedSampler(); err == nil {
+		s.Close()
+		if st.Sampler != "sched" {
+			t.Errorf("bulk guard samples %q, want sched", st.Sampler)
+		}
 	}
 	if p := policy(); p != unix.SCHED_NORMAL {
 		t.Errorf("demoted bulk queue: policy %d, want SCHED_NORMAL", p)
