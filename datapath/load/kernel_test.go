@@ -2,7 +2,6 @@ package load
 
 import (
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -23,29 +22,9 @@ func TestKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	burn := 300 * time.Millisecond
-	done := make(chan error)
-	go func() {
-		// The locked thread is never unlocked, so it exits with the
-		// goroutine and takes its narrowed affinity with it.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(core)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			done <- err
-			return
-		}
-		x := 1.0
-		for end := time.Now().Add(burn); time.Now().Before(end); {
-			for range 10000 {
-				x = x*1.0000001 + 1e-9
-			}
-		}
-		_ = x
-		done <- nil
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop := spin(t, core, unix.SCHED_NORMAL)
+	time.Sleep(burn)
+	stop()
 	sm, err := s.Sample()
 	if err != nil {
 		t.Fatal(err)

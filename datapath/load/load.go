@@ -205,6 +205,15 @@ func (s *Sampler) Sample() (Sample, error) {
 	return out, nil
 }
 
+// Source is what takes samples: a SchedSampler or a Sampler.
+type Source interface {
+	Sample() (Sample, error)
+	Close() error
+}
+
+// Close is there for Source: a Sampler holds nothing open.
+func (s *Sampler) Close() error { return nil }
+
 // Threads lists the receive kthreads measured by the last Sample, by pid.
 // Threads found during that sample are measured from the next one on.
 func (s *Sampler) Threads() []Thread {

@@ -212,21 +212,10 @@ func (a *agent) fallbackName() string {
 	return "average"
 }
 
-// sampler is a source of load samples: load.SchedSampler or load.Sampler.
-type sampler interface {
-	Sample() (load.Sample, error)
-	Close() error
-}
-
-// procSampler is load.Sampler, which holds nothing to close.
-type procSampler struct{ *load.Sampler }
-
-func (procSampler) Close() error { return nil }
-
 // openSampler opens the load source the options name; with auto, the
 // scheduler's events where the kernel has them, /proc where not (and
 // says so).
-func (a *agent) openSampler() (sampler, error) {
+func (a *agent) openSampler() (load.Source, error) {
 	if a.o.Sampler != SamplerProc {
 		s, err := load.NewSchedSampler()
 		if err == nil {
@@ -248,7 +237,7 @@ func (a *agent) openSampler() (sampler, error) {
 		return nil, err
 	}
 	a.setSampler(SamplerProc)
-	return procSampler{s}, nil
+	return s, nil
 }
 
 func (a *agent) setSampler(v string) {

@@ -241,11 +241,11 @@ func (g *guard) Status() GuardStatus {
 
 // run samples until ctx ends and leaves the plan's scheduling behind.
 func (g *guard) run(ctx context.Context) error {
-	sample, threads, closeSampler, err := g.openSampler()
+	src, err := g.openSampler()
 	if err != nil {
 		return fmt.Errorf("prism guard: %w", err)
 	}
-	defer closeSampler()
+	defer src.Close()
 	defer func() {
 		if g.state.demoted {
 			g.target.set(false)
@@ -259,12 +259,16 @@ func (g *guard) run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		s, err := sample()
+		s, err := src.Sample()
 		if err != nil {
 			return fmt.Errorf("prism guard: sampling load: %w", err)
 		}
 		var errText string
-		sig, err := g.target.signal(threads(), s.Interval)
+		var threads []load.Thread
+		if p, ok := src.(*load.Sampler); ok {
+			threads = p.Threads()
+		}
+		sig, err := g.target.signal(threads, s.Interval)
 		if err != nil {
 			errText = err.Error()
 		}
@@ -302,21 +306,21 @@ func (g *guard) run(ctx context.Context) error {
 // a sample) unless the target needs the receive kthreads one by one, or
 // the kernel lacks the tracing programs; then /proc, whose sampler also
 // walks all of /proc once a second, often on the very core it guards.
-func (g *guard) openSampler() (sample func() (load.Sample, error), threads func() []load.Thread, closeFn func(), err error) {
+func (g *guard) openSampler() (load.Source, error) {
 	if !g.target.needsThreads() {
 		if s, err := load.NewSchedSampler(); err == nil {
 			g.setSampler("sched")
-			return s.Sample, func() []load.Thread { return nil }, func() { s.Close() }, nil
+			return s, nil
 		} else if g.env.Logf != nil {
 			g.env.Logf("guard reads /proc: no scheduler accounting on this kernel (%v)", err)
 		}
 	}
 	p, err := load.NewSampler()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	g.setSampler("proc")
-	return p.Sample, p.Threads, func() {}, nil
+	return p, nil
 }
 
 func (g *guard) setSampler(v string) {

@@ -220,13 +220,7 @@ func TestPrismBulkInline(t *testing.T) {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 
-	hi, bulk, n := c.traffic(t)
-	if hi.High < n || hi.Steered < n {
-		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
-	}
-	if bulk.Steered != 0 || bulk.Stayed == 0 {
-		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", bulk)
-	}
+	c.checkClasses(t, true, false)
 	c.reset(t)
 }
 
@@ -261,13 +255,7 @@ func TestPrismBulkSched(t *testing.T) {
 		}
 	}
 
-	hi, bulk, n := c.traffic(t)
-	if hi.High < n || hi.Steered < n {
-		t.Errorf("split stage %+v for %d datagrams: want them all high and queued", hi, n)
-	}
-	if bulk.Steered == 0 {
-		t.Errorf("bulk TCP took no queue: %+v", bulk)
-	}
+	c.checkClasses(t, true, true)
 	c.reset(t)
 }
 
@@ -289,13 +277,7 @@ func TestPrismHighInline(t *testing.T) {
 		t.Errorf("plan agent %q, want the overload guard %q", c.a.State.Plan.Agent, prism.GuardAgentName)
 	}
 
-	hi, bulk, n := c.traffic(t)
-	if hi.High < n || hi.Stayed < n {
-		t.Errorf("split stage %+v for %d datagrams: want them all high and passed inline", hi, n)
-	}
-	if bulk.Steered == 0 {
-		t.Errorf("bulk TCP took no queue: %+v", bulk)
-	}
+	c.checkClasses(t, false, true)
 	c.reset(t)
 }
 
@@ -323,6 +305,27 @@ func newClassCase(t *testing.T, params map[string]string) classCase {
 func (c classCase) traffic(t *testing.T) (hi, bulk steer.Counters, n uint64) {
 	t.Helper()
 	return classTraffic(t, c.dp, c.ns, c.src, c.dst)
+}
+
+// checkClasses sends both classes' traffic and checks where each ran at
+// the split stage: queued (steered to a cpumap) or inline (stayed in the
+// NIC poll).
+func (c classCase) checkClasses(t *testing.T, hiQueued, bulkQueued bool) {
+	t.Helper()
+	hi, bulk, n := c.traffic(t)
+	hiWhere, how := hi.Steered, "queued"
+	if !hiQueued {
+		hiWhere, how = hi.Stayed, "passed inline"
+	}
+	if hi.High < n || hiWhere < n {
+		t.Errorf("split stage %+v for %d datagrams: want them all high and %s", hi, n, how)
+	}
+	switch {
+	case bulkQueued && bulk.Steered == 0:
+		t.Errorf("bulk TCP took no queue: %+v", bulk)
+	case !bulkQueued && (bulk.Steered != 0 || bulk.Stayed == 0):
+		t.Errorf("bulk TCP: split stage %+v, want every frame inline (stayed), none queued", bulk)
+	}
 }
 
 // reset resets the mode and checks every knob is back.
