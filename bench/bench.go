@@ -52,7 +52,7 @@ type Options struct {
 	// offered, whose peak is the receive capacity short of livelock.
 	Rates    []int
 	Progress io.Writer
-	Args        []string
+	Args     []string
 }
 
 // ParseModeSpec splits a benchmark mode "falcon:load=busy:threshold=70"

@@ -58,9 +58,9 @@ type Run struct {
 	Background float64 `json:"background"`
 	// Rate is the offered rate the generator was paced at, packets/s (0 =
 	// as fast as it can). Used by udp_stress's paced points (--rates).
-	Rate   int `json:"rate,omitempty"`
-	Repeat int `json:"repeat"` // 0-based repeat index
-	Error      string  `json:"error,omitempty"`
+	Rate   int    `json:"rate,omitempty"`
+	Repeat int    `json:"repeat"` // 0-based repeat index
+	Error  string `json:"error,omitempty"`
 
 	// Throughput at the receiving application.
 	ThroughputGbps float64 `json:"throughput_gbps"`
