@@ -14,7 +14,14 @@
 //     as busy);
 //   - after falling back, placement resumes once the average has dropped a
 //     hysteresis margin below the threshold, instead of oscillating on and
-//     off around it.
+//     off around it;
+//   - a set that climbs back to the fallback level soon after resuming is
+//     carrying its own spread work, not someone else's: it stays spread
+//     and falls back only a hysteresis margin above the level of the last
+//     fallback (see Observe). On two cores the work Falcon moves off a
+//     saturated IRQ core is half the set's average, so Falcon's rule alone
+//     falls back, resumes and falls back again about once a second for as
+//     long as the load lasts (measured, lanes' agent.log, 2026-11-23).
 package balancer
 
 import (
@@ -38,6 +45,13 @@ const (
 	// ignoring one-period spikes; it is a constant, not a knob, so lanes'
 	// numbers stay comparable with the paper's.
 	HistoryWeight = 4
+
+	// CycleRounds is how soon, in samples, a fallback after a resume counts
+	// as a cycle of the set's own making: 50 samples, 2 s at the default
+	// 40 ms interval. The moving average takes about 5 samples to follow a
+	// step, and a cycle measured on the 2-core testbed took 15-25 samples
+	// from resume to the next fallback.
+	CycleRounds = 50
 )
 
 // Config is what a Balancer balances over. It is taken literally: a zero
@@ -62,6 +76,10 @@ type Config struct {
 	// (the least-loaded core's: every core is at the threshold, so there is
 	// nowhere left to dispatch to). "" is FallbackAverage.
 	Fallback string
+	// Damp turns on cycle damping: a fallback within CycleRounds of a
+	// resume is not taken (see Observe). Off, the set falls back every
+	// time the figure reaches the threshold, as Falcon does.
+	Damp bool
 }
 
 // Fallback rules.
@@ -70,9 +88,10 @@ const (
 	FallbackAll     = "all"
 )
 
-// DefaultConfig is Falcon's threshold with lanes' default hysteresis.
+// DefaultConfig is Falcon's threshold with lanes' default hysteresis and
+// cycle damping.
 func DefaultConfig(cpus []int) Config {
-	return Config{CPUs: slices.Clone(cpus), Threshold: DefaultThreshold, Hysteresis: DefaultHysteresis}
+	return Config{CPUs: slices.Clone(cpus), Threshold: DefaultThreshold, Hysteresis: DefaultHysteresis, Damp: true}
 }
 
 // Validate reports the first problem with c.
@@ -120,6 +139,7 @@ type Decision struct {
 type Stats struct {
 	Fallbacks uint64 // times the set switched to vanilla placement
 	Resumes   uint64 // times it switched back
+	Damped    uint64 // fallbacks not taken: a cycle of the set's own load (see Observe)
 	Rehashes  uint64 // Place decisions that left the hashed core
 	Moves     uint64 // table entries Assign changed
 }
@@ -134,6 +154,15 @@ type Balancer struct {
 	avoid    map[int]bool
 	fallenBk bool
 	stats    Stats
+
+	// Cycle damping (see Observe): samples seen, the sample of the last
+	// resume, the fallback figure at the last fallback, and the figure
+	// the set must reach to fall back (0: the threshold).
+	rounds    uint64
+	resumedAt uint64
+	resumed   bool
+	fellAt    float64
+	bar       float64
 }
 
 // New returns a Balancer whose loads all start at 0, as Falcon's do: until
@@ -199,15 +228,55 @@ func (b *Balancer) Observe(sample map[int]float64) {
 		}
 		b.load[cpu] = (HistoryWeight*b.load[cpu] + busy) / (HistoryWeight + 1)
 	}
-	avg := b.fallbackLoad()
+	b.rounds++
+	fig := b.fallbackLoad()
+	thr, resume := b.cfg.Threshold, b.cfg.Threshold-b.cfg.Hysteresis
 	switch {
-	case !b.fallenBk && avg >= b.cfg.Threshold:
+	case !b.fallenBk && fig >= b.fallbackBar():
+		if b.cfg.Damp && b.resumed && b.rounds-b.resumedAt <= CycleRounds {
+			// Back at the fallback level within CycleRounds of resuming:
+			// what lifted the figure is the work the set itself spread
+			// (vanilla placement took it off the other cores, resuming
+			// put it back), not other load. Falling back again would
+			// only repeat the cycle, each time running a saturated core
+			// alone until the average decays. Stay spread; fall back
+			// only if the figure climbs a margin past the last fallback's.
+			b.bar = max(thr, b.fellAt) + b.cfg.Hysteresis
+			b.resumed = false
+			b.stats.Damped++
+			if fig < b.bar {
+				return
+			}
+		}
 		b.fallenBk = true
+		b.fellAt = fig
 		b.stats.Fallbacks++
-	case b.fallenBk && avg < b.cfg.Threshold-b.cfg.Hysteresis:
+	case b.fallenBk && fig < resume:
 		b.fallenBk = false
+		b.resumed, b.resumedAt = true, b.rounds
 		b.stats.Resumes++
+	case !b.fallenBk && b.bar != 0 && fig < resume && b.rounds-b.resumedAt > CycleRounds:
+		// The set has calmed down (past the climb that follows a
+		// resume): the next fallback is judged at the threshold again.
+		b.bar, b.resumed = 0, false
 	}
+}
+
+// fallbackBar is the figure at or above which the set falls back: the
+// threshold, or higher after a damped cycle.
+func (b *Balancer) fallbackBar() float64 {
+	if b.bar != 0 {
+		return b.bar
+	}
+	return b.cfg.Threshold
+}
+
+// FallbackBar is the figure at or above which the set falls back now (the
+// threshold, unless a cycle of the set's own load raised it; see Observe).
+func (b *Balancer) FallbackBar() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fallbackBar()
 }
 
 // Load is core's moving average, in percent; 0 for a core outside the set.

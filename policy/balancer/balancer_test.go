@@ -552,3 +552,84 @@ func TestFallbackAll(t *testing.T) {
 		t.Errorf("Validate accepted fallback median: %v", err)
 	}
 }
+
+// feedUntil feeds sample until cond holds, at most max times, and returns
+// how many samples it took (max+1 if cond never held).
+func feedUntil(b *Balancer, sample map[int]float64, max int, cond func() bool) int {
+	for n := 1; n <= max; n++ {
+		b.Observe(sample)
+		if cond() {
+			return n
+		}
+	}
+	return max + 1
+}
+
+// A set that falls back, resumes and climbs straight back to the threshold
+// is carrying the work it spread itself (two cores: the IRQ core at 100%,
+// the other at 62% with the moved stages, 20% without them). The first
+// fallback is Falcon's; the cycle after it is damped: the set stays spread
+// and falls back only a hysteresis margin above the last fallback's
+// figure, until it calms down under threshold - hysteresis.
+func TestFallbackCycleDamped(t *testing.T) {
+	for _, rule := range []string{FallbackAverage, FallbackAll} {
+		t.Run(rule, func(t *testing.T) {
+			c := DefaultConfig([]int{0, 1})
+			c.Fallback = rule
+			b := mustNew(t, c)
+			spread, home, busier := map[int]float64{0: 62, 1: 100}, map[int]float64{0: 20, 1: 100}, map[int]float64{0: 95, 1: 100}
+			if rule == FallbackAll {
+				spread = map[int]float64{0: 84, 1: 100}
+			}
+			fallen := func() bool { return b.FallenBack() }
+			if n := feedUntil(b, spread, 200, fallen); n > 200 {
+				t.Fatalf("never fell back at %v (figure %.1f)", spread, b.FallbackLoad())
+			}
+			if n := feedUntil(b, home, 200, func() bool { return !b.FallenBack() }); n > 200 {
+				t.Fatalf("never resumed at %v (figure %.1f)", home, b.FallbackLoad())
+			}
+			// Spread again: the figure passes the threshold within
+			// CycleRounds, and the set stays spread.
+			var crossed int
+			for n := 1; n <= 300; n++ {
+				b.Observe(spread)
+				if crossed == 0 && b.FallbackLoad() >= c.Threshold {
+					crossed = n
+				}
+				if b.FallenBack() {
+					t.Fatalf("fell back again %d samples after resuming (figure %.1f): the cycle was not damped", n, b.FallbackLoad())
+				}
+			}
+			if crossed == 0 || crossed > CycleRounds {
+				t.Fatalf("figure crossed the threshold after %d samples; the test needs it within %d", crossed, CycleRounds)
+			}
+			s := b.Stats()
+			if s.Fallbacks != 1 || s.Resumes != 1 || s.Damped != 1 {
+				t.Fatalf("stats %+v, want 1 fallback, 1 resume, 1 damped", s)
+			}
+			if bar := b.FallbackBar(); !(bar >= c.Threshold+c.Hysteresis && bar < c.Threshold+c.Hysteresis+2) {
+				t.Fatalf("fallback bar %.1f, want the last fallback's figure (about the threshold) + hysteresis", bar)
+			}
+			if d := b.Place(0); d.Vanilla {
+				t.Fatalf("Place(0) = %+v while damped", d)
+			}
+			// More load than the set's own: it falls back.
+			if n := feedUntil(b, busier, 200, fallen); n > 200 {
+				t.Fatalf("never fell back at %v (figure %.1f, bar %.1f)", busier, b.FallbackLoad(), b.FallbackBar())
+			}
+			// Calm: the bar returns to the threshold once the set has been
+			// under threshold - hysteresis past the climb after a resume.
+			feedUntil(b, map[int]float64{0: 10, 1: 20}, 200, func() bool { return false })
+			if b.FallenBack() || b.FallbackBar() != c.Threshold {
+				t.Fatalf("after calm: fallen back %v, bar %.1f, want spread at bar %v", b.FallenBack(), b.FallbackBar(), c.Threshold)
+			}
+			// A fallback long after the last resume is Falcon's again.
+			if n := feedUntil(b, spread, 200, fallen); n > 200 {
+				t.Fatalf("never fell back at %v after calming down (figure %.1f)", spread, b.FallbackLoad())
+			}
+			if s := b.Stats(); s.Fallbacks != 3 || s.Damped != 1 {
+				t.Fatalf("stats %+v, want 3 fallbacks, 1 damped", s)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +74,11 @@ type AgentStatus struct {
 	FallenBack bool            `json:"fallen_back"`
 	Moves      uint64          `json:"moves"`
 	Fallbacks  uint64          `json:"fallbacks"`
+	// Damped counts fallbacks not taken because the set climbed back to
+	// the fallback level right after resuming (its own spread work);
+	// FallbackBar is the figure the set falls back at now.
+	Damped      uint64  `json:"fallbacks_damped"`
+	FallbackBar float64 `json:"fallback_bar"`
 	// Active are the (flow, stage) pairs seen in the last window; not
 	// read (0) while every stage is at home, where nothing is placed.
 	Active int `json:"active_flow_stages"`
@@ -147,7 +153,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	}
 	// Among equally loaded cores, the IRQ core is picked last: it already
 	// runs the NIC poll of every flow.
-	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Avoid: homeSet(a.home), Fallback: o.Fallback}); err != nil {
+	if a.bal, err = balancer.New(balancer.Config{CPUs: env.CPUs, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Avoid: homeSet(a.home), Fallback: o.Fallback, Damp: o.Damp}); err != nil {
 		dp.Close()
 		return nil, err
 	}
@@ -157,7 +163,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	// threshold applied to splitting.
 	if splitSet := union(cpumap, homeSet(a.home)); o.Split && len(cpumap) > 0 && len(splitSet) > 1 {
 		a.stages = append(a.stages, steer.StageSplit)
-		if a.split, err = balancer.New(balancer.Config{CPUs: splitSet, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Fallback: o.Fallback}); err != nil {
+		if a.split, err = balancer.New(balancer.Config{CPUs: splitSet, Threshold: o.Threshold, Hysteresis: o.Hysteresis, Fallback: o.Fallback, Damp: o.Damp}); err != nil {
 			dp.Close()
 			return nil, err
 		}
@@ -264,7 +270,7 @@ func (a *agent) step(s load.Sample) error {
 		}
 		loads[c.CPU] = v
 	}
-	wasFallen := a.bal.FallenBack()
+	wasFallen, wasDamped := a.bal.FallenBack(), a.bal.Stats().Damped
 	a.bal.Observe(loads)
 	if a.split != nil {
 		a.split.Observe(loads)
@@ -276,6 +282,9 @@ func (a *agent) step(s load.Sample) error {
 		} else {
 			a.env.Logf("resume: core set %s load %.0f%%", a.fallbackName(), a.bal.FallbackLoad())
 		}
+	}
+	if a.bal.Stats().Damped != wasDamped && a.env.Logf != nil {
+		a.env.Logf("fallback damped: core set %s load back at %.0f%% within %d samples of resuming, its own spread work: staying spread, falling back at %.0f%% from now on", a.fallbackName(), a.bal.FallbackLoad(), balancer.CycleRounds, a.bal.FallbackBar())
 	}
 
 	moves, nactive, err := a.place(fallen)
@@ -298,6 +307,8 @@ func (a *agent) step(s load.Sample) error {
 	a.status.FallenBack = fallen
 	a.status.Moves += uint64(moves)
 	a.status.Fallbacks = bs.Fallbacks
+	a.status.Damped = bs.Damped
+	a.status.FallbackBar = a.bal.FallbackBar()
 	a.status.Active = nactive
 	a.status.Home = nil
 	for st, h := range a.atHome {
@@ -508,8 +519,10 @@ type agentMetrics struct {
 	moves    prometheus.Counter
 	fallback prometheus.Gauge
 	fallsTot prometheus.Counter
+	damped   prometheus.Counter
 	active   prometheus.Gauge
 	lastFall uint64
+	lastDamp uint64
 }
 
 func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics {
@@ -524,11 +537,13 @@ func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics 
 			Help: "1 while the core set is too busy and placement is vanilla."}),
 		fallsTot: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_falcon_fallbacks_total",
 			Help: "Times the balancer fell back to vanilla placement."}),
+		damped: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_falcon_fallbacks_damped_total",
+			Help: "Fallbacks not taken: the set climbed back to the fallback level right after resuming, carrying its own spread work."}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_active_flow_stages",
 			Help: "(flow, stage) pairs that saw traffic in the last second."}),
 	}
 	steered := prometheus.NewDesc("lanes_steer_packets_total", "Packets seen by the steering programs, by stage and outcome.", []string{"stage", "outcome"}, nil)
-	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.active, &statsCollector{dp: dp, desc: steered})
+	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, &statsCollector{dp: dp, desc: steered})
 	return m
 }
 
@@ -546,6 +561,10 @@ func (m *agentMetrics) observe(load map[int]float64, moves int, fallen bool, bs 
 	if bs.Fallbacks > m.lastFall {
 		m.fallsTot.Add(float64(bs.Fallbacks - m.lastFall))
 		m.lastFall = bs.Fallbacks
+	}
+	if bs.Damped > m.lastDamp {
+		m.damped.Add(float64(bs.Damped - m.lastDamp))
+		m.lastDamp = bs.Damped
 	}
 	m.active.Set(float64(active))
 }
@@ -572,4 +591,38 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(kv.v), name, kv.o)
 		}
 	}
+}
+
+// Summary is what `lanes status` shows of the balancer.
+func (s AgentStatus) Summary() []string {
+	state := "placing stages by hash and load"
+	if s.FallenBack {
+		state = "fallen back: vanilla placement while the core set is busy"
+	}
+	out := []string{"balancer: " + state}
+	var loads []string
+	for _, c := range slices.Sorted(maps.Keys(s.Load)) {
+		loads = append(loads, fmt.Sprintf("cpu%d %.0f%%", c, s.Load[c]))
+	}
+	if len(loads) > 0 {
+		out = append(out, fmt.Sprintf("load (moving average, from %s): %s; std dev %.1f", orDash(s.Sampler), strings.Join(loads, ", "), s.StdDev))
+	}
+	line := fmt.Sprintf("moves %d, fallbacks %d", s.Moves, s.Fallbacks)
+	if s.Damped > 0 {
+		line += fmt.Sprintf(", damped %d (the set's own spread work): falls back at %.0f%% until it calms down", s.Damped, s.FallbackBar)
+	}
+	out = append(out, line)
+	if len(s.Home) > 0 {
+		out = append(out, "at home (vanilla placement, no per-flow work): "+strings.Join(s.Home, ", "))
+	} else {
+		out = append(out, fmt.Sprintf("active (flow, stage) pairs: %d", s.Active))
+	}
+	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

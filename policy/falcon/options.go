@@ -54,6 +54,10 @@ type Options struct {
 	// dispatch to). On a few cores the average counts the receive work
 	// Falcon itself spread: see the README's capacity section.
 	Fallback string
+	// Damp keeps the set spread when it climbs back to the fallback level
+	// within balancer.CycleRounds of resuming: its own spread work, not
+	// other load (balancer.Config.Damp).
+	Damp bool
 	// Hysteresis is how far below Threshold the set's average load must
 	// fall before steering resumes after a fallback.
 	Hysteresis float64
@@ -130,6 +134,7 @@ func Defaults() Options {
 		Threshold:  80,
 		Hysteresis: 10,
 		Fallback:   balancer.FallbackAverage,
+		Damp:       true,
 		Interval:   40 * time.Millisecond,
 		Flowlet:    steer.DefaultFlowlet,
 		Drain:      steer.DefaultDrain,
@@ -149,6 +154,7 @@ var params = []plan.Param{
 	{Key: "split-cpus", Default: "the set minus the IRQ cores", Help: "cores for the split stage, a list like 2-3"},
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
 	{Key: "fallback", Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
+	{Key: "damp", Default: "true", Help: "a set that climbs back to the fallback level within 50 samples of resuming carries its own spread work: stay spread and fall back only at the last fallback's load + hysteresis (false: fall back every time, as Falcon)"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
@@ -191,6 +197,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s or %s", balancer.FallbackAverage, balancer.FallbackAll)
 			}
 			o.Fallback = v
+		case "damp":
+			o.Damp, err = strconv.ParseBool(v)
 		case "interval":
 			o.Interval, err = parseDuration(v, time.Millisecond, 10*time.Second)
 		case "flowlet":
@@ -255,6 +263,7 @@ func (o Options) Params() map[string]string {
 		"threshold":  strconv.FormatFloat(o.Threshold, 'g', -1, 64),
 		"hysteresis": strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
 		"fallback":   o.Fallback,
+		"damp":       strconv.FormatBool(o.Damp),
 		"interval":   o.Interval.String(),
 		"flowlet":    o.Flowlet.String(),
 		"drain":      o.Drain.String(),
