@@ -339,6 +339,7 @@ func writeState(dir string, st *State) error {
 func removeState(dir string) {
 	os.Remove(filepath.Join(dir, StateFile))
 	os.Remove(filepath.Join(dir, StateFile+".tmp"))
+	removeAgentReport(dir)
 }
 
 func label(ns string) string {

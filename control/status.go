@@ -37,6 +37,9 @@ type StatusReport struct {
 	Cores         []Core             `json:"cores"`
 	// Steering is set when a steering datapath is pinned for the target.
 	Steering *Steering `json:"steering,omitempty"`
+	// Agent is the mode's agent's last report, when one ran since the
+	// apply.
+	Agent *AgentReport `json:"agent,omitempty"`
 }
 
 // Core is one online CPU over the sample.
@@ -102,6 +105,9 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 		return nil, err
 	}
 	s.Journaled = len(ents)
+	if s.Agent, err = ReadAgentReport(dir); err != nil {
+		return nil, err
+	}
 
 	// Sample first: discovery itself costs CPU and would show in the load.
 	cores, err := sampleCores(opts.Sample)

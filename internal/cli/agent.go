@@ -79,7 +79,16 @@ the mode stays applied until "lanes reset".`,
 				fmt.Fprintf(out, "metrics on http://%s/metrics\n", ln.Addr())
 			}
 			fmt.Fprintf(out, "agent for %s on netns %s running; Ctrl-C stops it\n", st.Mode, ctlNSLabel(st.NetNS))
-			if err := ag.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			pubCtx, stopPub := context.WithCancel(ctx)
+			published := make(chan struct{})
+			go func() {
+				defer close(published)
+				control.PublishAgentStatus(pubCtx, control.Dir(o.StateDir, o.NetNS), st.Mode, ag)
+			}()
+			err = ag.Run(ctx)
+			stopPub()
+			<-published
+			if err != nil && !errors.Is(err, context.Canceled) {
 				return err
 			}
 			fmt.Fprintln(out, "agent stopped; static placement restored, mode still applied (undo: lanes reset"+ctlNSFlag(st.NetNS)+")")

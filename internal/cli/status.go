@@ -88,6 +88,16 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			c.CPU, c.SoftIRQ, c.System, c.User, c.Idle, c.NetRXPerSec, ctlOrDash(ths), ctlOrDash(rps))
 	}
 	w.Flush()
+	if a := s.Agent; a != nil {
+		if a.Running {
+			fmt.Fprintf(out, "\nagent (pid %d, %s, report of %s):\n", a.PID, a.Mode, a.At.Local().Format(time.TimeOnly))
+		} else {
+			fmt.Fprintf(out, "\nagent NOT RUNNING (last report of pid %d at %s; start it with lanes agent%s):\n", a.PID, a.At.Local().Format(time.DateTime), ctlNSFlag(s.NetNS))
+		}
+		for _, l := range a.Summary {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
+	}
 	if st := s.Steering; st != nil {
 		fmt.Fprintf(out, "\nsteering (%s):\n", st.PinDir)
 		if len(st.Home) > 0 {

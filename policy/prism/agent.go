@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,25 @@ type SyncStatus struct {
 	// Guard is the overload guard's state, when the NIC poll is on the
 	// ladder.
 	Guard *GuardStatus `json:"guard,omitempty"`
+}
+
+// Summary is what `lanes status` shows of the sync agent.
+func (s SyncStatus) Summary() []string {
+	t := "none"
+	if len(s.Targets) > 0 {
+		t = strings.Join(s.Targets, "; ")
+	}
+	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes): %s", s.Refreshes, s.Changes, t)}
+	for _, n := range s.Notes {
+		out = append(out, "note: "+n)
+	}
+	if s.Err != "" {
+		out = append(out, "error: "+s.Err)
+	}
+	if s.Guard != nil {
+		out = append(out, s.Guard.Summary()...)
+	}
+	return out
 }
 
 type syncMetrics struct {
