@@ -225,10 +225,34 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		if err != nil {
 			return nil, err
 		}
+		bt.nice = o.GuardNice
 		g.rule, g.target = bulkGuardRule, bt
 	}
 	g.status.Core, g.status.Watch, g.status.Threads = core, g.target.watch(), g.target.names()
 	return g, nil
+}
+
+// Summary is what `lanes status` shows of the guard.
+func (s GuardStatus) Summary() []string {
+	if s.Watch == "" {
+		return []string{"guard: " + s.Err}
+	}
+	state := "not acting"
+	if s.Demoted {
+		state = "acting (demoted now)"
+	}
+	sig := fmt.Sprintf("NIC poll ran %.0f%%", s.NICPercent)
+	if s.BulkWait > 0 || s.NICPercent == 0 {
+		sig = fmt.Sprintf("bulk kthread waited %.0f%%", s.BulkWait)
+	}
+	out := []string{
+		fmt.Sprintf("guard on core %d: %s; %s", s.Core, s.Watch, state),
+		fmt.Sprintf("last sample (from %s): %s, core idle %.0f%%; demotions %d; threads %s", s.Sampler, sig, s.Idle, s.Demotions, strings.Join(s.Threads, ", ")),
+	}
+	if s.Err != "" {
+		out = append(out, "error: "+s.Err)
+	}
+	return out
 }
 
 func (g *guard) Status() GuardStatus {
@@ -385,6 +409,8 @@ type bulkTarget struct {
 	// is each one's schedstat wait time at the last sample, by pid.
 	threads []knobs.KthreadInfo
 	wait    map[int]uint64
+	// nice is the bulk kthread's nice value while demoted (guard-nice).
+	nice int
 }
 
 func newBulkTarget(netns string, core int) (*bulkTarget, error) {
@@ -443,7 +469,7 @@ func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, e
 func (b *bulkTarget) set(demoted bool) error {
 	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
 	if demoted {
-		a.Policy = unix.SCHED_NORMAL
+		a.Policy, a.Nice = unix.SCHED_NORMAL, int32(b.nice)
 	}
 	var first error
 	for _, th := range b.threads {
@@ -458,6 +484,9 @@ func (b *bulkTarget) names() []string { return comms(b.threads) }
 
 func (b *bulkTarget) watch() string { return "bulk queue at SCHED_IDLE (bulk-sched=idle)" }
 func (b *bulkTarget) demote() string {
+	if b.nice != 0 {
+		return fmt.Sprintf("bulk starved (its kthread waited %%.0f%%%% of the time on core %%d): bulk queue at normal scheduling, nice %d", b.nice)
+	}
 	return "bulk starved (its kthread waited %.0f%% of the time on core %d): bulk queue at normal scheduling"
 }
 func (b *bulkTarget) promote() string {

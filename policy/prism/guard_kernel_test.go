@@ -1,6 +1,7 @@
 package prism_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,56 +68,62 @@ func TestPrismGuard(t *testing.T) {
 }
 
 // TestPrismBulkGuard: with bulk-sched=idle the plan names the guard, which
-// gives the bulk queue's kthread normal scheduling when its rule says the
-// kthread is starved and SCHED_IDLE back when it stops. The rule is forced
-// as in TestPrismGuard.
+// gives the bulk queue's kthread normal scheduling (at guard-nice's nice
+// value) when its rule says the kthread is starved and SCHED_IDLE back when
+// it stops. The rule is forced as in TestPrismGuard.
 func TestPrismBulkGuard(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	defer prism.SetGuardRule(prism.GuardRule{Demote: 0, DemoteAfter: 1, Promote: 101, PromoteAfter: 1, Interval: 50 * time.Millisecond})()
 
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-sched": "idle"})
-	if a.State.Plan.Agent != prism.GuardAgentName {
-		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
-	}
-	ths, err := a.Open(t).BulkKthreads()
-	if err != nil || len(ths) != 1 {
-		t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
-	}
-	policy := func() uint32 {
-		t.Helper()
-		attr, err := unix.SchedGetAttr(ths[0].PID, 0)
-		if err != nil {
-			t.Fatal(err)
+	for _, nice := range []int{0, 7} {
+		params := map[string]string{"bulk-sched": "idle"}
+		if nice != 0 {
+			params["guard-nice"] = fmt.Sprint(nice)
 		}
-		return attr.Policy
-	}
-	if p := policy(); p != unix.SCHED_IDLE {
-		t.Fatalf("bulk queue %s: policy %d, want SCHED_IDLE", ths[0].Comm, p)
-	}
+		a := modetest.Apply(t, tb, "prism-batch", params)
+		if a.State.Plan.Agent != prism.GuardAgentName {
+			t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
+		}
+		ths, err := a.Open(t).BulkKthreads()
+		if err != nil || len(ths) != 1 {
+			t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
+		}
+		sched := func() *unix.SchedAttr {
+			t.Helper()
+			attr, err := unix.SchedGetAttr(ths[0].PID, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return attr
+		}
+		if p := sched().Policy; p != unix.SCHED_IDLE {
+			t.Fatalf("bulk queue %s: policy %d, want SCHED_IDLE", ths[0].Comm, p)
+		}
 
-	ag, stopAgent := a.StartAgent(t)
-	st := waitDemoted(ag)
-	if !st.Demoted || st.Demotions != 1 || st.Err != "" || len(st.Threads) != 1 || st.Threads[0] != ths[0].Comm {
-		t.Errorf("guard status %+v: want one demotion of %s, no error", st, ths[0].Comm)
-	}
-	// The bulk guard needs no thread list: it reads the scheduler's
-	// events where the kernel can, not /proc with its walks.
-	if s, err := load.NewSchedSampler(); err == nil {
-		s.Close()
-		if st.Sampler != "sched" {
-			t.Errorf("bulk guard samples %q, want sched", st.Sampler)
+		ag, stopAgent := a.StartAgent(t)
+		st := waitDemoted(ag)
+		if !st.Demoted || st.Demotions != 1 || st.Err != "" || len(st.Threads) != 1 || st.Threads[0] != ths[0].Comm {
+			t.Errorf("guard status %+v: want one demotion of %s, no error", st, ths[0].Comm)
 		}
+		// The bulk guard needs no thread list: it reads the scheduler's
+		// events where the kernel can, not /proc with its walks.
+		if s, err := load.NewSchedSampler(); err == nil {
+			s.Close()
+			if st.Sampler != "sched" {
+				t.Errorf("bulk guard samples %q, want sched", st.Sampler)
+			}
+		}
+		if at := sched(); at.Policy != unix.SCHED_NORMAL || at.Nice != int32(nice) {
+			t.Errorf("demoted bulk queue: policy %d nice %d, want SCHED_NORMAL nice %d", at.Policy, at.Nice, nice)
+		}
+		stopAgent()
+		if p := sched().Policy; p != unix.SCHED_IDLE {
+			t.Errorf("after the guard stopped: policy %d, want SCHED_IDLE back", p)
+		}
+		a.ResetAndCheck(t, before)
 	}
-	if p := policy(); p != unix.SCHED_NORMAL {
-		t.Errorf("demoted bulk queue: policy %d, want SCHED_NORMAL", p)
-	}
-	stopAgent()
-	if p := policy(); p != unix.SCHED_IDLE {
-		t.Errorf("after the guard stopped: policy %d, want SCHED_IDLE back", p)
-	}
-	a.ResetAndCheck(t, before)
 }
 
 // waitDemoted polls the guard's status until it demoted (2 s at most) and

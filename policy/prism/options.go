@@ -84,6 +84,12 @@ type Options struct {
 	// busy high-priority service starved its own frames in the NIC's
 	// ring (nginx p99 170 ms, measured). Needs bulk=queue.
 	BulkSched string
+	// GuardNice is the nice value bulk-sched=idle's guard gives the bulk
+	// queue's kthread when it finds it starved (normal scheduling): 0
+	// shares the core evenly with a busy service; up to 19 gives bulk a
+	// smaller share (nice 19 weighs 15 against nice 0's 1024), enough to
+	// keep its queue moving while the service keeps most of the core.
+	GuardNice int
 }
 
 // High and Bulk values.
@@ -138,6 +144,7 @@ var params = []plan.Param{
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
 	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
+	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "normal", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
@@ -195,6 +202,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s, %s or %s", SchedNormal, SchedBatch, SchedIdle)
 			}
 			o.BulkSched = v
+		case "guard-nice":
+			o.GuardNice, err = strconv.Atoi(v)
+			if err == nil && (o.GuardNice < 0 || o.GuardNice > 19) {
+				err = fmt.Errorf("want a nice value from 0 to 19")
+			}
 		default:
 			return o, fmt.Errorf("unknown prism setting %q", k)
 		}
@@ -210,6 +222,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched != SchedNormal && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism bulk-sched=%s sets the bulk queue's kthread, but bulk=inline has no bulk queue: drop one of them", o.BulkSched)
+	}
+	if o.GuardNice != 0 && o.BulkSched != SchedIdle {
+		return o, fmt.Errorf("prism guard-nice=%d is the guard's setting for bulk-sched=idle, but bulk-sched is %s: drop guard-nice or set bulk-sched=idle", o.GuardNice, o.BulkSched)
 	}
 	if o.BulkSched == SchedIdle && o.Streamline {
 		return o, fmt.Errorf("prism bulk-sched=idle with streamline=true would put bulk work below a real-time NIC poll and below every application: drop one of them")

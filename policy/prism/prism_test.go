@@ -189,6 +189,8 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-sched=idle,bulk-rt=10":      "makes it real-time",
 		"bulk-sched=idle,bulk=inline":     "has no bulk queue",
 		"bulk-sched=idle,streamline=true": "drop one of them",
+		"guard-nice=5":                    "set bulk-sched=idle",
+		"bulk-sched=idle,guard-nice=20":   "from 0 to 19",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
