@@ -87,10 +87,11 @@ func (d *Datapath) SetConfig(c Config) error {
 func encodeConfig(c Config) steerSteerCfg {
 	n := len(c.CPUs)
 	k := steerSteerCfg{
-		Ncpus:     uint32(n),
-		FlowletNs: uint64(c.Flowlet),
-		DrainNs:   uint64(c.Drain),
-		VxlanPort: uint32(c.VXLANPort),
+		Ncpus:       uint32(n),
+		FlowletNs:   uint64(c.Flowlet),
+		DrainNs:     uint64(c.Drain),
+		VxlanPort:   uint32(c.VXLANPort),
+		CoarseLagNs: coarseLag(),
 	}
 	if c.Enabled {
 		k.Flags |= cfgEnabled
@@ -713,6 +714,17 @@ func (d *Datapath) MicroFlowsPerCore() ([MaxCPUs]uint64, error) {
 
 // Now is the clock of Flow.LastSeen (bpf_ktime_get_ns: CLOCK_MONOTONIC),
 // so callers can tell how long a flow has been idle.
+// coarseLag is how far the coarse clock may trail the precise one: two of
+// its steps (a tick each; the kernel reports the step as the coarse clock's
+// resolution). 0, and every packet stamped precisely, if unknown.
+func coarseLag() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil || ts.Nano() <= 0 {
+		return 0
+	}
+	return 2 * uint64(ts.Nano())
+}
+
 func Now() time.Duration {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)

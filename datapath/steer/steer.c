@@ -167,6 +167,10 @@ struct steer_cfg {
 	__u32 mf_ncores;    /* entries used in mf_cores; 0: nothing is split */
 	__u32 mf_pad;
 	__u32 mf_cores[MAX_CPUS]; /* split cores as indices into cpus, in dispatch order */
+	/* How far behind the precise clock the coarse one may be (two ticks):
+	 * the flowlet test's margin for a coarse stamp (see now_ns). 0: stamp
+	 * every packet with the precise clock. */
+	__u64 coarse_lag_ns;
 };
 
 struct {
@@ -205,7 +209,7 @@ struct steer_flow_state {
 	__u32 ifindex; /* hook device of the last packet */
 	__u32 bucket;  /* table bucket of the last packet, so the balancer need not rehash */
 	__u32 pad;
-	__u64 last_ns; /* bpf_ktime_get_ns() of the last packet */
+	__u64 last_ns; /* arrival of the last packet; low bit: NS_PRECISE (see now_ns) */
 	__u64 packets;
 	__u64 bytes;
 	/* Frames handed to this stage's queue (cpumap ring, RPS backlog) that
@@ -547,6 +551,39 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
 }
 
 /*
+ * Clock. The precise clock (bpf_ktime_get_ns: a TSC read and its
+ * conversion, about 30 ns a packet on the IRQ core of the 2-core Xeon VM,
+ * profiled 2026-11-23) is only needed by the flowlet test, which runs
+ * while a move is pending, and by MFLOW's rate windows. Other packets
+ * stamp the coarse clock (CLOCK_MONOTONIC too, updated every tick, so up
+ * to a tick behind). The low bit of a stamp says which clock made it
+ * (set: precise; one nanosecond of error). A coarse stamp can be older
+ * than the packet it stamps by up to a tick, which would make the idle
+ * gap since it look longer than it was, so the flowlet and drain tests
+ * take cfg->coarse_lag_ns off a gap measured from a coarse stamp: a move
+ * can come later than with precise stamps, never earlier.
+ */
+#define NS_PRECISE 1ull
+
+static __always_inline __u64 now_ns(const struct steer_cfg *cfg, int precise)
+{
+	if (precise || !cfg->coarse_lag_ns)
+		return bpf_ktime_get_ns() | NS_PRECISE;
+	return bpf_ktime_get_coarse_ns() & ~NS_PRECISE;
+}
+
+/* The idle gap since stamp at now (a precise reading), at least. */
+static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp, __u64 now)
+{
+	__u64 lag = (stamp & NS_PRECISE) ? 0 : cfg->coarse_lag_ns;
+
+	/* Another core may have stamped it after our clock read. */
+	if (now < stamp + lag)
+		return 0;
+	return now - stamp - lag;
+}
+
+/*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
  * Moving a busy flow would let its packets on the new core overtake those
@@ -574,7 +611,9 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	__u32 slot = stage * BUCKETS + bucket;
 	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
 	__u32 want = entry ? *entry : STAY;
-	__u64 now = bpf_ktime_get_ns();
+	/* MFLOW's rate windows want real arrival times. */
+	int precise = cfg->mf_ncores != 0;
+	__u64 now, idle;
 
 	if (want >= cfg->ncpus)
 		want = STAY;
@@ -585,6 +624,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
+		now = now_ns(cfg, precise);
 		struct steer_flow_state fresh = {
 			.cpu_idx = want,
 			.ifindex = ifindex,
@@ -602,6 +642,9 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		return want;
 	}
 
+	/* A pending move needs the precise clock for its flowlet test, and
+	 * so does the next packet's test: stamp this one precisely too. */
+	now = now_ns(cfg, precise || st->cpu_idx != want);
 	if (st->cpu_idx != want) {
 		if (st->cpu_idx == SYNC_IDX) {
 			/* Off the shortcut: nothing of the flow is queued behind. */
@@ -612,9 +655,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
-		} else if (now >= st->last_ns && /* another core may have stamped it after our clock read */
-			   now - st->last_ns >= cfg->flowlet_ns &&
-			   (st->inflight <= 0 || !cfg->drain_ns || now - st->last_ns >= cfg->drain_ns)) {
+		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
+			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
 			if (st->inflight > 0) {
 				/* Presumed dropped: start counting afresh. */
 				if (cfg->drain_ns)

@@ -31,24 +31,25 @@ type steerPrioRule struct {
 }
 
 type steerSteerCfg struct {
-	_          structs.HostLayout
-	Ncpus      uint32
-	RpsSpan    uint32
-	FlowletNs  uint64
-	DrainNs    uint64
-	VxlanPort  uint32
-	Flags      uint32
-	Cpus       [64]uint32
-	RpsLo      [64]uint32
-	IndexOf    [64]uint32
-	PrioShapes uint32
-	Pad        uint32
-	MfWindowNs uint64
-	MfThresh   uint32
-	MfBatch    uint32
-	MfNcores   uint32
-	MfPad      uint32
-	MfCores    [64]uint32
+	_           structs.HostLayout
+	Ncpus       uint32
+	RpsSpan     uint32
+	FlowletNs   uint64
+	DrainNs     uint64
+	VxlanPort   uint32
+	Flags       uint32
+	Cpus        [64]uint32
+	RpsLo       [64]uint32
+	IndexOf     [64]uint32
+	PrioShapes  uint32
+	Pad         uint32
+	MfWindowNs  uint64
+	MfThresh    uint32
+	MfBatch     uint32
+	MfNcores    uint32
+	MfPad       uint32
+	MfCores     [64]uint32
+	CoarseLagNs uint64
 }
 
 type steerSteerFlowKey struct {

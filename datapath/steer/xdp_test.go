@@ -376,3 +376,51 @@ func TestFlowletClockSkew(t *testing.T) {
 		t.Errorf("counters %+v, want 1 held, none moved", s)
 	}
 }
+
+// TestFlowletCoarseStamp: packets with no move pending stamp the coarse
+// clock, which may trail the packet by a tick, so a gap measured from a
+// coarse stamp is taken as coarse_lag_ns shorter; a packet that finds a
+// move pending stamps the precise clock (low bit set) for the next test.
+// A 5 ms gap from a coarse stamp holds a 1 ms flowlet (the lag is two
+// ticks, 8 ms at HZ=250); the same gap from a precise stamp lets it move.
+func TestFlowletCoarseStamp(t *testing.T) {
+	lag := time.Duration(coarseLag())
+	if lag == 0 || lag < 4*time.Millisecond {
+		t.Skipf("coarse clock lag %v: the 5 ms gap below would not be inside it", lag)
+	}
+	d, _ := newDatapath(t)
+	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: time.Millisecond, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := tcpFlow(40004)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.LastSeen&1 != 0 {
+		t.Fatalf("steady-state stamp %d is precise (low bit set), want coarse", fl.LastSeen)
+	}
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	stampFlows(t, d, (Now()-5*time.Millisecond)&^1) // coarse, 5 ms ago
+	runXDP(t, d, frame)
+	fl := mustFlow(t, d, f, StageSplit)
+	if fl.CPUIndex != 0 {
+		t.Fatalf("moved 5 ms after a coarse stamp (lag %v): index %d, want held on 0", lag, fl.CPUIndex)
+	}
+	if fl.LastSeen&1 == 0 {
+		t.Errorf("held packet's stamp %d is coarse, want precise (low bit set)", fl.LastSeen)
+	}
+	stampFlows(t, d, (Now()-5*time.Millisecond)|1) // precise, 5 ms ago
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.CPUIndex != 1 {
+		t.Errorf("5 ms after a precise stamp: index %d, want moved to 1", fl.CPUIndex)
+	}
+	if s := stats(t, d)[StageSplit]; s.Held != 1 || s.Moved != 1 {
+		t.Errorf("counters %+v, want 1 held, 1 moved", s)
+	}
+}
