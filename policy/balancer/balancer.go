@@ -385,6 +385,18 @@ func (b *Balancer) Place(hashed int) Decision {
 	return Decision{Core: best, Reason: fmt.Sprintf("rehashed: core %d at %s", hashed, pct(l))}
 }
 
+// Room reports whether a core of the set other than except is under the
+// threshold: somewhere a stage leaving except could go. A set that is not
+// fallen back can still have none: damping (see Observe) keeps a busy set
+// spread, and a stage leaving home then would find every core busy and
+// come straight back.
+func (b *Balancer) Room(except int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.leastLoaded(b.load, b.cfg.Threshold, except)
+	return ok
+}
+
 // leastLoaded returns the core of the set with the lowest load[] under
 // limit, other than skip. Ties go to a core not in Avoid, then to the lowest
 // core number. The measured load must be under limit too: a core that was

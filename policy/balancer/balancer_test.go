@@ -633,3 +633,16 @@ func TestFallbackCycleDamped(t *testing.T) {
 		})
 	}
 }
+
+// Room: a core other than the one named is under the threshold.
+func TestRoom(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
+	settle(b, map[int]float64{0: 90, 1: 95, 2: 85})
+	if b.Room(1) {
+		t.Errorf("Room(1) with every core at 85%% or more")
+	}
+	settle(b, map[int]float64{0: 90, 1: 95, 2: 60})
+	if !b.Room(1) || b.Room(2) {
+		t.Errorf("Room(1) %v Room(2) %v with core 2 at 60%%: want true, false", b.Room(1), b.Room(2))
+	}
+}
