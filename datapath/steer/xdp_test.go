@@ -313,21 +313,28 @@ func TestFlowsAreSeparate(t *testing.T) {
 	}
 }
 
+// splitFlowAt returns a datapath on cores 0 and 1 with the given flowlet
+// gap, f's frame, and f's split-stage bucket, which points at index idx.
+func splitFlowAt(t *testing.T, flowlet time.Duration, f flowSpec, idx uint32) (*Datapath, Config, []byte, int) {
+	t.Helper()
+	d, _ := newDatapath(t)
+	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: flowlet, VXLANPort: testPort, VNIs: []uint32{testVNI}}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, idx); err != nil {
+		t.Fatal(err)
+	}
+	return d, cfg, vxlanFrame(frameSpec{flow: f}), b
+}
+
 // TestFlowOnRemovedCoreMoves: when the core set shrinks under a flow, its
 // index names no core any more, so it follows the table at once, flowlet
 // or not.
 func TestFlowOnRemovedCoreMoves(t *testing.T) {
-	d, _ := newDatapath(t)
-	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: time.Hour, VXLANPort: testPort, VNIs: []uint32{testVNI}}
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
 	f := udpFlow(40000)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
-		t.Fatal(err)
-	}
+	d, cfg, frame, b := splitFlowAt(t, time.Hour, f, 1)
 	runXDP(t, d, frame)
 	cfg.CPUs = []int{0}
 	if err := d.SetConfig(cfg); err != nil {
@@ -352,17 +359,8 @@ func TestFlowOnRemovedCoreMoves(t *testing.T) {
 // gap at all, so a table change is held: the unsigned gap once wrapped
 // around to "idle for ages" and let the move through.
 func TestFlowletClockSkew(t *testing.T) {
-	d, _ := newDatapath(t)
-	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: time.Millisecond, VXLANPort: testPort, VNIs: []uint32{testVNI}}
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
 	f := tcpFlow(40003)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
-		t.Fatal(err)
-	}
+	d, _, frame, b := splitFlowAt(t, time.Millisecond, f, 0)
 	runXDP(t, d, frame)
 	stampFlows(t, d, Now()+time.Hour)
 	if err := d.SetBucket(StageSplit, b, 1); err != nil {
@@ -388,17 +386,8 @@ func TestFlowletCoarseStamp(t *testing.T) {
 	if lag == 0 || lag < 4*time.Millisecond {
 		t.Skipf("coarse clock lag %v: the 5 ms gap below would not be inside it", lag)
 	}
-	d, _ := newDatapath(t)
-	cfg := Config{Enabled: true, CPUs: []int{0, 1}, Flowlet: time.Millisecond, VXLANPort: testPort, VNIs: []uint32{testVNI}}
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
 	f := tcpFlow(40004)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
-		t.Fatal(err)
-	}
+	d, _, frame, b := splitFlowAt(t, time.Millisecond, f, 0)
 	runXDP(t, d, frame)
 	if fl := mustFlow(t, d, f, StageSplit); fl.LastSeen&1 != 0 {
 		t.Fatalf("steady-state stamp %d is precise (low bit set), want coarse", fl.LastSeen)
