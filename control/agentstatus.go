@@ -3,8 +3,6 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -82,20 +80,13 @@ func writeAgentReport(path, mode string, ag plan.Agent) {
 
 // ReadAgentReport reads dir's AgentFile; nil, nil when there is none.
 func ReadAgentReport(dir string) (*AgentReport, error) {
-	b, err := os.ReadFile(filepath.Join(dir, AgentFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var r AgentReport
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, AgentFile), err)
+	r, err := readJSONFile[AgentReport](filepath.Join(dir, AgentFile))
+	if r == nil || err != nil {
+		return r, err
 	}
 	alive := r.PID > 0 && unix.Kill(r.PID, 0) == nil
 	r.Running = alive && time.Since(r.At) < 5*AgentPublishEvery
-	return &r, nil
+	return r, nil
 }
 
 func removeAgentReport(dir string) {

@@ -310,18 +310,23 @@ func readJournalTarget(dir string) (string, error) {
 
 // ReadState reads a target directory's state file; nil when there is none.
 func ReadState(dir string) (*State, error) {
-	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	return readJSONFile[State](filepath.Join(dir, StateFile))
+}
+
+// readJSONFile parses the JSON file at path; nil, nil when there is none.
+func readJSONFile[T any](path string) (*T, error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var st State
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, StateFile), err)
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", path, err)
 	}
-	return &st, nil
+	return &v, nil
 }
 
 // writeState replaces the state file atomically (temp file, fsync, rename).
