@@ -1,12 +1,15 @@
 // Package kthread reads and moves one thread by pid: its affinity, last
 // CPU and flags. Finding the thread is elsewhere: datapath/napi maps a
 // device to its NAPI pollers' pids, and datapath/knobs looks threads up by
-// name for the journal (pids change across a device's life).
+// name for the journal (pids change across a device's life). OnThread runs
+// lanes' own work (an agent's rounds) on a thread of its own at a chosen
+// policy.
 package kthread
 
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -120,4 +123,26 @@ func ParseProcStat(s string) (ProcStat, error) {
 		ps.Policy = p
 	}
 	return ps, nil
+}
+
+// OnThread runs f on an OS thread of its own whose scheduling policy is
+// policy (a fair one: unix.SCHED_OTHER, SCHED_BATCH or SCHED_IDLE; nice 0)
+// and returns once f has. The thread is never handed back to the Go
+// runtime: it exits with f, taking its policy with it, and the runtime
+// starts new threads from a template thread, never from a locked one, so
+// no other goroutine, and no process the program starts, inherits it. If
+// the policy cannot be set, f does not run and the error says why.
+func OnThread(policy uint32, f func()) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked, see above
+		a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
+		if err := unix.SchedSetAttr(0, a, 0); err != nil {
+			errc <- fmt.Errorf("setting this thread's scheduling policy to %d: %w", policy, err)
+			return
+		}
+		f()
+		errc <- nil
+	}()
+	return <-errc
 }

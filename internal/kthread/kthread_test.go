@@ -1,6 +1,11 @@
 package kthread
 
-import "testing"
+import (
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 func TestParseProcStat(t *testing.T) {
 	cases := []struct {
@@ -49,5 +54,33 @@ func TestParseProcStatCommWithParen(t *testing.T) {
 	}
 	if ps.Comm != "napi/x) y-1" || ps.Ticks != 42 || ps.CPU != 1 || !ps.Kthread {
 		t.Errorf("got %+v", ps)
+	}
+}
+
+// OnThread's f runs at the policy asked for; the caller's thread keeps its
+// own, and so does the next goroutine.
+func TestOnThread(t *testing.T) {
+	policy := func() uint32 {
+		a, err := unix.SchedGetAttr(0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Policy
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := policy()
+	var inside uint32
+	if err := OnThread(unix.SCHED_BATCH, func() { inside = policy() }); err != nil {
+		t.Fatal(err)
+	}
+	if inside != unix.SCHED_BATCH {
+		t.Errorf("policy inside f = %d, want SCHED_BATCH (%d)", inside, unix.SCHED_BATCH)
+	}
+	if after := policy(); after != before {
+		t.Errorf("caller's policy changed from %d to %d", before, after)
+	}
+	if err := OnThread(12345, func() { t.Error("f ran although its policy could not be set") }); err == nil {
+		t.Error("OnThread with a bogus policy: no error")
 	}
 }

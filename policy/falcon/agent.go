@@ -12,9 +12,11 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/policy/balancer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 )
 
 func init() { plan.RegisterAgent(AgentName, newAgent) }
@@ -192,6 +194,19 @@ func (a *agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer sampler.Close()
+	if a.o.AgentSched == AgentBatch {
+		var err error
+		if terr := kthread.OnThread(unix.SCHED_BATCH, func() { err = a.loop(ctx, sampler) }); terr == nil {
+			return err
+		} else if a.env.Logf != nil {
+			a.env.Logf("agent-sched=batch: %v; rounds run at normal scheduling", terr)
+		}
+	}
+	return a.loop(ctx, sampler)
+}
+
+// loop samples and balances every interval until ctx ends.
+func (a *agent) loop(ctx context.Context, sampler load.Source) error {
 	tick := time.NewTicker(a.o.Interval)
 	defer tick.Stop()
 	for {

@@ -2,7 +2,9 @@ package falcon_test
 
 import (
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // TestFalconHome: with spread=busy (the default) and an idle IRQ core, the
@@ -100,6 +103,8 @@ func TestFalconSplitAutoOnVeth(t *testing.T) {
 // and send the active (flow, stage) pairs to the other core while a
 // sequence-numbered stream runs (in order throughout); once the loop stops
 // and the traffic ends, every stage comes home again.
+// The sched sampler's agent runs its rounds SCHED_BATCH (agent-sched),
+// on a thread of their own.
 func TestFalconLeavesHome(t *testing.T) {
 	for _, sampler := range []string{falcon.SamplerSched, falcon.SamplerProc} {
 		t.Run("sampler="+sampler, func(t *testing.T) { leavesHome(t, sampler) })
@@ -107,6 +112,10 @@ func TestFalconLeavesHome(t *testing.T) {
 }
 
 func leavesHome(t *testing.T, sampler string) {
+	sched := falcon.AgentNormal
+	if sampler == falcon.SamplerSched {
+		sched = falcon.AgentBatch
+	}
 	cpus := online(t)
 	if sampler == falcon.SamplerSched {
 		s, err := load.NewSchedSampler()
@@ -118,7 +127,8 @@ func leavesHome(t *testing.T, sampler string) {
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
 	before := modetest.Snapshot(t, tb)
-	a := apply(t, tb, "falcon", map[string]string{"sampler": sampler})
+	batchBefore := batchThreads(t)
+	a := apply(t, tb, "falcon", map[string]string{"sampler": sampler, "agent-sched": sched})
 	dp := a.Open(t)
 	src, dst := s.Containers[0], r.Containers[0]
 	// Resolve ARP first: datagrams a sender queues behind resolution are
@@ -146,6 +156,9 @@ func leavesHome(t *testing.T, sampler string) {
 	waitHome("idle")
 	if got := ag.Status().(falcon.AgentStatus).Sampler; got != sampler {
 		t.Errorf("agent reads load from %q, want %q", got, sampler)
+	}
+	if got, want := batchThreads(t)-batchBefore, map[string]int{falcon.AgentNormal: 0, falcon.AgentBatch: 1}[sched]; got != want {
+		t.Errorf("agent-sched=%s: %d more SCHED_BATCH threads in this process, want %d", sched, got, want)
 	}
 
 	irq := tb.Config.IRQCPU
@@ -179,5 +192,29 @@ func leavesHome(t *testing.T, sampler string) {
 	overlaytest.InOrder(t, "stream after the busy loop stopped", res)
 	waitHome("after the load")
 	stopAgent()
+	if got := batchThreads(t) - batchBefore; got != 0 {
+		t.Errorf("%d SCHED_BATCH threads left after the agent stopped", got)
+	}
 	a.ResetAndCheck(t, before)
+}
+
+// batchThreads counts this process's threads at SCHED_BATCH. A thread
+// that exits between the listing and the query is skipped.
+func batchThreads(t *testing.T) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if a, err := unix.SchedGetAttr(tid, 0); err == nil && a.Policy == unix.SCHED_BATCH {
+			n++
+		}
+	}
+	return n
 }
