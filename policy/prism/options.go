@@ -33,6 +33,18 @@ type Options struct {
 	// BulkRT is the bulk queue's kthread priority; 0 keeps it at normal
 	// scheduling.
 	BulkRT int
+	// HighRT is the high-priority queue's kthread priority: -1 (the
+	// default) puts it at the top of the ladder (RT+3); 0 runs it at
+	// normal scheduling, which with bulk-sched=idle still takes the core
+	// from bulk work at once (a normal task preempts a SCHED_IDLE one on
+	// wake-up), but no longer from the applications on the core. Why:
+	// traced on 2 cores (2026-11-23, Intel VM, 65% background), memcached's
+	// worker waited for the core after the real-time high-priority kthread
+	// as often as after bulk work. Measured (two quick runs, 65%
+	// background): memcached 0.70-0.83x of vanilla's rate instead of
+	// 0.55-0.75x, but ping-pong p99 0.52-0.54x instead of 0.39-0.55x and
+	// nginx 6-10 points lower, so it is an option.
+	HighRT int
 	// QueueSize is the length of each cpumap queue (frames).
 	QueueSize uint32
 	// Streamline puts the later stages' NAPI threads (GRO cells,
@@ -106,7 +118,7 @@ const (
 
 // Defaults follow the paper: batch mode, everything on one core.
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue, BulkSched: SchedNormal}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue, BulkSched: SchedNormal}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -132,7 +144,11 @@ type Ladder struct{ Low, NIC, GRO, Container, High int }
 
 // Ladder returns o's priorities.
 func (o Options) Ladder() Ladder {
-	return Ladder{Low: o.BulkRT, NIC: o.RT, GRO: o.RT + 1, Container: o.RT + 2, High: o.RT + 3}
+	l := Ladder{Low: o.BulkRT, NIC: o.RT, GRO: o.RT + 1, Container: o.RT + 2, High: o.RT + 3}
+	if o.HighRT >= 0 {
+		l.High = o.HighRT
+	}
+	return l
 }
 
 var params = []plan.Param{
@@ -140,6 +156,7 @@ var params = []plan.Param{
 	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
 	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the NIC poll; GRO cells, container veths and the high-priority queue get rt+1..rt+3"},
 	{Key: "bulk-rt", Default: "0", Help: "SCHED_FIFO priority of the bulk queue's kthread, below rt (0 = normal scheduling, sharing the core with applications)"},
+	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
 	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued)"},
@@ -180,6 +197,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.BulkRT, err = strconv.Atoi(v)
 			if err == nil && o.BulkRT < 0 {
 				err = fmt.Errorf("want 0 (normal scheduling) or a priority below rt")
+			}
+		case "high-rt":
+			o.HighRT, err = strconv.Atoi(v)
+			if err == nil && (o.HighRT < 0 || o.HighRT > 99) {
+				err = fmt.Errorf("want 0 (normal scheduling) or a priority up to 99")
 			}
 		case "queue-size":
 			o.QueueSize, err = plan.ParseQueueSize(v)
@@ -231,6 +253,21 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched != SchedNormal && o.BulkRT > 0 {
 		return o, fmt.Errorf("prism bulk-sched=%s is for a normally scheduled bulk queue, but bulk-rt=%d makes it real-time: drop one of them", o.BulkSched, o.BulkRT)
+	}
+	if o.HighRT >= 0 && o.High == HighInline {
+		return o, fmt.Errorf("prism high-rt=%d sets the high-priority queue's kthread, but high=inline has no such queue: drop one of them", o.HighRT)
+	}
+	if o.HighRT == 0 && o.BulkSched != SchedIdle {
+		return o, fmt.Errorf("prism high-rt=0 leaves the high-priority queue at normal scheduling, which preempts bulk work only when bulk runs SCHED_IDLE: add bulk-sched=idle")
+	}
+	if o.HighRT > 0 {
+		below, what := o.BulkRT, fmt.Sprintf("bulk-rt %d", o.BulkRT)
+		if o.Streamline {
+			below, what = o.Ladder().Container, fmt.Sprintf("the ladder's container veths at %d", o.RT+2)
+		}
+		if o.HighRT <= below {
+			return o, fmt.Errorf("prism high-rt %d must be above %s: high-priority frames must preempt that work", o.HighRT, what)
+		}
 	}
 	if o.BulkRT >= o.RT {
 		return o, fmt.Errorf("prism bulk-rt %d must be below rt %d: the NIC poll must preempt bulk work", o.BulkRT, o.RT)

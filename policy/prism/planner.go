@@ -126,12 +126,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 				"sync: "+g.HostVeth+" takes redirected frames only while its peer polls with NAPI")
 		}
 	}
-	what := fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at FIFO %d, on core %d", fifo(lad.Low), lad.High, core)
+	what := fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s, on core %d", fifo(lad.Low), fifo(lad.High), core)
 	if inline {
 		what = fmt.Sprintf("steering with priority classes: bulk queue at %s on core %d, high-priority frames inline in the NIC poll", fifo(lad.Low), core)
 	}
 	if bulkInline {
-		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at FIFO %d, on core %d", lad.High, core)
+		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at %s, on core %d", fifo(lad.High), core)
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
 	if o.Streamline && len(guarded(t)) > 0 {
@@ -201,8 +201,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; high=inline: high-priority frames run in the NIC poll (%s), bulk frames in the queue at %s",
 			core, fifo(nic), fifo(lad.Low)))
 	} else if bulkInline {
-		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk=inline: bulk frames run in the NIC poll (normal scheduling), high-priority frames in their queue at FIFO %d, which takes the core at the poll's batch boundary",
-			core, lad.High))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk=inline: bulk frames run in the NIC poll (normal scheduling), high-priority frames in their queue at %s, which takes the core at the poll's batch boundary",
+			core, fifo(lad.High)))
 	} else if o.Streamline {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; ladder: bulk queue %s < NIC poll FIFO %d < GRO cells %d < container veths %d < high-priority queue %d",
 			core, fifo(lad.Low), lad.NIC, lad.GRO, lad.Container, lad.High))
@@ -211,8 +211,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		if o.BulkSched != SchedNormal {
 			bulk = "SCHED_" + strings.ToUpper(o.BulkSched)
 		}
-		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk queue at %s, NIC poll and later stages as the kernel runs them, high-priority queue at FIFO %d",
-			core, bulk, lad.High))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("receive core %d; mark flows with `lanes prio add`; bulk queue at %s, NIC poll and later stages as the kernel runs them, high-priority queue at %s",
+			core, bulk, fifo(lad.High)))
 	}
 	if o.BulkSched != SchedNormal {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk-sched=%s: the bulk queue's kthread runs SCHED_%s, so applications on core %d (the high-priority service's among them) %s",

@@ -191,6 +191,11 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-sched=idle,streamline=true": "drop one of them",
 		"guard-nice=5":                    "set bulk-sched=idle",
 		"bulk-sched=idle,guard-nice=20":   "from 0 to 19",
+		"high-rt=0":                       "add bulk-sched=idle",
+		"high-rt=-1":                      "want 0 (normal scheduling)",
+		"high=inline,high-rt=60":          "has no such queue",
+		"streamline=true,high-rt=51":      "container veths at 52",
+		"bulk-rt=20,high-rt=20":           "above bulk-rt 20",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -227,22 +232,32 @@ func TestPrismBulkInline(t *testing.T) {
 }
 
 // TestPrismBulkSched: with bulk-sched=idle the bulk queue's cpumap kthread
-// runs SCHED_IDLE while the high-priority queue stays real-time and the
-// NIC poll keeps normal scheduling, both classes still flow, and reset
-// restores every knob.
+// runs SCHED_IDLE while the high-priority queue stays real-time (normal
+// with high-rt=0) and the NIC poll keeps normal scheduling, both classes
+// still flow, and reset restores every knob.
 func TestPrismBulkSched(t *testing.T) {
-	c := newClassCase(t, map[string]string{"bulk-sched": "idle"})
+	for _, hiRT := range []string{"", "0"} {
+		name, params, hiPolicy := "high-rt=default", map[string]string{"bulk-sched": "idle"}, uint32(unix.SCHED_FIFO)
+		if hiRT != "" {
+			name, params["high-rt"], hiPolicy = "high-rt="+hiRT, hiRT, unix.SCHED_NORMAL
+		}
+		t.Run(name, func(t *testing.T) { bulkSched(t, params, hiPolicy) })
+	}
+}
+
+func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
+	c := newClassCase(t, params)
 	nicPollSched(t, c.ns, "policy=other prio=0 nice=0", "it classifies both classes")
 	// This datapath's cpumap kthreads (other packages' tests may run
 	// cpumaps of their own meanwhile): the bulk queue's idle, the
-	// high-priority queue's real-time.
+	// high-priority queue's real-time, or normal with high-rt=0.
 	for _, q := range []struct {
 		what   string
 		get    func() ([]knobs.KthreadInfo, error)
 		policy uint32
 	}{
 		{"bulk", c.dp.BulkKthreads, unix.SCHED_IDLE},
-		{"high-priority", c.dp.HiKthreads, unix.SCHED_FIFO},
+		{"high-priority", c.dp.HiKthreads, hiPolicy},
 	} {
 		ths, err := q.get()
 		if err != nil || len(ths) != 1 || !strings.HasPrefix(ths[0].Comm, "cpumap/1/") {
