@@ -8,11 +8,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/lanesnet/lanes/internal/ethtool"
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -20,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
@@ -480,20 +480,9 @@ func TestGeneratorYields(t *testing.T) {
 
 func idleThreads(t *testing.T) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/task")
+	n, err := kthread.ThreadsAt(unix.SCHED_IDLE)
 	if err != nil {
 		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range ents {
-		tid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		a, err := unix.SchedGetAttr(tid, 0)
-		if err == nil && a.Policy == unix.SCHED_IDLE {
-			n++
-		}
 	}
 	return n
 }

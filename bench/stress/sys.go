@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/kthread"
 )
 
 // progTestRunAttr is the BPF_PROG_TEST_RUN part of union bpf_attr.
@@ -70,8 +72,7 @@ func pinThread(cpus ...int) error {
 // yieldThread puts the calling OS thread (which the caller has locked) at
 // SCHED_IDLE, below every normal task of its core.
 func yieldThread() error {
-	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
-	if err := unix.SchedSetAttr(0, a, 0); err != nil {
+	if err := kthread.SetPolicy(unix.SCHED_IDLE); err != nil {
 		return fmt.Errorf("making the generator thread SCHED_IDLE: %w", err)
 	}
 	return nil

@@ -128,21 +128,52 @@ func ParseProcStat(s string) (ProcStat, error) {
 // OnThread runs f on an OS thread of its own whose scheduling policy is
 // policy (a fair one: unix.SCHED_OTHER, SCHED_BATCH or SCHED_IDLE; nice 0)
 // and returns once f has. The thread is never handed back to the Go
-// runtime: it exits with f, taking its policy with it, and the runtime
-// starts new threads from a template thread, never from a locked one, so
-// no other goroutine, and no process the program starts, inherits it. If
-// the policy cannot be set, f does not run and the error says why.
+// runtime: it exits with f, taking its policy with it (a moment after
+// OnThread returns), and the runtime starts new threads from a template
+// thread, never from a locked one, so no other goroutine, and no process
+// the program starts, inherits it. If the policy cannot be set, f does not
+// run and the error says why.
 func OnThread(policy uint32, f func()) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked, see above
-		a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
-		if err := unix.SchedSetAttr(0, a, 0); err != nil {
-			errc <- fmt.Errorf("setting this thread's scheduling policy to %d: %w", policy, err)
+		if err := SetPolicy(policy); err != nil {
+			errc <- err
 			return
 		}
 		f()
 		errc <- nil
 	}()
 	return <-errc
+}
+
+// SetPolicy sets the calling OS thread's scheduling policy (a fair one;
+// nice 0). The caller has locked its goroutine to the thread, or the
+// policy lands on whichever goroutines the thread runs next.
+func SetPolicy(policy uint32) error {
+	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
+	if err := unix.SchedSetAttr(0, a, 0); err != nil {
+		return fmt.Errorf("setting this thread's scheduling policy to %d: %w", policy, err)
+	}
+	return nil
+}
+
+// ThreadsAt counts this process's threads whose scheduling policy is
+// policy. A thread that exits while they are counted is skipped.
+func ThreadsAt(policy uint32) (int, error) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if a, err := unix.SchedGetAttr(tid, 0); err == nil && a.Policy == policy {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -70,12 +70,24 @@ func TestOnThread(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	before := policy()
+	count := func() int {
+		n, err := ThreadsAt(unix.SCHED_BATCH)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	outside := count()
 	var inside uint32
-	if err := OnThread(unix.SCHED_BATCH, func() { inside = policy() }); err != nil {
+	var batch int
+	if err := OnThread(unix.SCHED_BATCH, func() { inside, batch = policy(), count() }); err != nil {
 		t.Fatal(err)
 	}
 	if inside != unix.SCHED_BATCH {
 		t.Errorf("policy inside f = %d, want SCHED_BATCH (%d)", inside, unix.SCHED_BATCH)
+	}
+	if batch != outside+1 {
+		t.Errorf("ThreadsAt(SCHED_BATCH) inside f = %d, want %d", batch, outside+1)
 	}
 	if after := policy(); after != before {
 		t.Errorf("caller's policy changed from %d to %d", before, after)
