@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -29,6 +30,7 @@ import (
 	"github.com/lanesnet/lanes/bench/workload"
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -68,6 +70,20 @@ var KnownModes = append([]string{"native"}, plan.Modes()...)
 // DefaultWorkloads is what a plain run measures; Quick trims the points.
 var DefaultWorkloads = append([]string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}, prioNames...)
 
+// modeCPUs takes the benchmark's own mode setting "cpus" (the core set the
+// mode may use, as `lanes apply --cpus`; "" for all online cores) out of a
+// mode's settings. rps:cpus=1, for instance, is RPS that keeps every stage
+// on core 1: the backlog hops without the second core.
+func modeCPUs(params map[string]string) (cpus string, rest map[string]string) {
+	if _, ok := params["cpus"]; !ok {
+		return "", params
+	}
+	rest = maps.Clone(params)
+	cpus = rest["cpus"]
+	delete(rest, "cpus")
+	return cpus, rest
+}
+
 // QuickWorkloads keeps --quick under five minutes for three modes.
 var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
 
@@ -92,6 +108,12 @@ func (o *Options) Validate() error {
 			p, err := plan.Lookup(base)
 			if err != nil {
 				return err
+			}
+			cpus, params := modeCPUs(params)
+			if cpus != "" {
+				if _, err := knobs.ParseCPUList(cpus); err != nil {
+					return fmt.Errorf("mode %q: cpus=%s: %v (a core list like 1 or 0-1)", m, cpus, err)
+				}
 			}
 			if err := plan.CheckParams(p, params); err != nil {
 				return err
@@ -488,7 +510,8 @@ func (r *runner) apply(mode string) error {
 	if err != nil {
 		return err
 	}
-	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params})
+	cpus, params := modeCPUs(params)
+	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
 	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)
 	}

@@ -21,6 +21,8 @@ func TestValidate(t *testing.T) {
 		{Modes: []string{"falcon9"}, Out: "x"},
 		{Modes: []string{"vanilla", "vanilla"}, Out: "x"},
 		{Modes: []string{"native:batch=4"}, Out: "x"},
+		{Modes: []string{"rps:cpus=one"}, Out: "x"},
+		{Modes: []string{"native:cpus=1"}, Out: "x"},
 		{Workloads: []string{"tcp_strem"}, Out: "x"},
 		{Repeats: -1, Out: "x"},
 		{Duration: time.Millisecond, Out: "x"},
@@ -41,6 +43,15 @@ func TestValidate(t *testing.T) {
 	}
 	if o.Repeats != 3 || o.Duration != 2*time.Second || len(o.Modes) != 3 {
 		t.Errorf("defaults: %+v", o)
+	}
+	// cpus is the benchmark's own setting, for every mode but native.
+	for _, m := range []string{"rps:cpus=1", "falcon:cpus=0-1:damp=false"} {
+		if err := (&Options{Modes: []string{m}, Out: "x"}).Validate(); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
+	}
+	if c, rest := modeCPUs(map[string]string{"cpus": "1", "damp": "false"}); c != "1" || len(rest) != 1 || rest["damp"] != "false" {
+		t.Errorf("modeCPUs: %q %v", c, rest)
 	}
 	// Every registered mode runs, whoever registered it (prism-sync,
 	// mflow, ... as they land), with the priority workloads.
