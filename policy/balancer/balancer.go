@@ -385,15 +385,15 @@ func (b *Balancer) Place(hashed int) Decision {
 	return Decision{Core: best, Reason: fmt.Sprintf("rehashed: core %d at %s", hashed, pct(l))}
 }
 
-// Room reports whether a core of the set other than except is under the
-// threshold: somewhere a stage leaving except could go. A set that is not
-// fallen back can still have none: damping (see Observe) keeps a busy set
-// spread, and a stage leaving home then would find every core busy and
-// come straight back.
-func (b *Balancer) Room(except int) bool {
+// Room reports whether a core of the set other than except is under limit
+// (at most the threshold): somewhere a stage leaving except could go. A
+// set that is not fallen back can still have none: damping (see Observe)
+// keeps a busy set spread, and a stage leaving home then would find every
+// core busy and come straight back.
+func (b *Balancer) Room(except int, limit float64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	_, ok := b.leastLoaded(b.load, b.cfg.Threshold, except)
+	_, ok := b.leastLoaded(b.load, min(limit, b.cfg.Threshold), except)
 	return ok
 }
 

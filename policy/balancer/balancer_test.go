@@ -634,15 +634,23 @@ func TestFallbackCycleDamped(t *testing.T) {
 	}
 }
 
-// Room: a core other than the one named is under the threshold.
+// Room: a core other than the one named is under the limit, which is at
+// most the threshold.
 func TestRoom(t *testing.T) {
 	b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
 	settle(b, map[int]float64{0: 90, 1: 95, 2: 85})
-	if b.Room(1) {
+	if b.Room(1, 80) {
 		t.Errorf("Room(1) with every core at 85%% or more")
 	}
 	settle(b, map[int]float64{0: 90, 1: 95, 2: 60})
-	if !b.Room(1) || b.Room(2) {
-		t.Errorf("Room(1) %v Room(2) %v with core 2 at 60%%: want true, false", b.Room(1), b.Room(2))
+	if !b.Room(1, 80) || b.Room(2, 80) {
+		t.Errorf("Room(1) %v Room(2) %v with core 2 at 60%%: want true, false", b.Room(1, 80), b.Room(2, 80))
+	}
+	if b.Room(1, 50) || !b.Room(1, 100) {
+		t.Errorf("Room(1, 50) %v Room(1, 100) %v with core 2 at 60%%: want false, true (capped at the threshold, 80)", b.Room(1, 50), b.Room(1, 100))
+	}
+	settle(b, map[int]float64{0: 90, 1: 95, 2: 81})
+	if b.Room(1, 100) {
+		t.Errorf("Room(1, 100) with core 2 at 81%%: the limit must be capped at the threshold")
 	}
 }

@@ -427,13 +427,14 @@ func (a *agent) stayHome(fallen bool) bool {
 }
 
 // mayLeaveHome: the set is not fallen back, the IRQ core is at the
-// threshold, and another core of the stage's set is under it. Without the
-// last test a damped set whose cores are all busy (a TCP sender on the
-// other core) left home and came back every round (measured: every 40 ms
-// through a 10 s tcp_multi run, 2026-11-23).
+// threshold, and another core of the stage's set has room: it is under
+// home-room (the threshold by default). Without the last test a damped
+// set whose cores are all busy (a TCP sender on the other core) left home
+// and came back every round (measured: every 40 ms through a 10 s
+// tcp_multi run, 2026-11-23).
 func (a *agent) mayLeaveHome(stage int, fallen bool) bool {
 	bal := a.stageBal(stage)
-	return !fallen && bal.Load(a.home) >= a.o.Threshold && bal.Room(a.home)
+	return !fallen && bal.Load(a.home) >= a.o.Threshold && bal.Room(a.home, a.o.homeRoom())
 }
 
 func (a *agent) stageBal(stage int) *balancer.Balancer {

@@ -218,6 +218,8 @@ func TestPlanBadParams(t *testing.T) {
 		"duration":         {"interval": "fast"},
 		"above rt":         {"prio": "true", "rt": "60", "prio-rt": "53"},
 		"want 1..99":       {"prio": "true", "prio-rt": "0"},
+		"at most the thr":  {"home-room": "90"},
+		"want normal or":   {"agent-sched": "fifo"},
 	} {
 		_, err := planFor(t, "falcon", want)
 		if err == nil || !strings.Contains(err.Error(), params) || strings.Contains(err.Error(), "\n") {
