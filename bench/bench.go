@@ -109,6 +109,9 @@ func (o *Options) Validate() error {
 			if err != nil {
 				return err
 			}
+			if c, given := params["cpus"]; given && c == "" {
+				return fmt.Errorf("mode %q: cpus= is empty: give a core list like 1 or 0-1, or drop it for all cores", m)
+			}
 			cpus, params := modeCPUs(params)
 			if cpus != "" {
 				if _, err := knobs.ParseCPUList(cpus); err != nil {

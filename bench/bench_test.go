@@ -22,6 +22,7 @@ func TestValidate(t *testing.T) {
 		{Modes: []string{"vanilla", "vanilla"}, Out: "x"},
 		{Modes: []string{"native:batch=4"}, Out: "x"},
 		{Modes: []string{"rps:cpus=one"}, Out: "x"},
+		{Modes: []string{"rps:cpus="}, Out: "x"},
 		{Modes: []string{"native:cpus=1"}, Out: "x"},
 		{Workloads: []string{"tcp_strem"}, Out: "x"},
 		{Repeats: -1, Out: "x"},

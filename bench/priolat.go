@@ -161,6 +161,7 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 // returned undo. marked says whether a rule was added.
 func (r *runner) prioRule(mode string, srv workload.Endpoint, port int, proto string) (marked bool, undo func(), err error) {
 	base, params, _ := ParseModeSpec(mode)
+	_, params = modeCPUs(params)
 	if !plan.Prioritizes(base, params) {
 		return false, func() {}, nil
 	}

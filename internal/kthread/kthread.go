@@ -126,32 +126,41 @@ func ParseProcStat(s string) (ProcStat, error) {
 }
 
 // OnThread runs f on an OS thread of its own whose scheduling policy is
-// policy (a fair one: unix.SCHED_OTHER, SCHED_BATCH or SCHED_IDLE; nice 0)
-// and returns once f has. The thread is never handed back to the Go
-// runtime: it exits with f, taking its policy with it (a moment after
-// OnThread returns), and the runtime starts new threads from a template
-// thread, never from a locked one, so no other goroutine, and no process
-// the program starts, inherits it. If the policy cannot be set, f does not
-// run and the error says why.
+// policy (a fair one: unix.SCHED_NORMAL, SCHED_BATCH or SCHED_IDLE; the
+// thread's nice value is kept) and returns once f has. The thread is never
+// handed back to the Go runtime: it exits with f, taking its policy with
+// it (a moment after OnThread returns); should the runtime keep it instead
+// (the main thread is never ended), it is set back to SCHED_NORMAL first.
+// The runtime starts new threads from a template thread, never from a
+// locked one, so no other goroutine inherits the policy; a process f
+// itself starts would. If the policy cannot be set, f does not run and the
+// error says why.
 func OnThread(policy uint32, f func()) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked, see above
-		if err := SetPolicy(policy); err != nil {
-			errc <- err
+		err := SetPolicy(policy)
+		// Deferred, so f ending in runtime.Goexit still returns.
+		defer func() { errc <- err }()
+		if err != nil {
 			return
 		}
+		defer SetPolicy(unix.SCHED_NORMAL)
 		f()
-		errc <- nil
 	}()
 	return <-errc
 }
 
-// SetPolicy sets the calling OS thread's scheduling policy (a fair one;
-// nice 0). The caller has locked its goroutine to the thread, or the
-// policy lands on whichever goroutines the thread runs next.
+// SetPolicy sets the calling OS thread's scheduling policy (a fair one),
+// keeping its nice value. The caller has locked its goroutine to the
+// thread, or the policy lands on whichever goroutines the thread runs next.
 func SetPolicy(policy uint32) error {
-	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
+	a, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		return fmt.Errorf("reading this thread's scheduling policy: %w", err)
+	}
+	nice := a.Nice
+	a = &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy, Nice: nice}
 	if err := unix.SchedSetAttr(0, a, 0); err != nil {
 		return fmt.Errorf("setting this thread's scheduling policy to %d: %w", policy, err)
 	}

@@ -191,7 +191,7 @@ var params = []plan.Param{
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
 	{Key: "fallback", Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
 	{Key: "damp", Default: "true", Help: "a set that climbs back to the fallback level within 50 samples of resuming carries its own spread work: stay spread and fall back only at the last fallback's load + hysteresis (false: fall back every time, as Falcon)"},
-	{Key: "home-room", Default: "the threshold", Help: "with spread=busy: stages leave the IRQ core only when another core of the set is under this load (percent, at most the threshold)"},
+	{Key: "home-room", Default: "the threshold", Help: "with spread=busy: stages leave the IRQ core only when another core of the set is under this load (percent, at most the threshold; 0 = the threshold)"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},

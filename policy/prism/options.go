@@ -124,6 +124,7 @@ func Defaults() Options {
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
 //
 //	RT+3    high-priority cpumap kthread: skb alloc, GRO, decap of high-priority flows
+//	        (HighRT when set: 0 is normal scheduling, with bulk-sched=idle)
 //	RT+2    container veth NAPI threads: inner IP, TCP/UDP (both classes)
 //	RT+1    VXLAN GRO cell threads: bridge, veth transmit (both classes)
 //	RT      underlay NAPI threads: the NIC poll, where XDP classifies
@@ -154,7 +155,7 @@ func (o Options) Ladder() Ladder {
 var params = []plan.Param{
 	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
-	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the NIC poll; GRO cells, container veths and the high-priority queue get rt+1..rt+3"},
+	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the NIC poll; GRO cells, container veths and the high-priority queue get rt+1..rt+3 (the last unless high-rt says otherwise)"},
 	{Key: "bulk-rt", Default: "0", Help: "SCHED_FIFO priority of the bulk queue's kthread, below rt (0 = normal scheduling, sharing the core with applications)"},
 	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},

@@ -39,7 +39,7 @@ func (p *planner) Prioritizes(map[string]string) bool { return true }
 //
 //	stage            runs                                 lanes' lever
 //	NIC poll         XDP: parse, classify                 underlay NAPI thread at RT
-//	first (high)     skb alloc, GRO, outer IP/UDP, decap   high-priority cpumap kthread at RT+3
+//	first (high)     skb alloc, GRO, outer IP/UDP, decap   high-priority cpumap kthread at RT+3 (or high-rt)
 //	first (bulk)     the same for bulk flows               normal cpumap kthread (normal scheduling)
 //	bridge           GRO cell, bridge, veth transmit       VXLAN GRO cell threads at RT+1
 //	container        inner IP, TCP/UDP, socket            container veth NAPI threads at RT+2
