@@ -52,7 +52,12 @@ type Options struct {
 	// Rates adds udp_stress points paced at these offered rates
 	// (packets/s) to its unpaced one: the curve of delivered against
 	// offered, whose peak is the receive capacity short of livelock.
-	Rates    []int
+	Rates []int
+	// BgTrain sends the priority workloads' background in trains of this
+	// many datagrams back to back at the same average rate, as a NIC that
+	// coalesces interrupts delivers it (stress.GenConfig.Train); 0 or 1:
+	// evenly spaced, as before it existed.
+	BgTrain  int
 	Progress io.Writer
 	Args     []string
 }
@@ -148,6 +153,12 @@ func (o *Options) Validate() error {
 	}
 	if len(o.Rates) > 0 && !slices.Contains(o.Workloads, "udp_stress") {
 		return errors.New("--rates paces udp_stress, which --workloads leaves out: add it")
+	}
+	if o.BgTrain < 0 || o.BgTrain > stress.MaxTrain {
+		return fmt.Errorf("--bg-train must be 1..%d datagrams (the receiving veth's ring), got %d", stress.MaxTrain, o.BgTrain)
+	}
+	if o.BgTrain > 1 && !slices.ContainsFunc(o.Workloads, isPrio) {
+		return fmt.Errorf("--bg-train shapes the background of %s, which --workloads leaves out: add one", strings.Join(prioNames, ", "))
 	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
@@ -573,7 +584,7 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {
 	native := mode == "native"
 	if s, ok := prioSpecs[p.workload]; ok {
-		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.stressGen(), rate: p.background * r.capacity[native]}, nil
+		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.bgGen(), rate: p.background * r.capacity[native]}, nil
 	}
 	if p.workload == "udp_stress" {
 		return stress.NewUDPStress(r.stressTarget(native), r.stressGen()), nil
@@ -620,6 +631,14 @@ func (r *runner) stressGen() stress.GenConfig {
 		cpu = runtime.NumCPU() - 1
 	}
 	return stress.GenConfig{CPU: cpu, Yield: true}
+}
+
+// bgGen is the priority workloads' background generator: stressGen, in
+// trains of --bg-train datagrams.
+func (r *runner) bgGen() stress.GenConfig {
+	g := r.stressGen()
+	g.Train = r.o.BgTrain
+	return g
 }
 
 // ParseRates reads --rates: a comma-separated list of packet rates, each a

@@ -28,6 +28,9 @@ func TestValidate(t *testing.T) {
 		{Repeats: -1, Out: "x"},
 		{Duration: time.Millisecond, Out: "x"},
 		{Out: ""},
+		{Workloads: []string{"prio_latency"}, BgTrain: 257, Out: "x"},
+		{Workloads: []string{"prio_latency"}, BgTrain: -1, Out: "x"},
+		{Workloads: []string{"udp_stress"}, BgTrain: 64, Out: "x"}, // no background to shape
 	} {
 		err := o.Validate()
 		if err == nil {
@@ -50,6 +53,9 @@ func TestValidate(t *testing.T) {
 		if err := (&Options{Modes: []string{m}, Out: "x"}).Validate(); err != nil {
 			t.Errorf("%s: %v", m, err)
 		}
+	}
+	if err := (&Options{Workloads: []string{"prio_latency"}, BgTrain: 64, Out: "x"}).Validate(); err != nil {
+		t.Errorf("--bg-train 64: %v", err)
 	}
 	if c, rest := modeCPUs(map[string]string{"cpus": "1", "damp": "false"}); c != "1" || len(rest) != 1 || rest["damp"] != "false" {
 		t.Errorf("modeCPUs: %q %v", c, rest)

@@ -114,6 +114,9 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	res.Extra["bg_offered_kpps"] = bg.SentPPS / 1e3
 	res.Extra["bg_received_kpps"] = bg.PPS / 1e3
 	res.Extra["bg_lost"] = bg.Extra["udp_lost"]
+	if w.gen.Train > 1 {
+		res.Extra["bg_train"] = float64(w.gen.Train)
+	}
 	// The run's UDP reorder count is the background's: the service's own
 	// (sockperf's out_of_order) stays in Extra.
 	res.UDPReorder = bg.UDPReorder
@@ -206,7 +209,7 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 	if err != nil {
 		return err
 	}
-	res, err := stress.NewUDPStress(r.stressTarget(native), r.stressGen()).Run(ctx, srv, cli, workload.Point{MsgSize: bgPayload, Flows: 1, Duration: d, Port: r.port()})
+	res, err := stress.NewUDPStress(r.stressTarget(native), r.bgGen()).Run(ctx, srv, cli, workload.Point{MsgSize: bgPayload, Flows: 1, Duration: d, Port: r.port()})
 	if err != nil {
 		return fmt.Errorf("calibrating the %s background: %w", pathName(native), err)
 	}
@@ -236,7 +239,7 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 // runs do, and returns what its receiver got (packets/s) and the busy share
 // of the receive core meanwhile (0..1).
 func (r *runner) probe(ctx context.Context, native bool, srv, cli workload.Endpoint, rate float64, d time.Duration) (float64, float64, error) {
-	g := r.stressGen()
+	g := r.bgGen()
 	g.Rate = rate
 	bgSrv := srv
 	bgSrv.CPUs = []int{g.CPU}
@@ -319,14 +322,22 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 	r.file.Notes = append(r.file.Notes, fmt.Sprintf("%s: background 100%% = %s, the receive core's capacity under vanilla at the start (64 B datagrams, %v per probe): "+
 		"the received rate over the receive core's busy share while the background ran paced (%s); "+
 		"the background is that share of it, offered by the stress generator to the high-priority server's container (native: host), low priority, "+
-		"its receiver on the generator's core; the service (%s) runs on the receive core, high priority in prism modes.",
-		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.prioServices()))
+		"its receiver on the generator's core; the service (%s) runs on the receive core, high priority in prism modes. %s",
+		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.prioServices(), r.bgShape()))
 	if r.hasPath(true) {
 		r.file.Notes = append(r.file.Notes, "Native path (PRISM's Fig. 10): the priority workloads run host to host over the underlay, "+
 			"their background plain UDP (no VXLAN) to the receiving host. lanes' prism modes steer VXLAN frames only, so the native path "+
 			"is measured only as the kernel does it (mode native); the paper found no gain there: the host path has one stage, little to preempt.")
 	}
 	return nil
+}
+
+// bgShape says how the background's datagrams are spaced.
+func (r *runner) bgShape() string {
+	if r.o.BgTrain > 1 {
+		return fmt.Sprintf("Background datagrams leave in trains of %d back to back at the average rate (--bg-train), as a NIC that coalesces interrupts hands them over; the capacity was calibrated with the same trains.", r.o.BgTrain)
+	}
+	return "Background datagrams are evenly spaced (--bg-train 1)."
 }
 
 // hasPath says whether a mode of this run takes the native path (true)

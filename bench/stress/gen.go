@@ -75,6 +75,12 @@ type GenConfig struct {
 	// Burst is how many packets the pacer may send back to back to catch
 	// up after its thread was held off the core; 0 = DefaultBurst.
 	Burst int
+	// Train makes a paced generator send its packets in trains of Train
+	// back to back, one train every Train packets' worth of time, so the
+	// average rate is Rate: the arrival pattern of a NIC that coalesces
+	// interrupts, whose poll finds a batch of frames at once. 0 or 1:
+	// evenly spaced. At most MaxTrain (the receiving veth's ring).
+	Train int
 	// PayloadSize is the inner UDP payload in bytes, including the 8-byte
 	// sequence number; 0 = DefaultPayload.
 	PayloadSize int
@@ -99,6 +105,7 @@ type GenConfig struct {
 const (
 	DefaultPayload = 64  // a 156-byte frame, the small-packet stress case
 	DefaultBurst   = 256 // the receiving veth's ring: a catch-up burst alone cannot overflow it
+	MaxTrain       = 256 // the receiving veth's ring: a longer train would overflow it by itself
 	DefaultSrcPort = 20000
 	DefaultDstPort = 9999
 	// MaxFlows is the size of the program's per-flow sequence array.
@@ -112,6 +119,9 @@ const (
 func (c GenConfig) withDefaults() GenConfig {
 	if c.Burst == 0 {
 		c.Burst = DefaultBurst
+	}
+	if c.Train == 0 {
+		c.Train = 1
 	}
 	if c.PayloadSize == 0 {
 		c.PayloadSize = DefaultPayload
@@ -145,6 +155,8 @@ func (c GenConfig) validate() error {
 		return fmt.Errorf("rate %v: must be at least 1 packet/s", c.Rate)
 	case c.Burst < 1:
 		return fmt.Errorf("burst %d: must be >= 1", c.Burst)
+	case c.Train < 1 || c.Train > MaxTrain:
+		return fmt.Errorf("train %d: must be 1..%d packets (the receiving veth's ring)", c.Train, MaxTrain)
 	case c.Flows < 1 || c.Flows > MaxFlows:
 		return fmt.Errorf("flows %d: must be 1..%d", c.Flows, MaxFlows)
 	case c.RunLen < 1:
@@ -282,8 +294,10 @@ func (g *Generator) load() error {
 	}
 	var intervalFP, burstFP uint64
 	if g.cfg.Rate > 0 {
-		intervalFP = uint64(math.Round(1e9 * 256 / g.cfg.Rate))
-		burstFP = intervalFP * uint64(g.cfg.Burst)
+		perPacket := 1e9 * 256 / g.cfg.Rate
+		// One train per interval: Train packets' worth of time.
+		intervalFP = uint64(math.Round(perPacket * float64(g.cfg.Train)))
+		burstFP = uint64(math.Round(perPacket * float64(g.cfg.Burst)))
 	}
 	for name, v := range map[string]any{
 		"nr_flows":    uint32(g.cfg.Flows),
@@ -292,6 +306,7 @@ func (g *Generator) load() error {
 		"outer_sport": g.cfg.OuterSrcPort,
 		"interval_fp": intervalFP,
 		"burst_fp":    burstFP,
+		"train":       uint32(g.cfg.Train),
 		"plain":       boolU8(g.t.Plain),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -381,7 +396,7 @@ func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) 
 	if err := g.objs.State.Lookup(uint32(0), &st); err != nil {
 		return GenStats{}, fmt.Errorf("reading generator state: %w", err)
 	}
-	st.NextFp, st.StartNs = 0, 0
+	st.NextFp, st.StartNs, st.Left = 0, 0, 0
 	if err := g.objs.State.Put(uint32(0), st); err != nil {
 		return GenStats{}, fmt.Errorf("resetting generator state: %w", err)
 	}

@@ -314,6 +314,45 @@ func TestXDPGenPacerHoldsEarlyPackets(t *testing.T) {
 	}
 }
 
+func TestXDPGenPacerSendsTrains(t *testing.T) {
+	// One packet per second in trains of 4: the first four runs leave
+	// back to back, the next train is due four seconds later, so the runs
+	// after it are held. The train's packets are ordinary ones: each takes
+	// the next sequence number.
+	g := loadTestGen(t, testTarget(), GenConfig{Rate: 1, Burst: 4, Train: 4})
+	in := g.Frame()
+	want := []uint32{4, 4, 4, 4, 1, 1} // XDP_REDIRECT x4, then XDP_DROP
+	for k, w := range want {
+		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != w {
+			t.Fatalf("run %d: verdict %d, want %d", k, ret, w)
+		}
+	}
+	var seq uint64
+	if err := g.objs.FlowSeq.Lookup(uint32(0), &seq); err != nil || seq != 4 {
+		t.Fatalf("flow 0 next sequence %d (%v), want 4", seq, err)
+	}
+	st, _ := g.readStats()
+	if st.Sent != 4 || st.Held != 2 {
+		t.Errorf("stats %+v, want 4 sent, 2 held", st)
+	}
+}
+
+func TestGenConfigTrain(t *testing.T) {
+	for _, tc := range []struct {
+		train int
+		ok    bool
+	}{{0, true}, {1, true}, {64, true}, {MaxTrain, true}, {MaxTrain + 1, false}, {-1, false}} {
+		err := GenConfig{Rate: 1000, Train: tc.train}.withDefaults().validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("train %d: error %v, want ok=%v", tc.train, err, tc.ok)
+		}
+	}
+}
+
 func TestProbeErrors(t *testing.T) {
 	for _, errno := range []unix.Errno{unix.EINVAL, 524} {
 		err := probeError(errno)

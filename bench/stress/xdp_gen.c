@@ -66,6 +66,13 @@ const volatile __u8 plain = 0;        /* 1: struct plain_frame, flow i's UDP sou
  */
 const volatile __u64 interval_fp = 0;
 const volatile __u64 burst_fp = 0;
+/*
+ * Packets per train: with pacing, packets leave in trains of this many back
+ * to back, one train every interval_fp (which userspace scaled by train, so
+ * the average rate stays), as a NIC that coalesces interrupts hands the
+ * stack its frames. 1: evenly spaced.
+ */
+const volatile __u32 train = 1;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP);
@@ -85,6 +92,7 @@ struct gen_state {
 	__u64 pkt;     /* packets handed to the redirect so far: picks the flow */
 	__u64 next_fp; /* pacer: earliest time (ns << 8) the next packet may leave; 0 = not started */
 	__u64 start_ns; /* bpf_ktime_get_ns() of the first packet since userspace zeroed it */
+	__u64 left;     /* pacer: packets of the current train still to send */
 };
 
 struct {
@@ -133,7 +141,10 @@ int xdp_gen(struct xdp_md *ctx)
 		goto out;
 	}
 
-	if (interval_fp) {
+	if (interval_fp && st->left) {
+		/* The rest of a train leaves without waiting. */
+		st->left--;
+	} else if (interval_fp) {
 		__u64 now = bpf_ktime_get_ns() << 8;
 		__u64 next = st->next_fp;
 
@@ -153,6 +164,7 @@ int xdp_gen(struct xdp_md *ctx)
 			cnt->stall++;
 		}
 		st->next_fp = next + interval_fp;
+		st->left = train - 1;
 	}
 
 	/* A BPF_PROG_RUN call takes ~10 ms to set up before the first run:

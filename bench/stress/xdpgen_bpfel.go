@@ -18,6 +18,7 @@ type xdpGenGenState struct {
 	Pkt     uint64
 	NextFp  uint64
 	StartNs uint64
+	Left    uint64
 }
 
 type xdpGenGenStats struct {
@@ -44,6 +45,7 @@ const (
 	xdpGenVarOuterSport = "outer_sport"
 	xdpGenVarPlain      = "plain"
 	xdpGenVarRunLen     = "run_len"
+	xdpGenVarTrain      = "train"
 )
 
 // loadXdpGen returns the embedded CollectionSpec for xdpGen.
@@ -112,6 +114,7 @@ type xdpGenVariableSpecs struct {
 	OuterSport *ebpf.VariableSpec `ebpf:"outer_sport"`
 	Plain      *ebpf.VariableSpec `ebpf:"plain"`
 	RunLen     *ebpf.VariableSpec `ebpf:"run_len"`
+	Train      *ebpf.VariableSpec `ebpf:"train"`
 }
 
 // xdpGenObjects contains all objects after they have been loaded into the kernel.
@@ -160,6 +163,7 @@ type xdpGenVariables struct {
 	OuterSport *ebpf.Variable `ebpf:"outer_sport"`
 	Plain      *ebpf.Variable `ebpf:"plain"`
 	RunLen     *ebpf.Variable `ebpf:"run_len"`
+	Train      *ebpf.Variable `ebpf:"train"`
 }
 
 // xdpGenPrograms contains all programs after they have been loaded into the kernel.

@@ -131,6 +131,11 @@ func TestParseSockperf(t *testing.T) {
 	if r := s.result("tcp", nil); !near(r.LatP999Us, 334.065) || !near(r.Extra["max_us"], 1093.396) {
 		t.Errorf("tcp: %+v", r)
 	}
+	// One lost message stops ping-pong: said so, with the counts.
+	if _, err := parseSockperf(string(readTestdata(t, "sockperf_pp_stalled.txt"))); err == nil ||
+		!strings.Contains(err.Error(), "stalled") || !strings.Contains(err.Error(), "sent 133, 132 replies") {
+		t.Errorf("stalled ping-pong: %v", err)
+	}
 	if _, err := parseSockperf(string(readTestdata(t, "sockperf_pp_noserver.txt"))); err == nil ||
 		!strings.Contains(err.Error(), "no messages") {
 		t.Errorf("no-server output: err = %v", err)

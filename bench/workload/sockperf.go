@@ -78,7 +78,11 @@ func (w PingPong) Run(ctx context.Context, srv, cli Endpoint, p Point) (Result, 
 	}
 	sum, err := parseSockperf(string(out))
 	if err != nil {
-		return Result{}, withTail(fmt.Errorf("%s: %w", w.Name(), err), sp)
+		// The client exited cleanly without a summary: what it did print
+		// (stdout and stderr) says why.
+		client := logFile{"sockperf-client", s.path("sockperf-client.out")}
+		clientErr := logFile{"sockperf-client stderr", s.path("sockperf-client.err")}
+		return Result{}, withTail(fmt.Errorf("%s: %w", w.Name(), err), client, clientErr, sp)
 	}
 	var samples []float64
 	if f, err := os.Open(fullLog); err == nil {
@@ -110,8 +114,10 @@ var (
 	spAvgRE   = regexp.MustCompile(`avg-(?:latency|rtt)=([0-9.]+)\s*\(std-dev=([0-9.]+)\)`)
 	spDropRE  = regexp.MustCompile(`#\s*dropped messages\s*=\s*(\d+);\s*#\s*duplicated messages\s*=\s*(\d+);\s*#\s*out-of-order messages\s*=\s*(\d+)`)
 	spTotalRE = regexp.MustCompile(`Total\s+(\d+)\s+observations`)
-	spObsRE   = regexp.MustCompile(`--->\s*<(MAX|MIN)>\s*observation\s*=\s*([0-9.]+)`)
-	spPctRE   = regexp.MustCompile(`--->\s*percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)
+	// The whole run, warm-up included: printed even when nothing was measured.
+	spTotalRunRE = regexp.MustCompile(`\[Total Run\]\s*RunTime=([0-9.]+)\s*sec;.*SentMessages=(\d+);\s*ReceivedMessages=(\d+)`)
+	spObsRE      = regexp.MustCompile(`--->\s*<(MAX|MIN)>\s*observation\s*=\s*([0-9.]+)`)
+	spPctRE      = regexp.MustCompile(`--->\s*percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)
 )
 
 // parseSockperf reads the client's summary. Escapes (sockperf colours some
@@ -148,6 +154,13 @@ func parseSockperf(text string) (*sockperfSummary, error) {
 		}
 	}
 	if !haveValid || !haveAvg {
+		// Ping-pong sends the next message only after the reply to the
+		// last one, and never resends: one lost message or reply stops
+		// the test, and sockperf then has nothing to report.
+		if m := spTotalRunRE.FindStringSubmatch(text); m != nil && atou(m[2]) > atou(m[3]) {
+			return nil, fmt.Errorf("sockperf ping-pong stalled: a message or its reply was lost (sent %s, %s replies in %s s; ping-pong never resends): %w",
+				m[2], m[3], m[1], errNoResult)
+		}
 		return nil, fmt.Errorf("sockperf summary (avg-latency, [Valid Duration]): %w", errNoResult)
 	}
 	return s, nil

@@ -116,9 +116,10 @@ const (
 	SchedIdle   = "idle"
 )
 
-// Defaults follow the paper: batch mode, everything on one core.
+// Defaults follow the paper: batch mode, everything on one core. BulkSched
+// is left empty: Parse resolves it (bulkSchedDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue, BulkSched: SchedNormal}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -152,6 +153,22 @@ func (o Options) Ladder() Ladder {
 	return l
 }
 
+// bulkSchedDefault is bulk-sched when not given: idle, the policy that met
+// PRISM's p99 target best here (ping-pong p99 0.29-0.64x vanilla's from 50% to
+// 95% background in three sweeps on 2 cores, 2026-11-23, against 0.66-1.04x
+// with normal; background 0.89-1.00x of vanilla's; the TCP services no
+// worse), unless the other settings leave it nothing to set (bulk=inline:
+// no bulk queue; bulk-rt > 0: a real-time one) or would put bulk work
+// below a real-time NIC poll as well (streamline=true). Then normal, as the
+// kernel makes the kthread. idle needs lanes agent's starvation guard,
+// which the plan names.
+func bulkSchedDefault(o Options) string {
+	if o.Bulk == BulkInline || o.Streamline || o.BulkRT > 0 {
+		return SchedNormal
+	}
+	return SchedIdle
+}
+
 var params = []plan.Param{
 	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
@@ -163,7 +180,7 @@ var params = []plan.Param{
 	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
-	{Key: "bulk-sched", Default: "normal", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
+	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
 }
@@ -236,6 +253,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		if err != nil {
 			return o, fmt.Errorf("bad prism setting %s=%q: %v", k, v, err)
 		}
+	}
+	if o.BulkSched == "" {
+		o.BulkSched = bulkSchedDefault(o)
 	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")

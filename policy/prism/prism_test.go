@@ -189,9 +189,9 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-sched=idle,bulk-rt=10":      "makes it real-time",
 		"bulk-sched=idle,bulk=inline":     "has no bulk queue",
 		"bulk-sched=idle,streamline=true": "drop one of them",
-		"guard-nice=5":                    "set bulk-sched=idle",
+		"guard-nice=5,bulk-sched=normal":  "set bulk-sched=idle",
 		"bulk-sched=idle,guard-nice=20":   "from 0 to 19",
-		"high-rt=0":                       "add bulk-sched=idle",
+		"high-rt=0,bulk-sched=normal":     "add bulk-sched=idle",
 		"high-rt=-1":                      "want 0 (normal scheduling)",
 		"high=inline,high-rt=60":          "has no such queue",
 		"streamline=true,high-rt=51":      "container veths at 52",
@@ -231,23 +231,21 @@ func TestPrismBulkInline(t *testing.T) {
 	c.reset(t)
 }
 
-// TestPrismBulkSched: with bulk-sched=idle the bulk queue's cpumap kthread
-// runs SCHED_IDLE while the high-priority queue stays real-time (normal
-// with high-rt=0) and the NIC poll keeps normal scheduling, both classes
-// still flow, and reset restores every knob.
+// TestPrismBulkSched: with bulk-sched=idle (the default) the bulk queue's
+// cpumap kthread runs SCHED_IDLE while the high-priority queue stays
+// real-time (normal with high-rt=0) and the NIC poll keeps normal
+// scheduling, both classes still flow, and reset restores every knob.
 func TestPrismBulkSched(t *testing.T) {
-	for _, hiRT := range []string{"", "0"} {
-		name, params, hiPolicy := "high-rt=default", map[string]string{"bulk-sched": "idle"}, uint32(unix.SCHED_FIFO)
-		if hiRT != "" {
-			name, params["high-rt"], hiPolicy = "high-rt="+hiRT, hiRT, unix.SCHED_NORMAL
-		}
-		t.Run(name, func(t *testing.T) { bulkSched(t, params, hiPolicy) })
-	}
+	t.Run("defaults", func(t *testing.T) { bulkSched(t, map[string]string{}, unix.SCHED_FIFO) })
+	t.Run("high-rt=0", func(t *testing.T) { bulkSched(t, map[string]string{"high-rt": "0"}, unix.SCHED_NORMAL) })
 }
 
 func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
 	c := newClassCase(t, params)
 	nicPollSched(t, c.ns, "policy=other prio=0 nice=0", "it classifies both classes")
+	if c.a.State.Plan.Agent != prism.GuardAgentName {
+		t.Errorf("plan agent %q, want the starvation guard %q", c.a.State.Plan.Agent, prism.GuardAgentName)
+	}
 	// This datapath's cpumap kthreads (other packages' tests may run
 	// cpumaps of their own meanwhile): the bulk queue's idle, the
 	// high-priority queue's real-time, or normal with high-rt=0.
