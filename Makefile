@@ -23,8 +23,12 @@ deps:
 generate:
 	$(GO) generate ./...
 
+# -buildvcs=auto (over a GOFLAGS that turns it off): the binary's version
+# names the commit it was built from (v0.0.0-<time>-<commit>[+dirty]), and
+# every results.json records it, so a figure can be traced to the code and
+# the defaults it ran with.
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/lanes
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -o $(BIN) ./cmd/lanes
 
 test: deps generate build
 	$(GO) vet ./...
