@@ -53,11 +53,13 @@ type Options struct {
 	// (packets/s) to its unpaced one: the curve of delivered against
 	// offered, whose peak is the receive capacity short of livelock.
 	Rates []int
-	// BgTrain sends the priority workloads' background in trains of this
-	// many datagrams back to back at the same average rate, as a NIC that
-	// coalesces interrupts delivers it (stress.GenConfig.Train); 0 or 1:
-	// evenly spaced, as before it existed.
-	BgTrain  int
+	// Train sends paced generator traffic (udp_stress's --rates points,
+	// the priority workloads' background and its calibration) in trains of
+	// this many datagrams back to back at the same average rate, as a NIC
+	// that coalesces interrupts delivers it (stress.GenConfig.Train); 0 or
+	// 1: evenly spaced, as before it existed. Unpaced udp_stress is line-rate
+	// bursts anyway.
+	Train    int
 	Progress io.Writer
 	Args     []string
 }
@@ -154,11 +156,11 @@ func (o *Options) Validate() error {
 	if len(o.Rates) > 0 && !slices.Contains(o.Workloads, "udp_stress") {
 		return errors.New("--rates paces udp_stress, which --workloads leaves out: add it")
 	}
-	if o.BgTrain < 0 || o.BgTrain > stress.MaxTrain {
-		return fmt.Errorf("--bg-train must be 1..%d datagrams (the receiving veth's ring), got %d", stress.MaxTrain, o.BgTrain)
+	if o.Train < 0 || o.Train > stress.MaxTrain {
+		return fmt.Errorf("--train must be 1..%d datagrams (the receiving veth's ring), got %d", stress.MaxTrain, o.Train)
 	}
-	if o.BgTrain > 1 && !slices.ContainsFunc(o.Workloads, isPrio) {
-		return fmt.Errorf("--bg-train shapes the background of %s, which --workloads leaves out: add one", strings.Join(prioNames, ", "))
+	if o.Train > 1 && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
+		return fmt.Errorf("--train shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", strings.Join(prioNames, ", "))
 	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
@@ -373,6 +375,13 @@ func (r *runner) all(ctx context.Context) error {
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
 	}
+	if len(r.o.Rates) > 0 && slices.Contains(r.o.Workloads, "udp_stress") {
+		shape := "evenly spaced (--train 1)"
+		if r.o.Train > 1 {
+			shape = fmt.Sprintf("in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over", r.o.Train)
+		}
+		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+shape+"; the unpaced point sends as fast as the generator goes.")
+	}
 	if err := r.prioCalibrate(ctx); err != nil {
 		return err
 	}
@@ -584,7 +593,7 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {
 	native := mode == "native"
 	if s, ok := prioSpecs[p.workload]; ok {
-		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.bgGen(), rate: p.background * r.capacity[native]}, nil
+		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.stressGen(), rate: p.background * r.capacity[native]}, nil
 	}
 	if p.workload == "udp_stress" {
 		return stress.NewUDPStress(r.stressTarget(native), r.stressGen()), nil
@@ -630,15 +639,7 @@ func (r *runner) stressGen() stress.GenConfig {
 	if r.o.IRQCPU == 0 {
 		cpu = runtime.NumCPU() - 1
 	}
-	return stress.GenConfig{CPU: cpu, Yield: true}
-}
-
-// bgGen is the priority workloads' background generator: stressGen, in
-// trains of --bg-train datagrams.
-func (r *runner) bgGen() stress.GenConfig {
-	g := r.stressGen()
-	g.Train = r.o.BgTrain
-	return g
+	return stress.GenConfig{CPU: cpu, Yield: true, Train: r.o.Train}
 }
 
 // ParseRates reads --rates: a comma-separated list of packet rates, each a

@@ -28,9 +28,9 @@ func TestValidate(t *testing.T) {
 		{Repeats: -1, Out: "x"},
 		{Duration: time.Millisecond, Out: "x"},
 		{Out: ""},
-		{Workloads: []string{"prio_latency"}, BgTrain: 257, Out: "x"},
-		{Workloads: []string{"prio_latency"}, BgTrain: -1, Out: "x"},
-		{Workloads: []string{"udp_stress"}, BgTrain: 64, Out: "x"}, // no background to shape
+		{Workloads: []string{"prio_latency"}, Train: 257, Out: "x"},
+		{Workloads: []string{"prio_latency"}, Train: -1, Out: "x"},
+		{Workloads: []string{"udp_stress"}, Train: 64, Out: "x"}, // unpaced: nothing to shape
 	} {
 		err := o.Validate()
 		if err == nil {
@@ -54,8 +54,13 @@ func TestValidate(t *testing.T) {
 			t.Errorf("%s: %v", m, err)
 		}
 	}
-	if err := (&Options{Workloads: []string{"prio_latency"}, BgTrain: 64, Out: "x"}).Validate(); err != nil {
-		t.Errorf("--bg-train 64: %v", err)
+	for _, o := range []Options{
+		{Workloads: []string{"prio_latency"}, Train: 64, Out: "x"},
+		{Workloads: []string{"udp_stress"}, Rates: []int{600_000}, Train: 64, Out: "x"},
+	} {
+		if err := o.Validate(); err != nil {
+			t.Errorf("--train 64 with %v: %v", o.Workloads, err)
+		}
 	}
 	if c, rest := modeCPUs(map[string]string{"cpus": "1", "damp": "false"}); c != "1" || len(rest) != 1 || rest["damp"] != "false" {
 		t.Errorf("modeCPUs: %q %v", c, rest)

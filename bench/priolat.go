@@ -209,7 +209,7 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 	if err != nil {
 		return err
 	}
-	res, err := stress.NewUDPStress(r.stressTarget(native), r.bgGen()).Run(ctx, srv, cli, workload.Point{MsgSize: bgPayload, Flows: 1, Duration: d, Port: r.port()})
+	res, err := stress.NewUDPStress(r.stressTarget(native), r.stressGen()).Run(ctx, srv, cli, workload.Point{MsgSize: bgPayload, Flows: 1, Duration: d, Port: r.port()})
 	if err != nil {
 		return fmt.Errorf("calibrating the %s background: %w", pathName(native), err)
 	}
@@ -239,7 +239,7 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 // runs do, and returns what its receiver got (packets/s) and the busy share
 // of the receive core meanwhile (0..1).
 func (r *runner) probe(ctx context.Context, native bool, srv, cli workload.Endpoint, rate float64, d time.Duration) (float64, float64, error) {
-	g := r.bgGen()
+	g := r.stressGen()
 	g.Rate = rate
 	bgSrv := srv
 	bgSrv.CPUs = []int{g.CPU}
@@ -334,10 +334,10 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 
 // bgShape says how the background's datagrams are spaced.
 func (r *runner) bgShape() string {
-	if r.o.BgTrain > 1 {
-		return fmt.Sprintf("Background datagrams leave in trains of %d back to back at the average rate (--bg-train), as a NIC that coalesces interrupts hands them over; the capacity was calibrated with the same trains.", r.o.BgTrain)
+	if r.o.Train > 1 {
+		return fmt.Sprintf("Background datagrams leave in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over; the capacity was calibrated with the same trains.", r.o.Train)
 	}
-	return "Background datagrams are evenly spaced (--bg-train 1)."
+	return "Background datagrams are evenly spaced (--train 1)."
 }
 
 // hasPath says whether a mode of this run takes the native path (true)

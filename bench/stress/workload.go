@@ -113,6 +113,8 @@ func (u *udpStress) Run(ctx context.Context, srv, cli workload.Endpoint, p workl
 			// Non-zero: the pacer lost its core for longer than Burst
 			// packets and SentPPS fell short of target_pps.
 			"gen_stalls": float64(gs.Stalls),
+			// Datagrams per train of a paced run (1: evenly spaced).
+			"train": float64(gen.Train),
 		},
 	}, nil
 }
