@@ -157,6 +157,8 @@ func (c GenConfig) validate() error {
 		return fmt.Errorf("burst %d: must be >= 1", c.Burst)
 	case c.Train < 1 || c.Train > MaxTrain:
 		return fmt.Errorf("train %d: must be 1..%d packets (the receiving veth's ring)", c.Train, MaxTrain)
+	case c.Train > c.Burst:
+		return fmt.Errorf("train %d is longer than burst %d, the most the pacer sends back to back: raise burst or shorten the train", c.Train, c.Burst)
 	case c.Flows < 1 || c.Flows > MaxFlows:
 		return fmt.Errorf("flows %d: must be 1..%d", c.Flows, MaxFlows)
 	case c.RunLen < 1:
@@ -297,7 +299,11 @@ func (g *Generator) load() error {
 		perPacket := 1e9 * 256 / g.cfg.Rate
 		// One train per interval: Train packets' worth of time.
 		intervalFP = uint64(math.Round(perPacket * float64(g.cfg.Train)))
-		burstFP = uint64(math.Round(perPacket * float64(g.cfg.Burst)))
+		// After a stall the pacer sends the catch-up and then the train
+		// that is due, back to back: at most Burst packets in all (a
+		// train as long as Burst leaves one packet's worth of catch-up,
+		// so a slightly late train is not counted a stall).
+		burstFP = uint64(math.Round(perPacket * float64(max(g.cfg.Burst-g.cfg.Train, 1))))
 	}
 	for name, v := range map[string]any{
 		"nr_flows":    uint32(g.cfg.Flows),

@@ -351,6 +351,9 @@ func TestGenConfigTrain(t *testing.T) {
 			t.Errorf("train %d: error %v, want ok=%v", tc.train, err, tc.ok)
 		}
 	}
+	if err := (GenConfig{Rate: 1000, Burst: 16, Train: 32}).withDefaults().validate(); err == nil {
+		t.Error("a train longer than the burst accepted")
+	}
 }
 
 func TestProbeErrors(t *testing.T) {

@@ -113,8 +113,9 @@ func (u *udpStress) Run(ctx context.Context, srv, cli workload.Endpoint, p workl
 			// Non-zero: the pacer lost its core for longer than Burst
 			// packets and SentPPS fell short of target_pps.
 			"gen_stalls": float64(gs.Stalls),
-			// Datagrams per train of a paced run (1: evenly spaced).
-			"train": float64(gen.Train),
+			// Datagrams per train of a paced run (1: evenly spaced or, for
+			// an unpaced run, line-rate bursts the pacer does not shape).
+			"train": float64(trainOf(gen)),
 		},
 	}, nil
 }
@@ -131,4 +132,12 @@ func waitDrained(ctx context.Context, s *Sink) {
 		}
 		last = n
 	}
+}
+
+// trainOf is the train length a run was offered in: unpaced runs ignore it.
+func trainOf(c GenConfig) int {
+	if c.Rate == 0 {
+		return 1
+	}
+	return c.Train
 }

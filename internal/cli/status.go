@@ -98,11 +98,13 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintf(out, "  %s\n", l)
 		}
 	} else if s.State != nil && s.State.Plan.Agent != "" {
-		// The mode has a run-time part that never ran since the apply:
-		// without it the mode is only half in place (Falcon does not
-		// balance, PRISM's guard and sync's destinations are not kept).
-		fmt.Fprintf(out, "\nagent NOT STARTED: this mode's run-time part (%s) runs only in lanes agent%s\n", s.State.Plan.Agent, ctlNSFlag(s.NetNS))
+		// The mode has a run-time part and no agent reports (none ran
+		// since the apply, or one stopped cleanly, which removes its
+		// report): without it the mode is only half in place (Falcon does
+		// not balance, PRISM's guard and sync's destinations are not kept).
+		fmt.Fprintf(out, "\nagent NOT RUNNING: this mode's run-time part (%s) runs only in lanes agent%s\n", s.State.Plan.Agent, ctlNSFlag(s.NetNS))
 	}
+
 	if st := s.Steering; st != nil {
 		fmt.Fprintf(out, "\nsteering (%s):\n", st.PinDir)
 		if len(st.Home) > 0 {

@@ -225,6 +225,17 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		if err != nil {
 			return nil, err
 		}
+		if !bt.idle() {
+			// The plan resolved bulk-sched to idle, but the kthread is not
+			// SCHED_IDLE: the state was applied by a lanes from before idle
+			// was the default (bulk-sched unset then meant normal), or an
+			// agent died with it demoted. Guarding would set SCHED_IDLE on
+			// a kthread the apply left normal; normal needs no guard.
+			if env.Logf != nil {
+				env.Logf("prism guard: the bulk queue's kthread on core %d is not SCHED_IDLE (applied by an older lanes, or left demoted): no starvation guard; re-apply for bulk-sched=idle", core)
+			}
+			return nil, nil
+		}
 		bt.nice = o.GuardNice
 		g.rule, g.target = bulkGuardRule, bt
 	}
@@ -440,6 +451,17 @@ func (b *bulkTarget) find() error {
 	}
 	clear(b.wait)
 	return nil
+}
+
+// idle says whether a bulk kthread runs SCHED_IDLE, as bulk-sched=idle's
+// apply left it.
+func (b *bulkTarget) idle() bool {
+	for _, th := range b.threads {
+		if a, err := unix.SchedGetAttr(th.PID, 0); err == nil && a.Policy == unix.SCHED_IDLE {
+			return true
+		}
+	}
+	return false
 }
 
 // needsThreads: the bulk kthreads' wait is read from their own schedstat.

@@ -2,6 +2,7 @@ package prism_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,28 @@ func TestPrismBulkGuard(t *testing.T) {
 		}
 		a.ResetAndCheck(t, before)
 	}
+
+	// A state applied by a lanes from before idle was the default has no
+	// bulk-sched setting and a normally scheduled bulk kthread: the agent
+	// resolves the setting to idle, finds the kthread normal and leaves
+	// it alone instead of guarding it into SCHED_IDLE.
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{})
+	ths, err := a.Open(t).BulkKthreads()
+	if err != nil || len(ths) != 1 {
+		t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
+	}
+	if err := unix.SchedSetAttr(ths[0].PID, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0); err != nil {
+		t.Fatal(err)
+	}
+	ag, stopAgent := a.StartAgent(t)
+	if st, _ := ag.Status().(prism.GuardStatus); !strings.Contains(st.Err, "nothing to guard") {
+		t.Errorf("guard status %+v: want nothing to guard", st)
+	}
+	stopAgent()
+	if at, err := unix.SchedGetAttr(ths[0].PID, 0); err != nil || at.Policy != unix.SCHED_NORMAL {
+		t.Errorf("bulk queue after the agent: %+v (%v), want SCHED_NORMAL left alone", at, err)
+	}
+	a.ResetAndCheck(t, before)
 }
 
 // waitDemoted polls the guard's status until it demoted (2 s at most) and
