@@ -170,6 +170,9 @@ func (k *PinDir) create() error {
 func (k *PinDir) remove() error {
 	var st unix.Stat_t
 	if err := unix.Lstat(k.Path, &st); errors.Is(err, unix.ENOENT) {
+		// Already gone (the datapath's own unpin removes its pin dir
+		// before this knob is restored): its empty parent may be left.
+		k.removeParent()
 		return nil
 	} else if err != nil {
 		return fmt.Errorf("%s: %w", k, err)
@@ -194,10 +197,22 @@ func (k *PinDir) remove() error {
 	if err := removeTree(k.Path, st.Dev); err != nil {
 		return fmt.Errorf("removing %s: %w", k, err)
 	}
-	// The parent ("lanes/") was made for the per-target dirs; the last one
-	// out removes it (Remove fails, as intended, while others remain).
-	os.Remove(filepath.Dir(k.Path))
+	k.removeParent()
 	return nil
+}
+
+// removeParent removes the pin dir's parent ("lanes/", made for the
+// per-target dirs) if it is empty: the last one out takes it (Remove fails,
+// as intended, while others remain). Only inside a bpffs, never its root.
+func (k *PinDir) removeParent() {
+	parent := filepath.Dir(k.Path)
+	if on, err := onBPFFS(parent); err != nil || !on {
+		return
+	}
+	if root, err := isMountRoot(parent); err != nil || root {
+		return
+	}
+	os.Remove(parent)
 }
 
 // removeTree removes dir and everything below it without leaving the

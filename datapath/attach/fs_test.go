@@ -90,6 +90,15 @@ func TestPinDir(t *testing.T) {
 	gone(t, k.Path)
 	gone(t, filepath.Join(fs, "lanes")) // the last pin dir out takes its empty parent
 
+	// The datapath's own unpin removes its pin dir before this knob is
+	// restored: the empty parent still goes.
+	write(t, k, attach.ValuePresent)
+	if err := os.Remove(k.Path); err != nil {
+		t.Fatal(err)
+	}
+	write(t, k, "")
+	gone(t, filepath.Join(fs, "lanes"))
+
 	// A bpffs mounted inside the pin dir is someone else's.
 	write(t, k, attach.ValuePresent)
 	inner := filepath.Join(k.Path, "inner")
