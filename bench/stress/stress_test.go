@@ -290,54 +290,43 @@ func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
 	}
 }
 
-func TestXDPGenPacerHoldsEarlyPackets(t *testing.T) {
-	// One packet per second with no burst: the first run is sent, runs
-	// right after it are held (dropped) without consuming a sequence.
-	g := loadTestGen(t, testTarget(), GenConfig{Rate: 1, Burst: 1})
-	in := g.Frame()
-	for k, want := range []uint32{4, 1, 1} { // XDP_REDIRECT, XDP_DROP, XDP_DROP
-		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ret != want {
-			t.Fatalf("run %d: verdict %d, want %d", k, ret, want)
-		}
-	}
-	var seq uint64
-	if err := g.objs.FlowSeq.Lookup(uint32(0), &seq); err != nil || seq != 1 {
-		t.Fatalf("flow 0 next sequence %d (%v), want 1", seq, err)
-	}
-	st, _ := g.readStats()
-	if st.Sent != 1 || st.Held != 2 {
-		t.Errorf("stats %+v, want 1 sent, 2 held", st)
-	}
-}
-
-func TestXDPGenPacerSendsTrains(t *testing.T) {
-	// One packet per second in trains of 4: the first four runs leave
-	// back to back, the next train is due four seconds later, so the runs
-	// after it are held. The train's packets are ordinary ones: each takes
-	// the next sequence number.
-	g := loadTestGen(t, testTarget(), GenConfig{Rate: 1, Burst: 4, Train: 4})
-	in := g.Frame()
-	want := []uint32{4, 4, 4, 4, 1, 1} // XDP_REDIRECT x4, then XDP_DROP
-	for k, w := range want {
-		ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ret != w {
-			t.Fatalf("run %d: verdict %d, want %d", k, ret, w)
-		}
-	}
-	var seq uint64
-	if err := g.objs.FlowSeq.Lookup(uint32(0), &seq); err != nil || seq != 4 {
-		t.Fatalf("flow 0 next sequence %d (%v), want 4", seq, err)
-	}
-	st, _ := g.readStats()
-	if st.Sent != 4 || st.Held != 2 {
-		t.Errorf("stats %+v, want 4 sent, 2 held", st)
+// The pacer at one packet per second: runs right after a sent one are
+// held (dropped) without consuming a sequence number. In trains of 4 the
+// first four runs leave back to back and the next train is due four
+// seconds later; a train's packets are ordinary ones, each taking the next
+// sequence number.
+func TestXDPGenPacer(t *testing.T) {
+	const redirect, drop = 4, 1
+	for _, tc := range []struct {
+		name     string
+		cfg      GenConfig
+		verdicts []uint32
+		sent     uint64
+	}{
+		{"evenly spaced", GenConfig{Rate: 1, Burst: 1}, []uint32{redirect, drop, drop}, 1},
+		{"trains of 4", GenConfig{Rate: 1, Burst: 4, Train: 4}, []uint32{redirect, redirect, redirect, redirect, drop, drop}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := loadTestGen(t, testTarget(), tc.cfg)
+			in := g.Frame()
+			for k, want := range tc.verdicts {
+				ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ret != want {
+					t.Fatalf("run %d: verdict %d, want %d", k, ret, want)
+				}
+			}
+			var seq uint64
+			if err := g.objs.FlowSeq.Lookup(uint32(0), &seq); err != nil || seq != tc.sent {
+				t.Fatalf("flow 0 next sequence %d (%v), want %d", seq, err, tc.sent)
+			}
+			held := uint64(len(tc.verdicts)) - tc.sent
+			if st, _ := g.readStats(); st.Sent != tc.sent || st.Held != held {
+				t.Errorf("stats %+v, want %d sent, %d held", st, tc.sent, held)
+			}
+		})
 	}
 }
 
