@@ -154,14 +154,15 @@ func (o Options) Ladder() Ladder {
 }
 
 // bulkSchedDefault is bulk-sched when not given: idle, the policy that met
-// PRISM's p99 target best here (ping-pong p99 0.24-0.64x vanilla's from 50% to
-// 95% background in four sweeps on 2 cores, 2026-11-23, against 0.47-1.04x
-// with normal, though 0.84-1.07x in a fifth where the guard demoted bulk
-// early; background 0.89-1.00x of vanilla's and the TCP services no worse
-// when the background is evenly spaced), unless the other settings leave it nothing to set (bulk=inline:
+// PRISM's p99 target best here (ping-pong p99 0.24-0.64x vanilla's from 50%
+// to 95% background in four sweeps on 2 cores, 2026-11-23, against
+// 0.47-1.04x with normal, though 0.84-1.07x in a fifth where the guard
+// demoted bulk early; background 0.89-1.00x of vanilla's when evenly
+// spaced; the TCP services 3-5 points of vanilla's request rate below
+// normal), unless the other settings leave it nothing to set (bulk=inline:
 // no bulk queue; bulk-rt > 0: a real-time one) or would put bulk work
-// below a real-time NIC poll as well (streamline=true). Then normal, as the
-// kernel makes the kthread. idle needs lanes agent's starvation guard,
+// below a real-time NIC poll as well (streamline=true). Then normal, as
+// the kernel makes the kthread. idle needs lanes agent's starvation guard,
 // which the plan names.
 func bulkSchedDefault(o Options) string {
 	if o.Bulk == BulkInline || o.Streamline || o.BulkRT > 0 {
