@@ -376,11 +376,7 @@ func (r *runner) all(ctx context.Context) error {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
 	}
 	if len(r.o.Rates) > 0 && slices.Contains(r.o.Workloads, "udp_stress") {
-		shape := "evenly spaced (--train 1)"
-		if r.o.Train > 1 {
-			shape = fmt.Sprintf("in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over", r.o.Train)
-		}
-		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+shape+"; the unpaced point sends as fast as the generator goes.")
+		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+trainShape(r.o.Train)+"; the unpaced point sends as fast as the generator goes.")
 	}
 	if err := r.prioCalibrate(ctx); err != nil {
 		return err
@@ -670,4 +666,12 @@ func ParseRates(s string) ([]int, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// trainShape says how paced generator traffic is spaced (--train).
+func trainShape(train int) string {
+	if train > 1 {
+		return fmt.Sprintf("in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over", train)
+	}
+	return "evenly spaced (--train 1)"
 }

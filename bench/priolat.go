@@ -114,9 +114,8 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	res.Extra["bg_offered_kpps"] = bg.SentPPS / 1e3
 	res.Extra["bg_received_kpps"] = bg.PPS / 1e3
 	res.Extra["bg_lost"] = bg.Extra["udp_lost"]
-	if w.gen.Train > 1 {
-		res.Extra["bg_train"] = float64(w.gen.Train)
-	}
+	// Datagrams per train of the background (1: evenly spaced).
+	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
 	// The run's UDP reorder count is the background's: the service's own
 	// (sockperf's out_of_order) stays in Extra.
 	res.UDPReorder = bg.UDPReorder
@@ -334,10 +333,7 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 
 // bgShape says how the background's datagrams are spaced.
 func (r *runner) bgShape() string {
-	if r.o.Train > 1 {
-		return fmt.Sprintf("Background datagrams leave in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over; the capacity was calibrated with the same trains.", r.o.Train)
-	}
-	return "Background datagrams are evenly spaced (--train 1)."
+	return "Background datagrams offered " + trainShape(r.o.Train) + "; the capacity was calibrated with the same spacing."
 }
 
 // hasPath says whether a mode of this run takes the native path (true)
