@@ -183,7 +183,16 @@ func TestPrismSync(t *testing.T) {
 	}
 	nft("delete", "table", "inet", "lanes_sync_test")
 	waitFor(t, "the agent to restore the shortcut", func() bool { return targets() == applied })
-	if status, ok := ag.Status().(prism.SyncStatus); !ok || len(status.Targets) != 2 || status.Changes < 3 {
+	// The agent publishes its status after it writes the map, so the map
+	// can show the change a moment before the status does.
+	statusOK := func() bool {
+		status, ok := ag.Status().(prism.SyncStatus)
+		return ok && len(status.Targets) == 2 && status.Changes >= 3
+	}
+	for deadline := time.Now().Add(10 * time.Second); !statusOK() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !statusOK() {
 		t.Errorf("agent status %+v (%T), want 2 targets after at least 3 changes", ag.Status(), ag.Status())
 	}
 	cancel()
