@@ -305,7 +305,11 @@ func (g *Generator) load() error {
 		// so a slightly late train is not counted a stall).
 		burstFP = uint64(math.Round(perPacket * float64(max(g.cfg.Burst-g.cfg.Train, 1))))
 	}
+	// The headers the program writes back on every run (xdp_gen.c: hdr).
+	var hdr [(headersLen + seqLen + 7) / 8 * 8]byte
+	copy(hdr[:], g.frame)
 	for name, v := range map[string]any{
+		"hdr":         hdr,
 		"nr_flows":    uint32(g.cfg.Flows),
 		"run_len":     uint32(g.cfg.RunLen),
 		"inner_sport": g.cfg.SrcPort,

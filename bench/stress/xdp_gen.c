@@ -11,9 +11,13 @@
  * the frame through a devmap into the sending underlay device, whose veth
  * peer receives it like a NIC would.
  *
- * Live-frame pages are recycled without being re-initialised, so every byte
- * that differs between packets (sequence, both source ports) is written on
- * every run. All runs of one program happen on the single generator thread,
+ * Live-frame pages are recycled without being re-initialised, and a frame's
+ * page comes back to the generator's pool from the receiver, which may have
+ * written into it: a host that routes the inner packet (Flannel) decrements
+ * its TTL, fixes its checksum and writes a new Ethernet header in place,
+ * whose 16-byte aligned copy (the neighbour's cached header) also zeroes the
+ * VNI's last byte. So every run writes all headers back from hdr, then
+ * what differs between packets (sequence, both source ports). All runs of one program happen on the single generator thread,
  * so the plain (non-atomic) updates of the ARRAY maps below are race free.
  */
 #include <linux/bpf.h>
@@ -73,6 +77,36 @@ const volatile __u64 burst_fp = 0;
  * stack its frames. 1: evenly spaced.
  */
 const volatile __u32 train = 1;
+/*
+ * The headers and sequence field as userspace built them: the first
+ * sizeof(struct frame) bytes of the frame (a plain frame's are fewer), in
+ * 8-byte words.
+ */
+/* copy_hdr writes a tail of 0, 2 or 4 bytes after the whole words. */
+_Static_assert(sizeof(struct frame) % 8 == 4, "struct frame: copy_hdr's tail");
+_Static_assert(sizeof(struct plain_frame) % 8 == 2, "struct plain_frame: copy_hdr's tail");
+
+#define HDR_WORDS ((sizeof(struct frame) + 7) / 8)
+const volatile __u64 hdr[HDR_WORDS] = {};
+
+/*
+ * copy_hdr writes the first len bytes of hdr to the packet: whole 8-byte
+ * words, then the tail from the next word (little endian: its low bytes
+ * come first). Volatile loads, word by word: clang must not fold the
+ * zero-initialised array into constants before userspace fills it.
+ */
+static __always_inline void copy_hdr(void *data, const int len)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < len / 8; i++)
+		*(__u64 *)(data + 8 * i) = hdr[i];
+	if ((len & 7) == 4)
+		*(__u32 *)(data + len - 4) = (__u32)hdr[len / 8];
+	else if ((len & 7) == 2)
+		*(__u16 *)(data + len - 2) = (__u16)hdr[len / 8];
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP);
@@ -179,11 +213,14 @@ int xdp_gen(struct xdp_md *ctx)
 
 	/* Typed stores instead of the packed members: one 8-byte and two
 	 * 2-byte writes rather than byte-wise ones (unaligned packet access
-	 * is fine on the architectures lanes runs on). */
+	 * is fine on the architectures lanes runs on). The headers first,
+	 * whatever a receiver left in this page. */
 	if (plain) {
+		copy_hdr(data, sizeof(struct plain_frame));
 		*(__be64 *)(data + __builtin_offsetof(struct plain_frame, seq)) = bpf_cpu_to_be64(*seq);
 		*(__be16 *)(data + __builtin_offsetof(struct plain_frame, udp.source)) = bpf_htons(inner_sport + flow);
 	} else {
+		copy_hdr(data, sizeof(struct frame));
 		*(__be64 *)((void *)f + __builtin_offsetof(struct frame, seq)) = bpf_cpu_to_be64(*seq);
 		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, udp.source)) = bpf_htons(outer_sport + flow);
 		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, inner_udp.source)) = bpf_htons(inner_sport + flow);

@@ -39,6 +39,7 @@ const (
 	xdpGenMapTxPort     = "tx_port"
 	xdpGenProgXdpGen    = "xdp_gen"
 	xdpGenVarBurstFp    = "burst_fp"
+	xdpGenVarHdr        = "hdr"
 	xdpGenVarInnerSport = "inner_sport"
 	xdpGenVarIntervalFp = "interval_fp"
 	xdpGenVarNrFlows    = "nr_flows"
@@ -108,6 +109,7 @@ type xdpGenMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpGenVariableSpecs struct {
 	BurstFp    *ebpf.VariableSpec `ebpf:"burst_fp"`
+	Hdr        *ebpf.VariableSpec `ebpf:"hdr"`
 	InnerSport *ebpf.VariableSpec `ebpf:"inner_sport"`
 	IntervalFp *ebpf.VariableSpec `ebpf:"interval_fp"`
 	NrFlows    *ebpf.VariableSpec `ebpf:"nr_flows"`
@@ -157,6 +159,7 @@ func (m *xdpGenMaps) Close() error {
 // It can be passed to loadXdpGenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpGenVariables struct {
 	BurstFp    *ebpf.Variable `ebpf:"burst_fp"`
+	Hdr        *ebpf.Variable `ebpf:"hdr"`
 	InnerSport *ebpf.Variable `ebpf:"inner_sport"`
 	IntervalFp *ebpf.Variable `ebpf:"interval_fp"`
 	NrFlows    *ebpf.Variable `ebpf:"nr_flows"`
