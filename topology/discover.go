@@ -190,6 +190,10 @@ func (d *discovery) underlays(t *Topology) error {
 			continue
 		}
 		v.Underlay = l.Attrs().Name
+		if us != d.scans[t.NetNS] {
+			nf := us.path.netfilter
+			v.UnderlayNetfilter = &nf
+		}
 		key := us.ns + "\x00" + v.Underlay
 		if !seen[key] {
 			seen[key] = true

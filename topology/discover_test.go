@@ -50,6 +50,9 @@ func TestDiscoverDocker(t *testing.T) {
 	if vx.Underlay != h.Underlay || vx.UnderlayNetNS != h.NetNS {
 		t.Errorf("vxlan underlay %q in %q (found by %q), want %q in %q", vx.Underlay, vx.UnderlayNetNS, vx.How, h.Underlay, h.NetNS)
 	}
+	if vx.UnderlayNetfilter != nil {
+		t.Errorf("underlay netfilter %+v for an underlay in the device's own namespace, want nil (Topology.Netfilter)", vx.UnderlayNetfilter)
+	}
 	if len(topo.Underlays) != 1 || topo.Underlays[0].Name != h.Underlay {
 		t.Errorf("underlays %+v, want [%s]", topo.Underlays, h.Underlay)
 	}
@@ -228,6 +231,13 @@ func TestDiscoverMovedVXLAN(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The encapsulated datagrams pass the underlay namespace's netfilter,
+	// not the overlay namespace's: discovery reports both. (The table
+	// goes with the namespace.)
+	if out, err := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "add", "table", "inet", "lanes_moved_test").CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+
 	topo, err := topology.Discover(ov)
 	if err != nil {
 		t.Fatal(err)
@@ -235,6 +245,12 @@ func TestDiscoverMovedVXLAN(t *testing.T) {
 	v := topo.VXLANs[0]
 	if v.UnderlayNetNS != h.NetNS || v.Underlay != h.Underlay {
 		t.Errorf("underlay %q in %q (%s), want %q in %q", v.Underlay, v.UnderlayNetNS, v.How, h.Underlay, h.NetNS)
+	}
+	if nf := v.UnderlayNetfilter; nf == nil || !slices.Contains(nf.NFTables, "inet lanes_moved_test") {
+		t.Errorf("underlay netfilter %+v, want the underlay namespace's table inet lanes_moved_test", nf)
+	}
+	if slices.Contains(topo.Netfilter.NFTables, "inet lanes_moved_test") {
+		t.Errorf("overlay namespace's netfilter %+v has the underlay namespace's table", topo.Netfilter)
 	}
 	if topo.Kind != topology.Docker || len(topo.Underlays) != 1 || topo.Underlays[0].NetNS != h.NetNS {
 		t.Errorf("kind %s underlays %+v", topo.Kind, topo.Underlays)

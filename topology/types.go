@@ -158,6 +158,12 @@ type VXLAN struct {
 	Underlay      string `json:"underlay,omitempty"`
 	UnderlayNetNS string `json:"underlay_netns"`
 	How           string `json:"underlay_found_by,omitempty"`
+	// UnderlayNetfilter is what netfilter has in UnderlayNetNS when that
+	// is not the device's namespace (Docker's overlay namespaces): the
+	// encapsulated datagrams pass its prerouting and input hooks on their
+	// way to the VXLAN socket. nil when both are the same namespace
+	// (Topology.Netfilter) or the underlay namespace was not read.
+	UnderlayNetfilter *Netfilter `json:"underlay_netfilter,omitempty"`
 }
 
 // Bridge is a Linux bridge and its ports.

@@ -34,8 +34,10 @@ func init() { plan.RegisterAgent(SyncAgentName, newSyncAgent) }
 type syncAgent struct {
 	env      plan.AgentEnv
 	interval time.Duration
-	dp       *steer.Datapath
-	guard    *guard // the overload guard (guard.go); nil without one
+	// trustNetfilter is sync-netfilter=trust (see Sync).
+	trustNetfilter bool
+	dp             *steer.Datapath
+	guard          *guard // the overload guard (guard.go); nil without one
 
 	mu     sync.Mutex
 	status SyncStatus
@@ -93,7 +95,7 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 		dp.Close()
 		return nil, err
 	}
-	a := &syncAgent{env: env, interval: o.SyncInterval, dp: dp, guard: g}
+	a := &syncAgent{env: env, interval: o.SyncInterval, trustNetfilter: o.SyncNetfilter == NetfilterTrust, dp: dp, guard: g}
 	if env.Metrics != nil {
 		a.m = &syncMetrics{
 			targets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
@@ -220,7 +222,7 @@ func (a *syncAgent) refresh() {
 		st.Err = err.Error()
 		return
 	}
-	sp := Sync(t)
+	sp := Sync(t, a.trustNetfilter)
 	st.Notes = sp.Notes
 	targets := runnable(sp)
 	have, err := a.dp.Sync()

@@ -24,6 +24,15 @@ type Options struct {
 	// (besides on every link or forwarding-table change) to keep the
 	// shortcut's destinations true.
 	SyncInterval time.Duration
+	// SyncNetfilter is what sync mode makes of netfilter tables on the
+	// shortcut's path (the host's and, for an underlay in another
+	// namespace, that namespace's): "check" turns the shortcut off while
+	// any table exists that can see the overlay's IPv4 frames, since lanes
+	// cannot tell what their rules do; "trust" is the operator's word that
+	// none of their rules acts on the overlay's frames (every Docker and
+	// Kubernetes host has tables, for its own NAT and published ports), so
+	// high-priority frames skip them and the plan lists what they skip.
+	SyncNetfilter string
 	// CPU is the receive core: the cpumap queues and every later stage
 	// run there (-1: the underlay's IRQ core).
 	CPU int
@@ -111,6 +120,9 @@ const (
 	BulkQueue  = "queue"
 	BulkInline = "inline"
 
+	NetfilterCheck = "check"
+	NetfilterTrust = "trust"
+
 	SchedNormal = "normal"
 	SchedBatch  = "batch"
 	SchedIdle   = "idle"
@@ -119,7 +131,7 @@ const (
 // Defaults follow the paper: batch mode, everything on one core. BulkSched
 // is left empty: Parse resolves it (bulkSchedDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, High: HighQueue, Bulk: BulkQueue}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, Bulk: BulkQueue}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -184,6 +196,7 @@ var params = []plan.Param{
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
+	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
 }
 
@@ -203,6 +216,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && (o.SyncInterval < 10*time.Millisecond || o.SyncInterval > time.Minute) {
 				err = fmt.Errorf("want 10ms..1m")
 			}
+		case "sync-netfilter":
+			if v != NetfilterCheck && v != NetfilterTrust {
+				err = fmt.Errorf("want %s or %s", NetfilterCheck, NetfilterTrust)
+			}
+			o.SyncNetfilter = v
 		case "cpu":
 			o.CPU, err = strconv.Atoi(v)
 			if err == nil && o.CPU < 0 {
@@ -258,6 +276,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched == "" {
 		o.BulkSched = bulkSchedDefault(o)
+	}
+	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
+		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)
 	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")

@@ -1,6 +1,7 @@
 package prism_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/lanesnet/lanes/policy/prism"
@@ -35,5 +36,24 @@ func TestBulkSchedDefault(t *testing.T) {
 	}
 	if _, err := prism.Parse(prism.Defaults(), map[string]string{"bulk-sched": ""}); err == nil {
 		t.Error("bulk-sched= (empty) accepted")
+	}
+}
+
+// sync-netfilter: check by default, trust only with sync, anything else a
+// one-line error saying what to set.
+func TestParseSyncNetfilter(t *testing.T) {
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"prio-mode": "sync"}); err != nil || o.SyncNetfilter != prism.NetfilterCheck {
+		t.Errorf("default sync-netfilter %q (%v), want %q", o.SyncNetfilter, err, prism.NetfilterCheck)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"prio-mode": "sync", "sync-netfilter": "trust"}); err != nil || o.SyncNetfilter != prism.NetfilterTrust {
+		t.Errorf("sync-netfilter=trust: %q (%v)", o.SyncNetfilter, err)
+	}
+	for msg, params := range map[string]map[string]string{
+		"want check or trust":       {"prio-mode": "sync", "sync-netfilter": "yes"},
+		"drop it or use prism-sync": {"sync-netfilter": "trust"},
+	} {
+		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
+		}
 	}
 }

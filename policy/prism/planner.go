@@ -118,7 +118,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
 	var sp SyncPlan
 	if setup.Config.Sync {
-		sp = Sync(t)
+		sp = Sync(t, o.SyncNetfilter == NetfilterTrust)
 		// GRO gives a container's veth its NAPI, without which its host
 		// side drops every redirected frame; before anything redirects.
 		for _, g := range sp.GRO {

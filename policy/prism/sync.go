@@ -44,6 +44,30 @@ type SyncPlan struct {
 	GRO []ContainerGRO
 	// Notes say, for people, why destinations were left to batch mode.
 	Notes []string
+
+	trustNetfilter bool
+}
+
+// netfilterMayAct says why netfilter in namespace ns may act on an IPv4
+// frame of the overlay ("" when nothing can).
+func netfilterMayAct(nf topology.Netfilter, ns string) string {
+	if nf.Err != "" {
+		return fmt.Sprintf("netfilter in %s could not be read (%s), so rules may filter the path", label(ns), nf.Err)
+	}
+	if len(nf.IPTables) > 0 {
+		return fmt.Sprintf("iptables tables %s exist in %s and may filter the overlay's frames", strings.Join(nf.IPTables, ", "), label(ns))
+	}
+	var tabs []string
+	for _, tab := range nf.NFTables {
+		fam, _, _ := strings.Cut(tab, " ")
+		if slices.Contains(nfFamiliesSeeIPv4, fam) {
+			tabs = append(tabs, fmt.Sprintf("%q", tab))
+		}
+	}
+	if len(tabs) > 0 {
+		return fmt.Sprintf("nftables tables %s exist in %s and may filter the overlay's frames", strings.Join(tabs, ", "), label(ns))
+	}
+	return ""
 }
 
 // nfFamiliesSeeIPv4 are the nftables families whose tables can act on an
@@ -63,24 +87,18 @@ func ownHook(entry string) bool {
 // Sync computes the shortcut's targets on t. It is conservative: whatever
 // it cannot show to be a plain L2 forward to a container's veth (a filter
 // that might act, state it could not read, a routed overlay) is left out.
-func Sync(t *topology.Topology) SyncPlan {
-	var sp SyncPlan
+// trustNetfilter (sync-netfilter=trust) is the operator's word that no
+// netfilter rule on the path acts on the overlay's frames: netfilter tables
+// then no longer turn the shortcut off, and the plan says which it skips.
+func Sync(t *topology.Topology, trustNetfilter bool) SyncPlan {
+	sp := SyncPlan{trustNetfilter: trustNetfilter}
 	note := func(format string, args ...any) { sp.Notes = append(sp.Notes, fmt.Sprintf(format, args...)) }
-	nf := t.Netfilter
-	switch {
-	case nf.Err != "":
-		note("sync off: netfilter could not be read (%s), so rules may filter the path", nf.Err)
-		return sp
-	case len(nf.IPTables) > 0:
-		note("sync off: iptables tables %s exist in %s and may filter the overlay's frames; high-priority flows use batch mode", strings.Join(nf.IPTables, ", "), label(t.NetNS))
-		return sp
-	}
-	for _, tab := range nf.NFTables {
-		fam, _, _ := strings.Cut(tab, " ")
-		if slices.Contains(nfFamiliesSeeIPv4, fam) {
-			note("sync off: nftables table %q exists in %s and may filter the overlay's frames; high-priority flows use batch mode", tab, label(t.NetNS))
+	if why := netfilterMayAct(t.Netfilter, t.NetNS); why != "" {
+		if !trustNetfilter {
+			note("sync off: %s; high-priority flows use batch mode (sync-netfilter=trust overrides this if no rule acts on the overlay's frames)", why)
 			return sp
 		}
+		note("sync: %s; trusted (sync-netfilter=trust): high-priority frames for the destinations below skip them", why)
 	}
 	for i := range t.VXLANs {
 		sp.vxlan(t, &t.VXLANs[i])
@@ -115,6 +133,28 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	case len(v.Hooks.Others(ownHook)) > 0:
 		note("has programs or filters (%s); batch mode", strings.Join(v.Hooks.Others(ownHook), ", "))
 		return
+	}
+	// The outer datagram's own path, which XDP's redirect skips: the
+	// underlay's tc ingress, and, when the underlay lives in another
+	// namespace (Docker's overlay namespaces), that namespace's
+	// prerouting and input hooks on the way to the VXLAN socket.
+	u := underlayOf(t, v)
+	if u == nil {
+		note("underlay not found; batch mode")
+		return
+	}
+	if h := ingressHooks(u.Hooks); len(h) > 0 {
+		note("underlay %s has receive programs or filters (%s) the shortcut would skip; batch mode", u.Name, strings.Join(h, ", "))
+		return
+	}
+	if v.UnderlayNetfilter != nil {
+		if why := netfilterMayAct(*v.UnderlayNetfilter, v.UnderlayNetNS); why != "" {
+			if !sp.trustNetfilter {
+				note("its datagrams arrive through %s: %s; batch mode (sync-netfilter=trust overrides this if no rule acts on them)", label(v.UnderlayNetNS), why)
+				return
+			}
+			note("its datagrams arrive through %s: %s; trusted (sync-netfilter=trust)", label(v.UnderlayNetNS), why)
+		}
 	}
 	br := bridgeNamed(t, v.Master)
 	if br == nil {
@@ -200,6 +240,24 @@ func egressHooks(h *topology.Hooks) []string {
 		return nil
 	}
 	return (&topology.Hooks{Egress: h.Egress, Err: h.Err}).Others(ownHook)
+}
+
+// ingressHooks are the hooks of an underlay's receive side besides lanes'
+// own: XDP's redirect skips its tc ingress.
+func ingressHooks(h *topology.Hooks) []string {
+	if h == nil {
+		return nil
+	}
+	return (&topology.Hooks{Ingress: h.Ingress, XDP: h.XDP, Err: h.Err}).Others(ownHook)
+}
+
+func underlayOf(t *topology.Topology, v *topology.VXLAN) *topology.Device {
+	for i := range t.Underlays {
+		if u := &t.Underlays[i]; v.Underlay != "" && u.Name == v.Underlay && u.NetNS == v.UnderlayNetNS {
+			return u
+		}
+	}
+	return nil
 }
 
 func bridgeNamed(t *topology.Topology, name string) *topology.Bridge {

@@ -213,3 +213,70 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// TestPrismSyncTrustNetfilter: with a netfilter table in the receiver's
+// namespace, as every Docker and Kubernetes host has, prism-sync keeps the
+// shortcut off unless sync-netfilter=trust, with which a high-priority
+// stream takes it, in order, and the plan says what it skips.
+func TestPrismSyncTrustNetfilter(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	before := modetest.Snapshot(t, tb)
+	nft := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + nsx.Path(r.NetNS), "nft"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
+	nft("add", "table", "inet", "lanes_trust_test")
+	t.Cleanup(func() {
+		exec.Command("nsenter", "--net="+nsx.Path(r.NetNS), "nft", "delete", "table", "inet", "lanes_trust_test").Run()
+	})
+	syncTargets := func(a *modetest.Applied) string {
+		t.Helper()
+		ts, err := a.Open(t).Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return steer.FormatSync(ts)
+	}
+
+	a := modetest.Apply(t, tb, "prism-sync", nil)
+	if got := syncTargets(a); got != "" {
+		t.Errorf("sync destinations %q past an nftables table without sync-netfilter=trust", got)
+	}
+	a.ResetAndCheck(t, before)
+
+	a = modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust"})
+	if got := syncTargets(a); !strings.Contains(got, "/"+c0.MAC.String()+">") {
+		t.Errorf("sync destinations %q with sync-netfilter=trust lack container %s (%s)", got, c0.Name, c0.MAC)
+	}
+	if notes := strings.Join(a.State.Plan.Notes, "\n"); !strings.Contains(notes, `"inet lanes_trust_test"`) || !strings.Contains(notes, "trusted") {
+		t.Errorf("plan notes %q do not say which table the shortcut skips", a.State.Plan.Notes)
+	}
+	dp := a.Open(t)
+	rule, err := steer.ParseRule("dst " + c0.Addr.Addr().String() + " udp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := modetest.Prio(t, r.NetNS).Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	st0, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 100, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	overlaytest.InOrder(t, "high-priority stream past a trusted table", res)
+	st1, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := st1[steer.StageSplit].Sync - st0[steer.StageSplit].Sync; d < uint64(res.Received) {
+		t.Errorf("%d frames took the shortcut, %d datagrams arrived", d, res.Received)
+	}
+	a.ResetAndCheck(t, before)
+}

@@ -16,9 +16,10 @@ func dockerTopo() *topology.Topology {
 		return topology.Device{Name: name, NetNS: "h2", Index: idx, Up: true, MTU: 1450, RxQueues: rx, TxQueues: 1}
 	}
 	t := &topology.Topology{
-		NetNS:  "h2",
-		Kind:   topology.Docker,
-		VXLANs: []topology.VXLAN{{Device: dev("vxlan0", 2), VNI: 42, Port: 4789, Master: "br0"}},
+		NetNS:     "h2",
+		Kind:      topology.Docker,
+		VXLANs:    []topology.VXLAN{{Device: dev("vxlan0", 2), VNI: 42, Port: 4789, Master: "br0", Underlay: "ul2", UnderlayNetNS: "h2"}},
+		Underlays: []topology.Device{dev("ul2", 7)},
 		Bridges: []topology.Bridge{{
 			Device: dev("br0", 3),
 			Ports:  []string{"vxlan0", "veth1", "veth2"},
@@ -53,7 +54,7 @@ func macs(sp SyncPlan) string {
 }
 
 func TestSyncTargets(t *testing.T) {
-	sp := Sync(dockerTopo())
+	sp := Sync(dockerTopo(), false)
 	if got, want := macs(sp), "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2"; got != want {
 		t.Fatalf("targets %q, want %q (notes %v)", got, want, sp.Notes)
 	}
@@ -70,7 +71,7 @@ func TestSyncTargets(t *testing.T) {
 	// GRO already on: nothing to turn on.
 	topo := dockerTopo()
 	topo.Containers[0].Interfaces[0].GRO = true
-	if sp := Sync(topo); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
+	if sp := Sync(topo, false); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
 		t.Errorf("GRO to turn on with c1's on already: %+v", sp.GRO)
 	}
 }
@@ -103,11 +104,20 @@ func TestSyncFallsBack(t *testing.T) {
 		{"veth2 too many tx queues", "02:00:00:00:02:01>veth1", "tx queues", func(t *topology.Topology) { t.Containers[1].Interfaces[0].TxQueues = 2 }},
 		{"vlan entry", "02:00:00:00:02:02>veth2", "VLAN", func(t *topology.Topology) { t.Bridges[0].FDB[1].VLAN = 10 }},
 		{"unknown port", "02:00:00:00:02:01>veth1", "not a container", func(t *topology.Topology) { t.Bridges[0].FDB[3].Port = "tap0" }},
+		{"underlay tc ingress", "", "underlay ul2 has receive programs or filters (tc:u32)", func(t *topology.Topology) {
+			t.Underlays[0].Hooks = &topology.Hooks{Ingress: []string{"tc:u32"}}
+		}},
+		{"underlay foreign xdp", "", "xdp:xdp_fw", func(t *topology.Topology) { t.Underlays[0].Hooks = &topology.Hooks{XDP: "xdp_fw"} }},
+		{"underlay not found", "", "underlay not found", func(t *topology.Topology) { t.Underlays = nil }},
+		{"underlay namespace iptables", "", "arrive through host0: iptables tables nat", func(t *topology.Topology) {
+			movedUnderlay(t, topology.Netfilter{IPTables: []string{"nat", "filter"}})
+		}},
+		{"underlay namespace unread", "", "could not be read", func(t *topology.Topology) { movedUnderlay(t, topology.Netfilter{Err: "EPERM"}) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			topo := dockerTopo()
 			c.edit(topo)
-			sp := Sync(topo)
+			sp := Sync(topo, false)
 			if got := macs(sp); got != c.want {
 				t.Errorf("targets %q, want %q", got, c.want)
 			}
@@ -118,13 +128,56 @@ func TestSyncFallsBack(t *testing.T) {
 	}
 }
 
+// movedUnderlay puts the underlay in namespace host0, as Docker leaves it
+// when it moves the VXLAN device into an overlay namespace, with nf there.
+func movedUnderlay(t *topology.Topology, nf topology.Netfilter) {
+	t.VXLANs[0].UnderlayNetNS = "host0"
+	t.VXLANs[0].UnderlayNetfilter = &nf
+	t.Underlays[0].NetNS = "host0"
+}
+
+// sync-netfilter=trust: netfilter tables on the path, the device's
+// namespace's and the underlay's, no longer turn the shortcut off, and the
+// notes say what it skips; everything else still does.
+func TestSyncTrustNetfilter(t *testing.T) {
+	topo := dockerTopo()
+	topo.Netfilter = topology.Netfilter{IPTables: []string{"filter", "nat"}, NFTables: []string{"ip6 filter"}}
+	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"inet docker"}})
+	if sp := Sync(topo, false); len(sp.Targets) != 0 {
+		t.Errorf("targets %q past iptables tables without trust", macs(sp))
+	}
+	sp := Sync(topo, true)
+	if got := macs(sp); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
+		t.Errorf("targets %q with trust (notes %q)", got, sp.Notes)
+	}
+	notes := strings.Join(sp.Notes, "\n")
+	for _, want := range []string{"iptables tables filter, nat exist in h2", `nftables tables "inet docker" exist in host0`, "trusted"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes %q do not say %q", sp.Notes, want)
+		}
+	}
+	if strings.Contains(notes, "ip6 filter") {
+		t.Errorf("notes %q name an ip6 table, which never sees the overlay's IPv4 frames", sp.Notes)
+	}
+	topo.Netfilter = topology.Netfilter{Err: "EPERM"}
+	if got := macs(Sync(topo, true)); got == "" {
+		t.Error("no targets with trust when netfilter could not be read")
+	}
+	topo.Underlays[0].Hooks = &topology.Hooks{Ingress: []string{"tc:u32"}}
+	if got := macs(Sync(topo, true)); got != "" {
+		t.Errorf("targets %q past a tc filter on the underlay: trust covers netfilter only", got)
+	}
+}
+
 // What cannot act on an IPv4 frame, or is lanes' own, does not stop it.
 func TestSyncIgnoresHarmless(t *testing.T) {
 	topo := dockerTopo()
 	topo.Netfilter.NFTables = []string{"ip6 filter", "arp filter"}
 	topo.VXLANs[0].Hooks = &topology.Hooks{Egress: []string{"tcx:steer_tc_egres"}}
 	topo.Veths[0].Hooks = &topology.Hooks{XDP: "some_prog", Ingress: []string{"tc:bpf:x"}, Egress: []string{"tcx:steer_tc_egres"}}
-	if got := macs(Sync(topo)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
+	topo.Underlays[0].Hooks = &topology.Hooks{XDP: "steer_xdp", Ingress: []string{"tcx:steer_tc_split"}, Egress: []string{"qdisc:mq"}}
+	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"ip6 filter"}})
+	if got := macs(Sync(topo, false)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
 		t.Errorf("targets %q", got)
 	}
 }
