@@ -48,6 +48,14 @@ type Config struct {
 	// Sync (with Prio) hands high-priority frames whose destination is in
 	// the sync set (SetSync) straight to the container's veth: PRISM-sync.
 	Sync bool
+	// PrioIdleInline (with Prio, CountSplit and a single core, the one the
+	// NIC is polled on) keeps bulk flows in the NIC poll, vanilla's path,
+	// while the priority set holds no rule: with nothing to preempt for,
+	// the bulk queue's hop only costs. With the first rule they take the
+	// queue. Every frame is then counted in flight, the NIC poll's too,
+	// so a flow moves between the NIC poll and a queue of that core as
+	// soon as none of its frames is left behind, without an idle gap.
+	PrioIdleInline bool
 }
 
 // SplitAt is where MFLOW splits elephant flows.
@@ -156,6 +164,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if err := c.MFlow.check(cpus); err != nil {
 		return c, err
+	}
+	if c.PrioIdleInline && (!c.Prio || !c.CountSplit || len(cpus) != 1 || c.MFlow.At != SplitOff) {
+		return c, errors.New("bulk inline while idle needs priority classes, split counting and one core, without micro-flows")
 	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil

@@ -66,7 +66,8 @@ func (s Setup) Encode() (string, error) {
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
-		BulkPolicy: s.BulkPolicy,
+		PrioIdleInline: s.Config.PrioIdleInline,
+		BulkPolicy:     s.BulkPolicy,
 	})
 	return string(b), err
 }
@@ -123,7 +124,10 @@ type setupDoc struct {
 	NoBridgeCount bool      `json:"no_bridge_count,omitempty"`
 	MFlow         *mflowDoc `json:"mflow,omitempty"`
 	Sync          bool      `json:"sync,omitempty"`
-	BulkPolicy    string    `json:"bulk_policy,omitempty"`
+	// PrioIdleInline: omitted when false, so setups journaled before it
+	// existed decode unchanged.
+	PrioIdleInline bool   `json:"prio_idle_inline,omitempty"`
+	BulkPolicy     string `json:"bulk_policy,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -138,7 +142,7 @@ func DecodeSetup(v string) (Setup, error) {
 	}
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
-			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync},
+			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil

@@ -17,14 +17,15 @@ import (
 
 // steer_cfg.flags bits.
 const (
-	cfgEnabled       = 1
-	cfgPrio          = 2
-	cfgCountSplit    = 4
-	cfgMFlow         = 8
-	cfgMFlowBridge   = 0x10
-	cfgNoBridgeCount = 0x20
-	cfgSync          = 0x40
-	cfgHome          = 0x80 // << stage: the stage is at home (SetHome)
+	cfgEnabled        = 1
+	cfgPrio           = 2
+	cfgCountSplit     = 4
+	cfgMFlow          = 8
+	cfgMFlowBridge    = 0x10
+	cfgNoBridgeCount  = 0x20
+	cfgSync           = 0x40
+	cfgHome           = 0x80 // << stage: the stage is at home (SetHome)
+	cfgPrioIdleInline = 0x400
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -108,6 +109,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.Sync {
 		k.Flags |= cfgSync
 	}
+	if c.PrioIdleInline {
+		k.Flags |= cfgPrioIdleInline
+	}
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -156,15 +160,16 @@ func (d *Datapath) Config() (Config, error) {
 		return Config{}, fmt.Errorf("reading steer config: %w", err)
 	}
 	c := Config{
-		Enabled:       k.Flags&cfgEnabled != 0,
-		Prio:          k.Flags&cfgPrio != 0,
-		CountSplit:    k.Flags&cfgCountSplit != 0,
-		NoBridgeCount: k.Flags&cfgNoBridgeCount != 0,
-		Sync:          k.Flags&cfgSync != 0,
-		Flowlet:       time.Duration(k.FlowletNs),
-		Drain:         time.Duration(k.DrainNs),
-		VXLANPort:     uint16(k.VxlanPort),
-		MFlow:         decodeMFlow(&k),
+		Enabled:        k.Flags&cfgEnabled != 0,
+		Prio:           k.Flags&cfgPrio != 0,
+		CountSplit:     k.Flags&cfgCountSplit != 0,
+		NoBridgeCount:  k.Flags&cfgNoBridgeCount != 0,
+		Sync:           k.Flags&cfgSync != 0,
+		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
+		Flowlet:        time.Duration(k.FlowletNs),
+		Drain:          time.Duration(k.DrainNs),
+		VXLANPort:      uint16(k.VxlanPort),
+		MFlow:          decodeMFlow(&k),
 	}
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
 		c.CPUs = append(c.CPUs, int(cpu))

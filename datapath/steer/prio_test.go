@@ -251,3 +251,49 @@ func TestPrioShapes(t *testing.T) {
 		t.Errorf("shapes %#x after deleting every rule", m)
 	}
 }
+
+// PrioIdleInline: with no rule a bulk frame stays in the NIC poll (vanilla's
+// path); once a rule exists a new flow takes the bulk queue, and the config
+// refuses the setting where its fast moves would not be order-safe.
+func TestPrioIdleInline(t *testing.T) {
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline = true
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); !got.PrioIdleInline {
+		t.Fatalf("config %+v does not read back PrioIdleInline", got)
+	}
+	f := udpFlow(40000)
+	frame := vxlanFrame(frameSpec{flow: f})
+	ret, out := runXDP(t, d, frame)
+	sameBytes(t, "bulk frame with no rule", frame, out)
+	if ret != xdpPass {
+		t.Errorf("bulk frame with no rule: verdict %d, want XDP_PASS", ret)
+	}
+	if fl := mustFlow(t, d, f, StageSplit); fl.CPUIndex != Stay || fl.High {
+		t.Errorf("flow %+v with no rule: want it in the NIC poll (Stay)", fl)
+	}
+	addRule(t, d, "dst 10.9.9.9")
+	g := udpFlow(40001)
+	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: g})); ret != xdpRedirect {
+		t.Errorf("new bulk flow with a rule: verdict %d, want XDP_REDIRECT (the bulk queue)", ret)
+	}
+	if fl := mustFlow(t, d, g, StageSplit); fl.CPUIndex != 0 {
+		t.Errorf("new bulk flow with a rule: %+v, want the queue of index 0", fl)
+	}
+
+	for name, edit := range map[string]func(*Config){
+		"without priority classes": func(c *Config) { c.Prio = false },
+		"without split counting":   func(c *Config) { c.CountSplit = false },
+		"on two cores":             func(c *Config) { c.CPUs = []int{0, 1} },
+	} {
+		c := cfg
+		c.CPUs = slices.Clone(cfg.CPUs)
+		edit(&c)
+		if err := d.SetConfig(c); err == nil {
+			t.Errorf("PrioIdleInline %s accepted", name)
+		}
+	}
+}

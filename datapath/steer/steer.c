@@ -111,6 +111,12 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * flow states, so counting starts afresh. PRISM's classification and
  * MFLOW's splitting need the full path: steer_xdp ignores the bit then. */
 #define CFG_HOME(stage) (0x80u << (stage))
+/* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
+ * (prio_shapes 0) there is nothing to preempt for, so bulk flows stay in
+ * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
+ * with the first rule they go to the queue at once. Set by the planner
+ * with a single receive core, the one the queues are on. */
+#define CFG_PRIO_IDLE_INLINE 0x400u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -601,9 +607,13 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
  * longer path can bring. *out is the flow's state, for the caller's
  * in-flight count (NULL if it could not be stored).
  */
+/* place()'s opts, for PRISM's bulk class under CFG_PRIO_IDLE_INLINE. */
+#define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
+#define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
+
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
 				   __u32 stage, __u32 ifindex, __u64 len, int hi, int sync,
-				   struct steer_flow_state **out)
+				   __u32 opts, struct steer_flow_state **out)
 {
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st;
@@ -619,6 +629,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		want = STAY;
 	else if (hi)
 		want |= CLASS_HI;
+	if (opts & PLACE_STAY)
+		want = STAY;
 	if (sync)
 		want = SYNC_IDX;
 
@@ -655,6 +667,17 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
+		} else if ((opts & PLACE_LOCAL) && want != SYNC_IDX && st->inflight <= 0) {
+			/* The NIC poll and the queues (either class's) are on
+			 * this one core, where the later stages' queues are shared
+			 * and fed in order: frames counted seen have reached them
+			 * (the NIC poll and a queue's kthread run a frame from the
+			 * seen count to the next queue with bottom halves off). So
+			 * a flow none of whose frames is still in the NIC poll's
+			 * GRO or a queue moves at once, no idle gap needed. Not
+			 * onto sync's shortcut, which skips the shared queues. */
+			st->cpu_idx = want;
+			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
 			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
 			if (st->inflight > 0) {
@@ -679,10 +702,35 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 }
 
 /* This stage queued n more frames of the flow. */
-static __always_inline void queued(struct steer_flow_state *st, __u32 n)
+static __always_inline void queued(struct steer_flow_state *st, __u64 n)
 {
 	if (st)
 		__sync_fetch_and_add(&st->inflight, n);
+}
+
+/* What queued() adds for a frame it could not mark: the count stays above
+ * zero until the flowlet rule presumes it dropped (drain_ns idle), so the
+ * flow never takes PLACE_LOCAL's fast move past a frame nobody counts. */
+#define UNCOUNTED (1ull << 40)
+
+/*
+ * Mark the frame in XDP metadata (in the headroom: no packet byte changes),
+ * which reaches the skb, where steer_tc_ingress or steer_tc_split_seen
+ * counts it seen, and count it in flight. 0 if the driver gave no room.
+ */
+static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st)
+{
+	struct lanes_meta *meta;
+
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) != 0)
+		return 0;
+	meta = (void *)(long)ctx->data_meta;
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
+		return 0;
+	meta->magic = LANES_META_MAGIC;
+	meta->flags = LANES_META_QUEUED;
+	queued(st, 1);
+	return 1;
 }
 
 /*
@@ -930,9 +978,8 @@ int steer_xdp(struct xdp_md *ctx)
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
-	struct lanes_meta *meta;
 	struct overlay ov = {};
-	__u32 idx, core, dest = 0;
+	__u32 idx, core, dest = 0, opts = 0;
 	__u64 cpu;
 	long ret;
 	int hi;
@@ -955,9 +1002,16 @@ int steer_xdp(struct xdp_md *ctx)
 		if (cfg->flags & CFG_SYNC)
 			dest = sync_dest(ctx, &ov);
 	}
+	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
+		if (!hi && !cfg->prio_shapes)
+			opts |= PLACE_STAY;
+		/* The fast move needs every frame counted, inline ones too. */
+		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
+			opts |= PLACE_LOCAL;
+	}
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
-	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, dest != 0, &st);
+	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, dest != 0, opts, &st);
 	if (idx == SYNC_IDX)
 		return sync_redirect(ctx, &ov, dest);
 	/* High-priority flows are PRISM's: never split. */
@@ -970,6 +1024,10 @@ int steer_xdp(struct xdp_md *ctx)
 	cpu = idx & ~CLASS_HI;
 	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
+		/* Under PLACE_LOCAL the NIC poll is one of the flow's queues
+		 * (its GRO may hold frames): counted like the others. */
+		if ((opts & PLACE_LOCAL) && !mark_queued(ctx, st))
+			queued(st, UNCOUNTED);
 		return XDP_PASS;
 	}
 	/* The mask is a no-op after the check; it lets the verifier see the
@@ -982,21 +1040,17 @@ int steer_xdp(struct xdp_md *ctx)
 		ret = bpf_redirect_map(&steer_cpumap, core, XDP_PASS);
 	if (ret != XDP_REDIRECT) {
 		count(STAGE_SPLIT, CNT_STAYED);
+		if ((opts & PLACE_LOCAL) && !mark_queued(ctx, st))
+			queued(st, UNCOUNTED);
 		return ret;
 	}
 	count(STAGE_SPLIT, CNT_STEERED);
 	/* Mark the frame so tc ingress on the split core can count it seen.
 	 * Without metadata room (some drivers) the frame goes uncounted and
-	 * moves of this flow fall back to the idle gap alone. No packet byte
-	 * changes: metadata lives in the headroom. */
-	if ((cfg->flags & CFG_COUNT_SPLIT) && bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
-		meta = (void *)(long)ctx->data_meta;
-		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
-			meta->magic = LANES_META_MAGIC;
-			meta->flags = LANES_META_QUEUED;
-			queued(st, 1);
-		}
-	}
+	 * moves of this flow fall back to the idle gap alone (and, under
+	 * PLACE_LOCAL, to the drain time). */
+	if ((cfg->flags & CFG_COUNT_SPLIT) && !mark_queued(ctx, st) && (opts & PLACE_LOCAL))
+		queued(st, UNCOUNTED);
 	return ret;
 }
 
@@ -1161,7 +1215,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		count(stage, CNT_HOME);
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh, 0);
 	}
-	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, &st);
+	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
 		return TC_ACT_UNSPEC;
 	if (idx == STAY) {

@@ -3,6 +3,7 @@ package prism_test
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,8 +82,16 @@ func TestPrismBatch(t *testing.T) {
 	if st1[steer.StageSplit].High != st0[steer.StageSplit].High {
 		t.Errorf("frames classified high with no rule: %+v", st1[steer.StageSplit])
 	}
-	if st1[steer.StageSplit].Steered == st0[steer.StageSplit].Steered {
-		t.Errorf("no frame took the bulk queue: %+v", st1[steer.StageSplit])
+	// No rule yet: nothing to preempt for, so bulk keeps the NIC poll
+	// (PrioIdleInline).
+	if d := st1[steer.StageSplit].Steered - st0[steer.StageSplit].Steered; d != 0 {
+		t.Errorf("%d frames took the bulk queue with no rule: %+v", d, st1[steer.StageSplit])
+	}
+	if st1[steer.StageSplit].Stayed == st0[steer.StageSplit].Stayed {
+		t.Errorf("no frame stayed in the NIC poll with no rule: %+v", st1[steer.StageSplit])
+	}
+	if !cfg.PrioIdleInline {
+		t.Error("prism-batch without bulk=inline: PrioIdleInline off")
 	}
 
 	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
@@ -114,8 +123,13 @@ func TestPrismBatch(t *testing.T) {
 	if high == 0 {
 		t.Error("no flow in the high-priority queue after the rule was added")
 	}
-	// TCP to the same address is not matched by a UDP rule.
+	// TCP to the same address is not matched by a UDP rule: bulk, in
+	// the bulk queue now that a rule exists.
+	st3, _ := dp.Stats()
 	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 1<<20)
+	if st4, _ := dp.Stats(); st4[steer.StageSplit].Steered == st3[steer.StageSplit].Steered {
+		t.Errorf("no frame took the bulk queue with a rule in place: %+v", st4[steer.StageSplit])
+	}
 	flows, _ = dp.Flows()
 	for _, f := range flows {
 		if f.Proto == 6 && f.High {
@@ -167,6 +181,66 @@ func TestPrismBatch(t *testing.T) {
 	if _, err := control.OpenPrio(r.NetNS); err == nil || !strings.Contains(err.Error(), "lanes apply --mode prism") {
 		t.Errorf("prio after reset: %v, want an error saying to apply prism", err)
 	}
+}
+
+// TestPrismIdleInline: while no rule exists bulk keeps the NIC poll, and
+// with a rule it takes the bulk queue. A bulk stream with no idle gap long
+// enough for the flowlet rule (1 ms) moves between the two while a rule
+// for another address comes and goes every 3 ms, and still arrives in
+// order: it moves only once none of its frames is left in the NIC poll's
+// GRO or the queue.
+func TestPrismIdleInline(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	a := modetest.Apply(t, tb, "prism-batch", nil)
+	dp := a.Open(t)
+	set := modetest.Prio(t, r.NetNS)
+	other := modetest.Rule(t, "dst 198.19.0.99 udp")
+
+	st0, _ := dp.Stats()
+	var flipErr error
+	flips := 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			op := set.Add
+			if i%2 == 1 {
+				op = set.Del
+			}
+			if err := op(other); err != nil && flipErr == nil {
+				flipErr = err
+			}
+			flips++
+			time.Sleep(3 * time.Millisecond)
+		}
+	}()
+	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	close(stop)
+	wg.Wait()
+	overlaytest.InOrder(t, "bulk stream while a rule comes and goes", res)
+	if flipErr != nil {
+		t.Fatalf("changing rules: %v", flipErr)
+	}
+	st1, _ := dp.Stats()
+	d := st1[steer.StageSplit]
+	d0 := st0[steer.StageSplit]
+	t.Logf("%d rule changes; split stage: steered %d, stayed %d, moved %d, held %d, undrained %d", flips,
+		d.Steered-d0.Steered, d.Stayed-d0.Stayed, d.Moved-d0.Moved, d.Held-d0.Held, d.Undrained-d0.Undrained)
+	if d.Steered == d0.Steered || d.Stayed == d0.Stayed || d.Moved == d0.Moved {
+		t.Errorf("the stream did not take both paths and move between them: %+v", d)
+	}
+	a.ResetAndCheck(t, before)
 }
 
 // TestPrismRefuses: bad settings fail in one line and leave nothing.
