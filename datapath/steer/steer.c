@@ -214,7 +214,7 @@ struct steer_flow_state {
 	__u32 cpu_idx; /* index into steer_cfg.cpus the flow uses, or STAY */
 	__u32 ifindex; /* hook device of the last packet */
 	__u32 bucket;  /* table bucket of the last packet, so the balancer need not rehash */
-	__u32 pad;
+	__u32 inline_mark; /* INLINE_*: a move out of the NIC poll under PLACE_LOCAL (see place()) */
 	__u64 last_ns; /* arrival of the last packet; low bit: NS_PRECISE (see now_ns) */
 	__u64 packets;
 	__u64 bytes;
@@ -611,6 +611,10 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
+/* steer_flow_state.inline_mark */
+#define INLINE_COUNT 0x1   /* a move out of the NIC poll waits: count its frames in flight */
+#define INLINE_COUNTED 0x2 /* at least one was counted since */
+
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
 				   __u32 stage, __u32 ifindex, __u64 len, int hi, int sync,
 				   __u32 opts, struct steer_flow_state **out)
@@ -667,16 +671,24 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
-		} else if ((opts & PLACE_LOCAL) && want != SYNC_IDX && st->inflight <= 0) {
+		} else if ((opts & PLACE_LOCAL) && want != SYNC_IDX && st->inflight <= 0 &&
+			   (st->cpu_idx != STAY || (st->inline_mark & INLINE_COUNTED))) {
 			/* The NIC poll and the queues (either class's) are on
 			 * this one core, where the later stages' queues are shared
-			 * and fed in order: frames counted seen have reached them
+			 * and fed in order: a frame counted seen has reached them
 			 * (the NIC poll and a queue's kthread run a frame from the
-			 * seen count to the next queue with bottom halves off). So
-			 * a flow none of whose frames is still in the NIC poll's
-			 * GRO or a queue moves at once, no idle gap needed. Not
-			 * onto sync's shortcut, which skips the shared queues. */
+			 * seen count to the next queue with bottom halves off),
+			 * and with it every earlier frame of its flow (GRO hands a
+			 * flow's frames on in order). A queue's frames are always
+			 * counted; the NIC poll's only while a move out of it
+			 * waits (INLINE_COUNT), so that costs nothing while bulk
+			 * stays: once one of those was counted and none is in
+			 * flight, nothing of the flow is left behind in the NIC
+			 * poll's GRO. So the flow moves at once, no idle gap
+			 * needed. Not onto sync's shortcut, which skips the shared
+			 * queues. */
 			st->cpu_idx = want;
+			st->inline_mark = 0;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
 			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
@@ -689,8 +701,13 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
 		} else {
+			if ((opts & PLACE_LOCAL) && st->cpu_idx == STAY)
+				st->inline_mark |= INLINE_COUNT;
 			count(stage, CNT_HELD);
 		}
+	} else if (st->inline_mark) {
+		/* The move it waited for was called off (the rule went). */
+		st->inline_mark = 0;
 	}
 	st->ifindex = ifindex;
 	st->bucket = bucket;
@@ -702,16 +719,25 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 }
 
 /* This stage queued n more frames of the flow. */
-static __always_inline void queued(struct steer_flow_state *st, __u64 n)
+static __always_inline void queued(struct steer_flow_state *st, __u32 n)
 {
 	if (st)
 		__sync_fetch_and_add(&st->inflight, n);
 }
 
-/* What queued() adds for a frame it could not mark: the count stays above
- * zero until the flowlet rule presumes it dropped (drain_ns idle), so the
- * flow never takes PLACE_LOCAL's fast move past a frame nobody counts. */
-#define UNCOUNTED (1ull << 40)
+/* What uncounted() adds for a frame that could not be marked: the count
+ * stays above zero until the flowlet rule presumes it dropped (drain_ns
+ * idle), so the flow never takes PLACE_LOCAL's fast move past a frame
+ * nobody counts. */
+#define UNCOUNTED (1ll << 40)
+
+/* A frame of the flow went on uncounted. Added once, not per frame, so the
+ * count cannot wrap around to a value that lets a move through. */
+static __always_inline void uncounted(struct steer_flow_state *st)
+{
+	if (st && st->inflight < UNCOUNTED)
+		__sync_fetch_and_add(&st->inflight, UNCOUNTED);
+}
 
 /*
  * Mark the frame in XDP metadata (in the headroom: no packet byte changes),
@@ -1024,10 +1050,14 @@ int steer_xdp(struct xdp_md *ctx)
 	cpu = idx & ~CLASS_HI;
 	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
-		/* Under PLACE_LOCAL the NIC poll is one of the flow's queues
-		 * (its GRO may hold frames): counted like the others. */
-		if ((opts & PLACE_LOCAL) && !mark_queued(ctx, st))
-			queued(st, UNCOUNTED);
+		/* A move out of the NIC poll waits (PLACE_LOCAL): its GRO may
+		 * hold frames of the flow, so count them like a queue's. */
+		if ((opts & PLACE_LOCAL) && st && (st->inline_mark & INLINE_COUNT)) {
+			if (mark_queued(ctx, st))
+				st->inline_mark |= INLINE_COUNTED;
+			else
+				uncounted(st);
+		}
 		return XDP_PASS;
 	}
 	/* The mask is a no-op after the check; it lets the verifier see the
@@ -1039,9 +1069,11 @@ int steer_xdp(struct xdp_md *ctx)
 	else
 		ret = bpf_redirect_map(&steer_cpumap, core, XDP_PASS);
 	if (ret != XDP_REDIRECT) {
+		/* No queue there after all: the frame runs on in the NIC poll,
+		 * uncounted, behind the flow's place. */
 		count(STAGE_SPLIT, CNT_STAYED);
-		if ((opts & PLACE_LOCAL) && !mark_queued(ctx, st))
-			queued(st, UNCOUNTED);
+		if (opts & PLACE_LOCAL)
+			uncounted(st);
 		return ret;
 	}
 	count(STAGE_SPLIT, CNT_STEERED);
@@ -1050,7 +1082,7 @@ int steer_xdp(struct xdp_md *ctx)
 	 * moves of this flow fall back to the idle gap alone (and, under
 	 * PLACE_LOCAL, to the drain time). */
 	if ((cfg->flags & CFG_COUNT_SPLIT) && !mark_queued(ctx, st) && (opts & PLACE_LOCAL))
-		queued(st, UNCOUNTED);
+		uncounted(st);
 	return ret;
 }
 

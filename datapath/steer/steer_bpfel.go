@@ -68,7 +68,7 @@ type steerSteerFlowState struct {
 	CpuIdx      uint32
 	Ifindex     uint32
 	Bucket      uint32
-	Pad         uint32
+	InlineMark  uint32
 	LastNs      uint64
 	Packets     uint64
 	Bytes       uint64
