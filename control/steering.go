@@ -30,6 +30,9 @@ type Steering struct {
 	// rules that mark flows high priority.
 	Prio  bool     `json:"prio,omitempty"`
 	Rules []string `json:"prio_rules,omitempty"`
+	// BulkInlineIdle: bulk flows keep the NIC poll while no rule exists
+	// (steer.Config.PrioIdleInline).
+	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
 	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
 	// Elephants lists the flows being split now.
 	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
@@ -93,6 +96,7 @@ func steering(s *StatusReport, netns string) error {
 		}
 	}
 	if cfg.Prio {
+		out.BulkInlineIdle = cfg.PrioIdleInline
 		rules, err := d.Rules()
 		if err != nil {
 			return err

@@ -132,6 +132,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		}
 		if st.Prio {
 			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))
+			if st.BulkInlineIdle && len(st.Rules) == 0 {
+				fmt.Fprintf(out, "  no flow marked: bulk flows run in the NIC poll, as vanilla, until the first rule sends them to the bulk queue\n")
+			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}
 		if st.Sync {

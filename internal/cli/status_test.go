@@ -30,3 +30,22 @@ func TestStatusSaysWhetherTheAgentRuns(t *testing.T) {
 		}
 	}
 }
+
+// With priority classes and no rule, status says bulk keeps the NIC poll.
+func TestStatusSaysBulkStaysWhileNoRule(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		st    control.Steering
+		shown bool
+	}{
+		{"no rule", control.Steering{Prio: true, BulkInlineIdle: true}, true},
+		{"a rule", control.Steering{Prio: true, BulkInlineIdle: true, Rules: []string{"dst 198.19.0.21 udp"}}, false},
+		{"bulk queued always", control.Steering{Prio: true}, false},
+	} {
+		var b strings.Builder
+		ctlPrintStatus(&b, &control.StatusReport{Mode: "prism", State: &control.State{Mode: "prism"}, Steering: &tc.st})
+		if got := strings.Contains(b.String(), "bulk flows run in the NIC poll"); got != tc.shown {
+			t.Errorf("%s: says bulk runs in the NIC poll: %v, want %v:\n%s", tc.name, got, tc.shown, b.String())
+		}
+	}
+}
