@@ -82,17 +82,18 @@ const volatile __u32 train = 1;
  * sizeof(struct frame) bytes of the frame (a plain frame's are fewer), in
  * 8-byte words.
  */
-/* copy_hdr writes a tail of 0, 2 or 4 bytes after the whole words. */
-_Static_assert(sizeof(struct frame) % 8 == 4, "struct frame: copy_hdr's tail");
-_Static_assert(sizeof(struct plain_frame) % 8 == 2, "struct plain_frame: copy_hdr's tail");
+/* copy_hdr writes whole words, which must cover every header byte; the
+ * sequence right after them is written on every run anyway. */
+_Static_assert(__builtin_offsetof(struct frame, seq) <= sizeof(struct frame) / 8 * 8, "struct frame: copy_hdr");
+_Static_assert(__builtin_offsetof(struct plain_frame, seq) <= sizeof(struct plain_frame) / 8 * 8,
+	       "struct plain_frame: copy_hdr");
 
 #define HDR_WORDS ((sizeof(struct frame) + 7) / 8)
 const volatile __u64 hdr[HDR_WORDS] = {};
 
 /*
- * copy_hdr writes the first len bytes of hdr to the packet: whole 8-byte
- * words, then the tail from the next word (little endian: its low bytes
- * come first). Volatile loads, word by word: clang must not fold the
+ * copy_hdr writes the whole 8-byte words of hdr that fit in len bytes to
+ * the packet. Volatile loads, word by word: clang must not fold the
  * zero-initialised array into constants before userspace fills it.
  */
 static __always_inline void copy_hdr(void *data, const int len)
@@ -102,10 +103,6 @@ static __always_inline void copy_hdr(void *data, const int len)
 #pragma unroll
 	for (i = 0; i < len / 8; i++)
 		*(__u64 *)(data + 8 * i) = hdr[i];
-	if ((len & 7) == 4)
-		*(__u32 *)(data + len - 4) = (__u32)hdr[len / 8];
-	else if ((len & 7) == 2)
-		*(__u16 *)(data + len - 2) = (__u16)hdr[len / 8];
 }
 
 struct {

@@ -3,7 +3,9 @@
 package steer
 
 import (
+	"golang.org/x/sys/unix"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -295,5 +297,76 @@ func TestPrioIdleInline(t *testing.T) {
 		if err := d.SetConfig(c); err == nil {
 			t.Errorf("PrioIdleInline %s accepted", name)
 		}
+	}
+}
+
+// drainFlows sets every flow state's in-flight count to 0, as the tc side
+// does once it has seen every counted frame.
+func drainFlows(t *testing.T, d *Datapath) {
+	t.Helper()
+	var (
+		k  steerSteerFlowKey
+		st steerSteerFlowState
+	)
+	it := d.objs.SteerFlows.Iterate()
+	for it.Next(&k, &st) {
+		st.Inflight = 0
+		if err := d.objs.SteerFlows.Put(&k, &st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With PrioIdleInline on the core the program runs on, a TCP flow in the
+// NIC poll that must move to the bulk queue (a rule appeared) has its
+// frames marked and counted only from the segment after one that ended a
+// GRO segment (PSH), never in the middle of one, and moves, without an
+// idle gap, once a marked frame was counted and none is in flight.
+func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var set unix.CPUSet
+	set.Set(0)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline = true
+	cfg.Flowlet = time.Hour // no idle-gap move: only the fast one
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := tcpFlow(40000)
+	seg := func(psh bool) []byte {
+		b := vxlanFrame(frameSpec{flow: f})
+		const tcpFlags = 50 + 14 + 20 + 13 // outer headers, inner Ethernet and IPv4
+		b[tcpFlags] = 0x10
+		if psh {
+			b[tcpFlags] = 0x18
+		}
+		return b
+	}
+	step := func(name string, psh bool, verdict uint32, marked bool, inflight int64) {
+		t.Helper()
+		ret, _, meta := runXDPMeta(t, d, seg(psh))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || (meta != nil) != marked || fl.InFlight != inflight {
+			t.Errorf("%s: verdict %d marked %v in flight %d, want %d %v %d", name, ret, meta != nil, fl.InFlight, verdict, marked, inflight)
+		}
+	}
+	step("no rule", false, xdpPass, false, 0)
+	addRule(t, d, "dst 10.9.9.9")
+	step("rule, mid-segment", false, xdpPass, false, 0)
+	step("rule, segment end (PSH)", true, xdpPass, false, 0)
+	step("first frame of a segment: marked", false, xdpPass, true, 1)
+	step("marked, one in flight", false, xdpPass, true, 2)
+	drainFlows(t, d)
+	step("none in flight: in the queue", false, xdpRedirect, true, 1)
+	if st := stats(t, d)[StageSplit]; st.Moved != 1 {
+		t.Errorf("counters %+v, want 1 move", st)
 	}
 }

@@ -337,6 +337,11 @@ struct tuple {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
+	/* The frame ends a GRO segment of its flow (see mark_inline): a TCP
+	 * segment with URG, PSH, RST, SYN or FIN, which make GRO hand the
+	 * merged segment on at once, or any UDP datagram. Not part of the
+	 * flow's identity. */
+	__u8 seg_end;
 };
 
 /* A read position in a packet; every step is checked against end. */
@@ -387,6 +392,10 @@ static __always_inline struct iphdr *parse_ipv4(struct cursor *c)
 	return ip;
 }
 
+/* TCP flags (byte 13 of the header) that make tcp_gro_receive flush the
+ * segment: URG, PSH, RST, SYN, FIN. */
+#define TCP_GRO_FLUSH_FLAGS 0x2f
+
 /* Ethernet + IPv4 + a complete TCP or UDP header. */
 static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 {
@@ -408,6 +417,7 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 			return -1;
 		t->sport = th->source;
 		t->dport = th->dest;
+		t->seg_end = (((__u8 *)th)[13] & TCP_GRO_FLUSH_FLAGS) != 0;
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {
@@ -417,6 +427,10 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 			return -1;
 		t->sport = uh->source;
 		t->dport = uh->dest;
+		/* Inner UDP is not merged by GRO on the underlay (no socket
+		 * there asks for UDP GRO), unless the NIC has rx-gro-list on
+		 * (fraglist GRO, off by default): lanes assumes it off. */
+		t->seg_end = 1;
 		return 0;
 	}
 	return -1;
@@ -611,9 +625,11 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
-/* steer_flow_state.inline_mark */
-#define INLINE_COUNT 0x1   /* a move out of the NIC poll waits: count its frames in flight */
-#define INLINE_COUNTED 0x2 /* at least one was counted since */
+/* steer_flow_state.inline_mark (see mark_inline) */
+#define INLINE_COUNT 0x1    /* a move out of the NIC poll waits: mark and count its frames */
+#define INLINE_COUNTED 0x2  /* a frame was marked and counted since marking started */
+#define INLINE_MARKING 0x4  /* the flow's frames in the NIC poll are being marked */
+#define INLINE_BOUNDARY 0x8 /* its last frame there ended a GRO segment: nothing of it is held */
 
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
 				   __u32 stage, __u32 ifindex, __u64 len, int hi, int sync,
@@ -648,6 +664,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.last_ns = now,
 			.packets = 1,
 			.bytes = len,
+			.inline_mark = INLINE_BOUNDARY,
 		};
 
 		/* A failed insert only loses the history: place by the table.
@@ -665,11 +682,13 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		if (st->cpu_idx == SYNC_IDX) {
 			/* Off the shortcut: nothing of the flow is queued behind. */
 			st->cpu_idx = want;
+			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else if (st->cpu_idx != STAY && (st->cpu_idx & ~CLASS_HI) >= cfg->ncpus) {
 			/* The core set shrank under the flow: its old index names
 			 * no core any more, so there is no order left to keep. */
 			st->cpu_idx = want;
+			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else if ((opts & PLACE_LOCAL) && want != SYNC_IDX && st->inflight <= 0 &&
 			   (st->cpu_idx != STAY || (st->inline_mark & INLINE_COUNTED))) {
@@ -681,14 +700,14 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * and with it every earlier frame of its flow (GRO hands a
 			 * flow's frames on in order). A queue's frames are always
 			 * counted; the NIC poll's only while a move out of it
-			 * waits (INLINE_COUNT), so that costs nothing while bulk
+			 * waits (mark_inline), so that costs nothing while bulk
 			 * stays: once one of those was counted and none is in
 			 * flight, nothing of the flow is left behind in the NIC
 			 * poll's GRO. So the flow moves at once, no idle gap
 			 * needed. Not onto sync's shortcut, which skips the shared
 			 * queues. */
 			st->cpu_idx = want;
-			st->inline_mark = 0;
+			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
 			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
@@ -699,15 +718,18 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				st->inflight = 0;
 			}
 			st->cpu_idx = want;
+			/* An idle gap: the NIC poll's GRO holds nothing of it. */
+			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else {
 			if ((opts & PLACE_LOCAL) && st->cpu_idx == STAY)
 				st->inline_mark |= INLINE_COUNT;
 			count(stage, CNT_HELD);
 		}
-	} else if (st->inline_mark) {
-		/* The move it waited for was called off (the rule went). */
-		st->inline_mark = 0;
+	} else if (st->inline_mark & INLINE_COUNT) {
+		/* The move it waited for was called off (the rule went):
+		 * mark_inline stops marking at the next segment end. */
+		st->inline_mark &= ~INLINE_COUNT;
 	}
 	st->ifindex = ifindex;
 	st->bucket = bucket;
@@ -757,6 +779,33 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 	meta->flags = LANES_META_QUEUED;
 	queued(st, 1);
 	return 1;
+}
+
+/*
+ * A frame of a flow that runs in the NIC poll under PLACE_LOCAL. While a
+ * move out of the NIC poll waits (INLINE_COUNT) its frames are marked and
+ * counted in flight like a queue's: once one was counted seen, with none
+ * in flight, the NIC poll's GRO holds nothing of the flow (place()). GRO
+ * merges only frames with equal metadata, so marking must not start or
+ * stop in the middle of a GRO segment: a marked segment handed on early
+ * (a PSH) would overtake the unmarked one held before it. So it starts
+ * and stops only after a frame that ended a segment (INLINE_BOUNDARY).
+ */
+static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_state *st, int seg_end)
+{
+	__u32 m = st->inline_mark;
+	int want = (m & INLINE_COUNT) != 0;
+
+	if (want != ((m & INLINE_MARKING) != 0) && (m & INLINE_BOUNDARY))
+		m = want ? (m | INLINE_MARKING) : (m & ~(INLINE_MARKING | INLINE_COUNTED));
+	if (m & INLINE_MARKING) {
+		if (mark_queued(ctx, st))
+			m |= INLINE_COUNTED;
+		else
+			uncounted(st);
+	}
+	m = seg_end ? (m | INLINE_BOUNDARY) : (m & ~INLINE_BOUNDARY);
+	st->inline_mark = m;
 }
 
 /*
@@ -1050,14 +1099,8 @@ int steer_xdp(struct xdp_md *ctx)
 	cpu = idx & ~CLASS_HI;
 	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
-		/* A move out of the NIC poll waits (PLACE_LOCAL): its GRO may
-		 * hold frames of the flow, so count them like a queue's. */
-		if ((opts & PLACE_LOCAL) && st && (st->inline_mark & INLINE_COUNT)) {
-			if (mark_queued(ctx, st))
-				st->inline_mark |= INLINE_COUNTED;
-			else
-				uncounted(st);
-		}
+		if ((opts & PLACE_LOCAL) && st)
+			mark_inline(ctx, st, t.seg_end);
 		return XDP_PASS;
 	}
 	/* The mask is a no-op after the check; it lets the verifier see the

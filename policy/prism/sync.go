@@ -93,6 +93,11 @@ func ownHook(entry string) bool {
 func Sync(t *topology.Topology, trustNetfilter bool) SyncPlan {
 	sp := SyncPlan{trustNetfilter: trustNetfilter}
 	note := func(format string, args ...any) { sp.Notes = append(sp.Notes, fmt.Sprintf(format, args...)) }
+	if t.Netfilter.Err != "" {
+		// Trust is for rules the operator knows; not for what nobody read.
+		note("sync off: %s; high-priority flows use batch mode", netfilterMayAct(t.Netfilter, t.NetNS))
+		return sp
+	}
 	if why := netfilterMayAct(t.Netfilter, t.NetNS); why != "" {
 		if !trustNetfilter {
 			note("sync off: %s; high-priority flows use batch mode (sync-netfilter=trust overrides this if no rule acts on the overlay's frames)", why)
@@ -147,9 +152,13 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 		note("underlay %s has receive programs or filters (%s) the shortcut would skip; batch mode", u.Name, strings.Join(h, ", "))
 		return
 	}
+	if v.UnderlayNetNS != t.NetNS && v.UnderlayNetfilter == nil {
+		note("netfilter of the underlay's namespace %s was not read; batch mode", label(v.UnderlayNetNS))
+		return
+	}
 	if v.UnderlayNetfilter != nil {
 		if why := netfilterMayAct(*v.UnderlayNetfilter, v.UnderlayNetNS); why != "" {
-			if !sp.trustNetfilter {
+			if v.UnderlayNetfilter.Err != "" || !sp.trustNetfilter {
 				note("its datagrams arrive through %s: %s; batch mode (sync-netfilter=trust overrides this if no rule acts on them)", label(v.UnderlayNetNS), why)
 				return
 			}

@@ -248,6 +248,9 @@ func TestPrismSyncTrustNetfilter(t *testing.T) {
 	if got := syncTargets(a); got != "" {
 		t.Errorf("sync destinations %q past an nftables table without sync-netfilter=trust", got)
 	}
+	if notes := strings.Join(a.State.Plan.Notes, "\n"); !strings.Contains(notes, `"inet lanes_trust_test"`) || !strings.Contains(notes, "sync off") {
+		t.Errorf("plan notes %q do not say the table turned sync off", a.State.Plan.Notes)
+	}
 	a.ResetAndCheck(t, before)
 
 	a = modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust"})

@@ -159,10 +159,21 @@ func TestSyncTrustNetfilter(t *testing.T) {
 	if strings.Contains(notes, "ip6 filter") {
 		t.Errorf("notes %q name an ip6 table, which never sees the overlay's IPv4 frames", sp.Notes)
 	}
+	// Trust covers rules the operator knows, not what nobody could read.
 	topo.Netfilter = topology.Netfilter{Err: "EPERM"}
-	if got := macs(Sync(topo, true)); got == "" {
-		t.Error("no targets with trust when netfilter could not be read")
+	if got := macs(Sync(topo, true)); got != "" {
+		t.Errorf("targets %q with trust when netfilter could not be read", got)
 	}
+	topo.Netfilter = topology.Netfilter{}
+	movedUnderlay(topo, topology.Netfilter{Err: "EPERM"})
+	if got := macs(Sync(topo, true)); got != "" {
+		t.Errorf("targets %q with trust when the underlay namespace's netfilter could not be read", got)
+	}
+	topo.VXLANs[0].UnderlayNetfilter = nil
+	if got := macs(Sync(topo, true)); got != "" {
+		t.Errorf("targets %q with the underlay in another namespace whose netfilter was not read", got)
+	}
+	movedUnderlay(topo, topology.Netfilter{})
 	topo.Underlays[0].Hooks = &topology.Hooks{Ingress: []string{"tc:u32"}}
 	if got := macs(Sync(topo, true)); got != "" {
 		t.Errorf("targets %q past a tc filter on the underlay: trust covers netfilter only", got)
