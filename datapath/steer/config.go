@@ -51,10 +51,11 @@ type Config struct {
 	// PrioIdleInline (with Prio, CountSplit and a single core, the one the
 	// NIC is polled on) keeps bulk flows in the NIC poll, vanilla's path,
 	// while the priority set holds no rule: with nothing to preempt for,
-	// the bulk queue's hop only costs. With the first rule they take the
-	// queue. Every frame is then counted in flight, the NIC poll's too,
-	// so a flow moves between the NIC poll and a queue of that core as
-	// soon as none of its frames is left behind, without an idle gap.
+	// the bulk queue's hop only costs. With the first rule each flow
+	// takes the queue as soon as none of its frames is left behind in
+	// the NIC poll (whose frames are counted in flight only while such a
+	// move waits), without an idle gap; see steer.c's place() and
+	// mark_inline.
 	PrioIdleInline bool
 }
 
