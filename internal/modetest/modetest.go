@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -430,4 +431,36 @@ func Rule(t *testing.T, spec string) steer.Rule {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// Every calls op(0), op(1), ... every interval on a goroutine of its own
+// until the returned stop is called; stop waits for it and returns how
+// many calls were made and the first error (a test flipping tables or
+// rules while traffic runs).
+func Every(interval time.Duration, op func(i int) error) (stop func() (int, error)) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var first error
+	n := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if err := op(i); err != nil && first == nil {
+				first = err
+			}
+			n++
+			time.Sleep(interval)
+		}
+	}()
+	return func() (int, error) {
+		close(done)
+		wg.Wait()
+		return n, first
+	}
 }

@@ -2,12 +2,12 @@ package falcon_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -307,40 +307,19 @@ func TestFalconUDPInOrder(t *testing.T) {
 	// any run. One try, no retries.
 	const pause = 2 * time.Millisecond
 	stopHogs := hogEveryCore(t)
-	var flipErr error
-	var flips int
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			v := uint32(i % 2)
-			split := steer.Stay
-			if i%2 == 1 {
-				split = 0
-			}
-			for _, op := range []func() error{
-				func() error { return dp.SetTable(steer.StageBridge, fill(v)) },
-				func() error { return dp.SetTable(steer.StageContainer, fill(1-v)) },
-				func() error { return dp.SetTable(steer.StageSplit, fill(split)) },
-			} {
-				if err := op(); err != nil && flipErr == nil {
-					flipErr = err
-				}
-			}
-			flips++
-			time.Sleep(3 * time.Millisecond)
+	stop := modetest.Every(3*time.Millisecond, func(i int) error {
+		v := uint32(i % 2)
+		split := steer.Stay
+		if i%2 == 1 {
+			split = 0
 		}
-	}()
+		return errors.Join(
+			dp.SetTable(steer.StageBridge, fill(v)),
+			dp.SetTable(steer.StageContainer, fill(1-v)),
+			dp.SetTable(steer.StageSplit, fill(split)))
+	})
 	overlaytest.InOrder(t, "stream with tables flipping", overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
-	close(stop)
-	wg.Wait()
+	flips, flipErr := stop()
 	stopHogs()
 	drained(t, dp)
 	if flipErr != nil {

@@ -2,7 +2,6 @@ package falcon_test
 
 import (
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,33 +57,15 @@ func TestFalconPrism(t *testing.T) {
 	// change moves the flow's first stage between the classes' queues,
 	// which must wait until the old queue drained.
 	_, stopAgent := a.StartAgent(t)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var flipErr error
-	flips := 0
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			op := set.Add
-			if i%2 == 1 {
-				op = set.Del
-			}
-			if err := op(rule); err != nil && flipErr == nil {
-				flipErr = err
-			}
-			flips++
+	stop := modetest.Every(5*time.Millisecond, func(i int) error {
+		if i%2 == 1 {
+			return set.Del(rule)
 		}
-	}()
+		return set.Add(rule)
+	})
 	stopHogs := hogEveryCore(t)
 	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: 2 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	close(stop)
-	wg.Wait()
+	flips, flipErr := stop()
 	stopHogs()
 	stopAgent()
 	overlaytest.InOrder(t, "stream changing class while the balancer runs", res)

@@ -3,7 +3,6 @@ package prism_test
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -201,33 +200,14 @@ func TestPrismIdleInline(t *testing.T) {
 	other := modetest.Rule(t, "dst 198.19.0.99 udp")
 
 	st0, _ := dp.Stats()
-	var flipErr error
-	flips := 0
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			op := set.Add
-			if i%2 == 1 {
-				op = set.Del
-			}
-			if err := op(other); err != nil && flipErr == nil {
-				flipErr = err
-			}
-			flips++
-			time.Sleep(3 * time.Millisecond)
+	stop := modetest.Every(3*time.Millisecond, func(i int) error {
+		if i%2 == 1 {
+			return set.Del(other)
 		}
-	}()
+		return set.Add(other)
+	})
 	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	close(stop)
-	wg.Wait()
+	flips, flipErr := stop()
 	overlaytest.InOrder(t, "bulk stream while a rule comes and goes", res)
 	if flipErr != nil {
 		t.Fatalf("changing rules: %v", flipErr)
