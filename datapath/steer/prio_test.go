@@ -342,7 +342,7 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	}
 	f := tcpFlow(40000)
 	seg := func(psh bool) []byte {
-		b := vxlanFrame(frameSpec{flow: f})
+		b := vxlanFrame(frameSpec{flow: f, payload: 100}) // with payload: a pure ACK ends its segment
 		const tcpFlags = 50 + 14 + 20 + 13 // outer headers, inner Ethernet and IPv4
 		b[tcpFlags] = 0x10
 		if psh {
@@ -359,7 +359,7 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 		}
 	}
 	step("no rule", false, xdpPass, false, 0)
-	addRule(t, d, "dst 10.9.9.9")
+	rule := addRule(t, d, "dst 10.9.9.9")
 	step("rule, mid-segment", false, xdpPass, false, 0)
 	step("rule, segment end (PSH)", true, xdpPass, false, 0)
 	step("first frame of a segment: marked", false, xdpPass, true, 1)
@@ -368,5 +368,19 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	step("none in flight: in the queue", false, xdpRedirect, true, 1)
 	if st := stats(t, d)[StageSplit]; st.Moved != 1 {
 		t.Errorf("counters %+v, want 1 move", st)
+	}
+	// The rule goes: back to the NIC poll once the queue holds none of
+	// the flow, still marked until the next segment end (the queue's
+	// frames reach the shared GRO cell with metadata), then unmarked.
+	if err := d.DelRule(rule); err != nil {
+		t.Fatal(err)
+	}
+	step("rule gone, one in flight: stays in the queue", false, xdpRedirect, true, 2)
+	drainFlows(t, d)
+	step("back in the NIC poll, marked", false, xdpPass, true, 1)
+	step("marked up to the segment end (PSH)", true, xdpPass, true, 2)
+	step("after the segment end: unmarked", false, xdpPass, false, 2)
+	if st := stats(t, d)[StageSplit]; st.Moved != 2 {
+		t.Errorf("counters %+v, want 2 moves", st)
 	}
 }

@@ -338,9 +338,9 @@ struct tuple {
 	__be16 dport;
 	__u8 proto;
 	/* The frame ends a GRO segment of its flow (see mark_inline): a TCP
-	 * segment with URG, PSH, RST, SYN or FIN, which make GRO hand the
-	 * merged segment on at once, or any UDP datagram. Not part of the
-	 * flow's identity. */
+	 * segment with URG, PSH, RST, SYN or FIN, or without payload, which
+	 * make GRO hand the merged segment on at once, or any UDP datagram.
+	 * Not part of the flow's identity. */
 	__u8 seg_end;
 };
 
@@ -417,7 +417,9 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 			return -1;
 		t->sport = th->source;
 		t->dport = th->dest;
-		t->seg_end = (((__u8 *)th)[13] & TCP_GRO_FLUSH_FLAGS) != 0;
+		/* A segment without payload (a pure ACK) is never merged. */
+		t->seg_end = (((__u8 *)th)[13] & TCP_GRO_FLUSH_FLAGS) != 0 ||
+			     bpf_ntohs(ip->tot_len) <= ip->ihl * 4 + th->doff * 4;
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {
@@ -706,8 +708,12 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * poll's GRO. So the flow moves at once, no idle gap
 			 * needed. Not onto sync's shortcut, which skips the shared
 			 * queues. */
+			/* Into the NIC poll from a queue: the queue's frames carry
+			 * metadata into the shared GRO cell after decapsulation,
+			 * where GRO compares it too, so the NIC poll's frames go
+			 * on marked until the flow's next segment end. */
+			st->inline_mark = want == STAY ? INLINE_MARKING : INLINE_BOUNDARY;
 			st->cpu_idx = want;
-			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
 			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
@@ -790,6 +796,8 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
  * stop in the middle of a GRO segment: a marked segment handed on early
  * (a PSH) would overtake the unmarked one held before it. So it starts
  * and stops only after a frame that ended a segment (INLINE_BOUNDARY).
+ * A flow that came back from a queue starts marked (place()): the queue's
+ * frames reach the shared VXLAN GRO cell with their metadata.
  */
 static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_state *st, int seg_end)
 {
@@ -805,7 +813,8 @@ static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_st
 			uncounted(st);
 	}
 	m = seg_end ? (m | INLINE_BOUNDARY) : (m & ~INLINE_BOUNDARY);
-	st->inline_mark = m;
+	if (m != st->inline_mark)
+		st->inline_mark = m;
 }
 
 /*

@@ -109,16 +109,18 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	bulkInline := o.Bulk == BulkInline
 	if bulkInline {
 		setup.CPUMap, setup.RTPriority = nil, 0
-	} else if !inline {
+	} else if irq := plan.IRQCPUs(t); !inline && slices.Equal(irq, []int{core}) {
 		// While no flow is marked, bulk keeps vanilla's path: the queue's
 		// hop buys nothing then, and it cost a bulk TCP stream 36-54% of
 		// its rate (2 cores, 2026-11-23). steer_xdp moves a flow between
-		// the NIC poll and the queues without an idle gap only where the
-		// NIC is polled on the receive core; elsewhere at a flowlet gap.
-		// Not with high=inline: a flow moved to the missing high queue
-		// would run on in the NIC poll with its marking changed.
+		// the NIC poll and the queues without an idle gap, which is
+		// order-safe only where the NIC is polled on the receive core
+		// alone: elsewhere a busy flow would wait for an idle gap to
+		// reach the queue once a rule exists. Not with high=inline: a
+		// flow moved to the missing high queue would run on in the NIC
+		// poll with its marking changed.
 		setup.Config.PrioIdleInline = true
-		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap assumes the NIC's rx-gro-list (fraglist GRO) is off, the default")
+		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap assumes the NIC merges no inner UDP (rx-gro-list and rx-udp-gro-forwarding off, the defaults)")
 	}
 	val, err := setup.Encode()
 	if err != nil {
