@@ -326,9 +326,16 @@ func drainFlows(t *testing.T, d *Datapath) {
 // GRO segment (PSH), never in the middle of one, and moves, without an
 // idle gap, once a marked frame was counted and none is in flight.
 func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
+	// BPF_PROG_RUN runs the program on the calling thread's core, which
+	// must be the config's one core (0) for PLACE_LOCAL. The thread's
+	// affinity is put back before it returns to the Go scheduler.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var set unix.CPUSet
+	var old, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.SchedSetaffinity(0, &old)
 	set.Set(0)
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
 		t.Fatal(err)
