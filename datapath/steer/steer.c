@@ -114,8 +114,9 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
  * (prio_shapes 0) there is nothing to preempt for, so bulk flows stay in
  * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
- * with the first rule they go to the queue at once. Set by the planner
- * with a single receive core, the one the queues are on. */
+ * with the first rule each goes to the queue as soon as none of its frames
+ * is left behind (place(), PLACE_LOCAL). Set by the planner only where the
+ * NIC is polled on the receive core alone, the one the queues are on. */
 #define CFG_PRIO_IDLE_INLINE 0x400u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
@@ -430,8 +431,9 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 		t->sport = uh->source;
 		t->dport = uh->dest;
 		/* Inner UDP is not merged by GRO on the underlay (no socket
-		 * there asks for UDP GRO), unless the NIC has rx-gro-list on
-		 * (fraglist GRO, off by default): lanes assumes it off. */
+		 * there asks for UDP GRO), unless the NIC has rx-gro-list or
+		 * rx-udp-gro-forwarding on (off by default): lanes assumes
+		 * both off, and the plan says so. */
 		t->seg_end = 1;
 		return 0;
 	}
@@ -605,6 +607,16 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 	return now - stamp - lag;
 }
 
+/* place()'s opts, for PRISM's bulk class under CFG_PRIO_IDLE_INLINE. */
+#define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
+#define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
+
+/* steer_flow_state.inline_mark (see mark_inline) */
+#define INLINE_COUNT 0x1    /* a move out of the NIC poll waits: mark and count its frames */
+#define INLINE_COUNTED 0x2  /* a frame was marked and counted since marking started */
+#define INLINE_MARKING 0x4  /* the flow's frames in the NIC poll are being marked */
+#define INLINE_BOUNDARY 0x8 /* its last frame there ended a GRO segment: nothing of it is held */
+
 /*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
@@ -623,16 +635,6 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
  * longer path can bring. *out is the flow's state, for the caller's
  * in-flight count (NULL if it could not be stored).
  */
-/* place()'s opts, for PRISM's bulk class under CFG_PRIO_IDLE_INLINE. */
-#define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
-#define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
-
-/* steer_flow_state.inline_mark (see mark_inline) */
-#define INLINE_COUNT 0x1    /* a move out of the NIC poll waits: mark and count its frames */
-#define INLINE_COUNTED 0x2  /* a frame was marked and counted since marking started */
-#define INLINE_MARKING 0x4  /* the flow's frames in the NIC poll are being marked */
-#define INLINE_BOUNDARY 0x8 /* its last frame there ended a GRO segment: nothing of it is held */
-
 static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tuple *t, __u32 fh,
 				   __u32 stage, __u32 ifindex, __u64 len, int hi, int sync,
 				   __u32 opts, struct steer_flow_state **out)
@@ -707,11 +709,10 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			 * flight, nothing of the flow is left behind in the NIC
 			 * poll's GRO. So the flow moves at once, no idle gap
 			 * needed. Not onto sync's shortcut, which skips the shared
-			 * queues. */
-			/* Into the NIC poll from a queue: the queue's frames carry
-			 * metadata into the shared GRO cell after decapsulation,
-			 * where GRO compares it too, so the NIC poll's frames go
-			 * on marked until the flow's next segment end. */
+			 * queues. Into the NIC poll from a queue, its frames go on
+			 * marked until the flow's next segment end: the queue's
+			 * frames carry their metadata into the shared GRO cell
+			 * after decapsulation, where GRO compares it too. */
 			st->inline_mark = want == STAY ? INLINE_MARKING : INLINE_BOUNDARY;
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);

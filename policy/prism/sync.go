@@ -158,7 +158,12 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	}
 	if v.UnderlayNetfilter != nil {
 		if why := netfilterMayAct(*v.UnderlayNetfilter, v.UnderlayNetNS); why != "" {
-			if v.UnderlayNetfilter.Err != "" || !sp.trustNetfilter {
+			switch {
+			case v.UnderlayNetfilter.Err != "":
+				// Trust is for rules the operator knows; not for what nobody read.
+				note("its datagrams arrive through %s: %s; batch mode", label(v.UnderlayNetNS), why)
+				return
+			case !sp.trustNetfilter:
 				note("its datagrams arrive through %s: %s; batch mode (sync-netfilter=trust overrides this if no rule acts on them)", label(v.UnderlayNetNS), why)
 				return
 			}
