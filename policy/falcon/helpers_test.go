@@ -146,14 +146,21 @@ func hogCores(t *testing.T, cores []int) func() {
 func drained(t *testing.T, dp *steer.Datapath) {
 	t.Helper()
 	var flows []steer.Flow
+	// A stage at home (the agent's fallback) skips per-flow work, so
+	// counts its frames left in flight never drain, and need not: it
+	// moves nothing, and leaving home clears the stage's flow states.
+	var home [steer.NumStages]bool
 	for range 50 {
 		var err error
 		if flows, err = dp.Flows(); err != nil {
 			t.Fatal(err)
 		}
+		if home, err = dp.Home(); err != nil {
+			t.Fatal(err)
+		}
 		busy := false
 		for _, f := range flows {
-			busy = busy || f.InFlight != 0
+			busy = busy || (f.InFlight != 0 && !home[f.Stage])
 		}
 		if !busy {
 			break
@@ -165,7 +172,7 @@ func drained(t *testing.T, dp *steer.Datapath) {
 		if f.Stage == steer.StageSplit && f.Packets > 0 {
 			split++
 		}
-		if f.InFlight != 0 {
+		if f.InFlight != 0 && !home[f.Stage] {
 			t.Errorf("%s stage of %v:%d -> %v:%d: %d frames still counted in flight after the traffic stopped",
 				steer.StageName(f.Stage), f.Src, f.SrcPort, f.Dst, f.DstPort, f.InFlight)
 		}
