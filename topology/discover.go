@@ -572,19 +572,21 @@ func (s *nsScan) nsName(id int) string {
 func (s *nsScan) device(l netlink.Link) Device {
 	a := l.Attrs()
 	d := Device{
-		Name:      a.Name,
-		NetNS:     s.ns,
-		Index:     a.Index,
-		Type:      l.Type(),
-		Up:        a.Flags&net.FlagUp != 0,
-		MTU:       a.MTU,
-		RxQueues:  s.queues[a.Name],
-		Threaded:  s.threaded[a.Name],
-		MAC:       a.HardwareAddr.String(),
-		TxQueues:  s.path.txq[a.Name],
-		GRO:       s.path.gro[a.Name],
-		XDPTarget: s.path.xdpTarget[a.Index],
-		Hooks:     s.path.hooks[a.Index],
+		Name:           a.Name,
+		NetNS:          s.ns,
+		Index:          a.Index,
+		Type:           l.Type(),
+		Up:             a.Flags&net.FlagUp != 0,
+		MTU:            a.MTU,
+		RxQueues:       s.queues[a.Name],
+		Threaded:       s.threaded[a.Name],
+		MAC:            a.HardwareAddr.String(),
+		TxQueues:       s.path.txq[a.Name],
+		GRO:            s.path.gro[a.Name],
+		UDPGRO:         s.path.udpGRO[a.Name].on,
+		FeaturesUnread: s.path.udpGRO[a.Name].unread,
+		XDPTarget:      s.path.xdpTarget[a.Index],
+		Hooks:          s.path.hooks[a.Index],
 	}
 	if d.RxQueues == nil {
 		d.RxQueues = []RxQueue{}

@@ -29,6 +29,7 @@ import (
 type pathScan struct {
 	hooks     map[int]*Hooks
 	gro       map[string]bool
+	udpGRO    map[string]udpGRO
 	txq       map[string]int
 	xdpTarget map[int]bool
 	brports   map[string]BridgePort
@@ -41,10 +42,34 @@ type bridgeFacts struct {
 	vlanFiltering, nfCall bool
 }
 
+// udpGROFeatures are the device features that let GRO merge inner UDP
+// datagrams.
+var udpGROFeatures = []string{"rx-gro-list", "rx-udp-gro-forwarding"}
+
+type udpGRO struct {
+	on     []string
+	unread string
+}
+
+// readUDPGRO reads which of udpGROFeatures dev has on.
+func readUDPGRO(dev string) udpGRO {
+	got, err := ethtool.GetNamed("", dev, udpGROFeatures...)
+	if err != nil {
+		return udpGRO{unread: err.Error()}
+	}
+	var g udpGRO
+	for _, f := range udpGROFeatures {
+		if got[f] {
+			g.on = append(g.on, f)
+		}
+	}
+	return g
+}
+
 // readPath fills s.path; it runs in the namespace, with its /sys mounted.
 func (s *nsScan) readPath() {
 	p := pathScan{
-		hooks: map[int]*Hooks{}, gro: map[string]bool{}, txq: map[string]int{}, xdpTarget: map[int]bool{},
+		hooks: map[int]*Hooks{}, gro: map[string]bool{}, udpGRO: map[string]udpGRO{}, txq: map[string]int{}, xdpTarget: map[int]bool{},
 		brports: map[string]BridgePort{}, bridges: map[string]bridgeFacts{}, fdb: map[int][]FDBEntry{},
 	}
 	nsCall := readBool("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -55,6 +80,7 @@ func (s *nsScan) readPath() {
 		if on, err := ethtool.Get("", a.Name, ethtool.GRO); err == nil {
 			p.gro[a.Name] = on
 		}
+		p.udpGRO[a.Name] = readUDPGRO(a.Name)
 		p.txq[a.Name] = countQueues(a.Name, "tx-")
 		if a.MasterIndex != 0 {
 			if bp, ok := readBridgePort(a.Name); ok {

@@ -72,6 +72,14 @@ type Device struct {
 	// the veth polls with NAPI, and its peer then takes XDP-redirected
 	// frames (XDPTarget).
 	GRO bool `json:"gro"`
+	// UDPGRO lists the features on the device that let its GRO merge the
+	// datagrams of a UDP flow inside the tunnel (rx-gro-list,
+	// rx-udp-gro-forwarding; both off by default). PRISM moves a flow out
+	// of the NIC poll without an idle gap only where every UDP datagram
+	// ends a GRO segment (policy/prism).
+	UDPGRO []string `json:"udp_gro,omitempty"`
+	// FeaturesUnread says why UDPGRO could not be read ("" = it was).
+	FeaturesUnread string `json:"features_unread,omitempty"`
 	// XDPTarget: frames an XDP program redirects to this device are sent
 	// (the netdev family's xdp-features include ndo-xmit).
 	XDPTarget bool `json:"xdp_target"`

@@ -53,6 +53,12 @@ type ifreq struct {
 }
 
 func ioctl(netns, dev string, v *value) error {
+	return ioctlPtr(netns, dev, unsafe.Pointer(v))
+}
+
+// ioctlPtr runs SIOCETHTOOL with data pointing at a command buffer (its
+// first word the command), which the caller keeps alive.
+func ioctlPtr(netns, dev string, data unsafe.Pointer) error {
 	if len(dev) >= unix.IFNAMSIZ {
 		return fmt.Errorf("device name %q too long", dev)
 	}
@@ -64,9 +70,9 @@ func ioctl(netns, dev string, v *value) error {
 		defer unix.Close(fd)
 		var req ifreq
 		copy(req.name[:], dev)
-		req.data = unsafe.Pointer(v)
+		req.data = data
 		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&req)))
-		runtime.KeepAlive(v)
+		runtime.KeepAlive(data)
 		if errno != 0 {
 			return errno
 		}

@@ -109,7 +109,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	bulkInline := o.Bulk == BulkInline
 	if bulkInline {
 		setup.CPUMap, setup.RTPriority = nil, 0
-	} else if irq := plan.IRQCPUs(t); !inline && slices.Equal(irq, []int{core}) {
+	} else if irq := plan.IRQCPUs(t); !inline && slices.Equal(irq, []int{core}) && mergesUDP(t) != "" {
+		// GRO that merges inner UDP datagrams leaves the move out of the
+		// NIC poll no frame it knows ends a segment (see mergesUDP).
+		pl.Notes = append(pl.Notes, "bulk flows take the bulk queue even while no flow is marked: "+mergesUDP(t)+
+			", so a UDP datagram need not end a GRO segment and a flow could not leave the NIC poll in order without an idle gap")
+	} else if !inline && slices.Equal(irq, []int{core}) {
 		// While no flow is marked, bulk keeps vanilla's path: the queue's
 		// hop buys nothing then, and it cost a bulk TCP stream 36-54% of
 		// its rate (2 cores, 2026-11-23). steer_xdp moves a flow between
@@ -120,7 +125,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// flow moved to the missing high queue would run on in the NIC
 		// poll with its marking changed.
 		setup.Config.PrioIdleInline = true
-		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap assumes the NIC merges no inner UDP (rx-gro-list and rx-udp-gro-forwarding off, the defaults)")
+		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	val, err := setup.Encode()
 	if err != nil {
@@ -250,4 +255,20 @@ func fifo(prio int) string {
 		return "normal scheduling"
 	}
 	return fmt.Sprintf("FIFO %d", prio)
+}
+
+// mergesUDP says which underlay's GRO may merge inner UDP datagrams, or
+// could not be read ("" = none): steer_xdp's move out of the NIC poll
+// takes every UDP datagram for the end of a GRO segment.
+func mergesUDP(t *topology.Topology) string {
+	var why []string
+	for _, u := range t.Underlays {
+		switch {
+		case u.FeaturesUnread != "":
+			why = append(why, fmt.Sprintf("the features of %s could not be read (%s)", u.Name, u.FeaturesUnread))
+		case len(u.UDPGRO) > 0:
+			why = append(why, fmt.Sprintf("%s has %s on", u.Name, strings.Join(u.UDPGRO, " and ")))
+		}
+	}
+	return strings.Join(why, "; ")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -221,6 +222,53 @@ func TestPrismIdleInline(t *testing.T) {
 		t.Errorf("the stream did not take both paths and move between them: %+v", d)
 	}
 	a.ResetAndCheck(t, before)
+}
+
+// TestPrismIdleInlineNeedsUDPGROOff: where the underlay's GRO may merge
+// inner UDP datagrams (rx-udp-gro-forwarding on), a UDP datagram need not
+// end a GRO segment, so prism does not keep bulk in the NIC poll while no
+// rule exists, and its plan says why. lanes leaves the feature as found.
+func TestPrismIdleInlineNeedsUDPGROOff(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r := tb.Receiver()
+	topo, err := topology.Discover(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := topo.Underlays[0]
+	if len(ul.UDPGRO) != 0 || ul.FeaturesUnread != "" {
+		t.Fatalf("testbed underlay %s: UDP GRO %v (unread: %q), want both off and read", ul.Name, ul.UDPGRO, ul.FeaturesUnread)
+	}
+	const feature = "rx-udp-gro-forwarding"
+	t.Cleanup(func() {
+		if err := ethtool.SetNamed(ul.NetNS, ul.Name, feature, false); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := ethtool.SetNamed(ul.NetNS, ul.Name, feature, true); err != nil {
+		t.Fatal(err)
+	}
+	before := modetest.Snapshot(t, tb)
+	a := modetest.Apply(t, tb, "prism-batch", nil)
+	cfg, err := a.Open(t).Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PrioIdleInline {
+		t.Errorf("%s on the underlay, and bulk still stays in the NIC poll while no flow is marked", feature)
+	}
+	said := false
+	for _, n := range a.State.Plan.Notes {
+		said = said || strings.Contains(n, ul.Name+" has "+feature+" on")
+	}
+	if !said {
+		t.Errorf("no plan note names %s on %s: %q", feature, ul.Name, a.State.Plan.Notes)
+	}
+	a.ResetAndCheck(t, before)
+	if got, err := ethtool.GetNamed(ul.NetNS, ul.Name, feature); err != nil || !got[feature] {
+		t.Errorf("after reset %s of %s: %v (%v), want it left on", feature, ul.Name, got, err)
+	}
 }
 
 // TestPrismFlannel: on a routed overlay (Flannel: the receiving host
