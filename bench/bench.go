@@ -82,14 +82,40 @@ var DefaultWorkloads = append([]string{"tcp_stream", "udp_stream", "tcp_multi", 
 // mode's settings. rps:cpus=1, for instance, is RPS that keeps every stage
 // on core 1: the backlog hops without the second core.
 func modeCPUs(params map[string]string) (cpus string, rest map[string]string) {
-	if _, ok := params["cpus"]; !ok {
-		return "", params
-	}
-	rest = maps.Clone(params)
-	cpus = rest["cpus"]
-	delete(rest, "cpus")
+	cpus, _, rest = benchParams(params)
 	return cpus, rest
 }
+
+// benchParams takes the benchmark's own mode settings out of a mode's
+// settings: cpus (modeCPUs) and idle-rule. idle-rule=true, for modes with
+// priority classes, keeps a rule in place that marks a flow no workload
+// sends (idleRule below), so that bulk workloads run as they do on a host
+// with a marked service that is silent; without it those workloads run
+// with no rule at all. idleRule is "" when not given.
+func benchParams(params map[string]string) (cpus, idleRule string, rest map[string]string) {
+	_, c := params["cpus"]
+	_, i := params["idle-rule"]
+	if !c && !i {
+		return "", "", params
+	}
+	rest = maps.Clone(params)
+	cpus, idleRule = rest["cpus"], rest["idle-rule"]
+	delete(rest, "cpus")
+	delete(rest, "idle-rule")
+	return cpus, idleRule, rest
+}
+
+// idleRuleOn says whether mode asks for idle-rule (Validate checked it).
+func idleRuleOn(mode string) bool {
+	_, params, _ := ParseModeSpec(mode)
+	_, idle, _ := benchParams(params)
+	on, _ := strconv.ParseBool(idle)
+	return on
+}
+
+// idleRuleSpec is idle-rule's rule: an address in the benchmarking range
+// that no testbed interface has.
+const idleRuleSpec = "dst 198.19.0.254 port 9 udp"
 
 // QuickWorkloads keeps --quick under five minutes for three modes.
 var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
@@ -119,10 +145,19 @@ func (o *Options) Validate() error {
 			if c, given := params["cpus"]; given && c == "" {
 				return fmt.Errorf("mode %q: cpus= is empty: give a core list like 1 or 0-1, or drop it for all cores", m)
 			}
-			cpus, params := modeCPUs(params)
+			cpus, idle, params := benchParams(params)
 			if cpus != "" {
 				if _, err := knobs.ParseCPUList(cpus); err != nil {
 					return fmt.Errorf("mode %q: cpus=%s: %v (a core list like 1 or 0-1)", m, cpus, err)
+				}
+			}
+			if idle != "" {
+				on, err := strconv.ParseBool(idle)
+				if err != nil {
+					return fmt.Errorf("mode %q: idle-rule=%s: want true or false", m, idle)
+				}
+				if on && !plan.Prioritizes(base, params) {
+					return fmt.Errorf("mode %q: idle-rule=true keeps a prio rule in place, but %s has no priority classes: drop it or use a prism mode", m, base)
 				}
 			}
 			if err := plan.CheckParams(p, params); err != nil {
@@ -145,7 +180,7 @@ func (o *Options) Validate() error {
 			continue
 		}
 		if _, err := workload.Lookup(w); err != nil {
-			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, strings.Join(prioNames, ", "))
+			return fmt.Errorf("%v; udp_stress and %s too (use --workloads)", err, strings.Join(append(slices.Clone(prioNames), prioExtra...), ", "))
 		}
 	}
 	for _, r := range o.Rates {
@@ -469,6 +504,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
 	marked := false
+	if idleRuleOn(mode) {
+		undo, err := r.addRule(idleRuleSpec)
+		if err != nil {
+			return fail(fmt.Errorf("idle-rule: %w", err))
+		}
+		defer undo()
+	}
 	if isPrio(p.workload) {
 		var undo func()
 		marked, undo, err = r.prioRule(mode, srv, wp.Port, p.proto)

@@ -24,10 +24,14 @@ import (
 //	prio_latency    sockperf UDP ping-pong at 1000 msg/s (Fig. 9, 10, 11)
 //	prio_memcached  memcached + memaslap (Fig. 12)
 //	prio_nginx      nginx + wrk, one connection, a page under 1 KB (Fig. 13)
+//	prio_sporadic   sockperf UDP ping-pong at 10 msg/s: a marked flow that
+//	                pauses 100 ms between requests (not in the paper; what
+//	                prism's quiet setting costs; only when asked for)
 const (
 	prioLatencyWorkload   = "prio_latency"
 	prioMemcachedWorkload = "prio_memcached"
 	prioNginxWorkload     = "prio_nginx"
+	prioSporadicWorkload  = "prio_sporadic"
 
 	// bgPayload is the background datagrams' payload: small packets, the
 	// receive path's per-packet cost, as the capacity was calibrated.
@@ -60,10 +64,19 @@ var prioSpecs = map[string]prioSpec{
 		full: []float64{0, 0.65, 0.9}, quick: []float64{0, 0.65}},
 	prioNginxWorkload: {name: prioNginxWorkload, fg: workload.Nginx{}, proto: "tcp", msgSize: 512, flows: 1,
 		full: []float64{0, 0.65, 0.9}, quick: []float64{0, 0.65}},
+	// Every request comes after a 100 ms pause: with prism's quiet set
+	// shorter, each one ends a quiet time and finds bulk in the NIC poll.
+	// Few samples per second: give it a long --duration.
+	prioSporadicWorkload: {name: prioSporadicWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
+		full: []float64{0, 0.65}, quick: []float64{0, 0.65}},
 }
 
-// prioNames are the priority workloads in the order they run.
-var prioNames = []string{prioLatencyWorkload, prioMemcachedWorkload, prioNginxWorkload}
+// prioNames are the default priority workloads in the order they run;
+// prioExtra are the others, run only when --workloads names them.
+var (
+	prioNames = []string{prioLatencyWorkload, prioMemcachedWorkload, prioNginxWorkload}
+	prioExtra = []string{prioSporadicWorkload}
+)
 
 func isPrio(wl string) bool {
 	_, ok := prioSpecs[wl]
@@ -180,6 +193,26 @@ func (r *runner) prioRule(mode string, srv workload.Endpoint, port int, proto st
 		return false, nil, err
 	}
 	return true, func() {
+		set.Del(rule)
+		set.Close()
+	}, nil
+}
+
+// addRule adds a prio rule on the receiver until the returned undo.
+func (r *runner) addRule(spec string) (undo func(), err error) {
+	rule, err := steer.ParseRule(spec)
+	if err != nil {
+		return nil, err
+	}
+	set, err := control.OpenPrio(r.tb.Receiver().NetNS)
+	if err != nil {
+		return nil, err
+	}
+	if err := set.Add(rule); err != nil {
+		set.Close()
+		return nil, err
+	}
+	return func() {
 		set.Del(rule)
 		set.Close()
 	}, nil

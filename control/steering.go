@@ -33,6 +33,13 @@ type Steering struct {
 	// BulkInlineIdle: bulk flows keep the NIC poll while no rule exists
 	// (steer.Config.PrioIdleInline).
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
+	// QuietMs is steer.Config.PrioQuiet: bulk also keeps the NIC poll
+	// while no high-priority frame came for this long. SinceHighMs is how
+	// long ago the last one came (-1: none yet); Quiet says whether the
+	// high class is quiet now.
+	QuietMs     int64 `json:"quiet_ms,omitempty"`
+	SinceHighMs int64 `json:"since_high_ms,omitempty"`
+	Quiet       bool  `json:"quiet,omitempty"`
 	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
 	// Elephants lists the flows being split now.
 	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
@@ -97,6 +104,17 @@ func steering(s *StatusReport, netns string) error {
 	}
 	if cfg.Prio {
 		out.BulkInlineIdle = cfg.PrioIdleInline
+		if cfg.PrioQuiet > 0 {
+			out.QuietMs = cfg.PrioQuiet.Milliseconds()
+			since, ok, err := d.SinceHigh()
+			if err != nil {
+				return err
+			}
+			out.SinceHighMs, out.Quiet = -1, true
+			if ok {
+				out.SinceHighMs, out.Quiet = since.Milliseconds(), since > cfg.PrioQuiet
+			}
+		}
 		rules, err := d.Rules()
 		if err != nil {
 			return err

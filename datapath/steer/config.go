@@ -57,7 +57,17 @@ type Config struct {
 	// move waits), without an idle gap; see steer.c's place() and
 	// mark_inline.
 	PrioIdleInline bool
+	// PrioQuiet (with PrioIdleInline; 0: off) keeps bulk flows in the NIC
+	// poll also while rules exist but no high-priority frame arrived for
+	// this long (whole milliseconds, up to MaxPrioQuiet). The first
+	// high-priority frame ends the quiet at once and bulk flows take their
+	// queue as after a rule's arrival; that frame itself finds bulk in the
+	// NIC poll, as vanilla would.
+	PrioQuiet time.Duration
 }
+
+// MaxPrioQuiet is the longest Config.PrioQuiet.
+const MaxPrioQuiet = time.Hour
 
 // SplitAt is where MFLOW splits elephant flows.
 type SplitAt uint8
@@ -168,6 +178,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.PrioIdleInline && (!c.Prio || !c.CountSplit || len(cpus) != 1 || c.MFlow.At != SplitOff) {
 		return c, errors.New("bulk inline while idle needs priority classes, split counting and one core, without micro-flows")
+	}
+	if c.PrioQuiet != 0 && (!c.PrioIdleInline || c.PrioQuiet < time.Millisecond || c.PrioQuiet > MaxPrioQuiet || c.PrioQuiet%time.Millisecond != 0) {
+		return c, fmt.Errorf("quiet time %v: want whole milliseconds from 1ms to %v, with bulk inline while idle", c.PrioQuiet, MaxPrioQuiet)
 	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil

@@ -90,6 +90,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerMfCores, &o.SteerMfCores},
 		{steerMapSteerSync, &o.SteerSync},
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
+		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 	}
 }
 

@@ -66,8 +66,8 @@ func (s Setup) Encode() (string, error) {
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
-		PrioIdleInline: s.Config.PrioIdleInline,
-		BulkPolicy:     s.BulkPolicy,
+		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond),
+		BulkPolicy: s.BulkPolicy,
 	})
 	return string(b), err
 }
@@ -127,6 +127,7 @@ type setupDoc struct {
 	// PrioIdleInline: omitted when false, so setups journaled before it
 	// existed decode unchanged.
 	PrioIdleInline bool   `json:"prio_idle_inline,omitempty"`
+	PrioQuietMS    int64  `json:"prio_quiet_ms,omitempty"`
 	BulkPolicy     string `json:"bulk_policy,omitempty"`
 }
 
@@ -142,7 +143,8 @@ func DecodeSetup(v string) (Setup, error) {
 	}
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
-			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline},
+			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
+			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil

@@ -112,6 +112,7 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.PrioIdleInline {
 		k.Flags |= cfgPrioIdleInline
 	}
+	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -166,6 +167,7 @@ func (d *Datapath) Config() (Config, error) {
 		NoBridgeCount:  k.Flags&cfgNoBridgeCount != 0,
 		Sync:           k.Flags&cfgSync != 0,
 		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
+		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

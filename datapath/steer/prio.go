@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -224,4 +225,23 @@ func (d *Datapath) Rules() ([]Rule, error) {
 		return cmp.Or(cmp.Compare(src(a), src(b)), a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto))
 	})
 	return out, nil
+}
+
+// SinceHigh is how long ago steer_xdp last saw a high-priority frame, as it
+// stamps them for Config.PrioQuiet (the coarse monotonic clock: a tick or
+// two late); ok is false before the first one. Only stamped while
+// PrioQuiet is set.
+func (d *Datapath) SinceHigh() (since time.Duration, ok bool, err error) {
+	var last uint64
+	if err := d.objs.SteerPrioSeen.Lookup(uint32(0), &last); err != nil {
+		return 0, false, fmt.Errorf("reading the last high-priority frame's time: %w", err)
+	}
+	if last == 0 {
+		return 0, false, nil
+	}
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return 0, false, err
+	}
+	return max(0, time.Duration(now.Nano()-int64(last))), true, nil
 }

@@ -300,6 +300,63 @@ func TestPrioIdleInline(t *testing.T) {
 	}
 }
 
+// With PrioQuiet, bulk flows keep the NIC poll while rules exist but no
+// high-priority frame came for that long (none at all yet counts as
+// quiet), and take the bulk queue from the first high-priority frame on.
+// New flows are placed at once, so each check uses a fresh one.
+func TestPrioQuiet(t *testing.T) {
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.PrioQuiet = true, 50*time.Millisecond
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); got.PrioQuiet != 50*time.Millisecond {
+		t.Fatalf("config %+v does not read back PrioQuiet", got)
+	}
+	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
+	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	bulk := func(name string, sport uint16, want uint32) {
+		t.Helper()
+		f := udpFlow(sport)
+		if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: f})); ret != want {
+			t.Errorf("%s: verdict %d, want %d", name, ret, want)
+		}
+		fl := mustFlow(t, d, f, StageSplit)
+		if inline := fl.CPUIndex == Stay; inline != (want == xdpPass) {
+			t.Errorf("%s: flow %+v, NIC poll %v", name, fl, inline)
+		}
+	}
+	if _, ok, err := d.SinceHigh(); ok || err != nil {
+		t.Fatalf("a high-priority frame's time before any (%v)", err)
+	}
+	bulk("rule, no high-priority frame yet", 40000, xdpPass)
+	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: hi})); ret != xdpRedirect {
+		t.Fatalf("high-priority frame: verdict %d, want XDP_REDIRECT", ret)
+	}
+	if since, ok, err := d.SinceHigh(); !ok || err != nil || since > time.Second {
+		t.Errorf("last high-priority frame %v ago (stamped %v, %v), want just now", since, ok, err)
+	}
+	bulk("right after a high-priority frame", 40001, xdpRedirect)
+	// The stamp is the coarse clock's, up to a tick behind; two ticks at
+	// HZ=100 are 20 ms.
+	time.Sleep(50*time.Millisecond + 30*time.Millisecond)
+	bulk("quiet again", 40002, xdpPass)
+
+	for name, edit := range map[string]func(*Config){
+		"without PrioIdleInline": func(c *Config) { c.PrioIdleInline = false },
+		"under a millisecond":    func(c *Config) { c.PrioQuiet = 500 * time.Microsecond },
+		"in parts of one":        func(c *Config) { c.PrioQuiet = 1500 * time.Microsecond },
+		"over an hour":           func(c *Config) { c.PrioQuiet = 2 * time.Hour },
+	} {
+		c := cfg
+		edit(&c)
+		if err := d.SetConfig(c); err == nil {
+			t.Errorf("PrioQuiet %s accepted", name)
+		}
+	}
+}
+
 // drainFlows sets every flow state's in-flight count to 0, as the tc side
 // does once it has seen every counted frame.
 func drainFlows(t *testing.T, d *Datapath) {
@@ -350,7 +407,7 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	f := tcpFlow(40000)
 	seg := func(psh bool) []byte {
 		b := vxlanFrame(frameSpec{flow: f, payload: 100}) // with payload: a pure ACK ends its segment
-		const tcpFlags = 50 + 14 + 20 + 13 // outer headers, inner Ethernet and IPv4
+		const tcpFlags = 50 + 14 + 20 + 13                // outer headers, inner Ethernet and IPv4
 		b[tcpFlags] = 0x10
 		if psh {
 			b[tcpFlags] = 0x18

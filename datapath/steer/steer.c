@@ -116,7 +116,9 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
  * with the first rule each goes to the queue as soon as none of its frames
  * is left behind (place(), PLACE_LOCAL). Set by the planner only where the
- * NIC is polled on the receive core alone, the one the queues are on. */
+ * NIC is polled on the receive core alone, the one the queues are on.
+ * With prio_quiet_ms set, also while the high class is quiet: no
+ * high-priority frame for that long (see prio_quiet). */
 #define CFG_PRIO_IDLE_INLINE 0x400u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
@@ -166,7 +168,7 @@ struct steer_cfg {
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
 	__u32 prio_shapes; /* bit SHAPE(dir, i): steer_prio holds a rule of that shape (see high_prio) */
-	__u32 pad;
+	__u32 prio_quiet_ms; /* CFG_PRIO_IDLE_INLINE: also while no high-priority frame came for this long; 0: only while no rule */
 	/* MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE) */
 	__u64 mf_window_ns; /* the elephant test's rate window */
 	__u32 mf_thresh;    /* frames within a window from which a flow is an elephant; 0: every flow */
@@ -324,6 +326,16 @@ struct {
 	__type(key, __u32);   /* core number */
 	__type(value, __u64); /* micro-flows */
 } steer_mf_cores SEC(".maps");
+
+/* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
+ * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
+ * so a busy high-priority flow costs one store per tick. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u64);
+} steer_prio_seen SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -506,6 +518,38 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 		}
 	}
 	return 0;
+}
+
+/*
+ * Is the high class quiet (cfg->prio_quiet_ms set and no high-priority
+ * frame for that long)? Then bulk keeps the NIC poll as while no rule
+ * exists: the bulk queue's hop only pays off when there is something to
+ * preempt for. A high-priority frame ends the quiet at once (seen_high), and
+ * the bulk flows then move to their queue as after a rule's arrival. The
+ * price: that first frame finds bulk still in the NIC poll, as in vanilla.
+ */
+static __always_inline int prio_quiet(const struct steer_cfg *cfg)
+{
+	__u32 zero = 0;
+	__u64 *last;
+
+	if (!cfg->prio_quiet_ms)
+		return 0;
+	last = bpf_map_lookup_elem(&steer_prio_seen, &zero);
+	return last && bpf_ktime_get_coarse_ns() - *last > (__u64)cfg->prio_quiet_ms * 1000000;
+}
+
+static __always_inline void seen_high(const struct steer_cfg *cfg)
+{
+	__u32 zero = 0;
+	__u64 *last, now;
+
+	if (!cfg->prio_quiet_ms)
+		return;
+	last = bpf_map_lookup_elem(&steer_prio_seen, &zero);
+	now = bpf_ktime_get_coarse_ns();
+	if (last && *last != now)
+		*last = now;
 }
 
 static __always_inline __u32 rotl32(__u32 x, int r)
@@ -1088,7 +1132,9 @@ int steer_xdp(struct xdp_md *ctx)
 			dest = sync_dest(ctx, &ov);
 	}
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
-		if (!hi && !cfg->prio_shapes)
+		if (hi)
+			seen_high(cfg);
+		else if (!cfg->prio_shapes || prio_quiet(cfg))
 			opts |= PLACE_STAY;
 		/* The fast move needs every frame counted, inline ones too. */
 		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())

@@ -42,7 +42,7 @@ type steerSteerCfg struct {
 	RpsLo       [64]uint32
 	IndexOf     [64]uint32
 	PrioShapes  uint32
-	Pad         uint32
+	PrioQuietMs uint32
 	MfWindowNs  uint64
 	MfThresh    uint32
 	MfBatch     uint32
@@ -107,6 +107,7 @@ const (
 	steerMapSteerFlows        = "steer_flows"
 	steerMapSteerMfCores      = "steer_mf_cores"
 	steerMapSteerPrio         = "steer_prio"
+	steerMapSteerPrioSeen     = "steer_prio_seen"
 	steerMapSteerStats        = "steer_stats"
 	steerMapSteerSync         = "steer_sync"
 	steerMapSteerSyncDev      = "steer_sync_dev"
@@ -178,6 +179,7 @@ type steerMapSpecs struct {
 	SteerFlows    *ebpf.MapSpec `ebpf:"steer_flows"`
 	SteerMfCores  *ebpf.MapSpec `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen *ebpf.MapSpec `ebpf:"steer_prio_seen"`
 	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
 	SteerSync     *ebpf.MapSpec `ebpf:"steer_sync"`
 	SteerSyncDev  *ebpf.MapSpec `ebpf:"steer_sync_dev"`
@@ -217,6 +219,7 @@ type steerMaps struct {
 	SteerFlows    *ebpf.Map `ebpf:"steer_flows"`
 	SteerMfCores  *ebpf.Map `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen *ebpf.Map `ebpf:"steer_prio_seen"`
 	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
 	SteerSync     *ebpf.Map `ebpf:"steer_sync"`
 	SteerSyncDev  *ebpf.Map `ebpf:"steer_sync_dev"`
@@ -232,6 +235,7 @@ func (m *steerMaps) Close() error {
 		m.SteerFlows,
 		m.SteerMfCores,
 		m.SteerPrio,
+		m.SteerPrioSeen,
 		m.SteerStats,
 		m.SteerSync,
 		m.SteerSyncDev,

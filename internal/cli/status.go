@@ -134,6 +134,16 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))
 			if st.BulkInlineIdle && len(st.Rules) == 0 {
 				fmt.Fprintf(out, "  no flow marked: bulk flows run in the NIC poll, as vanilla, until the first rule sends them to the bulk queue\n")
+			} else if st.QuietMs > 0 {
+				last := "none yet"
+				if st.SinceHighMs >= 0 {
+					last = fmt.Sprintf("%s ago", time.Duration(st.SinceHighMs)*time.Millisecond)
+				}
+				if st.Quiet {
+					fmt.Fprintf(out, "  high class quiet (last high-priority frame: %s; quiet after %dms): bulk flows run in the NIC poll until the next one\n", last, st.QuietMs)
+				} else {
+					fmt.Fprintf(out, "  high class active (last high-priority frame: %s): bulk flows take the bulk queue; quiet after %dms without one\n", last, st.QuietMs)
+				}
 			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}

@@ -3,6 +3,7 @@ package prism_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/policy/prism"
 )
@@ -51,6 +52,30 @@ func TestParseSyncNetfilter(t *testing.T) {
 	for msg, params := range map[string]map[string]string{
 		"want check or trust":       {"prio-mode": "sync", "sync-netfilter": "yes"},
 		"drop it or use prism-sync": {"sync-netfilter": "trust"},
+	} {
+		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
+		}
+	}
+}
+
+// quiet: off by default, whole milliseconds up to an hour, and only where
+// bulk can move between the NIC poll and its queue.
+func TestParseQuiet(t *testing.T) {
+	if o, err := prism.Parse(prism.Defaults(), nil); err != nil || o.Quiet != 0 {
+		t.Errorf("default quiet %v (%v), want off", o.Quiet, err)
+	}
+	for v, want := range map[string]time.Duration{"1s": time.Second, "0": 0, "250ms": 250 * time.Millisecond} {
+		if o, err := prism.Parse(prism.Defaults(), map[string]string{"quiet": v}); err != nil || o.Quiet != want {
+			t.Errorf("quiet=%s: %v (%v), want %v", v, o.Quiet, err, want)
+		}
+	}
+	for msg, params := range map[string]map[string]string{
+		"whole milliseconds from 1ms to 1h": {"quiet": "500us"},
+		"from 1ms to 1h":                    {"quiet": "2h"},
+		"invalid duration":                  {"quiet": "soon"},
+		"needs bulk=queue and high=queue":   {"quiet": "1s", "bulk": "inline"},
+		"drop quiet or the inline setting":  {"quiet": "1s", "high": "inline"},
 	} {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%v: error %v, want one saying %q", params, err, msg)

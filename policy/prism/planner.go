@@ -112,6 +112,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	} else if irq := plan.IRQCPUs(t); !inline && slices.Equal(irq, []int{core}) && mergesUDP(t) != "" {
 		// GRO that merges inner UDP datagrams leaves the move out of the
 		// NIC poll no frame it knows ends a segment (see mergesUDP).
+		if o.Quiet != 0 {
+			return nil, fmt.Errorf("prism quiet=%v keeps bulk in the NIC poll while marked flows pause, which this host does not allow: %s (a UDP datagram need not end a GRO segment): drop quiet or turn those features off", o.Quiet, mergesUDP(t))
+		}
 		pl.Notes = append(pl.Notes, "bulk flows take the bulk queue even while no flow is marked: "+mergesUDP(t)+
 			", so a UDP datagram need not end a GRO segment and a flow could not leave the NIC poll in order without an idle gap")
 	} else if !inline && slices.Equal(irq, []int{core}) {
@@ -125,7 +128,14 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// flow moved to the missing high queue would run on in the NIC
 		// poll with its marking changed.
 		setup.Config.PrioIdleInline = true
+		setup.Config.PrioQuiet = o.Quiet
+		if o.Quiet != 0 {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("quiet=%v: bulk flows also run in the NIC poll once no high-priority frame came for %v; the first one after such a pause ends it, and it and those right behind it find bulk still in the NIC poll, as vanilla serves them", o.Quiet, o.Quiet))
+		}
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
+	}
+	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
+		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core alone, and the underlay's IRQ cores are %v, the receive core %d: drop quiet or receive on the IRQ core", o.Quiet, plan.IRQCPUs(t), core)
 	}
 	val, err := setup.Encode()
 	if err != nil {

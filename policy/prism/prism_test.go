@@ -2,6 +2,7 @@ package prism_test
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +225,85 @@ func TestPrismIdleInline(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
+// TestPrismQuiet: with quiet set, a bulk stream moves between the NIC
+// poll and the bulk queue as a marked flow sends now and then (quiet after
+// 5 ms without its frames, one every 12 ms), and arrives in order; the
+// marked datagrams arrive too, and status says whether the class is quiet.
+func TestPrismQuiet(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"quiet": "5ms"})
+	dp := a.Open(t)
+	if cfg, err := dp.Config(); err != nil || cfg.PrioQuiet != 5*time.Millisecond {
+		t.Fatalf("config %+v (%v), want a 5ms quiet time", cfg, err)
+	}
+	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 0)
+	defer rc.Close()
+	defer sc.Close()
+	port := rc.LocalAddr().(*net.UDPAddr).Port
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", dst.Addr.Addr(), port))); err != nil {
+		t.Fatal(err)
+	}
+	status := func() *control.StatusReport {
+		t.Helper()
+		st, err := control.Status(control.StatusOptions{NetNS: a.NS, StateDir: a.StateDir, Sample: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := status(); st.Steering == nil || !st.Steering.Quiet || st.Steering.SinceHighMs != -1 {
+		t.Errorf("before any marked frame: status %+v, want quiet with none seen", st.Steering)
+	}
+
+	// Warm up: until the neighbours on the path are resolved, the kernel
+	// may send a stream's first datagrams out of order (what it queued
+	// while resolving, behind what came after), whatever lanes does.
+	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := sc.Write([]byte("warm-up")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("warm-up datagram: %v", err)
+	}
+
+	st0, _ := dp.Stats()
+	stop := modetest.Every(12*time.Millisecond, func(int) error {
+		_, err := sc.Write([]byte("marked"))
+		return err
+	})
+	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	sent, sendErr := stop()
+	overlaytest.InOrder(t, "bulk stream while a marked flow comes and goes", res)
+	if sendErr != nil {
+		t.Fatalf("sending marked datagrams: %v", sendErr)
+	}
+	st1, _ := dp.Stats()
+	d, d0 := st1[steer.StageSplit], st0[steer.StageSplit]
+	t.Logf("%d marked datagrams; split stage: high %d, steered %d, stayed %d, moved %d, undrained %d", sent,
+		d.High-d0.High, d.Steered-d0.Steered, d.Stayed-d0.Stayed, d.Moved-d0.Moved, d.Undrained-d0.Undrained)
+	if d.High == d0.High || d.Steered == d0.Steered || d.Stayed == d0.Stayed || d.Moved == d0.Moved {
+		t.Errorf("the marked flow was not seen, or the stream did not take both paths and move between them: %+v", d)
+	}
+	got := 0
+	rc.SetReadDeadline(time.Now().Add(time.Second))
+	for buf := make([]byte, 64); got < sent; got++ {
+		if _, err := rc.Read(buf); err != nil {
+			break
+		}
+	}
+	if got < sent {
+		t.Errorf("%d of %d marked datagrams arrived", got, sent)
+	}
+	if st := status(); st.Steering == nil || st.Steering.SinceHighMs < 0 || st.Steering.QuietMs != 5 {
+		t.Errorf("after marked frames: status %+v, want the last one's time", st.Steering)
+	}
+	a.ResetAndCheck(t, before)
+}
+
 // TestPrismIdleInlineNeedsUDPGROOff: where the underlay's GRO may merge
 // inner UDP datagrams (rx-udp-gro-forwarding on), a UDP datagram need not
 // end a GRO segment, so prism does not keep bulk in the NIC poll while no
@@ -250,6 +330,10 @@ func TestPrismIdleInlineNeedsUDPGROOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := modetest.Snapshot(t, tb)
+	dir := t.TempDir()
+	_, err = control.Apply(control.Options{Mode: "prism-batch", NetNS: r.NetNS, StateDir: dir, Params: map[string]string{"quiet": "1s"}})
+	modetest.OneLine(t, "quiet=1s", err, "has "+feature+" on")
+	modetest.NoState(t, dir)
 	a := modetest.Apply(t, tb, "prism-batch", nil)
 	cfg, err := a.Open(t).Config()
 	if err != nil {
@@ -343,6 +427,8 @@ func TestPrismRefuses(t *testing.T) {
 		"high=inline,high-rt=60":          "has no such queue",
 		"streamline=true,high-rt=51":      "container veths at 52",
 		"bulk-rt=20,high-rt=20":           "above bulk-rt 20",
+		"quiet=1s,cpu=0":                  "receive on the IRQ core",
+		"quiet=1s,bulk=inline":            "drop quiet or the inline setting",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
