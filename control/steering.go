@@ -35,11 +35,11 @@ type Steering struct {
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
 	// QuietMs is steer.Config.PrioQuiet: bulk also keeps the NIC poll
 	// while no high-priority frame came for this long. SinceHighMs is how
-	// long ago the last one came (-1: none yet); Quiet says whether the
-	// high class is quiet now.
-	QuietMs     int64 `json:"quiet_ms,omitempty"`
-	SinceHighMs int64 `json:"since_high_ms,omitempty"`
-	Quiet       bool  `json:"quiet,omitempty"`
+	// long ago the last one came (nil: none yet, or quiet off); Quiet says
+	// whether the high class is quiet now (steer.QuietAfter).
+	QuietMs     int64  `json:"quiet_ms,omitempty"`
+	SinceHighMs *int64 `json:"since_high_ms,omitempty"`
+	Quiet       bool   `json:"quiet,omitempty"`
 	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
 	// Elephants lists the flows being split now.
 	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
@@ -110,9 +110,10 @@ func steering(s *StatusReport, netns string) error {
 			if err != nil {
 				return err
 			}
-			out.SinceHighMs, out.Quiet = -1, true
+			out.Quiet = true
 			if ok {
-				out.SinceHighMs, out.Quiet = since.Milliseconds(), since > cfg.PrioQuiet
+				ms := since.Milliseconds()
+				out.SinceHighMs, out.Quiet = &ms, since > steer.QuietAfter(cfg.PrioQuiet)
 			}
 		}
 		rules, err := d.Rules()

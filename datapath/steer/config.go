@@ -59,7 +59,8 @@ type Config struct {
 	PrioIdleInline bool
 	// PrioQuiet (with PrioIdleInline; 0: off) keeps bulk flows in the NIC
 	// poll also while rules exist but no high-priority frame arrived for
-	// this long (whole milliseconds, up to MaxPrioQuiet). The first
+	// this long (whole milliseconds, up to MaxPrioQuiet), plus the coarse
+	// clock's two ticks (QuietAfter); before the first one, at once. The first
 	// high-priority frame ends the quiet at once and bulk flows take their
 	// queue as after a rule's arrival; that frame itself finds bulk in the
 	// NIC poll, as vanilla would.

@@ -724,6 +724,13 @@ func (d *Datapath) MicroFlowsPerCore() ([MaxCPUs]uint64, error) {
 // coarseLag is how far the coarse clock may trail the precise one: two of
 // its steps (a tick each; the kernel reports the step as the coarse clock's
 // resolution). 0, and every packet stamped precisely, if unknown.
+// QuietAfter is how long after the last high-priority frame steer_xdp
+// takes the high class for quiet under Config.PrioQuiet q: q, and the
+// coarse clock's two ticks (it stamps and compares coarse times).
+func QuietAfter(q time.Duration) time.Duration {
+	return q + time.Duration(coarseLag())
+}
+
 func coarseLag() uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil || ts.Nano() <= 0 {

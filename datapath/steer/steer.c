@@ -531,12 +531,21 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 static __always_inline int prio_quiet(const struct steer_cfg *cfg)
 {
 	__u32 zero = 0;
-	__u64 *last;
+	__u64 *last, stamp;
 
 	if (!cfg->prio_quiet_ms)
 		return 0;
 	last = bpf_map_lookup_elem(&steer_prio_seen, &zero);
-	return last && bpf_ktime_get_coarse_ns() - *last > (__u64)cfg->prio_quiet_ms * 1000000;
+	if (!last)
+		return 0;
+	stamp = *last;
+	if (!stamp)
+		return 1; /* none yet */
+	/* Both readings are the coarse clock's, so the gap can look a tick
+	 * longer than it was: coarse_lag_ns (two ticks) keeps the quiet from
+	 * starting early. Signed: a stamp written on another core after our
+	 * clock read is no gap at all. */
+	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)cfg->prio_quiet_ms * 1000000 + cfg->coarse_lag_ns);
 }
 
 static __always_inline void seen_high(const struct steer_cfg *cfg)

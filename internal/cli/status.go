@@ -136,8 +136,8 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				fmt.Fprintf(out, "  no flow marked: bulk flows run in the NIC poll, as vanilla, until the first rule sends them to the bulk queue\n")
 			} else if st.QuietMs > 0 {
 				last := "none yet"
-				if st.SinceHighMs >= 0 {
-					last = fmt.Sprintf("%s ago", time.Duration(st.SinceHighMs)*time.Millisecond)
+				if st.SinceHighMs != nil {
+					last = fmt.Sprintf("%s ago", time.Duration(*st.SinceHighMs)*time.Millisecond)
 				}
 				if st.Quiet {
 					fmt.Fprintf(out, "  high class quiet (last high-priority frame: %s; quiet after %dms): bulk flows run in the NIC poll until the next one\n", last, st.QuietMs)

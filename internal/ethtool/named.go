@@ -46,6 +46,11 @@ func featureNames(netns, dev string) ([]string, error) {
 	if err := ioctlPtr(netns, dev, unsafe.Pointer(&buf[0])); err != nil {
 		return nil, err
 	}
+	// The kernel writes its own count: more than asked for would have
+	// overrun the buffer, fewer leaves names unfilled.
+	if got := int(binary.NativeEndian.Uint32(buf[8:])); got != n {
+		return nil, fmt.Errorf("feature names: asked for %d, the kernel gave %d", n, got)
+	}
 	names := make([]string, n)
 	for i := range names {
 		s := buf[12+i*gstringLen : 12+(i+1)*gstringLen]

@@ -135,7 +135,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
-		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core alone, and the underlay's IRQ cores are %v, the receive core %d: drop quiet or receive on the IRQ core", o.Quiet, plan.IRQCPUs(t), core)
+		irq := "unknown (its NAPI is not threaded and pinned)"
+		if cpus := plan.IRQCPUs(t); len(cpus) > 0 {
+			irq = knobs.FormatCPUList(cpus)
+		}
+		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core (%d) alone, and the underlay's IRQ core is %s: drop quiet, or receive on the one IRQ core (--set cpu=N)", o.Quiet, core, irq)
 	}
 	val, err := setup.Encode()
 	if err != nil {

@@ -226,8 +226,9 @@ func TestPrismIdleInline(t *testing.T) {
 }
 
 // TestPrismQuiet: with quiet set, a bulk stream moves between the NIC
-// poll and the bulk queue as a marked flow sends now and then (quiet after
-// 5 ms without its frames, one every 12 ms), and arrives in order; the
+// poll and the bulk queue as a marked flow sends now and then (quiet 5 ms
+// after its last frame, plus two ticks of the coarse clock: 13 ms at
+// HZ=250; one frame 12 ms after that), and arrives in order; the
 // marked datagrams arrive too, and status says whether the class is quiet.
 func TestPrismQuiet(t *testing.T) {
 	modetest.Online(t)
@@ -255,7 +256,7 @@ func TestPrismQuiet(t *testing.T) {
 		}
 		return st
 	}
-	if st := status(); st.Steering == nil || !st.Steering.Quiet || st.Steering.SinceHighMs != -1 {
+	if st := status(); st.Steering == nil || !st.Steering.Quiet || st.Steering.SinceHighMs != nil {
 		t.Errorf("before any marked frame: status %+v, want quiet with none seen", st.Steering)
 	}
 
@@ -271,7 +272,7 @@ func TestPrismQuiet(t *testing.T) {
 	}
 
 	st0, _ := dp.Stats()
-	stop := modetest.Every(12*time.Millisecond, func(int) error {
+	stop := modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
 		_, err := sc.Write([]byte("marked"))
 		return err
 	})
@@ -298,7 +299,7 @@ func TestPrismQuiet(t *testing.T) {
 	if got < sent {
 		t.Errorf("%d of %d marked datagrams arrived", got, sent)
 	}
-	if st := status(); st.Steering == nil || st.Steering.SinceHighMs < 0 || st.Steering.QuietMs != 5 {
+	if st := status(); st.Steering == nil || st.Steering.SinceHighMs == nil || st.Steering.QuietMs != 5 {
 		t.Errorf("after marked frames: status %+v, want the last one's time", st.Steering)
 	}
 	a.ResetAndCheck(t, before)
@@ -427,7 +428,7 @@ func TestPrismRefuses(t *testing.T) {
 		"high=inline,high-rt=60":          "has no such queue",
 		"streamline=true,high-rt=51":      "container veths at 52",
 		"bulk-rt=20,high-rt=20":           "above bulk-rt 20",
-		"quiet=1s,cpu=0":                  "receive on the IRQ core",
+		"quiet=1s,cpu=0":                  "receive on the one IRQ core",
 		"quiet=1s,bulk=inline":            "drop quiet or the inline setting",
 	} {
 		m := map[string]string{}
