@@ -93,17 +93,23 @@ func modeCPUs(params map[string]string) (cpus string, rest map[string]string) {
 // with a marked service that is silent; without it those workloads run
 // with no rule at all. idleRule is "" when not given.
 func benchParams(params map[string]string) (cpus, idleRule string, rest map[string]string) {
-	_, c := params["cpus"]
-	_, i := params["idle-rule"]
-	if !c && !i {
-		return "", "", params
+	rest = params
+	for _, k := range benchKeys {
+		if _, ok := params[k]; ok {
+			rest = maps.Clone(params)
+			break
+		}
 	}
-	rest = maps.Clone(params)
 	cpus, idleRule = rest["cpus"], rest["idle-rule"]
-	delete(rest, "cpus")
-	delete(rest, "idle-rule")
+	for _, k := range benchKeys {
+		delete(rest, k)
+	}
 	return cpus, idleRule, rest
 }
+
+// benchKeys are the mode settings the benchmark takes for itself (see
+// benchParams, and xdppass.go for xdp-pass).
+var benchKeys = []string{"cpus", "idle-rule", "xdp-pass"}
 
 // idleRuleOn says whether mode asks for idle-rule (Validate checked it).
 func idleRuleOn(mode string) bool {
@@ -145,10 +151,20 @@ func (o *Options) Validate() error {
 			if c, given := params["cpus"]; given && c == "" {
 				return fmt.Errorf("mode %q: cpus= is empty: give a core list like 1 or 0-1, or drop it for all cores", m)
 			}
+			rawParams := params
 			cpus, idle, params := benchParams(params)
 			if cpus != "" {
 				if _, err := knobs.ParseCPUList(cpus); err != nil {
 					return fmt.Errorf("mode %q: cpus=%s: %v (a core list like 1 or 0-1)", m, cpus, err)
+				}
+			}
+			if xp, given := rawParams["xdp-pass"]; given {
+				on, err := strconv.ParseBool(xp)
+				if err != nil {
+					return fmt.Errorf("mode %q: xdp-pass=%s: want true or false", m, xp)
+				}
+				if on && base != "vanilla" && base != "rps" {
+					return fmt.Errorf("mode %q: xdp-pass=true attaches a pass-through XDP program, for modes without XDP of their own (vanilla, rps): drop it", m)
 				}
 			}
 			if idle != "" {
@@ -338,6 +354,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	defer func() {
 		// Restore every knob before the namespaces go, then remove them.
 		r.stopAgent()
+		if r.xdpPassOff != nil {
+			r.xdpPassOff()
+		}
 		control.ResetAll(stateDir)
 		os.RemoveAll(stateDir)
 		if !o.Keep {
@@ -379,6 +398,8 @@ type runner struct {
 	// agent runs the applied mode's run-time part (Falcon's balancer)
 	// while that mode is measured.
 	agentStop func()
+	// xdpPassOff detaches vanilla:xdp-pass's program (xdppass.go).
+	xdpPassOff func() error
 	// agentLog receives the agents' decisions (agent.log in the output
 	// directory), stamped with the time and the mode: what the balancer
 	// did during a run is there to look at next to its figures.
@@ -567,6 +588,12 @@ func (r *runner) apply(mode string) error {
 	}
 	r.stopAgent()
 	r.applied = ""
+	if r.xdpPassOff != nil {
+		if err := r.xdpPassOff(); err != nil {
+			return fmt.Errorf("detaching the pass-through XDP program: %w", err)
+		}
+		r.xdpPassOff = nil
+	}
 	base, params, err := ParseModeSpec(want)
 	if err != nil {
 		return err
@@ -575,6 +602,12 @@ func (r *runner) apply(mode string) error {
 	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
 	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)
+	}
+	if xdpPassOn(want) {
+		rc := r.tb.Receiver()
+		if r.xdpPassOff, err = attachXDPPass(rc.NetNS, rc.Underlay); err != nil {
+			return err
+		}
 	}
 	if st.Plan.Agent != "" {
 		logf := func(format string, args ...any) {

@@ -68,12 +68,14 @@ func TestValidate(t *testing.T) {
 	if c, idle, rest := benchParams(map[string]string{"cpus": "1", "idle-rule": "true", "quiet": "1s"}); c != "1" || idle != "true" || len(rest) != 1 || rest["quiet"] != "1s" {
 		t.Errorf("benchParams: %q %q %v", c, idle, rest)
 	}
-	if o := (Options{Modes: []string{"vanilla", "prism-batch:idle-rule=true"}, Workloads: []string{"tcp_stream"}, Out: "x"}); o.Validate() != nil {
+	if o := (Options{Modes: []string{"vanilla", "vanilla:xdp-pass=true", "prism-batch:idle-rule=true"}, Workloads: []string{"tcp_stream"}, Out: "x"}); o.Validate() != nil {
 		t.Errorf("prism-batch:idle-rule=true: %v", o.Validate())
 	}
 	for mode, msg := range map[string]string{
 		"vanilla:idle-rule=true":      "has no priority classes",
 		"prism-batch:idle-rule=maybe": "want true or false",
+		"prism-batch:xdp-pass=true":   "for modes without XDP of their own",
+		"vanilla:xdp-pass=sure":       "want true or false",
 	} {
 		o := Options{Modes: []string{mode}, Workloads: []string{"tcp_stream"}, Out: "x"}
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), msg) {

@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/topology/topotest"
+	"github.com/vishvananda/netlink"
+)
+
+// The pass-through program attaches to a veth in native mode and goes
+// again with its detach.
+func TestXDPPassAttachDetach(t *testing.T) {
+	topotest.RequireRoot(t)
+	ns := topotest.Namespace(t, topotest.NewPrefix()+"-xp")
+	attached := func() bool {
+		t.Helper()
+		var on bool
+		if err := nsx.Do(ns, func() error {
+			l, err := netlink.LinkByName("xa")
+			if err == nil && l.Attrs().Xdp != nil {
+				on = l.Attrs().Xdp.Attached
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if err := nsx.Do(ns, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "xa"}, PeerName: "xb"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	detach, err := attachXDPPass(ns, "xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !attached() {
+		t.Error("no XDP program on xa after attaching")
+	}
+	if err := detach(); err != nil {
+		t.Fatal(err)
+	}
+	if attached() {
+		t.Error("an XDP program is left on xa after detaching")
+	}
+	if _, err := attachXDPPass(ns, "nodev"); err == nil {
+		t.Error("attaching to a missing device did not fail")
+	}
+}
