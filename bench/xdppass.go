@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 )
 
 // The testbed's underlay is a veth. A veth hands vanilla the sender's own
@@ -47,7 +48,7 @@ func attachXDPPass(netns, dev string) (detach func() error, err error) {
 			if err != nil {
 				return err
 			}
-			return netlink.LinkSetXdpFdWithFlags(l, fd, 2 /* XDP_FLAGS_DRV_MODE */)
+			return netlink.LinkSetXdpFdWithFlags(l, fd, nl.XDP_FLAGS_DRV_MODE)
 		})
 	}
 	if err := set(prog.FD()); err != nil {
