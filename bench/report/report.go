@@ -18,6 +18,29 @@ import (
 // Baselines are the modes every other mode is compared with.
 var Baselines = []string{"vanilla", "native"}
 
+// NICLike is vanilla with a pass-through XDP program on the receiving
+// underlay (bench/xdppass.go): the testbed's veth then copies frames for
+// XDP as it does under every mode with XDP, as a NIC's DMA fills fresh
+// buffers for all alike. A run that has it is also compared with it.
+const NICLike = "vanilla:xdp-pass=true"
+
+// baselines are the modes a's runs are compared with.
+func baselines(a *results.Agg) []string {
+	b := slices.Clone(Baselines)
+	if slices.Contains(a.Modes(), NICLike) {
+		b = append(b, NICLike)
+	}
+	return b
+}
+
+// baseLabel is a baseline's column name.
+func baseLabel(base string) string {
+	if base == NICLike {
+		return "vs xdp-pass"
+	}
+	return "vs " + base
+}
+
 // Options tunes the markdown report.
 type Options struct {
 	// Plots are image files (as returned by plot.All) to show at the end
@@ -213,12 +236,13 @@ func cells(ss ...string) []cell {
 
 func primaryTable(a *results.Agg, wl string) table {
 	ms := Primary(a, wl)
+	bases := baselines(a)
 	t := table{header: []string{"point", "mode"}, right: []bool{false, false}}
 	for _, m := range ms {
 		t.header = append(t.header, metricHeader(m))
 		t.right = append(t.right, true)
-		for _, base := range Baselines {
-			t.header = append(t.header, "vs "+base)
+		for _, base := range bases {
+			t.header = append(t.header, baseLabel(base))
 			t.right = append(t.right, true)
 		}
 	}
@@ -230,7 +254,7 @@ func primaryTable(a *results.Agg, wl string) table {
 		row := cells(label, g.Mode)
 		for _, m := range ms {
 			row = append(row, statCell(g.Stat(m), m))
-			for _, base := range Baselines {
+			for _, base := range bases {
 				if r, ok := a.Ratio(k, m, base); ok {
 					row = append(row, cell{v: fmt.Sprintf("%.2f", r)})
 				} else {

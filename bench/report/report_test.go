@@ -184,3 +184,23 @@ func has(t *testing.T, md string, want ...string) {
 		t.Log(md)
 	}
 }
+
+// A run with the NIC-like reference (vanilla:xdp-pass=true) compares every
+// mode with it too, in a column of its own.
+func TestNICLikeColumn(t *testing.T) {
+	f := resultstest.File()
+	f.Modes = append(f.Modes, NICLike)
+	for i := range 3 {
+		f.Runs = append(f.Runs, results.Run{Mode: NICLike, Workload: "tcp_stream", Proto: "tcp", MsgSize: 1400, Flows: 1, Repeat: i, ThroughputGbps: 8})
+	}
+	has(t, Markdown(f, Options{}),
+		"| point | mode | throughput Gbit/s | vs vanilla | vs native | vs xdp-pass | n |",
+		// vanilla 9, rps 12.4, native 20 Gbit/s against 8.
+		"|  | vanilla | 9.00 [8.64–9.45] | 1.00 | 0.45 | 1.12 | 3 |",
+		"|  | rps | 12.40 [11.90–13.02] | 1.38 | 0.62 | 1.55 | 3 |",
+		"|  | vanilla:xdp-pass=true | 8.00 | 0.89 | 0.40 | 1.00 | 3 |",
+	)
+	if strings.Contains(Markdown(resultstest.File(), Options{}), "vs xdp-pass") {
+		t.Error("a run without the NIC-like reference has its column")
+	}
+}
