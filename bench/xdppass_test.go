@@ -13,7 +13,7 @@ import (
 // again with its detach.
 func TestXDPPassAttachDetach(t *testing.T) {
 	topotest.RequireRoot(t)
-	ns := topotest.Namespace(t, topotest.NewPrefix()+"-xp")
+	ns := topotest.VethNamespace(t, "-xp", "xa", "xb")
 	attached := func() bool {
 		t.Helper()
 		var on bool
@@ -29,11 +29,6 @@ func TestXDPPassAttachDetach(t *testing.T) {
 			t.Fatal(err)
 		}
 		return on
-	}
-	if err := nsx.Do(ns, func() error {
-		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "xa"}, PeerName: "xb"})
-	}); err != nil {
-		t.Fatal(err)
 	}
 	detach, err := attachXDPPass(ns, "xa")
 	if err != nil {

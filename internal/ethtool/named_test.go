@@ -4,9 +4,7 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
-	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/topology/topotest"
-	"github.com/vishvananda/netlink"
 )
 
 // A veth has both UDP GRO features, off by default, so the named reads
@@ -14,13 +12,7 @@ import (
 // the legacy GRO command.
 func TestNamedFeatures(t *testing.T) {
 	topotest.RequireRoot(t)
-	ns := topotest.Namespace(t, topotest.NewPrefix()+"-eth")
-	err := nsx.Do(ns, func() error {
-		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "va"}, PeerName: "vb"})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := topotest.VethNamespace(t, "-eth", "va", "vb")
 	names := []string{"rx-gro-list", "rx-udp-gro-forwarding", "rx-gro"}
 	got, err := ethtool.GetNamed(ns, "va", names...)
 	if err != nil {

@@ -90,6 +90,19 @@ func Namespace(t testing.TB, name string) string {
 	return name
 }
 
+// VethNamespace creates an empty namespace, removed at cleanup, holding
+// one veth pair a <-> b (both down): for tests of a device's own settings.
+func VethNamespace(t testing.TB, suffix, a, b string) string {
+	t.Helper()
+	ns := Namespace(t, NewPrefix()+suffix)
+	if err := nsx.Do(ns, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a}, PeerName: b})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
 // New builds the fixture.
 func New(t testing.TB, opts Options) *Fixture {
 	t.Helper()
