@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -31,6 +32,7 @@ import (
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -87,7 +89,8 @@ func modeCPUs(params map[string]string) (cpus string, rest map[string]string) {
 }
 
 // benchParams takes the benchmark's own mode settings out of a mode's
-// settings: cpus (modeCPUs) and idle-rule. idle-rule=true, for modes with
+// settings (benchKeys): cpus (modeCPUs), idle-rule and xdp-pass
+// (xdppass.go). idle-rule=true, for modes with
 // priority classes, keeps a rule in place that marks a flow no workload
 // sends (idleRule below), so that bulk workloads run as they do on a host
 // with a marked service that is silent; without it those workloads run
@@ -119,9 +122,9 @@ func idleRuleOn(mode string) bool {
 	return on
 }
 
-// idleRuleSpec is idle-rule's rule: an address in the benchmarking range
-// that no testbed interface has.
-const idleRuleSpec = "dst 198.19.0.254 port 9 udp"
+// idleRule is idle-rule's rule (dst 198.19.0.254 port 9 udp): an address
+// in the benchmarking range that no testbed interface has.
+var idleRule = steer.Rule{Addr: netip.MustParseAddr("198.19.0.254"), Port: 9, Proto: 17}
 
 // QuickWorkloads keeps --quick under five minutes for three modes.
 var QuickWorkloads = []string{"tcp_stream", "udp_stream", "pingpong", "udp_stress"}
@@ -526,7 +529,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
 	marked := false
 	if idleRuleOn(mode) {
-		undo, err := r.addRule(idleRuleSpec)
+		undo, err := r.addRule(idleRule)
 		if err != nil {
 			return fail(fmt.Errorf("idle-rule: %w", err))
 		}

@@ -180,30 +180,16 @@ func (r *runner) prioRule(mode string, srv workload.Endpoint, port int, proto st
 	if !plan.Prioritizes(base, params) {
 		return false, func() {}, nil
 	}
-	set, err := control.OpenPrio(r.tb.Receiver().NetNS)
-	if err != nil {
-		return false, nil, err
-	}
 	rule := steer.Rule{Addr: srv.Addr, Port: uint16(port), Proto: 17}
 	if proto == "tcp" {
 		rule.Proto = 6
 	}
-	if err := set.Add(rule); err != nil {
-		set.Close()
-		return false, nil, err
-	}
-	return true, func() {
-		set.Del(rule)
-		set.Close()
-	}, nil
+	undo, err = r.addRule(rule)
+	return err == nil, undo, err
 }
 
 // addRule adds a prio rule on the receiver until the returned undo.
-func (r *runner) addRule(spec string) (undo func(), err error) {
-	rule, err := steer.ParseRule(spec)
-	if err != nil {
-		return nil, err
-	}
+func (r *runner) addRule(rule steer.Rule) (undo func(), err error) {
 	set, err := control.OpenPrio(r.tb.Receiver().NetNS)
 	if err != nil {
 		return nil, err

@@ -721,9 +721,6 @@ func (d *Datapath) MicroFlowsPerCore() ([MaxCPUs]uint64, error) {
 
 // Now is the clock of Flow.LastSeen (bpf_ktime_get_ns: CLOCK_MONOTONIC),
 // so callers can tell how long a flow has been idle.
-// coarseLag is how far the coarse clock may trail the precise one: two of
-// its steps (a tick each; the kernel reports the step as the coarse clock's
-// resolution). 0, and every packet stamped precisely, if unknown.
 // QuietAfter is how long after the last high-priority frame steer_xdp
 // takes the high class for quiet under Config.PrioQuiet q: q, and the
 // coarse clock's two ticks (it stamps and compares coarse times).
@@ -731,6 +728,9 @@ func QuietAfter(q time.Duration) time.Duration {
 	return q + time.Duration(coarseLag())
 }
 
+// coarseLag is how far the coarse clock may trail the precise one: two of
+// its steps (a tick each; the kernel reports the step as the coarse clock's
+// resolution). 0, and every packet stamped precisely, if unknown.
 func coarseLag() uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil || ts.Nano() <= 0 {
