@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -181,25 +182,13 @@ func checkBPFFS(dir string) error {
 // restarted control plane. Maps whose layout differs from this build's are
 // refused: the programs and the control plane must agree on them.
 func Open(dir string) (*Datapath, error) {
-	spec, err := loadSteer()
+	d, spec, err := openMaps(dir, nil)
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{}
 	fail := func(err error) (*Datapath, error) {
 		d.Close()
 		return nil, err
-	}
-	for _, m := range d.pinnedMaps() {
-		path := filepath.Join(dir, m.name)
-		pm, err := ebpf.LoadPinnedMap(path, nil)
-		if err != nil {
-			return fail(fmt.Errorf("opening pinned map %s: %w", path, err))
-		}
-		*m.m = pm
-		if err := spec.Maps[m.name].Compatible(pm); err != nil {
-			return fail(fmt.Errorf("pinned map %s: %w", path, err))
-		}
 	}
 	for _, p := range d.pinnedProgs() {
 		path := filepath.Join(dir, p.name)
@@ -213,6 +202,39 @@ func Open(dir string) (*Datapath, error) {
 		}
 	}
 	return d, nil
+}
+
+// openMaps reopens the pinned maps of dir that only names (nil: every
+// one), leaving the others nil, and checks each against this build's
+// layout. A knob that touches one map opens only that one, so it can still
+// restore it when the datapath was pinned by a lanes whose other maps
+// differ (upgraded while a mode was applied; `lanes reset` then unpins the
+// rest).
+func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &Datapath{}
+	for _, m := range d.pinnedMaps() {
+		if only != nil && !slices.Contains(only, m.name) {
+			continue
+		}
+		path := filepath.Join(dir, m.name)
+		pm, err := ebpf.LoadPinnedMap(path, nil)
+		if err == nil {
+			*m.m = pm
+			err = spec.Maps[m.name].Compatible(pm)
+		}
+		if err != nil {
+			d.Close()
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil, fmt.Errorf("the datapath pinned in %s has no map %s: another version of lanes pinned it (lanes reset removes it): %w", dir, m.name, err)
+			}
+			return nil, nil, fmt.Errorf("pinned map %s: %w (another version of lanes may have pinned it: lanes reset removes it)", path, err)
+		}
+	}
+	return d, spec, nil
 }
 
 // Unpin removes the pins Pin creates in dir, and dir if that leaves it

@@ -329,11 +329,13 @@ type TableKnob struct {
 func (k *TableKnob) Kind() string { return KindTable }
 func (k *TableKnob) Key() string  { return KindTable + ":" + k.Dir + ":" + StageName(k.Stage) }
 
+// open opens the placement tables alone (see openMaps).
 func (k *TableKnob) open() (*Datapath, error) {
 	if !Pinned(k.Dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", k.Dir, knobs.ErrGone)
 	}
-	return Open(k.Dir)
+	d, _, err := openMaps(k.Dir, []string{steerMapSteerTable})
+	return d, err
 }
 
 func (k *TableKnob) Read() ([]byte, error) {

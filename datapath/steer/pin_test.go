@@ -187,3 +187,38 @@ func TestPinRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A datapath pinned by another version of lanes (here: one without a map
+// this build has) cannot be opened whole, and says so, but its placement
+// tables can still be restored and it can be unpinned: `lanes reset` after
+// an upgrade finishes in one pass.
+func TestOlderPinsStillReset(t *testing.T) {
+	d, _ := newDatapath(t)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, steerMapSteerPrioSeen)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "another version of lanes pinned it") {
+		t.Errorf("opening pins without %s: %v, want an error naming another version", steerMapSteerPrioSeen, err)
+	}
+	k := &TableKnob{Dir: dir, Stage: StageSplit}
+	var stay [Buckets]uint32
+	for i := range stay {
+		stay[i] = Stay
+	}
+	if err := k.Write([]byte(FormatTable(stay))); err != nil {
+		t.Errorf("restoring the split table of older pins: %v", err)
+	}
+	if b, err := k.Read(); err != nil || string(b) != FormatTable(stay) {
+		t.Errorf("split table of older pins: %q (%v)", b, err)
+	}
+	if err := (&DatapathKnob{Dir: dir}).Write(nil); err != nil {
+		t.Errorf("unpinning older pins: %v", err)
+	}
+	if Pinned(dir) {
+		t.Error("older pins left behind")
+	}
+}
