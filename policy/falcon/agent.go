@@ -171,7 +171,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		}
 	}
 	if env.Metrics != nil {
-		a.m = newAgentMetrics(env.Metrics, dp)
+		a.m = newAgentMetrics(env.Metrics, dir)
 	}
 	return a, nil
 }
@@ -552,7 +552,7 @@ type agentMetrics struct {
 	lastDamp uint64
 }
 
-func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics {
+func newAgentMetrics(r prometheus.Registerer, dir string) *agentMetrics {
 	m := &agentMetrics{
 		load: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lanes_core_load_percent",
 			Help: "Falcon balancer's moving-average load per core (percent)."}, []string{"cpu"}),
@@ -569,8 +569,7 @@ func newAgentMetrics(r prometheus.Registerer, dp *steer.Datapath) *agentMetrics 
 		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_active_flow_stages",
 			Help: "(flow, stage) pairs that saw traffic in the last second."}),
 	}
-	steered := prometheus.NewDesc("lanes_steer_packets_total", "Packets seen by the steering programs, by stage and outcome.", []string{"stage", "outcome"}, nil)
-	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, &statsCollector{dp: dp, desc: steered})
+	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, steer.NewCollector(dir))
 	return m
 }
 
@@ -594,30 +593,6 @@ func (m *agentMetrics) observe(load map[int]float64, moves int, fallen bool, bs 
 		m.lastDamp = bs.Damped
 	}
 	m.active.Set(float64(active))
-}
-
-// statsCollector reads the datapath's per-stage counters at scrape time.
-type statsCollector struct {
-	dp   *steer.Datapath
-	desc *prometheus.Desc
-}
-
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	st, err := c.dp.Stats()
-	if err != nil {
-		return
-	}
-	for s, k := range st {
-		name := steer.StageName(s)
-		for _, kv := range []struct {
-			o string
-			v uint64
-		}{{"steered", k.Steered}, {"stayed", k.Stayed}, {"passed", k.Passed}, {"held", k.Held}, {"moved", k.Moved}, {"undrained", k.Undrained}, {"disabled", k.Disabled}, {"home", k.Home}} {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(kv.v), name, kv.o)
-		}
-	}
 }
 
 // Summary is what `lanes status` shows of the balancer.

@@ -101,7 +101,7 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 			targets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
 			changes: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_changes_total", Help: "Times the sync destinations were rewritten."}),
 		}
-		env.Metrics.MustRegister(a.m.targets, a.m.changes)
+		env.Metrics.MustRegister(a.m.targets, a.m.changes, steer.NewCollector(plan.PinDir(env.NetNS)))
 	}
 	return a, nil
 }

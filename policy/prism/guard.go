@@ -66,6 +66,9 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
+		if env.Metrics != nil {
+			env.Metrics.MustRegister(steer.NewCollector(plan.PinDir(env.NetNS)))
+		}
 		return guardAgent{g}, nil
 	})
 }

@@ -1,0 +1,90 @@
+package steer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Collector exports a pinned datapath's counters at every scrape, for the
+// agents' metrics endpoint: lanes_steer_packets_total{stage, outcome}, and
+// with a quiet time (Config.PrioQuiet) lanes_prism_high_quiet (1 while
+// bulk skips its queue for lack of high-priority frames) and
+// lanes_prism_since_high_seconds. Reading at scrape time keeps the
+// counters' own source of truth: the datapath's per-CPU maps.
+type Collector struct {
+	dir                 string
+	frames, quiet, last *prometheus.Desc
+}
+
+// NewCollector collects from the datapath pinned in dir.
+func NewCollector(dir string) *Collector {
+	return &Collector{
+		dir: dir,
+		frames: prometheus.NewDesc("lanes_steer_packets_total",
+			"Packets seen by the steering programs (and flow moves), by stage and outcome.", []string{"stage", "outcome"}, nil),
+		quiet: prometheus.NewDesc("lanes_prism_high_quiet",
+			"1 while no high-priority frame came for the quiet time (prism quiet=): bulk runs in the NIC poll.", nil, nil),
+		last: prometheus.NewDesc("lanes_prism_since_high_seconds",
+			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
+	}
+}
+
+// counterEvents name the Counters fields exported, as outcome labels.
+var counterEvents = []struct {
+	name string
+	get  func(*Counters) uint64
+}{
+	{"steered", func(c *Counters) uint64 { return c.Steered }},
+	{"stayed", func(c *Counters) uint64 { return c.Stayed }},
+	{"passed", func(c *Counters) uint64 { return c.Passed }},
+	{"held", func(c *Counters) uint64 { return c.Held }},
+	{"moved", func(c *Counters) uint64 { return c.Moved }},
+	{"undrained", func(c *Counters) uint64 { return c.Undrained }},
+	{"disabled", func(c *Counters) uint64 { return c.Disabled }},
+	{"high", func(c *Counters) uint64 { return c.High }},
+	{"sync", func(c *Counters) uint64 { return c.Sync }},
+	{"sync_miss", func(c *Counters) uint64 { return c.SyncMiss }},
+	{"home", func(c *Counters) uint64 { return c.Home }},
+	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
+	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},
+}
+
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.frames
+	ch <- c.quiet
+	ch <- c.last
+}
+
+// Collect reads the datapath; a datapath that is gone or unreadable
+// yields no samples (the scrape itself does not fail).
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	d, _, err := openMaps(c.dir, nil)
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	if st, err := d.Stats(); err == nil {
+		for stage := range st {
+			for _, e := range counterEvents {
+				ch <- prometheus.MustNewConstMetric(c.frames, prometheus.CounterValue, float64(e.get(&st[stage])), StageName(stage), e.name)
+			}
+		}
+	}
+	cfg, err := d.Config()
+	if err != nil || cfg.PrioQuiet == 0 {
+		return
+	}
+	since, ok, err := d.SinceHigh()
+	if err != nil {
+		return
+	}
+	quiet := !ok || since > QuietAfter(cfg.PrioQuiet)
+	ch <- prometheus.MustNewConstMetric(c.quiet, prometheus.GaugeValue, b2f(quiet))
+	if ok {
+		ch <- prometheus.MustNewConstMetric(c.last, prometheus.GaugeValue, since.Seconds())
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,72 @@
+//go:build linux
+
+package steer
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The collector reads a pinned datapath at scrape time: per-stage packet
+// counters always, the high class's quiet state only with a quiet time;
+// a datapath that is gone yields nothing and no error.
+func TestCollector(t *testing.T) {
+	d := prioDatapath(t, true, time.Hour)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, vxlanFrame(frameSpec{flow: udpFlow(40000)}))
+	gather := func() map[string]float64 {
+		t.Helper()
+		r := prometheus.NewRegistry()
+		r.MustRegister(NewCollector(dir))
+		mfs, err := r.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				key := mf.GetName()
+				for _, l := range m.GetLabel() {
+					key += "," + l.GetName() + "=" + l.GetValue()
+				}
+				if c := m.GetCounter(); c != nil {
+					out[key] = c.GetValue()
+				} else {
+					out[key] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		return out
+	}
+	got := gather()
+	if v, ok := got["lanes_steer_packets_total,outcome=steered,stage=split"]; !ok || v != 1 {
+		t.Errorf("split steered = %v (%v), want 1: %v", v, ok, got)
+	}
+	if _, ok := got["lanes_prism_high_quiet"]; ok {
+		t.Error("quiet state exported without a quiet time")
+	}
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.PrioQuiet = true, time.Second
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	got = gather()
+	if got["lanes_prism_high_quiet"] != 1 {
+		t.Errorf("no high-priority frame yet: quiet %v, want 1", got["lanes_prism_high_quiet"])
+	}
+	if _, ok := got["lanes_prism_since_high_seconds"]; ok {
+		t.Error("time since the last high-priority frame exported before the first")
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := gather(); len(got) != 0 {
+		t.Errorf("gone datapath: %v", got)
+	}
+}
