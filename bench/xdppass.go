@@ -2,13 +2,13 @@ package bench
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/internal/nsx"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 )
 
 // The testbed's underlay is a veth. A veth hands vanilla the sender's own
@@ -30,9 +30,11 @@ func xdpPassOn(mode string) bool {
 	return on
 }
 
-// attachXDPPass attaches a program that returns XDP_PASS to dev in netns
-// and returns what detaches it. Native XDP on a veth: the same path the
-// modes' programs take.
+// attachXDPPass attaches a program that returns XDP_PASS to dev in netns,
+// in driver mode (the modes' own path; generic XDP would run after GRO),
+// through a BPF link that only this process holds: the detach it returns
+// closes the link, and so does the process's end, so a killed bench leaves
+// no program behind.
 func attachXDPPass(netns, dev string) (detach func() error, err error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name: "xdp_pass", Type: ebpf.XDP, License: "GPL",
@@ -41,18 +43,18 @@ func attachXDPPass(netns, dev string) (detach func() error, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the pass-through XDP program: %w", err)
 	}
-	defer prog.Close() // the attachment holds its own reference
-	set := func(fd int) error {
-		return nsx.Do(netns, func() error {
-			l, err := netlink.LinkByName(dev)
-			if err != nil {
-				return err
-			}
-			return netlink.LinkSetXdpFdWithFlags(l, fd, nl.XDP_FLAGS_DRV_MODE)
-		})
-	}
-	if err := set(prog.FD()); err != nil {
+	defer prog.Close() // the link holds its own reference
+	var l link.Link
+	err = nsx.Do(netns, func() error {
+		ifc, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: link.XDPDriverMode})
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("attaching the pass-through XDP program to %s: %w", dev, err)
 	}
-	return func() error { return set(-1) }, nil
+	return l.Close, nil
 }

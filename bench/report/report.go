@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,21 +22,33 @@ var Baselines = []string{"vanilla", "native"}
 // NICLike is vanilla with a pass-through XDP program on the receiving
 // underlay (bench/xdppass.go): the testbed's veth then copies frames for
 // XDP as it does under every mode with XDP, as a NIC's DMA fills fresh
-// buffers for all alike. A run that has it is also compared with it.
+// buffers for all alike. A run that has it (as spelled here, or any
+// vanilla:...xdp-pass=true...) is also compared with it.
 const NICLike = "vanilla:xdp-pass=true"
+
+// nicLike is the run's NIC-like reference mode, "" if it has none.
+func nicLike(a *results.Agg) string {
+	for _, m := range a.Modes() {
+		base, params, err := results.ParseModeSpec(m)
+		if on, _ := strconv.ParseBool(params["xdp-pass"]); err == nil && base == "vanilla" && on {
+			return m
+		}
+	}
+	return ""
+}
 
 // baselines are the modes a's runs are compared with.
 func baselines(a *results.Agg) []string {
 	b := slices.Clone(Baselines)
-	if slices.Contains(a.Modes(), NICLike) {
-		b = append(b, NICLike)
+	if m := nicLike(a); m != "" {
+		b = append(b, m)
 	}
 	return b
 }
 
 // baseLabel is a baseline's column name.
-func baseLabel(base string) string {
-	if base == NICLike {
+func baseLabel(a *results.Agg, base string) string {
+	if base != "" && base == nicLike(a) {
 		return "vs xdp-pass"
 	}
 	return "vs " + base
@@ -242,7 +255,7 @@ func primaryTable(a *results.Agg, wl string) table {
 		t.header = append(t.header, metricHeader(m))
 		t.right = append(t.right, true)
 		for _, base := range bases {
-			t.header = append(t.header, baseLabel(base))
+			t.header = append(t.header, baseLabel(a, base))
 			t.right = append(t.right, true)
 		}
 	}

@@ -203,4 +203,12 @@ func TestNICLikeColumn(t *testing.T) {
 	if strings.Contains(Markdown(resultstest.File(), Options{}), "vs xdp-pass") {
 		t.Error("a run without the NIC-like reference has its column")
 	}
+	// Spelled another way, with another bench setting.
+	for i := range f.Runs {
+		if f.Runs[i].Mode == NICLike {
+			f.Runs[i].Mode = "vanilla:cpus=0-1:xdp-pass=1"
+		}
+	}
+	f.Modes[len(f.Modes)-1] = "vanilla:cpus=0-1:xdp-pass=1"
+	has(t, Markdown(f, Options{}), "|  | vanilla:cpus=0-1:xdp-pass=1 | 8.00 | 0.89 | 0.40 | 1.00 | 3 |")
 }

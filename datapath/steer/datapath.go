@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
 
@@ -211,7 +213,7 @@ func Open(dir string) (*Datapath, error) {
 // differ (upgraded while a mode was applied; `lanes reset` then unpins the
 // rest).
 func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error) {
-	spec, err := loadSteer()
+	spec, err := steerSpec()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -229,12 +231,50 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 		if err != nil {
 			d.Close()
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil, nil, fmt.Errorf("the datapath pinned in %s has no map %s: another version of lanes pinned it (lanes reset removes it): %w", dir, m.name, err)
+				return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err}
 			}
-			return nil, nil, fmt.Errorf("pinned map %s: %w (another version of lanes may have pinned it: lanes reset removes it)", path, err)
+			return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err, Layout: true}
 		}
 	}
 	return d, spec, nil
+}
+
+// steerSpec is the embedded object's spec, parsed once: openMaps only
+// reads it (map layouts, program types), and scrapes open maps often.
+var steerSpec = sync.OnceValues(loadSteer)
+
+// OtherVersionError is a pinned datapath whose maps this build cannot use:
+// one is missing or laid out differently, so another version of lanes
+// pinned it. Knobs that restore one map open only that map (openMaps);
+// `lanes reset` unpins the rest.
+type OtherVersionError struct {
+	Dir, Map string
+	Layout   bool // the map exists with another layout
+	Err      error
+}
+
+func (e *OtherVersionError) Error() string {
+	if e.Layout {
+		return fmt.Sprintf("pinned map %s in %s: %v (another version of lanes pinned this datapath: lanes reset removes it)", e.Map, e.Dir, e.Err)
+	}
+	return fmt.Sprintf("the datapath pinned in %s has no map %s: another version of lanes pinned it (lanes reset removes it)", e.Dir, e.Map)
+}
+
+func (e *OtherVersionError) Unwrap() error { return e.Err }
+
+// openForRestore opens only names for a knob's restore. Pins of another
+// version whose own such map this build cannot use count as gone: the
+// restore has nothing it could write there, and the reset unpins them.
+func openForRestore(dir string, names ...string) (*Datapath, error) {
+	if !Pinned(dir) {
+		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
+	}
+	d, _, err := openMaps(dir, names)
+	var ov *OtherVersionError
+	if errors.As(err, &ov) {
+		return nil, fmt.Errorf("%w: %w", knobs.ErrGone, err)
+	}
+	return d, err
 }
 
 // Unpin removes the pins Pin creates in dir, and dir if that leaves it

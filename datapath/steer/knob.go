@@ -329,13 +329,9 @@ type TableKnob struct {
 func (k *TableKnob) Kind() string { return KindTable }
 func (k *TableKnob) Key() string  { return KindTable + ":" + k.Dir + ":" + StageName(k.Stage) }
 
-// open opens the placement tables alone (see openMaps).
+// open opens the placement tables alone (see openForRestore).
 func (k *TableKnob) open() (*Datapath, error) {
-	if !Pinned(k.Dir) {
-		return nil, fmt.Errorf("steer datapath in %s: %w", k.Dir, knobs.ErrGone)
-	}
-	d, _, err := openMaps(k.Dir, []string{steerMapSteerTable})
-	return d, err
+	return openForRestore(k.Dir, steerMapSteerTable)
 }
 
 func (k *TableKnob) Read() ([]byte, error) {

@@ -156,6 +156,25 @@ func decodeMFlow(k *steerSteerCfg) MFlow {
 
 // Config reads back the config the programs use.
 func (d *Datapath) Config() (Config, error) {
+	c, err := d.configOnly()
+	if err != nil {
+		return c, err
+	}
+	var vni uint32
+	var one uint8
+	it := d.objs.SteerVni.Iterate()
+	for it.Next(&vni, &one) {
+		c.VNIs = append(c.VNIs, vni)
+	}
+	if err := it.Err(); err != nil {
+		return Config{}, fmt.Errorf("reading VNIs: %w", err)
+	}
+	slices.Sort(c.VNIs)
+	return c, nil
+}
+
+// configOnly reads the config map alone: Config without its VNIs.
+func (d *Datapath) configOnly() (Config, error) {
 	var k steerSteerCfg
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
 		return Config{}, fmt.Errorf("reading steer config: %w", err)
@@ -176,16 +195,6 @@ func (d *Datapath) Config() (Config, error) {
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
 		c.CPUs = append(c.CPUs, int(cpu))
 	}
-	var vni uint32
-	var one uint8
-	it := d.objs.SteerVni.Iterate()
-	for it.Next(&vni, &one) {
-		c.VNIs = append(c.VNIs, vni)
-	}
-	if err := it.Err(); err != nil {
-		return Config{}, fmt.Errorf("reading VNIs: %w", err)
-	}
-	slices.Sort(c.VNIs)
 	return c, nil
 }
 

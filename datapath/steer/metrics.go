@@ -55,7 +55,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the datapath; a datapath that is gone or unreadable
 // yields no samples (the scrape itself does not fail).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	d, _, err := openMaps(c.dir, nil)
+	// Only what is read, so that pins of another version (without the
+	// quiet stamp, say) still give their counters.
+	d, _, err := openMaps(c.dir, []string{steerMapSteerCfg, steerMapSteerStats})
 	if err != nil {
 		return
 	}
@@ -67,11 +69,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	cfg, err := d.Config()
+	cfg, err := d.configOnly()
 	if err != nil || cfg.PrioQuiet == 0 {
 		return
 	}
-	since, ok, err := d.SinceHigh()
+	seen, _, err := openMaps(c.dir, []string{steerMapSteerPrioSeen})
+	if err != nil {
+		return
+	}
+	defer seen.Close()
+	since, ok, err := seen.SinceHigh()
 	if err != nil {
 		return
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
 
@@ -214,6 +216,32 @@ func TestOlderPinsStillReset(t *testing.T) {
 	}
 	if b, err := k.Read(); err != nil || string(b) != FormatTable(stay) {
 		t.Errorf("split table of older pins: %q (%v)", b, err)
+	}
+	sk := &SyncKnob{Dir: dir}
+	if err := sk.Write(nil); err != nil {
+		t.Errorf("restoring the sync destinations of older pins: %v", err)
+	}
+	// The collector still gives the counters.
+	r := prometheus.NewRegistry()
+	r.MustRegister(NewCollector(dir))
+	if mfs, err := r.Gather(); err != nil || len(mfs) == 0 {
+		t.Errorf("metrics of older pins: %d families (%v)", len(mfs), err)
+	}
+	// A table laid out differently cannot be restored: gone, so the
+	// journal skips it and the reset goes on to unpin.
+	if err := os.Remove(filepath.Join(dir, steerMapSteerTable)); err != nil {
+		t.Fatal(err)
+	}
+	other, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Pin(filepath.Join(dir, steerMapSteerTable)); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Write([]byte(FormatTable(stay))); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("restoring a table of another layout: %v, want it gone", err)
 	}
 	if err := (&DatapathKnob{Dir: dir}).Write(nil); err != nil {
 		t.Errorf("unpinning older pins: %v", err)

@@ -222,11 +222,9 @@ type SyncKnob struct {
 func (k *SyncKnob) Kind() string { return KindSync }
 func (k *SyncKnob) Key() string  { return KindSync + ":" + k.Dir }
 
+// open opens the sync maps alone (see openForRestore).
 func (k *SyncKnob) open() (*Datapath, error) {
-	if !Pinned(k.Dir) {
-		return nil, fmt.Errorf("steer datapath in %s: %w", k.Dir, knobs.ErrGone)
-	}
-	return Open(k.Dir)
+	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev)
 }
 
 func (k *SyncKnob) Read() ([]byte, error) {
