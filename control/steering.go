@@ -106,14 +106,14 @@ func steering(s *StatusReport, netns string) error {
 		out.BulkInlineIdle = cfg.PrioIdleInline
 		if cfg.PrioQuiet > 0 {
 			out.QuietMs = cfg.PrioQuiet.Milliseconds()
-			since, ok, err := d.SinceHigh()
+			quiet, since, seen, err := d.HighQuiet(cfg.PrioQuiet)
 			if err != nil {
 				return err
 			}
-			out.Quiet = true
-			if ok {
+			out.Quiet = quiet
+			if seen {
 				ms := since.Milliseconds()
-				out.SinceHighMs, out.Quiet = &ms, since > steer.QuietAfter(cfg.PrioQuiet)
+				out.SinceHighMs = &ms
 			}
 		}
 		rules, err := d.Rules()

@@ -78,11 +78,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	defer seen.Close()
-	since, ok, err := seen.SinceHigh()
+	quiet, since, ok, err := seen.HighQuiet(cfg.PrioQuiet)
 	if err != nil {
 		return
 	}
-	quiet := !ok || since > QuietAfter(cfg.PrioQuiet)
 	ch <- prometheus.MustNewConstMetric(c.quiet, prometheus.GaugeValue, b2f(quiet))
 	if ok {
 		ch <- prometheus.MustNewConstMetric(c.last, prometheus.GaugeValue, since.Seconds())

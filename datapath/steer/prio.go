@@ -245,3 +245,14 @@ func (d *Datapath) SinceHigh() (since time.Duration, ok bool, err error) {
 	}
 	return max(0, time.Duration(now.Nano()-int64(last))), true, nil
 }
+
+// HighQuiet says whether steer_xdp takes the high class for quiet under
+// the quiet time q (no high-priority frame yet, or none for
+// QuietAfter(q)), with SinceHigh's answer for those who show it.
+func (d *Datapath) HighQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
+	since, seen, err = d.SinceHigh()
+	if err != nil {
+		return false, 0, false, err
+	}
+	return !seen || since > QuietAfter(q), since, seen, nil
+}
