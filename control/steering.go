@@ -50,6 +50,13 @@ type Steering struct {
 	Sync        bool        `json:"sync,omitempty"`
 	SyncTargets []string    `json:"sync_targets,omitempty"` // "VNI/MAC > veth (MTU)"
 	Shortcut    []FlowStage `json:"shortcut,omitempty"`
+	// Queues is the accounting of the cpumap queues (split stage) that
+	// took frames; QueuesTracked whether it can tell a queue empty (the
+	// kernel's drop tracepoints are attached), so flows counted in flight
+	// there move when their frames are gone instead of after the drain
+	// time.
+	Queues        []steer.Queue `json:"cpumap_queues,omitempty"`
+	QueuesTracked bool          `json:"cpumap_queues_tracked"`
 }
 
 // Elephant is a flow MFLOW splits into micro-flows.
@@ -126,6 +133,9 @@ func steering(s *StatusReport, netns string) error {
 	}
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
+	}
+	if out.Queues, out.QueuesTracked, err = d.Queues(); err != nil {
+		return err
 	}
 	if out.Sync = cfg.Sync; cfg.Sync {
 		ts, err := d.Sync()

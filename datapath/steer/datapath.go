@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
@@ -94,7 +95,61 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerSync, &o.SteerSync},
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
+		{steerMapSteerQueues, &o.SteerQueues},
+		{steerMapSteerQmaps, &o.SteerQmaps},
 	}
+}
+
+// The drop tracepoints' links (TrackQueues), pinned beside the maps so
+// they outlive the process that attached them and go with Unpin.
+var dropTraces = []struct{ pin, tracepoint string }{
+	{steerProgSteerDropsRing + "_link", "xdp_cpumap_enqueue"},
+	{steerProgSteerDropsKthread + "_link", "xdp_cpumap_kthread"},
+}
+
+// TrackQueues attaches the programs that count frames the kernel drops in
+// the cpumap queues (tracepoints xdp_cpumap_enqueue and
+// xdp_cpumap_kthread), pins their links in dir, and then tells the
+// datapath which cpumap is which, which turns the queues' accounting on:
+// from then on a flow whose frames are counted in flight on a cpumap queue
+// moves only once they came out or were dropped, however long the queue
+// waits for its core, instead of after the drain time (steer.c, struct
+// steer_queue). Only a freshly loaded Datapath can attach; links already
+// pinned in dir are kept.
+func (d *Datapath) TrackQueues(dir string) error {
+	progs := []*ebpf.Program{d.objs.SteerDropsRing, d.objs.SteerDropsKthread}
+	for i, tr := range dropTraces {
+		path := filepath.Join(dir, tr.pin)
+		if _, err := os.Stat(path); err == nil {
+			continue
+		}
+		if progs[i] == nil {
+			return fmt.Errorf("tracking cpumap queues: no link pinned at %s and no program loaded to attach", path)
+		}
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tr.tracepoint, Program: progs[i]})
+		if err != nil {
+			return fmt.Errorf("attaching to tracepoint xdp:%s to count cpumap drops: %w (kernel without BPF raw tracepoints?)", tr.tracepoint, err)
+		}
+		err = l.Pin(path)
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("pinning the xdp:%s link: %w", tr.tracepoint, err)
+		}
+	}
+	for class, m := range []*ebpf.Map{d.objs.SteerCpumap, d.objs.SteerCpumapHi} {
+		info, err := m.Info()
+		if err != nil {
+			return fmt.Errorf("tracking cpumap queues: %w", err)
+		}
+		id, ok := info.ID()
+		if !ok {
+			return errors.New("tracking cpumap queues: this kernel reports no map ids")
+		}
+		if err := d.objs.SteerQmaps.Put(uint32(class), uint32(id)); err != nil {
+			return fmt.Errorf("tracking cpumap queues: %w", err)
+		}
+	}
+	return nil
 }
 
 func (d *Datapath) pinnedProgs() []pinnedProg {
@@ -117,6 +172,9 @@ func pinNames() []string {
 	}
 	for _, p := range d.pinnedProgs() {
 		names = append(names, p.name)
+	}
+	for _, tr := range dropTraces {
+		names = append(names, tr.pin)
 	}
 	return names
 }

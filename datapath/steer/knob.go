@@ -200,7 +200,12 @@ func (k *DatapathKnob) Write(v []byte) error {
 		d, err = Open(k.Dir)
 	} else {
 		if d, err = Load(); err == nil {
-			if err = d.Pin(k.Dir); err != nil {
+			if err = d.Pin(k.Dir); err == nil {
+				if err = d.TrackQueues(k.Dir); err != nil {
+					_ = Unpin(k.Dir)
+				}
+			}
+			if err != nil {
 				d.Close()
 			}
 		}

@@ -650,12 +650,18 @@ type Counters struct {
 	// Home is frames that took the stage's at-home fast path (SetHome):
 	// vanilla placement without per-flow state; not in Stayed.
 	Home uint64
+
+	// Settled (split stage) is flows whose frames counted in flight were
+	// found gone because their cpumap queue was seen empty (Queues): the
+	// frames had been dropped, and the flow could move without waiting
+	// for the drain time.
+	Settled uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between
@@ -752,4 +758,62 @@ func Now() time.Duration {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return time.Duration(ts.Nano())
+}
+
+// Queue is one cpumap queue's accounting (steer.c, struct steer_queue):
+// frames steer_xdp handed to it, and where they went.
+type Queue struct {
+	High bool `json:"high_priority,omitempty"` // the high-priority class's queue (steer_cpumap_hi)
+	Core int  `json:"core"`
+	// Enqueued frames, of which the skb side saw Seen; DroppedRing were
+	// refused by the full ring, DroppedKthread dropped by the kthread
+	// before an skb existed. Enqueued minus the three is what is in the
+	// queue now (or on its way to the next stage's count).
+	Enqueued       uint64 `json:"enqueued"`
+	Seen           uint64 `json:"seen"`
+	DroppedRing    uint64 `json:"dropped_ring"`
+	DroppedKthread uint64 `json:"dropped_kthread"`
+	// Untracked: a frame went in that could not be marked, so the queue
+	// can no longer be told empty and its flows fall back to the drain
+	// time.
+	Untracked bool `json:"untracked,omitempty"`
+}
+
+// Queued is what is in the queue now, or on its way from the kthread to
+// the skb side's count (GRO).
+func (q Queue) Queued() uint64 {
+	if out := q.Seen + q.Dropped(); out < q.Enqueued {
+		return q.Enqueued - out
+	}
+	return 0
+}
+
+// Dropped is every frame the kernel dropped in the queue.
+func (q Queue) Dropped() uint64 { return q.DroppedRing + q.DroppedKthread }
+
+// Queues reads the accounting of every cpumap queue that ever took a
+// frame, bulk class first, by core; and whether the drop tracepoints are
+// attached (TrackQueues), without which no queue is tracked.
+func (d *Datapath) Queues() ([]Queue, bool, error) {
+	var out []Queue
+	var v steerSteerQueue
+	for key := uint32(0); key < 2*MaxCPUs; key++ {
+		if err := d.objs.SteerQueues.Lookup(key, &v); err != nil {
+			return nil, false, fmt.Errorf("reading cpumap queue accounting: %w", err)
+		}
+		if v.Enq == 0 && v.Untracked == 0 && v.Seen == 0 {
+			continue
+		}
+		out = append(out, Queue{High: key >= MaxCPUs, Core: int(key % MaxCPUs), Enqueued: v.Enq, Seen: v.Seen,
+			DroppedRing: v.DroppedEnq, DroppedKthread: v.DroppedKthread, Untracked: v.Untracked != 0})
+	}
+	tracked := true
+	for class := uint32(0); class < 2; class++ {
+		var id uint32
+		if err := d.objs.SteerQmaps.Lookup(class, &id); err != nil {
+			return nil, false, fmt.Errorf("reading cpumap ids: %w", err)
+		}
+		tracked = tracked && id != 0
+	}
+	return out, tracked, nil
 }

@@ -1,16 +1,21 @@
 package steer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Collector exports a pinned datapath's counters at every scrape, for the
 // agents' metrics endpoint: lanes_steer_packets_total{stage, outcome}, and
 // with a quiet time (Config.PrioQuiet) lanes_prism_high_quiet (1 while
 // bulk skips its queue for lack of high-priority frames) and
-// lanes_prism_since_high_seconds. Reading at scrape time keeps the
+// lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{class,
+// core, event}, each cpumap queue's frames in, out and dropped. Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
-	dir                 string
-	frames, quiet, last *prometheus.Desc
+	dir                        string
+	frames, quiet, last, queue *prometheus.Desc
 }
 
 // NewCollector collects from the datapath pinned in dir.
@@ -23,6 +28,9 @@ func NewCollector(dir string) *Collector {
 			"1 while no high-priority frame came for the quiet time (prism quiet=): bulk runs in the NIC poll.", nil, nil),
 		last: prometheus.NewDesc("lanes_prism_since_high_seconds",
 			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
+		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
+			"Frames through each cpumap queue of the split stage: enqueued, seen (out of it), dropped_ring (the ring was full), dropped_kthread (no skb).",
+			[]string{"class", "core", "event"}, nil),
 	}
 }
 
@@ -50,6 +58,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.frames
 	ch <- c.quiet
 	ch <- c.last
+	ch <- c.queue
 }
 
 // Collect reads the datapath; a datapath that is gone or unreadable
@@ -69,6 +78,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	c.collectQueues(ch)
 	cfg, err := d.configOnly()
 	if err != nil || cfg.PrioQuiet == 0 {
 		return
@@ -93,4 +103,29 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+func (c *Collector) collectQueues(ch chan<- prometheus.Metric) {
+	d, _, err := openMaps(c.dir, []string{steerMapSteerQueues, steerMapSteerQmaps})
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	qs, _, err := d.Queues()
+	if err != nil {
+		return
+	}
+	for _, q := range qs {
+		class := "bulk"
+		if q.High {
+			class = "high"
+		}
+		core := strconv.Itoa(q.Core)
+		for _, e := range []struct {
+			name string
+			v    uint64
+		}{{"enqueued", q.Enqueued}, {"seen", q.Seen}, {"dropped_ring", q.DroppedRing}, {"dropped_kthread", q.DroppedKthread}} {
+			ch <- prometheus.MustNewConstMetric(c.queue, prometheus.CounterValue, float64(e.v), class, core, e.name)
+		}
+	}
 }

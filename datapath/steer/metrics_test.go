@@ -4,6 +4,7 @@ package steer
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,15 @@ func TestCollector(t *testing.T) {
 	}
 	if _, ok := got["lanes_prism_high_quiet"]; ok {
 		t.Error("quiet state exported without a quiet time")
+	}
+	queued := 0
+	for k := range got {
+		if strings.HasPrefix(k, "lanes_steer_queue_frames_total,class=bulk,") && strings.HasSuffix(k, ",event=enqueued") {
+			queued++
+		}
+	}
+	if queued != 1 {
+		t.Errorf("%d bulk queues exported after one steered frame, want 1: %v", queued, got)
 	}
 	cfg, _ := d.Config()
 	cfg.PrioIdleInline, cfg.PrioQuiet = true, time.Second

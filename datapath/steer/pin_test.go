@@ -48,6 +48,9 @@ func TestPinOpenUnpin(t *testing.T) {
 	if err := d.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
+	if err := d.TrackQueues(dir); err != nil {
+		t.Fatal(err)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)

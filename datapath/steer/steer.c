@@ -153,6 +153,7 @@ enum counter {
 	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
 	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
 	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
+	CNT_SETTLED,     /* a flow's frames counted in flight were found gone: its old cpumap queue was seen empty (see queue_settled) */
 	NUM_COUNTERS,
 };
 
@@ -239,6 +240,9 @@ struct steer_flow_state {
 	__u32 mf_left;       /* frames the current micro-flow still takes */
 	__u32 mf_core;       /* index into cpus of the current micro-flow */
 	__u32 mf_pad;
+	/* Split stage: the queue's enqueue count (struct steer_queue.enq)
+	 * just after this flow's last frame went into it (queue_settled). */
+	__u64 q_epoch;
 };
 
 struct {
@@ -326,6 +330,67 @@ struct {
 	__type(key, __u32);   /* core number */
 	__type(value, __u64); /* micro-flows */
 } steer_mf_cores SEC(".maps");
+
+/*
+ * Accounting of each cpumap queue (the split stage's queues: both classes,
+ * every core), so a flow whose frames are still counted in flight can tell
+ * frames that are gone (dropped: the ring was full, no skb could be
+ * allocated) from frames that are still queued behind a starved kthread.
+ * Without it, the only way out was a timeout (drain_ns), and a kthread
+ * starved for longer than that let a move overtake its frames (measured:
+ * 1277 of 20000 datagrams out of order, README "Under CPU contention a
+ * path change can reorder"). Every frame steer_xdp hands to the queue is
+ * counted in enq; the skb side counts it seen when it reaches the
+ * underlay's tc ingress (after the kthread's GRO), and the kernel's
+ * cpumap tracepoints count the ones dropped on the way. When seen plus
+ * dropped equals enq, the queue holds nothing: every frame that went in
+ * before has come out or was dropped. A flow counted in flight whose
+ * queue was seen empty after its last frame went in (empty_at >= the
+ * flow's q_epoch) has nothing left there, whatever its count says.
+ *
+ * Two cache lines: the producer's (steer_xdp on the NIC poll's core, and
+ * the enqueue tracepoint, which runs there too) and the consumer's (tc
+ * ingress and the kthread tracepoint, on the queue's core), so the
+ * per-frame counts do not bounce a shared line between cores. The
+ * consumer reads the producer's line only when a flow waits for the queue
+ * to empty (want > empty_at).
+ */
+struct steer_queue {
+	__u64 enq;         /* frames handed to the queue (marked, counted) */
+	__u64 dropped_enq; /* of those, dropped at the ring (xdp_cpumap_enqueue) */
+	/* Frames handed to the queue that steer_xdp could not mark (no
+	 * metadata room, or counting off): the skb side cannot count them
+	 * seen, so the queue can never be told empty. Sticky: the queue
+	 * falls back to the drain timeout for good. */
+	__u64 untracked;
+	__u64 pad0[5];
+	__u64 seen;            /* frames of the queue the skb side saw */
+	__u64 dropped_kthread; /* frames dropped in the kthread before an skb existed (xdp_cpumap_kthread) */
+	__u64 empty_at;        /* the highest enq at which the queue was seen empty */
+	__u64 want;            /* the highest q_epoch a flow waits for: the consumer checks while want > empty_at */
+	__u64 pad1[4];
+};
+
+/* Queue index: class (0 bulk, 1 high priority) * MAX_CPUS + core. */
+#define NUM_QUEUES (2 * MAX_CPUS)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_QUEUES);
+	__type(key, __u32);
+	__type(value, struct steer_queue);
+} steer_queues SEC(".maps");
+
+/* The kernel ids of steer_cpumap (0) and steer_cpumap_hi (1), which the
+ * tracepoints report drops by. Written by the control plane once the
+ * drop tracepoints are attached; 0 (not yet, or they could not be) leaves
+ * every queue on the drain timeout. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u32);
+} steer_qmaps SEC(".maps");
 
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
  * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
@@ -628,6 +693,94 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
 }
 
 /*
+ * The queue a split-stage path (a flow's cpu_idx) goes through, with its
+ * key in steer_queues, or NULL: the NIC poll (STAY) and sync's shortcut
+ * are no queue.
+ */
+static __always_inline struct steer_queue *queue_at(const struct steer_cfg *cfg, __u32 idx, __u32 *key)
+{
+	__u32 i = idx & ~CLASS_HI;
+
+	if (idx == STAY || idx == SYNC_IDX || i >= cfg->ncpus || i >= MAX_CPUS)
+		return NULL;
+	*key = ((idx & CLASS_HI) ? MAX_CPUS : 0) + (cfg->cpus[i & (MAX_CPUS - 1)] & (MAX_CPUS - 1));
+	return bpf_map_lookup_elem(&steer_queues, key);
+}
+
+/* Can q be told empty? Not if a frame went in unmarked, nor before the
+ * drop tracepoints are attached (steer_qmaps). */
+static __always_inline int queue_tracked(const struct steer_queue *q, __u32 key)
+{
+	__u32 class = key >= MAX_CPUS;
+	__u32 *id = bpf_map_lookup_elem(&steer_qmaps, &class);
+
+	return q && !q->untracked && id && *id;
+}
+
+/* A frame went into q that the skb side cannot count seen. */
+static __always_inline void queue_untrack(struct steer_queue *q)
+{
+	if (q && !q->untracked)
+		q->untracked = 1;
+}
+
+/*
+ * Is q empty now? If so, note at which enqueue count (empty_at). The counts
+ * frames leave by are read before the one they enter by, each with a full
+ * barrier (fetch-and-add of 0): each is then at most its value at the
+ * later read, so out >= in means every frame that went in by then came out
+ * or was dropped. Only a flow waiting for the queue makes anyone look, so
+ * the producer's line is read from the consumer's core rarely.
+ */
+static __always_inline int queue_empty_now(struct steer_queue *q)
+{
+	__u64 out = __sync_fetch_and_add(&q->seen, 0) + __sync_fetch_and_add(&q->dropped_kthread, 0) +
+		    __sync_fetch_and_add(&q->dropped_enq, 0);
+	__u64 in = __sync_fetch_and_add(&q->enq, 0);
+	__u64 old;
+
+	if (out < in)
+		return 0;
+	for (int i = 0; i < 4; i++) {
+		old = q->empty_at;
+		if (old >= in || __sync_val_compare_and_swap(&q->empty_at, old, in) == old)
+			break;
+	}
+	return 1;
+}
+
+/*
+ * Has everything a flow put into q up to epoch (its q_epoch) come out or
+ * been dropped? Yes once the queue was seen empty at that count or later.
+ * If not, ask the queue's consumer to look (want): the frames that bring
+ * it to empty may be the last it sees for a while.
+ */
+static __always_inline int queue_settled(struct steer_queue *q, __u64 epoch)
+{
+	if (q->empty_at >= epoch || queue_empty_now(q))
+		return 1;
+	if (q->want < epoch)
+		q->want = epoch;
+	return 0;
+}
+
+/* The skb side saw n frames of queue qid (LANES_META_QID: key plus one). */
+static __always_inline void queue_seen(__u32 qid, __u32 n)
+{
+	__u32 key = qid - 1;
+	struct steer_queue *q;
+
+	if (!qid)
+		return;
+	q = bpf_map_lookup_elem(&steer_queues, &key);
+	if (!q)
+		return;
+	__sync_fetch_and_add(&q->seen, n);
+	if (q->want > q->empty_at)
+		queue_empty_now(q);
+}
+
+/*
  * Clock. The precise clock (bpf_ktime_get_ns: a TSC read and its
  * conversion, about 30 ns a packet on the IRQ core of the 2-core Xeon VM,
  * profiled 2026-11-23) is only needed by the flowlet test, which runs
@@ -679,8 +832,10 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
  * (inflight 0). An idle gap alone is not enough: a starved consumer (a
  * cpumap kthread waiting behind a busy task) can hold frames far longer
  * than any fixed gap. Frames dropped between the two counting points would
- * keep inflight above 0 for ever, so after drain_ns idle the flow moves
- * anyway. A change of priority class (hi: the core's high-priority queue)
+ * keep inflight above 0 for ever: on a split-stage cpumap queue the
+ * queue's own accounting tells them gone (queue_settled); elsewhere (the
+ * RPS backlogs of the later stages, a queue that cannot be tracked) the
+ * flow moves anyway after drain_ns idle. A change of priority class (hi: the core's high-priority queue)
  * is a move like any other, and so is a high-priority flow taking
  * PRISM-sync's shortcut (sync: SYNC_IDX), which must not overtake what the
  * flow still has queued. Leaving the shortcut needs no wait: what it
@@ -694,7 +849,9 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 {
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st;
+	struct steer_queue *q = NULL;
 	__u32 bucket = bucket_of(fh, ifindex, stage);
+	__u32 qkey = 0;
 	__u32 slot = stage * BUCKETS + bucket;
 	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
 	__u32 want = entry ? *entry : STAY;
@@ -736,6 +893,19 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	 * so does the next packet's test: stamp this one precisely too. */
 	now = now_ns(cfg, precise || st->cpu_idx != want);
 	if (st->cpu_idx != want) {
+		/* Counted in flight on a cpumap queue whose accounting can tell
+		 * it empty (struct steer_queue): frames that were dropped no
+		 * longer hold the flow back, and no timeout lets it overtake
+		 * frames still queued, however long the queue's kthread starves. */
+		if (stage == STAGE_SPLIT && st->inflight > 0) {
+			q = queue_at(cfg, st->cpu_idx, &qkey);
+			if (!queue_tracked(q, qkey)) {
+				q = NULL;
+			} else if (queue_settled(q, st->q_epoch)) {
+				st->inflight = 0;
+				count(stage, CNT_SETTLED);
+			}
+		}
 		if (st->cpu_idx == SYNC_IDX) {
 			/* Off the shortcut: nothing of the flow is queued behind. */
 			st->cpu_idx = want;
@@ -770,9 +940,10 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
-			   (st->inflight <= 0 || !cfg->drain_ns || idle >= cfg->drain_ns)) {
+			   (st->inflight <= 0 || !cfg->drain_ns || (!q && idle >= cfg->drain_ns))) {
 			if (st->inflight > 0) {
-				/* Presumed dropped: start counting afresh. */
+				/* Presumed dropped: start counting afresh. Never
+				 * from a tracked queue (q), which settles instead. */
 				if (cfg->drain_ns)
 					count(stage, CNT_UNDRAINED);
 				st->inflight = 0;
@@ -824,9 +995,10 @@ static __always_inline void uncounted(struct steer_flow_state *st)
 /*
  * Mark the frame in XDP metadata (in the headroom: no packet byte changes),
  * which reaches the skb, where steer_tc_ingress or steer_tc_split_seen
- * counts it seen, and count it in flight. 0 if the driver gave no room.
+ * counts it seen, and count it in flight. qid: the cpumap queue it goes
+ * to (LANES_META_QID), 0 in the NIC poll. 0 if the driver gave no room.
  */
-static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st)
+static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st, __u32 qid)
 {
 	struct lanes_meta *meta;
 
@@ -836,7 +1008,7 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 	if ((void *)(meta + 1) > (void *)(long)ctx->data)
 		return 0;
 	meta->magic = LANES_META_MAGIC;
-	meta->flags = LANES_META_QUEUED;
+	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT);
 	queued(st, 1);
 	return 1;
 }
@@ -861,7 +1033,7 @@ static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_st
 	if (want != ((m & INLINE_MARKING) != 0) && (m & INLINE_BOUNDARY))
 		m = want ? (m | INLINE_MARKING) : (m & ~(INLINE_MARKING | INLINE_COUNTED));
 	if (m & INLINE_MARKING) {
-		if (mark_queued(ctx, st))
+		if (mark_queued(ctx, st, 0))
 			m |= INLINE_COUNTED;
 		else
 			uncounted(st);
@@ -1043,6 +1215,8 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 					   struct steer_flow_state *st, __u32 idx)
 {
 	struct lanes_meta_mflow *meta;
+	__u32 qkey = 0;
+	struct steer_queue *q = queue_at(cfg, idx, &qkey);
 	long ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx & (MAX_CPUS - 1)], XDP_PASS);
 
 	if (ret != XDP_REDIRECT) {
@@ -1050,14 +1224,20 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 		return ret;
 	}
 	split_sent(st, 1, STAGE_SPLIT);
+	/* Its queue counts it like any other frame (struct steer_queue): a
+	 * mouse sharing the queue may wait for it to empty. */
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
 		meta = (void *)(long)ctx->data_meta;
 		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
 			meta->hdr.magic = LANES_META_MAGIC;
-			meta->hdr.flags = LANES_META_MFLOW;
+			meta->hdr.flags = LANES_META_MFLOW | ((qkey + 1) << LANES_META_QID_SHIFT);
 			meta->seq = st->mf_started - 1;
+			if (q)
+				__sync_fetch_and_add(&q->enq, 1);
+			return ret;
 		}
 	}
+	queue_untrack(q);
 	return ret;
 }
 
@@ -1117,7 +1297,8 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct overlay ov = {};
-	__u32 idx, core, dest = 0, opts = 0;
+	struct steer_queue *q;
+	__u32 idx, core, dest = 0, opts = 0, qkey = 0;
 	__u64 cpu;
 	long ret;
 	int hi;
@@ -1185,12 +1366,24 @@ int steer_xdp(struct xdp_md *ctx)
 		return ret;
 	}
 	count(STAGE_SPLIT, CNT_STEERED);
-	/* Mark the frame so tc ingress on the split core can count it seen.
-	 * Without metadata room (some drivers) the frame goes uncounted and
-	 * moves of this flow fall back to the idle gap alone (and, under
-	 * PLACE_LOCAL, to the drain time). */
-	if ((cfg->flags & CFG_COUNT_SPLIT) && !mark_queued(ctx, st) && (opts & PLACE_LOCAL))
-		uncounted(st);
+	/* Mark the frame so tc ingress on the split core can count it seen,
+	 * for its flow and for its queue. Without metadata room (some
+	 * drivers) the frame goes uncounted, the queue can no longer be told
+	 * empty, and moves of this flow fall back to the idle gap alone (and,
+	 * under PLACE_LOCAL, to the drain time). */
+	q = queue_at(cfg, idx, &qkey);
+	if ((cfg->flags & CFG_COUNT_SPLIT) && mark_queued(ctx, st, qkey + 1)) {
+		if (q) {
+			__u64 epoch = __sync_fetch_and_add(&q->enq, 1) + 1;
+
+			if (st)
+				st->q_epoch = epoch;
+		}
+	} else {
+		queue_untrack(q);
+		if ((cfg->flags & CFG_COUNT_SPLIT) && (opts & PLACE_LOCAL))
+			uncounted(st);
+	}
 	return ret;
 }
 
@@ -1315,13 +1508,16 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	int counted;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
+	/* Read before pulling, which may move the data. */
+	if (outer) {
+		flags = meta_flags(skb, &seq);
+		/* Out of its cpumap queue, whatever happens to it next. */
+		queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
+	}
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(stage, CNT_DISABLED);
 		return TC_ACT_UNSPEC;
 	}
-	/* Read before pulling, which may move the data. */
-	if (outer)
-		flags = meta_flags(skb, &seq);
 
 	if (pull(skb, outer ? MAX_OUTER_HDRS : MAX_INNER_HDRS) < 0) {
 		count(stage, CNT_PASSED);
@@ -1425,9 +1621,11 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 
 	__u32 flags, seq = 0;
 
+	flags = meta_flags(skb, &seq);
+	/* Out of its cpumap queue, whatever happens to it next. */
+	queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
 	if (!cfg || !(cfg->flags & CFG_ENABLED))
 		return TC_ACT_UNSPEC;
-	flags = meta_flags(skb, &seq);
 	if (!(flags & (LANES_META_QUEUED | LANES_META_MFLOW)))
 		return TC_ACT_UNSPEC;
 	if (pull(skb, MAX_OUTER_HDRS) < 0)
@@ -1441,4 +1639,57 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 	if (flags & LANES_META_MFLOW)
 		arrived(&t, seq, skb_frames(skb));
 	return TC_ACT_UNSPEC;
+}
+
+/*
+ * Frames dropped on the way through a cpumap queue, which the skb side
+ * will never count seen (struct steer_queue). The kernel reports them by
+ * map id and core; steer_qmaps says which map is which class.
+ */
+static __always_inline void queue_dropped(__u32 map_id, __u32 cpu, __u32 drops, int at_ring)
+{
+	__u32 bulk = 0, high = 1, key;
+	__u32 *id0, *id1;
+	struct steer_queue *q;
+
+	if (!drops || cpu >= MAX_CPUS || !map_id)
+		return;
+	id0 = bpf_map_lookup_elem(&steer_qmaps, &bulk);
+	id1 = bpf_map_lookup_elem(&steer_qmaps, &high);
+	if (id0 && *id0 == map_id)
+		key = cpu;
+	else if (id1 && *id1 == map_id)
+		key = MAX_CPUS + cpu;
+	else
+		return;
+	q = bpf_map_lookup_elem(&steer_queues, &key);
+	if (!q)
+		return;
+	__sync_fetch_and_add(at_ring ? &q->dropped_enq : &q->dropped_kthread, drops);
+	/* The last frames of a queue may be dropped ones: no later frame
+	 * would make the consumer look. */
+	if (q->want > q->empty_at)
+		queue_empty_now(q);
+}
+
+/* A bulk queue's flush to the ring (bq_flush_to_queue, on the producing
+ * core): frames the full ring refused.
+ * TP_PROTO(int map_id, unsigned int processed, unsigned int drops, int to_cpu) */
+SEC("raw_tracepoint/xdp_cpumap_enqueue")
+int steer_drops_ring(struct bpf_raw_tracepoint_args *ctx)
+{
+	queue_dropped((__u32)ctx->args[0], (__u32)ctx->args[3], (__u32)ctx->args[2], 1);
+	return 0;
+}
+
+/* One batch of the queue's kthread (bound to the queue's core): frames
+ * dropped before an skb existed (kmem_alloc_drops; since 5.x the kthread
+ * hands skbs on as a list and counts no later drop here).
+ * TP_PROTO(int map_id, unsigned int processed, unsigned int drops, int sched,
+ *          struct xdp_cpumap_stats *xdp_stats) */
+SEC("raw_tracepoint/xdp_cpumap_kthread")
+int steer_drops_kthread(struct bpf_raw_tracepoint_args *ctx)
+{
+	queue_dropped((__u32)ctx->args[0], bpf_get_smp_processor_id(), (__u32)ctx->args[2], 0);
+	return 0;
 }

@@ -82,6 +82,20 @@ type steerSteerFlowState struct {
 	MfLeft      uint32
 	MfCore      uint32
 	MfPad       uint32
+	Q_epoch     uint64
+}
+
+type steerSteerQueue struct {
+	_              structs.HostLayout
+	Enq            uint64
+	DroppedEnq     uint64
+	Untracked      uint64
+	Pad0           [5]uint64
+	Seen           uint64
+	DroppedKthread uint64
+	EmptyAt        uint64
+	Want           uint64
+	Pad1           [4]uint64
 }
 
 type steerSyncDest struct {
@@ -101,23 +115,27 @@ type steerSyncKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerCfg          = "steer_cfg"
-	steerMapSteerCpumap       = "steer_cpumap"
-	steerMapSteerCpumapHi     = "steer_cpumap_hi"
-	steerMapSteerFlows        = "steer_flows"
-	steerMapSteerMfCores      = "steer_mf_cores"
-	steerMapSteerPrio         = "steer_prio"
-	steerMapSteerPrioSeen     = "steer_prio_seen"
-	steerMapSteerStats        = "steer_stats"
-	steerMapSteerSync         = "steer_sync"
-	steerMapSteerSyncDev      = "steer_sync_dev"
-	steerMapSteerTable        = "steer_table"
-	steerMapSteerVni          = "steer_vni"
-	steerProgSteerTcEgress    = "steer_tc_egress"
-	steerProgSteerTcIngress   = "steer_tc_ingress"
-	steerProgSteerTcSeen      = "steer_tc_seen"
-	steerProgSteerTcSplitSeen = "steer_tc_split_seen"
-	steerProgSteerXdp         = "steer_xdp"
+	steerMapSteerCfg           = "steer_cfg"
+	steerMapSteerCpumap        = "steer_cpumap"
+	steerMapSteerCpumapHi      = "steer_cpumap_hi"
+	steerMapSteerFlows         = "steer_flows"
+	steerMapSteerMfCores       = "steer_mf_cores"
+	steerMapSteerPrio          = "steer_prio"
+	steerMapSteerPrioSeen      = "steer_prio_seen"
+	steerMapSteerQmaps         = "steer_qmaps"
+	steerMapSteerQueues        = "steer_queues"
+	steerMapSteerStats         = "steer_stats"
+	steerMapSteerSync          = "steer_sync"
+	steerMapSteerSyncDev       = "steer_sync_dev"
+	steerMapSteerTable         = "steer_table"
+	steerMapSteerVni           = "steer_vni"
+	steerProgSteerDropsKthread = "steer_drops_kthread"
+	steerProgSteerDropsRing    = "steer_drops_ring"
+	steerProgSteerTcEgress     = "steer_tc_egress"
+	steerProgSteerTcIngress    = "steer_tc_ingress"
+	steerProgSteerTcSeen       = "steer_tc_seen"
+	steerProgSteerTcSplitSeen  = "steer_tc_split_seen"
+	steerProgSteerXdp          = "steer_xdp"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -162,11 +180,13 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	SteerTcEgress    *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
-	SteerTcIngress   *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
-	SteerTcSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
-	SteerXdp         *ebpf.ProgramSpec `ebpf:"steer_xdp"`
+	SteerDropsKthread *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
+	SteerDropsRing    *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
+	SteerTcEgress     *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
+	SteerTcIngress    *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcSeen       *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen  *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
+	SteerXdp          *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -180,6 +200,8 @@ type steerMapSpecs struct {
 	SteerMfCores  *ebpf.MapSpec `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerPrioSeen *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerQmaps    *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueues   *ebpf.MapSpec `ebpf:"steer_queues"`
 	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
 	SteerSync     *ebpf.MapSpec `ebpf:"steer_sync"`
 	SteerSyncDev  *ebpf.MapSpec `ebpf:"steer_sync_dev"`
@@ -220,6 +242,8 @@ type steerMaps struct {
 	SteerMfCores  *ebpf.Map `ebpf:"steer_mf_cores"`
 	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
 	SteerPrioSeen *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerQmaps    *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueues   *ebpf.Map `ebpf:"steer_queues"`
 	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
 	SteerSync     *ebpf.Map `ebpf:"steer_sync"`
 	SteerSyncDev  *ebpf.Map `ebpf:"steer_sync_dev"`
@@ -236,6 +260,8 @@ func (m *steerMaps) Close() error {
 		m.SteerMfCores,
 		m.SteerPrio,
 		m.SteerPrioSeen,
+		m.SteerQmaps,
+		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,
 		m.SteerSyncDev,
@@ -254,15 +280,19 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	SteerTcEgress    *ebpf.Program `ebpf:"steer_tc_egress"`
-	SteerTcIngress   *ebpf.Program `ebpf:"steer_tc_ingress"`
-	SteerTcSeen      *ebpf.Program `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen *ebpf.Program `ebpf:"steer_tc_split_seen"`
-	SteerXdp         *ebpf.Program `ebpf:"steer_xdp"`
+	SteerDropsKthread *ebpf.Program `ebpf:"steer_drops_kthread"`
+	SteerDropsRing    *ebpf.Program `ebpf:"steer_drops_ring"`
+	SteerTcEgress     *ebpf.Program `ebpf:"steer_tc_egress"`
+	SteerTcIngress    *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcSeen       *ebpf.Program `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen  *ebpf.Program `ebpf:"steer_tc_split_seen"`
+	SteerXdp          *ebpf.Program `ebpf:"steer_xdp"`
 }
 
 func (p *steerPrograms) Close() error {
 	return _SteerClose(
+		p.SteerDropsKthread,
+		p.SteerDropsRing,
 		p.SteerTcEgress,
 		p.SteerTcIngress,
 		p.SteerTcSeen,

@@ -170,8 +170,13 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		}
 		for _, name := range []string{"split", "bridge", "container"} {
 			k := st.Stages[name]
-			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d (%d before the old queue drained)\n", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved, k.Undrained)
+			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d (%d before the old queue drained", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved, k.Undrained)
+			if name == "split" && k.Settled > 0 {
+				fmt.Fprintf(out, "; %d flows' frames found dropped", k.Settled)
+			}
+			fmt.Fprintln(out, ")")
 		}
+		ctlPrintQueues(out, st)
 	}
 }
 
@@ -230,4 +235,28 @@ func ctlOrDash(xs []string) string {
 		return "-"
 	}
 	return strings.Join(xs, ", ")
+}
+
+// ctlPrintQueues shows each cpumap queue's accounting: what went in, came
+// out and was dropped, and whether moves out of it wait for it to empty.
+func ctlPrintQueues(out io.Writer, st *control.Steering) {
+	if len(st.Queues) == 0 {
+		return
+	}
+	how := "tracked: a flow leaves once its frames came out or were dropped"
+	if !st.QueuesTracked {
+		how = "not tracked (the drop tracepoints are not attached): a flow leaves after the drain time"
+	}
+	fmt.Fprintf(out, "  cpumap queues, %s\n", how)
+	for _, q := range st.Queues {
+		class := "bulk"
+		if q.High {
+			class = "high"
+		}
+		fmt.Fprintf(out, "    core %d %-4s in %d, out %d, dropped %d (ring %d, kthread %d), queued %d", q.Core, class, q.Enqueued, q.Seen, q.Dropped(), q.DroppedRing, q.DroppedKthread, q.Queued())
+		if q.Untracked {
+			fmt.Fprint(out, "; untracked: a frame went in unmarked, drain time from now on")
+		}
+		fmt.Fprintln(out)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -463,4 +464,41 @@ func Every(interval time.Duration, op func(i int) error) (stop func() (int, erro
 		wg.Wait()
 		return n, first
 	}
+}
+
+// Hog keeps core busy with a normal-priority thread of this process until
+// the returned stop is called: a task that leaves SCHED_IDLE work on that
+// core (prism's bulk queue) next to nothing, as a busy application would.
+// Tests use it to starve a queue's kthread for longer than any timeout.
+func Hog(t *testing.T, core int) (stop func()) {
+	t.Helper()
+	var done atomic.Bool
+	started, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		// Never unlocked: the runtime retires the pinned thread with
+		// the goroutine.
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(core)
+		err := unix.SchedSetaffinity(0, &set)
+		started <- err
+		if err != nil {
+			return
+		}
+		for x := 0; !done.Load(); x++ {
+		}
+	}()
+	if err := <-started; err != nil {
+		t.Fatalf("pinning a busy thread to core %d: %v", core, err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			done.Store(true)
+			<-finished
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }

@@ -306,6 +306,104 @@ func TestPrismQuiet(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
+// TestPrismQuietStarvedQueue: TestPrismQuiet while a busy thread of
+// normal priority holds the receive core, which leaves the SCHED_IDLE bulk
+// queue's kthread next to nothing, so bulk frames sit in its ring (or are
+// dropped there) far longer than the drain time. The stream pauses 40 ms
+// between bursts, longer than the drain time plus the coarse clock's lag:
+// before the queues were tracked, a flow idle that long left the queue
+// with frames still in it, and its next burst, taken in the NIC poll,
+// overtook them (README, "Under CPU contention a path change can
+// reorder"). Now it waits until the queue has been seen empty. Datagrams
+// may be lost (the ring overflows while starved); none may come out of
+// order, no move may be made on the drain time, and every queue's
+// accounting must balance once the stream is over: each frame counted in
+// came out seen or was reported dropped by the kernel.
+func TestPrismQuietStarvedQueue(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	// A short ring, so the starved queue overflows and the kernel's drop
+	// reports are part of the accounting.
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"quiet": "5ms", "queue-size": "64"})
+	dp := a.Open(t)
+	cfg, err := dp.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, tracked, err := dp.Queues(); err != nil || !tracked {
+		t.Fatalf("queues not tracked (%v)", err)
+	}
+	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 0)
+	defer rc.Close()
+	defer sc.Close()
+	port := rc.LocalAddr().(*net.UDPAddr).Port
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", dst.Addr.Addr(), port))); err != nil {
+		t.Fatal(err)
+	}
+	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := sc.Write([]byte("warm-up")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("warm-up datagram: %v", err)
+	}
+
+	st0, _ := dp.Stats()
+	stop := modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
+		_, err := sc.Write([]byte("marked"))
+		return err
+	})
+	// The sender shares core 0 with the NIC poll (the veth's NAPI runs
+	// where the sender transmits), which is the receive core.
+	hogged := cfg.CPUs[0]
+	res := overlaytest.Stream{Count: 12000, Size: 200, Burst: 400, Pause: 40 * time.Millisecond, CPU: hogged,
+		During: func() {
+			unhog := modetest.Hog(t, hogged)
+			time.Sleep(500 * time.Millisecond)
+			unhog()
+		}}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	sent, sendErr := stop()
+	if sendErr != nil {
+		t.Fatalf("sending marked datagrams: %v", sendErr)
+	}
+	t.Logf("bulk stream with core %d hogged for 500 ms: sent %d, received %d, reordered %d %v", hogged, res.Sent, res.Received, res.Reordered, res.Examples)
+	if res.Reordered != 0 {
+		t.Errorf("%d datagrams arrived out of order", res.Reordered)
+	}
+	st1, _ := dp.Stats()
+	d0, d1 := st0[steer.StageSplit], st1[steer.StageSplit]
+	tookBothPaths(t, fmt.Sprintf("%d marked datagrams", sent), d0, d1, true)
+	t.Logf("settled %d", d1.Settled-d0.Settled)
+	if d1.Undrained != d0.Undrained {
+		t.Errorf("%d moves made on the drain time from a tracked queue", d1.Undrained-d0.Undrained)
+	}
+	balanced := func() ([]steer.Queue, bool) {
+		qs, _, err := dp.Queues()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			if q.Untracked || q.Enqueued != q.Seen+q.Dropped() {
+				return qs, false
+			}
+		}
+		return qs, len(qs) > 0
+	}
+	var qs []steer.Queue
+	ok := false
+	for deadline := time.Now().Add(3 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		qs, ok = balanced()
+	}
+	t.Logf("queues: %+v", qs)
+	if !ok {
+		t.Errorf("queue accounting does not balance (in = seen + dropped) or no queue was used: %+v", qs)
+	}
+	a.ResetAndCheck(t, before)
+}
+
 // TestPrismIdleInlineNeedsUDPGROOff: where the underlay's GRO may merge
 // inner UDP datagrams (rx-udp-gro-forwarding on), a UDP datagram need not
 // end a GRO segment, so prism does not keep bulk in the NIC poll while no

@@ -14,6 +14,14 @@
 /* lanes_meta.flags */
 #define LANES_META_QUEUED 0x1 /* counted in its (flow, stage)'s in-flight frames */
 #define LANES_META_MFLOW 0x2  /* part of a micro-flow: the metadata is a struct lanes_meta_mflow */
+/*
+ * Bits 8-15: which cpumap queue the frame went through, plus one (0: none,
+ * a frame marked in the NIC poll), so the skb side can count it seen for
+ * that queue (steer's queue accounting). Constant while a flow keeps its
+ * path, so GRO still merges the flow's frames.
+ */
+#define LANES_META_QID_SHIFT 8
+#define LANES_META_QID_MASK 0xff
 
 struct lanes_meta {
 	__u32 magic; /* LANES_META_MAGIC: anything else is not ours */

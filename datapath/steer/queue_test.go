@@ -1,0 +1,189 @@
+//go:build linux
+
+package steer
+
+import (
+	"encoding/binary"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// Queue accounting (steer.c, struct steer_queue): a flow counted in flight
+// on a cpumap queue moves once that queue has been seen empty since its
+// last frame went in, never on the drain timeout, however long the
+// queue's kthread waits for its core.
+
+// trackedDatapath is drainDatapath with the drop tracepoints attached and
+// pinned (TrackQueues), in a bpffs directory removed with the test.
+func trackedDatapath(t *testing.T, drain time.Duration) *Datapath {
+	t.Helper()
+	d := drainDatapath(t, drain)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Unpin(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := d.TrackQueues(dir); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// idleGap is longer than any drain time the tests set plus the coarse
+// clock's lag (two ticks at HZ=100 at most).
+const idleGap = 30 * time.Millisecond
+
+func cpumapID(t *testing.T, m *ebpf.Map) uint64 {
+	t.Helper()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Skip("no map ids on this kernel")
+	}
+	return uint64(id)
+}
+
+// reportDrops runs a drop tracepoint's program as the kernel would call it:
+// args are the tracepoint's arguments (raw_tracepoint context), cpu the
+// core it runs on.
+func reportDrops(t *testing.T, p *ebpf.Program, cpu uint32, args ...uint64) {
+	t.Helper()
+	opts := ebpf.RunOptions{Context: args, CPU: cpu, Flags: 1 /* BPF_F_TEST_RUN_ON_CPU */}
+	if _, err := p.Run(&opts); err != nil {
+		t.Fatalf("running %s: %v", p, err)
+	}
+}
+
+func queueOf(t *testing.T, d *Datapath, high bool, core int) Queue {
+	t.Helper()
+	qs, _, err := d.Queues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.High == high && q.Core == core {
+			return q
+		}
+	}
+	return Queue{High: high, Core: core}
+}
+
+// TestQueueSettles: the starved-kthread case. A flow has frames counted in
+// flight on core 1's queue and is told to move; with a drain time of 1 ns
+// the old rule moved it at once (and reordered it behind a starved
+// kthread). On a tracked queue it waits, and moves once the kernel reports
+// its frames dropped (the queue is then empty).
+func TestQueueSettles(t *testing.T) {
+	d := trackedDatapath(t, time.Nanosecond)
+	f := udpFlow(40000)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		ret, _, meta := runXDPMeta(t, d, frame)
+		if ret != xdpRedirect || len(meta) != metaLen {
+			t.Fatalf("frame %d: verdict %d, metadata %x; want XDP_REDIRECT, marked", i, ret, meta)
+		}
+		if qid := binary.NativeEndian.Uint32(meta[4:]) >> metaQIDShift; qid != 1+1 {
+			t.Fatalf("frame %d: queue %d in the metadata, want core 1's bulk queue (key 1, plus one)", i, qid)
+		}
+	}
+	if q := queueOf(t, d, false, 1); q.Enqueued != 3 || q.Untracked {
+		t.Fatalf("queue after 3 frames: %+v", q)
+	}
+	if _, tracked, _ := d.Queues(); !tracked {
+		t.Fatal("TrackQueues left the queues untracked")
+	}
+
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame) // held: goes to the old queue, the 4th frame there
+	got := stats(t, d)[StageSplit].Sub(before)
+	if got.Held != 1 || got.Moved != 0 || got.Undrained != 0 {
+		t.Fatalf("while frames are queued: %+v; want held, no move", got)
+	}
+	if n := inFlight(t, d, f, StageSplit); n != 4 {
+		t.Fatalf("%d in flight, want 4", n)
+	}
+
+	// The kernel reports the ring refused all four (full ring behind a
+	// starved kthread): 3 then 1, on the producing core, by map id.
+	id := cpumapID(t, d.objs.SteerCpumap)
+	reportDrops(t, d.objs.SteerDropsRing, 0, id, 3, 3, 1)
+	reportDrops(t, d.objs.SteerDropsRing, 0, id+1000, 1, 1, 1) // another cpumap: not ours
+	reportDrops(t, d.objs.SteerDropsKthread, 1, id, 1, 1, 0, 0)
+	if q := queueOf(t, d, false, 1); q.DroppedRing != 3 || q.DroppedKthread != 1 {
+		t.Fatalf("queue after the drop reports: %+v", q)
+	}
+	before = stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	got = stats(t, d)[StageSplit].Sub(before)
+	if got.Settled != 1 || got.Moved != 1 || got.Undrained != 0 {
+		t.Fatalf("after the drops: %+v; want settled and moved", got)
+	}
+	if fl := mustFlow(t, d, f, StageSplit); fl.CPUIndex != 0 {
+		t.Fatalf("flow on index %d after settling, want 0", fl.CPUIndex)
+	}
+}
+
+// TestQueueUntrackedFallsBack: without the tracepoints (or with a frame in
+// the queue that could not be marked) the queue cannot be told empty, and
+// the drain time is the only way out, as before.
+func TestQueueUntrackedFallsBack(t *testing.T) {
+	d := drainDatapath(t, time.Nanosecond)
+	f := udpFlow(40001)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Moved != 1 || got.Undrained != 1 || got.Settled != 0 {
+		t.Fatalf("untracked queue: %+v; want a move after the drain time", got)
+	}
+}
+
+// TestQueueUnmarkedFrameUntracks: a frame the queue takes unmarked
+// (counting off here) makes the queue untrackable for good.
+func TestQueueUnmarkedFrameUntracks(t *testing.T) {
+	d := trackedDatapath(t, time.Hour)
+	cfg, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CountSplit = false
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := udpFlow(40002)
+	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f})); ret != xdpRedirect || meta != nil {
+		t.Fatalf("verdict %d, metadata %x; want XDP_REDIRECT, unmarked", ret, meta)
+	}
+	if q := queueOf(t, d, false, 1); !q.Untracked || q.Enqueued != 0 {
+		t.Fatalf("queue %+v, want untracked", q)
+	}
+}
