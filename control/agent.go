@@ -5,6 +5,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -41,5 +42,10 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	a, err := plan.NewAgent(st.Plan.Agent, plan.AgentEnv{
 		NetNS: st.NetNS, Mode: st.Mode, Params: st.Params, CPUs: cpus, Metrics: o.Metrics, Logf: o.Logf,
 	})
-	return a, st, err
+	if err != nil {
+		return nil, st, err
+	}
+	// Every mode with a steering datapath gets the queue reconciler
+	// beside its own agent (mechanism, not policy: datapath/steer/reconcile.go).
+	return withReconciler{Agent: a, r: steer.NewReconciler(plan.PinDir(st.NetNS), o.Logf)}, st, nil
 }

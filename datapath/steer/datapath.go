@@ -97,6 +97,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
+		{steerMapSteerQueueLost, &o.SteerQueueLost},
 	}
 }
 
@@ -107,6 +108,22 @@ var dropTraces = []struct{ pin, tracepoint string }{
 	{steerProgSteerDropsKthread + "_link", "xdp_cpumap_kthread"},
 }
 
+// NoDropTracesError is TrackQueues failing to attach to a cpumap
+// tracepoint (a kernel built without BPF raw tracepoints, or one that
+// renamed them). The datapath works without: its queues stay untracked,
+// moves out of them fall back to the drain time, and `lanes status` says
+// so.
+type NoDropTracesError struct {
+	Tracepoint string
+	Err        error
+}
+
+func (e *NoDropTracesError) Error() string {
+	return fmt.Sprintf("attaching to tracepoint xdp:%s to count cpumap drops: %v", e.Tracepoint, e.Err)
+}
+
+func (e *NoDropTracesError) Unwrap() error { return e.Err }
+
 // TrackQueues attaches the programs that count frames the kernel drops in
 // the cpumap queues (tracepoints xdp_cpumap_enqueue and
 // xdp_cpumap_kthread), pins their links in dir, and then tells the
@@ -114,21 +131,23 @@ var dropTraces = []struct{ pin, tracepoint string }{
 // from then on a flow whose frames are counted in flight on a cpumap queue
 // moves only once they came out or were dropped, however long the queue
 // waits for its core, instead of after the drain time (steer.c, struct
-// steer_queue). Only a freshly loaded Datapath can attach; links already
-// pinned in dir are kept.
+// steer_queue). Only a freshly loaded Datapath can attach; links pinned in
+// dir before are replaced.
 func (d *Datapath) TrackQueues(dir string) error {
 	progs := []*ebpf.Program{d.objs.SteerDropsRing, d.objs.SteerDropsKthread}
 	for i, tr := range dropTraces {
 		path := filepath.Join(dir, tr.pin)
-		if _, err := os.Stat(path); err == nil {
-			continue
-		}
 		if progs[i] == nil {
-			return fmt.Errorf("tracking cpumap queues: no link pinned at %s and no program loaded to attach", path)
+			return fmt.Errorf("tracking cpumap queues: no program loaded to attach at %s (reopened datapath)", path)
+		}
+		// A link pinned there is a stale one, whose program counts into
+		// another datapath's maps: this one's drops would go uncounted.
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("tracking cpumap queues: removing the stale link %s: %w", path, err)
 		}
 		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tr.tracepoint, Program: progs[i]})
 		if err != nil {
-			return fmt.Errorf("attaching to tracepoint xdp:%s to count cpumap drops: %w (kernel without BPF raw tracepoints?)", tr.tracepoint, err)
+			return &NoDropTracesError{Tracepoint: tr.tracepoint, Err: err}
 		}
 		err = l.Pin(path)
 		l.Close()
@@ -349,4 +368,15 @@ func Unpin(dir string) error {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// OpenQueues reopens only what the queue reconciler reads and writes: the
+// queue accounting, the booked-lost counts and the cpumaps (whose
+// kthreads it looks at).
+func OpenQueues(dir string) (*Datapath, error) {
+	if !Pinned(dir) {
+		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
+	}
+	d, _, err := openMaps(dir, []string{steerMapSteerQueues, steerMapSteerQueueLost, steerMapSteerQmaps, steerMapSteerCpumap, steerMapSteerCpumapHi})
+	return d, err
 }

@@ -201,7 +201,12 @@ func (k *DatapathKnob) Write(v []byte) error {
 	} else {
 		if d, err = Load(); err == nil {
 			if err = d.Pin(k.Dir); err == nil {
-				if err = d.TrackQueues(k.Dir); err != nil {
+				// Without the drop tracepoints the queues stay
+				// untracked (drain time), which status reports.
+				var nt *NoDropTracesError
+				if err = d.TrackQueues(k.Dir); errors.As(err, &nt) {
+					err = nil
+				} else if err != nil {
 					_ = Unpin(k.Dir)
 				}
 			}

@@ -651,10 +651,10 @@ type Counters struct {
 	// vanilla placement without per-flow state; not in Stayed.
 	Home uint64
 
-	// Settled (split stage) is flows whose frames counted in flight were
-	// found gone because their cpumap queue was seen empty (Queues): the
-	// frames had been dropped, and the flow could move without waiting
-	// for the drain time.
+	// Settled (split stage) is waits that ended because the flow's core's
+	// queues were seen empty (Queues) while the flow still counted frames
+	// in flight: those had been dropped (or their count lagged), and the
+	// flow could move without waiting for the drain time.
 	Settled uint64
 }
 
@@ -760,60 +760,84 @@ func Now() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// Queue is one cpumap queue's accounting (steer.c, struct steer_queue):
-// frames steer_xdp handed to it, and where they went.
+// Queue is one core's split-stage queue accounting (steer.c, struct
+// steer_queue): the frames steer_xdp marked for the core's cpumap queues
+// (both classes) and, under prism's PLACE_LOCAL, for its NIC poll, and
+// where they went.
 type Queue struct {
-	High bool `json:"high_priority,omitempty"` // the high-priority class's queue (steer_cpumap_hi)
-	Core int  `json:"core"`
+	Core int `json:"core"`
 	// Enqueued frames, of which the skb side saw Seen; DroppedRing were
-	// refused by the full ring, DroppedKthread dropped by the kthread
-	// before an skb existed. Enqueued minus the three is what is in the
-	// queue now (or on its way to the next stage's count).
+	// refused by a full ring, DroppedKthread dropped by a kthread before
+	// an skb existed, Lost booked lost by lanes agent (BookLost).
+	// Enqueued minus the four is what is queued now (Queued).
 	Enqueued       uint64 `json:"enqueued"`
 	Seen           uint64 `json:"seen"`
 	DroppedRing    uint64 `json:"dropped_ring"`
 	DroppedKthread uint64 `json:"dropped_kthread"`
-	// Untracked: a frame went in that could not be marked, so the queue
-	// can no longer be told empty and its flows fall back to the drain
+	Lost           uint64 `json:"lost,omitempty"`
+	// Untracked: a frame went in that could not be marked, so the queues
+	// can no longer be told empty and their flows fall back to the drain
 	// time.
 	Untracked bool `json:"untracked,omitempty"`
 }
 
-// Queued is what is in the queue now, or on its way from the kthread to
+// Dropped is every frame the kernel reported dropped in the queues.
+func (q Queue) Dropped() uint64 { return q.DroppedRing + q.DroppedKthread }
+
+// Out is every frame that left: seen, dropped or booked lost.
+func (q Queue) Out() uint64 { return q.Seen + q.Dropped() + q.Lost }
+
+// Queued is what is in the queues now, or on its way from a kthread to
 // the skb side's count (GRO).
 func (q Queue) Queued() uint64 {
-	if out := q.Seen + q.Dropped(); out < q.Enqueued {
+	if out := q.Out(); out < q.Enqueued {
 		return q.Enqueued - out
 	}
 	return 0
 }
 
-// Dropped is every frame the kernel dropped in the queue.
-func (q Queue) Dropped() uint64 { return q.DroppedRing + q.DroppedKthread }
-
-// Queues reads the accounting of every cpumap queue that ever took a
-// frame, bulk class first, by core; and whether the drop tracepoints are
-// attached (TrackQueues), without which no queue is tracked.
+// Queues reads the accounting of every core whose queues ever took a
+// frame, by core; and whether the drop tracepoints are attached
+// (TrackQueues), without which no queue is tracked.
 func (d *Datapath) Queues() ([]Queue, bool, error) {
 	var out []Queue
 	var v steerSteerQueue
-	for key := uint32(0); key < 2*MaxCPUs; key++ {
-		if err := d.objs.SteerQueues.Lookup(key, &v); err != nil {
-			return nil, false, fmt.Errorf("reading cpumap queue accounting: %w", err)
+	for core := uint32(0); core < MaxCPUs; core++ {
+		if err := d.objs.SteerQueues.Lookup(core, &v); err != nil {
+			return nil, false, fmt.Errorf("reading queue accounting: %w", err)
 		}
 		if v.Enq == 0 && v.Untracked == 0 && v.Seen == 0 {
 			continue
 		}
-		out = append(out, Queue{High: key >= MaxCPUs, Core: int(key % MaxCPUs), Enqueued: v.Enq, Seen: v.Seen,
-			DroppedRing: v.DroppedEnq, DroppedKthread: v.DroppedKthread, Untracked: v.Untracked != 0})
-	}
-	tracked := true
-	for class := uint32(0); class < 2; class++ {
-		var id uint32
-		if err := d.objs.SteerQmaps.Lookup(class, &id); err != nil {
-			return nil, false, fmt.Errorf("reading cpumap ids: %w", err)
+		var lost uint64
+		if err := d.objs.SteerQueueLost.Lookup(core, &lost); err != nil {
+			return nil, false, fmt.Errorf("reading lost frames: %w", err)
 		}
-		tracked = tracked && id != 0
+		out = append(out, Queue{Core: int(core), Enqueued: v.Enq, Seen: v.Seen,
+			DroppedRing: v.DroppedEnq, DroppedKthread: v.DroppedKthread, Lost: lost, Untracked: v.Untracked != 0})
 	}
-	return out, tracked, nil
+	var id uint32
+	if err := d.objs.SteerQmaps.Lookup(uint32(0), &id); err != nil {
+		return nil, false, fmt.Errorf("reading cpumap ids: %w", err)
+	}
+	return out, id != 0, nil
+}
+
+// BookLost counts n more frames of core's queues as lost: counted in,
+// never seen nor reported dropped. Only lanes agent's reconciler
+// (control/queues.go) calls it, and only when nothing can still be in
+// those queues; the datapath then treats them as out, so the flows that
+// wait for the core's queues to empty can move.
+func (d *Datapath) BookLost(core int, n uint64) error {
+	if core < 0 || core >= MaxCPUs {
+		return fmt.Errorf("core %d out of range", core)
+	}
+	var lost uint64
+	if err := d.objs.SteerQueueLost.Lookup(uint32(core), &lost); err != nil {
+		return fmt.Errorf("reading lost frames: %w", err)
+	}
+	if err := d.objs.SteerQueueLost.Put(uint32(core), lost+n); err != nil {
+		return fmt.Errorf("booking lost frames: %w", err)
+	}
+	return nil
 }

@@ -10,8 +10,8 @@ import (
 // agents' metrics endpoint: lanes_steer_packets_total{stage, outcome}, and
 // with a quiet time (Config.PrioQuiet) lanes_prism_high_quiet (1 while
 // bulk skips its queue for lack of high-priority frames) and
-// lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{class,
-// core, event}, each cpumap queue's frames in, out and dropped. Reading at scrape time keeps the
+// lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{core,
+// event}, each core's split-stage queues' frames in, out and dropped. Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
 	dir                        string
@@ -29,8 +29,8 @@ func NewCollector(dir string) *Collector {
 		last: prometheus.NewDesc("lanes_prism_since_high_seconds",
 			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
 		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
-			"Frames through each cpumap queue of the split stage: enqueued, seen (out of it), dropped_ring (the ring was full), dropped_kthread (no skb).",
-			[]string{"class", "core", "event"}, nil),
+			"Frames through each core's split-stage queues (cpumap, both classes): enqueued, seen (out), dropped_ring (the ring was full), dropped_kthread (no skb), lost (booked by lanes agent).",
+			[]string{"core", "event"}, nil),
 	}
 }
 
@@ -106,7 +106,7 @@ func b2f(b bool) float64 {
 }
 
 func (c *Collector) collectQueues(ch chan<- prometheus.Metric) {
-	d, _, err := openMaps(c.dir, []string{steerMapSteerQueues, steerMapSteerQmaps})
+	d, _, err := openMaps(c.dir, []string{steerMapSteerQueues, steerMapSteerQmaps, steerMapSteerQueueLost})
 	if err != nil {
 		return
 	}
@@ -116,16 +116,12 @@ func (c *Collector) collectQueues(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, q := range qs {
-		class := "bulk"
-		if q.High {
-			class = "high"
-		}
 		core := strconv.Itoa(q.Core)
 		for _, e := range []struct {
 			name string
 			v    uint64
-		}{{"enqueued", q.Enqueued}, {"seen", q.Seen}, {"dropped_ring", q.DroppedRing}, {"dropped_kthread", q.DroppedKthread}} {
-			ch <- prometheus.MustNewConstMetric(c.queue, prometheus.CounterValue, float64(e.v), class, core, e.name)
+		}{{"enqueued", q.Enqueued}, {"seen", q.Seen}, {"dropped_ring", q.DroppedRing}, {"dropped_kthread", q.DroppedKthread}, {"lost", q.Lost}} {
+			ch <- prometheus.MustNewConstMetric(c.queue, prometheus.CounterValue, float64(e.v), core, e.name)
 		}
 	}
 }

@@ -54,7 +54,7 @@ func TestCollector(t *testing.T) {
 	}
 	queued := 0
 	for k := range got {
-		if strings.HasPrefix(k, "lanes_steer_queue_frames_total,class=bulk,") && strings.HasSuffix(k, ",event=enqueued") {
+		if strings.HasPrefix(k, "lanes_steer_queue_frames_total,core=") && strings.HasSuffix(k, ",event=enqueued") {
 			queued++
 		}
 	}

@@ -3,8 +3,11 @@
 package steer
 
 import (
+	"context"
 	"encoding/binary"
+	"fmt"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -20,6 +23,16 @@ import (
 // pinned (TrackQueues), in a bpffs directory removed with the test.
 func trackedDatapath(t *testing.T, drain time.Duration) *Datapath {
 	t.Helper()
+	d, _ := trackedDatapathDir(t, drain)
+	return d
+}
+
+// trackedDatapathDir is trackedDatapath and its pin directory.
+func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
+	t.Helper()
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two cores (the tests use cores 0 and 1)")
+	}
 	d := drainDatapath(t, drain)
 	dir := filepath.Join(bpffsDir(t), "lanes")
 	if err := d.Pin(dir); err != nil {
@@ -33,7 +46,7 @@ func trackedDatapath(t *testing.T, drain time.Duration) *Datapath {
 	if err := d.TrackQueues(dir); err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return d, dir
 }
 
 // idleGap is longer than any drain time the tests set plus the coarse
@@ -64,18 +77,18 @@ func reportDrops(t *testing.T, p *ebpf.Program, cpu uint32, args ...uint64) {
 	}
 }
 
-func queueOf(t *testing.T, d *Datapath, high bool, core int) Queue {
+func queueOf(t *testing.T, d *Datapath, core int) Queue {
 	t.Helper()
 	qs, _, err := d.Queues()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range qs {
-		if q.High == high && q.Core == core {
+		if q.Core == core {
 			return q
 		}
 	}
-	return Queue{High: high, Core: core}
+	return Queue{Core: core}
 }
 
 // TestQueueSettles: the starved-kthread case. A flow has frames counted in
@@ -97,10 +110,10 @@ func TestQueueSettles(t *testing.T) {
 			t.Fatalf("frame %d: verdict %d, metadata %x; want XDP_REDIRECT, marked", i, ret, meta)
 		}
 		if qid := binary.NativeEndian.Uint32(meta[4:]) >> metaQIDShift; qid != 1+1 {
-			t.Fatalf("frame %d: queue %d in the metadata, want core 1's bulk queue (key 1, plus one)", i, qid)
+			t.Fatalf("frame %d: queue %d in the metadata, want core 1's (plus one)", i, qid)
 		}
 	}
-	if q := queueOf(t, d, false, 1); q.Enqueued != 3 || q.Untracked {
+	if q := queueOf(t, d, 1); q.Enqueued != 3 || q.Untracked {
 		t.Fatalf("queue after 3 frames: %+v", q)
 	}
 	if _, tracked, _ := d.Queues(); !tracked {
@@ -127,7 +140,7 @@ func TestQueueSettles(t *testing.T) {
 	reportDrops(t, d.objs.SteerDropsRing, 0, id, 3, 3, 1)
 	reportDrops(t, d.objs.SteerDropsRing, 0, id+1000, 1, 1, 1) // another cpumap: not ours
 	reportDrops(t, d.objs.SteerDropsKthread, 1, id, 1, 1, 0, 0)
-	if q := queueOf(t, d, false, 1); q.DroppedRing != 3 || q.DroppedKthread != 1 {
+	if q := queueOf(t, d, 1); q.DroppedRing != 3 || q.DroppedKthread != 1 {
 		t.Fatalf("queue after the drop reports: %+v", q)
 	}
 	before = stats(t, d)[StageSplit]
@@ -183,7 +196,118 @@ func TestQueueUnmarkedFrameUntracks(t *testing.T) {
 	if ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f})); ret != xdpRedirect || meta != nil {
 		t.Fatalf("verdict %d, metadata %x; want XDP_REDIRECT, unmarked", ret, meta)
 	}
-	if q := queueOf(t, d, false, 1); !q.Untracked || q.Enqueued != 0 {
+	if q := queueOf(t, d, 1); !q.Untracked || q.Enqueued != 0 {
 		t.Fatalf("queue %+v, want untracked", q)
+	}
+}
+
+// TestQueueKeptAcrossCoreSetChange: the flow remembers which core's
+// queues hold its frames. After the core set changes (indices now name
+// other cores), its wait is still on core 0's queues, which hold its
+// frame, not on whatever core its old index names now.
+func TestQueueKeptAcrossCoreSetChange(t *testing.T) {
+	d := trackedDatapath(t, time.Nanosecond)
+	f := udpFlow(40100)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil { // core 0
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if q := queueOf(t, d, 0); q.Enqueued != 1 {
+		t.Fatalf("core 0's queues: %+v", q)
+	}
+	cfg, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CPUs = []int{1} // index 0 is core 1 now, whose queues are empty
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetBucket(StageSplit, b, Stay); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 0 || got.Moved != 0 || got.Held != 1 {
+		t.Fatalf("after the core-set change: %+v; want held on core 0's queues", got)
+	}
+}
+
+// TestQueueBookLost: a frame counted in and never accounted for holds the
+// flow; once lanes agent books it lost, the wait ends.
+func TestQueueBookLost(t *testing.T) {
+	d := trackedDatapath(t, time.Nanosecond)
+	f := udpFlow(40200)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idleGap)
+	runXDP(t, d, frame) // held: the second frame in core 1's queues
+	q := queueOf(t, d, 1)
+	if q.Queued() != 2 {
+		t.Fatalf("core 1's queues: %+v, want 2 queued", q)
+	}
+	if err := d.BookLost(1, q.Queued()); err != nil {
+		t.Fatal(err)
+	}
+	if q := queueOf(t, d, 1); q.Queued() != 0 || q.Lost != 2 {
+		t.Fatalf("after booking: %+v", q)
+	}
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 1 || got.Moved != 1 {
+		t.Fatalf("after booking the frames lost: %+v; want settled and moved", got)
+	}
+}
+
+// TestReconcilerBooksLost: a frame counted into core 1's queues that never
+// comes out nor is reported dropped (BPF_PROG_RUN's redirect goes
+// nowhere) is booked lost by the reconciler, whose cpumap kthreads sleep;
+// the flow waiting on it then moves.
+func TestReconcilerBooksLost(t *testing.T) {
+	d, dir := trackedDatapathDir(t, time.Nanosecond)
+	f := udpFlow(40300)
+	frame := vxlanFrame(frameSpec{flow: f})
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	runXDP(t, d, frame)
+	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	var logged []string
+	r := NewReconciler(dir, func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) })
+	r.quiet = 10 * time.Millisecond
+	if err := r.Once(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if q := queueOf(t, d, 1); q.Lost != 1 || q.Queued() != 0 {
+		t.Fatalf("core 1's queues after reconciling: %+v (log %q)", q, logged)
+	}
+	if len(logged) != 1 {
+		t.Errorf("log %q, want one line", logged)
+	}
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 1 || got.Moved != 1 {
+		t.Fatalf("after booking: %+v; want settled and moved", got)
+	}
+	// The frame that moved went to core 0's queues, and nowhere either.
+	if err := r.Once(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if q0, q1 := queueOf(t, d, 0), queueOf(t, d, 1); q0.Lost != 1 || q1.Lost != 1 || len(logged) != 2 {
+		t.Errorf("second pass: core 0 %+v, core 1 %+v, log %q", q0, q1, logged)
 	}
 }

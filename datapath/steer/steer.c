@@ -240,9 +240,12 @@ struct steer_flow_state {
 	__u32 mf_left;       /* frames the current micro-flow still takes */
 	__u32 mf_core;       /* index into cpus of the current micro-flow */
 	__u32 mf_pad;
-	/* Split stage: the queue's enqueue count (struct steer_queue.enq)
-	 * just after this flow's last frame went into it (queue_settled). */
+	/* Split stage: the core (q_key) whose queue accounting took this
+	 * flow's last counted frame, and its enqueue count (struct
+	 * steer_queue.enq) just after (queue_settled); q_epoch 0: none. */
 	__u64 q_epoch;
+	__u32 q_key;
+	__u32 q_pad;
 };
 
 struct {
@@ -332,21 +335,27 @@ struct {
 } steer_mf_cores SEC(".maps");
 
 /*
- * Accounting of each cpumap queue (the split stage's queues: both classes,
- * every core), so a flow whose frames are still counted in flight can tell
- * frames that are gone (dropped: the ring was full, no skb could be
- * allocated) from frames that are still queued behind a starved kthread.
- * Without it, the only way out was a timeout (drain_ns), and a kthread
- * starved for longer than that let a move overtake its frames (measured:
- * 1277 of 20000 datagrams out of order, README "Under CPU contention a
- * path change can reorder"). Every frame steer_xdp hands to the queue is
- * counted in enq; the skb side counts it seen when it reaches the
- * underlay's tc ingress (after the kthread's GRO), and the kernel's
- * cpumap tracepoints count the ones dropped on the way. When seen plus
- * dropped equals enq, the queue holds nothing: every frame that went in
- * before has come out or was dropped. A flow counted in flight whose
- * queue was seen empty after its last frame went in (empty_at >= the
- * flow's q_epoch) has nothing left there, whatever its count says.
+ * Accounting of each core's split-stage queues (its cpumap entries of both
+ * classes, and, where the NIC is polled on that core under PLACE_LOCAL,
+ * the frames the NIC poll marks), so a flow whose frames are still counted
+ * in flight can tell frames that are gone (dropped: the ring was full, no
+ * skb could be allocated) from frames still queued behind a starved
+ * kthread. Without it, the only way out was a timeout (drain_ns), and a
+ * kthread starved for longer than that let a move overtake its frames
+ * (measured: 1277 of 20000 datagrams out of order, README "Under CPU
+ * contention a path change could reorder"). Every frame steer_xdp marks
+ * for the core is counted in enq; the skb side counts it seen when it
+ * reaches the underlay's tc ingress (after the kthread's GRO), and the
+ * kernel's cpumap tracepoints count the ones dropped on the way. When seen
+ * plus dropped (plus what the control plane booked lost) equals enq, the
+ * core's queues hold nothing: every frame that went in before has come out
+ * or was dropped. A flow counted in flight whose core's queues were seen
+ * empty after its last frame went in (empty_at >= the flow's q_epoch) has
+ * nothing left there, whatever its count says. With no other fallback, a
+ * frame counted in and then lost where nothing reports it (a redirect that
+ * fails after the verdict, another program taking the skb before lanes'
+ * tc program) would hold the core's waiting flows until lanes agent books
+ * it lost (steer_queue_lost).
  *
  * Two cache lines: the producer's (steer_xdp on the NIC poll's core, and
  * the enqueue tracepoint, which runs there too) and the consumer's (tc
@@ -371,15 +380,32 @@ struct steer_queue {
 	__u64 pad1[4];
 };
 
-/* Queue index: class (0 bulk, 1 high priority) * MAX_CPUS + core. */
-#define NUM_QUEUES (2 * MAX_CPUS)
-
+/*
+ * One entry per core, not per class: a flow's frames carry the entry's key
+ * in their metadata (LANES_META_QID), and GRO, in the kthreads and in the
+ * shared VXLAN GRO cell, only merges frames whose metadata is equal. A
+ * flow that changes class on its core, or leaves the queue for the NIC
+ * poll there, keeps equal metadata, so its frames still merge into one
+ * segment in order, as they did before the accounting existed.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, NUM_QUEUES);
-	__type(key, __u32);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);   /* core number */
 	__type(value, struct steer_queue);
 } steer_queues SEC(".maps");
+
+/* Frames of a core's queues the control plane found lost: counted in,
+ * never seen nor reported dropped, while every kthread of the core slept
+ * and nothing changed (lanes agent, Datapath.BookLost). They count as out,
+ * so one lost frame does not hold that core's flows for good. Written by
+ * the control plane only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);   /* core number */
+	__type(value, __u64);
+} steer_queue_lost SEC(".maps");
 
 /* The kernel ids of steer_cpumap (0) and steer_cpumap_hi (1), which the
  * tracepoints report drops by. Written by the control plane once the
@@ -692,27 +718,20 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
 	return key;
 }
 
-/*
- * The queue a split-stage path (a flow's cpu_idx) goes through, with its
- * key in steer_queues, or NULL: the NIC poll (STAY) and sync's shortcut
- * are no queue.
- */
-static __always_inline struct steer_queue *queue_at(const struct steer_cfg *cfg, __u32 idx, __u32 *key)
+/* The queue accounting of a core (struct steer_queue), or NULL. */
+static __always_inline struct steer_queue *core_queue(__u32 core)
 {
-	__u32 i = idx & ~CLASS_HI;
-
-	if (idx == STAY || idx == SYNC_IDX || i >= cfg->ncpus || i >= MAX_CPUS)
+	if (core >= MAX_CPUS)
 		return NULL;
-	*key = ((idx & CLASS_HI) ? MAX_CPUS : 0) + (cfg->cpus[i & (MAX_CPUS - 1)] & (MAX_CPUS - 1));
-	return bpf_map_lookup_elem(&steer_queues, key);
+	return bpf_map_lookup_elem(&steer_queues, &core);
 }
 
 /* Can q be told empty? Not if a frame went in unmarked, nor before the
- * drop tracepoints are attached (steer_qmaps). */
-static __always_inline int queue_tracked(const struct steer_queue *q, __u32 key)
+ * drop tracepoints are attached (steer_qmaps, both written at once). */
+static __always_inline int queue_tracked(const struct steer_queue *q)
 {
-	__u32 class = key >= MAX_CPUS;
-	__u32 *id = bpf_map_lookup_elem(&steer_qmaps, &class);
+	__u32 bulk = 0;
+	__u32 *id = bpf_map_lookup_elem(&steer_qmaps, &bulk);
 
 	return q && !q->untracked && id && *id;
 }
@@ -732,10 +751,11 @@ static __always_inline void queue_untrack(struct steer_queue *q)
  * or was dropped. Only a flow waiting for the queue makes anyone look, so
  * the producer's line is read from the consumer's core rarely.
  */
-static __always_inline int queue_empty_now(struct steer_queue *q)
+static __always_inline int queue_empty_now(struct steer_queue *q, __u32 core)
 {
+	__u64 *lost = bpf_map_lookup_elem(&steer_queue_lost, &core);
 	__u64 out = __sync_fetch_and_add(&q->seen, 0) + __sync_fetch_and_add(&q->dropped_kthread, 0) +
-		    __sync_fetch_and_add(&q->dropped_enq, 0);
+		    __sync_fetch_and_add(&q->dropped_enq, 0) + (lost ? *lost : 0);
 	__u64 in = __sync_fetch_and_add(&q->enq, 0);
 	__u64 old;
 
@@ -755,29 +775,34 @@ static __always_inline int queue_empty_now(struct steer_queue *q)
  * If not, ask the queue's consumer to look (want): the frames that bring
  * it to empty may be the last it sees for a while.
  */
-static __always_inline int queue_settled(struct steer_queue *q, __u64 epoch)
+static __always_inline int queue_settled(struct steer_queue *q, __u32 core, __u64 epoch)
 {
-	if (q->empty_at >= epoch || queue_empty_now(q))
+	if (q->empty_at >= epoch || queue_empty_now(q, core))
 		return 1;
 	if (q->want < epoch)
 		q->want = epoch;
 	return 0;
 }
 
-/* The skb side saw n frames of queue qid (LANES_META_QID: key plus one). */
+/*
+ * The skb side saw n frames of core qid - 1's queues (LANES_META_QID). Called
+ * after the frames' per-flow seen(): a flow is settled only once its queue
+ * is empty, and by then every frame that came out has already been taken
+ * off its flow's count, so a late per-flow decrement cannot cancel a frame
+ * of the flow's next path.
+ */
 static __always_inline void queue_seen(__u32 qid, __u32 n)
 {
-	__u32 key = qid - 1;
 	struct steer_queue *q;
 
 	if (!qid)
 		return;
-	q = bpf_map_lookup_elem(&steer_queues, &key);
+	q = core_queue(qid - 1);
 	if (!q)
 		return;
 	__sync_fetch_and_add(&q->seen, n);
 	if (q->want > q->empty_at)
-		queue_empty_now(q);
+		queue_empty_now(q, qid - 1);
 }
 
 /*
@@ -851,7 +876,6 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	struct steer_flow_state *st;
 	struct steer_queue *q = NULL;
 	__u32 bucket = bucket_of(fh, ifindex, stage);
-	__u32 qkey = 0;
 	__u32 slot = stage * BUCKETS + bucket;
 	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
 	__u32 want = entry ? *entry : STAY;
@@ -897,11 +921,11 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		 * it empty (struct steer_queue): frames that were dropped no
 		 * longer hold the flow back, and no timeout lets it overtake
 		 * frames still queued, however long the queue's kthread starves. */
-		if (stage == STAGE_SPLIT && st->inflight > 0) {
-			q = queue_at(cfg, st->cpu_idx, &qkey);
-			if (!queue_tracked(q, qkey)) {
+		if (stage == STAGE_SPLIT && st->inflight > 0 && st->q_epoch) {
+			q = core_queue(st->q_key);
+			if (!queue_tracked(q)) {
 				q = NULL;
-			} else if (queue_settled(q, st->q_epoch)) {
+			} else if (queue_settled(q, st->q_key, st->q_epoch)) {
 				st->inflight = 0;
 				count(stage, CNT_SETTLED);
 			}
@@ -995,8 +1019,9 @@ static __always_inline void uncounted(struct steer_flow_state *st)
 /*
  * Mark the frame in XDP metadata (in the headroom: no packet byte changes),
  * which reaches the skb, where steer_tc_ingress or steer_tc_split_seen
- * counts it seen, and count it in flight. qid: the cpumap queue it goes
- * to (LANES_META_QID), 0 in the NIC poll. 0 if the driver gave no room.
+ * counts it seen, and count it in flight. qid: the core whose queue
+ * accounting counts it, plus one (LANES_META_QID). 0 if the driver gave no
+ * room.
  */
 static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st, __u32 qid)
 {
@@ -1010,6 +1035,31 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 	meta->magic = LANES_META_MAGIC;
 	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT);
 	queued(st, 1);
+	return 1;
+}
+
+/*
+ * mark_queued for core's queue accounting (struct steer_queue): the frame
+ * carries the core in its metadata and is counted in there, and the flow
+ * notes where and at which count. Without metadata room the core's
+ * accounting can no longer tell its queues empty. 1 if marked.
+ */
+static __always_inline int mark_counted(struct xdp_md *ctx, struct steer_flow_state *st, __u32 core)
+{
+	struct steer_queue *q = core_queue(core);
+	__u64 epoch;
+
+	if (!mark_queued(ctx, st, core + 1)) {
+		queue_untrack(q);
+		return 0;
+	}
+	if (q) {
+		epoch = __sync_fetch_and_add(&q->enq, 1) + 1;
+		if (st) {
+			st->q_epoch = epoch;
+			st->q_key = core;
+		}
+	}
 	return 1;
 }
 
@@ -1033,7 +1083,8 @@ static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_st
 	if (want != ((m & INLINE_MARKING) != 0) && (m & INLINE_BOUNDARY))
 		m = want ? (m | INLINE_MARKING) : (m & ~(INLINE_MARKING | INLINE_COUNTED));
 	if (m & INLINE_MARKING) {
-		if (mark_queued(ctx, st, 0))
+		/* PLACE_LOCAL: this core is the queues' core. */
+		if (mark_counted(ctx, st, bpf_get_smp_processor_id()))
 			m |= INLINE_COUNTED;
 		else
 			uncounted(st);
@@ -1215,9 +1266,9 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 					   struct steer_flow_state *st, __u32 idx)
 {
 	struct lanes_meta_mflow *meta;
-	__u32 qkey = 0;
-	struct steer_queue *q = queue_at(cfg, idx, &qkey);
-	long ret = bpf_redirect_map(&steer_cpumap, cfg->cpus[idx & (MAX_CPUS - 1)], XDP_PASS);
+	__u32 core = cfg->cpus[idx & (MAX_CPUS - 1)];
+	struct steer_queue *q = core_queue(core);
+	long ret = bpf_redirect_map(&steer_cpumap, core, XDP_PASS);
 
 	if (ret != XDP_REDIRECT) {
 		count(STAGE_SPLIT, CNT_STAYED);
@@ -1230,7 +1281,7 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 		meta = (void *)(long)ctx->data_meta;
 		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
 			meta->hdr.magic = LANES_META_MAGIC;
-			meta->hdr.flags = LANES_META_MFLOW | ((qkey + 1) << LANES_META_QID_SHIFT);
+			meta->hdr.flags = LANES_META_MFLOW | (((core & LANES_META_QID_MASK) + 1) << LANES_META_QID_SHIFT);
 			meta->seq = st->mf_started - 1;
 			if (q)
 				__sync_fetch_and_add(&q->enq, 1);
@@ -1297,8 +1348,7 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct overlay ov = {};
-	struct steer_queue *q;
-	__u32 idx, core, dest = 0, opts = 0, qkey = 0;
+	__u32 idx, core, dest = 0, opts = 0;
 	__u64 cpu;
 	long ret;
 	int hi;
@@ -1361,8 +1411,12 @@ int steer_xdp(struct xdp_md *ctx)
 		/* No queue there after all: the frame runs on in the NIC poll,
 		 * uncounted, behind the flow's place. */
 		count(STAGE_SPLIT, CNT_STAYED);
-		if (opts & PLACE_LOCAL)
+		if (opts & PLACE_LOCAL) {
 			uncounted(st);
+			/* In the NIC poll unmarked, where marked frames of this
+			 * core are counted: its accounting can no longer tell. */
+			queue_untrack(core_queue(bpf_get_smp_processor_id()));
+		}
 		return ret;
 	}
 	count(STAGE_SPLIT, CNT_STEERED);
@@ -1371,19 +1425,10 @@ int steer_xdp(struct xdp_md *ctx)
 	 * drivers) the frame goes uncounted, the queue can no longer be told
 	 * empty, and moves of this flow fall back to the idle gap alone (and,
 	 * under PLACE_LOCAL, to the drain time). */
-	q = queue_at(cfg, idx, &qkey);
-	if ((cfg->flags & CFG_COUNT_SPLIT) && mark_queued(ctx, st, qkey + 1)) {
-		if (q) {
-			__u64 epoch = __sync_fetch_and_add(&q->enq, 1) + 1;
-
-			if (st)
-				st->q_epoch = epoch;
-		}
-	} else {
-		queue_untrack(q);
-		if ((cfg->flags & CFG_COUNT_SPLIT) && (opts & PLACE_LOCAL))
-			uncounted(st);
-	}
+	if (!(cfg->flags & CFG_COUNT_SPLIT))
+		queue_untrack(core_queue(core));
+	else if (!mark_counted(ctx, st, core) && (opts & PLACE_LOCAL))
+		uncounted(st);
 	return ret;
 }
 
@@ -1498,7 +1543,9 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 	return 1;
 }
 
-static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer)
+/* *qid: the core whose queue accounting counted the frames (meta's
+ * LANES_META_QID), for the caller's queue_seen once this returns. */
+static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer, __u32 *qid)
 {
 	struct steer_cfg *cfg = get_cfg();
 	struct steer_flow_state *st = NULL;
@@ -1511,8 +1558,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	/* Read before pulling, which may move the data. */
 	if (outer) {
 		flags = meta_flags(skb, &seq);
-		/* Out of its cpumap queue, whatever happens to it next. */
-		queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
+		*qid = (flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK;
 	}
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(stage, CNT_DISABLED);
@@ -1572,13 +1618,20 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 SEC("tc")
 int steer_tc_ingress(struct __sk_buff *skb)
 {
-	return steer_tc(skb, STAGE_BRIDGE, 1);
+	__u32 qid = 0;
+	int ret = steer_tc(skb, STAGE_BRIDGE, 1, &qid);
+
+	/* Out of its queue, whatever steer_tc made of it. */
+	queue_seen(qid, skb_frames(skb));
+	return ret;
 }
 
 SEC("tc")
 int steer_tc_egress(struct __sk_buff *skb)
 {
-	return steer_tc(skb, STAGE_CONTAINER, 0);
+	__u32 qid = 0;
+
+	return steer_tc(skb, STAGE_CONTAINER, 0, &qid);
 }
 
 /*
@@ -1612,64 +1665,67 @@ int steer_tc_seen(struct __sk_buff *skb)
  * nothing: it counts queued frames seen and reads micro-flows' sequence
  * numbers back; frames steer_xdp did not mark return at once, unparsed.
  */
-SEC("tc")
-int steer_tc_split_seen(struct __sk_buff *skb)
+static __always_inline void split_seen(struct __sk_buff *skb, __u32 flags, __u32 seq)
 {
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
 	struct cursor c;
 
-	__u32 flags, seq = 0;
-
-	flags = meta_flags(skb, &seq);
-	/* Out of its cpumap queue, whatever happens to it next. */
-	queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
 	if (!cfg || !(cfg->flags & CFG_ENABLED))
-		return TC_ACT_UNSPEC;
+		return;
 	if (!(flags & (LANES_META_QUEUED | LANES_META_MFLOW)))
-		return TC_ACT_UNSPEC;
+		return;
 	if (pull(skb, MAX_OUTER_HDRS) < 0)
-		return TC_ACT_UNSPEC;
+		return;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
 	if (parse_outer(&c, cfg, &t, NULL) < 0)
-		return TC_ACT_UNSPEC;
+		return;
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	if (flags & LANES_META_MFLOW)
 		arrived(&t, seq, skb_frames(skb));
+}
+
+SEC("tc")
+int steer_tc_split_seen(struct __sk_buff *skb)
+{
+	__u32 seq = 0;
+	/* Read before split_seen pulls, which may move the data. */
+	__u32 flags = meta_flags(skb, &seq);
+
+	split_seen(skb, flags, seq);
+	/* Out of its queue, after its flow's seen(). */
+	queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
 
 /*
  * Frames dropped on the way through a cpumap queue, which the skb side
  * will never count seen (struct steer_queue). The kernel reports them by
- * map id and core; steer_qmaps says which map is which class.
+ * map id and core; steer_qmaps says which maps are ours (either class:
+ * a core's queues are accounted together).
  */
 static __always_inline void queue_dropped(__u32 map_id, __u32 cpu, __u32 drops, int at_ring)
 {
-	__u32 bulk = 0, high = 1, key;
+	__u32 bulk = 0, high = 1;
 	__u32 *id0, *id1;
 	struct steer_queue *q;
 
-	if (!drops || cpu >= MAX_CPUS || !map_id)
+	if (!drops || !map_id)
 		return;
 	id0 = bpf_map_lookup_elem(&steer_qmaps, &bulk);
 	id1 = bpf_map_lookup_elem(&steer_qmaps, &high);
-	if (id0 && *id0 == map_id)
-		key = cpu;
-	else if (id1 && *id1 == map_id)
-		key = MAX_CPUS + cpu;
-	else
+	if (!(id0 && *id0 == map_id) && !(id1 && *id1 == map_id))
 		return;
-	q = bpf_map_lookup_elem(&steer_queues, &key);
+	q = core_queue(cpu);
 	if (!q)
 		return;
 	__sync_fetch_and_add(at_ring ? &q->dropped_enq : &q->dropped_kthread, drops);
 	/* The last frames of a queue may be dropped ones: no later frame
 	 * would make the consumer look. */
 	if (q->want > q->empty_at)
-		queue_empty_now(q);
+		queue_empty_now(q, cpu);
 }
 
 /* A bulk queue's flush to the ring (bq_flush_to_queue, on the producing

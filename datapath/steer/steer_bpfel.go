@@ -83,6 +83,8 @@ type steerSteerFlowState struct {
 	MfCore      uint32
 	MfPad       uint32
 	Q_epoch     uint64
+	Q_key       uint32
+	Q_pad       uint32
 }
 
 type steerSteerQueue struct {
@@ -123,6 +125,7 @@ const (
 	steerMapSteerPrio          = "steer_prio"
 	steerMapSteerPrioSeen      = "steer_prio_seen"
 	steerMapSteerQmaps         = "steer_qmaps"
+	steerMapSteerQueueLost     = "steer_queue_lost"
 	steerMapSteerQueues        = "steer_queues"
 	steerMapSteerStats         = "steer_stats"
 	steerMapSteerSync          = "steer_sync"
@@ -193,20 +196,21 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerCfg      *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap   *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerFlows    *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerMfCores  *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPrio     *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerQmaps    *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueues   *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats    *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync     *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncDev  *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerTable    *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVni      *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerCfg       *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerCpumap    *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi  *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerFlows     *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerMfCores   *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPrio      *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen  *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerQmaps     *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues    *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats     *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync      *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev   *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerTable     *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVni       *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -235,20 +239,21 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerCfg      *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap   *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerFlows    *ebpf.Map `ebpf:"steer_flows"`
-	SteerMfCores  *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPrio     *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerQmaps    *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueues   *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats    *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync     *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncDev  *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerTable    *ebpf.Map `ebpf:"steer_table"`
-	SteerVni      *ebpf.Map `ebpf:"steer_vni"`
+	SteerCfg       *ebpf.Map `ebpf:"steer_cfg"`
+	SteerCpumap    *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi  *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerFlows     *ebpf.Map `ebpf:"steer_flows"`
+	SteerMfCores   *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPrio      *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen  *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerQmaps     *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues    *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats     *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync      *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev   *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerTable     *ebpf.Map `ebpf:"steer_table"`
+	SteerVni       *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
@@ -261,6 +266,7 @@ func (m *steerMaps) Close() error {
 		m.SteerPrio,
 		m.SteerPrioSeen,
 		m.SteerQmaps,
+		m.SteerQueueLost,
 		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,

@@ -172,7 +172,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			k := st.Stages[name]
 			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d (%d before the old queue drained", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved, k.Undrained)
 			if name == "split" && k.Settled > 0 {
-				fmt.Fprintf(out, "; %d flows' frames found dropped", k.Settled)
+				fmt.Fprintf(out, "; %d waits ended by an empty queue", k.Settled)
 			}
 			fmt.Fprintln(out, ")")
 		}
@@ -247,13 +247,12 @@ func ctlPrintQueues(out io.Writer, st *control.Steering) {
 	if !st.QueuesTracked {
 		how = "not tracked (the drop tracepoints are not attached): a flow leaves after the drain time"
 	}
-	fmt.Fprintf(out, "  cpumap queues, %s\n", how)
+	fmt.Fprintf(out, "  split-stage queues (cpumap, both classes), %s\n", how)
 	for _, q := range st.Queues {
-		class := "bulk"
-		if q.High {
-			class = "high"
+		fmt.Fprintf(out, "    core %d: in %d, out %d, dropped %d (ring %d, kthread %d), queued %d", q.Core, q.Enqueued, q.Seen, q.Dropped(), q.DroppedRing, q.DroppedKthread, q.Queued())
+		if q.Lost > 0 {
+			fmt.Fprintf(out, ", %d booked lost by lanes agent", q.Lost)
 		}
-		fmt.Fprintf(out, "    core %d %-4s in %d, out %d, dropped %d (ring %d, kthread %d), queued %d", q.Core, class, q.Enqueued, q.Seen, q.Dropped(), q.DroppedRing, q.DroppedKthread, q.Queued())
 		if q.Untracked {
 			fmt.Fprint(out, "; untracked: a frame went in unmarked, drain time from now on")
 		}
