@@ -45,6 +45,7 @@ var counterEvents = []struct {
 	{"held", func(c *Counters) uint64 { return c.Held }},
 	{"moved", func(c *Counters) uint64 { return c.Moved }},
 	{"undrained", func(c *Counters) uint64 { return c.Undrained }},
+	{"settled", func(c *Counters) uint64 { return c.Settled }},
 	{"disabled", func(c *Counters) uint64 { return c.Disabled }},
 	{"high", func(c *Counters) uint64 { return c.High }},
 	{"sync", func(c *Counters) uint64 { return c.Sync }},
