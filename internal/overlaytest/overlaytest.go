@@ -306,3 +306,103 @@ func InOrder(t testing.TB, what string, r StreamResult) {
 		t.Errorf("%s: %d datagrams arrived out of order", what, r.Reordered)
 	}
 }
+
+// TCPStream sends a paced TCP stream (Rate bits/s for Duration, written in
+// 64 KiB chunks) from srcNS to a listener on dst in dstNS.
+type TCPStream struct {
+	Rate     int64
+	Duration time.Duration
+}
+
+// TCPResult is what a TCPStream's two ends saw (TCP_INFO at the end).
+type TCPResult struct {
+	Bytes int64
+	// Retrans is the sender's retransmitted segments; ReordSeen its
+	// reordering events (tcpi_reord_seen); OutOfOrder the receiver's
+	// out-of-order packets (tcpi_rcv_ooopack).
+	Retrans, ReordSeen, OutOfOrder uint32
+}
+
+// Run sends the stream and returns both ends' counters.
+func (s TCPStream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) TCPResult {
+	t.Helper()
+	var ln net.Listener
+	if err := nsx.Do(dstNS, func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type recv struct {
+		n    int64
+		info *unix.TCPInfo
+		err  error
+	}
+	got := make(chan recv, 1)
+	done := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- recv{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(s.Duration + 20*time.Second))
+		n, err := io.Copy(io.Discard, c)
+		info, ierr := tcpInfo(c)
+		if err == nil {
+			err = ierr
+		}
+		got <- recv{n, info, err}
+		<-done
+	}()
+	defer close(done)
+	var conn net.Conn
+	if err := nsx.Do(srcNS, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
+		return
+	}); err != nil {
+		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
+	}
+	conn.SetDeadline(time.Now().Add(s.Duration + 20*time.Second))
+	chunk := make([]byte, 64<<10)
+	start := time.Now()
+	var sent int64
+	for time.Since(start) < s.Duration {
+		if _, err := conn.Write(chunk); err != nil {
+			conn.Close()
+			t.Fatalf("TCP %s -> %s: %v", srcNS, dstNS, err)
+		}
+		sent += int64(len(chunk))
+		// Pace: sleep until the bytes sent so far are due.
+		if due := time.Duration(float64(sent*8) / float64(s.Rate) * float64(time.Second)); due > time.Since(start) {
+			time.Sleep(due - time.Since(start))
+		}
+	}
+	sinfo, err := tcpInfo(conn)
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.n != sent {
+		t.Fatalf("TCP %s -> %s: received %d of %d bytes (%v)", srcNS, dstNS, r.n, sent, r.err)
+	}
+	return TCPResult{Bytes: r.n, Retrans: sinfo.Total_retrans, ReordSeen: sinfo.Reord_seen, OutOfOrder: r.info.Rcv_ooopack}
+}
+
+func tcpInfo(c net.Conn) (*unix.TCPInfo, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var info *unix.TCPInfo
+	var gerr error
+	if err := raw.Control(func(fd uintptr) {
+		info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil {
+		return nil, err
+	}
+	return info, gerr
+}
