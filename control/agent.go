@@ -33,6 +33,11 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 		return nil, st, fmt.Errorf("the apply of %s to netns %s did not finish: run `lanes reset` and apply again", st.Mode, label(o.NetNS))
 	}
 	if st.Plan.Agent == "" {
+		// A static mode with a steering datapath still has the queue
+		// reconciler to run.
+		if dir := plan.PinDir(st.NetNS); steer.Pinned(dir) {
+			return withReconciler{Agent: reconcilerOnly{st.Mode}, r: steer.NewReconciler(dir, o.Logf)}, st, nil
+		}
 		return nil, st, fmt.Errorf("mode %s is static: it has nothing to run at run time (falcon modes with balance=true do)", st.Mode)
 	}
 	cpus, err := knobs.ParseCPUList(st.CPUs)

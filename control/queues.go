@@ -28,3 +28,16 @@ func (w withReconciler) Run(ctx context.Context) error {
 	<-done
 	return err
 }
+
+// reconcilerOnly is the agent of a static mode with a steering datapath:
+// nothing of its own, the reconciler beside it.
+type reconcilerOnly struct{ mode string }
+
+func (a reconcilerOnly) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (a reconcilerOnly) Status() any {
+	return map[string]string{"agent": "queue reconciler only: " + a.mode + " has no run-time part of its own"}
+}

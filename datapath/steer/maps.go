@@ -836,7 +836,12 @@ func (d *Datapath) BookLost(core int, n uint64) error {
 	if err := d.objs.SteerQueueLost.Lookup(uint32(core), &lost); err != nil {
 		return fmt.Errorf("reading lost frames: %w", err)
 	}
-	if err := d.objs.SteerQueueLost.Put(uint32(core), lost+n); err != nil {
+	return d.setLost(core, lost+n)
+}
+
+// setLost sets core's booked-lost count (the reconciler, under its lock).
+func (d *Datapath) setLost(core int, n uint64) error {
+	if err := d.objs.SteerQueueLost.Put(uint32(core), n); err != nil {
 		return fmt.Errorf("booking lost frames: %w", err)
 	}
 	return nil

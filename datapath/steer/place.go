@@ -135,8 +135,8 @@ const (
 	metaMFlow  = 0x2        // part of a micro-flow: the sequence number follows
 	metaLen    = 8          // struct lanes_meta
 	metaMFLen  = 12         // struct lanes_meta_mflow
-	// Bits 8-15 of the flags: the cpumap queue the frame went through
-	// (class * MaxCPUs + core), plus one; 0: none.
+	// Bits 8-15 of the flags: the core whose queue accounting counted the
+	// frame in, plus one; 0: none.
 	metaQIDShift = 8
 	metaFlagMask = 0xff
 )

@@ -3,30 +3,39 @@ package steer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"golang.org/x/sys/unix"
 )
 
 // Reconciler runs beside every mode's agent where a steering datapath is
-// pinned (control.NewAgent). A flow whose frames are counted in flight on a
+// pinned (control.NewAgent; a mode without an agent of its own gets one
+// that runs only this). A flow whose frames are counted in flight on a
 // core's split-stage queues leaves them only once they were seen empty
-// (c, struct steer_queue): every frame counted in came out or was
+// (steer.c, struct steer_queue): every frame counted in came out or was
 // reported dropped by the kernel. A frame lost where nothing reports it
 // (a redirect that fails after the verdict, a program ahead of lanes' tc
 // program that takes the skb) would hold that core's waiting flows for
 // good. The reconciler books such frames lost, and only when nothing can
-// still hold them: the core's counts did not change over a quiet window
-// and every cpumap kthread of the core was asleep in it (a cpumap kthread
-// sleeps only with an empty ring, after flushing its GRO). A starved
-// kthread is runnable, not asleep, so its frames are never booked.
+// still hold them: the core's counts did not change over a quiet window,
+// and in its middle every thread that could hold a frame of the core was
+// asleep: the core's cpumap kthreads (one sleeps only with an empty ring,
+// after flushing its GRO), its ksoftirqd and every threaded NAPI poll (a
+// NIC poll may keep frames in its GRO between polls). A starved thread is
+// runnable, not asleep, so its frames are never booked. RPS on the
+// underlay, which would hold skbs in another core's backlog, is not
+// looked for (lanes never sets it there).
 type Reconciler struct {
-	dir   string
-	logf  func(string, ...any)
-	every time.Duration // between checks
-	quiet time.Duration // each half of the quiet window
+	dir     string
+	logf    func(string, ...any)
+	every   time.Duration // between checks
+	quiet   time.Duration // each half of the quiet window
+	lastErr string
 }
 
 // NewReconciler reconciles the datapath pinned in dir; logf reports what it
@@ -38,7 +47,9 @@ func NewReconciler(dir string, logf func(string, ...any)) *Reconciler {
 	return &Reconciler{dir: dir, logf: logf, every: time.Second, quiet: 50 * time.Millisecond}
 }
 
-// Run checks every second until ctx ends.
+// Run checks every second until ctx ends. An error is logged once until
+// it changes (a datapath of another version would otherwise log every
+// second).
 func (r *Reconciler) Run(ctx context.Context) {
 	t := time.NewTicker(r.every)
 	defer t.Stop()
@@ -47,46 +58,77 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := r.Once(ctx); err != nil {
+			err := r.Once(ctx)
+			if msg := fmt.Sprint(err); err != nil && msg != r.lastErr {
 				r.logf("queue reconciler: %v", err)
+				r.lastErr = msg
+			} else if err == nil {
+				r.lastErr = ""
 			}
 		}
 	}
 }
 
-// Once checks once, booking what it finds lost.
+// Once checks once, booking what it finds lost, and undoes a booking the
+// counts prove wrong (more frames out than in).
 func (r *Reconciler) Once(ctx context.Context) error {
 	if !Pinned(r.dir) {
 		return nil
 	}
+	// One reconciler per datapath: two would book the same frames twice.
+	unlock, ok, err := lockDir(r.dir)
+	if err != nil || !ok {
+		return err
+	}
+	defer unlock()
 	d, err := OpenQueues(r.dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	before, tracked, err := d.Queues()
-	if err != nil || !tracked || !anyQueued(before) {
+	s0, tracked, err := d.Queues()
+	if err != nil || !tracked {
 		return err
 	}
-	if !sleepCtx(ctx, r.quiet) {
+	for _, q := range s0 {
+		if over := q.Out() - q.Enqueued; q.Out() > q.Enqueued && q.Lost > 0 {
+			n := min(over, q.Lost)
+			if err := d.setLost(q.Core, q.Lost-n); err != nil {
+				return err
+			}
+			r.logf("queue reconciler: core %d: %d frames booked lost came out after all; booking undone", q.Core, n)
+		}
+	}
+	if !anyQueued(s0) || !sleepCtx(ctx, r.quiet) {
 		return nil
 	}
-	asleep, err := cpumapAsleep(d)
+	s1, _, err := d.Queues()
+	if err != nil {
+		return err
+	}
+	var cores []int
+	for core := range lostFrames(s0, s1, nil) {
+		cores = append(cores, core)
+	}
+	if len(cores) == 0 {
+		return nil
+	}
+	asleep, err := coresAsleep(d, cores)
 	if err != nil {
 		return err
 	}
 	if !sleepCtx(ctx, r.quiet) {
 		return nil
 	}
-	after, _, err := d.Queues()
+	s2, _, err := d.Queues()
 	if err != nil {
 		return err
 	}
-	for core, n := range lostFrames(before, after, asleep) {
+	for core, n := range lostFrames(s0, s2, asleep) {
 		if err := d.BookLost(core, n); err != nil {
 			return err
 		}
-		r.logf("queue reconciler: core %d: %d frames counted into its split-stage queues were never seen nor reported dropped, with its cpumap kthreads asleep and nothing moving; booked lost, so the flows waiting on them can move", core, n)
+		r.logf("queue reconciler: core %d: %d frames counted into its split-stage queues were never seen nor reported dropped, with every thread that could hold them asleep and nothing moving; booked lost, so the flows waiting on them can move", core, n)
 	}
 	return nil
 }
@@ -102,14 +144,12 @@ func anyQueued(qs []Queue) bool {
 
 // lostFrames says, per core, how many frames to book lost: those still
 // counted as queued on a core whose counts were the same at both samples
-// and whose cpumap kthreads were all asleep between them (asleep[core]
-// false: one was not). A core without a kthread (asleep has no entry) has
-// only its NIC poll's marked frames, which the poll takes to tc itself:
-// nothing can be in flight there once its counts stop.
+// and, unless asleep is nil (a first pass that only finds candidates),
+// where every thread that could hold its frames was asleep between them.
 func lostFrames(before, after []Queue, asleep map[int]bool) map[int]uint64 {
 	out := map[int]uint64{}
 	for _, a := range after {
-		if sleeping, known := asleep[a.Core]; a.Queued() == 0 || a.Untracked || (known && !sleeping) {
+		if a.Queued() == 0 || a.Untracked || (asleep != nil && !asleep[a.Core]) {
 			continue
 		}
 		for _, b := range before {
@@ -121,10 +161,11 @@ func lostFrames(before, after []Queue, asleep map[int]bool) map[int]uint64 {
 	return out
 }
 
-// cpumapAsleep says, per core, whether every kthread of the datapath's
-// cpumap entries there (both classes) is asleep. Kthreads are named
-// "cpumap/<core>/map:<id>".
-func cpumapAsleep(d *Datapath) (map[int]bool, error) {
+// coresAsleep says, for each of cores, whether every thread that could
+// hold a frame of its queues is asleep: the datapath's cpumap kthreads
+// there (both classes, "cpumap/<core>/map:<id>"), the core's ksoftirqd,
+// and every threaded NAPI poll ("napi/..."), wherever it runs.
+func coresAsleep(d *Datapath, cores []int) (map[int]bool, error) {
 	bulk, err := d.BulkKthreads()
 	if err != nil {
 		return nil, err
@@ -133,24 +174,29 @@ func cpumapAsleep(d *Datapath) (map[int]bool, error) {
 	if err != nil {
 		return nil, err
 	}
+	napi, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "napi/") })
+	if err != nil {
+		return nil, err
+	}
 	out := map[int]bool{}
-	for _, th := range append(bulk, hi...) {
-		rest, ok := strings.CutPrefix(th.Comm, "cpumap/")
-		if !ok {
-			continue
-		}
-		c, _, _ := strings.Cut(rest, "/")
-		core, err := strconv.Atoi(c)
-		if err != nil {
-			continue
-		}
-		st, err := taskState(th.PID)
+	for _, core := range cores {
+		soft, err := knobs.ListKthreads(func(c string) bool { return c == fmt.Sprintf("ksoftirqd/%d", core) })
 		if err != nil {
 			return nil, err
 		}
-		sleeping := st == 'S' || st == 'I'
-		if prev, seen := out[core]; seen {
-			sleeping = sleeping && prev
+		ths := append(soft, napi...)
+		for _, th := range append(bulk, hi...) {
+			if strings.HasPrefix(th.Comm, fmt.Sprintf("cpumap/%d/", core)) {
+				ths = append(ths, th)
+			}
+		}
+		sleeping := len(soft) > 0
+		for _, th := range ths {
+			st, err := taskState(th.PID)
+			if err != nil {
+				return nil, err
+			}
+			sleeping = sleeping && (st == 'S' || st == 'I')
 		}
 		out[core] = sleeping
 	}
@@ -168,6 +214,23 @@ func taskState(pid int) (byte, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: no state field", pid)
 	}
 	return b[i+2], nil
+}
+
+// lockDir takes an exclusive lock on the pin directory, without waiting:
+// ok is false when another reconciler holds it.
+func lockDir(dir string) (unlock func(), ok bool, err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("locking %s: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("locking %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, true, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

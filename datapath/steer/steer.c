@@ -153,7 +153,7 @@ enum counter {
 	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
 	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
 	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
-	CNT_SETTLED,     /* a flow's frames counted in flight were found gone: its old cpumap queue was seen empty (see queue_settled) */
+	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
 	NUM_COUNTERS,
 };
 
@@ -367,13 +367,13 @@ struct {
 struct steer_queue {
 	__u64 enq;         /* frames handed to the queue (marked, counted) */
 	__u64 dropped_enq; /* of those, dropped at the ring (xdp_cpumap_enqueue) */
-	/* Frames handed to the queue that steer_xdp could not mark (no
-	 * metadata room, or counting off): the skb side cannot count them
-	 * seen, so the queue can never be told empty. Sticky: the queue
-	 * falls back to the drain timeout for good. */
+	/* A frame went to one of the core's cpumaps unmarked (no metadata
+	 * room, or counting off): the kernel's drop reports may then count
+	 * frames enq never did, so the core can never be told empty.
+	 * Sticky: its flows fall back to the drain time for good. */
 	__u64 untracked;
 	__u64 pad0[5];
-	__u64 seen;            /* frames of the queue the skb side saw */
+	__u64 seen;            /* frames of the core's queues the skb side saw */
 	__u64 dropped_kthread; /* frames dropped in the kthread before an skb existed (xdp_cpumap_kthread) */
 	__u64 empty_at;        /* the highest enq at which the queue was seen empty */
 	__u64 want;            /* the highest q_epoch a flow waits for: the consumer checks while want > empty_at */
@@ -842,6 +842,12 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
+/* What uncounted() adds for a frame that could not be marked: the count
+ * stays above zero until the flowlet rule presumes it dropped (drain_ns
+ * idle), so the flow never takes PLACE_LOCAL's fast move past a frame
+ * nobody counts. */
+#define UNCOUNTED (1ll << 40)
+
 /* steer_flow_state.inline_mark (see mark_inline) */
 #define INLINE_COUNT 0x1    /* a move out of the NIC poll waits: mark and count its frames */
 #define INLINE_COUNTED 0x2  /* a frame was marked and counted since marking started */
@@ -921,7 +927,10 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		 * it empty (struct steer_queue): frames that were dropped no
 		 * longer hold the flow back, and no timeout lets it overtake
 		 * frames still queued, however long the queue's kthread starves. */
-		if (stage == STAGE_SPLIT && st->inflight > 0 && st->q_epoch) {
+		/* Not for a flow with a frame that went uncounted (UNCOUNTED):
+		 * no core's accounting saw that one, so an empty core proves
+		 * nothing about it; the drain time does. */
+		if (stage == STAGE_SPLIT && st->inflight > 0 && st->inflight < UNCOUNTED && st->q_epoch) {
 			q = core_queue(st->q_key);
 			if (!queue_tracked(q)) {
 				q = NULL;
@@ -1002,11 +1011,6 @@ static __always_inline void queued(struct steer_flow_state *st, __u32 n)
 		__sync_fetch_and_add(&st->inflight, n);
 }
 
-/* What uncounted() adds for a frame that could not be marked: the count
- * stays above zero until the flowlet rule presumes it dropped (drain_ns
- * idle), so the flow never takes PLACE_LOCAL's fast move past a frame
- * nobody counts. */
-#define UNCOUNTED (1ll << 40)
 
 /* A frame of the flow went on uncounted. Added once, not per frame, so the
  * count cannot wrap around to a value that lets a move through. */
@@ -1041,16 +1045,21 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 /*
  * mark_queued for core's queue accounting (struct steer_queue): the frame
  * carries the core in its metadata and is counted in there, and the flow
- * notes where and at which count. Without metadata room the core's
- * accounting can no longer tell its queues empty. 1 if marked.
+ * notes where and at which count. to_cpumap: it goes to one of the core's
+ * cpumap entries (else it stays in the NIC poll). 1 if marked.
  */
-static __always_inline int mark_counted(struct xdp_md *ctx, struct steer_flow_state *st, __u32 core)
+static __always_inline int mark_counted(struct xdp_md *ctx, struct steer_flow_state *st, __u32 core,
+					int to_cpumap)
 {
 	struct steer_queue *q = core_queue(core);
 	__u64 epoch;
 
 	if (!mark_queued(ctx, st, core + 1)) {
-		queue_untrack(q);
+		/* A frame the cpumap may drop, which the kernel then reports
+		 * with the marked ones: the core's counts can no longer
+		 * balance. (Unmarked in the NIC poll, it touches no count.) */
+		if (to_cpumap)
+			queue_untrack(q);
 		return 0;
 	}
 	if (q) {
@@ -1084,7 +1093,7 @@ static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_st
 		m = want ? (m | INLINE_MARKING) : (m & ~(INLINE_MARKING | INLINE_COUNTED));
 	if (m & INLINE_MARKING) {
 		/* PLACE_LOCAL: this core is the queues' core. */
-		if (mark_counted(ctx, st, bpf_get_smp_processor_id()))
+		if (mark_counted(ctx, st, bpf_get_smp_processor_id(), 0))
 			m |= INLINE_COUNTED;
 		else
 			uncounted(st);
@@ -1411,12 +1420,11 @@ int steer_xdp(struct xdp_md *ctx)
 		/* No queue there after all: the frame runs on in the NIC poll,
 		 * uncounted, behind the flow's place. */
 		count(STAGE_SPLIT, CNT_STAYED);
-		if (opts & PLACE_LOCAL) {
+		/* The flow's own count says so (UNCOUNTED), and its moves
+		 * fall back to the drain time: the core's accounting never
+		 * saw this frame and stays right. */
+		if (opts & PLACE_LOCAL)
 			uncounted(st);
-			/* In the NIC poll unmarked, where marked frames of this
-			 * core are counted: its accounting can no longer tell. */
-			queue_untrack(core_queue(bpf_get_smp_processor_id()));
-		}
 		return ret;
 	}
 	count(STAGE_SPLIT, CNT_STEERED);
@@ -1427,7 +1435,7 @@ int steer_xdp(struct xdp_md *ctx)
 	 * under PLACE_LOCAL, to the drain time). */
 	if (!(cfg->flags & CFG_COUNT_SPLIT))
 		queue_untrack(core_queue(core));
-	else if (!mark_counted(ctx, st, core) && (opts & PLACE_LOCAL))
+	else if (!mark_counted(ctx, st, core, 1) && (opts & PLACE_LOCAL))
 		uncounted(st);
 	return ret;
 }
@@ -1660,10 +1668,12 @@ int steer_tc_seen(struct __sk_buff *skb)
 
 /*
  * tc ingress on the underlay when nothing else runs there (PRISM, MFLOW at
- * the NIC poll): the end of the split stage's queue (the cpumap ring), on
- * the core that took the frame off it. Like steer_tc_seen it places
- * nothing: it counts queued frames seen and reads micro-flows' sequence
- * numbers back; frames steer_xdp did not mark return at once, unparsed.
+ * the NIC poll): the end of the split stage's queue (the cpumap ring, or
+ * the NIC poll's own frames marked under PLACE_LOCAL), on the core that
+ * took the frame off it. Like steer_tc_seen it places nothing: it counts
+ * queued frames seen (per flow, then for the core's queue accounting)
+ * and reads micro-flows' sequence numbers back; frames steer_xdp did not
+ * mark return at once, unparsed.
  */
 static __always_inline void split_seen(struct __sk_buff *skb, __u32 flags, __u32 seq)
 {

@@ -15,10 +15,11 @@
 #define LANES_META_QUEUED 0x1 /* counted in its (flow, stage)'s in-flight frames */
 #define LANES_META_MFLOW 0x2  /* part of a micro-flow: the metadata is a struct lanes_meta_mflow */
 /*
- * Bits 8-15: which cpumap queue the frame went through, plus one (0: none,
- * a frame marked in the NIC poll), so the skb side can count it seen for
- * that queue (steer's queue accounting). Constant while a flow keeps its
- * path, so GRO still merges the flow's frames.
+ * Bits 8-15: the core whose split-stage queue accounting counted the frame
+ * in (its cpumap entries of both classes, or its NIC poll), plus one (0:
+ * none), so the skb side can count it out there (steer's struct
+ * steer_queue). The same for every path on one core, so GRO still merges
+ * a flow's frames when it changes class or returns to the NIC poll.
  */
 #define LANES_META_QID_SHIFT 8
 #define LANES_META_QID_MASK 0xff
