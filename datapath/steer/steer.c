@@ -396,8 +396,8 @@ struct {
 } steer_queues SEC(".maps");
 
 /* Frames of a core's queues the control plane found lost: counted in,
- * never seen nor reported dropped, while every kthread of the core slept
- * and nothing changed (lanes agent, Datapath.BookLost). They count as out,
+ * never seen nor reported dropped, while every thread that could hold
+ * them slept and nothing changed (lanes agent's steer.Reconciler). They count as out,
  * so one lost frame does not hold that core's flows for good. Written by
  * the control plane only. */
 struct {
