@@ -71,6 +71,9 @@ func (d *Datapath) SetConfig(c Config) error {
 	}
 	k := encodeConfig(c)
 	k.PrioShapes = shapes
+	if k.MetaGen, err = d.metaGen(); err != nil {
+		return err
+	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
@@ -845,4 +848,19 @@ func (d *Datapath) setLost(core int, n uint64) error {
 		return fmt.Errorf("booking lost frames: %w", err)
 	}
 	return nil
+}
+
+// metaGen is the datapath's mark in the metadata's generation bits
+// (steer.c, steer_cfg.meta_gen): the low byte of its bulk cpumap's map id,
+// which differs from the datapath loaded before it.
+func (d *Datapath) metaGen() (uint32, error) {
+	info, err := d.objs.SteerCpumap.Info()
+	if err != nil {
+		return 0, fmt.Errorf("reading the cpumap's id: %w", err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		return 0, nil // no map ids: every datapath marks 0
+	}
+	return uint32(id) & 0xff, nil
 }

@@ -133,11 +133,16 @@ func TestMflowSeqReachesSkb(t *testing.T) {
 }
 
 // metaProg is an XDP program that puts a micro-flow's metadata with
-// sequence seq in front of the frame and passes it: in live-frame mode the
+// sequence seq, marked as d's (its generation), in front of the frame and
+// passes it: in live-frame mode the
 // skb reaches the loopback device's tc ingress on the calling core before
 // the run returns, so the order of arrival is the test's.
-func metaProg(t *testing.T, seq uint32) *ebpf.Program {
+func metaProg(t *testing.T, d *Datapath, seq uint32) *ebpf.Program {
 	t.Helper()
+	gen, err := d.metaGen()
+	if err != nil {
+		t.Fatal(err)
+	}
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name: "mflow_meta",
 		Type: ebpf.XDP,
@@ -152,7 +157,7 @@ func metaProg(t *testing.T, seq uint32) *ebpf.Program {
 			asm.Add.Imm(asm.R4, metaMFLen),
 			asm.JGT.Reg(asm.R4, asm.R2, "pass"),
 			asm.StoreImm(asm.R3, 0, metaMagic, asm.Word),
-			asm.StoreImm(asm.R3, 4, metaMFlow, asm.Word),
+			asm.StoreImm(asm.R3, 4, int64(metaMFlow|gen<<metaGenShift), asm.Word),
 			asm.StoreImm(asm.R3, 8, int64(int32(seq)), asm.Word),
 			asm.Mov.Imm(asm.R0, xdpPass).WithSymbol("pass"),
 			asm.Return(),
@@ -196,7 +201,7 @@ func TestMflowLateMicroflows(t *testing.T) {
 				before := stats(t, d)
 				in(func() error {
 					for _, seq := range c.seqs {
-						if err := liveXDP(metaProg(t, seq), frame); err != nil {
+						if err := liveXDP(metaProg(t, d, seq), frame); err != nil {
 							return err
 						}
 					}
@@ -216,5 +221,32 @@ func TestMflowLateMicroflows(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOtherDatapathsMarks: a frame marked by another datapath (one loaded
+// before, its frames still queued during a re-apply) counts neither in
+// this one's per-flow state nor out of its queues: the metadata's
+// generation bits differ.
+func TestOtherDatapathsMarks(t *testing.T) {
+	d, _ := newDatapath(t)
+	other, _ := newDatapath(t)
+	g1, _ := d.metaGen()
+	g2, _ := other.metaGen()
+	if g1 == g2 {
+		t.Skipf("both datapaths got generation %d (their cpumap ids share a low byte)", g1)
+	}
+	in := skbSide(t, d.TCSplitSeen())
+	f := udpFlow(40600)
+	frame := vxlanFrame(frameSpec{flow: f})
+	runXDP(t, d, frame)
+	before := stats(t, d)
+	in(func() error { return liveXDP(metaProg(t, other, 0), frame) })
+	if got := stats(t, d)[StageSplit].MicroArrived - before[StageSplit].MicroArrived; got != 0 {
+		t.Errorf("%d frames of another datapath counted as arrived", got)
+	}
+	in(func() error { return liveXDP(metaProg(t, d, 0), frame) })
+	if got := stats(t, d)[StageSplit].MicroArrived - before[StageSplit].MicroArrived; got != 1 {
+		t.Errorf("%d of this datapath's frames counted, want 1", got)
 	}
 }

@@ -109,7 +109,7 @@ func TestQueueSettles(t *testing.T) {
 		if ret != xdpRedirect || len(meta) != metaLen {
 			t.Fatalf("frame %d: verdict %d, metadata %x; want XDP_REDIRECT, marked", i, ret, meta)
 		}
-		if qid := binary.NativeEndian.Uint32(meta[4:]) >> metaQIDShift; qid != 1+1 {
+		if qid := binary.NativeEndian.Uint32(meta[4:]) >> metaQIDShift & 0xff; qid != 1+1 {
 			t.Fatalf("frame %d: queue %d in the metadata, want core 1's (plus one)", i, qid)
 		}
 	}

@@ -175,7 +175,11 @@ struct steer_cfg {
 	__u32 mf_thresh;    /* frames within a window from which a flow is an elephant; 0: every flow */
 	__u32 mf_batch;     /* frames per micro-flow */
 	__u32 mf_ncores;    /* entries used in mf_cores; 0: nothing is split */
-	__u32 mf_pad;
+	/* This datapath's mark in the metadata's LANES_META_GEN bits, so a
+	 * frame marked by a datapath loaded before (still queued during a
+	 * re-apply) is not counted out of this one's queues. Set from the
+	 * bulk cpumap's map id, constant while the datapath lives. */
+	__u32 meta_gen;
 	__u32 mf_cores[MAX_CPUS]; /* split cores as indices into cpus, in dispatch order */
 	/* How far behind the precise clock the coarse one may be (two ticks):
 	 * the flowlet test's margin for a coarse stamp (see now_ns). 0: stamp
@@ -718,6 +722,29 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
 	return key;
 }
 
+/* This datapath's mark for the metadata (LANES_META_GEN). */
+static __always_inline __u32 meta_gen(const struct steer_cfg *cfg)
+{
+	return (cfg->meta_gen & LANES_META_GEN_MASK) << LANES_META_GEN_SHIFT;
+}
+
+/* Metadata flags as this datapath reads them: 0 for a frame another
+ * datapath marked (one loaded before, its frames still queued during a
+ * re-apply), whose counts are not this one's. */
+static __always_inline __u32 meta_ours(const struct steer_cfg *cfg, __u32 flags)
+{
+	if (!cfg || ((flags >> LANES_META_GEN_SHIFT) & LANES_META_GEN_MASK) != (cfg->meta_gen & LANES_META_GEN_MASK))
+		return 0;
+	return flags;
+}
+
+/* The core (plus one) whose queue accounting counted a frame with these
+ * flags (meta_ours) in, or 0: none. */
+static __always_inline __u32 meta_qid(__u32 flags)
+{
+	return (flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK;
+}
+
 /* The queue accounting of a core (struct steer_queue), or NULL. */
 static __always_inline struct steer_queue *core_queue(__u32 core)
 {
@@ -1027,7 +1054,8 @@ static __always_inline void uncounted(struct steer_flow_state *st)
  * accounting counts it, plus one (LANES_META_QID). 0 if the driver gave no
  * room.
  */
-static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st, __u32 qid)
+static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_state *st, __u32 qid,
+				       const struct steer_cfg *cfg)
 {
 	struct lanes_meta *meta;
 
@@ -1037,7 +1065,7 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 	if ((void *)(meta + 1) > (void *)(long)ctx->data)
 		return 0;
 	meta->magic = LANES_META_MAGIC;
-	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT);
+	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT) | meta_gen(cfg);
 	queued(st, 1);
 	return 1;
 }
@@ -1048,13 +1076,13 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
  * notes where and at which count. to_cpumap: it goes to one of the core's
  * cpumap entries (else it stays in the NIC poll). 1 if marked.
  */
-static __always_inline int mark_counted(struct xdp_md *ctx, struct steer_flow_state *st, __u32 core,
-					int to_cpumap)
+static __always_inline int mark_counted(struct xdp_md *ctx, const struct steer_cfg *cfg,
+					struct steer_flow_state *st, __u32 core, int to_cpumap)
 {
 	struct steer_queue *q = core_queue(core);
 	__u64 epoch;
 
-	if (!mark_queued(ctx, st, core + 1)) {
+	if (!mark_queued(ctx, st, core + 1, cfg)) {
 		/* A frame the cpumap may drop, which the kernel then reports
 		 * with the marked ones: the core's counts can no longer
 		 * balance. (Unmarked in the NIC poll, it touches no count.) */
@@ -1084,7 +1112,8 @@ static __always_inline int mark_counted(struct xdp_md *ctx, struct steer_flow_st
  * A flow that came back from a queue starts marked (place()): the queue's
  * frames reach the shared VXLAN GRO cell with their metadata.
  */
-static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_state *st, int seg_end)
+static __always_inline void mark_inline(struct xdp_md *ctx, const struct steer_cfg *cfg,
+					struct steer_flow_state *st, int seg_end)
 {
 	__u32 m = st->inline_mark;
 	int want = (m & INLINE_COUNT) != 0;
@@ -1093,7 +1122,7 @@ static __always_inline void mark_inline(struct xdp_md *ctx, struct steer_flow_st
 		m = want ? (m | INLINE_MARKING) : (m & ~(INLINE_MARKING | INLINE_COUNTED));
 	if (m & INLINE_MARKING) {
 		/* PLACE_LOCAL: this core is the queues' core. */
-		if (mark_counted(ctx, st, bpf_get_smp_processor_id(), 0))
+		if (mark_counted(ctx, cfg, st, bpf_get_smp_processor_id(), 0))
 			m |= INLINE_COUNTED;
 		else
 			uncounted(st);
@@ -1290,7 +1319,8 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 		meta = (void *)(long)ctx->data_meta;
 		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
 			meta->hdr.magic = LANES_META_MAGIC;
-			meta->hdr.flags = LANES_META_MFLOW | (((core & LANES_META_QID_MASK) + 1) << LANES_META_QID_SHIFT);
+			meta->hdr.flags = LANES_META_MFLOW | (((core & LANES_META_QID_MASK) + 1) << LANES_META_QID_SHIFT) |
+					  meta_gen(cfg);
 			meta->seq = st->mf_started - 1;
 			if (q)
 				__sync_fetch_and_add(&q->enq, 1);
@@ -1405,7 +1435,7 @@ int steer_xdp(struct xdp_md *ctx)
 	if (idx == STAY || cpu >= MAX_CPUS) {
 		count(STAGE_SPLIT, CNT_STAYED);
 		if ((opts & PLACE_LOCAL) && st)
-			mark_inline(ctx, st, t.seg_end);
+			mark_inline(ctx, cfg, st, t.seg_end);
 		return XDP_PASS;
 	}
 	/* The mask is a no-op after the check; it lets the verifier see the
@@ -1435,7 +1465,7 @@ int steer_xdp(struct xdp_md *ctx)
 	 * under PLACE_LOCAL, to the drain time). */
 	if (!(cfg->flags & CFG_COUNT_SPLIT))
 		queue_untrack(core_queue(core));
-	else if (!mark_counted(ctx, st, core, 1) && (opts & PLACE_LOCAL))
+	else if (!mark_counted(ctx, cfg, st, core, 1) && (opts & PLACE_LOCAL))
 		uncounted(st);
 	return ret;
 }
@@ -1565,8 +1595,8 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 
 	/* Read before pulling, which may move the data. */
 	if (outer) {
-		flags = meta_flags(skb, &seq);
-		*qid = (flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK;
+		flags = meta_ours(cfg, meta_flags(skb, &seq));
+		*qid = meta_qid(flags);
 	}
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(stage, CNT_DISABLED);
@@ -1702,11 +1732,11 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 {
 	__u32 seq = 0;
 	/* Read before split_seen pulls, which may move the data. */
-	__u32 flags = meta_flags(skb, &seq);
+	__u32 flags = meta_ours(get_cfg(), meta_flags(skb, &seq));
 
 	split_seen(skb, flags, seq);
 	/* Out of its queue, after its flow's seen(). */
-	queue_seen((flags >> LANES_META_QID_SHIFT) & LANES_META_QID_MASK, skb_frames(skb));
+	queue_seen(meta_qid(flags), skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
 

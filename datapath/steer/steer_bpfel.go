@@ -47,7 +47,7 @@ type steerSteerCfg struct {
 	MfThresh    uint32
 	MfBatch     uint32
 	MfNcores    uint32
-	MfPad       uint32
+	MetaGen     uint32
 	MfCores     [64]uint32
 	CoarseLagNs uint64
 }
