@@ -53,6 +53,18 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 // clock's lag (two ticks at HZ=100 at most).
 const idleGap = 30 * time.Millisecond
 
+// splitFlow is a UDP flow from port whose split-stage bucket sends it to
+// index idx, its frame, and the bucket.
+func splitFlow(t *testing.T, d *Datapath, port uint16, idx uint32) (flowSpec, []byte, int) {
+	t.Helper()
+	f := udpFlow(port)
+	b := Bucket(f.hash(), loIfindex, StageSplit)
+	if err := d.SetBucket(StageSplit, b, idx); err != nil {
+		t.Fatal(err)
+	}
+	return f, vxlanFrame(frameSpec{flow: f}), b
+}
+
 func cpumapID(t *testing.T, m *ebpf.Map) uint64 {
 	t.Helper()
 	info, err := m.Info()
@@ -98,12 +110,7 @@ func queueOf(t *testing.T, d *Datapath, core int) Queue {
 // its frames dropped (the queue is then empty).
 func TestQueueSettles(t *testing.T) {
 	d := trackedDatapath(t, time.Nanosecond)
-	f := udpFlow(40000)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
-		t.Fatal(err)
-	}
+	f, frame, b := splitFlow(t, d, 40000, 1)
 	for i := 1; i <= 3; i++ {
 		ret, _, meta := runXDPMeta(t, d, frame)
 		if ret != xdpRedirect || len(meta) != metaLen {
@@ -159,12 +166,7 @@ func TestQueueSettles(t *testing.T) {
 // the drain time is the only way out, as before.
 func TestQueueUntrackedFallsBack(t *testing.T) {
 	d := drainDatapath(t, time.Nanosecond)
-	f := udpFlow(40001)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
-		t.Fatal(err)
-	}
+	_, frame, b := splitFlow(t, d, 40001, 1)
 	runXDP(t, d, frame)
 	if err := d.SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
@@ -189,11 +191,8 @@ func TestQueueUnmarkedFrameUntracks(t *testing.T) {
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	f := udpFlow(40002)
-	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
-		t.Fatal(err)
-	}
-	if ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f})); ret != xdpRedirect || meta != nil {
+	_, frame, _ := splitFlow(t, d, 40002, 1)
+	if ret, _, meta := runXDPMeta(t, d, frame); ret != xdpRedirect || meta != nil {
 		t.Fatalf("verdict %d, metadata %x; want XDP_REDIRECT, unmarked", ret, meta)
 	}
 	if q := queueOf(t, d, 1); !q.Untracked || q.Enqueued != 0 {
@@ -207,12 +206,7 @@ func TestQueueUnmarkedFrameUntracks(t *testing.T) {
 // frame, not on whatever core its old index names now.
 func TestQueueKeptAcrossCoreSetChange(t *testing.T) {
 	d := trackedDatapath(t, time.Nanosecond)
-	f := udpFlow(40100)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil { // core 0
-		t.Fatal(err)
-	}
+	_, frame, b := splitFlow(t, d, 40100, 0) // core 0
 	runXDP(t, d, frame)
 	if q := queueOf(t, d, 0); q.Enqueued != 1 {
 		t.Fatalf("core 0's queues: %+v", q)
@@ -240,12 +234,7 @@ func TestQueueKeptAcrossCoreSetChange(t *testing.T) {
 // flow; once lanes agent books it lost, the wait ends.
 func TestQueueBookLost(t *testing.T) {
 	d := trackedDatapath(t, time.Nanosecond)
-	f := udpFlow(40200)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
-		t.Fatal(err)
-	}
+	_, frame, b := splitFlow(t, d, 40200, 1)
 	runXDP(t, d, frame)
 	if err := d.SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
@@ -275,12 +264,7 @@ func TestQueueBookLost(t *testing.T) {
 // the flow waiting on it then moves.
 func TestReconcilerBooksLost(t *testing.T) {
 	d, dir := trackedDatapathDir(t, time.Nanosecond)
-	f := udpFlow(40300)
-	frame := vxlanFrame(frameSpec{flow: f})
-	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
-		t.Fatal(err)
-	}
+	_, frame, b := splitFlow(t, d, 40300, 1)
 	runXDP(t, d, frame)
 	if err := d.SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
@@ -322,11 +306,8 @@ func TestReconcilerBooksLost(t *testing.T) {
 // all (more out than in) are taken off the booking.
 func TestReconcilerUndoesOverbooking(t *testing.T) {
 	d, dir := trackedDatapathDir(t, time.Hour)
-	f := udpFlow(40400)
-	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
-		t.Fatal(err)
-	}
-	runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+	_, frame, _ := splitFlow(t, d, 40400, 1)
+	runXDP(t, d, frame)
 	if err := d.BookLost(1, 3); err != nil { // 2 too many
 		t.Fatal(err)
 	}
@@ -342,11 +323,8 @@ func TestReconcilerUndoesOverbooking(t *testing.T) {
 // another does nothing.
 func TestReconcilerLocks(t *testing.T) {
 	d, dir := trackedDatapathDir(t, time.Hour)
-	f := udpFlow(40500)
-	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
-		t.Fatal(err)
-	}
-	runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+	_, frame, _ := splitFlow(t, d, 40500, 1)
+	runXDP(t, d, frame)
 	unlock, ok, err := lockDir(dir)
 	if err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)

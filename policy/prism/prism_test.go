@@ -2,6 +2,7 @@ package prism_test
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -231,28 +232,73 @@ func tookBothPaths(t *testing.T, what string, d0, d steer.Counters, high bool) {
 	}
 }
 
+// quietBed is the quiet tests' setup: prism-batch with quiet=5ms (and
+// params) applied to a testbed, and a marked UDP flow (a rule for its
+// port) from the sender's first container to the receiver's. Reset and
+// the check that every knob came back run at the test's end.
+type quietBed struct {
+	a        *modetest.Applied
+	dp       *steer.Datapath
+	rc, sc   *net.UDPConn
+	src, dst testbed.Container
+}
+
+func newQuietBed(t *testing.T, params map[string]string) *quietBed {
+	t.Helper()
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	q := &quietBed{src: s.Containers[0], dst: r.Containers[0]}
+	p := map[string]string{"quiet": "5ms"}
+	maps.Copy(p, params)
+	q.a = modetest.Apply(t, tb, "prism-batch", p)
+	t.Cleanup(func() { q.a.ResetAndCheck(t, before) })
+	q.dp = q.a.Open(t)
+	q.rc, q.sc = overlaytest.UDPPair(t, q.src.NetNS, q.dst.NetNS, q.dst.Addr.Addr(), 0)
+	t.Cleanup(func() { q.rc.Close(); q.sc.Close() })
+	port := q.rc.LocalAddr().(*net.UDPAddr).Port
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", q.dst.Addr.Addr(), port))); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// warmUp sends one marked datagram and waits for it: until the
+// neighbours on the path are resolved, the kernel may send a stream's
+// first datagrams out of order (what it queued while resolving, behind
+// what came after), whatever lanes does.
+func (q *quietBed) warmUp(t *testing.T) {
+	t.Helper()
+	q.rc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := q.sc.Write([]byte("warm-up")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.rc.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("warm-up datagram: %v", err)
+	}
+}
+
+// marks sends a marked datagram each time the class would have gone
+// quiet (5 ms after the last one, plus two ticks of the coarse clock: 13
+// ms at HZ=250), 12 ms after, until the returned stop.
+func (q *quietBed) marks() (stop func() (int, error)) {
+	return modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
+		_, err := q.sc.Write([]byte("marked"))
+		return err
+	})
+}
+
 // TestPrismQuiet: with quiet set, a bulk stream moves between the NIC
 // poll and the bulk queue as a marked flow sends now and then (quiet 5 ms
 // after its last frame, plus two ticks of the coarse clock: 13 ms at
 // HZ=250; one frame 12 ms after that), and arrives in order; the
 // marked datagrams arrive too, and status says whether the class is quiet.
 func TestPrismQuiet(t *testing.T) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"quiet": "5ms"})
-	dp := a.Open(t)
+	q := newQuietBed(t, nil)
+	a, dp, rc, src, dst := q.a, q.dp, q.rc, q.src, q.dst
 	if cfg, err := dp.Config(); err != nil || cfg.PrioQuiet != 5*time.Millisecond {
 		t.Fatalf("config %+v (%v), want a 5ms quiet time", cfg, err)
-	}
-	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 0)
-	defer rc.Close()
-	defer sc.Close()
-	port := rc.LocalAddr().(*net.UDPAddr).Port
-	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", dst.Addr.Addr(), port))); err != nil {
-		t.Fatal(err)
 	}
 	status := func() *control.StatusReport {
 		t.Helper()
@@ -266,22 +312,10 @@ func TestPrismQuiet(t *testing.T) {
 		t.Errorf("before any marked frame: status %+v, want quiet with none seen", st.Steering)
 	}
 
-	// Warm up: until the neighbours on the path are resolved, the kernel
-	// may send a stream's first datagrams out of order (what it queued
-	// while resolving, behind what came after), whatever lanes does.
-	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if _, err := sc.Write([]byte("warm-up")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rc.Read(make([]byte, 64)); err != nil {
-		t.Fatalf("warm-up datagram: %v", err)
-	}
+	q.warmUp(t)
 
 	st0, _ := dp.Stats()
-	stop := modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
-		_, err := sc.Write([]byte("marked"))
-		return err
-	})
+	stop := q.marks()
 	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	sent, sendErr := stop()
 	overlaytest.InOrder(t, "bulk stream while a marked flow comes and goes", res)
@@ -303,7 +337,6 @@ func TestPrismQuiet(t *testing.T) {
 	if st := status(); st.Steering == nil || st.Steering.SinceHighMs == nil || st.Steering.QuietMs != 5 {
 		t.Errorf("after marked frames: status %+v, want the last one's time", st.Steering)
 	}
-	a.ResetAndCheck(t, before)
 }
 
 // TestPrismQuietTCP: a paced TCP stream (400 Mbit/s, no loss on the
@@ -318,25 +351,10 @@ func TestPrismQuiet(t *testing.T) {
 // with retransmissions (a loss) cannot tell reordering from loss and only
 // logs.
 func TestPrismQuietTCP(t *testing.T) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"quiet": "5ms"})
-	dp := a.Open(t)
-	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 0)
-	defer rc.Close()
-	defer sc.Close()
-	port := rc.LocalAddr().(*net.UDPAddr).Port
-	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", dst.Addr.Addr(), port))); err != nil {
-		t.Fatal(err)
-	}
+	q := newQuietBed(t, nil)
+	dp, src, dst := q.dp, q.src, q.dst
 	st0, _ := dp.Stats()
-	stop := modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
-		_, err := sc.Write([]byte("marked"))
-		return err
-	})
+	stop := q.marks()
 	res := overlaytest.TCPStream{Rate: 400e6, Duration: 2 * time.Second}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	sent, sendErr := stop()
 	if sendErr != nil {
@@ -351,7 +369,6 @@ func TestPrismQuietTCP(t *testing.T) {
 	case res.OutOfOrder > 0 || res.ReordSeen > 0:
 		t.Errorf("TCP segments arrived out of order: %d at the receiver, %d reorderings seen by the sender", res.OutOfOrder, res.ReordSeen)
 	}
-	a.ResetAndCheck(t, before)
 }
 
 // TestPrismQuietStarvedQueue: TestPrismQuiet while a busy thread of
@@ -379,13 +396,8 @@ func TestPrismQuietStarvedQueue(t *testing.T) {
 }
 
 func prismQuietStarved(t *testing.T, ring string) {
-	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	before := modetest.Snapshot(t, tb)
-	r, s := tb.Receiver(), tb.Sender()
-	src, dst := s.Containers[0], r.Containers[0]
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"quiet": "5ms", "queue-size": ring})
-	dp := a.Open(t)
+	q := newQuietBed(t, map[string]string{"queue-size": ring})
+	dp, src, dst := q.dp, q.src, q.dst
 	cfg, err := dp.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -393,26 +405,10 @@ func prismQuietStarved(t *testing.T, ring string) {
 	if _, tracked, err := dp.Queues(); err != nil || !tracked {
 		t.Fatalf("queues not tracked (%v)", err)
 	}
-	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 0)
-	defer rc.Close()
-	defer sc.Close()
-	port := rc.LocalAddr().(*net.UDPAddr).Port
-	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, fmt.Sprintf("dst %s port %d udp", dst.Addr.Addr(), port))); err != nil {
-		t.Fatal(err)
-	}
-	rc.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if _, err := sc.Write([]byte("warm-up")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rc.Read(make([]byte, 64)); err != nil {
-		t.Fatalf("warm-up datagram: %v", err)
-	}
+	q.warmUp(t)
 
 	st0, _ := dp.Stats()
-	stop := modetest.Every(steer.QuietAfter(5*time.Millisecond)+12*time.Millisecond, func(int) error {
-		_, err := sc.Write([]byte("marked"))
-		return err
-	})
+	stop := q.marks()
 	// The sender shares core 0 with the NIC poll (the veth's NAPI runs
 	// where the sender transmits), which is the receive core.
 	hogged := cfg.CPUs[0]
@@ -470,7 +466,6 @@ func prismQuietStarved(t *testing.T, ring string) {
 			t.Errorf("64-frame ring: %d frames dropped at the ring, %d waits settled; want both > 0 (was the kthread starved?)", dropped, d1.Settled-d0.Settled)
 		}
 	}
-	a.ResetAndCheck(t, before)
 }
 
 // TestPrismIdleInlineNeedsUDPGROOff: where the underlay's GRO may merge
