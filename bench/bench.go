@@ -612,7 +612,9 @@ func (r *runner) apply(mode string) error {
 			return err
 		}
 	}
-	if st.Plan.Agent != "" {
+	// A static mode with a steering datapath gets lanes agent's queue
+	// reconciler, as `lanes apply` advises.
+	if st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS)) {
 		logf := func(format string, args ...any) {
 			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
 		}

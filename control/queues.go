@@ -39,5 +39,11 @@ func (a reconcilerOnly) Run(ctx context.Context) error {
 }
 
 func (a reconcilerOnly) Status() any {
-	return map[string]string{"agent": "queue reconciler only: " + a.mode + " has no run-time part of its own"}
+	return reconcilerOnlyStatus{Agent: "queue reconciler only: " + a.mode + " has no run-time part of its own"}
 }
+
+type reconcilerOnlyStatus struct {
+	Agent string `json:"agent"`
+}
+
+func (s reconcilerOnlyStatus) Summary() []string { return []string{s.Agent} }

@@ -851,8 +851,9 @@ func (d *Datapath) setLost(core int, n uint64) error {
 }
 
 // metaGen is the datapath's mark in the metadata's generation bits
-// (steer.c, steer_cfg.meta_gen): the low byte of its bulk cpumap's map id,
-// which differs from the datapath loaded before it.
+// (steer.c, steer_cfg.meta_gen): the low 16 bits of its bulk cpumap's map
+// id, which differ from the datapath loaded before it unless 65536 maps
+// were created in between.
 func (d *Datapath) metaGen() (uint32, error) {
 	info, err := d.objs.SteerCpumap.Info()
 	if err != nil {
@@ -862,5 +863,5 @@ func (d *Datapath) metaGen() (uint32, error) {
 	if !ok {
 		return 0, nil // no map ids: every datapath marks 0
 	}
-	return uint32(id) & 0xff, nil
+	return uint32(id) & 0xffff, nil
 }

@@ -234,7 +234,7 @@ func TestOtherDatapathsMarks(t *testing.T) {
 	g1, _ := d.metaGen()
 	g2, _ := other.metaGen()
 	if g1 == g2 {
-		t.Skipf("both datapaths got generation %d (their cpumap ids share a low byte)", g1)
+		t.Skipf("both datapaths got generation %d (their cpumap ids share their low 16 bits)", g1)
 	}
 	in := skbSide(t, d.TCSplitSeen())
 	f := udpFlow(40600)

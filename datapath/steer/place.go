@@ -139,6 +139,6 @@ const (
 	// frame in, plus one; 0: none.
 	metaQIDShift = 8
 	metaFlagMask = 0xff
-	// Bits 16-23: the marking datapath's generation (metaGen).
+	// Bits 16-31: the marking datapath's generation (metaGen).
 	metaGenShift = 16
 )

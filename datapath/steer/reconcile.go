@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -87,23 +88,17 @@ func (r *Reconciler) Once(ctx context.Context) error {
 	}
 	defer d.Close()
 	s0, tracked, err := d.Queues()
-	if err != nil || !tracked {
+	if err != nil || !tracked || (!anyQueued(s0) && !anyLost(s0)) {
 		return err
 	}
-	for _, q := range s0 {
-		if over := q.Out() - q.Enqueued; q.Out() > q.Enqueued && q.Lost > 0 {
-			n := min(over, q.Lost)
-			if err := d.setLost(q.Core, q.Lost-n); err != nil {
-				return err
-			}
-			r.logf("queue reconciler: core %d: %d frames booked lost came out after all; booking undone", q.Core, n)
-		}
-	}
-	if !anyQueued(s0) || !sleepCtx(ctx, r.quiet) {
+	if !sleepCtx(ctx, r.quiet) {
 		return nil
 	}
 	s1, _, err := d.Queues()
 	if err != nil {
+		return err
+	}
+	if undone, err := r.undoOverbooking(d, s0, s1); err != nil || undone {
 		return err
 	}
 	var cores []int
@@ -131,6 +126,40 @@ func (r *Reconciler) Once(ctx context.Context) error {
 		r.logf("queue reconciler: core %d: %d frames counted into its split-stage queues were never seen nor reported dropped, with every thread that could hold them asleep and nothing moving; booked lost, so the flows waiting on them can move", core, n)
 	}
 	return nil
+}
+
+// undoOverbooking takes off a core's booked-lost count what the counts
+// prove was never lost: more frames out by the first sample than in by
+// the second. Comparing two samples, out read before in, keeps a sample
+// taken while the counts move from looking like over-booking (one map
+// read copies enq before seen). An over-booking smaller than the frames
+// in flight at the time does not show: the core then looks empty up to
+// that many frames early until the next pass that finds it.
+func (r *Reconciler) undoOverbooking(d *Datapath, s0, s1 []Queue) (bool, error) {
+	undone := false
+	for _, b := range s0 {
+		for _, a := range s1 {
+			if a.Core != b.Core || b.Out() <= a.Enqueued || a.Lost == 0 {
+				continue
+			}
+			n := min(b.Out()-a.Enqueued, a.Lost)
+			if err := d.setLost(a.Core, a.Lost-n); err != nil {
+				return undone, err
+			}
+			undone = true
+			r.logf("queue reconciler: core %d: %d frames booked lost came out after all; booking undone", a.Core, n)
+		}
+	}
+	return undone, nil
+}
+
+func anyLost(qs []Queue) bool {
+	for _, q := range qs {
+		if q.Lost > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func anyQueued(qs []Queue) bool {
@@ -184,15 +213,21 @@ func coresAsleep(d *Datapath, cores []int) (map[int]bool, error) {
 		if err != nil {
 			return nil, err
 		}
+		if len(soft) == 0 {
+			return nil, fmt.Errorf("ksoftirqd/%d is not visible (a PID namespace?): no frame can be booked lost from here", core)
+		}
 		ths := append(soft, napi...)
 		for _, th := range append(bulk, hi...) {
 			if strings.HasPrefix(th.Comm, fmt.Sprintf("cpumap/%d/", core)) {
 				ths = append(ths, th)
 			}
 		}
-		sleeping := len(soft) > 0
+		sleeping := true
 		for _, th := range ths {
 			st, err := taskState(th.PID)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // exited since listed: it holds nothing
+			}
 			if err != nil {
 				return nil, err
 			}

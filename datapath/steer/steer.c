@@ -178,7 +178,8 @@ struct steer_cfg {
 	/* This datapath's mark in the metadata's LANES_META_GEN bits, so a
 	 * frame marked by a datapath loaded before (still queued during a
 	 * re-apply) is not counted out of this one's queues. Set from the
-	 * bulk cpumap's map id, constant while the datapath lives. */
+	 * bulk cpumap's map id (low 16 bits), constant while the datapath
+	 * lives. */
 	__u32 meta_gen;
 	__u32 mf_cores[MAX_CPUS]; /* split cores as indices into cpus, in dispatch order */
 	/* How far behind the precise clock the coarse one may be (two ticks):

@@ -23,11 +23,11 @@
  */
 #define LANES_META_QID_SHIFT 8
 #define LANES_META_QID_MASK 0xff
-/* Bits 16-23: the marking datapath's generation (steer_cfg.meta_gen), so
+/* Bits 16-31: the marking datapath's generation (steer_cfg.meta_gen), so
  * a frame marked by a datapath since replaced is not counted out of the
  * new one's queues. */
 #define LANES_META_GEN_SHIFT 16
-#define LANES_META_GEN_MASK 0xff
+#define LANES_META_GEN_MASK 0xffff
 
 struct lanes_meta {
 	__u32 magic; /* LANES_META_MAGIC: anything else is not ours */
