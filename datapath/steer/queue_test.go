@@ -339,3 +339,35 @@ func TestReconcilerLocks(t *testing.T) {
 		t.Fatalf("booked %d while another reconciler held the lock", q.Lost)
 	}
 }
+
+// TestQueueSharedWaits: two flows share core 1's queues. A's frames were
+// dropped, but B's frame, which went in after them, is still queued: the
+// core is not empty, so A keeps waiting (its frames might be behind B's
+// as far as the counts can tell). Once the kernel reports B's frame
+// dropped too, the drop report itself finds the core empty for the wait
+// A registered (want), and A moves at its next frame.
+func TestQueueSharedWaits(t *testing.T) {
+	d := trackedDatapath(t, time.Nanosecond)
+	_, a, ba := splitFlow(t, d, 40700, 1)
+	_, b, _ := splitFlow(t, d, 40701, 1)
+	runXDP(t, d, a)
+	runXDP(t, d, b)
+	if err := d.SetBucket(StageSplit, ba, 0); err != nil {
+		t.Fatal(err)
+	}
+	id := cpumapID(t, d.objs.SteerCpumap)
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, a) // held: A's second frame joins the queue (3 in)
+	reportDrops(t, d.objs.SteerDropsRing, 0, id, 2, 2, 1) // A's two frames
+	time.Sleep(idleGap)
+	runXDP(t, d, a) // B's frame is still counted in: held again (4 in)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Held != 2 || got.Settled != 0 || got.Moved != 0 {
+		t.Fatalf("with B's frame queued: %+v; want A held twice", got)
+	}
+	reportDrops(t, d.objs.SteerDropsRing, 0, id, 2, 2, 1) // B's frame and A's third
+	runXDP(t, d, a)
+	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 1 || got.Moved != 1 {
+		t.Fatalf("after the core emptied: %+v; want A settled and moved", got)
+	}
+}

@@ -99,6 +99,27 @@ func TestMflowIRQ(t *testing.T) {
 	}
 	bothCoresDeliver(t, res)
 	statusShowsElephant(t, a, res, elephantFlow(t, dp, res, steer.StageSplit).MicroFlow.Elephant)
+	// Micro-flow frames count in and out of their core's queues like any
+	// other (steer.c, struct steer_queue): once the stream is over, every
+	// tracked core balances.
+	var qs []steer.Queue
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if qs, _, err = dp.Queues(); err != nil {
+			t.Fatal(err)
+		}
+		balanced := len(qs) > 0
+		for _, q := range qs {
+			balanced = balanced && (q.Untracked || q.Enqueued == q.Out())
+		}
+		if balanced || time.Now().After(deadline) {
+			if !balanced {
+				t.Errorf("queue accounting does not balance after the stream: %+v", qs)
+			}
+			break
+		}
+	}
+	t.Logf("queues: %+v", qs)
 	dp.Close()
 	a.ResetAndCheck(t, before)
 	overlaytest.UDPMost(t, tb.Sender().Containers[0].NetNS, r.Containers[0].NetNS, r.Containers[0].Addr.Addr(), 1000)
