@@ -358,7 +358,7 @@ func TestQueueSharedWaits(t *testing.T) {
 	id := cpumapID(t, d.objs.SteerCpumap)
 	time.Sleep(idleGap)
 	before := stats(t, d)[StageSplit]
-	runXDP(t, d, a) // held: A's second frame joins the queue (3 in)
+	runXDP(t, d, a)                                       // held: A's second frame joins the queue (3 in)
 	reportDrops(t, d.objs.SteerDropsRing, 0, id, 2, 2, 1) // A's two frames
 	time.Sleep(idleGap)
 	runXDP(t, d, a) // B's frame is still counted in: held again (4 in)
