@@ -22,17 +22,37 @@ import (
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
-// TCP sends n bytes from a socket in srcNS to a listener on dst in dstNS
-// and fails t unless exactly those bytes arrived.
-func TCP(t testing.TB, srcNS, dstNS string, dst netip.Addr, n int) {
+// listenTCP listens on dst (any port) in ns.
+func listenTCP(t testing.TB, ns string, dst netip.Addr) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := nsx.Do(dstNS, func() (err error) {
+	if err := nsx.Do(ns, func() (err error) {
 		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
 		return
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return ln
+}
+
+// dialTCP connects from ns to ln.
+func dialTCP(t testing.TB, ns string, ln net.Listener) net.Conn {
+	t.Helper()
+	var conn net.Conn
+	if err := nsx.Do(ns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
+		return
+	}); err != nil {
+		t.Fatalf("dial %s from %s: %v", ln.Addr(), ns, err)
+	}
+	return conn
+}
+
+// TCP sends n bytes from a socket in srcNS to a listener on dst in dstNS
+// and fails t unless exactly those bytes arrived.
+func TCP(t testing.TB, srcNS, dstNS string, dst netip.Addr, n int) {
+	t.Helper()
+	ln := listenTCP(t, dstNS, dst)
 	defer ln.Close()
 	payload := make([]byte, n)
 	for i := range payload {
@@ -59,13 +79,7 @@ func TCP(t testing.TB, srcNS, dstNS string, dst netip.Addr, n int) {
 		copy(s[:], h.Sum(nil))
 		got <- result{s, n, err}
 	}()
-	var conn net.Conn
-	if err := nsx.Do(srcNS, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
-		return
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
-	}
+	conn := dialTCP(t, srcNS, ln)
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
 	if _, err := io.Copy(conn, bytes.NewReader(payload)); err != nil {
 		conn.Close()
@@ -326,13 +340,7 @@ type TCPResult struct {
 // Run sends the stream and returns both ends' counters.
 func (s TCPStream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) TCPResult {
 	t.Helper()
-	var ln net.Listener
-	if err := nsx.Do(dstNS, func() (err error) {
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := listenTCP(t, dstNS, dst)
 	defer ln.Close()
 	type recv struct {
 		n    int64
@@ -358,13 +366,7 @@ func (s TCPStream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) TCPRes
 		<-done
 	}()
 	defer close(done)
-	var conn net.Conn
-	if err := nsx.Do(srcNS, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
-		return
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", ln.Addr(), srcNS, err)
-	}
+	conn := dialTCP(t, srcNS, ln)
 	conn.SetDeadline(time.Now().Add(s.Duration + 20*time.Second))
 	chunk := make([]byte, 64<<10)
 	start := time.Now()
