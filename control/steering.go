@@ -50,13 +50,14 @@ type Steering struct {
 	Sync        bool        `json:"sync,omitempty"`
 	SyncTargets []string    `json:"sync_targets,omitempty"` // "VNI/MAC > veth (MTU)"
 	Shortcut    []FlowStage `json:"shortcut,omitempty"`
-	// Queues is the accounting of the cpumap queues (split stage) that
-	// took frames; QueuesTracked whether it can tell a queue empty (the
-	// kernel's drop tracepoints are attached), so flows counted in flight
-	// there move when their frames are gone instead of after the drain
-	// time.
-	Queues        []steer.Queue `json:"cpumap_queues,omitempty"`
-	QueuesTracked bool          `json:"cpumap_queues_tracked"`
+	// Queues is the split-stage queue accounting of each core that took
+	// frames (its cpumap queues of both classes and the NIC poll's marked
+	// frames); QueuesTracked whether it can tell a core's queues empty
+	// (the kernel's drop tracepoints are attached), so flows counted in
+	// flight there move once their frames are out instead of after the
+	// drain time.
+	Queues        []steer.Queue `json:"split_queues,omitempty"`
+	QueuesTracked bool          `json:"split_queues_tracked"`
 }
 
 // Elephant is a flow MFLOW splits into micro-flows.
