@@ -76,6 +76,11 @@ type FlowStage struct {
 	Packets uint64 `json:"packets"`
 	IdleMs  int64  `json:"idle_ms"`
 	High    bool   `json:"high_priority,omitempty"` // in the core's high-priority queue
+	// InFlight is the frames the stage queued that the next stage has
+	// not seen yet (a move waits for 0); Uncounted: one went unmarked,
+	// so only the drain time ends a wait.
+	InFlight  int64 `json:"in_flight,omitempty"`
+	Uncounted bool  `json:"uncounted,omitempty"`
 }
 
 // steering reads the pinned datapath of netns, if there is one, and lists
@@ -176,6 +181,9 @@ func steering(s *StatusReport, netns string) error {
 			Packets: f.Packets,
 			IdleMs:  idle.Milliseconds(),
 			High:    f.High,
+		}
+		if fs.InFlight = f.InFlight; fs.InFlight >= steer.Uncounted {
+			fs.InFlight, fs.Uncounted = fs.InFlight-steer.Uncounted, true
 		}
 		if m := f.MicroFlow; m.Elephant && int(m.CPUIndex) < len(cfg.CPUs) {
 			out.Elephants = append(out.Elephants, Elephant{Flow: fs.Flow, Stage: fs.Stage, MicroFlows: m.Started, Frames: m.Frames, CPU: cfg.CPUs[m.CPUIndex]})

@@ -865,3 +865,7 @@ func (d *Datapath) metaGen() (uint32, error) {
 	}
 	return uint32(id) & 0xffff, nil
 }
+
+// Uncounted is what a flow's in-flight count (Flow.InFlight) carries on
+// top of its frames once one of them went unmarked (steer.c, UNCOUNTED).
+const Uncounted = 1 << 40

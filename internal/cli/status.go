@@ -122,6 +122,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				if f.High {
 					class = ", high priority"
 				}
+				class += ctlInFlight(f)
 				fmt.Fprintf(out, "  core %d: %-9s %s  (%d packets%s)\n", c.CPU, f.Stage, f.Flow, f.Packets, class)
 			}
 		}
@@ -130,7 +131,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				fmt.Fprintf(out, "  stay: ... %d more\n", len(st.Stay)-i)
 				break
 			}
-			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; runs where its previous stage ran)\n", f.Stage, f.Flow, f.Packets)
+			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; runs where its previous stage ran%s)\n", f.Stage, f.Flow, f.Packets, ctlInFlight(f))
 		}
 		if st.Prio {
 			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))
@@ -260,4 +261,17 @@ func ctlPrintQueues(out io.Writer, st *control.Steering) {
 		}
 		fmt.Fprintln(out)
 	}
+}
+
+// ctlInFlight notes frames a flow still counts in flight though it has
+// been idle a while: a move of that flow waits for them (they are queued
+// behind a starved thread, or were lost where nothing reports it).
+func ctlInFlight(f control.FlowStage) string {
+	if f.IdleMs < 100 || (f.InFlight <= 0 && !f.Uncounted) {
+		return ""
+	}
+	if f.Uncounted {
+		return fmt.Sprintf("; %d frames in flight and one uncounted after %d ms idle: a move waits for the drain time", f.InFlight, f.IdleMs)
+	}
+	return fmt.Sprintf("; %d frames still in flight after %d ms idle: a move waits until they are out", f.InFlight, f.IdleMs)
 }

@@ -49,3 +49,19 @@ func TestStatusSaysBulkStaysWhileNoRule(t *testing.T) {
 		}
 	}
 }
+
+func TestCtlInFlight(t *testing.T) {
+	for _, c := range []struct {
+		f    control.FlowStage
+		want string
+	}{
+		{control.FlowStage{IdleMs: 5000}, ""},
+		{control.FlowStage{IdleMs: 50, InFlight: 3}, ""},
+		{control.FlowStage{IdleMs: 500, InFlight: 3}, "; 3 frames still in flight after 500 ms idle"},
+		{control.FlowStage{IdleMs: 500, Uncounted: true}, "one uncounted"},
+	} {
+		if got := ctlInFlight(c.f); (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%+v: %q, want %q", c.f, got, c.want)
+		}
+	}
+}
