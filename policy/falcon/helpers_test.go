@@ -3,9 +3,6 @@ package falcon_test
 import (
 	"net"
 	"net/netip"
-	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,27 +113,15 @@ func hogEveryCore(t *testing.T) func() {
 // until the returned function is called (also at cleanup).
 func hogCores(t *testing.T, cores []int) func() {
 	t.Helper()
-	var stop atomic.Bool
-	var wg sync.WaitGroup
+	var stops []func()
 	for _, c := range cores {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Never unlocked: the runtime retires the pinned thread.
-			runtime.LockOSThread()
-			var set unix.CPUSet
-			set.Set(c)
-			if err := unix.SchedSetaffinity(0, &set); err != nil {
-				return
-			}
-			for !stop.Load() {
-			}
-		}()
+		stops = append(stops, modetest.Hog(t, c))
 	}
-	var once sync.Once
-	done := func() { once.Do(func() { stop.Store(true); wg.Wait() }) }
-	t.Cleanup(done)
-	return done
+	return func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
 }
 
 // drained checks, once the traffic has stopped, that every (flow, stage)
