@@ -828,7 +828,12 @@ static __always_inline void queue_seen(__u32 qid, __u32 n)
 	q = core_queue(qid - 1);
 	if (!q)
 		return;
-	__sync_fetch_and_add(&q->seen, n);
+	/* Not atomic: the core's frames come out on that core (its kthread,
+	 * or its NIC poll under PLACE_LOCAL), one writer. Were there two
+	 * (RPS on the underlay), a lost update would count too few out,
+	 * which only makes the core look busy longer (the safe side; lanes
+	 * agent books the difference lost once nothing moves). */
+	q->seen += n;
 	if (q->want > q->empty_at)
 		queue_empty_now(q, qid - 1);
 }
@@ -1706,9 +1711,9 @@ int steer_tc_seen(struct __sk_buff *skb)
  * and reads micro-flows' sequence numbers back; frames steer_xdp did not
  * mark return at once, unparsed.
  */
-static __always_inline void split_seen(struct __sk_buff *skb, __u32 flags, __u32 seq)
+static __always_inline void split_seen(struct __sk_buff *skb, const struct steer_cfg *cfg, __u32 flags,
+				       __u32 seq)
 {
-	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
 	struct cursor c;
 
@@ -1731,11 +1736,12 @@ static __always_inline void split_seen(struct __sk_buff *skb, __u32 flags, __u32
 SEC("tc")
 int steer_tc_split_seen(struct __sk_buff *skb)
 {
+	struct steer_cfg *cfg = get_cfg();
 	__u32 seq = 0;
 	/* Read before split_seen pulls, which may move the data. */
-	__u32 flags = meta_ours(get_cfg(), meta_flags(skb, &seq));
+	__u32 flags = meta_ours(cfg, meta_flags(skb, &seq));
 
-	split_seen(skb, flags, seq);
+	split_seen(skb, cfg, flags, seq);
 	/* Out of its queue, after its flow's seen(). */
 	queue_seen(meta_qid(flags), skb_frames(skb));
 	return TC_ACT_UNSPEC;
