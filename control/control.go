@@ -21,6 +21,7 @@ import (
 	_ "github.com/lanesnet/lanes/control/baseline" // the vanilla and rps modes
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
 	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and its single-mechanism modes
 	_ "github.com/lanesnet/lanes/policy/mflow"  // mflow
 	_ "github.com/lanesnet/lanes/policy/prism"  // prism, prism-batch
@@ -198,10 +199,33 @@ func Apply(opts Options) (*State, error) {
 	}
 	st.Phase = Applied
 	st.Applied = time.Now().UTC()
+	if n := untrackedNote(v.NetNS); n != "" {
+		st.Plan.Notes = append(st.Plan.Notes, n)
+	}
 	if err := writeState(dir, st); err != nil {
 		return nil, err
 	}
 	return st, nil
+}
+
+// untrackedNote says so when the applied steering datapath could not
+// attach its drop tracepoints (steer.TrackQueues degrades): its flows then
+// leave a split-stage queue after the drain time, as before the queue
+// accounting, and can be reordered behind a starved kthread.
+func untrackedNote(netns string) string {
+	dir := plan.PinDir(netns)
+	if !steer.Pinned(dir) {
+		return ""
+	}
+	d, err := steer.OpenQueues(dir)
+	if err != nil {
+		return ""
+	}
+	defer d.Close()
+	if _, tracked, err := d.Queues(); err != nil || tracked {
+		return ""
+	}
+	return "the kernel's cpumap drop tracepoints (xdp:xdp_cpumap_enqueue, xdp:xdp_cpumap_kthread) could not be attached: flows leave a split-stage queue after the drain time, and a kthread starved longer than that can see a flow reordered"
 }
 
 // ResetResult says what Reset did for one target.
