@@ -20,8 +20,10 @@ type Config struct {
 	Flowlet time.Duration
 	// Drain bounds the wait for a flow's old queue to empty: a flow whose
 	// frames the next stage has not all seen moves only after this long
-	// idle (the missing frames were dropped). 0 moves on the flowlet gap
-	// alone, as if every queue were always empty.
+	// idle (the missing frames were dropped). Not at the split stage's
+	// tracked cpumap queues, which tell dropped frames from queued ones
+	// (TrackQueues) and never give up on the latter. 0 moves on the
+	// flowlet gap alone, as if every queue were always empty.
 	Drain time.Duration
 	// VXLANPort is the outer UDP destination port of overlay frames.
 	VXLANPort uint16
@@ -131,9 +133,11 @@ const (
 	// spends on the later stages; the gap only has to cover the short
 	// tail of a stage after the point where its frames are counted seen.
 	DefaultFlowlet = time.Millisecond
-	// DefaultDrain is longer than a starved cpumap kthread or backlog
-	// waits for its core on a PREEMPT_NONE kernel (a few scheduler
-	// slices), so only dropped frames, not queued ones, are given up on.
+	// DefaultDrain is longer than a backlog (or an untracked cpumap
+	// kthread) usually waits for its core on a PREEMPT_NONE kernel (a few
+	// scheduler slices), so dropped frames, not queued ones, are given up
+	// on; a SCHED_IDLE kthread under a busy task can wait far longer,
+	// which is why tracked queues do not use it.
 	DefaultDrain = 20 * time.Millisecond
 )
 

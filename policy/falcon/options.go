@@ -195,7 +195,7 @@ var params = []plan.Param{
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
-	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); 0 = do not wait for the queue"},
+	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); not used where the split stage's cpumap queues are tracked (they tell dropped frames from queued ones); 0 = do not wait for the queue"},
 	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
 	{Key: "sampler", Default: "auto", Help: "where the agent reads core load: sched (BPF on the scheduler's task switches: one map read per sample), proc (/proc files, a walk of /proc once a second), auto (sched if the kernel has BTF and tracing programs, else proc)"},
 	{Key: "agent-sched", Default: "batch", Help: "scheduling policy of the agent's rounds: normal, or batch (a waking round never preempts the task on its core, such as the NIC poll)"},
