@@ -53,6 +53,16 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 // clock's lag (two ticks at HZ=100 at most).
 const idleGap = 30 * time.Millisecond
 
+// afterIdle sends frame once the flow has been idle for idleGap, and
+// returns the split stage's counters that frame changed.
+func afterIdle(t *testing.T, d *Datapath, frame []byte) Counters {
+	t.Helper()
+	time.Sleep(idleGap)
+	before := stats(t, d)[StageSplit]
+	runXDP(t, d, frame)
+	return stats(t, d)[StageSplit].Sub(before)
+}
+
 // splitFlow is a UDP flow from port whose split-stage bucket sends it to
 // index idx, its frame, and the bucket.
 func splitFlow(t *testing.T, d *Datapath, port uint16, idx uint32) (flowSpec, []byte, int) {
@@ -171,10 +181,7 @@ func TestQueueUntrackedFallsBack(t *testing.T) {
 	if err := d.SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(idleGap)
-	before := stats(t, d)[StageSplit]
-	runXDP(t, d, frame)
-	if got := stats(t, d)[StageSplit].Sub(before); got.Moved != 1 || got.Undrained != 1 || got.Settled != 0 {
+	if got := afterIdle(t, d, frame); got.Moved != 1 || got.Undrained != 1 || got.Settled != 0 {
 		t.Fatalf("untracked queue: %+v; want a move after the drain time", got)
 	}
 }
@@ -222,10 +229,7 @@ func TestQueueKeptAcrossCoreSetChange(t *testing.T) {
 	if err := d.SetBucket(StageSplit, b, Stay); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(idleGap)
-	before := stats(t, d)[StageSplit]
-	runXDP(t, d, frame)
-	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 0 || got.Moved != 0 || got.Held != 1 {
+	if got := afterIdle(t, d, frame); got.Settled != 0 || got.Moved != 0 || got.Held != 1 {
 		t.Fatalf("after the core-set change: %+v; want held on core 0's queues", got)
 	}
 }
@@ -289,10 +293,7 @@ func TestReconcilerBooksLost(t *testing.T) {
 	if len(logged) != 1 {
 		t.Errorf("log %q, want one line", logged)
 	}
-	time.Sleep(idleGap)
-	before := stats(t, d)[StageSplit]
-	runXDP(t, d, frame)
-	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 1 || got.Moved != 1 {
+	if got := afterIdle(t, d, frame); got.Settled != 1 || got.Moved != 1 {
 		t.Fatalf("after booking: %+v; want settled and moved", got)
 	}
 	// The frame that moved went to core 0's queues, and nowhere either.
