@@ -163,6 +163,17 @@ func Apply(opts Options) (*State, error) {
 		if _, err := j.Restore(); err != nil {
 			return nil, fmt.Errorf("restoring the previous mode before applying %s: %w (nothing new applied; see `lanes reset`)", v.Mode, err)
 		}
+		// The plan above saw the host as the previous mode left it
+		// (threads it made, queues it added); the one applied must see
+		// it as restored. The first plan checked the settings against
+		// the same host, so this one fails only if the restore changed
+		// what the new mode needs.
+		if topo, err = topology.Discover(v.NetNS); err != nil {
+			return nil, fmt.Errorf("%w (the previous mode was restored; nothing new applied)", err)
+		}
+		if p, err = v.planner.Plan(topo, v.cfg); err != nil {
+			return nil, fmt.Errorf("planning %s for netns %s: %w (the previous mode was restored; nothing new applied)", v.Mode, label(v.NetNS), err)
+		}
 	}
 	st := &State{
 		Mode:    v.Mode,
