@@ -1,6 +1,7 @@
 package control
 
 import (
+	"net/netip"
 	"fmt"
 	"sort"
 	"time"
@@ -58,6 +59,18 @@ type Steering struct {
 	// drain time.
 	Queues        []steer.Queue `json:"split_queues,omitempty"`
 	QueuesTracked bool          `json:"split_queues_tracked"`
+	// VethClass: each class has its own receive queue of the container
+	// veths (prism veth-queues=class); VethFlows are the flows there, by
+	// queue (0 bulk, 1 high priority) with frames not yet out of it.
+	VethClass bool       `json:"veth_class,omitempty"`
+	VethFlows []VethFlow `json:"veth_flows,omitempty"`
+}
+
+// VethFlow is a flow at the per-class container queues.
+type VethFlow struct {
+	Flow     string `json:"flow"`
+	Queue    int    `json:"queue"`
+	InFlight int64  `json:"in_flight"`
 }
 
 // Elephant is a flow MFLOW splits into micro-flows.
@@ -143,6 +156,15 @@ func steering(s *StatusReport, netns string) error {
 	if out.Queues, out.QueuesTracked, err = d.Queues(); err != nil {
 		return err
 	}
+	if out.VethClass = cfg.VethClass; cfg.VethClass {
+		vf, err := d.VethFlows()
+		if err != nil {
+			return err
+		}
+		for _, f := range vf {
+			out.VethFlows = append(out.VethFlows, VethFlow{Flow: flowString(f.Src, f.SrcPort, f.Dst, f.DstPort, f.Proto), Queue: f.Queue, InFlight: f.InFlight})
+		}
+	}
 	if out.Sync = cfg.Sync; cfg.Sync {
 		ts, err := d.Sync()
 		if err != nil {
@@ -168,15 +190,8 @@ func steering(s *StatusReport, netns string) error {
 		if idle > recentFlow {
 			continue
 		}
-		proto := fmt.Sprint(f.Proto)
-		switch f.Proto {
-		case unix.IPPROTO_TCP:
-			proto = "tcp"
-		case unix.IPPROTO_UDP:
-			proto = "udp"
-		}
 		fs := FlowStage{
-			Flow:    fmt.Sprintf("%s:%d > %s:%d %s", f.Src, f.SrcPort, f.Dst, f.DstPort, proto),
+			Flow:    flowString(f.Src, f.SrcPort, f.Dst, f.DstPort, f.Proto),
 			Stage:   steer.StageName(f.Stage),
 			Packets: f.Packets,
 			IdleMs:  idle.Milliseconds(),
@@ -228,4 +243,16 @@ func microFlowsPerCore(d *steer.Datapath, cpus []int) (map[int]uint64, error) {
 		out[c] = per[c]
 	}
 	return out, nil
+}
+
+// flowString names a flow for people: "198.19.0.11:40000 > 198.19.0.21:5201 tcp".
+func flowString(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, proto uint8) string {
+	p := fmt.Sprint(proto)
+	switch proto {
+	case unix.IPPROTO_TCP:
+		p = "tcp"
+	case unix.IPPROTO_UDP:
+		p = "udp"
+	}
+	return fmt.Sprintf("%s:%d > %s:%d %s", src, sport, dst, dport, p)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -31,6 +32,8 @@ type pathScan struct {
 	gro       map[string]bool
 	udpGRO    map[string]udpGRO
 	txq       map[string]int
+	maxq      map[string][2]int // ethtool -l maxima: rx, tx
+	xps       map[string]bool
 	xdpTarget map[int]bool
 	brports   map[string]BridgePort
 	bridges   map[string]bridgeFacts
@@ -69,7 +72,7 @@ func readUDPGRO(dev string) udpGRO {
 // readPath fills s.path; it runs in the namespace, with its /sys mounted.
 func (s *nsScan) readPath() {
 	p := pathScan{
-		hooks: map[int]*Hooks{}, gro: map[string]bool{}, udpGRO: map[string]udpGRO{}, txq: map[string]int{}, xdpTarget: map[int]bool{},
+		hooks: map[int]*Hooks{}, gro: map[string]bool{}, udpGRO: map[string]udpGRO{}, txq: map[string]int{}, maxq: map[string][2]int{}, xps: map[string]bool{}, xdpTarget: map[int]bool{},
 		brports: map[string]BridgePort{}, bridges: map[string]bridgeFacts{}, fdb: map[int][]FDBEntry{},
 	}
 	nsCall := readBool("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -82,6 +85,10 @@ func (s *nsScan) readPath() {
 		}
 		p.udpGRO[a.Name] = readUDPGRO(a.Name)
 		p.txq[a.Name] = countQueues(a.Name, "tx-")
+		p.xps[a.Name] = hasXPS(a.Name)
+		if c, err := ethtool.GetChannels("", a.Name); err == nil {
+			p.maxq[a.Name] = [2]int{int(c.MaxRX), int(c.MaxTX)}
+		}
 		if a.MasterIndex != 0 {
 			if bp, ok := readBridgePort(a.Name); ok {
 				p.brports[a.Name] = bp
@@ -104,6 +111,24 @@ func (s *nsScan) readPath() {
 func readBool(path string) bool {
 	b, err := os.ReadFile(path)
 	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
+
+// hasXPS reports whether any transmit queue of dev has an XPS map (by CPU
+// or by receive queue): the kernel then picks transmit queues by it.
+func hasXPS(dev string) bool {
+	qs, _ := filepath.Glob("/sys/class/net/" + dev + "/queues/tx-*")
+	for _, q := range qs {
+		for _, f := range []string{"xps_cpus", "xps_rxqs"} {
+			b, err := os.ReadFile(filepath.Join(q, f))
+			if err != nil {
+				continue
+			}
+			if strings.Trim(strings.TrimSpace(string(b)), "0,") != "" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func countQueues(dev, prefix string) int {

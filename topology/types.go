@@ -68,6 +68,13 @@ type Device struct {
 	NAPIByName bool   `json:"napi_by_name,omitempty"`
 	MAC        string `json:"mac,omitempty"`
 	TxQueues   int    `json:"tx_queues,omitempty"`
+	// MaxRxQueues and MaxTxQueues are the queues the driver could use
+	// (ethtool -l's maxima; 0: not reported). A veth is made with one per
+	// possible CPU unless its creator said otherwise, and uses one.
+	MaxRxQueues int `json:"max_rx_queues,omitempty"`
+	MaxTxQueues int `json:"max_tx_queues,omitempty"`
+	// XPS: a transmit queue has an XPS map, which then picks the queue.
+	XPS bool `json:"xps,omitempty"`
 	// GRO is the generic-receive-offload feature. On a veth it also means
 	// the veth polls with NAPI, and its peer then takes XDP-redirected
 	// frames (XDPTarget).

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/kthread"
 )
 
@@ -24,12 +26,28 @@ const (
 // Some threads share a name (VXLAN's GRO cells run one "napi/vxlan0-0" per
 // possible CPU); Index picks one of them in pid order, which is their
 // creation order.
+//
+// NAPI, when set, names the thread instead by what it polls: the threaded
+// NAPI poller of one receive queue. Its comm carries a NAPI id, which the
+// kernel hands out anew whenever the device's NAPI is switched on, so a
+// plan that switches it on cannot know the name beforehand.
 type Kthread struct {
-	Comm  string `json:"comm"`
-	Index int    `json:"index,omitempty"`
+	Comm  string     `json:"comm,omitempty"`
+	Index int        `json:"index,omitempty"`
+	NAPI  *NAPIQueue `json:"napi_queue,omitempty"`
+}
+
+// NAPIQueue is receive queue Queue of Device in NetNS.
+type NAPIQueue struct {
+	NetNS  string `json:"netns,omitempty"`
+	Device string `json:"device"`
+	Queue  int    `json:"queue"`
 }
 
 func (t Kthread) String() string {
+	if t.NAPI != nil {
+		return fmt.Sprintf("napi/%s:%s/rx-%d", nsLabel(t.NAPI.NetNS), t.NAPI.Device, t.NAPI.Queue)
+	}
 	if t.Index == 0 {
 		return t.Comm
 	}
@@ -38,6 +56,9 @@ func (t Kthread) String() string {
 
 // PID finds the thread now.
 func (t Kthread) PID() (int, error) {
+	if t.NAPI != nil {
+		return t.NAPI.pid()
+	}
 	ths, err := ListKthreads(func(comm string) bool { return comm == t.Comm })
 	if err != nil {
 		return 0, err
@@ -117,6 +138,18 @@ func gone(err error) error {
 // list ("0-1"), as in /proc/PID/status Cpus_allowed_list.
 type KthreadAffinity struct {
 	Kthread
+}
+
+// QueueAffinity returns the affinity knob of the threaded NAPI poller of
+// receive queue q of dev in ns.
+func QueueAffinity(ns, dev string, q int) *KthreadAffinity {
+	return &KthreadAffinity{Kthread{NAPI: &NAPIQueue{NetNS: ns, Device: dev, Queue: q}}}
+}
+
+// QueueSched returns the scheduling knob of the threaded NAPI poller of
+// receive queue q of dev in ns.
+func QueueSched(ns, dev string, q int) *KthreadSched {
+	return &KthreadSched{Kthread{NAPI: &NAPIQueue{NetNS: ns, Device: dev, Queue: q}}}
 }
 
 // Affinity returns the affinity knob of the kernel thread comm (index 0).
@@ -281,4 +314,30 @@ func ParseSched(s string) (*unix.SchedAttr, error) {
 		return nil, fmt.Errorf("bad scheduling %q: fifo and rr need prio 1..99", s)
 	}
 	return a, nil
+}
+
+func (q *NAPIQueue) pid() (int, error) {
+	var ifindex int
+	err := Do(q.NetNS, func() error {
+		l, err := netlink.LinkByName(q.Device)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w: %w", q.Device, nsLabel(q.NetNS), ErrGone, err)
+		}
+		ifindex = l.Attrs().Index
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := checkNetNS(q.NetNS); err != nil {
+		return 0, err
+	}
+	pid, err := napi.RxQueueThread(nsxName(q.NetNS), ifindex, q.Queue)
+	if err != nil {
+		return 0, err
+	}
+	if pid == 0 {
+		return 0, fmt.Errorf("rx queue %d of %s in %s: %w (no threaded NAPI poller)", q.Queue, q.Device, nsLabel(q.NetNS), ErrGone)
+	}
+	return pid, nil
 }

@@ -8,8 +8,10 @@
 package napi
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -100,3 +102,109 @@ func dump(family uint16, cmd uint8) ([][]byte, error) {
 }
 
 var native = nlraw.Native
+
+// From include/uapi/linux/netdev.h: queue-get and its attributes.
+const (
+	cmdQueueGet     = 10
+	attrQueueID     = 1
+	attrQueueIfidx  = 2
+	attrQueueType   = 3
+	attrQueueNAPIID = 4
+	queueTypeRX     = 0
+)
+
+// RxQueueNAPI returns the id of the NAPI instance that polls receive queue
+// queue of the device with ifindex in netns (0: the queue has none, as a
+// veth's queues while its NAPI is off).
+func RxQueueNAPI(netns string, ifindex, queue int) (uint32, error) {
+	var id uint32
+	found := false
+	err := nsx.Do(netns, func() error {
+		fam, err := netlink.GenlFamilyGet("netdev")
+		if err != nil {
+			return fmt.Errorf("%w: family lookup: %v", ErrUnsupported, err)
+		}
+		msgs, err := dump(fam.ID, cmdQueueGet)
+		if err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				return fmt.Errorf("%w: queue dump: %w", ErrUnsupported, err)
+			}
+			return fmt.Errorf("listing queues: %w", err)
+		}
+		for _, m := range msgs {
+			attrs, err := nl.ParseRouteAttr(m)
+			if err != nil {
+				return fmt.Errorf("parsing queue reply: %w", err)
+			}
+			var qid, ifx, typ, napiID uint32
+			typ = 0xffffffff
+			for _, a := range attrs {
+				if len(a.Value) < 4 {
+					continue
+				}
+				v := native.Uint32(a.Value[:4])
+				switch a.Attr.Type {
+				case attrQueueID:
+					qid = v
+				case attrQueueIfidx:
+					ifx = v
+				case attrQueueType:
+					typ = v
+				case attrQueueNAPIID:
+					napiID = v
+				}
+			}
+			if int(ifx) == ifindex && typ == queueTypeRX && int(qid) == queue {
+				id, found = napiID, true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, fmt.Errorf("device %d in %s has no receive queue %d", ifindex, nsLabel(netns), queue)
+	}
+	return id, nil
+}
+
+// RxQueueThread returns the pid of the threaded NAPI poller of receive
+// queue queue of the device with ifindex in netns, or 0 when the queue has
+// no NAPI or its NAPI is not threaded.
+//
+// Drivers that report it (netif_queue_set_napi) name each queue's NAPI. A
+// veth does not (Linux 6.18): it adds one NAPI per receive queue in queue
+// order whenever its NAPI is switched on, and NAPI ids are handed out in
+// increasing order, so its queue i is polled by its i-th lowest id
+// (datapath/steer's TestVethClassQueues checks it with real frames).
+func RxQueueThread(netns string, ifindex, queue int) (int, error) {
+	id, err := RxQueueNAPI(netns, ifindex, queue)
+	if err != nil {
+		return 0, err
+	}
+	inst, err := list(netns, ifindex)
+	if err != nil {
+		return 0, err
+	}
+	if id == 0 {
+		slices.SortFunc(inst, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
+		if queue >= len(inst) {
+			return 0, nil
+		}
+		return inst[queue].PID, nil
+	}
+	for _, in := range inst {
+		if in.ID == id {
+			return in.PID, nil
+		}
+	}
+	return 0, nil
+}
+
+func nsLabel(ns string) string {
+	if ns == "" {
+		return "the host namespace"
+	}
+	return "namespace " + ns
+}

@@ -67,6 +67,11 @@ type Config struct {
 	// queue as after a rule's arrival; that frame itself finds bulk in the
 	// NIC poll, as vanilla would.
 	PrioQuiet time.Duration
+	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
+	// steer_tc_veth_seen: each class takes its own receive queue of the
+	// container-side veths they are attached to (PRISM's per-stage queues
+	// at the container stage).
+	VethClass bool
 }
 
 // MaxPrioQuiet is the longest Config.PrioQuiet.
@@ -186,6 +191,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.PrioQuiet != 0 && (!c.PrioIdleInline || c.PrioQuiet < time.Millisecond || c.PrioQuiet > MaxPrioQuiet || c.PrioQuiet%time.Millisecond != 0) {
 		return c, fmt.Errorf("quiet time %v: want whole milliseconds from 1ms to %v, with bulk inline while idle", c.PrioQuiet, MaxPrioQuiet)
+	}
+	if c.VethClass && (!c.Prio || c.Sync) {
+		return c, errors.New("per-class container queues need priority classes without sync")
 	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil

@@ -27,6 +27,12 @@ const (
 	// PinTCSplitSeen ends the split stage's queue on the underlay's tc
 	// ingress where steer_tc_ingress (which does the same) is not attached.
 	PinTCSplitSeen = steerProgSteerTcSplitSeen
+	// PinTCVethClass picks a frame's container-veth receive queue by its
+	// class, on a host-side veth's tc egress (Config.VethClass);
+	// PinTCVethSeen counts the frames out on the container side's tc
+	// ingress.
+	PinTCVethClass = steerProgSteerTcVethClass
+	PinTCVethSeen  = steerProgSteerTcVethSeen
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -70,6 +76,14 @@ func (d *Datapath) TCSeen() *ebpf.Program { return d.objs.SteerTcSeen }
 // micro-flows' sequence numbers back from the skb metadata.
 func (d *Datapath) TCSplitSeen() *ebpf.Program { return d.objs.SteerTcSplitSeen }
 
+// TCVethClass is PRISM's per-class container queue, for a host-side veth's
+// tc egress (Config.VethClass).
+func (d *Datapath) TCVethClass() *ebpf.Program { return d.objs.SteerTcVethClass }
+
+// TCVethSeen ends TCVethClass's queues, on the container-side veth's tc
+// ingress.
+func (d *Datapath) TCVethSeen() *ebpf.Program { return d.objs.SteerTcVethSeen }
+
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
@@ -98,6 +112,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
+		{steerMapSteerVethClass, &o.SteerVethClass},
 	}
 }
 
@@ -179,6 +194,8 @@ func (d *Datapath) pinnedProgs() []pinnedProg {
 		{PinTCEgress, &o.SteerTcEgress},
 		{PinTCSeen, &o.SteerTcSeen},
 		{PinTCSplitSeen, &o.SteerTcSplitSeen},
+		{PinTCVethClass, &o.SteerTcVethClass},
+		{PinTCVethSeen, &o.SteerTcVethSeen},
 	}
 }
 

@@ -67,7 +67,7 @@ func (s Setup) Encode() (string, error) {
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
 		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond),
-		BulkPolicy: s.BulkPolicy,
+		BulkPolicy: s.BulkPolicy, VethClass: s.Config.VethClass,
 	})
 	return string(b), err
 }
@@ -128,6 +128,7 @@ type setupDoc struct {
 	// existed decode unchanged.
 	PrioIdleInline bool   `json:"prio_idle_inline,omitempty"`
 	PrioQuietMS    int64  `json:"prio_quiet_ms,omitempty"`
+	VethClass      bool   `json:"veth_class,omitempty"`
 	BulkPolicy     string `json:"bulk_policy,omitempty"`
 }
 
@@ -144,7 +145,7 @@ func DecodeSetup(v string) (Setup, error) {
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
 			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
-			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond},
+			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond, VethClass: d.VethClass},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil

@@ -26,6 +26,7 @@ const (
 	cfgSync           = 0x40
 	cfgHome           = 0x80 // << stage: the stage is at home (SetHome)
 	cfgPrioIdleInline = 0x400
+	cfgVethClass      = 0x800
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -115,6 +116,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.PrioIdleInline {
 		k.Flags |= cfgPrioIdleInline
 	}
+	if c.VethClass {
+		k.Flags |= cfgVethClass
+	}
 	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
@@ -189,6 +193,7 @@ func (d *Datapath) configOnly() (Config, error) {
 		NoBridgeCount:  k.Flags&cfgNoBridgeCount != 0,
 		Sync:           k.Flags&cfgSync != 0,
 		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
+		VethClass:      k.Flags&cfgVethClass != 0,
 		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),

@@ -120,6 +120,9 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * With prio_quiet_ms set, also while the high class is quiet: no
  * high-priority frame for that long (see prio_quiet). */
 #define CFG_PRIO_IDLE_INLINE 0x400u
+/* PRISM's per-class queue at the container veth (steer_tc_veth_class):
+ * each class goes to its own receive queue of the container-side veth. */
+#define CFG_VETH_CLASS 0x800u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -439,6 +442,27 @@ struct {
 	__type(key, __u32); /* stage * NUM_COUNTERS + enum counter */
 	__type(value, __u64);
 } steer_stats SEC(".maps");
+
+/*
+ * PRISM's two queues at the container veth (CFG_VETH_CLASS): the queue a
+ * flow's frames take into the container, and how many of them the
+ * container side has not seen yet. A flow changes queue (its class
+ * changed) only once none is left in the old one, or after drain_ns idle
+ * (frames the veth dropped are never seen).
+ */
+struct veth_class_state {
+	__u64 last_ns; /* the flow's last frame through the host-side veth (precise clock) */
+	__s64 inflight; /* frames handed to the container veth's queue, not yet seen on its ingress */
+	__u32 queue;    /* container-veth receive queue: 0 bulk, 1 high priority */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct steer_flow_key); /* stage STAGE_CONTAINER */
+	__type(value, struct veth_class_state);
+} steer_veth_class SEC(".maps");
 
 struct tuple {
 	__be32 saddr;
@@ -1744,6 +1768,111 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 	split_seen(skb, cfg, flags, seq);
 	/* Out of its queue, after its flow's seen(). */
 	queue_seen(meta_qid(flags), skb_frames(skb));
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * PRISM's second stage per class (CFG_VETH_CLASS), on tc egress of a
+ * container's host-side veth: high-priority frames take receive queue 1 of
+ * the container-side veth, every other frame queue 0, each polled by its
+ * own threaded NAPI (the high one real-time), so a high-priority frame
+ * never waits behind bulk frames in the container's queue.
+ *
+ * A veth hands a frame to the peer's receive queue of the number of the
+ * transmit queue the kernel picks for it (veth_xmit). The kernel picks
+ * that after tc egress, and a program cannot pin it (only an skbedit
+ * action sets netdev_xmit_skip_txqueue); but for a forwarded skb (no
+ * socket) on a device without XPS maps it takes the receive queue the skb
+ * recorded (skb_tx_hash: queue_mapping - 1, modulo the transmit queues).
+ * So the program records "received on queue q" (queue_mapping = q + 1);
+ * the planner checks that the host-side veth has two transmit queues and
+ * no XPS. A frame lanes does not understand takes queue 0, its bytes
+ * untouched.
+ */
+SEC("tc")
+int steer_tc_veth_class(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct veth_class_state *st, init = {};
+	struct steer_flow_key key;
+	struct tuple t = {};
+	struct cursor c;
+	__u32 n = skb_frames(skb), want;
+	__u64 now;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
+		return TC_ACT_UNSPEC;
+	if (pull(skb, MAX_INNER_HDRS) < 0)
+		goto bulk;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_inner(&c, &t) < 0)
+		goto bulk;
+	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
+	key = flow_key(&t, STAGE_CONTAINER);
+	now = bpf_ktime_get_ns();
+	st = bpf_map_lookup_elem(&steer_veth_class, &key);
+	if (!st) {
+		init.last_ns = now;
+		init.inflight = n;
+		init.queue = want;
+		/* Only the flow's own path (one core) creates its state. */
+		bpf_map_update_elem(&steer_veth_class, &key, &init, BPF_ANY);
+		skb->queue_mapping = want + 1;
+		count(STAGE_CONTAINER, want ? CNT_HIGH : CNT_STAYED);
+		return TC_ACT_UNSPEC;
+	}
+	if (st->queue != want) {
+		__s64 left = st->inflight;
+
+		if (left <= 0) {
+			st->queue = want;
+			count(STAGE_CONTAINER, CNT_SETTLED);
+		} else if (cfg->drain_ns == 0 || now - st->last_ns >= cfg->drain_ns) {
+			st->queue = want;
+			count(STAGE_CONTAINER, CNT_UNDRAINED);
+		} else {
+			count(STAGE_CONTAINER, CNT_HELD);
+		}
+	}
+	st->last_ns = now;
+	__sync_fetch_and_add(&st->inflight, n);
+	skb->queue_mapping = st->queue + 1;
+	count(STAGE_CONTAINER, st->queue ? CNT_HIGH : CNT_STAYED);
+	return TC_ACT_UNSPEC;
+bulk:
+	skb->queue_mapping = 1;
+	count(STAGE_CONTAINER, CNT_PASSED);
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * tc ingress on the container-side veth, the end of steer_tc_veth_class's
+ * queues: counts a flow's frames seen. Every frame into a container veth
+ * comes from its peer's transmit (PRISM-sync's redirect, which also feeds
+ * it, is not used with CFG_VETH_CLASS), so what this sees was counted in.
+ */
+SEC("tc")
+int steer_tc_veth_seen(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct veth_class_state *st;
+	struct steer_flow_key key;
+	struct tuple t = {};
+	struct cursor c;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
+		return TC_ACT_UNSPEC;
+	if (pull(skb, MAX_INNER_HDRS) < 0)
+		return TC_ACT_UNSPEC;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_inner(&c, &t) < 0)
+		return TC_ACT_UNSPEC;
+	key = flow_key(&t, STAGE_CONTAINER);
+	st = bpf_map_lookup_elem(&steer_veth_class, &key);
+	if (st)
+		__sync_fetch_and_add(&st->inflight, -(__s64)skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
 

@@ -113,6 +113,14 @@ type steerSyncKey struct {
 	Pad uint16
 }
 
+type steerVethClassState struct {
+	_        structs.HostLayout
+	LastNs   uint64
+	Inflight int64
+	Queue    uint32
+	Pad      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -131,6 +139,7 @@ const (
 	steerMapSteerSync          = "steer_sync"
 	steerMapSteerSyncDev       = "steer_sync_dev"
 	steerMapSteerTable         = "steer_table"
+	steerMapSteerVethClass     = "steer_veth_class"
 	steerMapSteerVni           = "steer_vni"
 	steerProgSteerDropsKthread = "steer_drops_kthread"
 	steerProgSteerDropsRing    = "steer_drops_ring"
@@ -138,6 +147,8 @@ const (
 	steerProgSteerTcIngress    = "steer_tc_ingress"
 	steerProgSteerTcSeen       = "steer_tc_seen"
 	steerProgSteerTcSplitSeen  = "steer_tc_split_seen"
+	steerProgSteerTcVethClass  = "steer_tc_veth_class"
+	steerProgSteerTcVethSeen   = "steer_tc_veth_seen"
 	steerProgSteerXdp          = "steer_xdp"
 )
 
@@ -189,6 +200,8 @@ type steerProgramSpecs struct {
 	SteerTcIngress    *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
 	SteerTcSeen       *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen  *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass  *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen   *ebpf.ProgramSpec `ebpf:"steer_tc_veth_seen"`
 	SteerXdp          *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
@@ -210,6 +223,7 @@ type steerMapSpecs struct {
 	SteerSync      *ebpf.MapSpec `ebpf:"steer_sync"`
 	SteerSyncDev   *ebpf.MapSpec `ebpf:"steer_sync_dev"`
 	SteerTable     *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass *ebpf.MapSpec `ebpf:"steer_veth_class"`
 	SteerVni       *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
@@ -253,6 +267,7 @@ type steerMaps struct {
 	SteerSync      *ebpf.Map `ebpf:"steer_sync"`
 	SteerSyncDev   *ebpf.Map `ebpf:"steer_sync_dev"`
 	SteerTable     *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass *ebpf.Map `ebpf:"steer_veth_class"`
 	SteerVni       *ebpf.Map `ebpf:"steer_vni"`
 }
 
@@ -272,6 +287,7 @@ func (m *steerMaps) Close() error {
 		m.SteerSync,
 		m.SteerSyncDev,
 		m.SteerTable,
+		m.SteerVethClass,
 		m.SteerVni,
 	)
 }
@@ -292,6 +308,8 @@ type steerPrograms struct {
 	SteerTcIngress    *ebpf.Program `ebpf:"steer_tc_ingress"`
 	SteerTcSeen       *ebpf.Program `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen  *ebpf.Program `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass  *ebpf.Program `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen   *ebpf.Program `ebpf:"steer_tc_veth_seen"`
 	SteerXdp          *ebpf.Program `ebpf:"steer_xdp"`
 }
 
@@ -303,6 +321,8 @@ func (p *steerPrograms) Close() error {
 		p.SteerTcIngress,
 		p.SteerTcSeen,
 		p.SteerTcSplitSeen,
+		p.SteerTcVethClass,
+		p.SteerTcVethSeen,
 		p.SteerXdp,
 	)
 }

@@ -180,6 +180,23 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintln(out, ")")
 		}
 		ctlPrintQueues(out, st)
+		if st.VethClass {
+			ctlPrintVethFlows(out, st)
+		}
+	}
+}
+
+// ctlPrintVethFlows shows prism's per-class container queues.
+func ctlPrintVethFlows(out io.Writer, st *control.Steering) {
+	k := st.Stages["container"]
+	fmt.Fprintf(out, "  container queues per class (veth-queues=class): %d frames to queue 1 (high), %d to queue 0 (bulk), %d not understood (queue 0); class changes waited %d times, ended by an empty queue %d times, by the drain time %d times\n",
+		k.High, k.Stayed, k.Passed, k.Held, k.Settled, k.Undrained)
+	for i, f := range st.VethFlows {
+		if i == 8 {
+			fmt.Fprintf(out, "    ... %d more\n", len(st.VethFlows)-i)
+			break
+		}
+		fmt.Fprintf(out, "    queue %d: %s  (%d in flight)\n", f.Queue, f.Flow, f.InFlight)
 	}
 }
 

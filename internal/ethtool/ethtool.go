@@ -108,3 +108,40 @@ func Set(netns, dev string, f Feature, on bool) error {
 	}
 	return nil
 }
+
+// Channels is a device's queue counts as ETHTOOL_GCHANNELS reports them:
+// the maxima the driver allows and the counts in use.
+type Channels struct {
+	cmd                                 uint32
+	MaxRX, MaxTX, MaxOther, MaxCombined uint32
+	RX, TX, Other, Combined             uint32
+}
+
+const (
+	cmdGChannels = 0x3c
+	cmdSChannels = 0x3d
+)
+
+// GetChannels reads dev's queue counts. A veth reports as maxima the queues
+// allocated when the pair was made (one per possible CPU unless the creator
+// said otherwise) and uses one of each until told more.
+func GetChannels(netns, dev string) (Channels, error) {
+	c := Channels{cmd: cmdGChannels}
+	if err := ioctlPtr(netns, dev, unsafe.Pointer(&c)); err != nil {
+		return Channels{}, fmt.Errorf("reading the channels of %s: %w", dev, err)
+	}
+	return c, nil
+}
+
+// SetRXTX sets dev's rx and tx queue counts (other and combined unchanged).
+func SetRXTX(netns, dev string, rx, tx uint32) error {
+	c, err := GetChannels(netns, dev)
+	if err != nil {
+		return err
+	}
+	c.cmd, c.RX, c.TX = cmdSChannels, rx, tx
+	if err := ioctlPtr(netns, dev, unsafe.Pointer(&c)); err != nil {
+		return fmt.Errorf("setting %s to %d rx and %d tx queues: %w", dev, rx, tx, err)
+	}
+	return nil
+}

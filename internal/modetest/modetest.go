@@ -202,12 +202,18 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			}
 			// GRO: PRISM-sync turns it on in containers so their veths
 			// take redirected frames.
-			gro := knobs.Feature(d.NetNS, d.Name, ethtool.GRO)
-			b, err := gro.Read()
-			if err != nil {
-				t.Fatal(err)
+			// TSO and queue counts: prism's veth-queues=class changes
+			// both on veths.
+			for _, k := range []knobs.Knob{knobs.Feature(d.NetNS, d.Name, ethtool.GRO), knobs.Feature(d.NetNS, d.Name, ethtool.TSO), knobs.Channels(d.NetNS, d.Name)} {
+				b, err := k.Read()
+				if err != nil {
+					if k.Kind() == knobs.Channels("", "").Kind() && errors.Is(err, unix.EOPNOTSUPP) {
+						continue // bridges, VXLAN: no queue counts to set
+					}
+					t.Fatal(err)
+				}
+				out[k.Key()] = string(b)
 			}
-			out[gro.Key()] = string(b)
 			id, err := attach.Attached(d.NetNS, d.Name)
 			if err != nil {
 				t.Fatal(err)

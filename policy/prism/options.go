@@ -122,6 +122,20 @@ type Options struct {
 	// serves them. So it trades the latency of a marked flow's first
 	// frames after a pause for bulk throughput while marked flows pause.
 	Quiet time.Duration
+	// VethQueues is how the container stage queues the classes: "shared"
+	// (the default), one queue per container veth as a stock host runs
+	// it (the per-CPU backlog, in softirq), or "class", PRISM's queue per
+	// class: each container veth gets a second receive queue, both polled
+	// by their own threaded NAPI on the receive core, the high one at the
+	// high-priority queue's real-time priority and the bulk one at normal
+	// scheduling, and steer_tc_veth_class sends each class to
+	// its queue. A veth hands a forwarded frame to its peer's NAPI only
+	// while it has TSO off, so "class" turns TSO off on the host-side
+	// veths, and the kernel then segments merged TCP before the veth in
+	// software: measured on the testbed without prism (2 cores,
+	// 2026-11-23), a single TCP stream into the container fell from
+	// 8.2-8.7 to 3.6-5.7 Gbit/s. Batch mode only.
+	VethQueues string
 }
 
 // High and Bulk values.
@@ -137,12 +151,15 @@ const (
 	SchedNormal = "normal"
 	SchedBatch  = "batch"
 	SchedIdle   = "idle"
+
+	VethShared = "shared"
+	VethClass  = "class"
 )
 
 // Defaults follow the paper: batch mode, everything on one core. BulkSched
 // is left empty: Parse resolves it (bulkSchedDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, Bulk: BulkQueue}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, Bulk: BulkQueue, VethQueues: VethShared}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -207,6 +224,7 @@ var params = []plan.Param{
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
+	{Key: "veth-queues", Default: "shared", Help: "container stage: shared (one queue per container veth, as the kernel runs it) or class (a second receive queue per container veth for high-priority frames, each polled by its own NAPI thread; turns TSO off on host-side veths, which costs bulk TCP)"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
@@ -279,6 +297,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && o.Quiet != 0 && (o.Quiet < time.Millisecond || o.Quiet > time.Hour || o.Quiet%time.Millisecond != 0) {
 				err = fmt.Errorf("want 0 (off) or whole milliseconds from 1ms to 1h")
 			}
+		case "veth-queues":
+			if v != VethShared && v != VethClass {
+				err = fmt.Errorf("want %s or %s", VethShared, VethClass)
+			}
+			o.VethQueues = v
 		case "guard-nice":
 			o.GuardNice, err = strconv.Atoi(v)
 			if err == nil && (o.GuardNice < 0 || o.GuardNice > 19) {
@@ -296,6 +319,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
 		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)
+	}
+	if o.VethQueues == VethClass && o.PrioMode == "sync" {
+		return o, fmt.Errorf("prism veth-queues=class is a batch setting: sync already hands high-priority frames straight to the container veth's NAPI; drop one of them")
 	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")

@@ -83,6 +83,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	lad := o.Ladder()
 	inline := o.High == HighInline
+	var pairs []vethPair
+	if o.VethQueues == VethClass {
+		if pairs, err = vethPairs(t); err != nil {
+			return nil, err
+		}
+	}
 	dir := plan.PinDir(t.NetNS)
 	setup := steer.Setup{
 		// CountSplit: a flow that changes class moves between the two
@@ -91,7 +97,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// out.
 		Config: steer.Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{core},
 			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis,
-			Sync: o.PrioMode == "sync"},
+			Sync: o.PrioMode == "sync", VethClass: len(pairs) > 0},
 		CPUMap: []int{core}, QueueSize: o.QueueSize, RTPriority: lad.Low,
 	}
 	if o.BulkSched != SchedNormal {
@@ -164,6 +170,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if bulkInline {
 		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at %s, on core %d", fifo(lad.High), core)
 	}
+	addVethQueues(pl, pairs, o, lad, core)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
 	if o.Streamline && len(guarded(t)) > 0 {
 		// The NIC poll goes on the ladder, above bulk work: the guard
@@ -201,7 +208,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	for i := range t.Containers {
 		for j := range t.Containers[i].Interfaces {
-			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" {
+			// veth-queues=class schedules these per queue (addVethQueues).
+			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" && len(pairs) == 0 {
 				rung(&ifc.Device, lad.Container, o.Pin, "container")
 			}
 		}
@@ -218,6 +226,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "count the first stage's frames out of their queue, so a class change waits for it")
 		pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "classify at the NIC poll, hand each class to its queue")
+	}
+	attachVethQueues(pl, pairs, dir)
+	if len(pairs) > 0 {
+		pl.Notes = append(pl.Notes, vethNote(pairs))
 	}
 	// Last: every bucket to the receive core, which switches the queues on.
 	var tab [steer.Buckets]uint32
