@@ -168,11 +168,17 @@ func Apply(opts Options) (*State, error) {
 		// it as restored. The first plan checked the settings against
 		// the same host, so this one fails only if the restore changed
 		// what the new mode needs.
-		if topo, err = topology.Discover(v.NetNS); err != nil {
-			return nil, fmt.Errorf("%w (the previous mode was restored; nothing new applied)", err)
+		topo, err = topology.Discover(v.NetNS)
+		if err == nil {
+			p, err = v.planner.Plan(topo, v.cfg)
 		}
-		if p, err = v.planner.Plan(topo, v.cfg); err != nil {
-			return nil, fmt.Errorf("planning %s for netns %s: %w (the previous mode was restored; nothing new applied)", v.Mode, label(v.NetNS), err)
+		if err != nil {
+			// Nothing of any mode is left: no state may say otherwise.
+			removeState(dir)
+			j.Close()
+			os.Remove(dir)
+			removeDefaultDir(v.StateDir)
+			return nil, fmt.Errorf("planning %s for netns %s after restoring the previous mode: %w (the previous mode was restored; nothing new applied)", v.Mode, label(v.NetNS), err)
 		}
 	}
 	st := &State{

@@ -1,8 +1,8 @@
 package control
 
 import (
-	"net/netip"
 	"fmt"
+	"net/netip"
 	"sort"
 	"time"
 
@@ -60,8 +60,9 @@ type Steering struct {
 	Queues        []steer.Queue `json:"split_queues,omitempty"`
 	QueuesTracked bool          `json:"split_queues_tracked"`
 	// VethClass: each class has its own receive queue of the container
-	// veths (prism veth-queues=class); VethFlows are the flows there, by
-	// queue (0 bulk, 1 high priority) with frames not yet out of it.
+	// veths (prism veth-queues=class); VethFlows are the flows there that
+	// sent lately or have frames not yet out of their queue (0 bulk, 1
+	// high priority).
 	VethClass bool       `json:"veth_class,omitempty"`
 	VethFlows []VethFlow `json:"veth_flows,omitempty"`
 }
@@ -161,7 +162,11 @@ func steering(s *StatusReport, netns string) error {
 		if err != nil {
 			return err
 		}
+		now := steer.Now()
 		for _, f := range vf {
+			if now-f.LastSeen > recentFlow && f.InFlight == 0 {
+				continue
+			}
 			out.VethFlows = append(out.VethFlows, VethFlow{Flow: flowString(f.Src, f.SrcPort, f.Dst, f.DstPort, f.Proto), Queue: f.Queue, InFlight: f.InFlight})
 		}
 	}

@@ -63,7 +63,7 @@ func Discover(ns string) (*Topology, error) {
 		switch l.Type() {
 		case "bridge":
 			f := host.path.bridges[a.Name]
-			b := Bridge{Device: host.device(l), Ports: []string{}, VLANFiltering: f.vlanFiltering, NFCallIPTables: f.nfCall, FDB: host.path.fdb[a.Index]}
+			b := Bridge{Device: host.device(l), Ports: []string{}, VLANFiltering: f.vlanFiltering, STP: f.stp, NFCallIPTables: f.nfCall, FDB: host.path.fdb[a.Index]}
 			for _, p := range host.links {
 				if p.Attrs().MasterIndex == a.Index {
 					b.Ports = append(b.Ports, p.Attrs().Name)

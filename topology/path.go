@@ -42,7 +42,7 @@ type pathScan struct {
 }
 
 type bridgeFacts struct {
-	vlanFiltering, nfCall bool
+	vlanFiltering, nfCall, stp bool
 }
 
 // udpGROFeatures are the device features that let GRO merge inner UDP
@@ -99,6 +99,7 @@ func (s *nsScan) readPath() {
 			p.bridges[a.Name] = bridgeFacts{
 				vlanFiltering: readBool(dir + "vlan_filtering"),
 				nfCall:        nsCall || readBool(dir+"nf_call_iptables"),
+				stp:           readNonZero(dir + "stp_state"),
 			}
 			p.fdb[a.Index] = s.readFDB(a.Index)
 		}
@@ -106,6 +107,13 @@ func (s *nsScan) readPath() {
 	p.xdpTarget = xdpTargets()
 	p.netfilter = readNetfilter()
 	s.path = p
+}
+
+// readNonZero reports whether a number file holds something other than 0.
+func readNonZero(path string) bool {
+	b, err := os.ReadFile(path)
+	v := strings.TrimSpace(string(b))
+	return err == nil && v != "" && v != "0"
 }
 
 func readBool(path string) bool {

@@ -188,6 +188,9 @@ type Bridge struct {
 	// PortInfo says how each port forwards, in Ports' order.
 	PortInfo      []BridgePort `json:"port_info,omitempty"`
 	VLANFiltering bool         `json:"vlan_filtering"`
+	// STP: the bridge runs spanning tree, so a port whose link goes down
+	// and up waits its forwarding delay before it forwards again.
+	STP bool `json:"stp,omitempty"`
 	// NFCallIPTables: IPv4 frames this bridge forwards pass iptables and
 	// nftables' ip/inet hooks (br_netfilter: the namespace's
 	// bridge-nf-call-iptables or the bridge's own nf_call_iptables).

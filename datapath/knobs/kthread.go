@@ -333,6 +333,9 @@ func (q *NAPIQueue) pid() (int, error) {
 		return 0, err
 	}
 	pid, err := napi.RxQueueThread(nsxName(q.NetNS), ifindex, q.Queue)
+	if errors.Is(err, napi.ErrNoQueue) {
+		return 0, fmt.Errorf("%w: %w", ErrGone, err)
+	}
 	if err != nil {
 		return 0, err
 	}

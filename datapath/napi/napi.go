@@ -30,6 +30,9 @@ const (
 	attrPID     = 4
 )
 
+// ErrNoQueue means the device has no such queue (any more).
+var ErrNoQueue = errors.New("no such queue")
+
 // ErrUnsupported means the kernel has no netdev NAPI query (Linux < 6.8).
 var ErrUnsupported = errors.New("kernel cannot list NAPI instances over netlink (needs Linux >= 6.8)")
 
@@ -164,7 +167,7 @@ func RxQueueNAPI(netns string, ifindex, queue int) (uint32, error) {
 		return 0, err
 	}
 	if !found {
-		return 0, fmt.Errorf("device %d in %s has no receive queue %d", ifindex, nsLabel(netns), queue)
+		return 0, fmt.Errorf("device %d in %s, receive queue %d: %w", ifindex, nsLabel(netns), queue, ErrNoQueue)
 	}
 	return id, nil
 }
@@ -177,7 +180,7 @@ func RxQueueNAPI(netns string, ifindex, queue int) (uint32, error) {
 // veth does not (Linux 6.18): it adds one NAPI per receive queue in queue
 // order whenever its NAPI is switched on, and NAPI ids are handed out in
 // increasing order, so its queue i is polled by its i-th lowest id
-// (datapath/steer's TestVethClassQueues checks it with real frames).
+// (policy/prism's TestPrismVethQueues checks it with real frames).
 func RxQueueThread(netns string, ifindex, queue int) (int, error) {
 	id, err := RxQueueNAPI(netns, ifindex, queue)
 	if err != nil {

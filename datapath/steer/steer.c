@@ -459,7 +459,7 @@ struct veth_class_state {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 131072);
 	__type(key, struct steer_flow_key); /* stage STAGE_CONTAINER */
 	__type(value, struct veth_class_state);
 } steer_veth_class SEC(".maps");
@@ -1782,26 +1782,55 @@ int steer_tc_split_seen(struct __sk_buff *skb)
  * transmit queue the kernel picks for it (veth_xmit). The kernel picks
  * that after tc egress, and a program cannot pin it (only an skbedit
  * action sets netdev_xmit_skip_txqueue); but for a forwarded skb (no
- * socket) on a device without XPS maps it takes the receive queue the skb
- * recorded (skb_tx_hash: queue_mapping - 1, modulo the transmit queues).
- * So the program records "received on queue q" (queue_mapping = q + 1);
- * the planner checks that the host-side veth has two transmit queues and
- * no XPS. A frame lanes does not understand takes queue 0, its bytes
- * untouched.
+ * socket) on a device without XPS maps or traffic classes it takes the
+ * receive queue the skb recorded (skb_tx_hash: queue_mapping - 1, modulo
+ * the transmit queues). So the program records "received on queue q"
+ * (queue_mapping = q + 1); the planner checks that the host-side veth has
+ * two transmit queues, no XPS and no qdisc. An skb with a socket (sent
+ * from this host: a local container, the host itself) keeps the queue its
+ * socket cached, so it is left alone and not counted. A frame lanes does
+ * not understand takes queue 0, its bytes untouched.
+ *
+ * The frames a flow hands to its queue are counted in flight until
+ * steer_tc_veth_seen sees them on the container side, and only frames
+ * this program counted are counted out there: it gives them the hash
+ * veth_mark() (a flow's own, so RPS or GRO on the container side group
+ * them as before). A flow whose class changes moves to the other queue
+ * only once none of its frames is left in the old one, or once it was
+ * idle for drain_ns (the veth drops what its 256-frame ring cannot take,
+ * unreported per flow); then counting starts afresh. A flow without state
+ * takes its class's queue at once: a new flow has no frame anywhere, and
+ * one evicted from the LRU map while busy (131072 entries) left its frames
+ * in that queue unless its class changed in the same moment.
  */
+static __always_inline __u32 veth_mark(__u32 fh)
+{
+	return fh | 1;
+}
+
 SEC("tc")
 int steer_tc_veth_class(struct __sk_buff *skb)
 {
 	struct steer_cfg *cfg = get_cfg();
 	struct veth_class_state *st, init = {};
+	struct bpf_sock *sk;
 	struct steer_flow_key key;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 n = skb_frames(skb), want;
+	__u32 n = skb_frames(skb), want, fh;
 	__u64 now;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
 		return TC_ACT_UNSPEC;
+	/* BPF_PROG_RUN's skbs carry a dummy socket made without a struct
+	 * socket (type 0), which no real sender has. */
+	sk = skb->sk;
+	if (sk)
+		sk = bpf_sk_fullsock(sk);
+	if (sk && sk->type != 0) {
+		count(STAGE_CONTAINER, CNT_PASSED);
+		return TC_ACT_UNSPEC;
+	}
 	if (pull(skb, MAX_INNER_HDRS) < 0)
 		goto bulk;
 	c.pos = (void *)(long)skb->data;
@@ -1810,26 +1839,25 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 		goto bulk;
 	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
 	key = flow_key(&t, STAGE_CONTAINER);
+	fh = flow_hash(&t);
 	now = bpf_ktime_get_ns();
 	st = bpf_map_lookup_elem(&steer_veth_class, &key);
 	if (!st) {
 		init.last_ns = now;
-		init.inflight = n;
 		init.queue = want;
-		/* Only the flow's own path (one core) creates its state. */
-		bpf_map_update_elem(&steer_veth_class, &key, &init, BPF_ANY);
-		skb->queue_mapping = want + 1;
-		count(STAGE_CONTAINER, want ? CNT_HIGH : CNT_STAYED);
-		return TC_ACT_UNSPEC;
+		bpf_map_update_elem(&steer_veth_class, &key, &init, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&steer_veth_class, &key);
+		if (!st)
+			goto bulk;
 	}
 	if (st->queue != want) {
-		__s64 left = st->inflight;
-
-		if (left <= 0) {
+		if (st->inflight <= 0) {
 			st->queue = want;
 			count(STAGE_CONTAINER, CNT_SETTLED);
 		} else if (cfg->drain_ns == 0 || now - st->last_ns >= cfg->drain_ns) {
+			/* Presumed dropped: count afresh. */
 			st->queue = want;
+			st->inflight = 0;
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
 		} else {
 			count(STAGE_CONTAINER, CNT_HELD);
@@ -1837,6 +1865,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	}
 	st->last_ns = now;
 	__sync_fetch_and_add(&st->inflight, n);
+	bpf_set_hash(skb, veth_mark(fh));
 	skb->queue_mapping = st->queue + 1;
 	count(STAGE_CONTAINER, st->queue ? CNT_HIGH : CNT_STAYED);
 	return TC_ACT_UNSPEC;
@@ -1848,9 +1877,9 @@ bulk:
 
 /*
  * tc ingress on the container-side veth, the end of steer_tc_veth_class's
- * queues: counts a flow's frames seen. Every frame into a container veth
- * comes from its peer's transmit (PRISM-sync's redirect, which also feeds
- * it, is not used with CFG_VETH_CLASS), so what this sees was counted in.
+ * queues: counts a flow's frames seen, only those it counted in (their
+ * hash is veth_mark of the flow's; no hash at all, as under BPF_PROG_RUN,
+ * counts too, as in hash_counted), and never below zero.
  */
 SEC("tc")
 int steer_tc_veth_seen(struct __sk_buff *skb)
@@ -1860,6 +1889,7 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 	struct steer_flow_key key;
 	struct tuple t = {};
 	struct cursor c;
+	__s64 n = skb_frames(skb);
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
 		return TC_ACT_UNSPEC;
@@ -1869,10 +1899,19 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 	c.end = (void *)(long)skb->data_end;
 	if (parse_inner(&c, &t) < 0)
 		return TC_ACT_UNSPEC;
+	if (skb->hash != 0 && skb->hash != veth_mark(flow_hash(&t)))
+		return TC_ACT_UNSPEC;
 	key = flow_key(&t, STAGE_CONTAINER);
 	st = bpf_map_lookup_elem(&steer_veth_class, &key);
-	if (st)
-		__sync_fetch_and_add(&st->inflight, -(__s64)skb_frames(skb));
+	if (!st)
+		return TC_ACT_UNSPEC;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__s64 old = st->inflight, now = old > n ? old - n : 0;
+
+		if (__sync_val_compare_and_swap(&st->inflight, old, now) == old)
+			break;
+	}
 	return TC_ACT_UNSPEC;
 }
 

@@ -118,7 +118,7 @@ func TestVethClassQueues(t *testing.T) {
 // once they were seen, and moves after the drain time when they never
 // are (the veth dropped them).
 func TestVethClassChangeWaits(t *testing.T) {
-	d := vethDatapath(t, 20*time.Millisecond)
+	d := vethDatapath(t, time.Hour)
 	f := udpFlow(40000)
 	frame := innerFrame(frameSpec{flow: f})
 	runTC(t, d.TCVethClass(), frame)
@@ -152,13 +152,22 @@ func TestVethClassChangeWaits(t *testing.T) {
 		t.Errorf("flow %+v left queue 1 with a frame in it", v)
 	}
 	v := mustVethFlow(t, d, f)
-	setVethFlowLast(t, d, v, v.LastSeen-time.Second)
+	setVethFlowLast(t, d, v, v.LastSeen-2*time.Hour)
 	runTC(t, d.TCVethClass(), frame)
-	if v := mustVethFlow(t, d, f); v.Queue != 0 {
-		t.Errorf("flow %+v still in queue 1 after the drain time idle", v)
+	// Moved, and the frames presumed dropped no longer count.
+	if v := mustVethFlow(t, d, f); v.Queue != 0 || v.InFlight != 1 {
+		t.Errorf("flow %+v after the drain time idle, want queue 0 with only the new frame in flight", v)
 	}
 	if st := stats(t, d)[StageContainer]; st.Undrained != 1 {
 		t.Errorf("counters %+v, want 1 undrained move", st)
+	}
+	// More frames seen than counted (counted before an eviction, say)
+	// leave the count at zero, not below.
+	for range 3 {
+		runTC(t, d.TCVethSeen(), frame)
+	}
+	if v := mustVethFlow(t, d, f); v.InFlight != 0 {
+		t.Errorf("flow %+v after three frames seen for one counted, want 0 in flight", v)
 	}
 }
 

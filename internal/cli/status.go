@@ -189,7 +189,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 // ctlPrintVethFlows shows prism's per-class container queues.
 func ctlPrintVethFlows(out io.Writer, st *control.Steering) {
 	k := st.Stages["container"]
-	fmt.Fprintf(out, "  container queues per class (veth-queues=class): %d frames to queue 1 (high), %d to queue 0 (bulk), %d not understood (queue 0); class changes waited %d times, ended by an empty queue %d times, by the drain time %d times\n",
+	fmt.Fprintf(out, "  container queues per class (veth-queues=class): %d skbs to queue 1 (high), %d to queue 0 (bulk), %d passed (not understood, or sent from this host); an skb waited for its flow's old queue %d times; flows changed queue once it was empty %d times, after the drain time %d times\n",
 		k.High, k.Stayed, k.Passed, k.Held, k.Settled, k.Undrained)
 	for i, f := range st.VethFlows {
 		if i == 8 {

@@ -204,7 +204,7 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			// take redirected frames.
 			// TSO and queue counts: prism's veth-queues=class changes
 			// both on veths.
-			for _, k := range []knobs.Knob{knobs.Feature(d.NetNS, d.Name, ethtool.GRO), knobs.Feature(d.NetNS, d.Name, ethtool.TSO), knobs.Channels(d.NetNS, d.Name)} {
+			for _, k := range []knobs.Knob{knobs.Feature(d.NetNS, d.Name, ethtool.GRO), knobs.Features(d.NetNS, d.Name, knobs.TSOFeatures...), knobs.Channels(d.NetNS, d.Name)} {
 				b, err := k.Read()
 				if err != nil {
 					if k.Kind() == knobs.Channels("", "").Kind() && errors.Is(err, unix.EOPNOTSUPP) {

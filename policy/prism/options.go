@@ -323,6 +323,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.VethQueues == VethClass && o.PrioMode == "sync" {
 		return o, fmt.Errorf("prism veth-queues=class is a batch setting: sync already hands high-priority frames straight to the container veth's NAPI; drop one of them")
 	}
+	if o.VethQueues == VethClass {
+		if hi, bulk := vethPollerRT(o); hi <= bulk {
+			return o, fmt.Errorf("prism veth-queues=class would run the container veth's high-priority poller at %s, not above the bulk one at %s: give high=queue with a high-rt above bulk-rt (the default), or streamline=true", fifo(hi), fifo(bulk))
+		}
+	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")
 	}

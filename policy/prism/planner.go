@@ -170,7 +170,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if bulkInline {
 		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at %s, on core %d", fifo(lad.High), core)
 	}
-	addVethQueues(pl, pairs, o, lad, core)
+	addVethQueues(pl, pairs)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
 	if o.Streamline && len(guarded(t)) > 0 {
 		// The NIC poll goes on the ladder, above bulk work: the guard
@@ -208,7 +208,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	for i := range t.Containers {
 		for j := range t.Containers[i].Interfaces {
-			// veth-queues=class schedules these per queue (addVethQueues).
+			// veth-queues=class schedules these per queue (addVethPollers).
 			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth != "" && len(pairs) == 0 {
 				rung(&ifc.Device, lad.Container, o.Pin, "container")
 			}
@@ -228,6 +228,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "classify at the NIC poll, hand each class to its queue")
 	}
 	attachVethQueues(pl, pairs, dir)
+	addVethPollers(pl, pairs, o, core)
 	if len(pairs) > 0 {
 		pl.Notes = append(pl.Notes, vethNote(pairs))
 	}

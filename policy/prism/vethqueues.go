@@ -22,6 +22,22 @@ const (
 type vethPair struct {
 	ctr  *topology.Device // in the container
 	host *topology.Device // in t.NetNS, on the bridge
+	stp  bool             // the host side's bridge runs spanning tree
+}
+
+// bridgeSTP reports whether the bridge host is a port of runs STP.
+func bridgeSTP(t *topology.Topology, host *topology.Device) bool {
+	for _, v := range t.Veths {
+		if v.Name != host.Name || v.Master == "" {
+			continue
+		}
+		for _, b := range t.Bridges {
+			if b.Name == v.Master {
+				return b.STP
+			}
+		}
+	}
+	return false
 }
 
 // vethPairs returns every container veth whose host side lanes found, or
@@ -43,7 +59,7 @@ func vethPairs(t *topology.Topology) ([]vethPair, error) {
 			if host == nil {
 				return nil, fmt.Errorf("prism veth-queues=class: the host side %s of %s was not found", ifc.HostVeth, plan.DevLabel(ifc.NetNS, ifc.Name))
 			}
-			out = append(out, vethPair{ctr: &ifc.Device, host: host})
+			out = append(out, vethPair{ctr: &ifc.Device, host: host, stp: bridgeSTP(t, host)})
 		}
 	}
 	if len(out) == 0 {
@@ -60,11 +76,34 @@ func vethPairs(t *topology.Topology) ([]vethPair, error) {
 			return nil, fmt.Errorf("prism veth-queues=class: %s can use %d transmit queue(s) (the count is fixed when the veth pair is made): drop veth-queues", plan.DevLabel(p.host.NetNS, p.host.Name), p.host.MaxTxQueues)
 		case p.host.XPS:
 			return nil, fmt.Errorf("prism veth-queues=class: %s has an XPS map, which would choose its transmit queue instead of the class: clear its queues' xps_cpus and xps_rxqs, or drop veth-queues", plan.DevLabel(p.host.NetNS, p.host.Name))
+		case p.stp:
+			return nil, fmt.Errorf("prism veth-queues=class: the bridge of %s runs STP; changing a veth's queue count takes its link down and up, and STP would hold the port for its forwarding delay: turn STP off on the bridge or drop veth-queues", plan.DevLabel(p.host.NetNS, p.host.Name))
+		case len(hookedVeth(p)) > 0:
+			return nil, fmt.Errorf("prism veth-queues=class: %s; lanes' class programs must be the only hooks there (another could pass frames on before lanes counts them, or pick the queue itself): drop veth-queues", strings.Join(hookedVeth(p), "; "))
 		case len(p.ctr.RxQueues) > 2 || p.host.TxQueues > 2:
 			return nil, fmt.Errorf("prism veth-queues=class: %s already uses %d receive queues and its peer %d transmit queues; per-class queues need exactly two: drop veth-queues", plan.DevLabel(p.ctr.NetNS, p.ctr.Name), len(p.ctr.RxQueues), p.host.TxQueues)
 		}
 	}
 	return out, nil
+}
+
+// hookedVeth lists the hooks not lanes' own where the class programs go or
+// where they would be bypassed: the host side's egress (tc, tcx, a qdisc,
+// which might set the queue itself through traffic classes) and the
+// container side's receive path (XDP, tc, tcx).
+func hookedVeth(p vethPair) []string {
+	var out []string
+	if h := p.host.Hooks; h != nil {
+		if o := (&topology.Hooks{Egress: h.Egress, Err: h.Err}).Others(ownHook); len(o) > 0 {
+			out = append(out, plan.DevLabel(p.host.NetNS, p.host.Name)+" has "+strings.Join(o, ", ")+" on its egress")
+		}
+	}
+	if h := p.ctr.Hooks; h != nil {
+		if o := (&topology.Hooks{Ingress: h.Ingress, XDP: h.XDP, Err: h.Err}).Others(ownHook); len(o) > 0 {
+			out = append(out, plan.DevLabel(p.ctr.NetNS, p.ctr.Name)+" has "+strings.Join(o, ", ")+" on its receive side")
+		}
+	}
+	return out
 }
 
 // schedOf renders the scheduling of a thread that does one class's work.
@@ -81,35 +120,38 @@ func schedOf(rt int, fair string) string {
 	return "policy=other prio=0 nice=0"
 }
 
-// addVethQueues adds veth-queues=class's knobs: a second receive queue on
-// each container veth, NAPI on (GRO) and threaded, a poller per class
-// pinned to the receive core (the high one at the high-priority queue's
-// real-time priority, the bulk one at normal scheduling), and TSO off on the host side (a veth hands forwarded
-// frames to its peer's NAPI only then: veth_skb_is_eligible_for_gro).
-// The programs that pick the queues come later (attachVethQueues), once
-// the datapath is loaded.
-func addVethQueues(pl *plan.Plan, pairs []vethPair, o Options, lad Ladder, core int) {
-	high := lad.High
-	if o.High == HighInline {
-		high = lad.NIC // the high class's first stage runs in the NIC poll
-		if !o.Streamline {
-			high = 0
-		}
-	}
-	// The bulk poller is not SCHED_IDLE even under bulk-sched=idle: a
-	// veth's receive queue is a 256-frame ring that drops when full, and
-	// a starved idle poller let one TCP stream lose 64399 frames in 2 s
-	// (testbed, 2026-11-23); the shared default's backlog holds 1000 and
-	// is drained in softirq.
-	bulk := schedOf(o.BulkRT, SchedNormal)
-	cpus := knobs.FormatCPUList([]int{core})
+// addVethQueues adds veth-queues=class's first knobs: a second receive
+// queue on each container veth and a second transmit queue on its host
+// side, and TSO off on the host side (a veth hands forwarded frames to its
+// peer's NAPI only then: veth_skb_is_eligible_for_gro). None of them
+// changes a frame's path yet: without NAPI on the container side every
+// frame still takes the backlog. attachVethQueues follows once the
+// datapath is loaded.
+func addVethQueues(pl *plan.Plan, pairs []vethPair) {
 	for _, p := range pairs {
 		c, h := p.ctr, p.host
 		cl, hl := plan.DevLabel(c.NetNS, c.Name), plan.DevLabel(h.NetNS, h.Name)
 		pl.Add(knobs.Channels(c.NetNS, c.Name), knobs.FormatChannels(2, max(c.TxQueues, 1)), cl+" queues", "veth-queues=class: a receive queue per class (bulk 0, high priority 1)")
 		pl.Add(knobs.Channels(h.NetNS, h.Name), knobs.FormatChannels(max(len(h.RxQueues), 1), 2), hl+" queues", "veth-queues=class: a transmit queue per class, feeding the peer's receive queue of the same number")
-		pl.Add(knobs.Feature(h.NetNS, h.Name, ethtool.TSO), "off", hl+" tso",
+		tso := knobs.Features(h.NetNS, h.Name, knobs.TSOFeatures...)
+		pl.Add(tso, tso.FormatAll(false), hl+" tso",
 			"veth-queues=class: a veth hands forwarded frames to its peer's NAPI (and so to a queue of the peer's) only with TSO off; merged TCP is then segmented here in software")
+	}
+}
+
+// addVethPollers turns the container veths' NAPI on (GRO) and threaded,
+// one poller per receive queue, pinned to the receive core and scheduled
+// as vethPollerRT says. It comes after attachVethQueues: by the time frames
+// leave the backlog for the veth's queues, each flow's frames already name
+// its class's queue, so no flow starts on the other class's queue and
+// moves at once.
+func addVethPollers(pl *plan.Plan, pairs []vethPair, o Options, core int) {
+	high, bulkRT := vethPollerRT(o)
+	bulk := schedOf(bulkRT, SchedNormal)
+	cpus := knobs.FormatCPUList([]int{core})
+	for _, p := range pairs {
+		c := p.ctr
+		cl := plan.DevLabel(c.NetNS, c.Name)
 		pl.Add(knobs.Feature(c.NetNS, c.Name, ethtool.GRO), "on", cl+" gro", "veth-queues=class: GRO gives each receive queue of the veth a NAPI poller")
 		pl.Add(knobs.Sysfs(c.NetNS, "/sys/class/net/"+c.Name+"/threaded"), "1", cl+" threaded", "veth-queues=class: each receive queue polled by its own kernel thread")
 		for _, q := range []struct {
@@ -145,5 +187,25 @@ func vethNote(pairs []vethPair) string {
 	for _, p := range pairs {
 		names = append(names, plan.DevLabel(p.ctr.NetNS, p.ctr.Name))
 	}
-	return fmt.Sprintf("veth-queues=class: %s take high-priority frames on receive queue 1, polled by its own real-time thread, and bulk on queue 0; TSO is off on their host-side veths, so bulk TCP into these containers is segmented before the veth (measured: a single stream at about half of its rate)", strings.Join(names, ", "))
+	return fmt.Sprintf("veth-queues=class: %s take high-priority frames on receive queue 1, polled by its own real-time thread, and bulk on queue 0. Costs: TSO is off on their host-side veths, so bulk TCP into these containers is segmented before the veth (measured on 2 cores: a single stream at 0.37x); changing a veth's queue count takes its link down and up, so apply and reset each interrupt these containers' traffic for a moment and the bridge relearns their MACs; turning their GRO off at reset drops what their queues hold then. Frames sent from this host (a local container, the host itself) keep the queue their socket picked", strings.Join(names, ", "))
+}
+
+// vethPollerRT returns the SCHED_FIFO priorities (0: normal scheduling) of
+// the high-priority and bulk pollers of a container veth. The high one
+// runs as the high-priority queue's kthread; with the ladder
+// (streamline=true) it and the bulk one take the top rung and the
+// container rung, above the stages that feed them. The bulk poller is not
+// SCHED_IDLE even under bulk-sched=idle: a veth's receive queue is a
+// 256-frame ring that drops when full, and a starved idle poller let one
+// TCP stream lose 64399 frames in 2 s (testbed, 2026-11-23); the shared
+// default's backlog holds 1000 and is drained in softirq.
+func vethPollerRT(o Options) (high, bulk int) {
+	lad := o.Ladder()
+	switch {
+	case o.Streamline:
+		return lad.High, lad.Container
+	case o.High == HighInline:
+		return 0, o.BulkRT
+	}
+	return lad.High, o.BulkRT
 }

@@ -30,8 +30,15 @@ func TestVethPairs(t *testing.T) {
 		"can use 1 receive queue(s)":  func(tp *topology.Topology) { tp.Containers[0].Interfaces[0].MaxRxQueues = 1 },
 		"can use 0 transmit queue(s)": func(tp *topology.Topology) { tp.Veths[1].MaxTxQueues = 0 },
 		"has an XPS map":              func(tp *topology.Topology) { tp.Veths[0].XPS = true },
-		"was not found":               func(tp *topology.Topology) { tp.Veths = tp.Veths[:1] },
-		"no container veth found":     func(tp *topology.Topology) { tp.Containers = nil },
+		"runs STP":                    func(tp *topology.Topology) { tp.Bridges[0].STP = true },
+		"tcx:cilium_to_container on its egress": func(tp *topology.Topology) {
+			tp.Veths[0].Hooks = &topology.Hooks{Egress: []string{"tcx:cilium_to_container"}}
+		},
+		"xdp:foo on its receive side": func(tp *topology.Topology) {
+			tp.Containers[1].Interfaces[0].Hooks = &topology.Hooks{XDP: "foo"}
+		},
+		"was not found":           func(tp *topology.Topology) { tp.Veths = tp.Veths[:1] },
+		"no container veth found": func(tp *topology.Topology) { tp.Containers = nil },
 		"per-class queues need exactly two": func(tp *topology.Topology) {
 			tp.Containers[0].Interfaces[0].RxQueues = []topology.RxQueue{{Index: 0}, {Index: 1}, {Index: 2}}
 		},

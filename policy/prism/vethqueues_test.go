@@ -55,15 +55,15 @@ func TestPrismVethQueues(t *testing.T) {
 	}
 
 	for k, want := range map[knobs.Knob]string{
-		knobs.Channels(dst.NetNS, dst.Veth):                    "rx=2 tx=1",
-		knobs.Channels(r.NetNS, dst.HostVeth):                  "rx=1 tx=2",
-		knobs.Feature(r.NetNS, dst.HostVeth, ethtool.TSO):      "off",
-		knobs.Feature(dst.NetNS, dst.Veth, ethtool.GRO):        "on",
-		knobs.Sysfs(dst.NetNS, "/sys/class/net/eth0/threaded"): "1\n",
-		knobs.QueueSched(dst.NetNS, dst.Veth, 0):               "policy=other prio=0 nice=0",
-		knobs.QueueSched(dst.NetNS, dst.Veth, 1):               "policy=fifo prio=53 nice=0",
-		knobs.QueueAffinity(dst.NetNS, dst.Veth, 0):            "1",
-		knobs.QueueAffinity(dst.NetNS, dst.Veth, 1):            "1",
+		knobs.Channels(dst.NetNS, dst.Veth):                            "rx=2 tx=1",
+		knobs.Channels(r.NetNS, dst.HostVeth):                          "rx=1 tx=2",
+		knobs.Feature(r.NetNS, dst.HostVeth, ethtool.TSO):              "off",
+		knobs.Feature(dst.NetNS, dst.Veth, ethtool.GRO):                "on",
+		knobs.Sysfs(dst.NetNS, "/sys/class/net/"+dst.Veth+"/threaded"): "1\n",
+		knobs.QueueSched(dst.NetNS, dst.Veth, 0):                       "policy=other prio=0 nice=0",
+		knobs.QueueSched(dst.NetNS, dst.Veth, 1):                       "policy=fifo prio=53 nice=0",
+		knobs.QueueAffinity(dst.NetNS, dst.Veth, 0):                    "1",
+		knobs.QueueAffinity(dst.NetNS, dst.Veth, 1):                    "1",
 	} {
 		if b, err := k.Read(); err != nil || string(b) != want {
 			t.Errorf("%s: %q (%v), want %q", k.Key(), b, err, want)
@@ -172,5 +172,17 @@ func TestPrismVethQueuesRefused(t *testing.T) {
 	}
 	if _, err := prism.Parse(prism.Defaults(), map[string]string{"veth-queues": "two"}); err == nil || !strings.Contains(err.Error(), "want shared or class") {
 		t.Errorf("veth-queues=two: %v", err)
+	}
+	// The high-priority poller must run above the bulk one.
+	for _, params := range []map[string]string{
+		{"veth-queues": "class", "high": "inline"},
+		{"veth-queues": "class", "high-rt": "0"},
+	} {
+		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), "not above the bulk one") {
+			t.Errorf("%v: %v", params, err)
+		}
+	}
+	if _, err := prism.Parse(prism.Defaults(), map[string]string{"veth-queues": "class", "high": "inline", "streamline": "true", "bulk-sched": "normal"}); err != nil {
+		t.Errorf("high=inline with the ladder: %v", err)
 	}
 }
