@@ -35,7 +35,11 @@ func (k *DeviceChannels) String() string {
 func FormatChannels(rx, tx int) string { return fmt.Sprintf("rx=%d tx=%d", rx, tx) }
 
 func (k *DeviceChannels) Read() ([]byte, error) {
-	c, err := ethtool.GetChannels(k.NetNS, k.Device)
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ethtool.GetChannels(ns, k.Device)
 	if err != nil {
 		return nil, deviceGone(err)
 	}
@@ -43,9 +47,13 @@ func (k *DeviceChannels) Read() ([]byte, error) {
 }
 
 func (k *DeviceChannels) Write(v []byte) error {
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return err
+	}
 	var rx, tx uint32
 	if n, err := fmt.Sscanf(string(v), "rx=%d tx=%d", &rx, &tx); err != nil || n != 2 || rx == 0 || tx == 0 {
 		return fmt.Errorf("%s: value %q, want rx=N tx=M (N, M >= 1)", k, v)
 	}
-	return deviceGone(ethtool.SetRXTX(k.NetNS, k.Device, rx, tx))
+	return deviceGone(ethtool.SetRXTX(ns, k.Device, rx, tx))
 }

@@ -46,11 +46,15 @@ func (k *DeviceFeature) feature() (ethtool.Feature, error) {
 }
 
 func (k *DeviceFeature) Read() ([]byte, error) {
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return nil, err
+	}
 	f, err := k.feature()
 	if err != nil {
 		return nil, err
 	}
-	on, err := ethtool.Get(k.NetNS, k.Device, f)
+	on, err := ethtool.Get(ns, k.Device, f)
 	if err != nil {
 		return nil, deviceGone(err)
 	}
@@ -61,6 +65,10 @@ func (k *DeviceFeature) Read() ([]byte, error) {
 }
 
 func (k *DeviceFeature) Write(v []byte) error {
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return err
+	}
 	f, err := k.feature()
 	if err != nil {
 		return err
@@ -73,7 +81,7 @@ func (k *DeviceFeature) Write(v []byte) error {
 	default:
 		return fmt.Errorf("%s: value %q, want on or off", k, v)
 	}
-	return deviceGone(ethtool.Set(k.NetNS, k.Device, f, on))
+	return deviceGone(ethtool.Set(ns, k.Device, f, on))
 }
 
 // deviceGone marks errors that mean the device or its namespace no longer
@@ -83,4 +91,14 @@ func deviceGone(err error) error {
 		return fmt.Errorf("%w: %w", ErrGone, err)
 	}
 	return err
+}
+
+// ethNS is the name internal/ethtool (through nsx) enters for namespace ns
+// in any of its forms (a name, a path, "pid:N"), or ErrGone when it no
+// longer exists.
+func ethNS(ns string) (string, error) {
+	if err := checkNetNS(ns); err != nil {
+		return "", err
+	}
+	return nsxName(ns), nil
 }

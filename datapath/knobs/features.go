@@ -51,7 +51,11 @@ func (k *DeviceFeatures) FormatAll(on bool) string {
 }
 
 func (k *DeviceFeatures) Read() ([]byte, error) {
-	got, err := ethtool.GetNamed(k.NetNS, k.Device, k.Names...)
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	got, err := ethtool.GetNamed(ns, k.Device, k.Names...)
 	if err != nil {
 		return nil, deviceGone(err)
 	}
@@ -66,6 +70,10 @@ func (k *DeviceFeatures) Read() ([]byte, error) {
 // off, in reverse order: a feature that needs another is never turned on
 // without it.
 func (k *DeviceFeatures) Write(v []byte) error {
+	ns, err := ethNS(k.NetNS)
+	if err != nil {
+		return err
+	}
 	want := map[string]bool{}
 	for _, f := range strings.Fields(string(v)) {
 		name, state, ok := strings.Cut(f, "=")
@@ -79,14 +87,14 @@ func (k *DeviceFeatures) Write(v []byte) error {
 	}
 	for _, n := range k.Names {
 		if want[n] {
-			if err := ethtool.SetNamed(k.NetNS, k.Device, n, true); err != nil {
+			if err := ethtool.SetNamed(ns, k.Device, n, true); err != nil {
 				return deviceGone(err)
 			}
 		}
 	}
 	for i := len(k.Names) - 1; i >= 0; i-- {
 		if n := k.Names[i]; !want[n] {
-			if err := ethtool.SetNamed(k.NetNS, k.Device, n, false); err != nil {
+			if err := ethtool.SetNamed(ns, k.Device, n, false); err != nil {
 				return deviceGone(err)
 			}
 		}

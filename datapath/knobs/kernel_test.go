@@ -3,6 +3,7 @@ package knobs_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,7 +76,11 @@ func kernelChanges(t *testing.T) (*topotest.Fixture, []change) {
 		{knob: knobs.Sched(eth0T.Comm, eth0T.Index), value: "policy=fifo prio=10 nice=0"},
 		{knob: knobs.Affinity(gro1.Comm, gro1.Index), value: last},
 		{knob: knobs.Sched(gro1.Comm, gro1.Index), value: "policy=rr prio=5 nice=0"},
-		{knob: knobs.Feature(h.NetNS, c.HostVeth, ethtool.GRO), value: "off"}, // topotest turned it on
+		// Namespaces by path too, as Docker's are named.
+		{knob: knobs.Feature("/run/netns/"+h.NetNS, c.HostVeth, ethtool.GRO), value: "off"}, // topotest turned it on
+		{knob: knobs.Features("/run/netns/"+h.NetNS, c.HostVeth, knobs.TSOFeatures...),
+			value: "tx-tcp-segmentation=on tx-tcp6-segmentation=off tx-tcp-ecn-segmentation=off tx-tcp-mangleid-segmentation=on"},
+		{knob: knobs.Channels("/run/netns/"+h.NetNS, c.HostVeth), value: "rx=1 tx=2"},
 	}
 	for i := range chs {
 		b, err := chs[i].knob.Read()
@@ -318,5 +323,35 @@ func TestNetNSPathForms(t *testing.T) {
 	}
 	if err := knobs.Do("/run/netns/lanes-nope-x", func() error { return nil }); err == nil {
 		t.Error("entering a missing namespace succeeded")
+	}
+}
+
+// TestQueueThreadKnob: a kthread knob named by (namespace, device, receive
+// queue) finds the threaded NAPI poller of that queue, and a queue that
+// does not exist reads as gone.
+func TestQueueThreadKnob(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	c := f.Hosts[1].Containers[0]
+	threaded := knobs.Sysfs(c.NetNS, "/sys/class/net/"+c.Veth+"/threaded")
+	if err := threaded.Write([]byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { threaded.Write([]byte("0")) })
+	topo, err := topology.Discover(f.Hosts[1].NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ths := topo.Containers[0].Interfaces[0].NAPIThreads
+	if len(ths) != 1 {
+		t.Fatalf("NAPI threads of %s: %+v, want one", c.Veth, ths)
+	}
+	for _, ns := range []string{c.NetNS, "/run/netns/" + c.NetNS} {
+		pid, err := knobs.QueueSched(ns, c.Veth, 0).PID()
+		if err != nil || pid != ths[0].PID {
+			t.Errorf("queue 0 of %s in %s: pid %d (%v), want %d (%s)", c.Veth, ns, pid, err, ths[0].PID, ths[0].Comm)
+		}
+	}
+	if _, err := knobs.QueueSched(c.NetNS, c.Veth, 1).Read(); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("queue 1 (none): %v, want ErrGone", err)
 	}
 }
