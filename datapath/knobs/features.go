@@ -13,8 +13,8 @@ const kindFeatures = "ethtool-features"
 func init() { Register(kindFeatures, func() Knob { return &DeviceFeatures{} }) }
 
 // TSOFeatures are the features a veth's TSO consists of (the kernel's
-// NETIF_F_ALL_TSO), in the order they can be turned on: the last two need
-// the first.
+// NETIF_F_ALL_TSO), in the order they can be turned on: ECN needs another
+// of them on, mangleid needs the first.
 var TSOFeatures = []string{"tx-tcp-segmentation", "tx-tcp6-segmentation", "tx-tcp-ecn-segmentation", "tx-tcp-mangleid-segmentation"}
 
 // DeviceFeatures is a set of named features of a device, each on or off
@@ -85,15 +85,25 @@ func (k *DeviceFeatures) Write(v []byte) error {
 	if len(want) != len(k.Names) {
 		return fmt.Errorf("%s: value %q does not give every feature", k, v)
 	}
+	// A feature already as wanted is not written: writing sets the
+	// device's requested bit, and a feature the kernel holds off because
+	// another is off (mangleid without TSO) would lose its request.
+	got, err := ethtool.GetNamed(ns, k.Device, k.Names...)
+	if err != nil {
+		return deviceGone(err)
+	}
 	for _, n := range k.Names {
-		if want[n] {
+		if want[n] && !got[n] {
 			if err := ethtool.SetNamed(ns, k.Device, n, true); err != nil {
 				return deviceGone(err)
 			}
 		}
 	}
+	if got, err = ethtool.GetNamed(ns, k.Device, k.Names...); err != nil {
+		return deviceGone(err)
+	}
 	for i := len(k.Names) - 1; i >= 0; i-- {
-		if n := k.Names[i]; !want[n] {
+		if n := k.Names[i]; !want[n] && got[n] {
 			if err := ethtool.SetNamed(ns, k.Device, n, false); err != nil {
 				return deviceGone(err)
 			}

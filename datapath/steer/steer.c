@@ -454,7 +454,11 @@ struct veth_class_state {
 	__u64 last_ns; /* the flow's last frame through the host-side veth (precise clock) */
 	__s64 inflight; /* frames handed to the container veth's queue, not yet seen on its ingress */
 	__u32 queue;    /* container-veth receive queue: 0 bulk, 1 high priority */
-	__u32 pad;
+	/* Which count the frames belong to (VETH_EPOCHS values, in their mark):
+	 * a new count starts a new epoch, so frames counted in an older one
+	 * (before a drain-time move, or before the state was evicted and made
+	 * anew) are not counted out of it. */
+	__u32 epoch;
 };
 
 struct {
@@ -1786,16 +1790,18 @@ int steer_tc_split_seen(struct __sk_buff *skb)
  * receive queue the skb recorded (skb_tx_hash: queue_mapping - 1, modulo
  * the transmit queues). So the program records "received on queue q"
  * (queue_mapping = q + 1); the planner checks that the host-side veth has
- * two transmit queues, no XPS and no qdisc. An skb with a socket (sent
- * from this host: a local container, the host itself) keeps the queue its
- * socket cached, so it is left alone and not counted. A frame lanes does
+ * two transmit queues, no XPS and no qdisc. An skb with a full socket
+ * (sent by the host's own sockets; a local container's frames arrive
+ * without theirs) keeps the queue its socket cached, so it is left alone
+ * and not counted. A frame lanes does
  * not understand takes queue 0, its bytes untouched.
  *
  * The frames a flow hands to its queue are counted in flight until
  * steer_tc_veth_seen sees them on the container side, and only frames
- * this program counted are counted out there: it gives them the hash
- * veth_mark() (a flow's own, so RPS or GRO on the container side group
- * them as before). A flow whose class changes moves to the other queue
+ * this program counted are counted out there, and only against the count
+ * they went into: it gives them the hash veth_mark() (their flow's own, so
+ * RPS or GRO on the container side group them as before, with the count's
+ * epoch in three of its bits). A flow whose class changes moves to the other queue
  * only once none of its frames is left in the old one, or once it was
  * idle for drain_ns (the veth drops what its 256-frame ring cannot take,
  * unreported per flow); then counting starts afresh. A flow without state
@@ -1803,9 +1809,11 @@ int steer_tc_split_seen(struct __sk_buff *skb)
  * one evicted from the LRU map while busy (131072 entries) left its frames
  * in that queue unless its class changed in the same moment.
  */
-static __always_inline __u32 veth_mark(__u32 fh)
+#define VETH_EPOCHS 8
+
+static __always_inline __u32 veth_mark(__u32 fh, __u32 epoch)
 {
-	return fh | 1;
+	return (fh & ~((VETH_EPOCHS - 1) << 1)) | ((epoch & (VETH_EPOCHS - 1)) << 1) | 1;
 }
 
 SEC("tc")
@@ -1845,6 +1853,8 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	if (!st) {
 		init.last_ns = now;
 		init.queue = want;
+		/* Unknown to frames of an evicted state, 7 times in 8. */
+		init.epoch = bpf_get_prandom_u32() % VETH_EPOCHS;
 		bpf_map_update_elem(&steer_veth_class, &key, &init, BPF_NOEXIST);
 		st = bpf_map_lookup_elem(&steer_veth_class, &key);
 		if (!st)
@@ -1855,9 +1865,10 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 			st->queue = want;
 			count(STAGE_CONTAINER, CNT_SETTLED);
 		} else if (cfg->drain_ns == 0 || now - st->last_ns >= cfg->drain_ns) {
-			/* Presumed dropped: count afresh. */
+			/* Presumed dropped: count afresh, in a new epoch. */
 			st->queue = want;
 			st->inflight = 0;
+			st->epoch = (st->epoch + 1) % VETH_EPOCHS;
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
 		} else {
 			count(STAGE_CONTAINER, CNT_HELD);
@@ -1865,7 +1876,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	}
 	st->last_ns = now;
 	__sync_fetch_and_add(&st->inflight, n);
-	bpf_set_hash(skb, veth_mark(fh));
+	bpf_set_hash(skb, veth_mark(fh, st->epoch));
 	skb->queue_mapping = st->queue + 1;
 	count(STAGE_CONTAINER, st->queue ? CNT_HIGH : CNT_STAYED);
 	return TC_ACT_UNSPEC;
@@ -1878,7 +1889,7 @@ bulk:
 /*
  * tc ingress on the container-side veth, the end of steer_tc_veth_class's
  * queues: counts a flow's frames seen, only those it counted in (their
- * hash is veth_mark of the flow's; no hash at all, as under BPF_PROG_RUN,
+ * hash is veth_mark of the flow's and its count's epoch; no hash at all, as under BPF_PROG_RUN,
  * counts too, as in hash_counted), and never below zero.
  */
 SEC("tc")
@@ -1899,11 +1910,11 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 	c.end = (void *)(long)skb->data_end;
 	if (parse_inner(&c, &t) < 0)
 		return TC_ACT_UNSPEC;
-	if (skb->hash != 0 && skb->hash != veth_mark(flow_hash(&t)))
-		return TC_ACT_UNSPEC;
 	key = flow_key(&t, STAGE_CONTAINER);
 	st = bpf_map_lookup_elem(&steer_veth_class, &key);
 	if (!st)
+		return TC_ACT_UNSPEC;
+	if (skb->hash != 0 && skb->hash != veth_mark(flow_hash(&t), st->epoch))
 		return TC_ACT_UNSPEC;
 #pragma unroll
 	for (int i = 0; i < 4; i++) {

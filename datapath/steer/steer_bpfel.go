@@ -118,7 +118,7 @@ type steerVethClassState struct {
 	LastNs   uint64
 	Inflight int64
 	Queue    uint32
-	Pad      uint32
+	Epoch    uint32
 }
 
 // Names of all BPF objects in the ELF.

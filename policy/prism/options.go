@@ -324,6 +324,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		return o, fmt.Errorf("prism veth-queues=class is a batch setting: sync already hands high-priority frames straight to the container veth's NAPI; drop one of them")
 	}
 	if o.VethQueues == VethClass {
+		if !o.Pin {
+			return o, fmt.Errorf("prism veth-queues=class needs pin=true: a class change moves a flow between the two pollers once the old queue's frames were taken, which keeps it in order only while both run on the receive core")
+		}
 		if hi, bulk := vethPollerRT(o); hi <= bulk {
 			return o, fmt.Errorf("prism veth-queues=class would run the container veth's high-priority poller at %s, not above the bulk one at %s: give high=queue with a high-rt above bulk-rt (the default), or streamline=true", fifo(hi), fifo(bulk))
 		}

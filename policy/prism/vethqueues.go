@@ -187,7 +187,7 @@ func vethNote(pairs []vethPair) string {
 	for _, p := range pairs {
 		names = append(names, plan.DevLabel(p.ctr.NetNS, p.ctr.Name))
 	}
-	return fmt.Sprintf("veth-queues=class: %s take high-priority frames on receive queue 1, polled by its own real-time thread, and bulk on queue 0. Costs: TSO is off on their host-side veths, so bulk TCP into these containers is segmented before the veth (measured on 2 cores: a single stream at 0.46x of vanilla); changing a veth's queue count takes its link down and up, so apply and reset each interrupt these containers' traffic for a moment and the bridge relearns their MACs; turning their GRO off at reset drops what their queues hold then. Frames sent from this host (a local container, the host itself) keep the queue their socket picked. Containers started later keep one queue: lanes apply again to include them", strings.Join(names, ", "))
+	return fmt.Sprintf("veth-queues=class: %s take high-priority frames on receive queue 1, polled by its own real-time thread, and bulk on queue 0. Costs: TSO is off on their host-side veths, so bulk TCP into these containers is segmented before the veth (measured on 2 cores: a single stream at 0.46x of vanilla); changing a veth's queue count takes its link down and up, so apply and reset each interrupt these containers' traffic for a moment and the bridge relearns their MACs; turning their GRO off at reset drops what their queues hold then. Frames the host's own sockets send keep the queue their socket picked. A flow in flight while apply switches the veths' NAPI on can be reordered once. Containers started later keep one queue: lanes apply again to include them", strings.Join(names, ", "))
 }
 
 // vethPollerRT returns the SCHED_FIFO priorities (0: normal scheduling) of

@@ -136,6 +136,31 @@ func TestPrismVethQueues(t *testing.T) {
 		t.Errorf("container-queue flows %+v: the TCP transfer is missing", vf)
 	}
 
+	// Frames from a local container reach the host-side veth without
+	// their sender's socket (Linux 6.18), so they are classified like the
+	// overlay's: counted, on their class's queue.
+	local := r.Containers[1]
+	stL0, _ := dp.Stats()
+	nLocal := overlaytest.UDPMost(t, local.NetNS, dst.NetNS, dst.Addr.Addr(), 200)
+	stL1, _ := dp.Stats()
+	d := stL1[steer.StageContainer].Sub(stL0[steer.StageContainer])
+	if d.High < uint64(nLocal) {
+		t.Errorf("container stage %+v for %d marked datagrams from a local container: want them all on the high-priority queue", d, nLocal)
+	}
+	localSeen := false
+	vf, _ = dp.VethFlows()
+	for _, f := range vf {
+		if f.Src == local.Addr.Addr() {
+			localSeen = true
+			if f.Queue != 1 {
+				t.Errorf("local container's marked flow %+v on queue %d, want 1", f, f.Queue)
+			}
+		}
+	}
+	if !localSeen {
+		t.Errorf("container-queue flows %+v: the local container's flow is missing", vf)
+	}
+
 	// A flow whose class flips every 3 ms moves between the queues only
 	// once none of its frames is left in the old one: in order.
 	st0, _ := dp.Stats()
@@ -152,7 +177,7 @@ func TestPrismVethQueues(t *testing.T) {
 		t.Fatalf("changing rules: %v", flipErr)
 	}
 	st1, _ := dp.Stats()
-	d := st1[steer.StageContainer].Sub(st0[steer.StageContainer])
+	d = st1[steer.StageContainer].Sub(st0[steer.StageContainer])
 	t.Logf("%d rule changes: container stage %+v", flips, d)
 	if d.Settled == 0 || d.High == 0 || d.Stayed == 0 {
 		t.Errorf("container stage %+v: want frames on both queues and moves between them", d)
@@ -181,6 +206,9 @@ func TestPrismVethQueuesRefused(t *testing.T) {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), "not above the bulk one") {
 			t.Errorf("%v: %v", params, err)
 		}
+	}
+	if _, err := prism.Parse(prism.Defaults(), map[string]string{"veth-queues": "class", "pin": "false"}); err == nil || !strings.Contains(err.Error(), "needs pin=true") {
+		t.Errorf("veth-queues=class pin=false: %v", err)
 	}
 	if _, err := prism.Parse(prism.Defaults(), map[string]string{"veth-queues": "class", "high": "inline", "streamline": "true", "bulk-sched": "normal"}); err != nil {
 		t.Errorf("high=inline with the ladder: %v", err)
