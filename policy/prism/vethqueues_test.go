@@ -3,6 +3,7 @@ package prism_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +12,11 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // pollerRuns is how many times the NAPI poller of receive queue q of a
@@ -213,4 +216,67 @@ func TestPrismVethQueuesRefused(t *testing.T) {
 	if _, err := prism.Parse(prism.Defaults(), map[string]string{"veth-queues": "class", "high": "inline", "streamline": "true", "bulk-sched": "normal"}); err != nil {
 		t.Errorf("high=inline with the ladder: %v", err)
 	}
+}
+
+// TestPrismVethQueuesUnnamedContainer: a container whose namespace has no
+// name (only its process holds it, as with Docker and other runtimes: lanes
+// finds it as pid:N) gets its per-class queues too, and reset puts them
+// back. Every knob here enters that namespace by its pid form.
+func TestPrismVethQueuesUnnamedContainer(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	holder := exec.Command("sleep", "600")
+	if err := nsx.Start(dst.NetNS, holder); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	if err := nsx.Delete(dst.NetNS); err != nil {
+		t.Fatal(err)
+	}
+	renamed := false
+	rename := func() {
+		if renamed {
+			return
+		}
+		renamed = true
+		// Bind the name again, as `ip netns attach` does.
+		path := nsx.Path(dst.NetNS)
+		if f, err := os.Create(path); err == nil {
+			f.Close()
+		}
+		if err := unix.Mount(fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid), path, "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("binding %s again: %v", dst.NetNS, err)
+		}
+	}
+	t.Cleanup(rename)
+	pidNS := fmt.Sprintf("pid:%d", holder.Process.Pid)
+
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"veth-queues": "class"})
+	dp := a.Open(t)
+	for k, want := range map[knobs.Knob]string{
+		knobs.Channels(pidNS, dst.Veth):             "rx=2 tx=1",
+		knobs.Feature(pidNS, dst.Veth, ethtool.GRO): "on",
+		knobs.QueueSched(pidNS, dst.Veth, 1):        "policy=fifo prio=53 nice=0",
+	} {
+		if b, err := k.Read(); err != nil || string(b) != want {
+			t.Errorf("%s: %q (%v), want %q", k.Key(), b, err, want)
+		}
+	}
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	// The traffic helpers enter namespaces by name: give it back (the
+	// knobs were planned and journaled in the pid form).
+	rename()
+	st0, _ := dp.Stats()
+	res := overlaytest.Stream{Count: 500, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.InOrder(t, "marked stream into the once-unnamed container", res)
+	st1, _ := dp.Stats()
+	if d := st1[steer.StageContainer].Sub(st0[steer.StageContainer]); d.High < uint64(res.Received) {
+		t.Errorf("container stage %+v for %d marked datagrams: want them on the high-priority queue", d, res.Received)
+	}
+	a.ResetAndCheck(t, before)
 }
