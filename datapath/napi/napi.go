@@ -50,44 +50,48 @@ type Instance struct {
 func List(netns string, ifindex int) ([]Instance, error) { return list(netns, ifindex) }
 
 func list(netns string, ifindex int) ([]Instance, error) {
+	msgs, err := dumpAttrs(netns, cmdNAPIGet, "NAPI instances")
+	if err != nil {
+		return nil, err
+	}
 	var out []Instance
+	for _, m := range msgs {
+		in := Instance{ID: m[attrID], IfIndex: int(m[attrIfindex]), IRQ: int(int32(m[attrIRQ])), PID: int(m[attrPID])}
+		if ifindex == 0 || in.IfIndex == ifindex {
+			out = append(out, in)
+		}
+	}
+	return out, nil
+}
+
+// dumpAttrs dumps cmd of the netdev family in netns and returns each
+// reply's 32-bit attributes by type (what it names, for errors).
+func dumpAttrs(netns string, cmd uint8, what string) ([]map[uint16]uint32, error) {
+	var out []map[uint16]uint32
 	err := nsx.Do(netns, func() error {
 		fam, err := netlink.GenlFamilyGet("netdev")
 		if err != nil {
 			return fmt.Errorf("%w: family lookup: %v", ErrUnsupported, err)
 		}
-		msgs, err := dump(fam.ID, cmdNAPIGet)
+		msgs, err := dump(fam.ID, cmd)
 		if err != nil {
 			if errors.Is(err, unix.EOPNOTSUPP) {
-				return fmt.Errorf("%w: napi dump: %w", ErrUnsupported, err)
+				return fmt.Errorf("%w: listing %s: %w", ErrUnsupported, what, err)
 			}
-			return fmt.Errorf("listing NAPI instances: %w", err)
+			return fmt.Errorf("listing %s: %w", what, err)
 		}
 		for _, m := range msgs {
 			attrs, err := nl.ParseRouteAttr(m)
 			if err != nil {
-				return fmt.Errorf("parsing NAPI reply: %w", err)
+				return fmt.Errorf("parsing the %s reply: %w", what, err)
 			}
-			var in Instance
+			vals := map[uint16]uint32{}
 			for _, a := range attrs {
-				if len(a.Value) < 4 {
-					continue
-				}
-				v := native.Uint32(a.Value[:4])
-				switch a.Attr.Type {
-				case attrIfindex:
-					in.IfIndex = int(v)
-				case attrID:
-					in.ID = v
-				case attrIRQ:
-					in.IRQ = int(int32(v))
-				case attrPID:
-					in.PID = int(v)
+				if len(a.Value) >= 4 {
+					vals[a.Attr.Type] = native.Uint32(a.Value[:4])
 				}
 			}
-			if ifindex == 0 || in.IfIndex == ifindex {
-				out = append(out, in)
-			}
+			out = append(out, vals)
 		}
 		return nil
 	})
@@ -120,56 +124,17 @@ const (
 // queue of the device with ifindex in netns (0: the queue has none, as a
 // veth's queues while its NAPI is off).
 func RxQueueNAPI(netns string, ifindex, queue int) (uint32, error) {
-	var id uint32
-	found := false
-	err := nsx.Do(netns, func() error {
-		fam, err := netlink.GenlFamilyGet("netdev")
-		if err != nil {
-			return fmt.Errorf("%w: family lookup: %v", ErrUnsupported, err)
-		}
-		msgs, err := dump(fam.ID, cmdQueueGet)
-		if err != nil {
-			if errors.Is(err, unix.EOPNOTSUPP) {
-				return fmt.Errorf("%w: queue dump: %w", ErrUnsupported, err)
-			}
-			return fmt.Errorf("listing queues: %w", err)
-		}
-		for _, m := range msgs {
-			attrs, err := nl.ParseRouteAttr(m)
-			if err != nil {
-				return fmt.Errorf("parsing queue reply: %w", err)
-			}
-			var qid, ifx, typ, napiID uint32
-			typ = 0xffffffff
-			for _, a := range attrs {
-				if len(a.Value) < 4 {
-					continue
-				}
-				v := native.Uint32(a.Value[:4])
-				switch a.Attr.Type {
-				case attrQueueID:
-					qid = v
-				case attrQueueIfidx:
-					ifx = v
-				case attrQueueType:
-					typ = v
-				case attrQueueNAPIID:
-					napiID = v
-				}
-			}
-			if int(ifx) == ifindex && typ == queueTypeRX && int(qid) == queue {
-				id, found = napiID, true
-			}
-		}
-		return nil
-	})
+	msgs, err := dumpAttrs(netns, cmdQueueGet, "queues")
 	if err != nil {
 		return 0, err
 	}
-	if !found {
-		return 0, fmt.Errorf("device %d in %s, receive queue %d: %w", ifindex, nsLabel(netns), queue, ErrNoQueue)
+	for _, m := range msgs {
+		typ, ok := m[attrQueueType]
+		if ok && typ == queueTypeRX && int(m[attrQueueIfidx]) == ifindex && int(m[attrQueueID]) == queue {
+			return m[attrQueueNAPIID], nil
+		}
 	}
-	return id, nil
+	return 0, fmt.Errorf("device %d in %s, receive queue %d: %w", ifindex, nsLabel(netns), queue, ErrNoQueue)
 }
 
 // RxQueueThread returns the pid of the threaded NAPI poller of receive
