@@ -106,16 +106,11 @@ func hookedVeth(p vethPair) []string {
 	return out
 }
 
-// schedOf renders the scheduling of a thread that does one class's work.
-func schedOf(rt int, fair string) string {
+// schedOf renders a poller's scheduling: SCHED_FIFO at rt, or normal
+// scheduling for 0.
+func schedOf(rt int) string {
 	if rt > 0 {
 		return fmt.Sprintf("policy=fifo prio=%d nice=0", rt)
-	}
-	switch fair {
-	case SchedIdle:
-		return "policy=idle prio=0 nice=0"
-	case SchedBatch:
-		return "policy=batch prio=0 nice=0"
 	}
 	return "policy=other prio=0 nice=0"
 }
@@ -146,8 +141,7 @@ func addVethQueues(pl *plan.Plan, pairs []vethPair) {
 // its class's queue, so no flow starts on the other class's queue and
 // moves at once.
 func addVethPollers(pl *plan.Plan, pairs []vethPair, o Options, core int) {
-	high, bulkRT := vethPollerRT(o)
-	bulk := schedOf(bulkRT, SchedNormal)
+	high, bulk := vethPollerRT(o)
 	cpus := knobs.FormatCPUList([]int{core})
 	for _, p := range pairs {
 		c := p.ctr
@@ -158,7 +152,7 @@ func addVethPollers(pl *plan.Plan, pairs []vethPair, o Options, core int) {
 			n     int
 			sched string
 			what  string
-		}{{vethBulkQueue, bulk, "bulk"}, {vethHighQueue, schedOf(high, SchedNormal), "high-priority"}} {
+		}{{vethBulkQueue, schedOf(bulk), "bulk"}, {vethHighQueue, schedOf(high), "high-priority"}} {
 			label := fmt.Sprintf("%s rx-%d poller", cl, q.n)
 			if o.Pin {
 				pl.Add(knobs.QueueAffinity(c.NetNS, c.Name, q.n), cpus, label, fmt.Sprintf("veth-queues=class: the %s class's container stage on the receive core", q.what))
