@@ -113,6 +113,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
 		{steerMapSteerVethClass, &o.SteerVethClass},
+		{steerMapSteerBacklog, &o.SteerBacklog},
 	}
 }
 
