@@ -209,6 +209,20 @@ func PinDir(netns string) string {
 	return BPFFS + "/lanes/" + Target(netns)
 }
 
+// RPSByHash adds the knobs that make RPS on receive queue q of d pick its
+// core from the skb hash alone, over mask: its rps_cpus, and rps_flow_cnt
+// 0 where RFS was on (RFS would send a flow to the core its application
+// last read it on, not where lanes' hash says, and lanes' order-keeping
+// counts which core's backlog a flow's frames are in). why says what the
+// hash carries.
+func (p *Plan) RPSByHash(d *topology.Device, q topology.RxQueue, mask, why string) {
+	p.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_cpus"), mask, DeviceTarget(d, q.Index), why)
+	if q.RPSFlowCnt != 0 {
+		p.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_flow_cnt"), "0", DeviceTarget(d, q.Index),
+			"RFS off on this queue: it would override the core the hash picks")
+	}
+}
+
 // DeviceTarget is the Target label of a device's rx queue.
 func DeviceTarget(d *topology.Device, queue int) string {
 	ns := d.NetNS

@@ -237,7 +237,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		for i := range t.VXLANs {
 			d := &t.VXLANs[i].Device
 			for _, q := range d.RxQueues {
-				pl.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(d, q.Index), "bridge stage follows the hash tc ingress set")
+				pl.RPSByHash(d, q, mask, "bridge stage follows the hash tc ingress set")
 			}
 		}
 		for i := range t.Containers {
@@ -247,7 +247,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 					continue
 				}
 				for _, q := range ifc.RxQueues {
-					pl.Add(knobs.Sysfs(ifc.NetNS, ifc.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(&ifc.Device, q.Index), "container stage follows the hash tc egress set")
+					pl.RPSByHash(&ifc.Device, q, mask, "container stage follows the hash tc egress set")
 				}
 			}
 		}

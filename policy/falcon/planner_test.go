@@ -377,3 +377,29 @@ func TestPlanSplitAuto(t *testing.T) {
 		t.Errorf("split=maybe: %v", err)
 	}
 }
+
+// TestPlanTurnsRFSOff: where RFS is on for a queue whose RPS lanes sets,
+// the plan turns it off (journaled): RFS would send a flow to its
+// application's core, not the one the hash names, and the order-keeping
+// counts follow the hash's core. Queues without RFS get no such change.
+func TestPlanTurnsRFSOff(t *testing.T) {
+	top := fixture()
+	top.VXLANs[0].RxQueues = []topology.RxQueue{{Index: 0, RPSFlowCnt: 256}}
+	p, err := plan.Lookup("falcon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := p.Plan(top, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flowCnt []string
+	for _, c := range pl.Changes {
+		if f, ok := c.Knob.(*knobs.SysfsFile); ok && strings.HasSuffix(f.Path, "/rps_flow_cnt") {
+			flowCnt = append(flowCnt, f.NetNS+":"+f.Path+"="+string(c.Value))
+		}
+	}
+	if want := []string{"h2:/sys/class/net/vxlan0/queues/rx-0/rps_flow_cnt=0"}; !slices.Equal(flowCnt, want) {
+		t.Errorf("rps_flow_cnt changes %v, want %v", flowCnt, want)
+	}
+}

@@ -142,7 +142,7 @@ func addBridgeSplit(pl *plan.Plan, t *topology.Topology, dir string, cpus []int)
 	for i := range t.VXLANs {
 		d := &t.VXLANs[i].Device
 		for _, q := range d.RxQueues {
-			pl.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(d, q.Index), "micro-flows go where their hash says: bridge, veth and socket per micro-flow")
+			pl.RPSByHash(d, q, mask, "micro-flows go where their hash says: bridge, veth and socket per micro-flow")
 		}
 	}
 }
