@@ -113,7 +113,6 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
 		{steerMapSteerVethClass, &o.SteerVethClass},
-		{steerMapSteerBacklog, &o.SteerBacklog},
 	}
 }
 

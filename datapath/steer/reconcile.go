@@ -52,12 +52,6 @@ func NewReconciler(dir string, logf func(string, ...any)) *Reconciler {
 // it changes (a datapath of another version would otherwise log every
 // second).
 func (r *Reconciler) Run(ctx context.Context) {
-	samplerDone := make(chan struct{})
-	go func() {
-		defer close(samplerDone)
-		r.sampleBacklogs(ctx)
-	}()
-	defer func() { <-samplerDone }()
 	t := time.NewTicker(r.every)
 	defer t.Stop()
 	for {
@@ -282,25 +276,5 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
-	}
-}
-
-// sampleBacklogs runs the backlog sampler (BacklogSampler) beside the
-// reconciler, once a datapath is pinned; without it the later stages move
-// on the drain time, as before it existed.
-func (r *Reconciler) sampleBacklogs(ctx context.Context) {
-	for !Pinned(r.dir) {
-		if !sleepCtx(ctx, r.every) {
-			return
-		}
-	}
-	s, err := OpenBacklogs(r.dir)
-	defer s.Close()
-	if err != nil {
-		r.logf("backlog sampler: %v; later stages move on the drain time", err)
-		return
-	}
-	if err := s.Run(ctx); err != nil {
-		r.logf("backlog sampler stopped: %v; later stages move on the drain time", err)
 	}
 }

@@ -468,27 +468,6 @@ struct {
 	__type(value, struct veth_class_state);
 } steer_veth_class SEC(".maps");
 
-/*
- * The per-CPU backlogs RPS hands the later stages to (softnet_data's input
- * and process queues, one per core, shared by every device), as lanes
- * agent samples them from /proc/net/softnet_stat every few milliseconds:
- * when it last read a core's backlog length (sampled_ns) and when it last
- * read it zero (empty_ns), CLOCK_MONOTONIC, each taken before the read.
- * 0: never (no agent). A backlog is a FIFO, so a zero read after a flow's
- * last frame went in proves that frame left it (see backlog_state).
- */
-struct backlog_seen {
-	__u64 sampled_ns;
-	__u64 empty_ns;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_CPUS);
-	__type(key, __u32); /* core */
-	__type(value, struct backlog_seen);
-} steer_backlog SEC(".maps");
-
 struct tuple {
 	__be32 saddr;
 	__be32 daddr;
@@ -920,38 +899,6 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 	return now - stamp - lag;
 }
 
-/* What the agent's samples say of a later stage's backlog on core index
- * idx since a flow's last frame (stamped last): seen empty (its frames left
- * the backlog), sampled but never empty (they may still be in it), or
- * unknown (no agent, or no sample since). */
-#define BACKLOG_UNKNOWN 0
-#define BACKLOG_EMPTY 1
-#define BACKLOG_BUSY 2
-/* A flow whose old backlog was never seen empty still moves after this
- * long idle: the drain time's role, for a backlog that never drains. */
-#define BACKLOG_MAX_WAIT_NS 1000000000ull
-
-static __always_inline int backlog_state(const struct steer_cfg *cfg, __u32 idx, __u64 last)
-{
-	struct backlog_seen *b;
-	__u32 core;
-	__u64 after;
-
-	if (idx >= MAX_CPUS)
-		return BACKLOG_UNKNOWN;
-	core = cfg->cpus[idx];
-	b = bpf_map_lookup_elem(&steer_backlog, &core);
-	if (!b || !b->sampled_ns)
-		return BACKLOG_UNKNOWN;
-	/* A coarse stamp can be a tick behind the frame it stamps. */
-	after = last + ((last & NS_PRECISE) ? 0 : cfg->coarse_lag_ns);
-	if (b->empty_ns > after)
-		return BACKLOG_EMPTY;
-	if (b->sampled_ns > after)
-		return BACKLOG_BUSY;
-	return BACKLOG_UNKNOWN;
-}
-
 /* place()'s opts, for PRISM's bulk class under CFG_PRIO_IDLE_INLINE. */
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
@@ -995,7 +942,6 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st;
 	struct steer_queue *q = NULL;
-	int busy = 0;
 	__u32 bucket = bucket_of(fh, ifindex, stage);
 	__u32 slot = stage * BUCKETS + bucket;
 	__u32 *entry = bpf_map_lookup_elem(&steer_table, &slot);
@@ -1054,23 +1000,6 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				count(stage, CNT_SETTLED);
 			}
 		}
-		/* A later stage's queue is its core's RPS backlog: a frame that
-		 * left it is on its way through the next stage's device, on
-		 * that core with bottom halves off, or gone (delivered to the
-		 * host, filtered: never counted seen). So once the agent saw
-		 * the backlog empty after the flow's last frame went in, the
-		 * flow is settled whatever its count says; while it sees it
-		 * busy, the drain time alone does not move it (up to
-		 * BACKLOG_MAX_WAIT_NS). Without samples, the drain time. */
-		if (stage != STAGE_SPLIT && st->inflight > 0 && st->cpu_idx < cfg->ncpus) {
-			int bl = backlog_state(cfg, st->cpu_idx, st->last_ns);
-
-			if (bl == BACKLOG_EMPTY) {
-				st->inflight = 0;
-				count(stage, CNT_SETTLED);
-			}
-			busy = bl == BACKLOG_BUSY;
-		}
 		if (st->cpu_idx == SYNC_IDX) {
 			/* Off the shortcut: nothing of the flow is queued behind. */
 			st->cpu_idx = want;
@@ -1105,8 +1034,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
-			   (st->inflight <= 0 || !cfg->drain_ns ||
-			    (!q && idle >= cfg->drain_ns && (!busy || idle >= BACKLOG_MAX_WAIT_NS)))) {
+			   (st->inflight <= 0 || !cfg->drain_ns || (!q && idle >= cfg->drain_ns))) {
 			if (st->inflight > 0) {
 				/* Presumed dropped: start counting afresh. Never
 				 * from a tracked queue (q), which settles instead. */

@@ -13,12 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type steerBacklogSeen struct {
-	_         structs.HostLayout
-	SampledNs uint64
-	EmptyNs   uint64
-}
-
 type steerBpfCpumapVal struct {
 	_       structs.HostLayout
 	Qsize   uint32
@@ -131,7 +125,6 @@ type steerVethClassState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerBacklog       = "steer_backlog"
 	steerMapSteerCfg           = "steer_cfg"
 	steerMapSteerCpumap        = "steer_cpumap"
 	steerMapSteerCpumapHi      = "steer_cpumap_hi"
@@ -216,7 +209,6 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerBacklog   *ebpf.MapSpec `ebpf:"steer_backlog"`
 	SteerCfg       *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap    *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi  *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
@@ -261,7 +253,6 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerBacklog   *ebpf.Map `ebpf:"steer_backlog"`
 	SteerCfg       *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap    *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi  *ebpf.Map `ebpf:"steer_cpumap_hi"`
@@ -282,7 +273,6 @@ type steerMaps struct {
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
-		m.SteerBacklog,
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,

@@ -174,7 +174,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		for _, name := range []string{"split", "bridge", "container"} {
 			k := st.Stages[name]
 			fmt.Fprintf(out, "  %-9s steered %d, stayed %d, passed %d, held %d, moved %d (%d before the old queue drained", name, k.Steered, k.Stayed, k.Passed, k.Held, k.Moved, k.Undrained)
-			if k.Settled > 0 {
+			if name == "split" && k.Settled > 0 {
 				fmt.Fprintf(out, "; %d waits ended by an empty queue", k.Settled)
 			}
 			fmt.Fprintln(out, ")")
