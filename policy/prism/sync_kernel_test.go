@@ -99,7 +99,10 @@ func TestPrismSync(t *testing.T) {
 	if d := st1.Sync - st0.Sync; d < uint64(res.Received) {
 		t.Errorf("%d frames took the shortcut, %d datagrams arrived", d, res.Received)
 	}
-	if d := rx(c1) - c1rx; d > 10 {
+	// A leak would be most of the stream; the slack is for what the
+	// other container gets anyway (IPv6 neighbour discovery, multicast:
+	// 12 frames were seen once).
+	if d := rx(c1) - c1rx; d > 100 {
 		t.Errorf("container %s received %d frames during a stream to %s", c1.Name, d, c0.Name)
 	}
 	flows, err := dp.Flows()
