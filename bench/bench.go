@@ -526,6 +526,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	}
 	s := r.tb.Sender()
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
+	steer0, steered := steerCounts(r.tb.Receiver().NetNS)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
 	marked := false
 	if idleRuleOn(mode) {
@@ -550,6 +551,19 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	}
 	if wire1, err := wireDrops(s.NetNS, s.Underlay); err == nil && wire1 >= wire0 {
 		run.DropsNIC += wire1 - wire0
+	}
+	if steer1, ok := steerCounts(r.tb.Receiver().NetNS); ok && steered {
+		// Placement changes during the run, all stages: how many moved,
+		// how many of those gave up waiting for the old queue (drain
+		// time), and frames the kernel dropped that were counted out.
+		d := steer1.Sub(steer0)
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["steer_moved"] = float64(d.Moved)
+		run.Extra["steer_undrained"] = float64(d.Undrained)
+		run.Extra["steer_dropped"] = float64(d.Dropped)
+		run.Extra["steer_settled"] = float64(d.Settled)
 	}
 	if werr != nil {
 		return fail(werr)
@@ -577,6 +591,29 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		run.Extra["prio_marked"] = 1
 	}
 	return run
+}
+
+// steerCounts is the receiver's steering datapath's counters, summed over
+// stages, if one is pinned.
+func steerCounts(ns string) (steer.Counters, bool) {
+	dir := plan.PinDir(ns)
+	if !steer.Pinned(dir) {
+		return steer.Counters{}, false
+	}
+	d, err := steer.Open(dir)
+	if err != nil {
+		return steer.Counters{}, false
+	}
+	defer d.Close()
+	st, err := d.Stats()
+	if err != nil {
+		return steer.Counters{}, false
+	}
+	var sum steer.Counters
+	for _, c := range st {
+		sum = sum.Add(c)
+	}
+	return sum, true
 }
 
 // apply puts the receiving host into mode. native and vanilla both mean

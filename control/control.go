@@ -228,7 +228,9 @@ func Apply(opts Options) (*State, error) {
 // untrackedNote says so when the applied steering datapath could not
 // attach its drop tracepoints (steer.TrackQueues degrades): its flows then
 // leave a split-stage queue after the drain time, as before the queue
-// accounting, and can be reordered behind a starved kthread.
+// accounting, and can be reordered behind a starved kthread; without
+// skb:kfree_skb, a later stage's flow with a dropped frame waits for the
+// drain time.
 func untrackedNote(netns string) string {
 	dir := plan.PinDir(netns)
 	if !steer.Pinned(dir) {
@@ -239,10 +241,14 @@ func untrackedNote(netns string) string {
 		return ""
 	}
 	defer d.Close()
-	if _, tracked, err := d.Queues(); err != nil || tracked {
-		return ""
+	var notes []string
+	if _, tracked, err := d.Queues(); err == nil && !tracked {
+		notes = append(notes, "the kernel's cpumap drop tracepoints (xdp:xdp_cpumap_enqueue, xdp:xdp_cpumap_kthread) could not be attached: flows leave a split-stage queue after the drain time, and a kthread starved longer than that can see a flow reordered")
 	}
-	return "the kernel's cpumap drop tracepoints (xdp:xdp_cpumap_enqueue, xdp:xdp_cpumap_kthread) could not be attached: flows leave a split-stage queue after the drain time, and a kthread starved longer than that can see a flow reordered"
+	if !steer.LaterDropsTracked(dir) {
+		notes = append(notes, "the kernel's skb drop tracepoint (skb:kfree_skb) could not be attached: a flow whose frames a later stage's queue (RPS backlog, GRO cell, veth ring) dropped leaves it after the drain time")
+	}
+	return strings.Join(notes, "; ")
 }
 
 // ResetResult says what Reset did for one target.

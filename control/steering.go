@@ -59,6 +59,12 @@ type Steering struct {
 	// drain time.
 	Queues        []steer.Queue `json:"split_queues,omitempty"`
 	QueuesTracked bool          `json:"split_queues_tracked"`
+	// LaterDropsTracked: frames the later stages (RPS backlogs, GRO
+	// cells, per-class container queues) counted in flight and the kernel
+	// dropped are counted out of their flow's count (skb:kfree_skb), so
+	// only frames that leave the path without a drop leave a flow on the
+	// drain time.
+	LaterDropsTracked bool `json:"later_drops_tracked"`
 	// VethClass: each class has its own receive queue of the container
 	// veths (prism veth-queues=class); VethFlows are the flows there that
 	// sent lately or have frames not yet out of their queue (0 bulk, 1
@@ -157,6 +163,7 @@ func steering(s *StatusReport, netns string) error {
 	if out.Queues, out.QueuesTracked, err = d.Queues(); err != nil {
 		return err
 	}
+	out.LaterDropsTracked = steer.LaterDropsTracked(dir)
 	if out.VethClass = cfg.VethClass; cfg.VethClass {
 		vf, err := d.VethFlows()
 		if err != nil {

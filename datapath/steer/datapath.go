@@ -9,9 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
@@ -41,16 +44,45 @@ const (
 // use.
 type Datapath struct {
 	objs steerObjects
+	// dropsSkbErr: why steer_drops_skb could not load (Load put a stub in
+	// its place), or nil.
+	dropsSkbErr error
 }
 
 // Load loads the embedded object into the kernel. Nothing is pinned or
 // attached, and the config is disabled until SetConfig.
 func Load() (*Datapath, error) {
 	d := &Datapath{}
-	if err := loadSteerObjects(&d.objs, nil); err != nil {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, fmt.Errorf("loading steer datapath: %w", err)
+	}
+	// steer_drops_skb reads struct sk_buff through CO-RE, which needs the
+	// kernel's BTF; every other program works without. Where it cannot
+	// load, a stub that counts nothing takes its place, never attached
+	// (TrackQueues reports it), and the rest of the datapath works.
+	if _, err := btf.LoadKernelSpec(); err != nil {
+		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
+		stubDropsSkb(spec)
+	}
+	err = spec.LoadAndAssign(&d.objs, nil)
+	var ve *ebpf.VerifierError
+	if err != nil && d.dropsSkbErr == nil && errors.As(err, &ve) && strings.Contains(err.Error(), steerProgSteerDropsSkb) {
+		d.dropsSkbErr = err
+		stubDropsSkb(spec)
+		err = spec.LoadAndAssign(&d.objs, nil)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
 	return d, nil
+}
+
+// stubDropsSkb replaces steer_drops_skb by a program that returns at once.
+func stubDropsSkb(spec *ebpf.CollectionSpec) {
+	if p := spec.Programs[steerProgSteerDropsSkb]; p != nil {
+		p.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}
+	}
 }
 
 // Close releases this process's handles. Pinned or attached objects stay
@@ -117,57 +149,68 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 }
 
 // The drop tracepoints' links (TrackQueues), pinned beside the maps so
-// they outlive the process that attached them and go with Unpin.
-var dropTraces = []struct{ pin, tracepoint string }{
-	{steerProgSteerDropsRing + "_link", "xdp_cpumap_enqueue"},
-	{steerProgSteerDropsKthread + "_link", "xdp_cpumap_kthread"},
+// they outlive the process that attached them and go with Unpin. The
+// first two report the split stage's cpumap drops, the last every skb
+// drop, of which steer_drops_skb counts the later stages' own.
+var dropTraces = []struct{ pin, group, tracepoint string }{
+	{steerProgSteerDropsRing + "_link", "xdp", "xdp_cpumap_enqueue"},
+	{steerProgSteerDropsKthread + "_link", "xdp", "xdp_cpumap_kthread"},
+	{steerProgSteerDropsSkb + "_link", "skb", "kfree_skb"},
 }
 
-// NoDropTracesError is TrackQueues failing to attach to a cpumap
-// tracepoint (a kernel built without BPF raw tracepoints, or one that
-// renamed them). The datapath works without: its queues stay untracked,
-// moves out of them fall back to the drain time, and `lanes status` says
+// NoDropTracesError is TrackQueues failing to attach to a drop tracepoint
+// (a kernel built without BPF raw tracepoints, or one that renamed them).
+// The datapath works without: the flows of what it would have tracked
+// (the cpumap queues; the later stages' frames, for skb:kfree_skb) fall
+// back to the drain time when frames are dropped, and `lanes status` says
 // so.
 type NoDropTracesError struct {
-	Tracepoint string
+	Tracepoint string // group:name
 	Err        error
 }
 
 func (e *NoDropTracesError) Error() string {
-	return fmt.Sprintf("attaching to tracepoint xdp:%s to count cpumap drops: %v", e.Tracepoint, e.Err)
+	return fmt.Sprintf("attaching to tracepoint %s to count drops: %v", e.Tracepoint, e.Err)
 }
 
 func (e *NoDropTracesError) Unwrap() error { return e.Err }
 
-// TrackQueues attaches the programs that count frames the kernel drops in
-// the cpumap queues (tracepoints xdp_cpumap_enqueue and
-// xdp_cpumap_kthread), pins their links in dir, and then tells the
-// datapath which cpumap is which, which turns the queues' accounting on:
-// from then on a flow whose frames are counted in flight on a cpumap queue
-// moves only once they came out or were dropped, however long the queue
-// waits for its core, instead of after the drain time (steer.c, struct
-// steer_queue). Only a freshly loaded Datapath can attach; links pinned in
-// dir before are replaced.
+// TrackQueues attaches the programs that count frames the kernel drops,
+// pins their links in dir, and then tells the datapath which cpumap is
+// which, which turns the queues' accounting on: from then on a flow whose
+// frames are counted in flight on a cpumap queue moves only once they came
+// out or were dropped, however long the queue waits for its core, instead
+// of after the drain time (steer.c, struct steer_queue). Last it attaches
+// steer_drops_skb (skb:kfree_skb), which counts the later stages' frames
+// the kernel drops out of their flows' counts; if only that one fails, the
+// cpumap queues stay tracked and the error says which is missing. Only a
+// freshly loaded Datapath can attach; links pinned in dir before are
+// replaced.
 func (d *Datapath) TrackQueues(dir string) error {
+	err := d.trackCPUMaps(dir)
+	var nt *NoDropTracesError
+	if err != nil && !errors.As(err, &nt) {
+		return err
+	}
+	// The later stages' drops are tracked (or not) whatever became of
+	// the cpumap's; the first degradation is the one reported.
+	var skbErr error = &NoDropTracesError{Tracepoint: "skb:kfree_skb", Err: d.dropsSkbErr}
+	if d.dropsSkbErr == nil {
+		skbErr = attachTrace(dir, 2, d.objs.SteerDropsSkb)
+	}
+	if skbErr != nil && !errors.As(skbErr, &nt) {
+		return skbErr
+	}
+	// Only degradations (NoDropTracesError) from here.
+	return errors.Join(err, skbErr)
+}
+
+// trackCPUMaps is TrackQueues for the split stage's cpumap queues.
+func (d *Datapath) trackCPUMaps(dir string) error {
 	progs := []*ebpf.Program{d.objs.SteerDropsRing, d.objs.SteerDropsKthread}
-	for i, tr := range dropTraces {
-		path := filepath.Join(dir, tr.pin)
-		if progs[i] == nil {
-			return fmt.Errorf("tracking cpumap queues: no program loaded to attach at %s (reopened datapath)", path)
-		}
-		// A link pinned there is a stale one, whose program counts into
-		// another datapath's maps: this one's drops would go uncounted.
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("tracking cpumap queues: removing the stale link %s: %w", path, err)
-		}
-		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tr.tracepoint, Program: progs[i]})
-		if err != nil {
-			return &NoDropTracesError{Tracepoint: tr.tracepoint, Err: err}
-		}
-		err = l.Pin(path)
-		l.Close()
-		if err != nil {
-			return fmt.Errorf("pinning the xdp:%s link: %w", tr.tracepoint, err)
+	for i := range progs {
+		if err := attachTrace(dir, i, progs[i]); err != nil {
+			return err
 		}
 	}
 	for class, m := range []*ebpf.Map{d.objs.SteerCpumap, d.objs.SteerCpumapHi} {
@@ -184,6 +227,39 @@ func (d *Datapath) TrackQueues(dir string) error {
 		}
 	}
 	return nil
+}
+
+// attachTrace attaches prog to dropTraces[i] and pins the link in dir.
+func attachTrace(dir string, i int, prog *ebpf.Program) error {
+	tr := dropTraces[i]
+	path := filepath.Join(dir, tr.pin)
+	if prog == nil {
+		return fmt.Errorf("tracking drops: no program loaded to attach at %s (reopened datapath)", path)
+	}
+	// A link pinned there is a stale one, whose program counts into
+	// another datapath's maps: this one's drops would go uncounted.
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("tracking drops: removing the stale link %s: %w", path, err)
+	}
+	l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tr.tracepoint, Program: prog})
+	if err != nil {
+		return &NoDropTracesError{Tracepoint: tr.group + ":" + tr.tracepoint, Err: err}
+	}
+	err = l.Pin(path)
+	l.Close()
+	if err != nil {
+		return fmt.Errorf("pinning the %s:%s link: %w", tr.group, tr.tracepoint, err)
+	}
+	return nil
+}
+
+// LaterDropsTracked says whether the datapath pinned in dir counts the
+// later stages' dropped frames out (steer_drops_skb attached by
+// TrackQueues); without, a flow there with a dropped frame moves only
+// after the drain time.
+func LaterDropsTracked(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, dropTraces[2].pin))
+	return err == nil
 }
 
 func (d *Datapath) pinnedProgs() []pinnedProg {

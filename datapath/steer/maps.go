@@ -72,6 +72,18 @@ func (d *Datapath) SetConfig(c Config) error {
 	}
 	k := encodeConfig(c)
 	k.PrioShapes = shapes
+	// Frames hashed for the core set before a change may still be queued:
+	// the programs decode their hashes with the previous set (steer.c,
+	// hash_of_count), so their counts still drain.
+	var cur steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &cur); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if cur.Ncpus != 0 && (cur.Ncpus != k.Ncpus || cur.Cpus != k.Cpus) {
+		k.PrevNcpus, k.PrevSpan, k.PrevRpsLo = cur.Ncpus, cur.RpsSpan, cur.RpsLo
+	} else {
+		k.PrevNcpus, k.PrevSpan, k.PrevRpsLo = cur.PrevNcpus, cur.PrevSpan, cur.PrevRpsLo
+	}
 	if k.MetaGen, err = d.metaGen(); err != nil {
 		return err
 	}
@@ -664,12 +676,18 @@ type Counters struct {
 	// in flight: those had been dropped (or their count lagged), and the
 	// flow could move without waiting for the drain time.
 	Settled uint64
+
+	// Dropped (later stages) is frames counted in flight that the kernel
+	// reported dropped before the next stage's program saw them (a full
+	// RPS backlog, GRO cell or veth ring): counted out, so they no longer
+	// hold their flow until the drain time (TrackQueues, steer_drops_skb).
+	Dropped uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between
@@ -679,6 +697,16 @@ func (c Counters) Sub(earlier Counters) Counters {
 	o, e := out.fields(), earlier.fields()
 	for i := range o {
 		*o[i] -= *e[i]
+	}
+	return out
+}
+
+// Add returns c plus other, counter by counter.
+func (c Counters) Add(other Counters) Counters {
+	out := c
+	o, e := out.fields(), other.fields()
+	for i := range o {
+		*o[i] += *e[i]
 	}
 	return out
 }

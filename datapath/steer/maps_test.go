@@ -43,13 +43,15 @@ func TestEncodeConfigMatchesRPSHash(t *testing.T) {
 		for i := range n {
 			for _, fh := range []uint32{0, 1, 12345, 0xdeadbeef, ^uint32(0)} {
 				for _, counted := range []uint32{0, 1} {
-					// steer.c's rps_to arithmetic, on the config's fields.
-					v := (k.RpsLo[i]+1)&^1 + fh%((k.RpsSpan-1)/2)*2 + counted
-					if v == 0 { // "0 is no hash"
-						v = 2
-					}
-					if want := RPSHash(i, n, fh, counted == 1); v != want {
-						t.Fatalf("n=%d core %d fh %#x counted %d: config gives %#x, RPSHash %#x", n, i, fh, counted, v, want)
+					for _, epoch := range []uint32{0, 3, HashEpochs - 1} {
+						// steer.c's rps_hash arithmetic, on the config's fields (bridge stage).
+						v := (k.RpsLo[i]+1)&^1 + (fh%((k.RpsSpan-1)/2/HashEpochs)*HashEpochs+epoch)*2 + counted
+						if v == 0 { // "0 is no hash"
+							v = 2
+						}
+						if want := RPSHash(i, n, fh, StageBridge, epoch, counted == 1); v != want {
+							t.Fatalf("n=%d core %d fh %#x epoch %d counted %d: config gives %#x, RPSHash %#x", n, i, fh, epoch, counted, v, want)
+						}
 					}
 				}
 			}

@@ -46,6 +46,7 @@ var counterEvents = []struct {
 	{"moved", func(c *Counters) uint64 { return c.Moved }},
 	{"undrained", func(c *Counters) uint64 { return c.Undrained }},
 	{"settled", func(c *Counters) uint64 { return c.Settled }},
+	{"dropped", func(c *Counters) uint64 { return c.Dropped }},
 	{"disabled", func(c *Counters) uint64 { return c.Disabled }},
 	{"high", func(c *Counters) uint64 { return c.High }},
 	{"sync", func(c *Counters) uint64 { return c.Sync }},

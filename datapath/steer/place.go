@@ -100,17 +100,28 @@ func rpsRange(idx, n int) (lo, span uint32) {
 	return lo, uint32(s)
 }
 
-// RPSHash is the skb hash steer's tc programs set for a flow placed on the
-// idx-th of n cores; RPS with the core set as its mask then runs the next
-// stage there. Its low bit says whether the frame was counted into the
-// flow's in-flight count (steer.c's HASH_COUNTED). It is never 0, which the
-// stack reads as "no hash".
-func RPSHash(idx, n int, flowhash uint32, counted bool) uint32 {
+// HashEpochs is how many counts a flow's later-stage frames can belong to
+// (steer.c's HASH_EPOCHS), in bits 1-3 of the hash.
+const HashEpochs = 8
+
+// RPSHash is the skb hash steer's tc programs set for a frame of a flow at
+// a later stage placed on the idx-th of n cores; RPS with the core set as
+// its mask then runs the next stage there. Its low bit says whether the
+// frame was counted into the flow's in-flight count (steer.c's
+// HASH_COUNTED), the next three bits in which of the flow's counts (epoch),
+// and the rest keeps flows, and a flow's stages, apart. It is never 0,
+// which the stack reads as "no hash"; 0 means steer.c sets none (a core
+// set too large to leave room).
+func RPSHash(idx, n int, flowhash uint32, stage int, epoch uint32, counted bool) uint32 {
 	lo, span := rpsRange(idx, n)
-	if span < 4 {
-		return 0 // steer.c sets no hash
+	if span < 2*2*HashEpochs {
+		return 0
 	}
-	v := (lo+1)&^1 + flowhash%((span-1)/2)*2
+	if stage == StageContainer {
+		flowhash = fmix32(flowhash ^ 0x9e3779b9)
+	}
+	slots := (span - 1) / 2 / HashEpochs
+	v := (lo+1)&^1 + (flowhash%slots*HashEpochs+epoch%HashEpochs)*2
 	if counted {
 		v |= 1
 	}

@@ -21,15 +21,22 @@ func TestRPSHashSelectsCore(t *testing.T) {
 		for idx := range n {
 			for _, fh := range append(hashes, span-1, span, span+1) {
 				for _, counted := range []bool{false, true} {
-					h := RPSHash(idx, n, fh, counted)
-					if h == 0 {
-						t.Fatalf("RPSHash(%d, %d, %#x, %v) = 0", idx, n, fh, counted)
-					}
-					if got := RPSIndex(h, n); got != idx {
-						t.Fatalf("RPSHash(%d, %d, %#x, %v) = %#x selects core %d", idx, n, fh, counted, h, got)
-					}
-					if h&1 == 1 != counted {
-						t.Fatalf("RPSHash(%d, %d, %#x, %v) = %#x: low bit is not the counted mark", idx, n, fh, counted, h)
+					for stage := StageBridge; stage <= StageContainer; stage++ {
+						for _, epoch := range []uint32{0, 5, HashEpochs - 1} {
+							h := RPSHash(idx, n, fh, stage, epoch, counted)
+							if h == 0 {
+								t.Fatalf("RPSHash(%d, %d, %#x, %d, %d, %v) = 0", idx, n, fh, stage, epoch, counted)
+							}
+							if got := RPSIndex(h, n); got != idx {
+								t.Fatalf("RPSHash(%d, %d, %#x, %d, %d, %v) = %#x selects core %d", idx, n, fh, stage, epoch, counted, h, got)
+							}
+							if h&1 == 1 != counted {
+								t.Fatalf("RPSHash(%d, %d, %#x, %d, %d, %v) = %#x: low bit is not the counted mark", idx, n, fh, stage, epoch, counted, h)
+							}
+							if lo, _ := rpsRange(idx, n); h != 2 && (h-(lo+1)&^1)>>1%HashEpochs != epoch {
+								t.Fatalf("RPSHash(%d, %d, %#x, %d, %d, %v) = %#x: epoch bits say %d", idx, n, fh, stage, epoch, counted, h, (h-(lo+1)&^1)>>1%HashEpochs)
+							}
+						}
 					}
 				}
 			}
@@ -49,7 +56,7 @@ func TestRPSHashSelectsCore(t *testing.T) {
 func TestRPSHashKeepsFlowsApart(t *testing.T) {
 	seen := map[uint32]bool{}
 	for sport := uint16(1000); sport < 1100; sport++ {
-		seen[RPSHash(1, 4, FlowHash(innerSrc, innerDst, sport, 80, protoTCP), true)] = true
+		seen[RPSHash(1, 4, FlowHash(innerSrc, innerDst, sport, 80, protoTCP), StageBridge, 0, true)] = true
 	}
 	if len(seen) < 99 {
 		t.Errorf("100 flows got %d distinct hashes", len(seen))

@@ -68,6 +68,7 @@
 #include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #include "vxlan.h"
 #include "lanes_meta.h"
@@ -130,6 +131,13 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* A flow's cpu_idx: PRISM-sync's shortcut to the container, no core. */
 #define SYNC_IDX 0x20000000u
 
+/* Low bit of the skb hash the tc programs set: the frame was counted into
+ * its flow's in-flight count (see hash_counted). */
+#define HASH_COUNTED 1u
+/* Counts a flow's later-stage frames can belong to (steer_flow_state.epoch),
+ * in bits 1-3 of the hash. */
+#define HASH_EPOCHS 8
+
 /* Not in the UAPI headers (they live in include/net/ip.h). */
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
@@ -157,6 +165,7 @@ enum counter {
 	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
 	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
 	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
+	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */
 	NUM_COUNTERS,
 };
 
@@ -189,6 +198,12 @@ struct steer_cfg {
 	 * the flowlet test's margin for a coarse stamp (see now_ns). 0: stamp
 	 * every packet with the precise clock. */
 	__u64 coarse_lag_ns;
+	/* The core set before the last change of it (prev_ncpus 0: none):
+	 * frames hashed for it may still be queued, and hash_of_count
+	 * decodes their hashes with it. */
+	__u32 prev_ncpus;
+	__u32 prev_span;
+	__u32 prev_rps_lo[MAX_CPUS];
 };
 
 struct {
@@ -253,7 +268,11 @@ struct steer_flow_state {
 	 * steer_queue.enq) just after (queue_settled); q_epoch 0: none. */
 	__u64 q_epoch;
 	__u32 q_key;
-	__u32 q_pad;
+	/* Later stages (tc): which count the frames in flight belong to
+	 * (HASH_EPOCHS values, in the hash rps_to gives them). A count
+	 * presumed drained (an undrained move) starts a new epoch, so frames
+	 * of the older one, seen or reported dropped later, do not lower it. */
+	__u32 epoch;
 };
 
 struct {
@@ -970,6 +989,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.packets = 1,
 			.bytes = len,
 			.inline_mark = INLINE_BOUNDARY,
+			/* Unknown to frames of an evicted state, 7 times in 8. */
+			.epoch = bpf_get_prandom_u32() % HASH_EPOCHS,
 		};
 
 		/* A failed insert only loses the history: place by the table.
@@ -1041,6 +1062,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				if (cfg->drain_ns)
 					count(stage, CNT_UNDRAINED);
 				st->inflight = 0;
+				st->epoch = (st->epoch + 1) % HASH_EPOCHS;
 			}
 			st->cpu_idx = want;
 			/* An idle gap: the NIC poll's GRO holds nothing of it. */
@@ -1166,31 +1188,59 @@ static __always_inline void mark_inline(struct xdp_md *ctx, const struct steer_c
 		st->inline_mark = m;
 }
 
+/* n frames counted in the flow's stage count are out (seen by the next
+ * stage's program, or reported dropped). The count never goes below zero
+ * on purpose, since a negative count would let a later move through while
+ * frames are still queued. Compare-and-swap, so a racing update on another
+ * core is retried, not lost; a few tries bound the loop for the verifier.
+ * Giving up leaves the count high: the safe side. */
+static __always_inline void count_out(__s64 *inflight, __s64 n)
+{
+	for (int i = 0; i < 4; i++) {
+		__s64 old = *inflight, new;
+
+		if (old <= 0)
+			return;
+		new = old > n ? old - n : 0;
+		if (__sync_val_compare_and_swap(inflight, old, new) == old)
+			return;
+	}
+}
+
 /*
  * The program of the next stage has seen n frames the given stage of the
- * flow queued. A flow or stage that was never counted is left alone; the
- * count never goes below zero on purpose, since a negative count would let
- * a later move through while frames are still queued.
+ * flow queued. A flow or stage that was never counted is left alone.
  */
 static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
 {
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
-	__s64 old, new;
+
+	if (st)
+		count_out(&st->inflight, n);
+}
+
+static __always_inline int hash_of_count(const struct steer_cfg *cfg, __u32 hash, __u32 fh, __u32 stage,
+					 __u32 *epoch);
+
+/*
+ * seen() for a later stage (tc), whose frames carry their count in the
+ * hash rps_to gave them: only frames of the flow's current count (epoch)
+ * are counted out, so frames of a count presumed drained (an undrained
+ * move) do not lower the next one. No hash at all (BPF_PROG_RUN) counts.
+ */
+static __always_inline void seen_hashed(const struct steer_cfg *cfg, const struct tuple *t, __u32 stage,
+					__u32 n, __u32 hash)
+{
+	struct steer_flow_key key = flow_key(t, stage);
+	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
+	__u32 epoch;
 
 	if (!st)
 		return;
-	/* Compare-and-swap, so a racing update on another core is retried,
-	 * not lost; a few tries bound the loop for the verifier. Giving up
-	 * leaves the count high: the safe side. */
-	for (int i = 0; i < 4; i++) {
-		old = st->inflight;
-		if (old <= 0)
-			return;
-		new = old > n ? old - n : 0;
-		if (__sync_val_compare_and_swap(&st->inflight, old, new) == old)
-			return;
-	}
+	if (hash && (!hash_of_count(cfg, hash, flow_hash(t), stage, &epoch) || epoch != st->epoch))
+		return;
+	count_out(&st->inflight, n);
 }
 
 /*
@@ -1512,34 +1562,106 @@ static __always_inline __u32 this_cpu_index(const struct steer_cfg *cfg)
 	return cpu < MAX_CPUS ? cfg->index_of[cpu] : STAY;
 }
 
-/* Low bit of the skb hash the tc programs set: the frame was counted into
- * its flow's in-flight count (see hash_counted). */
-#define HASH_COUNTED 1u
+
+/* The flow bits of a later stage's hash: the stages hash apart, so a
+ * frame's hash tells which stage's count it is in (steer_drops_skb). */
+static __always_inline __u32 stage_fh(__u32 fh, __u32 stage)
+{
+	return stage == STAGE_CONTAINER ? fmix32(fh ^ 0x9e3779b9u) : fh;
+}
+
+/*
+ * The hash rps_to gives a frame of the flow (fh) at the stage, steered to
+ * cfg->cpus[idx], counted (in the count of epoch) or not; 0 if the core set
+ * leaves no room. Any value in [rps_lo[idx], rps_lo[idx] + rps_span)
+ * selects cpus[idx]; inside that range the flow's own bits keep flows apart
+ * (GRO, the flow dissector), and the low four bits carry the count's epoch
+ * and HASH_COUNTED.
+ */
+static __always_inline __u32 rps_hash(const struct steer_cfg *cfg, __u64 idx, __u32 fh, __u32 stage,
+				      __u32 epoch, int counted)
+{
+	__u32 base, slots, v;
+
+	if (idx >= MAX_CPUS || cfg->rps_span < 2 * 2 * HASH_EPOCHS)
+		return 0;
+	/* Masked where the compiler cannot drop the mask as redundant: it may
+	 * index with a copy of idx the check above did not bound. */
+	barrier_var(idx);
+	base = (cfg->rps_lo[idx & (MAX_CPUS - 1)] + 1) & ~1u;
+	/* Pairs of hashes inside the range, in runs of HASH_EPOCHS pairs. */
+	slots = (cfg->rps_span - 1) / 2 / HASH_EPOCHS;
+	v = base + ((stage_fh(fh, stage) % slots) * HASH_EPOCHS + (epoch % HASH_EPOCHS)) * 2 +
+	    (counted ? HASH_COUNTED : 0);
+	/* 0 means "no hash" to the stack, which would recompute one. */
+	return v ? v : 2;
+}
+
+/*
+ * rps_hash's arithmetic on a core range [lo, lo + span): the hash a counted
+ * frame of the flow (fh) at the stage gets there in the count of epoch.
+ */
+static __always_inline __u32 range_hash(__u32 lo, __u32 span, __u32 fh, __u32 stage, __u32 epoch)
+{
+	__u32 base = (lo + 1) & ~1u, slots = (span - 1) / 2 / HASH_EPOCHS;
+	__u32 v = base + ((stage_fh(fh, stage) % slots) * HASH_EPOCHS + (epoch % HASH_EPOCHS)) * 2 + HASH_COUNTED;
+
+	return v;
+}
+
+/* hash_of_count on one core set (n cores, the idx-th from lo[idx]). */
+static __always_inline int decode_hash(const __u32 *lo, __u32 n, __u32 span, __u32 hash, __u32 fh, __u32 stage,
+				       __u32 *epoch)
+{
+	__u64 idx;
+	__u32 l;
+
+	if (!n || n > MAX_CPUS || span < 2 * 2 * HASH_EPOCHS)
+		return 0;
+	idx = ((__u64)hash * n) >> 32;
+	/* The verifier cannot bound a product: mask after the compiler's
+	 * view of it is hidden. */
+	barrier_var(idx);
+	idx &= MAX_CPUS - 1;
+	l = lo[idx];
+	*epoch = ((hash - ((l + 1) & ~1u)) >> 1) % HASH_EPOCHS;
+	return range_hash(l, span, fh, stage, *epoch) == hash;
+}
+
+/*
+ * Is hash one rps_to gave a counted frame of the flow (fh) at the stage?
+ * Then *epoch is the count it went into. The core is the one RPS picks from
+ * the hash, as the kernel does it, on the current core set or, for frames
+ * hashed before it last changed, the previous one.
+ */
+static __always_inline int hash_of_count(const struct steer_cfg *cfg, __u32 hash, __u32 fh, __u32 stage,
+					 __u32 *epoch)
+{
+	if (!(hash & HASH_COUNTED))
+		return 0;
+	return decode_hash(cfg->rps_lo, cfg->ncpus, cfg->rps_span, hash, fh, stage, epoch) ||
+	       decode_hash(cfg->prev_rps_lo, cfg->prev_ncpus, cfg->prev_span, hash, fh, stage, epoch);
+}
 
 /*
  * tc programs cannot move the skb themselves; they leave an L4 hash that
  * RPS on the next device maps to cfg->cpus[idx]: the control plane sets that
  * device's RPS mask to exactly the core set, and RPS picks
  * cpus[(hash * n) >> 32], so any hash in [rps_lo[idx], rps_lo[idx] + rps_span)
- * selects cpus[idx]. Spreading flows over that range keeps them apart for
- * GRO and the flow dissector. bpf_set_hash marks the hash as L4, which
+ * selects cpus[idx] (rps_hash). bpf_set_hash marks the hash as L4, which
  * survives VXLAN decapsulation (only non-L4 hashes are cleared) and veth.
+ * A frame that keeps its hash keeps no mark: a previous stage's mark would
+ * let steer_drops_skb count a drop against a count the frame has left.
  */
 static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh,
-				  int counted)
+				  __u32 stage, __u32 epoch, int counted)
 {
-	__u32 lo, base, pairs, v;
+	__u32 v = rps_hash(cfg, idx, fh, stage, epoch, counted);
 
-	if (idx >= MAX_CPUS || cfg->rps_span < 4)
-		return TC_ACT_UNSPEC;
-	/* Pairs of hashes inside the core's range: the low bit is free for
-	 * HASH_COUNTED, the rest still picks the core and keeps flows apart. */
-	lo = cfg->rps_lo[idx];
-	base = (lo + 1) & ~1u;
-	pairs = (cfg->rps_span - 1) / 2;
-	v = base + (fh % pairs) * 2 + (counted ? HASH_COUNTED : 0);
-	/* 0 means "no hash" to the stack, which would recompute one. */
-	bpf_set_hash(skb, v ? v : 2);
+	if (v)
+		bpf_set_hash(skb, v);
+	else if (skb->hash & HASH_COUNTED)
+		bpf_set_hash(skb, (skb->hash & ~HASH_COUNTED) ?: 2);
 	return TC_ACT_UNSPEC;
 }
 
@@ -1552,6 +1674,14 @@ static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg 
 static __always_inline int hash_counted(const struct __sk_buff *skb)
 {
 	return skb->hash == 0 || (skb->hash & HASH_COUNTED);
+}
+
+/* The frame was counted out: its mark goes, so a drop after this point
+ * (the socket's queue, say) is not reported against the count it left. */
+static __always_inline void unmark(struct __sk_buff *skb)
+{
+	if (skb->hash & HASH_COUNTED)
+		bpf_set_hash(skb, (skb->hash & ~HASH_COUNTED) ?: 2);
 }
 
 /*
@@ -1611,7 +1741,7 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 	if (idx == STAY)
 		return 0;
 	split_sent(st, n, STAGE_BRIDGE);
-	rps_to(skb, cfg, idx, fh, 0);
+	rps_to(skb, cfg, idx, fh, STAGE_BRIDGE, 0, 0);
 	return 1;
 }
 
@@ -1623,7 +1753,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	struct steer_flow_state *st = NULL;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 fh, flags = 0, seq = 0;
+	__u32 fh, flags = 0, seq = 0, epoch;
 	int counted;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
@@ -1654,7 +1784,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)) && hash_counted(skb))
-		seen(&t, STAGE_BRIDGE, skb_frames(skb));
+		seen_hashed(cfg, &t, STAGE_BRIDGE, skb_frames(skb), skb->hash);
 
 	fh = flow_hash(&t);
 	if (flags & LANES_META_MFLOW) {
@@ -1663,11 +1793,11 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		 * the table and the in-flight counts, like at the split. */
 		arrived(&t, seq, skb_frames(skb));
 		count(stage, CNT_STAYED);
-		return rps_to(skb, cfg, this_cpu_index(cfg), fh, 0);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
 	}
 	if ((cfg->flags & CFG_HOME(stage)) && !(outer && (cfg->flags & CFG_MFLOW_BRIDGE))) {
 		count(stage, CNT_HOME);
-		return rps_to(skb, cfg, this_cpu_index(cfg), fh, 0);
+		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
@@ -1680,11 +1810,18 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		count(stage, CNT_STEERED);
 	}
 	/* RPS on the next device queues every skb, even to the core it runs
-	 * on and whether or not we set the hash: count it before any return. */
+	 * on and whether or not we set the hash: count it before any return.
+	 * A frame that cannot carry the mark (no hash for that core) goes on
+	 * uncounted, which leaves the flow on the drain time. */
 	counted = st && !(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT));
+	epoch = st ? st->epoch : 0;
+	if (counted && !rps_hash(cfg, idx, fh, stage, epoch, 1)) {
+		uncounted(st);
+		counted = 0;
+	}
 	if (counted)
 		queued(st, skb_frames(skb));
-	return rps_to(skb, cfg, idx, fh, counted);
+	return rps_to(skb, cfg, idx, fh, stage, epoch, counted);
 }
 
 SEC("tc")
@@ -1726,7 +1863,9 @@ int steer_tc_seen(struct __sk_buff *skb)
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
 	if (parse_inner(&c, &t) == 0)
-		seen(&t, STAGE_CONTAINER, skb_frames(skb));
+		seen_hashed(cfg, &t, STAGE_CONTAINER, skb_frames(skb), skb->hash);
+	/* Out of the count either way: a drop further on is not its. */
+	unmark(skb);
 	return TC_ACT_UNSPEC;
 }
 
@@ -1916,13 +2055,9 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (skb->hash != 0 && skb->hash != veth_mark(flow_hash(&t), st->epoch))
 		return TC_ACT_UNSPEC;
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		__s64 old = st->inflight, now = old > n ? old - n : 0;
-
-		if (__sync_val_compare_and_swap(&st->inflight, old, now) == old)
-			break;
-	}
+	count_out(&st->inflight, n);
+	/* Out of the count: a drop further on is not its. */
+	unmark(skb);
 	return TC_ACT_UNSPEC;
 }
 
@@ -1973,5 +2108,132 @@ SEC("raw_tracepoint/xdp_cpumap_kthread")
 int steer_drops_kthread(struct bpf_raw_tracepoint_args *ctx)
 {
 	queue_dropped((__u32)ctx->args[0], bpf_get_smp_processor_id(), (__u32)ctx->args[2], 0);
+	return 0;
+}
+
+/*
+ * Frames the later stages counted in flight and the kernel then dropped
+ * before the next stage's program saw them: a full RPS backlog
+ * (enqueue_to_backlog), a full GRO cell, the veth's full NAPI ring
+ * (veth-queues=class), a filter on the way. Without this they held their
+ * flow's count above zero until the drain time presumed them dropped,
+ * the one timer left in the order-keeping of those stages; each is now
+ * counted out of the count it went into (CNT_DROPPED), and the drain time
+ * is left to frames that leave the path without a drop (delivered to the
+ * host itself, say).
+ *
+ * The kernel reports every drop through this tracepoint (kfree_skb_reason;
+ * a GRO-merged skb, freed as consumed, is not a drop: its frames went on
+ * in the merged one's gso_segs). A frame is ours only if its hash is the
+ * one rps_to (or steer_tc_veth_class) gave a counted frame of its own flow,
+ * which the headers at the drop name, at that stage and in the flow's
+ * current count: every program that counts a frame out takes its mark off
+ * (unmark), so a frame dropped after that (the socket's queue was full)
+ * is not counted twice. A foreign skb would need a flow's exact 5-tuple
+ * and its exact 32-bit hash.
+ *
+ * The headers: every drop point between the counting programs holds the
+ * frame with its data at the inner IPv4 header (after eth_type_trans on
+ * the VXLAN device or the veth) or, where the mac header starts at data, at
+ * the inner Ethernet header.
+ */
+struct sk_buff___lanes {
+	unsigned char *head;
+	unsigned char *data;
+	__u32 hash;
+	__u16 mac_header;
+	__u16 network_header;
+	unsigned int end;
+	__u8 cloned : 1;
+} __attribute__((preserve_access_index));
+
+struct skb_shared_info___lanes {
+	unsigned short gso_segs;
+} __attribute__((preserve_access_index));
+
+static __always_inline int drop_tuple(struct sk_buff___lanes *skb, struct tuple *t)
+{
+	unsigned char *head = BPF_CORE_READ(skb, head), *data = BPF_CORE_READ(skb, data);
+	__u16 mac = BPF_CORE_READ(skb, mac_header), nh = BPF_CORE_READ(skb, network_header);
+	struct iphdr ip;
+	__be16 ports[2];
+	__be16 proto;
+
+	if (mac != 0xffff && head + mac == data) {
+		if (bpf_probe_read_kernel(&proto, sizeof(proto), data + __builtin_offsetof(struct ethhdr, h_proto)) ||
+		    proto != bpf_htons(ETH_P_IP))
+			return -1;
+		data += ETH_HLEN;
+	}
+	/* Only the skb's own network header: a GRO skb's frag_list members,
+	 * freed with it, hold their payload at data. */
+	if (data != head + nh)
+		return -1;
+	if (bpf_probe_read_kernel(&ip, sizeof(ip), data) || ip.version != 4 || ip.ihl < 5 ||
+	    (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)) ||
+	    (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP))
+		return -1;
+	if (bpf_probe_read_kernel(ports, sizeof(ports), data + ip.ihl * 4))
+		return -1;
+	t->saddr = ip.saddr;
+	t->daddr = ip.daddr;
+	t->proto = ip.protocol;
+	t->sport = ports[0];
+	t->dport = ports[1];
+	return 0;
+}
+
+/* TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason reason, ...) */
+SEC("raw_tracepoint/kfree_skb")
+int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct sk_buff___lanes *skb = (void *)ctx->args[0];
+	struct steer_cfg *cfg;
+	struct steer_flow_key key;
+	struct steer_flow_state *st;
+	struct veth_class_state *vst;
+	struct skb_shared_info___lanes *sh;
+	struct tuple t = {};
+	__u32 hash, fh, epoch, n = 1;
+	unsigned short segs = 0;
+
+	/* Most drops are not ours: one read, then out. */
+	hash = BPF_CORE_READ(skb, hash);
+	if (!(hash & HASH_COUNTED))
+		return 0;
+	/* A clone shares its original's hash: one of the two may have been
+	 * counted out already (a promiscuous bridge passes the original up,
+	 * where it is dropped as another host's, and forwards the clone), so
+	 * a clone's drop is not reported; its flow waits for the drain time. */
+	if (BPF_CORE_READ_BITFIELD_PROBED(skb, cloned))
+		return 0;
+	cfg = get_cfg();
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || drop_tuple(skb, &t) < 0)
+		return 0;
+	sh = (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+	if (!bpf_probe_read_kernel(&segs, sizeof(segs), &sh->gso_segs) && segs > 1)
+		n = segs;
+	fh = flow_hash(&t);
+	if (cfg->flags & CFG_VETH_CLASS) {
+		key = flow_key(&t, STAGE_CONTAINER);
+		vst = bpf_map_lookup_elem(&steer_veth_class, &key);
+		if (vst && hash == veth_mark(fh, vst->epoch)) {
+			count_out(&vst->inflight, n);
+			count_n(STAGE_CONTAINER, CNT_DROPPED, n);
+			return 0;
+		}
+	}
+#pragma unroll
+	for (__u32 stage = STAGE_BRIDGE; stage <= STAGE_CONTAINER; stage++) {
+		if (cfg->flags & CFG_HOME(stage) || !hash_of_count(cfg, hash, fh, stage, &epoch))
+			continue;
+		key = flow_key(&t, stage);
+		st = bpf_map_lookup_elem(&steer_flows, &key);
+		if (st && epoch == st->epoch) {
+			count_out(&st->inflight, n);
+			count_n(stage, CNT_DROPPED, n);
+		}
+		return 0;
+	}
 	return 0;
 }

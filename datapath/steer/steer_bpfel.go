@@ -50,6 +50,9 @@ type steerSteerCfg struct {
 	MetaGen     uint32
 	MfCores     [64]uint32
 	CoarseLagNs uint64
+	PrevNcpus   uint32
+	PrevSpan    uint32
+	PrevRpsLo   [64]uint32
 }
 
 type steerSteerFlowKey struct {
@@ -84,7 +87,7 @@ type steerSteerFlowState struct {
 	MfPad       uint32
 	Q_epoch     uint64
 	Q_key       uint32
-	Q_pad       uint32
+	Epoch       uint32
 }
 
 type steerSteerQueue struct {
@@ -143,6 +146,7 @@ const (
 	steerMapSteerVni           = "steer_vni"
 	steerProgSteerDropsKthread = "steer_drops_kthread"
 	steerProgSteerDropsRing    = "steer_drops_ring"
+	steerProgSteerDropsSkb     = "steer_drops_skb"
 	steerProgSteerTcEgress     = "steer_tc_egress"
 	steerProgSteerTcIngress    = "steer_tc_ingress"
 	steerProgSteerTcSeen       = "steer_tc_seen"
@@ -196,6 +200,7 @@ type steerSpecs struct {
 type steerProgramSpecs struct {
 	SteerDropsKthread *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
 	SteerDropsRing    *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
+	SteerDropsSkb     *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
 	SteerTcEgress     *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
 	SteerTcIngress    *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
 	SteerTcSeen       *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
@@ -304,6 +309,7 @@ type steerVariables struct {
 type steerPrograms struct {
 	SteerDropsKthread *ebpf.Program `ebpf:"steer_drops_kthread"`
 	SteerDropsRing    *ebpf.Program `ebpf:"steer_drops_ring"`
+	SteerDropsSkb     *ebpf.Program `ebpf:"steer_drops_skb"`
 	SteerTcEgress     *ebpf.Program `ebpf:"steer_tc_egress"`
 	SteerTcIngress    *ebpf.Program `ebpf:"steer_tc_ingress"`
 	SteerTcSeen       *ebpf.Program `ebpf:"steer_tc_seen"`
@@ -317,6 +323,7 @@ func (p *steerPrograms) Close() error {
 	return _SteerClose(
 		p.SteerDropsKthread,
 		p.SteerDropsRing,
+		p.SteerDropsSkb,
 		p.SteerTcEgress,
 		p.SteerTcIngress,
 		p.SteerTcSeen,

@@ -177,7 +177,13 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if name == "split" && k.Settled > 0 {
 				fmt.Fprintf(out, "; %d waits ended by an empty queue", k.Settled)
 			}
+			if k.Dropped > 0 {
+				fmt.Fprintf(out, "; %d counted frames dropped by the kernel, counted out", k.Dropped)
+			}
 			fmt.Fprintln(out, ")")
+		}
+		if !st.LaterDropsTracked {
+			fmt.Fprintln(out, "  later stages: drops NOT tracked (skb:kfree_skb not attached): a flow with a dropped frame moves after the drain time")
 		}
 		ctlPrintQueues(out, st)
 		if st.VethClass {

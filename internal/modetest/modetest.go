@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -507,4 +508,92 @@ func Hog(t *testing.T, core int) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// DropFrames attaches, ahead of every other tcx program on dev in ns, a
+// program that drops (TC_ACT_SHOT: the kernel reports it through
+// skb:kfree_skb) every frame of length frameLen, until the test ends, and
+// returns its per-CPU drop count.
+func DropFrames(t *testing.T, ns, dev string, at ebpf.AttachType, frameLen uint32) *Dropper {
+	t.Helper()
+	return DropFramesAt(t, ns, dev, at, frameLen, link.Head())
+}
+
+// Dropper is a program DropFrames attached.
+type Dropper struct {
+	m     *ebpf.Map
+	l     link.Link
+	close sync.Once
+}
+
+// Dropped is how many frames it dropped.
+func (d *Dropper) Dropped(t *testing.T) uint64 { return SumPerCPU(t, d.m) }
+
+// Detach takes it off its device (before a reset is checked, say); the
+// test's end does too.
+func (d *Dropper) Detach() { d.close.Do(func() { d.l.Close() }) }
+
+// DropFramesAt is DropFrames at a given place among the device's programs.
+func DropFramesAt(t *testing.T, ns, dev string, at ebpf.AttachType, frameLen uint32, where link.Anchor) *Dropper {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "drop_len",
+		Type: ebpf.SchedCLS,
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // skb->len
+			asm.JNE.Imm(asm.R2, int32(frameLen), "pass"),
+			asm.StoreImm(asm.R10, -4, 0, asm.Word),
+			asm.Mov.Reg(asm.R2, asm.R10),
+			asm.Add.Imm(asm.R2, -4),
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "drop"),
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+			asm.Add.Imm(asm.R1, 1),
+			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+			asm.Mov.Imm(asm.R0, 2).WithSymbol("drop"), // TC_ACT_SHOT
+			asm.Return(),
+			asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
+			asm.Return(),
+		},
+		License: "MIT",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	var l link.Link
+	err = nsx.Do(ns, func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: prog, Attach: at, Anchor: where})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("attaching a dropper to %s in %s: %v", dev, ns, err)
+	}
+	d := &Dropper{m: m, l: l}
+	t.Cleanup(d.Detach)
+	return d
+}
+
+// SumPerCPU is the sum over cores of a one-entry per-CPU counter map.
+func SumPerCPU(t *testing.T, m *ebpf.Map) uint64 {
+	t.Helper()
+	var per []uint64
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n
 }

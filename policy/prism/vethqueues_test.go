@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/ethtool"
@@ -98,10 +100,10 @@ func TestPrismVethQueues(t *testing.T) {
 	}
 	t.Logf("poller runs: bulk %d, %d; high %d, %d", bulk1-bulk0, bulk2-bulk1, high1-high0, high2-high1)
 
-	// Every frame of the marked stream was counted out of its queue. A
-	// TCP transfer may leave some counted: the veth's 256-frame ring
-	// drops what does not fit, unreported per flow (those flows change
-	// class after the drain time).
+	// Every frame of the marked stream and of the TCP transfer was
+	// counted out of its queue: seen on the container side, or dropped
+	// (the veth's 256-frame ring drops what does not fit, which
+	// steer_drops_skb counts out of the flow's count).
 	var vf []steer.VethFlow
 	var hiFlow *steer.VethFlow
 	for range 50 {
@@ -110,12 +112,14 @@ func TestPrismVethQueues(t *testing.T) {
 			t.Fatal(err)
 		}
 		hiFlow = nil
+		tcpBusy := false
 		for i, f := range vf {
 			if f.Proto == 17 && f.Src == res.Src.Addr() && f.SrcPort == res.Src.Port() {
 				hiFlow = &vf[i]
 			}
+			tcpBusy = tcpBusy || (f.Proto == 6 && f.InFlight != 0)
 		}
-		if hiFlow != nil && hiFlow.InFlight == 0 {
+		if hiFlow != nil && hiFlow.InFlight == 0 && !tcpBusy {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -133,11 +137,48 @@ func TestPrismVethQueues(t *testing.T) {
 			if f.Queue != 0 {
 				t.Errorf("TCP flow %+v on queue %d, want 0", f, f.Queue)
 			}
+			if f.InFlight != 0 {
+				t.Errorf("TCP flow %+v: %d frames still counted in flight after the transfer", f, f.InFlight)
+			}
 		}
 	}
 	if !sawTCP {
 		t.Errorf("container-queue flows %+v: the TCP transfer is missing", vf)
 	}
+
+	// Marked frames dropped on the container side before
+	// steer_tc_veth_seen counts them (as the ring drops what does not
+	// fit) are counted out of their flow's count (steer_drops_skb).
+	const dropSize = 333
+	dropped := modetest.DropFrames(t, dst.NetNS, dst.Veth, ebpf.AttachTCXIngress, 14+20+8+dropSize)
+	stD0, _ := dp.Stats()
+	resD := overlaytest.Stream{Count: 1000, Size: dropSize, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	var dFlow *steer.VethFlow
+	for range 50 {
+		vf, _ = dp.VethFlows()
+		dFlow = nil
+		for i, f := range vf {
+			if f.Proto == 17 && f.Src == resD.Src.Addr() && f.SrcPort == resD.Src.Port() {
+				dFlow = &vf[i]
+			}
+		}
+		if dFlow != nil && dFlow.InFlight == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stD1, _ := dp.Stats()
+	nd := dropped.Dropped(t)
+	switch {
+	case resD.Received != 0 || nd < 900:
+		t.Errorf("dropper: %d of %d datagrams dropped, %d received", nd, resD.Sent, resD.Received)
+	case dFlow == nil || dFlow.Queue != 1 || dFlow.InFlight != 0:
+		t.Errorf("marked stream dropped in the container: state %+v, want queue 1 and nothing in flight", dFlow)
+	}
+	if got := stD1[steer.StageContainer].Dropped - stD0[steer.StageContainer].Dropped; got != nd {
+		t.Errorf("container stage: %d drops counted out, the dropper dropped %d", got, nd)
+	}
+	dropped.Detach()
 
 	// Frames from a local container reach the host-side veth without
 	// their sender's socket (Linux 6.18), so they are classified like the

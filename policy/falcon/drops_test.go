@@ -1,0 +1,113 @@
+package falcon_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// TestFalconDroppedFramesCountedOut: frames a later stage counted in flight
+// and the kernel then dropped, before the next stage's program saw them,
+// are counted out of their flow's count (steer_drops_skb on skb:kfree_skb),
+// so the flow's count returns to zero and a move need not wait for the
+// drain time. A dropper runs ahead of lanes' programs at the two points
+// where a later stage's frames are counted out: the host-side veth's tc
+// egress (end of the bridge stage) and the container veth's tc ingress
+// (end of the container stage). Each drops the datagrams of one size, so
+// each stage loses a whole stream; every one must come back as a drop.
+func TestFalconDroppedFramesCountedOut(t *testing.T) {
+	online(t)
+	tb := upTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	// spread=always: both later stages placed by hash and counted from the
+	// first frame, without the agent.
+	a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
+	if !steer.LaterDropsTracked(a.PinDir) {
+		t.Fatal("falcon applied without steer_drops_skb attached (skb:kfree_skb): later-stage drops are not tracked")
+	}
+	dp := a.Open(t)
+	src, dst := s.Containers[0], r.Containers[0]
+	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200) // ARP, FDB
+
+	const bridgeSize, containerSize = 333, 444
+	frameLen := func(size int) uint32 { return 14 + 20 + 8 + uint32(size) }
+	bridgeDrops := modetest.DropFrames(t, r.NetNS, dst.HostVeth, ebpf.AttachTCXEgress, frameLen(bridgeSize))
+	containerDrops := modetest.DropFrames(t, dst.NetNS, dst.Veth, ebpf.AttachTCXIngress, frameLen(containerSize))
+
+	st0, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	type lost struct {
+		stage   int
+		size    int
+		dropper *modetest.Dropper
+	}
+	for _, c := range []lost{{steer.StageBridge, bridgeSize, bridgeDrops}, {steer.StageContainer, containerSize, containerDrops}} {
+		res := overlaytest.Stream{Count: n, Size: c.size, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+		if res.Received != 0 {
+			t.Errorf("%s stage: %d of %d datagrams of %d bytes got past the dropper", steer.StageName(c.stage), res.Received, res.Sent, c.size)
+		}
+		dropped := c.dropper.Dropped(t)
+		if dropped < n*9/10 {
+			t.Fatalf("%s stage: the dropper dropped %d of %d datagrams", steer.StageName(c.stage), dropped, n)
+		}
+		var f steer.Flow
+		var ok bool
+		for range 50 {
+			if f, ok = flowAt(t, dp, res, c.stage); ok && f.InFlight == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !ok {
+			t.Fatalf("%s stage: no flow state for the stream %v -> %v", steer.StageName(c.stage), res.Src, res.Dst)
+		}
+		if f.InFlight != 0 {
+			t.Errorf("%s stage: %d of the %d dropped frames still counted in flight", steer.StageName(c.stage), f.InFlight, dropped)
+		}
+		t.Logf("%s stage: %d datagrams sent, %d dropped, %d packets counted at the stage, %d in flight", steer.StageName(c.stage), res.Sent, dropped, f.Packets, f.InFlight)
+	}
+	st1, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []lost{{steer.StageBridge, bridgeSize, bridgeDrops}, {steer.StageContainer, containerSize, containerDrops}} {
+		got, want := st1[c.stage].Dropped-st0[c.stage].Dropped, c.dropper.Dropped(t)
+		if got != want {
+			t.Errorf("%s stage: %d drops counted out, the dropper dropped %d", steer.StageName(c.stage), got, want)
+		}
+	}
+
+	// Frames dropped after the container stage counted them out (by a
+	// program after lanes' on the container veth; the socket's full
+	// buffer, an IP-layer filter) are not counted out again: the count
+	// they left would go low while other frames are still queued.
+	const afterSize = 555
+	after := modetest.DropFramesAt(t, dst.NetNS, dst.Veth, ebpf.AttachTCXIngress, frameLen(afterSize), link.Tail())
+	res := overlaytest.Stream{Count: n, Size: afterSize, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	if d := after.Dropped(t); res.Received != 0 || d < n*9/10 {
+		t.Fatalf("after lanes' program: %d of %d datagrams dropped, %d received", d, res.Sent, res.Received)
+	}
+	time.Sleep(50 * time.Millisecond)
+	st2, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stage := steer.StageBridge; stage <= steer.StageContainer; stage++ {
+		if d := st2[stage].Dropped - st1[stage].Dropped; d != 0 {
+			t.Errorf("%s stage: %d frames dropped after the container stage counted them out were counted out again", steer.StageName(stage), d)
+		}
+	}
+	if f, ok := flowAt(t, dp, res, steer.StageContainer); !ok || f.InFlight != 0 {
+		t.Errorf("container stage of the stream dropped after lanes' program: state %+v (found %v), want 0 in flight", f, ok)
+	}
+}
