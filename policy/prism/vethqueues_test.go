@@ -84,6 +84,9 @@ func TestPrismVethQueues(t *testing.T) {
 	_, high0 := pollerRuns(t, dst.NetNS, dst.Veth, 1)
 	res := overlaytest.Stream{Count: 3000, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	overlaytest.InOrder(t, "high-priority stream", res)
+	// Let the marked stream's poller finish before the bulk transfer's
+	// baseline is read.
+	time.Sleep(50 * time.Millisecond)
 	_, bulk1 := pollerRuns(t, dst.NetNS, dst.Veth, 0)
 	_, high1 := pollerRuns(t, dst.NetNS, dst.Veth, 1)
 	if high1 == high0 {
@@ -95,8 +98,11 @@ func TestPrismVethQueues(t *testing.T) {
 	if bulk2 == bulk1 {
 		t.Error("the bulk queue's poller did not run for a TCP transfer")
 	}
-	if high2 != high1 {
-		t.Errorf("the high-priority queue's poller ran %d times during a bulk TCP transfer", high2-high1)
+	// A wake-up or two of the idle high-priority poller happens (seen
+	// once in 10 runs: 1); TCP on the wrong queue would make it run about
+	// as often as the bulk one (about 100 times here).
+	if high2-high1 > 2 {
+		t.Errorf("the high-priority queue's poller ran %d times during a bulk TCP transfer (the bulk one %d)", high2-high1, bulk2-bulk1)
 	}
 	t.Logf("poller runs: bulk %d, %d; high %d, %d", bulk1-bulk0, bulk2-bulk1, high1-high0, high2-high1)
 
