@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -59,18 +58,24 @@ func Load() (*Datapath, error) {
 	}
 	// steer_drops_skb reads struct sk_buff through CO-RE, which needs the
 	// kernel's BTF; every other program works without. Where it cannot
-	// load, a stub that counts nothing takes its place, never attached
-	// (TrackQueues reports it), and the rest of the datapath works.
-	if _, err := btf.LoadKernelSpec(); err != nil {
+	// load (no BTF, a relocation that fails), a stub that counts nothing
+	// takes its place, never attached (TrackQueues reports it), and the
+	// rest of the datapath works. Only vmlinux's types are searched, not
+	// every module's.
+	var opts *ebpf.CollectionOptions
+	if kt, err := btf.LoadKernelSpec(); err != nil {
 		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
 		stubDropsSkb(spec)
+	} else {
+		opts = &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{KernelTypes: kt}}
 	}
-	err = spec.LoadAndAssign(&d.objs, nil)
-	var ve *ebpf.VerifierError
-	if err != nil && d.dropsSkbErr == nil && errors.As(err, &ve) && strings.Contains(err.Error(), steerProgSteerDropsSkb) {
-		d.dropsSkbErr = err
+	err = spec.LoadAndAssign(&d.objs, opts)
+	if err != nil && d.dropsSkbErr == nil {
+		first := err
 		stubDropsSkb(spec)
-		err = spec.LoadAndAssign(&d.objs, nil)
+		if err = spec.LoadAndAssign(&d.objs, opts); err == nil {
+			d.dropsSkbErr = first
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
@@ -197,6 +202,10 @@ func (d *Datapath) TrackQueues(dir string) error {
 	var skbErr error = &NoDropTracesError{Tracepoint: "skb:kfree_skb", Err: d.dropsSkbErr}
 	if d.dropsSkbErr == nil {
 		skbErr = attachTrace(dir, 2, d.objs.SteerDropsSkb)
+	} else if rerr := os.Remove(filepath.Join(dir, dropTraces[2].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		// A stale link there would say tracked, counting into another
+		// datapath's maps.
+		return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
 	}
 	if skbErr != nil && !errors.As(skbErr, &nt) {
 		return skbErr

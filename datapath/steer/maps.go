@@ -79,7 +79,8 @@ func (d *Datapath) SetConfig(c Config) error {
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &cur); err != nil {
 		return fmt.Errorf("reading steer config: %w", err)
 	}
-	if cur.Ncpus != 0 && (cur.Ncpus != k.Ncpus || cur.Cpus != k.Cpus) {
+	// The ranges depend on the number of cores alone.
+	if cur.Ncpus != 0 && cur.Ncpus != k.Ncpus {
 		k.PrevNcpus, k.PrevSpan, k.PrevRpsLo = cur.Ncpus, cur.RpsSpan, cur.RpsLo
 	} else {
 		k.PrevNcpus, k.PrevSpan, k.PrevRpsLo = cur.PrevNcpus, cur.PrevSpan, cur.PrevRpsLo

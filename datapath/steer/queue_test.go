@@ -5,6 +5,7 @@ package steer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"runtime"
@@ -371,4 +372,41 @@ func TestQueueSharedWaits(t *testing.T) {
 	if got := stats(t, d)[StageSplit].Sub(before); got.Settled != 1 || got.Moved != 1 {
 		t.Fatalf("after the core emptied: %+v; want A settled and moved", got)
 	}
+}
+
+// TestTrackQueuesWithoutSkbDrops: where steer_drops_skb could not load
+// (Load put a stub in its place: no kernel BTF, a failed relocation),
+// TrackQueues still tracks the cpumap queues, reports the missing
+// tracepoint as a degradation, and leaves no link (not even a stale one)
+// that would say the later stages' drops are tracked.
+func TestTrackQueuesWithoutSkbDrops(t *testing.T) {
+	d, dir := trackedDatapathDir(t, time.Hour)
+	if !LaterDropsTracked(dir) {
+		t.Fatal("a fresh datapath does not track the later stages' drops")
+	}
+	// A datapath loaded where the program could not be: the stale link
+	// of the one before must go too.
+	spec, err := loadSteer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stubDropsSkb(spec)
+	var objs steerObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("loading with the stub: %v", err)
+	}
+	d2 := &Datapath{objs: objs, dropsSkbErr: errors.New("test: no kernel BTF")}
+	defer d2.Close()
+	err = d2.TrackQueues(dir)
+	var nt *NoDropTracesError
+	if !errors.As(err, &nt) || nt.Tracepoint != "skb:kfree_skb" {
+		t.Fatalf("TrackQueues without steer_drops_skb: %v, want a NoDropTracesError for skb:kfree_skb", err)
+	}
+	if LaterDropsTracked(dir) {
+		t.Error("the stale steer_drops_skb link is still pinned: status would say tracked")
+	}
+	if _, tracked, err := d2.Queues(); err != nil || !tracked {
+		t.Errorf("cpumap queues tracked %v (%v), want tracked", tracked, err)
+	}
+	_ = d
 }

@@ -1220,25 +1220,41 @@ static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
 		count_out(&st->inflight, n);
 }
 
-static __always_inline int hash_of_count(const struct steer_cfg *cfg, __u32 hash, __u32 fh, __u32 stage,
-					 __u32 *epoch);
+/* The count epoch in a hash rps_hash gave on a core set of n cores (lo:
+ * its ranges' starts); garbage for any other hash. */
+static __always_inline __u32 epoch_in(const __u32 *lo, __u32 n, __u32 hash)
+{
+	__u64 idx = ((__u64)hash * n) >> 32;
+
+	/* The verifier cannot bound a product: mask after the compiler's
+	 * view of it is hidden. */
+	barrier_var(idx);
+	idx &= MAX_CPUS - 1;
+	return ((hash - ((lo[idx] + 1) & ~1u)) >> 1) % HASH_EPOCHS;
+}
 
 /*
  * seen() for a later stage (tc), whose frames carry their count in the
- * hash rps_to gave them: only frames of the flow's current count (epoch)
- * are counted out, so frames of a count presumed drained (an undrained
- * move) do not lower the next one. No hash at all (BPF_PROG_RUN) counts.
+ * hash rps_to gave them: only counted frames of the flow's current count
+ * (epoch) are counted out, so frames of a count presumed drained (an
+ * undrained move) do not lower the next one. The flow is the one whose
+ * state the frame's 5-tuple found, so only the epoch is read from the
+ * hash (cheaply: steer_drops_skb, which must also find flow and stage
+ * from it, checks it whole); on the current core set or, for frames
+ * hashed before it last changed, the previous one. No hash at all
+ * (BPF_PROG_RUN) counts.
  */
 static __always_inline void seen_hashed(const struct steer_cfg *cfg, const struct tuple *t, __u32 stage,
 					__u32 n, __u32 hash)
 {
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
-	__u32 epoch;
 
 	if (!st)
 		return;
-	if (hash && (!hash_of_count(cfg, hash, flow_hash(t), stage, &epoch) || epoch != st->epoch))
+	if (hash && (!(hash & HASH_COUNTED) ||
+		     (epoch_in(cfg->rps_lo, cfg->ncpus, hash) != st->epoch &&
+		      (!cfg->prev_ncpus || epoch_in(cfg->prev_rps_lo, cfg->prev_ncpus, hash) != st->epoch))))
 		return;
 	count_out(&st->inflight, n);
 }
@@ -1614,18 +1630,15 @@ static __always_inline int decode_hash(const __u32 *lo, __u32 n, __u32 span, __u
 				       __u32 *epoch)
 {
 	__u64 idx;
-	__u32 l;
 
 	if (!n || n > MAX_CPUS || span < 2 * 2 * HASH_EPOCHS)
 		return 0;
 	idx = ((__u64)hash * n) >> 32;
-	/* The verifier cannot bound a product: mask after the compiler's
-	 * view of it is hidden. */
+	/* As in epoch_in. */
 	barrier_var(idx);
 	idx &= MAX_CPUS - 1;
-	l = lo[idx];
-	*epoch = ((hash - ((l + 1) & ~1u)) >> 1) % HASH_EPOCHS;
-	return range_hash(l, span, fh, stage, *epoch) == hash;
+	*epoch = epoch_in(lo, n, hash);
+	return range_hash(lo[idx], span, fh, stage, *epoch) == hash;
 }
 
 /*
@@ -1653,16 +1666,19 @@ static __always_inline int hash_of_count(const struct steer_cfg *cfg, __u32 hash
  * A frame that keeps its hash keeps no mark: a previous stage's mark would
  * let steer_drops_skb count a drop against a count the frame has left.
  */
-static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh,
-				  __u32 stage, __u32 epoch, int counted)
+static __always_inline int set_rps_hash(struct __sk_buff *skb, __u32 v)
 {
-	__u32 v = rps_hash(cfg, idx, fh, stage, epoch, counted);
-
 	if (v)
 		bpf_set_hash(skb, v);
 	else if (skb->hash & HASH_COUNTED)
 		bpf_set_hash(skb, (skb->hash & ~HASH_COUNTED) ?: 2);
 	return TC_ACT_UNSPEC;
+}
+
+static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg *cfg, __u64 idx, __u32 fh,
+				  __u32 stage, __u32 epoch, int counted)
+{
+	return set_rps_hash(skb, rps_hash(cfg, idx, fh, stage, epoch, counted));
 }
 
 /* Did the previous stage count this frame queued? Frames it queued without
@@ -1753,7 +1769,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	struct steer_flow_state *st = NULL;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 fh, flags = 0, seq = 0, epoch;
+	__u32 fh, flags = 0, seq = 0, v;
 	int counted;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
@@ -1814,14 +1830,14 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	 * A frame that cannot carry the mark (no hash for that core) goes on
 	 * uncounted, which leaves the flow on the drain time. */
 	counted = st && !(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT));
-	epoch = st ? st->epoch : 0;
-	if (counted && !rps_hash(cfg, idx, fh, stage, epoch, 1)) {
+	v = rps_hash(cfg, idx, fh, stage, st ? st->epoch : 0, counted);
+	if (counted && !v) {
 		uncounted(st);
 		counted = 0;
 	}
 	if (counted)
 		queued(st, skb_frames(skb));
-	return rps_to(skb, cfg, idx, fh, stage, epoch, counted);
+	return set_rps_hash(skb, v);
 }
 
 SEC("tc")
@@ -1964,7 +1980,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	struct steer_flow_key key;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 n = skb_frames(skb), want, fh;
+	__u32 n = skb_frames(skb), want, fh, epoch;
 	__u64 now;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
@@ -2014,8 +2030,11 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 		}
 	}
 	st->last_ns = now;
+	/* The epoch before the count: a drain-time move on another core in
+	 * between must not leave this frame marked for a count it is not in. */
+	epoch = st->epoch;
 	__sync_fetch_and_add(&st->inflight, n);
-	bpf_set_hash(skb, veth_mark(fh, st->epoch));
+	bpf_set_hash(skb, veth_mark(fh, epoch));
 	skb->queue_mapping = st->queue + 1;
 	count(STAGE_CONTAINER, st->queue ? CNT_HIGH : CNT_STAYED);
 	return TC_ACT_UNSPEC;
@@ -2147,6 +2166,11 @@ struct sk_buff___lanes {
 	__u8 cloned : 1;
 } __attribute__((preserve_access_index));
 
+/* Only the name matters: CO-RE takes the value from the kernel's BTF. */
+enum skb_drop_reason {
+	SKB_DROP_REASON_OTHERHOST = 1,
+};
+
 struct skb_shared_info___lanes {
 	unsigned short gso_segs;
 } __attribute__((preserve_access_index));
@@ -2183,7 +2207,8 @@ static __always_inline int drop_tuple(struct sk_buff___lanes *skb, struct tuple 
 	return 0;
 }
 
-/* TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason reason, ...) */
+/* TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
+ *          struct sock *rx_sk) (6.12+; without rx_sk before) */
 SEC("raw_tracepoint/kfree_skb")
 int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -2194,8 +2219,9 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 	struct veth_class_state *vst;
 	struct skb_shared_info___lanes *sh;
 	struct tuple t = {};
-	__u32 hash, fh, epoch, n = 1;
+	__u32 hash, fh, epoch = 0, epoch2 = 0, stage, n = 1;
 	unsigned short segs = 0;
+	int bridge;
 
 	/* Most drops are not ours: one read, then out. */
 	hash = BPF_CORE_READ(skb, hash);
@@ -2206,6 +2232,12 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 	 * where it is dropped as another host's, and forwards the clone), so
 	 * a clone's drop is not reported; its flow waits for the drain time. */
 	if (BPF_CORE_READ_BITFIELD_PROBED(skb, cloned))
+		return 0;
+	/* The same, for an original whose clone flag a write to it cleared
+	 * (pskb_expand_head): a promiscuous bridge's original is dropped as
+	 * another host's after its clone was forwarded and counted out. */
+	if (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_OTHERHOST) &&
+	    ctx->args[2] == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_OTHERHOST))
 		return 0;
 	cfg = get_cfg();
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || drop_tuple(skb, &t) < 0)
@@ -2223,17 +2255,27 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 			return 0;
 		}
 	}
-#pragma unroll
-	for (__u32 stage = STAGE_BRIDGE; stage <= STAGE_CONTAINER; stage++) {
-		if (cfg->flags & CFG_HOME(stage) || !hash_of_count(cfg, hash, fh, stage, &epoch))
-			continue;
-		key = flow_key(&t, stage);
-		st = bpf_map_lookup_elem(&steer_flows, &key);
-		if (st && epoch == st->epoch) {
-			count_out(&st->inflight, n);
-			count_n(stage, CNT_DROPPED, n);
-		}
+	/* The stage whose hash it is; both (one flow in about 2^32 / (16 *
+	 * cores) has equal hashes at the two stages on a core): neither, as
+	 * the frame cannot be told. */
+	bridge = hash_of_count(cfg, hash, fh, STAGE_BRIDGE, &epoch);
+	if (hash_of_count(cfg, hash, fh, STAGE_CONTAINER, &epoch2)) {
+		if (bridge)
+			return 0;
+		stage = STAGE_CONTAINER;
+		epoch = epoch2;
+	} else if (bridge) {
+		stage = STAGE_BRIDGE;
+	} else {
 		return 0;
+	}
+	if (cfg->flags & CFG_HOME(stage))
+		return 0;
+	key = flow_key(&t, stage);
+	st = bpf_map_lookup_elem(&steer_flows, &key);
+	if (st && epoch == st->epoch) {
+		count_out(&st->inflight, n);
+		count_n(stage, CNT_DROPPED, n);
 	}
 	return 0;
 }
