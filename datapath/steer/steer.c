@@ -1594,28 +1594,28 @@ static __always_inline __u32 stage_fh(__u32 fh, __u32 stage)
  * (GRO, the flow dissector), and the low four bits carry the count's epoch
  * and HASH_COUNTED.
  */
+static __always_inline __u32 range_hash(__u32 lo, __u32 span, __u32 fh, __u32 stage, __u32 epoch);
+
 static __always_inline __u32 rps_hash(const struct steer_cfg *cfg, __u64 idx, __u32 fh, __u32 stage,
 				      __u32 epoch, int counted)
 {
-	__u32 base, slots, v;
+	__u32 v;
 
 	if (idx >= MAX_CPUS || cfg->rps_span < 2 * 2 * HASH_EPOCHS)
 		return 0;
 	/* Masked where the compiler cannot drop the mask as redundant: it may
 	 * index with a copy of idx the check above did not bound. */
 	barrier_var(idx);
-	base = (cfg->rps_lo[idx & (MAX_CPUS - 1)] + 1) & ~1u;
-	/* Pairs of hashes inside the range, in runs of HASH_EPOCHS pairs. */
-	slots = (cfg->rps_span - 1) / 2 / HASH_EPOCHS;
-	v = base + ((stage_fh(fh, stage) % slots) * HASH_EPOCHS + (epoch % HASH_EPOCHS)) * 2 +
-	    (counted ? HASH_COUNTED : 0);
+	v = range_hash(cfg->rps_lo[idx & (MAX_CPUS - 1)], cfg->rps_span, fh, stage, epoch) -
+	    (counted ? 0 : HASH_COUNTED);
 	/* 0 means "no hash" to the stack, which would recompute one. */
 	return v ? v : 2;
 }
 
 /*
- * rps_hash's arithmetic on a core range [lo, lo + span): the hash a counted
- * frame of the flow (fh) at the stage gets there in the count of epoch.
+ * The hash a counted frame of the flow (fh) at the stage gets on the core
+ * whose RPS range is [lo, lo + span), in the count of epoch: pairs of
+ * hashes inside the range, in runs of HASH_EPOCHS pairs.
  */
 static __always_inline __u32 range_hash(__u32 lo, __u32 span, __u32 fh, __u32 stage, __u32 epoch)
 {
