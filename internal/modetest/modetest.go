@@ -536,33 +536,57 @@ func (d *Dropper) Detach() { d.close.Do(func() { d.l.Close() }) }
 // DropFramesAt is DropFrames at a given place among the device's programs.
 func DropFramesAt(t *testing.T, ns, dev string, at ebpf.AttachType, frameLen uint32, where link.Anchor) *Dropper {
 	t.Helper()
+	m := PerCPUCounter(t)
+	insns := asm.Instructions{
+		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // skb->len
+		asm.JNE.Imm(asm.R2, int32(frameLen), "pass"),
+	}
+	insns = append(insns, IncCounter(m, "drop")...)
+	insns = append(insns,
+		asm.Mov.Imm(asm.R0, 2).WithSymbol("drop"), // TC_ACT_SHOT
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
+		asm.Return(),
+	)
+	d := &Dropper{m: m, l: AttachTCX(t, ns, dev, "drop_len", insns, at, where)}
+	t.Cleanup(d.Detach)
+	return d
+}
+
+// PerCPUCounter is a one-entry per-CPU counter map, closed when the test
+// ends.
+func PerCPUCounter(t *testing.T) *ebpf.Map {
+	t.Helper()
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "drop_len",
-		Type: ebpf.SchedCLS,
-		Instructions: asm.Instructions{
-			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // skb->len
-			asm.JNE.Imm(asm.R2, int32(frameLen), "pass"),
-			asm.StoreImm(asm.R10, -4, 0, asm.Word),
-			asm.Mov.Reg(asm.R2, asm.R10),
-			asm.Add.Imm(asm.R2, -4),
-			asm.LoadMapPtr(asm.R1, m.FD()),
-			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, "drop"),
-			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
-			asm.Add.Imm(asm.R1, 1),
-			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
-			asm.Mov.Imm(asm.R0, 2).WithSymbol("drop"), // TC_ACT_SHOT
-			asm.Return(),
-			asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
-			asm.Return(),
-		},
-		License: "MIT",
-	})
+	return m
+}
+
+// IncCounter is the instructions that add one to a PerCPUCounter's entry
+// (they clobber R0-R5 and go on at the label next, which follows them).
+func IncCounter(m *ebpf.Map, next string) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.R10, -4, 0, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, -4),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, next),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.Add.Imm(asm.R1, 1),
+		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+	}
+}
+
+// AttachTCX loads a tc program of insns and attaches it to dev in ns (at:
+// ingress or egress; where: its place among the device's programs, nil
+// for last) until the test ends, which returns the link.
+func AttachTCX(t *testing.T, ns, dev, name string, insns asm.Instructions, at ebpf.AttachType, where link.Anchor) link.Link {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.SchedCLS, Instructions: insns, License: "MIT"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,11 +601,10 @@ func DropFramesAt(t *testing.T, ns, dev string, at ebpf.AttachType, frameLen uin
 		return err
 	})
 	if err != nil {
-		t.Fatalf("attaching a dropper to %s in %s: %v", dev, ns, err)
+		t.Fatalf("attaching %s to %s in %s: %v", name, dev, ns, err)
 	}
-	d := &Dropper{m: m, l: l}
-	t.Cleanup(d.Detach)
-	return d
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // SumPerCPU is the sum over cores of a one-entry per-CPU counter map.

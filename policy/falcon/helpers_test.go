@@ -1,21 +1,18 @@
 package falcon_test
 
 import (
-	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/bench/metrics"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
-	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -216,46 +213,12 @@ type packetCounter struct {
 // countPackets attaches a packetCounter to dev in ns until the test ends.
 func countPackets(t *testing.T, ns, dev string) *packetCounter {
 	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "count_rx",
-		Type: ebpf.SchedCLS,
-		Instructions: asm.Instructions{
-			asm.StoreImm(asm.R10, -4, 0, asm.Word),
-			asm.Mov.Reg(asm.R2, asm.R10),
-			asm.Add.Imm(asm.R2, -4),
-			asm.LoadMapPtr(asm.R1, m.FD()),
-			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, "out"),
-			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
-			asm.Add.Imm(asm.R1, 1),
-			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
-			asm.Mov.Imm(asm.R0, -1).WithSymbol("out"), // TCX_NEXT
-			asm.Return(),
-		},
-		License: "MIT",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
-	var l link.Link
-	err = nsx.Do(ns, func() error {
-		ifi, err := net.InterfaceByName(dev)
-		if err != nil {
-			return err
-		}
-		l, err = link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("attaching a packet counter to %s in %s: %v", dev, ns, err)
-	}
-	t.Cleanup(func() { l.Close() })
+	m := modetest.PerCPUCounter(t)
+	insns := append(modetest.IncCounter(m, "out"),
+		asm.Mov.Imm(asm.R0, -1).WithSymbol("out"), // TCX_NEXT
+		asm.Return(),
+	)
+	modetest.AttachTCX(t, ns, dev, "count_rx", insns, ebpf.AttachTCXIngress, nil)
 	return &packetCounter{m: m}
 }
 
