@@ -1734,6 +1734,19 @@ static __always_inline int pull(struct __sk_buff *skb, __u32 want)
 	return bpf_skb_pull_data(skb, want);
 }
 
+/* The inner flow of a frame whose data starts at the inner Ethernet header
+ * (the veths' tc hooks); -1 if it is not one lanes understands. */
+static __always_inline int skb_inner_tuple(struct __sk_buff *skb, struct tuple *t)
+{
+	struct cursor c;
+
+	if (pull(skb, MAX_INNER_HDRS) < 0)
+		return -1;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	return parse_inner(&c, t);
+}
+
 /*
  * MFLOW's later split (CFG_MFLOW_BRIDGE), in tc ingress on the underlay:
  * an elephant's micro-flow gets the hash RPS on the VXLAN device maps to
@@ -1869,19 +1882,16 @@ int steer_tc_seen(struct __sk_buff *skb)
 {
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
-	struct cursor c;
 
 	/* Uncounted frames return before any parsing. */
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || (cfg->flags & CFG_HOME(STAGE_CONTAINER)) || !hash_counted(skb))
 		return TC_ACT_UNSPEC;
-	if (pull(skb, MAX_INNER_HDRS) < 0)
-		return TC_ACT_UNSPEC;
-	c.pos = (void *)(long)skb->data;
-	c.end = (void *)(long)skb->data_end;
-	if (parse_inner(&c, &t) == 0)
+	if (skb_inner_tuple(skb, &t) == 0) {
 		seen_hashed(cfg, &t, STAGE_CONTAINER, skb_frames(skb), skb->hash);
-	/* Out of the count either way: a drop further on is not its. */
-	unmark(skb);
+		/* Out of the count (or of an older one): a drop further on
+		 * is not its. */
+		unmark(skb);
+	}
 	return TC_ACT_UNSPEC;
 }
 
@@ -1979,7 +1989,6 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	struct bpf_sock *sk;
 	struct steer_flow_key key;
 	struct tuple t = {};
-	struct cursor c;
 	__u32 n = skb_frames(skb), want, fh, epoch;
 	__u64 now;
 
@@ -1994,11 +2003,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 		count(STAGE_CONTAINER, CNT_PASSED);
 		return TC_ACT_UNSPEC;
 	}
-	if (pull(skb, MAX_INNER_HDRS) < 0)
-		goto bulk;
-	c.pos = (void *)(long)skb->data;
-	c.end = (void *)(long)skb->data_end;
-	if (parse_inner(&c, &t) < 0)
+	if (skb_inner_tuple(skb, &t) < 0)
 		goto bulk;
 	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
 	key = flow_key(&t, STAGE_CONTAINER);
@@ -2057,16 +2062,11 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 	struct veth_class_state *st;
 	struct steer_flow_key key;
 	struct tuple t = {};
-	struct cursor c;
 	__s64 n = skb_frames(skb);
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
 		return TC_ACT_UNSPEC;
-	if (pull(skb, MAX_INNER_HDRS) < 0)
-		return TC_ACT_UNSPEC;
-	c.pos = (void *)(long)skb->data;
-	c.end = (void *)(long)skb->data_end;
-	if (parse_inner(&c, &t) < 0)
+	if (skb_inner_tuple(skb, &t) < 0)
 		return TC_ACT_UNSPEC;
 	key = flow_key(&t, STAGE_CONTAINER);
 	st = bpf_map_lookup_elem(&steer_veth_class, &key);
