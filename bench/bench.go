@@ -544,7 +544,12 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		defer undo()
 	}
+	var work *workMeter
+	if p.workload == "udp_stress" {
+		work = startWork()
+	}
 	res, werr := w.Run(ctx, srv, cli, wp)
+	workNs, irqNs, window, workOK := work.stop(r.o.IRQCPU)
 	after, err := metrics.Take(mcfg)
 	if err == nil {
 		metrics.Diff(before, after).Apply(&run)
@@ -581,6 +586,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra[k] = v
+	}
+	if got := res.Extra["udp_received"]; workOK && got > 0 {
+		// CPU per delivered datagram, generator excluded (workMeter),
+		// and how many cores' worth the receive path and sink kept busy.
+		run.Extra["work_ns_per_msg"] = float64(workNs.Nanoseconds()) / got
+		run.Extra["work_cores"] = workNs.Seconds() / window.Seconds()
+		run.Extra["work_irq_ns_per_msg"] = float64(irqNs.Nanoseconds()) / got
 	}
 	if marked {
 		// The service was high priority: a record that the rule was in

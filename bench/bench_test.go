@@ -153,6 +153,14 @@ func TestRunEndToEnd(t *testing.T) {
 		if r.ThroughputGbps <= 0 || r.PPS <= 0 || len(r.CPU) == 0 {
 			t.Errorf("%s %dB: empty measurement %+v", r.Mode, r.MsgSize, r)
 		}
+		if r.Workload == "udp_stress" {
+			// The work per datagram: the IRQ core's part is part of
+			// the whole, and the receive path kept some core busy.
+			w, irq, cores := r.Extra["work_ns_per_msg"], r.Extra["work_irq_ns_per_msg"], r.Extra["work_cores"]
+			if w <= 0 || irq < 0 || irq > w || cores <= 0 {
+				t.Errorf("%s udp_stress: work per datagram %v ns, IRQ core %v ns, %v cores", r.Mode, w, irq, cores)
+			}
+		}
 	}
 	back, err := results.Read(filepath.Join(out, "results.json"))
 	if err != nil {
@@ -161,7 +169,7 @@ func TestRunEndToEnd(t *testing.T) {
 	if back.Machine.Kernel == "" || len(back.Runs) != len(f.Runs) {
 		t.Fatalf("results.json incomplete: %+v", back.Machine)
 	}
-	reportHas(t, out, "tcp_stream", "vs vanilla", "vs native", "rps")
+	reportHas(t, out, "tcp_stream", "vs vanilla", "vs native", "rps", "Work per datagram")
 	pngs, _ := filepath.Glob(filepath.Join(out, "*.png"))
 	if len(pngs) == 0 {
 		t.Error("no plots written")

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -190,7 +191,7 @@ func Apply(opts Options) (*State, error) {
 		Started: time.Now().UTC(),
 		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
 		Params:  v.Params,
-		Plan:    Summary{Changes: len(p.Changes), Notes: p.Notes, Agent: p.Agent},
+		Plan:    Summary{Changes: len(p.Changes), Notes: append(slices.Clone(p.Notes), plan.GROCellNotes(topo)...), Agent: p.Agent},
 	}
 	for _, c := range p.Changes {
 		st.Plan.Targets = append(st.Plan.Targets, c.Target)

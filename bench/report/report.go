@@ -175,6 +175,13 @@ func Markdown(f *results.File, opt Options) string {
 				"received % of offered below 100 means the background lost packets):\n\n")
 			backgroundTable(a, wl).markdown(&b)
 		}
+		if hasWork(a, wl) {
+			fmt.Fprintf(&b, "\nWork per datagram: CPU time of the receive path and the sink per delivered datagram, "+
+				"the generator's excluded (scheduler-event accounting, as the balancer's), and the IRQ core's part of it; "+
+				"the cores' worth of receive work; the rate at which that work would saturate the IRQ core, "+
+				"and all %d cores (medians over repeats; a rate under both: the generator, sharing the cores, did not keep up):\n\n", m.CPUs)
+			workTable(a, wl, m.CPUs).markdown(&b)
+		}
 		b.WriteString("\nCPU split per core (median %: softirq / system / user / NAPI+cpumap kthreads; " +
 			"kthread time is part of system; busy σ: standard deviation of the per-core busy %, 0 = evenly spread) and counters (median over the run):\n\n")
 		costTable(a, wl).markdown(&b)
@@ -345,6 +352,61 @@ func costTable(a *results.Agg, wl string) table {
 		for _, m := range counters {
 			row = append(row, median(g, m, count))
 		}
+		t.rows = append(t.rows, cells(row...))
+	})
+	return t
+}
+
+// hasWork says whether any run of wl measured its work per datagram.
+func hasWork(a *results.Agg, wl string) bool {
+	found := false
+	eachRow(a, wl, func(_ string, g *results.Group) {
+		for _, r := range g.Runs {
+			found = found || r.Extra["work_ns_per_msg"] > 0
+		}
+	})
+	return found
+}
+
+// workTable is the udp_stress cost table: per mode the CPU one datagram
+// took (against vanilla's) and the IRQ core's part of it, the cores' worth
+// of receive work, and the two capacities that work allows: 1/(IRQ core's
+// part), the IRQ core saturated, and cpus/(whole), every core saturated.
+// A mode whose rate sits at the first is limited by what it leaves on the
+// IRQ core, at the second by the work itself, under both by neither (the
+// generator, sharing the cores, did not keep up).
+func workTable(a *results.Agg, wl string, cpus int) table {
+	t := table{header: []string{"point", "mode", "received Kpps", metricHeader(results.WorkPerMsg), "vs vanilla",
+		metricHeader(results.WorkIRQPerMsg), metricHeader(results.WorkCores), "bound: IRQ core saturated Kpps",
+		fmt.Sprintf("bound: %d cores saturated Kpps", cpus)}}
+	for range t.header {
+		t.right = append(t.right, true)
+	}
+	t.right[0], t.right[1] = false, false
+	kpps := func(ns float64, n int) string {
+		if ns <= 0 || n <= 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f", float64(n)*1e6/ns)
+	}
+	eachRow(a, wl, func(label string, g *results.Group) {
+		row := []string{label, g.Mode}
+		if len(g.Runs) == 0 {
+			for len(row) < len(t.header) {
+				row = append(row, "–")
+			}
+			t.rows = append(t.rows, cells(row...))
+			return
+		}
+		w, irq := g.Stat(results.WorkPerMsg).Median, g.Stat(results.WorkIRQPerMsg).Median
+		row = append(row, fmt.Sprintf("%.0f", g.Stat(results.PPS).Median/1e3), fmt.Sprintf("%.0f", w))
+		if r, ok := a.Ratio(g.Key, results.WorkPerMsg, "vanilla"); ok {
+			row = append(row, fmt.Sprintf("%.2f", r))
+		} else {
+			row = append(row, "–")
+		}
+		row = append(row, fmt.Sprintf("%.0f", irq), fmt.Sprintf("%.2f", g.Stat(results.WorkCores).Median),
+			kpps(irq, 1), kpps(w, cpus))
 		t.rows = append(t.rows, cells(row...))
 	})
 	return t

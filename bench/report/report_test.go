@@ -155,6 +155,21 @@ func TestPrioReport(t *testing.T) {
 	}
 }
 
+// The udp_stress work table: CPU per datagram, its IRQ core part and the
+// two capacities they allow (1e6/ns Kpps per saturated core).
+func TestWorkReport(t *testing.T) {
+	md := Markdown(resultstest.File(), Options{})
+	has(t, md,
+		"Work per datagram: CPU time of the receive path and the sink per delivered datagram",
+		"| point | mode | received Kpps | CPU per datagram ns | vs vanilla | IRQ core's part ns | receive work cores | bound: IRQ core saturated Kpps | bound: 2 cores saturated Kpps |",
+		"| 64 B | native | 1200 | 1500 | 0.75 | 1500 | 1.80 | 667 | 1333 |",
+		"|  | rps | 744 | 2400 | 1.20 | 1000 | 1.79 | 1000 | 833 |",
+	)
+	if n := strings.Count(md, "Work per datagram"); n != 1 {
+		t.Errorf("work table under %d workloads, want udp_stress only", n)
+	}
+}
+
 func TestBatchReport(t *testing.T) {
 	has(t, Markdown(resultstest.BatchFile(), Options{}),
 		"## Out of order vs batch size",

@@ -106,6 +106,18 @@ var BackgroundShare = Metric{"background received", "% of offered", func(r *Run)
 	return 0
 }}
 
+// WorkPerMsg is the CPU one delivered datagram cost the receiving host,
+// the generator's own time excluded (udp_stress): receive path and sink.
+var WorkPerMsg = Metric{"CPU per datagram", "ns", func(r *Run) float64 { return r.Extra["work_ns_per_msg"] }}
+
+// WorkCores is how many cores' worth of time the receive path and the
+// sink took over a udp_stress run (generator excluded).
+var WorkCores = Metric{"receive work", "cores", func(r *Run) float64 { return r.Extra["work_cores"] }}
+
+// WorkIRQPerMsg is the IRQ core's part of WorkPerMsg (ns): what the core
+// that polls the NIC spends per delivered datagram.
+var WorkIRQPerMsg = Metric{"IRQ core's part", "ns", func(r *Run) float64 { return r.Extra["work_irq_ns_per_msg"] }}
+
 // ExtraMetric reads r.Extra[name] (zero when absent).
 func ExtraMetric(name, unit string) Metric {
 	return Metric{name, unit, func(r *Run) float64 { return r.Extra[name] }}

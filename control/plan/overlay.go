@@ -30,6 +30,28 @@ func IRQCPUs(t *topology.Topology) []int {
 	return out
 }
 
+// GROCellNotes warn about VXLAN devices whose NAPI is threaded. A VXLAN
+// device hands decapsulated frames to a GRO cell of the core that
+// decapsulated them, a per-core queue the kernel fills and empties without
+// a lock, counting on both running on that core (softirq). Threaded NAPI
+// gives each cell a kernel thread, by default free to run on any core:
+// once one empties its cell from another core while the cell's own core
+// fills it, the queue is corrupted. Measured on Linux 6.18 (2026-11-23,
+// the 2-core VM): with the cells' threads on the other core the overlay
+// delivered 23 of 3000 datagrams and then nothing, until the device was
+// recreated; with them on the decapsulating core, all of 6 x 3000.
+func GROCellNotes(t *topology.Topology) []string {
+	var out []string
+	for _, v := range t.VXLANs {
+		if v.Threaded == "" || v.Threaded == "0" {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: threaded NAPI is on (threaded=%s), which is unsafe for a VXLAN device: its GRO cells are per-core queues without a lock, and a cell's thread running on another core than the one decapsulating into it corrupts the queue (on Linux 6.18 the overlay stopped receiving); write 0 to /sys/class/net/%s/threaded in its namespace",
+			DevLabel(v.NetNS, v.Name), v.Threaded, v.Name))
+	}
+	return out
+}
+
 // VXLANIDs are the UDP port and VNIs of t's VXLAN devices, for programs
 // that must recognise their frames; devices on another port are noted in
 // pl and left out.

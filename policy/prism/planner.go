@@ -214,8 +214,18 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			}
 		}
 	}
+	// A GRO cell's thread may only run on the core that decapsulates into
+	// its cell (plan.GROCellNotes): pin the cells' threads to the receive
+	// core only when every frame is decapsulated there, that is when the
+	// underlay's NIC poll (bulk inline, quiet, no flow marked) runs there
+	// too.
+	pinCells := o.Pin && slices.Equal(plan.IRQCPUs(t), []int{core})
 	for i := range t.VXLANs {
-		rung(&t.VXLANs[i].Device, lad.GRO, o.Pin, "bridge")
+		if o.Pin && !pinCells && len(t.VXLANs[i].NAPIThreads) > 0 {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: GRO cell threads left unpinned: frames are also decapsulated off the receive core %d (the NIC poll's), and a cell's thread must run where its cell is filled",
+				plan.DevLabel(t.VXLANs[i].NetNS, t.VXLANs[i].Name), core))
+		}
+		rung(&t.VXLANs[i].Device, lad.GRO, pinCells, "bridge")
 	}
 	for i := range t.Underlays {
 		// The NIC poll stays where its IRQ is.

@@ -1,0 +1,74 @@
+package prism_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	_ "github.com/lanesnet/lanes/policy/prism"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// threadedCells is a docker host whose VXLAN device runs threaded NAPI
+// (a GRO cell thread per core) and whose underlay is polled on core 1.
+func threadedCells() *topology.Topology {
+	rx := []topology.RxQueue{{Index: 0}}
+	cells := []knobs.KthreadInfo{{PID: 20, Comm: "napi/vxlan0-0"}, {PID: 21, Comm: "napi/vxlan0-0", Index: 1}}
+	return &topology.Topology{
+		NetNS: "h2",
+		Kind:  topology.Docker,
+		VXLANs: []topology.VXLAN{{
+			Device: topology.Device{Name: "vxlan0", NetNS: "h2", RxQueues: rx, Threaded: "1", NAPIThreads: cells, NAPIByName: true},
+			VNI:    42, Port: 4789, Underlay: "ul2", UnderlayNetNS: "h2",
+		}},
+		Underlays: []topology.Device{{Name: "ul2", NetNS: "h2", RxQueues: rx,
+			NAPIThreads: []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
+		Veths: []topology.Veth{{Device: topology.Device{Name: "veth1", NetNS: "h2"}, PeerNetNS: "h2-c1", PeerName: "eth0"}},
+		Containers: []topology.Container{{NetNS: "h2-c1", Interfaces: []topology.Interface{{
+			Device: topology.Device{Name: "eth0", NetNS: "h2-c1", RxQueues: rx}, HostVeth: "veth1"}}}},
+	}
+}
+
+// A GRO cell's thread must run on the core that fills its cell: prism pins
+// the cells' threads to its receive core only when the NIC poll, which
+// decapsulates bulk frames inline, runs there too; and every mode warns
+// that threaded NAPI on a VXLAN device is unsafe.
+func TestGROCellThreadsPinnedOnlyWhereFilled(t *testing.T) {
+	p, err := plan.Lookup("prism-batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cellPins := func(params map[string]string) (int, []string) {
+		t.Helper()
+		pl, err := p.Plan(threadedCells(), plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, c := range pl.Changes {
+			if a, ok := c.Knob.(*knobs.KthreadAffinity); ok && a.Comm == "napi/vxlan0-0" {
+				n++
+			}
+		}
+		return n, pl.Notes
+	}
+	if n, _ := cellPins(map[string]string{}); n != 2 {
+		t.Errorf("receive core = NIC poll's core: %d GRO cell threads pinned, want 2", n)
+	}
+	n, notes := cellPins(map[string]string{"cpu": "0"})
+	if n != 0 {
+		t.Errorf("receive core 0, NIC poll on 1: %d GRO cell threads pinned, want none", n)
+	}
+	if !strings.Contains(strings.Join(notes, "\n"), "GRO cell threads left unpinned") {
+		t.Errorf("no note on the unpinned cells: %q", notes)
+	}
+	if w := plan.GROCellNotes(threadedCells()); len(w) != 1 || !strings.Contains(w[0], "threaded NAPI is on") {
+		t.Errorf("warnings %q, want one for vxlan0", w)
+	}
+	plain := threadedCells()
+	plain.VXLANs[0].Threaded = "0"
+	if w := plan.GROCellNotes(plain); len(w) != 0 {
+		t.Errorf("warnings %q for a VXLAN device without threaded NAPI", w)
+	}
+}
