@@ -519,6 +519,25 @@ func TestFalconPlacementObserved(t *testing.T) {
 			}
 		}
 	}
+
+	dp.Close()
+	a.Reset(t)
+
+	// split=rps: the underlay's RPS sends every skb to core 0 before
+	// decapsulation, so the VXLAN device's stage, the container stage and
+	// UDP receive all run there, in order, and no XDP hook is attached.
+	before := modetest.Snapshot(t, tb)
+	rps := apply(t, tb, "falcon-split", map[string]string{"split": "rps"})
+	if id, _ := attach.Attached(r.NetNS, r.Underlay); id != 0 {
+		t.Errorf("split=rps: XDP program %d on %s, want none", id, r.Underlay)
+	}
+	if got := rpsCPUs(t, r.NetNS, r.Underlay); !slices.Equal(got, []int{0}) {
+		t.Errorf("split=rps: rps_cpus of %s = %v, want [0]", r.Underlay, got)
+	}
+	if _, res, ok := measure("split=rps", 0); ok && res.Reordered != 0 {
+		t.Errorf("split=rps: %d of %d datagrams out of order: %v", res.Reordered, res.Received, res.Examples)
+	}
+	rps.ResetAndCheck(t, before)
 }
 
 func diff(a, b []uint64) []uint64 {

@@ -39,6 +39,18 @@ type Options struct {
 	// runs XDP on its own buffers, before any skb exists. With Prio the
 	// hook classifies anyway, so auto keeps splitting on.
 	SplitAuto bool
+	// SplitRPS (split=rps) splits at the skb instead: RPS on the
+	// underlay's receive queues hands every frame, once the NIC poll has
+	// allocated its skb (and run the underlay's GRO), to a split core's
+	// backlog, which runs decapsulation, the VXLAN GRO cell and everything
+	// after. That is where Falcon's own GRO split hands the skb over
+	// (netif_rx from the driver), less the underlay's GRO, and it needs no
+	// XDP hook: for NICs whose XDP copies (veth, generic XDP). The core
+	// is the kernel's pick by the outer headers' hash over the split
+	// cores, fixed per flow; the map is static (changing it could reorder
+	// frames in the backlogs), so the balancer neither moves this stage
+	// nor switches it off. Split is false with it.
+	SplitRPS bool
 	// Balance runs the balancer: stages move off cores whose load is over
 	// Threshold, and all steering stops while the set's average is over it.
 	Balance bool
@@ -185,7 +197,7 @@ func Defaults() Options {
 // params are the keys `lanes apply --mode falcon*` accepts.
 var params = []plan.Param{
 	{Key: "pipeline", Default: "true", Help: "place the bridge and container stages by hash(flow, device)"},
-	{Key: "split", Default: "auto; true in falcon-split", Help: "run skb allocation, GRO and decap on a split core (XDP + cpumap): true, false, or auto (on, except on a veth underlay, where the XDP hook copies every frame)"},
+	{Key: "split", Default: "auto; true in falcon-split", Help: "run skb allocation, GRO and decap on a split core (XDP + cpumap): true, false, auto (on, except on a veth underlay, where the XDP hook copies every frame), or rps (RPS on the underlay: decap and everything after on a split core, skb allocation and the underlay's GRO left on the IRQ core; static)"},
 	{Key: "balance", Default: "true", Help: "move stages off cores over the threshold (needs `lanes agent`)"},
 	{Key: "split-cpus", Default: "the set minus the IRQ cores", Help: "cores for the split stage, a list like 2-3"},
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
@@ -216,11 +228,16 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		case "pipeline":
 			o.Pipeline, err = strconv.ParseBool(v)
 		case "split":
-			o.SplitAuto = v == "auto"
-			if o.SplitAuto {
+			o.SplitAuto, o.SplitRPS = v == "auto", v == "rps"
+			switch {
+			case o.SplitAuto:
 				o.Split = true
-			} else if o.Split, err = strconv.ParseBool(v); err != nil {
-				err = fmt.Errorf("want true, false or auto")
+			case o.SplitRPS:
+				o.Split = false
+			default:
+				if o.Split, err = strconv.ParseBool(v); err != nil {
+					err = fmt.Errorf("want true, false, auto or rps")
+				}
 			}
 		case "balance":
 			o.Balance, err = strconv.ParseBool(v)
@@ -295,7 +312,10 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.Prio && o.PrioRT <= o.RTPriority {
 		return o, fmt.Errorf("falcon prio-rt %d must be above rt %d: high-priority queues must preempt bulk ones", o.PrioRT, o.RTPriority)
 	}
-	if !o.Pipeline && !o.Split && !o.Balance {
+	if o.SplitRPS && o.Prio {
+		return o, fmt.Errorf("falcon split=rps with prio: the priority classes are told apart in the XDP hook that split=rps does without: use split=true or auto")
+	}
+	if !o.Pipeline && !o.Split && !o.SplitRPS && !o.Balance {
 		return o, fmt.Errorf("falcon with pipeline, split and balance all off does nothing: use --mode vanilla")
 	}
 	return o, nil
@@ -327,6 +347,9 @@ func (o Options) Params() map[string]string {
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"
+	}
+	if o.SplitRPS {
+		m["split"] = "rps"
 	}
 	if len(o.SplitCPUs) > 0 {
 		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)

@@ -108,20 +108,30 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 
 	lay := Layout{Set: cfg.CPUs, IRQCPUs: plan.IRQCPUs(t)}
-	if o.Split {
-		split := o.SplitCPUs
-		if len(split) == 0 {
-			for _, c := range cfg.CPUs {
-				if !slices.Contains(lay.IRQCPUs, c) {
-					split = append(split, c)
-				}
+	split := o.SplitCPUs
+	if len(split) == 0 {
+		for _, c := range cfg.CPUs {
+			if !slices.Contains(lay.IRQCPUs, c) {
+				split = append(split, c)
 			}
 		}
+	}
+	if o.Split || o.SplitRPS {
 		for _, c := range split {
 			if !slices.Contains(cfg.Online, c) {
 				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
 			}
 		}
+	}
+	var rpsSplit []int // split=rps: the underlay's RPS map
+	if o.SplitRPS {
+		if len(split) == 0 {
+			pl.Notes = append(pl.Notes, "split=rps: no core left for it besides the IRQ core; splitting is off (give split-cpus or more cores)")
+		} else {
+			rpsSplit = split
+		}
+	}
+	if o.Split {
 		if v := autoSplitOff(o, t); len(v) > 0 {
 			pl.Notes = append(pl.Notes, fmt.Sprintf("split=auto: off, the underlay %s is a veth: XDP there copies every frame before the program runs, which costs more than splitting gains (split=true forces it)", strings.Join(v, ", ")))
 			o.Split = false
@@ -269,6 +279,20 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			pl.Add(&attach.XDP{NetNS: u.NetNS, Device: u.Name, Prog: dir + "/" + steer.PinXDP, Link: plan.LinkPin(dir, "xdp", u.NetNS, u.Name)},
 				"attached", plan.DevLabel(u.NetNS, u.Name)+" xdp", "split (or classify): hand frames to their first stage's queue before skb allocation")
 		}
+	}
+
+	// split=rps: the underlay's own RPS hands each skb to a split core.
+	for i := range t.Underlays {
+		u := &t.Underlays[i]
+		for _, q := range u.RxQueues {
+			if len(rpsSplit) > 0 {
+				pl.RPSByHash(u, q, knobs.FormatCPUMask(rpsSplit), "split=rps: decapsulation and everything after on split cores "+knobs.FormatCPUList(rpsSplit))
+			}
+		}
+	}
+	if len(rpsSplit) > 0 {
+		pl.Notes = append(pl.Notes, fmt.Sprintf("split=rps: the NIC poll allocates each skb (and runs the underlay's GRO) on the IRQ core, then RPS on the underlay hands it to split core(s) %s, picked by the kernel's hash of the outer headers, which run decapsulation, the VXLAN GRO cell and the rest; static: the balancer neither moves this stage nor switches it off",
+			knobs.FormatCPUList(rpsSplit)))
 	}
 
 	// Last: switch placement on. Moves from "stay" obey the flowlet rule.

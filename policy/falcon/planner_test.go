@@ -220,6 +220,8 @@ func TestPlanBadParams(t *testing.T) {
 		"want 1..99":       {"prio": "true", "prio-rt": "0"},
 		"at most the thr":  {"home-room": "90"},
 		"want normal or":   {"agent-sched": "fifo"},
+		"split=rps with p": {"split": "rps", "prio": "true"},
+		"auto or rps":      {"split": "maybe"},
 	} {
 		_, err := planFor(t, "falcon", want)
 		if err == nil || !strings.Contains(err.Error(), params) || strings.Contains(err.Error(), "\n") {
@@ -373,7 +375,7 @@ func TestPlanSplitAuto(t *testing.T) {
 	}
 	if o, err := OptionsFor("falcon", map[string]string{"split": "maybe"}); err == nil {
 		t.Errorf("split=maybe accepted: %+v", o)
-	} else if !strings.Contains(err.Error(), "want true, false or auto") {
+	} else if !strings.Contains(err.Error(), "want true, false, auto or rps") {
 		t.Errorf("split=maybe: %v", err)
 	}
 }
@@ -401,5 +403,47 @@ func TestPlanTurnsRFSOff(t *testing.T) {
 	}
 	if want := []string{"h2:/sys/class/net/vxlan0/queues/rx-0/rps_flow_cnt=0"}; !slices.Equal(flowCnt, want) {
 		t.Errorf("rps_flow_cnt changes %v, want %v", flowCnt, want)
+	}
+}
+
+// split=rps: RPS on every underlay queue to the split cores (the set
+// minus the IRQ core), no XDP hook, no split-stage table; the setting
+// survives the state file's round trip.
+func TestPlanSplitRPS(t *testing.T) {
+	for _, mode := range []string{"falcon", "falcon-split"} {
+		p, err := planFor(t, mode, map[string]string{"split": "rps"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, tables := kinds(p)
+		if n[attach.KindXDP] != 0 {
+			t.Errorf("%s split=rps: %d XDP attachments, want none", mode, n[attach.KindXDP])
+		}
+		if _, ok := tables[steer.StageSplit]; ok {
+			t.Errorf("%s split=rps: a split-stage table %q", mode, tables[steer.StageSplit])
+		}
+		found := false
+		for _, c := range p.Changes {
+			if c.Target == "h2/ul2 rx-0" {
+				found = true
+				if string(c.Value) != "1" {
+					t.Errorf("%s split=rps: %s = %q, want mask 1 (core 0, off the IRQ core)", mode, c.Target, c.Value)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s split=rps: no RPS map on the underlay: %v", mode, p.Changes)
+		}
+		if !strings.Contains(strings.Join(p.Notes, "\n"), "split=rps: the NIC poll allocates each skb") {
+			t.Errorf("%s split=rps: no note saying what it does: %q", mode, p.Notes)
+		}
+	}
+	o, err := Parse(Defaults(), map[string]string{"split": "rps"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(Options{}, o.Params())
+	if err != nil || !back.SplitRPS || back.Split || back.SplitAuto {
+		t.Errorf("split=rps round trip: %+v (%v)", back, err)
 	}
 }
