@@ -90,6 +90,11 @@ func All(f *results.File, dir string) ([]string, error) {
 			emit(name, ok, err)
 		}
 	}
+	for _, p := range a.Points("udp_stress") {
+		name := filepath.Join(dir, "work_"+slug(p)+".png")
+		ok, err := guard(func() (bool, error) { return Work(a, p, name) })
+		emit(name, ok, err)
+	}
 	for _, wl := range a.Workloads() {
 		p, found := HeaviestPoint(a, wl)
 		if !found {

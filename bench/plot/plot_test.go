@@ -27,6 +27,7 @@ func TestAll(t *testing.T) {
 		"throughput_tcp_stream.png",
 		"throughput_udp_stream.png",
 		"flows_tcp_multi_131072B.png",
+		"work_udp_stress_udp_64B.png",
 		"cpu_tcp_stream_tcp_65536B.png",
 		"cpu_udp_stream_udp_8972B.png",
 		"cpu_tcp_multi_tcp_131072B_8flows.png",
@@ -141,7 +142,7 @@ func TestManyModes(t *testing.T) {
 	}
 	f.Runs = append(f.Runs, add...)
 	f.Modes = append(f.Modes, extra...)
-	if files := drawAll(t, f, "many"); len(files) != 10 {
+	if files := drawAll(t, f, "many"); len(files) != 11 {
 		t.Errorf("%d files", len(files))
 	}
 }
