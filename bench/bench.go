@@ -591,7 +591,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		// CPU per delivered datagram, generator excluded (workMeter),
 		// and how many cores' worth the receive path and sink kept busy.
 		run.Extra["work_ns_per_msg"] = float64(workNs.Nanoseconds()) / got
-		run.Extra["work_cores"] = workNs.Seconds() / window.Seconds()
+		// Over the generator's active time (rate = datagrams / active
+		// time), not the meter's window, which adds setup and drain.
+		active := window.Seconds()
+		if res.PPS > 0 {
+			active = min(active, got/res.PPS)
+		}
+		run.Extra["work_cores"] = workNs.Seconds() / active
 		run.Extra["work_irq_ns_per_msg"] = float64(irqNs.Nanoseconds()) / got
 	}
 	if marked {

@@ -24,7 +24,7 @@ func Work(a *results.Agg, pt results.Point, path string) (bool, error) {
 		if len(g.Runs) == 0 {
 			continue
 		}
-		w, i := g.Stat(results.WorkPerMsg).Median, g.Stat(results.WorkIRQPerMsg).Median
+		w, i := g.StatMeasured(results.WorkPerMsg).Median, g.StatMeasured(results.WorkIRQPerMsg).Median
 		if w <= 0 {
 			continue
 		}

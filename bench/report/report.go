@@ -177,7 +177,7 @@ func Markdown(f *results.File, opt Options) string {
 		}
 		if hasWork(a, wl) {
 			fmt.Fprintf(&b, "\nWork per datagram: CPU time of the receive path and the sink per delivered datagram, "+
-				"the generator's excluded (scheduler-event accounting, as the balancer's), and the IRQ core's part of it; "+
+				"the generator's excluded (scheduler-event accounting, as the balancer's; work on frames dropped on the way and lanes' own agent included), and the IRQ core's part of it; "+
 				"the cores' worth of receive work; the rate at which that work would saturate the IRQ core, "+
 				"and all %d cores (medians over repeats; a rate under both: the generator, sharing the cores, did not keep up):\n\n", m.CPUs)
 			workTable(a, wl, m.CPUs).markdown(&b)
@@ -391,21 +391,22 @@ func workTable(a *results.Agg, wl string, cpus int) table {
 	}
 	eachRow(a, wl, func(label string, g *results.Group) {
 		row := []string{label, g.Mode}
-		if len(g.Runs) == 0 {
+		ws := g.StatMeasured(results.WorkPerMsg)
+		if len(g.Runs) == 0 || ws.N == 0 {
 			for len(row) < len(t.header) {
 				row = append(row, "–")
 			}
 			t.rows = append(t.rows, cells(row...))
 			return
 		}
-		w, irq := g.Stat(results.WorkPerMsg).Median, g.Stat(results.WorkIRQPerMsg).Median
+		w, irq := ws.Median, g.StatMeasured(results.WorkIRQPerMsg).Median
 		row = append(row, fmt.Sprintf("%.0f", g.Stat(results.PPS).Median/1e3), fmt.Sprintf("%.0f", w))
-		if r, ok := a.Ratio(g.Key, results.WorkPerMsg, "vanilla"); ok {
-			row = append(row, fmt.Sprintf("%.2f", r))
+		if v := a.Group(results.Key{Mode: "vanilla", Point: g.Point}); v != nil && v.StatMeasured(results.WorkPerMsg).N > 0 {
+			row = append(row, fmt.Sprintf("%.2f", w/v.StatMeasured(results.WorkPerMsg).Median))
 		} else {
 			row = append(row, "–")
 		}
-		row = append(row, fmt.Sprintf("%.0f", irq), fmt.Sprintf("%.2f", g.Stat(results.WorkCores).Median),
+		row = append(row, fmt.Sprintf("%.0f", irq), fmt.Sprintf("%.2f", g.StatMeasured(results.WorkCores).Median),
 			kpps(irq, 1), kpps(w, cpus))
 		t.rows = append(t.rows, cells(row...))
 	})

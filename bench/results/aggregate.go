@@ -107,7 +107,11 @@ var BackgroundShare = Metric{"background received", "% of offered", func(r *Run)
 }}
 
 // WorkPerMsg is the CPU one delivered datagram cost the receiving host,
-// the generator's own time excluded (udp_stress): receive path and sink.
+// the generator's own time excluded (udp_stress): receive path and sink,
+// including the work spent on frames dropped after they entered the path,
+// and whatever else ran then but SCHED_IDLE threads (lanes' own agent,
+// the benchmark's bookkeeping). Runs that could not measure it have none:
+// summarise it with StatMeasured.
 var WorkPerMsg = Metric{"CPU per datagram", "ns", func(r *Run) float64 { return r.Extra["work_ns_per_msg"] }}
 
 // WorkCores is how many cores' worth of time the receive path and the
@@ -150,6 +154,19 @@ func (g *Group) Stat(m Metric) Stat {
 	vs := make([]float64, len(g.Runs))
 	for i := range g.Runs {
 		vs[i] = m.Get(&g.Runs[i])
+	}
+	return Summarize(vs)
+}
+
+// StatMeasured summarises m over the repeats that measured it (m non-zero):
+// for figures a run records only when it could take them (the work per
+// datagram), where a missing one must not count as 0.
+func (g *Group) StatMeasured(m Metric) Stat {
+	var vs []float64
+	for i := range g.Runs {
+		if v := m.Get(&g.Runs[i]); v != 0 {
+			vs = append(vs, v)
+		}
 	}
 	return Summarize(vs)
 }

@@ -129,3 +129,18 @@ func TestGroupCPU(t *testing.T) {
 		t.Errorf("busy %v, want 60", b)
 	}
 }
+
+// StatMeasured leaves out the runs that did not measure the metric.
+func TestStatMeasured(t *testing.T) {
+	g := &Group{Runs: []Run{
+		{Extra: map[string]float64{}},
+		{Extra: map[string]float64{"work_ns_per_msg": 10}},
+		{Extra: map[string]float64{"work_ns_per_msg": 20}},
+	}}
+	if s := g.StatMeasured(WorkPerMsg); s.N != 2 || s.Median != 15 || s.Min != 10 {
+		t.Errorf("measured %+v, want 2 runs, median 15", s)
+	}
+	if s := g.Stat(WorkPerMsg); s.N != 3 || s.Median != 10 {
+		t.Errorf("all %+v", s)
+	}
+}

@@ -312,6 +312,15 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.Prio && o.PrioRT <= o.RTPriority {
 		return o, fmt.Errorf("falcon prio-rt %d must be above rt %d: high-priority queues must preempt bulk ones", o.PrioRT, o.RTPriority)
 	}
+	if o.SplitRPS && o.Spread == SpreadBusy {
+		// The kernel runs the later stages where the underlay's RPS
+		// put the skb, the split core, not the IRQ core whose load
+		// spread=busy watches: place them by hash from the start.
+		if v, given := m["spread"]; given && v == SpreadBusy {
+			return o, fmt.Errorf("falcon split=rps with spread=busy: the later stages start on the split core, not the IRQ core spread=busy watches: drop spread=busy (split=rps places them by hash from the start)")
+		}
+		o.Spread = SpreadAlways
+	}
 	if o.SplitRPS && o.Prio {
 		return o, fmt.Errorf("falcon split=rps with prio: the priority classes are told apart in the XDP hook that split=rps does without: use split=true or auto")
 	}

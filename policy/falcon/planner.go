@@ -175,7 +175,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			lay.FirstCPUs = queues
 		}
 	}
-	lay.CPUs = union(union(lay.Set, lay.SplitCPUs), queues)
+	// split=rps: tc ingress on the underlay runs on the split cores too,
+	// where it must find its own core in the list.
+	lay.CPUs = union(union(union(lay.Set, lay.SplitCPUs), queues), rpsSplit)
 	if len(lay.CPUs) > steer.MaxCPUs {
 		return nil, fmt.Errorf("falcon steers over at most %d cores, %d given: narrow --cpus", steer.MaxCPUs, len(lay.CPUs))
 	}
@@ -304,7 +306,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Add(&steer.TableKnob{Dir: dir, Stage: s}, steer.FormatTable(tables[s]), dir+" "+steer.StageName(s), "placement of the "+steer.StageName(s)+" stage")
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v, drain %v",
-		knobs.FormatCPUList(lay.Set), orNone(lay.SplitCPUs), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
+		knobs.FormatCPUList(lay.Set), orNone(union(lay.SplitCPUs, rpsSplit)), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
 	if o.Prio {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", knobs.FormatCPUList(queues), o.PrioRT, rtName(o.RTPriority)))
 	}

@@ -221,6 +221,7 @@ func TestPlanBadParams(t *testing.T) {
 		"at most the thr":  {"home-room": "90"},
 		"want normal or":   {"agent-sched": "fifo"},
 		"split=rps with p": {"split": "rps", "prio": "true"},
+		"split=rps with s": {"split": "rps", "spread": "busy"},
 		"auto or rps":      {"split": "maybe"},
 	} {
 		_, err := planFor(t, "falcon", want)
@@ -442,8 +443,27 @@ func TestPlanSplitRPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if o.Spread != SpreadAlways {
+		t.Errorf("split=rps: spread %q, want %q (the later stages start on the split core)", o.Spread, SpreadAlways)
+	}
 	back, err := Parse(Options{}, o.Params())
-	if err != nil || !back.SplitRPS || back.Split || back.SplitAuto {
+	if err != nil || !back.SplitRPS || back.Split || back.SplitAuto || back.Spread != SpreadAlways {
 		t.Errorf("split=rps round trip: %+v (%v)", back, err)
+	}
+	// Split cores outside the set are in the datapath's core list: tc
+	// ingress runs there and must find its own core.
+	params := map[string]string{"split": "rps", "split-cpus": "0"}
+	p, err := mustLookup(t, "falcon").Plan(fixture(), plan.Config{CPUs: []int{1}, Online: []int{0, 1}, Params: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range p.Changes {
+		if c.Knob.Kind() != steer.KindDatapath {
+			continue
+		}
+		s, err := steer.DecodeSetup(string(c.Value))
+		if err != nil || !slices.Contains(s.Config.CPUs, 0) {
+			t.Errorf("datapath cores %v (%v): want split core 0 among them", s.Config.CPUs, err)
+		}
 	}
 }

@@ -39,29 +39,37 @@ func TestGROCellThreadsPinnedOnlyWhereFilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cellPins := func(params map[string]string) (int, []string) {
+	// cellKnobs counts the plan's affinity and scheduling changes to the
+	// cells' threads.
+	cellKnobs := func(params map[string]string) (pins, scheds int, notes []string) {
 		t.Helper()
 		pl, err := p.Plan(threadedCells(), plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: params})
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
 		for _, c := range pl.Changes {
-			if a, ok := c.Knob.(*knobs.KthreadAffinity); ok && a.Comm == "napi/vxlan0-0" {
-				n++
+			switch k := c.Knob.(type) {
+			case *knobs.KthreadAffinity:
+				if k.Comm == "napi/vxlan0-0" {
+					pins++
+				}
+			case *knobs.KthreadSched:
+				if k.Comm == "napi/vxlan0-0" {
+					scheds++
+				}
 			}
 		}
-		return n, pl.Notes
+		return pins, scheds, pl.Notes
 	}
-	if n, _ := cellPins(map[string]string{}); n != 2 {
-		t.Errorf("receive core = NIC poll's core: %d GRO cell threads pinned, want 2", n)
+	if pins, scheds, _ := cellKnobs(map[string]string{"streamline": "true"}); pins != 2 || scheds != 2 {
+		t.Errorf("receive core = NIC poll's core: %d GRO cell threads pinned, %d on the ladder, want 2 and 2", pins, scheds)
 	}
-	n, notes := cellPins(map[string]string{"cpu": "0"})
-	if n != 0 {
-		t.Errorf("receive core 0, NIC poll on 1: %d GRO cell threads pinned, want none", n)
+	pins, scheds, notes := cellKnobs(map[string]string{"cpu": "0", "streamline": "true"})
+	if pins != 0 || scheds != 0 {
+		t.Errorf("receive core 0, NIC poll on 1: %d GRO cell threads pinned, %d real-time, want none", pins, scheds)
 	}
-	if !strings.Contains(strings.Join(notes, "\n"), "GRO cell threads left unpinned") {
-		t.Errorf("no note on the unpinned cells: %q", notes)
+	if !strings.Contains(strings.Join(notes, "\n"), "GRO cell threads left alone") {
+		t.Errorf("no note on the cells left alone: %q", notes)
 	}
 	if w := plan.GROCellNotes(threadedCells()); len(w) != 1 || !strings.Contains(w[0], "threaded NAPI is on") {
 		t.Errorf("warnings %q, want one for vxlan0", w)

@@ -221,11 +221,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// too.
 	pinCells := o.Pin && slices.Equal(plan.IRQCPUs(t), []int{core})
 	for i := range t.VXLANs {
-		if o.Pin && !pinCells && len(t.VXLANs[i].NAPIThreads) > 0 {
-			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: GRO cell threads left unpinned: frames are also decapsulated off the receive core %d (the NIC poll's), and a cell's thread must run where its cell is filled",
-				plan.DevLabel(t.VXLANs[i].NetNS, t.VXLANs[i].Name), core))
+		v := &t.VXLANs[i]
+		if len(v.NAPIThreads) > 0 && !pinCells {
+			// Unpinned, the cells' threads are left as they are: a
+			// real-time one would be pushed off a core running a
+			// higher rung, away from its cell.
+			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: GRO cell threads left alone (not pinned, not on the ladder): frames are decapsulated off the receive core %d too (in the NIC poll), or pin=false, and a cell's thread must run where its cell is filled",
+				plan.DevLabel(v.NetNS, v.Name), core))
+			continue
 		}
-		rung(&t.VXLANs[i].Device, lad.GRO, pinCells, "bridge")
+		rung(&v.Device, lad.GRO, pinCells, "bridge")
 	}
 	for i := range t.Underlays {
 		// The NIC poll stays where its IRQ is.
