@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/spf13/cobra"
 )
@@ -244,6 +245,9 @@ func ctlPrintTopology(out io.Writer, t *topology.Topology) {
 	}
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
+	}
+	for _, n := range plan.GROCellNotes(t) {
+		fmt.Fprintln(out, "  warning:", n)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/topology"
 )
 
 // lanes status says whether the applied mode's agent runs: running, killed
@@ -63,5 +64,22 @@ func TestCtlInFlight(t *testing.T) {
 		if got := ctlInFlight(c.f); (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%+v: %q, want %q", c.f, got, c.want)
 		}
+	}
+}
+
+// A VXLAN device with threaded NAPI gets a warning under the topology:
+// its GRO cells' threads may empty a cell from another core.
+func TestStatusWarnsOfThreadedVXLAN(t *testing.T) {
+	topo := &topology.Topology{VXLANs: []topology.VXLAN{{Device: topology.Device{Name: "vxlan0", Threaded: "1"}, VNI: 42}}}
+	var b strings.Builder
+	ctlPrintTopology(&b, topo)
+	if !strings.Contains(b.String(), "vxlan0: threaded NAPI is on") {
+		t.Errorf("no warning for a threaded VXLAN device:\n%s", b.String())
+	}
+	topo.VXLANs[0].Threaded = "0"
+	b.Reset()
+	ctlPrintTopology(&b, topo)
+	if strings.Contains(b.String(), "warning") {
+		t.Errorf("warning for a VXLAN device without threaded NAPI:\n%s", b.String())
 	}
 }
