@@ -16,11 +16,10 @@ import (
 // benchmark's process), the benchmark's own bookkeeping, other tenants;
 // so is the work on frames dropped after they entered the receive path.
 // Divided by the datagrams delivered, it is the work one datagram costs in
-// a mode, and
-// cores / work is the most that mode could deliver if nothing else ran:
-// the receive capacity a placement can reach at best. The IRQ core's share
-// alone bounds it too: that core polls the NIC in every mode, and a mode
-// whose rate is 1/(its share) keeps it saturated.
+// a mode, and cores / work is the most that mode could deliver if nothing
+// else ran: the receive capacity a placement can reach at best. The IRQ
+// core's share alone bounds it too: that core polls the NIC in every mode,
+// and a mode whose rate is 1/(its share) keeps it saturated.
 type workMeter struct{ s *load.SchedSampler }
 
 // startWork begins a measurement; nil when the kernel has no BTF or

@@ -183,7 +183,10 @@ func handle(ns string) (*netlink.Handle, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening netns %s: %w", ns, err)
 	}
-	h, err := netlink.NewHandleAt(nh)
+	// Route sockets only: the default also opens XFRM and netfilter
+	// ones, and fails on a kernel built without them (seen on a 6.12
+	// kernel without XFRM_USER), though the testbed needs neither.
+	h, err := netlink.NewHandleAt(nh, unix.NETLINK_ROUTE)
 	if err != nil {
 		nh.Close()
 		return nil, nil, fmt.Errorf("netlink in %s: %w", ns, err)

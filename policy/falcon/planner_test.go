@@ -11,26 +11,12 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
 )
 
 // fixture is a receiving host as discovery reports the testbed's: underlay
 // NAPI pinned to core 1, a VXLAN device, one container.
-func fixture() *topology.Topology {
-	rx := []topology.RxQueue{{Index: 0}}
-	return &topology.Topology{
-		NetNS: "h2",
-		Kind:  topology.Docker,
-		VXLANs: []topology.VXLAN{{
-			Device: topology.Device{Name: "vxlan0", NetNS: "h2", RxQueues: rx},
-			VNI:    42, Port: 4789, Underlay: "ul2", UnderlayNetNS: "h2",
-		}},
-		Underlays: []topology.Device{{Name: "ul2", NetNS: "h2", RxQueues: rx,
-			NAPIThreads: []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
-		Veths: []topology.Veth{{Device: topology.Device{Name: "veth1", NetNS: "h2"}, PeerNetNS: "h2-c1", PeerName: "eth0"}},
-		Containers: []topology.Container{{NetNS: "h2-c1", Interfaces: []topology.Interface{{
-			Device: topology.Device{Name: "eth0", NetNS: "h2-c1", RxQueues: rx}, HostVeth: "veth1"}}}},
-	}
-}
+func fixture() *topology.Topology { return topotest.Receiver() }
 
 func planFor(t *testing.T, mode string, params map[string]string) (*plan.Plan, error) {
 	t.Helper()

@@ -8,26 +8,17 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	_ "github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
 )
 
 // threadedCells is a docker host whose VXLAN device runs threaded NAPI
 // (a GRO cell thread per core) and whose underlay is polled on core 1.
 func threadedCells() *topology.Topology {
-	rx := []topology.RxQueue{{Index: 0}}
-	cells := []knobs.KthreadInfo{{PID: 20, Comm: "napi/vxlan0-0"}, {PID: 21, Comm: "napi/vxlan0-0", Index: 1}}
-	return &topology.Topology{
-		NetNS: "h2",
-		Kind:  topology.Docker,
-		VXLANs: []topology.VXLAN{{
-			Device: topology.Device{Name: "vxlan0", NetNS: "h2", RxQueues: rx, Threaded: "1", NAPIThreads: cells, NAPIByName: true},
-			VNI:    42, Port: 4789, Underlay: "ul2", UnderlayNetNS: "h2",
-		}},
-		Underlays: []topology.Device{{Name: "ul2", NetNS: "h2", RxQueues: rx,
-			NAPIThreads: []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
-		Veths: []topology.Veth{{Device: topology.Device{Name: "veth1", NetNS: "h2"}, PeerNetNS: "h2-c1", PeerName: "eth0"}},
-		Containers: []topology.Container{{NetNS: "h2-c1", Interfaces: []topology.Interface{{
-			Device: topology.Device{Name: "eth0", NetNS: "h2-c1", RxQueues: rx}, HostVeth: "veth1"}}}},
-	}
+	t := topotest.Receiver()
+	v := &t.VXLANs[0]
+	v.Threaded, v.NAPIByName = "1", true
+	v.NAPIThreads = []knobs.KthreadInfo{{PID: 20, Comm: "napi/vxlan0-0"}, {PID: 21, Comm: "napi/vxlan0-0", Index: 1}}
+	return t
 }
 
 // A GRO cell's thread must run on the core that fills its cell: prism pins

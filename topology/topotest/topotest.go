@@ -149,7 +149,7 @@ func handle(ns string) (*netlink.Handle, error) {
 		return nil, err
 	}
 	defer nh.Close()
-	return netlink.NewHandleAt(nh)
+	return netlink.NewHandleAt(nh, unix.NETLINK_ROUTE) // as testbed's: no XFRM or netfilter sockets needed
 }
 
 func nsFd(ns string) (netlink.NsFd, func(), error) {
