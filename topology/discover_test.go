@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 func TestDiscoverDocker(t *testing.T) {
@@ -202,12 +203,12 @@ func TestDiscoverMovedVXLAN(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer on.Close()
-	hh, err := netlink.NewHandleAt(hn)
+	hh, err := netlink.NewHandleAt(hn, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hh.Close()
-	oh, err := netlink.NewHandleAt(on)
+	oh, err := netlink.NewHandleAt(on, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}

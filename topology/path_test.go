@@ -4,6 +4,7 @@ import (
 	"net"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -75,14 +76,12 @@ func TestDiscoverPath(t *testing.T) {
 
 	// A shaping qdisc on the veth, an nftables table and a legacy
 	// iptables table: each shows.
-	run := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("nsenter", append([]string{"--net=" + nsx.Path(h.NetNS)}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%v: %v: %s", args, err, out)
+	if out, err := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "add", "table", "inet", "lanes_test").CombinedOutput(); err != nil {
+		if strings.Contains(string(out), "Operation not supported") {
+			t.Skipf("this kernel has no nftables inet tables: %s", out)
 		}
+		t.Fatalf("nft add table: %v: %s", err, out)
 	}
-	run("nft", "add", "table", "inet", "lanes_test")
 	err = nsx.Do(h.NetNS, func() error {
 		l, err := netlink.LinkByName(c.HostVeth)
 		if err != nil {

@@ -31,6 +31,7 @@ import (
 // the overlay still carries TCP and UDP, then resets and checks every knob
 // is back byte for byte.
 func TestFalconApplyReset(t *testing.T) {
+	needsSplit(t)
 	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel} {
 		t.Run(string(topo), func(t *testing.T) {
 			cpus := online(t)
@@ -192,6 +193,7 @@ func TestFalconSubModes(t *testing.T) {
 	})
 
 	t.Run("falcon-split", func(t *testing.T) {
+		needsSplit(t)
 		a := apply(t, tb, "falcon-split", nil)
 		if a.State.Plan.Agent != "" {
 			t.Errorf("agent %q, want none", a.State.Plan.Agent)
@@ -277,6 +279,7 @@ func TestFalconSubModes(t *testing.T) {
 // and core 0), then while the balancer runs: no datagram may overtake
 // another.
 func TestFalconUDPInOrder(t *testing.T) {
+	needsSplit(t)
 	online(t)
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()
@@ -552,6 +555,7 @@ func diff(a, b []uint64) []uint64 {
 // receiver's underlay: falcon must refuse to replace it and roll back
 // every change it made before it got there.
 func TestFalconRefusesForeignXDP(t *testing.T) {
+	needsSplit(t)
 	tb := upTestbed(t, testbed.Docker)
 	r := tb.Receiver()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{

@@ -231,3 +231,13 @@ func (c *packetCounter) read(t *testing.T) []uint64 {
 	}
 	return per
 }
+
+// needsSplit skips a test that checks the split stage (XDP + cpumap): the
+// planners switch splitting off on kernels whose cpumap has no GRO (before
+// 6.15), as documented, so there is nothing of it to check there.
+func needsSplit(t *testing.T) {
+	t.Helper()
+	if ok, why := steer.KernelSupport(); !ok {
+		t.Skip("splitting is off on this kernel: " + why)
+	}
+}

@@ -24,6 +24,7 @@ import (
 // work (the Home counters grow, nothing is steered), and reset restores
 // every knob.
 func TestFalconHome(t *testing.T) {
+	needsSplit(t)
 	online(t)
 	tb := upTestbed(t, testbed.Docker)
 	r, s := tb.Receiver(), tb.Sender()

@@ -18,6 +18,7 @@ import (
 // its class flips (rule added and removed) and the balancer runs; reset
 // restores every knob and removes the rules with the pins.
 func TestFalconPrism(t *testing.T) {
+	needsSplit(t)
 	cpus := online(t)
 	tb := upTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
