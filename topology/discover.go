@@ -283,7 +283,7 @@ func (d *discovery) containers(t *Topology) error {
 		if c == nil {
 			c = &Container{NetNS: ns, Interfaces: []Interface{}}
 			for _, l := range cs.links {
-				if l.Attrs().Flags&net.FlagLoopback != 0 {
+				if l.Attrs().Flags&net.FlagLoopback != 0 || fallbackTunnel(l) {
 					continue
 				}
 				c.Interfaces = append(c.Interfaces, Interface{Device: cs.device(l), Addrs: cs.addrs[l.Attrs().Index]})
@@ -302,6 +302,23 @@ func (d *discovery) containers(t *Topology) error {
 		t.Containers = append(t.Containers, *byNS[ns])
 	}
 	return nil
+}
+
+// fallbackTunnels are the devices the kernel creates in every namespace
+// once a tunnel driver is loaded or built in (sit0 with IPv6's SIT, tunl0
+// with IPIP, as on hosts of Calico's IPIP mode, ...), by link type. They
+// carry nothing until configured, so they are not a container's
+// interfaces (seen on a 6.12 kernel with SIT built in: every container
+// listed sit0 first).
+var fallbackTunnels = map[string]string{
+	"sit": "sit0", "ipip": "tunl0", "ip6tnl": "ip6tnl0", "gre": "gre0", "gretap": "gretap0",
+	"erspan": "erspan0", "vti": "ip_vti0", "vti6": "ip6_vti0", "ip6gre": "ip6gre0",
+}
+
+// fallbackTunnel says whether l is such a device, left down as created.
+func fallbackTunnel(l netlink.Link) bool {
+	a := l.Attrs()
+	return fallbackTunnels[l.Type()] == a.Name && a.Flags&net.FlagUp == 0
 }
 
 func classify(t *Topology) Kind {
