@@ -284,15 +284,13 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 
 	// split=rps: the underlay's own RPS hands each skb to a split core.
-	for i := range t.Underlays {
-		u := &t.Underlays[i]
-		for _, q := range u.RxQueues {
-			if len(rpsSplit) > 0 {
+	if len(rpsSplit) > 0 {
+		for i := range t.Underlays {
+			u := &t.Underlays[i]
+			for _, q := range u.RxQueues {
 				pl.RPSByHash(u, q, knobs.FormatCPUMask(rpsSplit), "split=rps: decapsulation and everything after on split cores "+knobs.FormatCPUList(rpsSplit))
 			}
 		}
-	}
-	if len(rpsSplit) > 0 {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("split=rps: the NIC poll allocates each skb (and runs the underlay's GRO) on the IRQ core, then RPS on the underlay hands it to split core(s) %s, picked by the kernel's hash of the outer headers, which run decapsulation, the VXLAN GRO cell and the rest; static: the balancer neither moves this stage nor switches it off",
 			knobs.FormatCPUList(rpsSplit)))
 	}
