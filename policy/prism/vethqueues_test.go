@@ -75,6 +75,7 @@ func TestPrismVethQueues(t *testing.T) {
 		}
 	}
 
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	set := modetest.Prio(t, r.NetNS)
 	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
 	if err := set.Add(rule); err != nil {
@@ -318,12 +319,7 @@ func TestPrismVethQueuesUnnamedContainer(t *testing.T) {
 	// The traffic helpers enter namespaces by name: give it back (the
 	// knobs were planned and journaled in the pid form).
 	rename()
-	// Resolve the neighbours first: on a cold entry the sender holds the
-	// first datagrams until the ARP reply, and one sent while that queue
-	// is flushed from another core can overtake them, before lanes sees
-	// any (seen in about 1 run in 20 without this: datagrams 0-40 arrived
-	// after 44, the first burst's tail; none in 30 runs with it).
-	overlaytest.UDPMost(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 50)
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	st0, _ := dp.Stats()
 	res := overlaytest.Stream{Count: 500, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	overlaytest.InOrder(t, "marked stream into the once-unnamed container", res)
