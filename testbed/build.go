@@ -31,6 +31,8 @@ var StateDir = "/run/lanes/testbed"
 //	underlay   198.18.0.<host>/24            (the "physical" network)
 //	docker     198.19.0.<10*host+c>/24        (one L2 overlay segment)
 //	flannel    198.19.<host>.0/24 per host: VTEP .0/32, bridge .1, pods .<10+c>
+//	calico     198.19.<host>.0/26 per host (Calico's block size): VTEP .0/32,
+//	           pods .<10+c>/32, each behind its own routed veth
 const vxlanPort = 4789
 
 func underlayAddr(host int) netip.Prefix {
@@ -79,22 +81,31 @@ func plan(c Config) *Testbed {
 			host.Bridge = "cni0"
 			host.PodSubnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), 0}), 24)
 			host.VTEPAddr = netip.PrefixFrom(host.PodSubnet.Addr(), 32)
+		case Calico:
+			host.VXLAN = "vxlan.calico"
+			host.PodSubnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), 0}), 26)
+			host.VTEPAddr = netip.PrefixFrom(host.PodSubnet.Addr(), 32)
 		}
 		for k := 1; k <= c.Containers; k++ {
-			var addr netip.Addr
-			if c.Topology == Docker {
-				addr = netip.AddrFrom4([4]byte{198, 19, 0, byte(10*h + k)})
-			} else {
-				addr = netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)})
-			}
-			host.Containers = append(host.Containers, Container{
+			ct := Container{
 				Name:     fmt.Sprintf("c%d", k),
 				NetNS:    c.contNS(h, k),
-				Addr:     netip.PrefixFrom(addr, 24),
 				MAC:      mac(roleCont, byte(h), byte(k)),
 				Veth:     "eth0",
 				HostVeth: fmt.Sprintf("veth%d", k),
-			})
+			}
+			switch c.Topology {
+			case Docker:
+				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, 0, byte(10*h + k)}), 24)
+			case Flannel:
+				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 24)
+			case Calico:
+				// A /32 per pod, and Calico's host-side name: "cali" and
+				// 11 hex digits (Calico hashes the workload's id).
+				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 32)
+				ct.HostVeth = fmt.Sprintf("cali%011x", k)
+			}
+			host.Containers = append(host.Containers, ct)
 		}
 		tb.Hosts[i] = host
 	}
@@ -345,9 +356,11 @@ func (tb *Testbed) buildHost(i int) error {
 	}
 	omtu := tb.Config.overlayMTU()
 
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: h.Bridge, MTU: omtu}}
-	if err := nh.LinkAdd(br); err != nil {
-		return fmt.Errorf("adding bridge %s: %w", h.Bridge, err)
+	if h.Bridge != "" {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: h.Bridge, MTU: omtu}}
+		if err := nh.LinkAdd(br); err != nil {
+			return fmt.Errorf("adding bridge %s: %w", h.Bridge, err)
+		}
 	}
 	vx := &netlink.Vxlan{
 		LinkAttrs:    netlink.LinkAttrs{Name: h.VXLAN, MTU: omtu, HardwareAddr: h.VXLANMAC},
@@ -355,7 +368,7 @@ func (tb *Testbed) buildHost(i int) error {
 		VtepDevIndex: ul.Attrs().Index,
 		SrcAddr:      h.UnderlayAddr.Addr().AsSlice(),
 		Port:         vxlanPort,
-		Learning:     false, // both Docker and Flannel program the FDB themselves
+		Learning:     false, // Docker, Flannel and Calico program the FDB themselves
 	}
 	if err := nh.LinkAdd(vx); err != nil {
 		return fmt.Errorf("adding vxlan %s: %w", h.VXLAN, err)
@@ -364,9 +377,11 @@ func (tb *Testbed) buildHost(i int) error {
 	if err != nil {
 		return err
 	}
-	brl, err := nh.LinkByName(h.Bridge)
-	if err != nil {
-		return err
+	var brl netlink.Link // nil on calico
+	if h.Bridge != "" {
+		if brl, err = nh.LinkByName(h.Bridge); err != nil {
+			return err
+		}
 	}
 	remote := peer.UnderlayAddr.Addr().AsSlice()
 
@@ -391,16 +406,19 @@ func (tb *Testbed) buildHost(i int) error {
 				return fmt.Errorf("adding fdb %s -> %s: %w", m, peer.UnderlayAddr.Addr(), err)
 			}
 		}
-	case Flannel:
-		// flanneld's layout: the L3 VXLAN device owns this host's VTEP
-		// address; for each remote subnet a route via the remote VTEP
-		// address (onlink), a permanent neighbour giving its MAC, and an
-		// FDB entry sending that MAC to the remote underlay address.
+	case Flannel, Calico:
+		// flanneld's layout, and calico-node's in VXLAN mode: the L3 VXLAN
+		// device owns this host's VTEP address; for each remote subnet a
+		// route via the remote VTEP address (onlink), a permanent
+		// neighbour giving its MAC, and an FDB entry sending that MAC to
+		// the remote underlay address.
 		if err := nh.AddrAdd(vxl, &netlink.Addr{IPNet: prefixNet(h.VTEPAddr)}); err != nil {
 			return fmt.Errorf("addressing %s: %w", h.VXLAN, err)
 		}
-		if err := nh.AddrAdd(brl, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.PodSubnet.Addr().Next(), 24))}); err != nil {
-			return fmt.Errorf("addressing %s: %w", h.Bridge, err)
+		if brl != nil {
+			if err := nh.AddrAdd(brl, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.PodSubnet.Addr().Next(), 24))}); err != nil {
+				return fmt.Errorf("addressing %s: %w", h.Bridge, err)
+			}
 		}
 		peerMAC := peer.VXLANMAC
 		if err := nh.NeighAdd(&netlink.Neigh{
@@ -425,10 +443,12 @@ func (tb *Testbed) buildHost(i int) error {
 	if err := nh.LinkSetUp(vxl); err != nil {
 		return err
 	}
-	if err := nh.LinkSetUp(brl); err != nil {
-		return err
+	if brl != nil {
+		if err := nh.LinkSetUp(brl); err != nil {
+			return err
+		}
 	}
-	if tb.Config.Topology == Flannel {
+	if tb.Config.Routed() {
 		if err := nh.RouteAdd(&netlink.Route{
 			LinkIndex: vxl.Attrs().Index, Dst: prefixNet(peer.PodSubnet),
 			Gw: peer.VTEPAddr.Addr().AsSlice(), Flags: int(netlink.FLAG_ONLINK),
@@ -444,6 +464,17 @@ func (tb *Testbed) buildHost(i int) error {
 	return nil
 }
 
+// calicoGateway is the address every Calico pod routes through: a
+// link-local address nobody owns, which the host-side veth answers for by
+// proxy ARP, with Calico's fixed MAC.
+var (
+	calicoGateway    = netip.MustParseAddr("169.254.1.1")
+	calicoGatewayMAC = net.HardwareAddr{0xee, 0xee, 0xee, 0xee, 0xee, 0xee}
+)
+
+// buildContainer wires container c to its host: a veth into the bridge br
+// (docker, flannel), or on calico (br nil) a routed veth with a /32 route
+// to the pod on the host side.
 func (tb *Testbed) buildContainer(nh *netlink.Handle, br netlink.Link, h Host, c Container) error {
 	cfd, err := nsFd(c.NetNS)
 	if err != nil {
@@ -452,10 +483,15 @@ func (tb *Testbed) buildContainer(nh *netlink.Handle, br netlink.Link, h Host, c
 	defer cfd.Close()
 	omtu := tb.Config.overlayMTU()
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: c.HostVeth, MTU: omtu, MasterIndex: br.Attrs().Index},
+		LinkAttrs:        netlink.LinkAttrs{Name: c.HostVeth, MTU: omtu},
 		PeerName:         c.Veth,
 		PeerHardwareAddr: c.MAC,
 		PeerNamespace:    netlink.NsFd(int(cfd)),
+	}
+	if br != nil {
+		veth.LinkAttrs.MasterIndex = br.Attrs().Index
+	} else {
+		veth.LinkAttrs.HardwareAddr = calicoGatewayMAC
 	}
 	if err := nh.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding veth %s: %w", c.HostVeth, err)
@@ -464,8 +500,24 @@ func (tb *Testbed) buildContainer(nh *netlink.Handle, br netlink.Link, h Host, c
 	if err != nil {
 		return err
 	}
+	if br == nil {
+		// What Calico's CNI plugin sets on the host side: proxy ARP (it
+		// answers the pod's ARP for the gateway) and a /32 route.
+		if err := nsx.Do(h.NetNS, func() error {
+			return os.WriteFile("/proc/sys/net/ipv4/conf/"+c.HostVeth+"/proxy_arp", []byte("1"), 0)
+		}); err != nil {
+			return fmt.Errorf("proxy ARP on %s: %w", c.HostVeth, err)
+		}
+	}
 	if err := nh.LinkSetUp(hv); err != nil {
 		return err
+	}
+	if br == nil {
+		if err := nh.RouteAdd(&netlink.Route{
+			LinkIndex: hv.Attrs().Index, Dst: prefixNet(c.Addr), Scope: netlink.SCOPE_LINK,
+		}); err != nil {
+			return fmt.Errorf("routing to %s: %w", c.Addr, err)
+		}
 	}
 	ch, closeC, err := handle(c.NetNS)
 	if err != nil {
@@ -488,9 +540,32 @@ func (tb *Testbed) buildContainer(nh *netlink.Handle, br netlink.Link, h Host, c
 		if err := ch.LinkSetUp(l); err != nil {
 			return err
 		}
-		if name == c.Veth && tb.Config.Topology == Flannel {
+		if name != c.Veth {
+			continue
+		}
+		switch tb.Config.Topology {
+		case Flannel:
 			if err := ch.RouteAdd(&netlink.Route{Gw: h.PodSubnet.Addr().Next().AsSlice(), LinkIndex: l.Attrs().Index}); err != nil {
 				return fmt.Errorf("default route: %w", err)
+			}
+		case Calico:
+			// Calico's pod routes: the gateway on the link, the default
+			// through it. Its neighbour entry is permanent here: proxy ARP
+			// answers only for addresses the host routes elsewhere, and
+			// the testbed's hosts have no default route to cover
+			// 169.254.1.1 (a Calico host has one).
+			gw := calicoGateway.AsSlice()
+			if err := ch.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(calicoGateway, 32)), Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("route to the gateway: %w", err)
+			}
+			if err := ch.RouteAdd(&netlink.Route{Gw: gw, LinkIndex: l.Attrs().Index}); err != nil {
+				return fmt.Errorf("default route: %w", err)
+			}
+			if err := ch.NeighAdd(&netlink.Neigh{
+				LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4,
+				State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: calicoGatewayMAC,
+			}); err != nil {
+				return fmt.Errorf("gateway neighbour: %w", err)
 			}
 		}
 	}

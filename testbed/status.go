@@ -56,7 +56,10 @@ func (tb *Testbed) Status() ([]DeviceStatus, error) {
 		return nil
 	}
 	for _, h := range tb.Hosts {
-		names := []string{h.Underlay, h.VXLAN, h.Bridge}
+		names := []string{h.Underlay, h.VXLAN}
+		if h.Bridge != "" { // calico has none
+			names = append(names, h.Bridge)
+		}
 		for _, c := range h.Containers {
 			names = append(names, c.HostVeth)
 		}
@@ -81,7 +84,7 @@ func (tb *Testbed) WriteStatus(w io.Writer) error {
 	c := tb.Config
 	fmt.Fprintf(w, "testbed %q: topology %s, %d containers per host, IRQ core %d (sender's NIC polled on %d), underlay MTU %d, VNI %d\n",
 		c.Prefix, c.Topology, c.Containers, c.IRQCPU, c.PollCPU(0), c.MTU, c.VNI)
-	fmt.Fprintf(w, "%-14s %-10s %-7s %-4s %-5s %-22s %s\n", "NETNS", "DEVICE", "KIND", "UP", "MTU", "ADDRESS", "NAPI (thread -> cores, last ran on)")
+	fmt.Fprintf(w, "%-14s %-15s %-7s %-4s %-5s %-22s %s\n", "NETNS", "DEVICE", "KIND", "UP", "MTU", "ADDRESS", "NAPI (thread -> cores, last ran on)")
 	for _, d := range st {
 		var napi []string
 		for _, n := range d.NAPI {
@@ -91,7 +94,7 @@ func (tb *Testbed) WriteStatus(w io.Writer) error {
 		if d.Up {
 			up = "yes"
 		}
-		fmt.Fprintf(w, "%-14s %-10s %-7s %-4s %-5d %-22s %s\n", d.NetNS, d.Name, d.Kind, up, d.MTU, strings.Join(d.Addrs, ","), strings.Join(napi, "; "))
+		fmt.Fprintf(w, "%-14s %-15s %-7s %-4s %-5d %-22s %s\n", d.NetNS, d.Name, d.Kind, up, d.MTU, strings.Join(d.Addrs, ","), strings.Join(napi, "; "))
 	}
 	return nil
 }

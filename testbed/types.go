@@ -4,6 +4,11 @@
 // host with a VXLAN overlay and containers behind veth pairs, in Docker's or
 // Flannel's layout. Everything lives in namespaces whose names start with the
 // testbed's prefix, so `down` can find and remove all of it from any state.
+//
+// Three layouts, the three ways container hosts wire a VXLAN overlay:
+// Docker's (L2: VXLAN in a bridge), Flannel's (L3 VXLAN routing into a
+// pod bridge) and Calico's (L3 VXLAN routing straight into each pod's
+// veth, no bridge).
 package testbed
 
 import (
@@ -22,12 +27,20 @@ const (
 	// Flannel: an L3 VXLAN device (flannel.1) routing between per-host pod
 	// subnets; containers sit on a per-host bridge (cni0).
 	Flannel Topology = "flannel"
+	// Calico: Calico's VXLAN mode: an L3 VXLAN device (vxlan.calico)
+	// routing between per-host pod blocks, and each pod's host-side veth
+	// (cali...) a routed point-to-point link with a /32 route to the pod,
+	// no bridge.
+	Calico Topology = "calico"
 )
+
+// Topologies lists the layouts Up builds.
+var Topologies = []Topology{Docker, Flannel, Calico}
 
 // Config says what to build.
 type Config struct {
 	Prefix     string   // namespace and state prefix, default "lanes"
-	Topology   Topology // default Docker
+	Topology   Topology // Docker (default), Flannel or Calico
 	Containers int      // containers per host, default 2
 	IRQCPU     int      // core that polls each host's underlay NIC, default 1 (last core)
 	// SenderApart polls the sending host's underlay NIC on the first
@@ -56,9 +69,9 @@ type Host struct {
 	UnderlayMAC  net.HardwareAddr
 	VXLAN        string // VXLAN device name inside NetNS
 	VXLANMAC     net.HardwareAddr
-	VTEPAddr     netip.Prefix // flannel: the VXLAN device's own address; docker: invalid
-	Bridge       string       // bridge name inside NetNS
-	PodSubnet    netip.Prefix // flannel: this host's pod subnet; docker: the shared overlay subnet
+	VTEPAddr     netip.Prefix // flannel, calico: the VXLAN device's own address; docker: invalid
+	Bridge       string       // bridge name inside NetNS; calico: none
+	PodSubnet    netip.Prefix // flannel, calico: this host's pod subnet (block); docker: the shared overlay subnet
 	Containers   []Container
 }
 
@@ -94,9 +107,9 @@ func (c Config) withDefaults() Config {
 // Validate reports the first thing wrong with c, as a one-line fix-it.
 func (c Config) Validate(ncpu int) error {
 	switch c.Topology {
-	case Docker, Flannel:
+	case Docker, Flannel, Calico:
 	default:
-		return fmt.Errorf("unknown topology %q: use docker or flannel", c.Topology)
+		return fmt.Errorf("unknown topology %q: use docker, flannel or calico", c.Topology)
 	}
 	if c.Containers < 1 || c.Containers > 50 {
 		return fmt.Errorf("containers per host must be 1..50, got %d", c.Containers)
@@ -118,6 +131,11 @@ func (c Config) Validate(ncpu int) error {
 	}
 	return nil
 }
+
+// Routed says whether the VXLAN device routes (L3: Flannel, Calico), so
+// an inner frame is addressed to the receiving VXLAN device's MAC, not to
+// a container's.
+func (c Config) Routed() bool { return c.Topology != Docker }
 
 // Receiver is the host the benchmarks measure.
 func (tb *Testbed) Receiver() *Host { return &tb.Hosts[1] }

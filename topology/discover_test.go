@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
@@ -255,5 +257,42 @@ func TestDiscoverMovedVXLAN(t *testing.T) {
 	}
 	if topo.Kind != topology.Docker || len(topo.Underlays) != 1 || topo.Underlays[0].NetNS != h.NetNS {
 		t.Errorf("kind %s underlays %+v", topo.Kind, topo.Underlays)
+	}
+}
+
+// TestDiscoverCalico discovers the receiver of the testbed's Calico layout:
+// a routed VXLAN device and a routed veth per pod, no bridge.
+func TestDiscoverCalico(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Calico)
+	h := tb.Receiver()
+	topo, err := topology.Discover(h.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.Kind != topology.Routed {
+		t.Errorf("kind %q, want routed", topo.Kind)
+	}
+	if len(topo.Bridges) != 0 {
+		t.Errorf("bridges %+v, want none", topo.Bridges)
+	}
+	if len(topo.VXLANs) != 1 {
+		t.Fatalf("vxlans %+v, want one", topo.VXLANs)
+	}
+	vx := topo.VXLANs[0]
+	if vx.Name != h.VXLAN || !vx.L3 || vx.Master != "" || vx.Underlay != h.Underlay || !slices.Contains(vx.Addrs, h.VTEPAddr) {
+		t.Errorf("vxlan %+v: want l3 %s on %s with %s", vx, h.VXLAN, h.Underlay, h.VTEPAddr)
+	}
+	if len(topo.Veths) != len(h.Containers) || len(topo.Containers) != len(h.Containers) {
+		t.Fatalf("veths %+v, containers %+v: want %d of each", topo.Veths, topo.Containers, len(h.Containers))
+	}
+	for i, c := range h.Containers {
+		v := topo.Veths[i]
+		if v.Name != c.HostVeth || v.Master != "" || v.PeerNetNS != c.NetNS || v.PeerName != c.Veth {
+			t.Errorf("veth %+v: want %s, no master, peer %s in %s", v, c.HostVeth, c.Veth, c.NetNS)
+		}
+		ifc := topo.Containers[i].Interfaces
+		if len(ifc) != 1 || ifc[0].HostVeth != c.HostVeth || !slices.Contains(ifc[0].Addrs, c.Addr) {
+			t.Errorf("container %s: interfaces %+v, want %s with %s", c.NetNS, ifc, c.Veth, c.Addr)
+		}
 	}
 }

@@ -60,7 +60,7 @@ also on Ctrl-C.`,
 	fl.StringVar(&o.Out, "out", "out", "directory for results.json, report.md and plots")
 	fl.IntVar(&o.Repeats, "repeats", 3, "repeats of every (point, mode) pair")
 	fl.DurationVar(&o.Duration, "duration", 0, "length of one measurement (default 2s with --quick, else 10s)")
-	fl.StringVar(&topo, "topology", "docker", "testbed topology: docker or flannel")
+	fl.StringVar(&topo, "topology", "docker", "testbed topology: docker, flannel or calico")
 	fl.IntVar(&o.IRQCPU, "irq-cpu", -1, "core polling the receiving underlay NIC (default: the last core)")
 	fl.BoolVar(&o.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than the IRQ core, as if it were another machine (default: both on the IRQ core)")
 	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")

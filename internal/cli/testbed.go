@@ -34,7 +34,7 @@ func newTestbedCmd() *cobra.Command {
 		},
 	}
 	up.Flags().StringVar(&cfg.Prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
-	up.Flags().StringVar(&topo, "topology", "docker", "docker (VXLAN in a bridge) or flannel (L3 VXLAN + pod bridge)")
+	up.Flags().StringVar(&topo, "topology", "docker", "docker (VXLAN in a bridge), flannel (L3 VXLAN + pod bridge) or calico (L3 VXLAN + a routed veth per pod)")
 	up.Flags().IntVar(&cfg.Containers, "containers", 2, "containers per host")
 	up.Flags().IntVar(&cfg.IRQCPU, "irq-cpu", runtime.NumCPU()-1, "core that polls the underlay NICs (like a NIC's IRQ affinity)")
 	up.Flags().BoolVar(&cfg.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than --irq-cpu, as if it were another machine (default: both on --irq-cpu)")

@@ -175,7 +175,11 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			t.Fatal(err)
 		}
 		devs := topo.AllDevices()
-		if len(devs) < 3+2*len(h.Containers) {
+		want := 2 + 2*len(h.Containers) // VXLAN, underlay, both ends of each veth
+		if h.Bridge != "" {
+			want++
+		}
+		if len(devs) < want {
 			t.Fatalf("discovery of %s found only %d devices", h.NetNS, len(devs))
 		}
 		for _, d := range devs {

@@ -100,7 +100,9 @@ const UDPCount = 50
 // decide how many must.
 func UDP(t testing.TB, srcNS, dstNS string, dst netip.Addr, size int) int {
 	t.Helper()
-	rc, sc := UDPPair(t, srcNS, dstNS, dst, 0)
+	// A large buffer: with the receive path on another core than the
+	// reader, a burst of 50 can overflow the default one (seen with rps).
+	rc, sc := UDPPair(t, srcNS, dstNS, dst, streamRcvBuf)
 	defer rc.Close()
 	defer sc.Close()
 	for i := 0; i < UDPCount; i++ {

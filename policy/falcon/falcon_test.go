@@ -27,12 +27,12 @@ import (
 )
 
 // TestFalconApplyReset applies the full falcon mode to the receiver of a
-// Docker and of a Flannel testbed, checks every mechanism is in place and
+// testbed of each layout (Docker, Flannel, Calico), checks every mechanism is in place and
 // the overlay still carries TCP and UDP, then resets and checks every knob
 // is back byte for byte.
 func TestFalconApplyReset(t *testing.T) {
 	needsSplit(t)
-	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel} {
+	for _, topo := range testbed.Topologies {
 		t.Run(string(topo), func(t *testing.T) {
 			cpus := online(t)
 			tb := upTestbed(t, topo)

@@ -1,0 +1,104 @@
+package control_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// The BPF modes mount bpffs: the tests run in a mount namespace of their own.
+func TestMain(m *testing.M) { modetest.Main(m, "tc") }
+
+// reorders are the modes that give up order by design (MFLOW without the
+// kernel backend's reassembly); their streams are checked for arrival only.
+var reorders = map[string]bool{"mflow": true}
+
+// variants are settings an operator is told about in the README that
+// change which mechanisms a mode sets up, applied besides each mode's
+// defaults.
+var variants = []struct {
+	mode   string
+	params map[string]string
+}{
+	{"falcon", map[string]string{"spread": "always"}},
+	{"falcon", map[string]string{"split": "rps"}},
+	{"prism-batch", map[string]string{"veth-queues": "class"}},
+	{"mflow", map[string]string{"at": "bridge"}},
+}
+
+// TestEveryModeOnEveryLayout applies every registered mode, with its
+// defaults and the variants above, to the receiver of each testbed layout
+// (Docker's L2 overlay, Flannel's routed VXLAN with a pod bridge, Calico's
+// routed VXLAN with a routed veth per pod), and checks what an operator
+// needs of any mode on any host: it applies, a sequence-numbered UDP
+// stream crosses the overlay complete and in order (marked high priority
+// where the mode has classes, so both classes' paths carry traffic), TCP
+// and the reverse direction and a second container work, and reset puts
+// every knob back byte for byte, after which the overlay still works.
+func TestEveryModeOnEveryLayout(t *testing.T) {
+	type run struct {
+		mode   string
+		params map[string]string
+	}
+	var runs []run
+	for _, m := range plan.Modes() {
+		runs = append(runs, run{mode: m})
+	}
+	for _, v := range variants {
+		runs = append(runs, run{v.mode, v.params})
+	}
+	for _, topo := range testbed.Topologies {
+		t.Run(string(topo), func(t *testing.T) {
+			tb := modetest.UpTestbed(t, topo)
+			r, s := tb.Receiver(), tb.Sender()
+			rc, sc := r.Containers[0], s.Containers[0]
+			rc2, sc2 := r.Containers[1], s.Containers[1]
+			dst, dst2 := rc.Addr.Addr(), rc2.Addr.Addr()
+			overlaytest.Warm(t, sc.NetNS, rc.NetNS, dst)
+			overlaytest.Warm(t, sc2.NetNS, rc2.NetNS, dst2)
+			overlaytest.Warm(t, rc.NetNS, sc.NetNS, sc.Addr.Addr())
+			for _, ru := range runs {
+				name := ru.mode
+				for k, v := range ru.params {
+					name += fmt.Sprintf(":%s=%s", k, v)
+				}
+				t.Run(name, func(t *testing.T) {
+					before := modetest.Snapshot(t, tb)
+					a := modetest.Apply(t, tb, ru.mode, ru.params)
+					if set, err := control.OpenPrio(r.NetNS); err == nil {
+						// Container 1 high priority, container 2 bulk.
+						err := set.Add(modetest.Rule(t, "dst "+dst.String()))
+						set.Close()
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					st := overlaytest.Stream{Count: 3000, Size: 64, Burst: 100, Pause: 1e6, CPU: 0}.Run(t, sc.NetNS, rc.NetNS, dst)
+					if reorders[ru.mode] {
+						t.Logf("%s reorders by design: %d of %d arrived, %d out of order", ru.mode, st.Received, st.Sent, st.Reordered)
+						if st.Received*10 < st.Sent*9 {
+							t.Errorf("only %d of %d datagrams arrived", st.Received, st.Sent)
+						}
+					} else {
+						overlaytest.InOrder(t, "stream to container 1", st)
+					}
+					overlaytest.TCP(t, sc.NetNS, rc.NetNS, dst, 2<<20)
+					overlaytest.UDPMost(t, rc.NetNS, sc.NetNS, sc.Addr.Addr(), 200)
+					overlaytest.UDPMost(t, sc2.NetNS, rc2.NetNS, dst2, 1000)
+					if a.State.Plan.Changes == 0 { // vanilla: nothing to restore
+						a.Reset(t)
+						modetest.SameSnapshot(t, "after reset of "+ru.mode, modetest.Snapshot(t, tb), before)
+					} else {
+						a.ResetAndCheck(t, before)
+					}
+					overlaytest.UDPMost(t, sc.NetNS, rc.NetNS, dst, 200)
+				})
+			}
+		})
+	}
+}
