@@ -208,7 +208,7 @@ func ctlPrintVethFlows(out io.Writer, st *control.Steering) {
 }
 
 func ctlPrintTopology(out io.Writer, t *topology.Topology) {
-	fmt.Fprintf(out, "overlay: %s-like\n", t.Kind)
+	fmt.Fprintf(out, "overlay: %s\n", kindLabel[t.Kind])
 	for _, v := range t.VXLANs {
 		use := "l2"
 		if v.L3 {
@@ -301,4 +301,12 @@ func ctlInFlight(f control.FlowStage) string {
 		return fmt.Sprintf("; %d frames in flight and one uncounted after %d ms idle: a move waits for the drain time", f.InFlight, f.IdleMs)
 	}
 	return fmt.Sprintf("; %d frames still in flight after %d ms idle: a move waits until they are out", f.InFlight, f.IdleMs)
+}
+
+// kindLabel says how an overlay is wired, in the words of the systems that
+// wire it that way.
+var kindLabel = map[topology.Kind]string{
+	topology.Docker:  "L2, VXLAN in a bridge with the containers (Docker-like)",
+	topology.Flannel: "routed VXLAN into a container bridge (Flannel-like)",
+	topology.Routed:  "routed VXLAN, a routed veth per container (Calico-like)",
 }
