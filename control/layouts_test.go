@@ -59,9 +59,6 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 			rc, sc := r.Containers[0], s.Containers[0]
 			rc2, sc2 := r.Containers[1], s.Containers[1]
 			dst, dst2 := rc.Addr.Addr(), rc2.Addr.Addr()
-			overlaytest.Warm(t, sc.NetNS, rc.NetNS, dst)
-			overlaytest.Warm(t, sc2.NetNS, rc2.NetNS, dst2)
-			overlaytest.Warm(t, rc.NetNS, sc.NetNS, sc.Addr.Addr())
 			for _, ru := range runs {
 				name := ru.mode
 				for k, v := range ru.params {

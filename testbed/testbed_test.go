@@ -252,7 +252,7 @@ func TestDownFromHalfBuiltState(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	bad := []Config{
-		{Topology: "calico"},
+		{Topology: "weave"},
 		{Containers: -1},
 		{IRQCPU: 64},
 		{MTU: 100},
