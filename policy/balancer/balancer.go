@@ -262,6 +262,22 @@ func (b *Balancer) Observe(sample map[int]float64) {
 	}
 }
 
+// Spreading tells the balancer that placement just went from vanilla to
+// spread without a fallback: stages left the IRQ core because it passed
+// the threshold while another core had room (Falcon's spread=busy). Like
+// a resume, that puts the set's own receive work on the other cores, so
+// a climb to the fallback level within CycleRounds is damped (see
+// Observe) rather than taken once before damping learns it: on two cores
+// every unpaced udp_stress run fell back within a second of its stages
+// leaving home and resumed 0.5-0.6 s later (lanes' agent.log, 2026-11-24).
+func (b *Balancer) Spreading() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cfg.Damp && !b.fallenBk {
+		b.resumed, b.resumedAt = true, b.rounds
+	}
+}
+
 // fallbackBar is the figure at or above which the set falls back: the
 // threshold, or higher after a damped cycle.
 func (b *Balancer) fallbackBar() float64 {

@@ -634,6 +634,68 @@ func TestFallbackCycleDamped(t *testing.T) {
 	}
 }
 
+// TestSpreadingDamped: stages leaving a saturated IRQ core (spread=busy)
+// lift the set's average with the set's own work, as a resume does. Told
+// so, the balancer damps the climb to the threshold instead of falling
+// back once first; untold (Falcon's rule), it falls back.
+func TestSpreadingDamped(t *testing.T) {
+	c := DefaultConfig([]int{0, 1})
+	home, spread, busier := map[int]float64{0: 20, 1: 100}, map[int]float64{0: 62, 1: 100}, map[int]float64{0: 95, 1: 100}
+	for _, told := range []bool{true, false} {
+		b := mustNew(t, c)
+		for range 30 {
+			b.Observe(home)
+		}
+		if told {
+			b.Spreading()
+		}
+		var crossed int
+		for n := 1; n <= 300 && !b.FallenBack(); n++ {
+			b.Observe(spread)
+			if crossed == 0 && b.FallbackLoad() >= c.Threshold {
+				crossed = n
+			}
+		}
+		if crossed == 0 || crossed > CycleRounds {
+			t.Fatalf("figure crossed the threshold after %d samples; the test needs it within %d", crossed, CycleRounds)
+		}
+		s := b.Stats()
+		if !told {
+			if !b.FallenBack() || s.Fallbacks != 1 || s.Damped != 0 {
+				t.Fatalf("untold: fallen back %v, stats %+v: want Falcon's fallback", b.FallenBack(), s)
+			}
+			continue
+		}
+		if b.FallenBack() || s.Fallbacks != 0 || s.Damped != 1 {
+			t.Fatalf("told: fallen back %v, stats %+v: want the climb damped", b.FallenBack(), s)
+		}
+		if bar := b.FallbackBar(); bar != c.Threshold+c.Hysteresis {
+			t.Fatalf("fallback bar %.1f, want threshold + hysteresis %.1f", bar, c.Threshold+c.Hysteresis)
+		}
+		// More load than the set's own: it falls back.
+		if n := feedUntil(b, busier, 200, b.FallenBack); n > 200 {
+			t.Fatalf("never fell back at %v (figure %.1f, bar %.1f)", busier, b.FallbackLoad(), b.FallbackBar())
+		}
+	}
+	// While fallen back, Spreading changes nothing: only a resume does.
+	b := mustNew(t, c)
+	feedUntil(b, spread, 200, b.FallenBack)
+	b.Spreading()
+	if n := feedUntil(b, busier, 5, func() bool { return !b.FallenBack() }); n <= 5 {
+		t.Fatal("resumed under load after Spreading while fallen back")
+	}
+	// Without damping (Falcon's rule alone) it is a no-op.
+	c.Damp = false
+	b = mustNew(t, c)
+	for range 30 {
+		b.Observe(home)
+	}
+	b.Spreading()
+	if n := feedUntil(b, spread, 300, b.FallenBack); n > 300 {
+		t.Fatal("Damp off: never fell back")
+	}
+}
+
 // Room: a core other than the one named is under the limit, which is at
 // most the threshold.
 func TestRoom(t *testing.T) {

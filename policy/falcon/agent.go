@@ -472,6 +472,12 @@ func (a *agent) leaveHome(stage int) error {
 		return err
 	}
 	a.atHome[stage] = false
+	// The set's average now climbs with the work this stage moves: the
+	// balancer damps that climb as it does after a resume.
+	a.bal.Spreading()
+	if sb := a.stageBal(stage); sb != a.bal {
+		sb.Spreading()
+	}
 	if a.env.Logf != nil {
 		a.env.Logf("%s stage leaves home: core %d at %.0f%%", steer.StageName(stage), a.home, a.stageBal(stage).Load(a.home))
 	}
