@@ -482,6 +482,10 @@ type Activity struct {
 	// within the window; Flows counts those (flow, stage) pairs.
 	Active [NumStages][Buckets]bool
 	Flows  int
+	// Packets sums, per stage and bucket, the packet counts of the active
+	// flows (each counted since its state was made): a balancer that
+	// keeps the previous sum gets a bucket's rate.
+	Packets [NumStages][Buckets]uint64
 	// Away is set for a stage if an active flow's stage runs away from
 	// where the kernel runs it: the stage is not at home yet. A flow idle
 	// for longer than the window does not count: whatever it queued was
@@ -509,6 +513,7 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 			a.Away[k.Stage] = true
 		}
 		a.Active[k.Stage][s.Bucket%Buckets] = true
+		a.Packets[k.Stage][s.Bucket%Buckets] += s.Packets
 		a.Flows++
 	})
 	return a, err

@@ -61,6 +61,12 @@ type agent struct {
 	homeQueued bool
 	bal        *balancer.Balancer
 	split      *balancer.Balancer // over the split cores only; nil when there is one or none
+	// With mice: per stage, the buckets' packet sums at the last round
+	// and when they were read (zero: not yet), and the buckets kept home
+	// as mice in the last round.
+	prevPkts [steer.NumStages][steer.Buckets]uint64
+	prevAt   [steer.NumStages]time.Time
+	miceHome int
 
 	mu     sync.Mutex
 	status AgentStatus
@@ -84,6 +90,9 @@ type AgentStatus struct {
 	// Active are the (flow, stage) pairs seen in the last window; not
 	// read (0) while every stage is at home, where nothing is placed.
 	Active int `json:"active_flow_stages"`
+	// MiceHome counts the active (stage, bucket) pairs kept at home in
+	// the last round because they carried under the mice rate.
+	MiceHome int `json:"mice_home,omitempty"`
 	// Home lists the stages on their at-home fast path: vanilla placement
 	// without per-flow work, until the IRQ core gets busy.
 	Home []string `json:"home,omitempty"`
@@ -325,6 +334,7 @@ func (a *agent) step(s load.Sample) error {
 	a.status.Damped = bs.Damped
 	a.status.FallbackBar = a.bal.FallbackBar()
 	a.status.Active = nactive
+	a.status.MiceHome = a.miceHome
 	a.status.Home = nil
 	for st, h := range a.atHome {
 		if h {
@@ -346,6 +356,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 	// batch walk of the flow map, one read of the tables, one write per
 	// stage that changed.
 	a.round++
+	a.miceHome = 0
 	if a.stayHome(fallen) {
 		// Nothing away and nothing to leave home this round: no flow
 		// state to read (the at-home fast path keeps none) and no table
@@ -362,6 +373,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	now := time.Now()
 	for _, st := range a.stages {
 		cur := tables[st]
 		var next [steer.Buckets]uint32
@@ -382,6 +394,18 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			}
 			continue // the next round sees the stage's flows afresh
 		}
+		stAct := active[st]
+		if mice := a.mice(st, &act, now); mice != nil {
+			for b := range stAct {
+				if stAct[b] && mice[b] {
+					// A light flow stays (or goes back) where the
+					// kernel runs it: assign rests inactive buckets
+					// at home.
+					stAct[b] = false
+					a.miceHome++
+				}
+			}
+		}
 		if fallen {
 			// Vanilla placement: everything on the IRQ core, where with
 			// prio the first stage keeps its two queues.
@@ -393,7 +417,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 				next[b] = stay
 			}
 		} else {
-			next = a.assign(st, cur, active[st])
+			next = a.assign(st, cur, stAct)
 		}
 		if next == cur {
 			if err := a.maybeHome(st, next, act.Away[st]); err != nil {
@@ -414,6 +438,35 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 		}
 	}
 	return moves, nactive, nil
+}
+
+// mice marks the active buckets of stage carrying under o.Mice packets/s
+// since the last round, and keeps this round's sums for the next. nil when
+// mice is off, the stage is not home-first, or there is no earlier sum
+// (the first round an agent sees a stage away; leaveHome starts one at
+// zero, since it deletes the stage's flow states).
+func (a *agent) mice(stage int, act *steer.Activity, now time.Time) *[steer.Buckets]bool {
+	prev, at := a.prevPkts[stage], a.prevAt[stage]
+	a.prevPkts[stage], a.prevAt[stage] = act.Packets[stage], now
+	if a.o.Mice <= 0 || !a.homeFirst[stage] || at.IsZero() {
+		return nil
+	}
+	dt := now.Sub(at).Seconds()
+	if dt <= 0 {
+		return nil
+	}
+	var m [steer.Buckets]bool
+	for b := range m {
+		if !act.Active[stage][b] {
+			continue
+		}
+		n := act.Packets[stage][b]
+		if n >= prev[b] {
+			n -= prev[b]
+		} // else a flow's state was replaced: its count starts again, count it whole
+		m[b] = float64(n)/dt < a.o.Mice
+	}
+	return &m
 }
 
 // stayHome says whether every stage is at home and stays there this round.
@@ -472,6 +525,8 @@ func (a *agent) leaveHome(stage int) error {
 		return err
 	}
 	a.atHome[stage] = false
+	// Rates (mice) count from here: the states just deleted start at 0.
+	a.prevPkts[stage], a.prevAt[stage] = [steer.Buckets]uint64{}, time.Now()
 	// The set's average now climbs with the work this stage moves: the
 	// balancer damps that climb as it does after a resume.
 	a.bal.Spreading()
@@ -623,7 +678,11 @@ func (s AgentStatus) Summary() []string {
 	if len(s.Home) > 0 {
 		out = append(out, "at home (vanilla placement, no per-flow work): "+strings.Join(s.Home, ", "))
 	} else {
-		out = append(out, fmt.Sprintf("active (flow, stage) pairs: %d", s.Active))
+		line := fmt.Sprintf("active (flow, stage) pairs: %d", s.Active)
+		if s.MiceHome > 0 {
+			line += fmt.Sprintf(", %d kept at home as mice", s.MiceHome)
+		}
+		out = append(out, line)
 	}
 	return out
 }

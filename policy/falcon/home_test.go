@@ -212,3 +212,76 @@ func batchThreads(t *testing.T) int {
 	}
 	return n
 }
+
+// TestFalconMiceStayHome: with mice set, a light flow stays on the IRQ
+// core when its stages leave it, while a heavy flow's move: with the IRQ
+// core busy, a stream of about 40 Kpps to one container and one of about
+// 200 packets/s to another run together; the heavy one's bridge or
+// container stage runs elsewhere at some point, the light one's never
+// (unless it shares a hash bucket with the heavy one), both in order.
+func TestFalconMiceStayHome(t *testing.T) {
+	cpus := online(t)
+	tb := upTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	before := modetest.Snapshot(t, tb)
+	a := apply(t, tb, "falcon", map[string]string{"mice": "2k"})
+	dp := a.Open(t)
+	ag, stopAgent := a.StartAgent(t)
+	heavyDst, lightDst := r.Containers[0], r.Containers[1]
+	irq := tb.Config.IRQCPU
+	if irq < 0 || !slices.Contains(cpus, irq) {
+		t.Skipf("IRQ core %d is not online (%v)", irq, cpus)
+	}
+	stopHog := hogCores(t, []int{irq})
+	later := map[int]bool{steer.StageBridge: true, steer.StageContainer: true}
+	heavyAway, lightAway, mice := false, false, 0
+	for try := 0; try < 5 && !heavyAway; try++ {
+		lightDone := make(chan overlaytest.StreamResult, 1)
+		go func() {
+			lightDone <- overlaytest.Stream{Count: 300, Size: 64, Burst: 1, Pause: 5 * time.Millisecond, CPU: cpus[0]}.Run(t, s.Containers[1].NetNS, lightDst.NetNS, lightDst.Addr.Addr())
+		}()
+		heavy := overlaytest.Stream{Count: 60000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: cpus[0]}
+		heavy.During = func() {
+			for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); time.Sleep(40 * time.Millisecond) {
+				flows, err := dp.Flows()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				heavyBuckets := map[[2]int]bool{}
+				for _, f := range flows {
+					if later[f.Stage] && f.Dst == heavyDst.Addr.Addr() {
+						heavyBuckets[[2]int{f.Stage, f.Bucket}] = true
+						heavyAway = heavyAway || f.CPUIndex != steer.Stay
+					}
+				}
+				for _, f := range flows {
+					if later[f.Stage] && f.Dst == lightDst.Addr.Addr() && f.CPUIndex != steer.Stay {
+						if heavyBuckets[[2]int{f.Stage, f.Bucket}] {
+							t.Logf("the light flow shares bucket %d of the %s stage with the heavy one: it moves with it", f.Bucket, steer.StageName(f.Stage))
+							continue
+						}
+						lightAway = true
+					}
+				}
+				mice = max(mice, ag.Status().(falcon.AgentStatus).MiceHome)
+			}
+		}
+		res := heavy.Run(t, s.Containers[0].NetNS, heavyDst.NetNS, heavyDst.Addr.Addr())
+		overlaytest.InOrder(t, fmt.Sprintf("heavy stream %d", try), res)
+		overlaytest.InOrder(t, fmt.Sprintf("light stream %d", try), <-lightDone)
+	}
+	stopHog()
+	if !heavyAway {
+		t.Fatal("the IRQ core was busy for 5 heavy streams and the heavy flow's stages never left it")
+	}
+	if lightAway {
+		t.Error("the light flow's stages left the IRQ core with mice=2k")
+	}
+	if mice == 0 {
+		t.Error("the agent's status never counted a bucket kept at home as a mouse")
+	}
+	t.Logf("heavy flow away: %v, light flow away: %v, mice kept home (max per round): %d", heavyAway, lightAway, mice)
+	stopAgent()
+	a.ResetAndCheck(t, before)
+}

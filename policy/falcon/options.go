@@ -78,6 +78,13 @@ type Options struct {
 	// 0.96-0.99x and udp_stress 1.29x / 1.82x (unpaced / 900 Kpps) against
 	// 1.32x / 1.92x: no gain, so the default stays the threshold.
 	HomeRoom float64
+	// Mice (packets/s; 0 = off, Falcon's rule) keeps a (flow, stage)
+	// bucket carrying fewer packets per second than this at home when its
+	// stage leaves the IRQ core (spread=busy): moving a light flow frees
+	// nothing of the busy core and gives each of its packets a cross-core
+	// hop. The rate is measured between the agent's rounds, so a bucket
+	// waits one round after its stage left home before it may move.
+	Mice float64
 	// Hysteresis is how far below Threshold the set's average load must
 	// fall before steering resumes after a fallback.
 	Hysteresis float64
@@ -204,6 +211,7 @@ var params = []plan.Param{
 	{Key: "fallback", Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
 	{Key: "damp", Default: "true", Help: "a set that climbs back to the fallback level within 50 samples of resuming carries its own spread work: stay spread and fall back only at the last fallback's load + hysteresis (false: fall back every time, as Falcon)"},
 	{Key: "home-room", Default: "the threshold", Help: "with spread=busy: stages leave the IRQ core only when another core of the set is under this load (percent, at most the threshold; 0 = the threshold)"},
+	{Key: "mice", Default: "0", Help: "with spread=busy: flows (hash buckets) under this many packets/s stay on the IRQ core when their stage leaves it, e.g. 10k (0 = every flow moves, as Falcon)"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
 	{Key: "interval", Default: "40ms", Help: "balancer sampling interval"},
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
@@ -249,6 +257,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Hysteresis, err = parsePercent(v)
 		case "home-room":
 			o.HomeRoom, err = parsePercent(v)
+		case "mice":
+			o.Mice, err = parseRate(v)
 		case "fallback":
 			if v != balancer.FallbackAverage && v != balancer.FallbackAll {
 				err = fmt.Errorf("want %s or %s", balancer.FallbackAverage, balancer.FallbackAll)
@@ -324,6 +334,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.SplitRPS && o.Prio {
 		return o, fmt.Errorf("falcon split=rps with prio: the priority classes are told apart in the XDP hook that split=rps does without: use split=true or auto")
 	}
+	if o.Mice > 0 && (o.Spread != SpreadBusy || !o.Balance) {
+		return o, fmt.Errorf("falcon mice=%g keeps light flows at home when their stage leaves the IRQ core, which only spread=busy with balance=true does: drop mice or use spread=busy", o.Mice)
+	}
 	if !o.Pipeline && !o.Split && !o.SplitRPS && !o.Balance {
 		return o, fmt.Errorf("falcon with pipeline, split and balance all off does nothing: use --mode vanilla")
 	}
@@ -340,6 +353,7 @@ func (o Options) Params() map[string]string {
 		"threshold":   strconv.FormatFloat(o.Threshold, 'g', -1, 64),
 		"hysteresis":  strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
 		"home-room":   strconv.FormatFloat(o.HomeRoom, 'g', -1, 64),
+		"mice":        strconv.FormatFloat(o.Mice, 'g', -1, 64),
 		"fallback":    o.Fallback,
 		"damp":        strconv.FormatBool(o.Damp),
 		"interval":    o.Interval.String(),
@@ -383,4 +397,21 @@ func parseDuration(v string, min, max time.Duration) (time.Duration, error) {
 		return 0, fmt.Errorf("want %v..%v", min, max)
 	}
 	return d, nil
+}
+
+// parseRate reads packets per second: a number, optionally with a k or M
+// suffix ("10k").
+func parseRate(v string) (float64, error) {
+	mult := 1.0
+	switch {
+	case strings.HasSuffix(v, "k"):
+		mult, v = 1e3, strings.TrimSuffix(v, "k")
+	case strings.HasSuffix(v, "M"):
+		mult, v = 1e6, strings.TrimSuffix(v, "M")
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f >= 0) || f*mult > 1e9 {
+		return 0, fmt.Errorf("want packets per second like 10k (0 = off)")
+	}
+	return f * mult, nil
 }

@@ -222,6 +222,9 @@ func TestPlanBadParams(t *testing.T) {
 		"split=rps with p": {"split": "rps", "prio": "true"},
 		"split=rps with s": {"split": "rps", "spread": "busy"},
 		"auto or rps":      {"split": "maybe"},
+		"packets per seco": {"mice": "lots"},
+		"use spread=busy":  {"mice": "10k", "spread": "always"},
+		"or use spread=bu": {"mice": "10k", "balance": "false"},
 	} {
 		_, err := planFor(t, "falcon", want)
 		if err == nil || !strings.Contains(err.Error(), params) || strings.Contains(err.Error(), "\n") {
@@ -245,11 +248,12 @@ func TestParamsRoundTrip(t *testing.T) {
 	o := Defaults()
 	o.SplitCPUs = []int{0}
 	o.Threshold = 70
+	o.Mice = 10000
 	back, err := Parse(Options{}, o.Params())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "busy" || back.Spread != SpreadBusy || back.QueueSize != o.QueueSize {
+	if back.Threshold != 70 || back.Interval != o.Interval || back.Flowlet != o.Flowlet || len(back.SplitCPUs) != 1 || !back.Split || back.Load != "busy" || back.Spread != SpreadBusy || back.QueueSize != o.QueueSize || back.Mice != 10000 {
 		t.Errorf("round trip: %+v", back)
 	}
 }
