@@ -26,7 +26,9 @@ import (
 // status, down) find what up built without rediscovering it.
 var StateDir = "/run/lanes/testbed"
 
-// Addressing plan, all inside the benchmarking range 198.18.0.0/15:
+// Addressing plan, all inside the benchmarking range 198.18.0.0/15 (but
+// for calico's pod gateway, the link-local 169.254.1.1, which exists only
+// inside the pods' namespaces, as on a Calico host):
 //
 //	underlay   198.18.0.<host>/24            (the "physical" network)
 //	docker     198.19.0.<10*host+c>/24        (one L2 overlay segment)

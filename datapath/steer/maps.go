@@ -482,9 +482,10 @@ type Activity struct {
 	// within the window; Flows counts those (flow, stage) pairs.
 	Active [NumStages][Buckets]bool
 	Flows  int
-	// Packets sums, per stage and bucket, the packet counts of the active
-	// flows (each counted since its state was made): a balancer that
-	// keeps the previous sum gets a bucket's rate.
+	// Packets sums, per stage and bucket, the packet counts of every flow
+	// in the map, active or not (each counted since its state was made):
+	// a balancer that keeps the previous sum gets a bucket's rate. The sum
+	// falls when a flow's state is evicted or deleted.
 	Packets [NumStages][Buckets]uint64
 	// Away is set for a stage if an active flow's stage runs away from
 	// where the kernel runs it: the stage is not at home yet. A flow idle
@@ -504,6 +505,7 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 		if int(k.Stage) >= NumStages {
 			return
 		}
+		a.Packets[k.Stage][s.Bucket%Buckets] += s.Packets
 		// A flow stamped after now was read, during the walk, is a busy
 		// one: the subtraction would wrap and call it idle.
 		if s.LastNs < now && now-s.LastNs > uint64(window) {
@@ -513,7 +515,6 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 			a.Away[k.Stage] = true
 		}
 		a.Active[k.Stage][s.Bucket%Buckets] = true
-		a.Packets[k.Stage][s.Bucket%Buckets] += s.Packets
 		a.Flows++
 	})
 	return a, err

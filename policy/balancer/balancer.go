@@ -52,6 +52,11 @@ const (
 	// step, and a cycle measured on the 2-core testbed took 15-25 samples
 	// from resume to the next fallback.
 	CycleRounds = 50
+
+	// maxBar caps the damped fallback bar: a chain of damped cycles, each
+	// falling back a little past the last, had raised it to 102%, which a
+	// set can never reach (seen in agent.log, 2026-11-24).
+	maxBar = 99
 )
 
 // Config is what a Balancer balances over. It is taken literally: a zero
@@ -163,6 +168,10 @@ type Balancer struct {
 	resumed   bool
 	fellAt    float64
 	bar       float64
+	// spreadArmed: resumed was set by Spreading, not by a resume, so the
+	// damped bar starts from the threshold (a fallback long before says
+	// nothing about this climb).
+	spreadArmed bool
 }
 
 // New returns a Balancer whose loads all start at 0, as Falcon's do: until
@@ -240,11 +249,18 @@ func (b *Balancer) Observe(sample map[int]float64) {
 			// put it back), not other load. Falling back again would
 			// only repeat the cycle, each time running a saturated core
 			// alone until the average decays. Stay spread; fall back
-			// only if the figure climbs a margin past the last fallback's.
-			b.bar = max(thr, b.fellAt) + b.cfg.Hysteresis
-			b.resumed = false
-			b.stats.Damped++
+			// only if the figure climbs a margin past the last fallback's
+			// (past the threshold when Spreading armed it), at maxBar at
+			// most: with every core saturated the set falls back (a
+			// moving average nears 100 without reaching it).
+			base := max(thr, b.fellAt)
+			if b.spreadArmed {
+				base = thr
+			}
+			b.bar = min(base+b.cfg.Hysteresis, max(maxBar, thr))
+			b.resumed, b.spreadArmed = false, false
 			if fig < b.bar {
+				b.stats.Damped++
 				return
 			}
 		}
@@ -253,7 +269,7 @@ func (b *Balancer) Observe(sample map[int]float64) {
 		b.stats.Fallbacks++
 	case b.fallenBk && fig < resume:
 		b.fallenBk = false
-		b.resumed, b.resumedAt = true, b.rounds
+		b.resumed, b.resumedAt, b.spreadArmed = true, b.rounds, false
 		b.stats.Resumes++
 	case !b.fallenBk && b.bar != 0 && fig < resume && b.rounds-b.resumedAt > CycleRounds:
 		// The set has calmed down (past the climb that follows a
@@ -273,8 +289,10 @@ func (b *Balancer) Observe(sample map[int]float64) {
 func (b *Balancer) Spreading() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cfg.Damp && !b.fallenBk {
-		b.resumed, b.resumedAt = true, b.rounds
+	// Not while fallen back (only a resume spreads then), nor while a
+	// damped bar is up (the set is already judged on its own work).
+	if b.cfg.Damp && !b.fallenBk && b.bar == 0 {
+		b.resumed, b.resumedAt, b.spreadArmed = true, b.rounds, true
 	}
 }
 

@@ -684,6 +684,31 @@ func TestSpreadingDamped(t *testing.T) {
 	if n := feedUntil(b, busier, 5, func() bool { return !b.FallenBack() }); n <= 5 {
 		t.Fatal("resumed under load after Spreading while fallen back")
 	}
+	// A fallback long before, at a high load, does not raise the bar of
+	// a climb Spreading armed: the bar is the threshold's + hysteresis.
+	b = mustNew(t, c)
+	feedUntil(b, busier, 200, b.FallenBack)
+	calm := map[int]float64{0: 5, 1: 10}
+	feedUntil(b, calm, 2*CycleRounds+10, func() bool { return false })
+	if b.FallenBack() || b.FallbackBar() != c.Threshold {
+		t.Fatalf("after calm: fallen back %v, bar %.1f", b.FallenBack(), b.FallbackBar())
+	}
+	for range 30 {
+		b.Observe(home)
+	}
+	b.Spreading()
+	feedUntil(b, spread, 100, func() bool { return false })
+	if b.FallenBack() || b.FallbackBar() != c.Threshold+c.Hysteresis {
+		t.Fatalf("spreading after an old fallback at %v: fallen back %v, bar %.1f, want %.1f", busier, b.FallenBack(), b.FallbackBar(), c.Threshold+c.Hysteresis)
+	}
+	// While a damped bar is up, Spreading does not re-arm damping: the
+	// set falls back at the bar, and no damping is counted for it.
+	damped := b.Stats().Damped
+	b.Spreading()
+	feedUntil(b, busier, 200, b.FallenBack)
+	if s := b.Stats(); s.Damped != damped {
+		t.Fatalf("Spreading with the bar up counted %d more damped cycles", s.Damped-damped)
+	}
 	// Without damping (Falcon's rule alone) it is a no-op.
 	c.Damp = false
 	b = mustNew(t, c)
@@ -693,6 +718,29 @@ func TestSpreadingDamped(t *testing.T) {
 	b.Spreading()
 	if n := feedUntil(b, spread, 300, b.FallenBack); n > 300 {
 		t.Fatal("Damp off: never fell back")
+	}
+}
+
+// TestDampedBarCapped: a damped bar never passes 100%, so a set whose
+// last fallback came at 95% still falls back once every core is saturated.
+func TestDampedBarCapped(t *testing.T) {
+	c := DefaultConfig([]int{0, 1})
+	b := mustNew(t, c)
+	spread, home, full := map[int]float64{0: 62, 1: 100}, map[int]float64{0: 10, 1: 20}, map[int]float64{0: 100, 1: 100}
+	resume := func() { feedUntil(b, home, 200, func() bool { return !b.FallenBack() }) }
+	feedUntil(b, spread, 200, b.FallenBack)
+	resume()
+	feedUntil(b, spread, 40, func() bool { return false }) // damped: bar 90
+	feedUntil(b, full, 200, b.FallenBack)                   // falls back past 90
+	if b.fellAtForTest() < 90 {
+		t.Fatalf("fell back at %.1f; the test needs a fallback past the first damped bar", b.fellAtForTest())
+	}
+	resume()
+	if n := feedUntil(b, full, 300, b.FallenBack); n > 300 {
+		t.Fatalf("every core at 100%% for 300 samples and no fallback (bar %.1f, figure %.2f)", b.FallbackBar(), b.FallbackLoad())
+	}
+	if bar := b.FallbackBar(); bar > maxBar {
+		t.Fatalf("damped bar %.1f over %d%%", bar, maxBar)
 	}
 }
 
@@ -715,4 +763,11 @@ func TestRoom(t *testing.T) {
 	if b.Room(1, 100) {
 		t.Errorf("Room(1, 100) with core 2 at 81%%: the limit must be capped at the threshold")
 	}
+}
+
+// fellAtForTest is the figure the set last fell back at.
+func (b *Balancer) fellAtForTest() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fellAt
 }

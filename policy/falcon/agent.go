@@ -66,6 +66,7 @@ type agent struct {
 	// as mice in the last round.
 	prevPkts [steer.NumStages][steer.Buckets]uint64
 	prevAt   [steer.NumStages]time.Time
+	prevMice [steer.NumStages][steer.Buckets]bool
 	miceHome int
 
 	mu     sync.Mutex
@@ -395,7 +396,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			continue // the next round sees the stage's flows afresh
 		}
 		stAct := active[st]
-		if mice := a.mice(st, &act, now); mice != nil {
+		if mice := a.mice(st, &act, now); mice != nil && !fallen {
 			for b := range stAct {
 				if stAct[b] && mice[b] {
 					// A light flow stays (or goes back) where the
@@ -420,7 +421,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			next = a.assign(st, cur, stAct)
 		}
 		if next == cur {
-			if err := a.maybeHome(st, next, act.Away[st]); err != nil {
+			if err := a.maybeHome(st, next, act.Away[st], fallen); err != nil {
 				return 0, 0, err
 			}
 			continue
@@ -441,32 +442,36 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 }
 
 // mice marks the active buckets of stage carrying under o.Mice packets/s
-// since the last round, and keeps this round's sums for the next. nil when
-// mice is off, the stage is not home-first, or there is no earlier sum
-// (the first round an agent sees a stage away; leaveHome starts one at
-// zero, since it deletes the stage's flow states).
+// since the rates were last taken, and keeps the sums for the next time.
+// nil when mice is off, the stage is not home-first, or there is no
+// earlier sum (the first round an agent sees a stage away; leaveHome
+// starts one at zero, since it deletes the stage's flow states). Rates
+// are taken over at least half an interval (a ticker catching up runs
+// rounds back to back); in between, and for a bucket whose sum fell (a
+// flow's state evicted), the last verdict stands.
 func (a *agent) mice(stage int, act *steer.Activity, now time.Time) *[steer.Buckets]bool {
+	if a.o.Mice <= 0 || !a.homeFirst[stage] {
+		return nil
+	}
 	prev, at := a.prevPkts[stage], a.prevAt[stage]
-	a.prevPkts[stage], a.prevAt[stage] = act.Packets[stage], now
-	if a.o.Mice <= 0 || !a.homeFirst[stage] || at.IsZero() {
+	if at.IsZero() {
+		a.prevPkts[stage], a.prevAt[stage] = act.Packets[stage], now
 		return nil
 	}
-	dt := now.Sub(at).Seconds()
-	if dt <= 0 {
-		return nil
+	m := &a.prevMice[stage]
+	dt := now.Sub(at)
+	if dt < a.o.Interval/2 {
+		return m
 	}
-	var m [steer.Buckets]bool
 	for b := range m {
-		if !act.Active[stage][b] {
+		n := act.Packets[stage][b]
+		if n < prev[b] {
 			continue
 		}
-		n := act.Packets[stage][b]
-		if n >= prev[b] {
-			n -= prev[b]
-		} // else a flow's state was replaced: its count starts again, count it whole
-		m[b] = float64(n)/dt < a.o.Mice
+		m[b] = float64(n-prev[b])/dt.Seconds() < a.o.Mice
 	}
-	return &m
+	a.prevPkts[stage], a.prevAt[stage] = act.Packets[stage], now
+	return m
 }
 
 // stayHome says whether every stage is at home and stays there this round.
@@ -501,8 +506,14 @@ func (a *agent) stageBal(stage int) *balancer.Balancer {
 // table (unchanged this round) is all "stay" and no flow's stage is still
 // elsewhere (away: flows follow a table only at their next flowlet
 // boundary).
-func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away bool) error {
+func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen bool) error {
 	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || away || !allStay(table) {
+		return nil
+	}
+	if a.o.Mice > 0 && a.mayLeaveHome(stage, fallen) {
+		// Only mice, on a core still busy: home now would leave it
+		// again next round (flow states deleted, rates lost), every
+		// other round for as long as the core stays busy.
 		return nil
 	}
 	if err := a.dp.SetHome(stage, true); err != nil {
@@ -525,8 +536,10 @@ func (a *agent) leaveHome(stage int) error {
 		return err
 	}
 	a.atHome[stage] = false
-	// Rates (mice) count from here: the states just deleted start at 0.
+	// Rates (mice) count from here: the states just deleted start at 0,
+	// and every bucket is taken for heavy until its rate is known.
 	a.prevPkts[stage], a.prevAt[stage] = [steer.Buckets]uint64{}, time.Now()
+	a.prevMice[stage] = [steer.Buckets]bool{}
 	// The set's average now climbs with the work this stage moves: the
 	// balancer damps that climb as it does after a resume.
 	a.bal.Spreading()

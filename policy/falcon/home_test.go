@@ -238,7 +238,11 @@ func TestFalconMiceStayHome(t *testing.T) {
 	for try := 0; try < 5 && !heavyAway; try++ {
 		lightDone := make(chan overlaytest.StreamResult, 1)
 		go func() {
-			lightDone <- overlaytest.Stream{Count: 300, Size: 64, Burst: 1, Pause: 5 * time.Millisecond, CPU: cpus[0]}.Run(t, s.Containers[1].NetNS, lightDst.NetNS, lightDst.Addr.Addr())
+			// Sent from a defer: a t.Fatal in Run ends this goroutine,
+			// and the test must not wait for it for ever.
+			var res overlaytest.StreamResult
+			defer func() { lightDone <- res }()
+			res = overlaytest.Stream{Count: 300, Size: 64, Burst: 1, Pause: 5 * time.Millisecond, CPU: cpus[0]}.Run(t, s.Containers[1].NetNS, lightDst.NetNS, lightDst.Addr.Addr())
 		}()
 		heavy := overlaytest.Stream{Count: 60000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: cpus[0]}
 		heavy.During = func() {

@@ -82,8 +82,8 @@ type Options struct {
 	// bucket carrying fewer packets per second than this at home when its
 	// stage leaves the IRQ core (spread=busy): moving a light flow frees
 	// nothing of the busy core and gives each of its packets a cross-core
-	// hop. The rate is measured between the agent's rounds, so a bucket
-	// waits one round after its stage left home before it may move.
+	// hop. The rate is measured between the agent's rounds; until it is
+	// known a bucket counts as heavy.
 	Mice float64
 	// Hysteresis is how far below Threshold the set's average load must
 	// fall before steering resumes after a fallback.
