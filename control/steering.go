@@ -96,6 +96,9 @@ type FlowStage struct {
 	Packets uint64 `json:"packets"`
 	IdleMs  int64  `json:"idle_ms"`
 	High    bool   `json:"high_priority,omitempty"` // in the core's high-priority queue
+	// Direct (bridge stage, staying): runs on in the VXLAN GRO cell's
+	// poll, without a pass through the RPS backlog.
+	Direct bool `json:"direct,omitempty"`
 	// InFlight is the frames the stage queued that the next stage has
 	// not seen yet (a move waits for 0); Uncounted: one went unmarked,
 	// so only the drain time ends a wait.
@@ -208,6 +211,7 @@ func steering(s *StatusReport, netns string) error {
 			Packets: f.Packets,
 			IdleMs:  idle.Milliseconds(),
 			High:    f.High,
+			Direct:  f.Direct,
 		}
 		if fs.InFlight = f.InFlight; fs.InFlight >= steer.Uncounted {
 			fs.InFlight, fs.Uncounted = fs.InFlight-steer.Uncounted, true

@@ -45,6 +45,11 @@ type Config struct {
 	// the counts only grow; bridge-stage moves then wait for the flowlet
 	// gap alone.
 	NoBridgeCount bool
+	// StayQueued keeps a flow staying at the bridge stage on the RPS
+	// backlog of its own core, as lanes did before that stage ran such
+	// flows on (steer.c's stay_direct): one more pass through the backlog
+	// than vanilla makes, for measuring what running on changes.
+	StayQueued bool
 	// MFlow splits elephant flows into micro-flows; the zero value is off.
 	MFlow MFlow
 	// Sync (with Prio) hands high-priority frames whose destination is in

@@ -65,7 +65,7 @@ func (s Setup) Encode() (string, error) {
 		Enabled: s.Config.Enabled, CPUs: s.Config.CPUs, FlowletNS: int64(s.Config.Flowlet), DrainNS: int64(s.Config.Drain),
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
-		NoBridgeCount: s.Config.NoBridgeCount, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
+		NoBridgeCount: s.Config.NoBridgeCount, StayQueued: s.Config.StayQueued, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
 		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond),
 		BulkPolicy: s.BulkPolicy, VethClass: s.Config.VethClass,
 	})
@@ -122,6 +122,7 @@ type setupDoc struct {
 	HiCPUMap      []int     `json:"hi_cpumap,omitempty"`
 	HiRTPriority  int       `json:"hi_rt_priority,omitempty"`
 	NoBridgeCount bool      `json:"no_bridge_count,omitempty"`
+	StayQueued    bool      `json:"stay_queued,omitempty"`
 	MFlow         *mflowDoc `json:"mflow,omitempty"`
 	Sync          bool      `json:"sync,omitempty"`
 	// PrioIdleInline: omitted when false, so setups journaled before it
@@ -144,7 +145,7 @@ func DecodeSetup(v string) (Setup, error) {
 	}
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
-			NoBridgeCount: d.NoBridgeCount, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
+			NoBridgeCount: d.NoBridgeCount, StayQueued: d.StayQueued, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
 			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond, VethClass: d.VethClass},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,

@@ -27,6 +27,7 @@ const (
 	cfgHome           = 0x80 // << stage: the stage is at home (SetHome)
 	cfgPrioIdleInline = 0x400
 	cfgVethClass      = 0x800
+	cfgStayQueued     = 0x1000
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -39,6 +40,19 @@ const (
 	classHi = 0x40000000
 	syncIdx = 0x20000000
 )
+
+// stayFresh and stayDirect are steer.c's STAY_FRESH and STAY_DIRECT: a
+// bridge-stage flow that has to queue a counted frame before it may run
+// on, and one staying without the RPS backlog.
+const (
+	stayFresh  = 0
+	stayDirect = 2
+	stayMode   = 3
+)
+
+// directOff is the steer_cfg flags under which the bridge stage never
+// runs on (steer.c's direct_ok).
+const directOff = cfgMFlow | cfgMFlowBridge | cfgNoBridgeCount | cfgStayQueued
 
 // SetConfig validates c and makes the programs use it. CPUs are stored
 // ascending; the VNI set replaces the previous one.
@@ -78,6 +92,15 @@ func (d *Datapath) SetConfig(c Config) error {
 	var cur steerSteerCfg
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &cur); err != nil {
 		return fmt.Errorf("reading steer config: %w", err)
+	}
+	// A new config starts with every stage off home: restart the states
+	// of those at home first, as SetHome does.
+	for st := range NumStages {
+		if cur.Flags&(uint32(cfgHome)<<st) != 0 {
+			if err := d.leavingHome(st); err != nil {
+				return err
+			}
+		}
 	}
 	// The ranges depend on the number of cores alone.
 	if cur.Ncpus != 0 && cur.Ncpus != k.Ncpus {
@@ -122,6 +145,9 @@ func encodeConfig(c Config) steerSteerCfg {
 	}
 	if c.NoBridgeCount {
 		k.Flags |= cfgNoBridgeCount
+	}
+	if c.StayQueued {
+		k.Flags |= cfgStayQueued
 	}
 	if c.Sync {
 		k.Flags |= cfgSync
@@ -204,6 +230,7 @@ func (d *Datapath) configOnly() (Config, error) {
 		Prio:           k.Flags&cfgPrio != 0,
 		CountSplit:     k.Flags&cfgCountSplit != 0,
 		NoBridgeCount:  k.Flags&cfgNoBridgeCount != 0,
+		StayQueued:     k.Flags&cfgStayQueued != 0,
 		Sync:           k.Flags&cfgSync != 0,
 		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
 		VethClass:      k.Flags&cfgVethClass != 0,
@@ -391,6 +418,10 @@ type Flow struct {
 	// InFlight is frames this stage queued that the next stage's program
 	// has not seen yet (may dip below 0 briefly; see steer.c's seen()).
 	InFlight int64
+	// Direct (bridge stage): the flow stays without a pass through the
+	// RPS backlog (steer.c's stay_direct); its frames in flight are then
+	// on their way through the GRO cell, not queued.
+	Direct bool
 	// MicroFlow is the flow's MFLOW state at the stage that splits it.
 	MicroFlow MicroFlowState
 }
@@ -449,6 +480,7 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			Packets:   s.Packets,
 			Bytes:     s.Bytes,
 			InFlight:  s.Inflight,
+			Direct:    s.CpuIdx == Stay && s.Stay&stayMode == stayDirect,
 			MicroFlow: microFlowState(s),
 		})
 	})
@@ -488,7 +520,13 @@ type Activity struct {
 	// falls when a flow's state is evicted or deleted.
 	Packets [NumStages][Buckets]uint64
 	// Away is set for a stage if an active flow's stage runs away from
-	// where the kernel runs it: the stage is not at home yet. A flow idle
+	// where the kernel runs it: the stage is not at home yet. At the
+	// bridge stage a flow that stays through the RPS backlog with frames
+	// counted in flight counts as away too, where that stage runs flows
+	// on: at home the fast path runs on a flow it has no state for, and
+	// the state could go (evicted) while those frames are queued. A
+	// flow without frames in flight that has not run on yet keeps queuing
+	// at home, uncounted, behind its own (Flow.Direct). A flow idle
 	// for longer than the window does not count: whatever it queued was
 	// seen long ago (or dropped, past any drain bound), so its next frame
 	// may run at home. Counting it kept a stage away for ever once the
@@ -500,6 +538,11 @@ type Activity struct {
 // (flow, stage) active.
 func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 	var a Activity
+	var cfg steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &cfg); err != nil {
+		return a, fmt.Errorf("reading steer config: %w", err)
+	}
+	direct := cfg.Flags&directOff == 0
 	now := uint64(Now())
 	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
 		if int(k.Stage) >= NumStages {
@@ -511,7 +554,7 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 		if s.LastNs < now && now-s.LastNs > uint64(window) {
 			return
 		}
-		if s.CpuIdx != Stay {
+		if s.CpuIdx != Stay || (direct && int(k.Stage) == StageBridge && s.Stay&stayMode != stayDirect && s.Inflight > 0) {
 			a.Away[k.Stage] = true
 		}
 		a.Active[k.Stage][s.Bucket%Buckets] = true
@@ -541,10 +584,11 @@ func (d *Datapath) Home() ([NumStages]bool, error) {
 //   - Switch it on only while the stage's table is all Stay and Activity
 //     says no flow's stage runs elsewhere (not Away): on the fast path
 //     nothing moves.
-//   - Before switching it off, DeleteStageFlows: the states left from
-//     before count nothing the fast path queued. The frames queued at home
-//     are ahead, in the same per-core FIFO queues, of the first frames
-//     counted afresh, so a move that waits for those waits for them too.
+//   - Switching it off first restarts the stage's flow states
+//     (leavingHome): the states left from before count nothing the fast
+//     path queued. The frames queued at home are ahead, in the same
+//     per-core FIFO queues, of the first frames counted afresh, so a move
+//     that waits for those waits for them too.
 //
 // The write replaces the whole config entry with what was read plus the
 // bit; lanes agent is its only runtime writer.
@@ -560,10 +604,65 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 	if on {
 		k.Flags |= bit
 	} else {
+		if k.Flags&bit != 0 {
+			if err := d.leavingHome(stage); err != nil {
+				return err
+			}
+		}
 		k.Flags &^= bit
 	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
+	}
+	return nil
+}
+
+// leavingHome restarts a stage's flow states while the stage is still at
+// home, where its program only reads them (the bridge stage) or ignores
+// them: nothing the fast path queued was counted.
+//
+// Most stages' states are deleted. The bridge stage's are kept with a
+// fresh count (a new epoch, so marked frames from before home do not
+// lower it) where that stage runs flows on: at home it runs a flow on
+// without the RPS backlog only if it has no state or one that ran on
+// already (steer.c's stay_direct), and queues the others' frames,
+// uncounted. Deleting the state of a flow whose frames are so queued
+// would let its next frame, at home still or just after, run on past
+// them; kept and set back to STAY_FRESH, the flow queues its next frame
+// counted and runs on only once that one is seen, behind them (and so
+// behind what it ran on at home, uncounted, which a fresh state does not
+// count out). Where nothing runs on (MFLOW: its programs also write
+// states at home) they are deleted, as before running on existed.
+func (d *Datapath) leavingHome(stage int) error {
+	var cfg steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if stage != StageBridge || cfg.Flags&directOff != 0 {
+		return d.DeleteStageFlows(stage)
+	}
+	type entry struct {
+		k steerSteerFlowKey
+		v steerSteerFlowState
+	}
+	var todo []entry
+	if err := d.eachFlow(func(k *steerSteerFlowKey, v *steerSteerFlowState) {
+		if int(k.Stage) == stage {
+			todo = append(todo, entry{*k, *v})
+		}
+	}); err != nil {
+		return err
+	}
+	for _, e := range todo {
+		v := e.v
+		v.Inflight = 0
+		v.Epoch = (v.Epoch + 1) % HashEpochs
+		v.Stay = stayFresh
+		// Exist only: an entry evicted meanwhile stays gone, and the
+		// fast path runs that flow on as one without state.
+		if err := d.objs.SteerFlows.Update(&e.k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("restarting a flow state: %w", err)
+		}
 	}
 	return nil
 }
@@ -689,12 +788,17 @@ type Counters struct {
 	// RPS backlog, GRO cell or veth ring): counted out, so they no longer
 	// hold their flow until the drain time (TrackQueues, steer_drops_skb).
 	Dropped uint64
+
+	// Direct (bridge stage) is frames that stayed without a pass through
+	// the RPS backlog, as in vanilla (steer.c's stay_direct); they count
+	// in Stayed too or, at home, in Home.
+	Direct uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

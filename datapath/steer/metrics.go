@@ -52,6 +52,7 @@ var counterEvents = []struct {
 	{"sync", func(c *Counters) uint64 { return c.Sync }},
 	{"sync_miss", func(c *Counters) uint64 { return c.SyncMiss }},
 	{"home", func(c *Counters) uint64 { return c.Home }},
+	{"direct", func(c *Counters) uint64 { return c.Direct }},
 	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
 	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},
 }

@@ -108,8 +108,9 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * and stays there, so its program skips the per-flow state (lookups, clock,
  * in-flight counts) and only keeps vanilla placement. Runtime state, set
  * by lanes agent only when the stage's table is all STAY and no flow's
- * stage is elsewhere; before it leaves home it deletes the stage's stale
- * flow states, so counting starts afresh. PRISM's classification and
+ * stage is elsewhere; before it leaves home it restarts the stage's stale
+ * flow states (deleted; the bridge stage's set back to STAY_FRESH with
+ * nothing in flight), so counting starts afresh. PRISM's classification and
  * MFLOW's splitting need the full path: steer_xdp ignores the bit then. */
 #define CFG_HOME(stage) (0x80u << (stage))
 /* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
@@ -124,6 +125,9 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* PRISM's per-class queue at the container veth (steer_tc_veth_class):
  * each class goes to its own receive queue of the container-side veth. */
 #define CFG_VETH_CLASS 0x800u
+/* The bridge stage stays through the RPS backlog, as before stay_direct:
+ * for measuring what running on changes. */
+#define CFG_STAY_QUEUED 0x1000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -166,6 +170,7 @@ enum counter {
 	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
 	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
 	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */
+	CNT_DIRECT,      /* bridge stage: frames that stayed without a pass through the RPS backlog (stay_direct) */
 	NUM_COUNTERS,
 };
 
@@ -273,6 +278,9 @@ struct steer_flow_state {
 	 * presumed drained (an undrained move) starts a new epoch, so frames
 	 * of the older one, seen or reported dropped later, do not lower it. */
 	__u32 epoch;
+	/* Bridge stage at STAY: STAY_* (see stay_direct); 0 after every move. */
+	__u32 stay;
+	__u32 stay_cpu; /* STAY_DIRECT: the core whose GRO cell it runs on */
 };
 
 struct {
@@ -928,6 +936,20 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
  * nobody counts. */
 #define UNCOUNTED (1ll << 40)
 
+/*
+ * steer_flow_state.stay, the bridge stage's way of staying (see
+ * stay_direct). A flow starts, and restarts after every move, queued.
+ */
+#define STAY_FRESH 0  /* no frame of this stint counted in flight yet */
+#define STAY_QUEUED 1 /* staying through this core's RPS backlog, counted */
+#define STAY_DIRECT 2 /* staying without RPS: the GRO cell's poll runs the stage on */
+#define STAY_MODE 3   /* the bits above */
+/* A frame of this stint ran on, counted: zero hashes count out (a flow
+ * that left STAY_DIRECT for another core or for the backlog may still
+ * have such frames in flight). Cleared with the count, on a move or a
+ * restart. */
+#define STAY_RAN_ON 4
+
 /* steer_flow_state.inline_mark (see mark_inline) */
 #define INLINE_COUNT 0x1    /* a move out of the NIC poll waits: mark and count its frames */
 #define INLINE_COUNTED 0x2  /* a frame was marked and counted since marking started */
@@ -968,6 +990,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	/* MFLOW's rate windows want real arrival times. */
 	int precise = cfg->mf_ncores != 0;
 	__u64 now, idle;
+	__u32 was;
 
 	if (want >= cfg->ncpus)
 		want = STAY;
@@ -1004,6 +1027,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	/* A pending move needs the precise clock for its flowlet test, and
 	 * so does the next packet's test: stamp this one precisely too. */
 	now = now_ns(cfg, precise || st->cpu_idx != want);
+	was = st->cpu_idx;
 	if (st->cpu_idx != want) {
 		/* Counted in flight on a cpumap queue whose accounting can tell
 		 * it empty (struct steer_queue): frames that were dropped no
@@ -1077,6 +1101,22 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		/* The move it waited for was called off (the rule went):
 		 * mark_inline stops marking at the next segment end. */
 		st->inline_mark &= ~INLINE_COUNT;
+	}
+	if (st->cpu_idx != was) {
+		st->stay = STAY_FRESH;
+	} else if (was == STAY && stage == STAGE_BRIDGE && (st->stay & STAY_MODE) == STAY_QUEUED && st->inflight > 0 &&
+		   cfg->drain_ns && idle_since(cfg, st->last_ns, now) >= cfg->drain_ns) {
+		/* Staying queued (stay_direct) with frames counted in flight
+		 * after drain_ns idle: presumed dropped, as for a move, so a
+		 * lost frame does not keep the flow queuing (and the stage
+		 * from home) for as long as it lives. Fresh, not straight to
+		 * running on: a frame still queued, starved past drain_ns, is
+		 * then overtaken by nothing, since the next counted frame
+		 * queues behind it. */
+		st->inflight = 0;
+		st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+		st->stay = STAY_FRESH;
+		count(stage, CNT_UNDRAINED);
 	}
 	st->ifindex = ifindex;
 	st->bucket = bucket;
@@ -1242,15 +1282,21 @@ static __always_inline __u32 epoch_in(const __u32 *lo, __u32 n, __u32 hash)
  * hash (cheaply: steer_drops_skb, which must also find flow and stage
  * from it, checks it whole); on the current core set or, for frames
  * hashed before it last changed, the previous one. No hash at all
- * (BPF_PROG_RUN) counts.
+ * (BPF_PROG_RUN) counts; a zero hash on a frame from a device is one the
+ * bridge stage ran on (stay_direct), which carries no epoch.
  */
 static __always_inline void seen_hashed(const struct steer_cfg *cfg, const struct tuple *t, __u32 stage,
-					__u32 n, __u32 hash)
+					__u32 n, __u32 hash, __u32 ingress_ifindex)
 {
 	struct steer_flow_key key = flow_key(t, stage);
 	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
 
 	if (!st)
+		return;
+	/* A zero hash on a frame a device received is one the bridge stage
+	 * ran on (stay_direct), counted only under STAY_RAN_ON; under
+	 * BPF_PROG_RUN (no device) it is a frame no program hashed. */
+	if (!hash && ingress_ifindex && !(st->stay & STAY_RAN_ON))
 		return;
 	if (hash && (!(hash & HASH_COUNTED) ||
 		     (epoch_in(cfg->rps_lo, cfg->ncpus, hash) != st->epoch &&
@@ -1672,6 +1718,11 @@ static __always_inline int set_rps_hash(struct __sk_buff *skb, __u32 v)
 		bpf_set_hash(skb, v);
 	else if (skb->hash & HASH_COUNTED)
 		bpf_set_hash(skb, (skb->hash & ~HASH_COUNTED) ?: 2);
+	else if (!skb->hash)
+		/* The zero L4 hash of a frame the bridge stage ran on is a
+		 * mark too (steer_drops_skb): off, and the kernel hashes the
+		 * frame itself if it needs to. */
+		bpf_set_hash_invalid(skb);
 	return TC_ACT_UNSPEC;
 }
 
@@ -1679,6 +1730,76 @@ static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg 
 				  __u32 stage, __u32 epoch, int counted)
 {
 	return set_rps_hash(skb, rps_hash(cfg, idx, fh, stage, epoch, counted));
+}
+
+/*
+ * Staying at the bridge stage without the RPS backlog.
+ *
+ * RPS on the VXLAN device queues every frame to a core's backlog, the one
+ * the GRO cell runs on too, so "stay" expressed as a hash for this core
+ * costs a pass through the backlog that vanilla does not make: under a
+ * busy IRQ core, one more FIFO to wait in (measured on Calico: the
+ * ping-pong's p99 under a 65% background at 1.9-2.7x vanilla's with the
+ * stages at home; plain RPS maps aimed at the IRQ core itself did the
+ * same). A zero hash is the stock kernel's one way around it: get_rps_cpu
+ * picks no core for a frame whose hash is 0, and bpf_set_hash marks it
+ * L4, so decapsulation keeps it and nothing recomputes it; the GRO cell's
+ * poll then runs the stage on itself, as in vanilla (run_on). The cost:
+ * the GRO cell's GRO files skbs in 8 lists by hash, and these share one
+ * (as every flow does in vanilla when the underlay gives no hash, like
+ * the testbed's veth).
+ *
+ * Order: a frame run on overtakes its flow's frames still queued in the
+ * backlog, and in one batch of the GRO cell's output
+ * (netif_receive_skb_list_internal) the queued ones are handed to RPS
+ * before the rest run on. So a flow runs on only once none of its frames
+ * can be queued: it must have counted a queued frame of its own since it
+ * came to stay (STAY_FRESH -> STAY_QUEUED) and seen every counted frame
+ * out (inflight <= 0). A flow's frames leave the GRO cell in order, so
+ * everything queued before that frame, counted or not, is past the stage
+ * by then. Frames run on are counted in flight too, and seen with hash 0
+ * at the host-side veth (seen_hashed), so a move away waits for them as
+ * for any. The queued step also keeps frames run on uncounted (at home)
+ * from lowering a fresh state's count: the host-side veth cannot tell them
+ * from counted ones, so it counts a zero hash out only once the flow ran
+ * a counted frame on (STAY_RAN_ON), which it does behind them. A flow the
+ * split stage moved to another core starts over there (queued, keeping
+ * STAY_RAN_ON until its count is out): frames run on go through this
+ * core's GRO cell, and what it left in the other's must be seen first.
+ * Returns whether this frame runs on; the caller counts it in flight
+ * either way.
+ */
+static __always_inline int stay_direct(struct steer_flow_state *st)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 mode = st->stay & STAY_MODE;
+
+	if (mode == STAY_DIRECT && st->stay_cpu == cpu)
+		return 1;
+	if (mode == STAY_QUEUED && st->inflight <= 0) {
+		/* Nothing in flight: none of those run on either. */
+		st->stay = STAY_DIRECT | STAY_RAN_ON;
+		st->stay_cpu = cpu;
+		return 1;
+	}
+	st->stay = STAY_QUEUED | (st->stay & STAY_RAN_ON);
+	return 0;
+}
+
+/* Configurations under which the bridge stage never runs on: MFLOW queues
+ * micro-flows uncounted (at the NIC poll or at this stage), so no count
+ * proves the backlog free of a flow's frames; the same without bridge
+ * counts. */
+static __always_inline int direct_ok(const struct steer_cfg *cfg)
+{
+	return !(cfg->flags & (CFG_MFLOW | CFG_MFLOW_BRIDGE | CFG_NO_BRIDGE_COUNT | CFG_STAY_QUEUED));
+}
+
+/* Hand the frame on without an RPS pass (see stay_direct). */
+static __always_inline int run_on(struct __sk_buff *skb)
+{
+	bpf_set_hash(skb, 0);
+	return TC_ACT_UNSPEC;
 }
 
 /* Did the previous stage count this frame queued? Frames it queued without
@@ -1813,7 +1934,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)) && hash_counted(skb))
-		seen_hashed(cfg, &t, STAGE_BRIDGE, skb_frames(skb), skb->hash);
+		seen_hashed(cfg, &t, STAGE_BRIDGE, skb_frames(skb), skb->hash, skb->ingress_ifindex);
 
 	fh = flow_hash(&t);
 	if (flags & LANES_META_MFLOW) {
@@ -1826,23 +1947,51 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 	if ((cfg->flags & CFG_HOME(stage)) && !(outer && (cfg->flags & CFG_MFLOW_BRIDGE))) {
 		count(stage, CNT_HOME);
+		/* At home the bridge stage runs on as in vanilla. The agent
+		 * comes home only when every active flow runs on already
+		 * (Activity.Away), and a flow whose state says it queues
+		 * (one that started between that read and the switch) keeps
+		 * queuing, uncounted, until the stage leaves home: no frame
+		 * runs on past one of its flow still queued. */
+		if (outer && direct_ok(cfg)) {
+			struct steer_flow_key key = flow_key(&t, STAGE_BRIDGE);
+
+			st = bpf_map_lookup_elem(&steer_flows, &key);
+			if (!st || (st->cpu_idx == STAY && (st->stay & STAY_MODE) == STAY_DIRECT &&
+				    st->stay_cpu == bpf_get_smp_processor_id())) {
+				count(stage, CNT_DIRECT);
+				return run_on(skb);
+			}
+		}
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
 		return TC_ACT_UNSPEC;
-	if (idx == STAY) {
-		/* Vanilla placement for a tc stage is the core we run on. */
-		count(stage, CNT_STAYED);
-		idx = this_cpu_index(cfg);
-	} else {
-		count(stage, CNT_STEERED);
-	}
 	/* RPS on the next device queues every skb, even to the core it runs
 	 * on and whether or not we set the hash: count it before any return.
 	 * A frame that cannot carry the mark (no hash for that core) goes on
 	 * uncounted, which leaves the flow on the drain time. */
 	counted = st && !(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT));
+	if (idx == STAY) {
+		/* Vanilla placement for a tc stage is the core we run on. */
+		count(stage, CNT_STAYED);
+		/* At the bridge stage, without the RPS pass once the flow's
+		 * queued frames are out. A frame queued otherwise (no flow
+		 * state aside) starts the flow over. */
+		if (outer && counted && direct_ok(cfg)) {
+			if (stay_direct(st)) {
+				count(stage, CNT_DIRECT);
+				queued(st, skb_frames(skb));
+				return run_on(skb);
+			}
+		} else if (outer && st) {
+			st->stay = STAY_FRESH | (st->stay & STAY_RAN_ON);
+		}
+		idx = this_cpu_index(cfg);
+	} else {
+		count(stage, CNT_STEERED);
+	}
 	v = rps_hash(cfg, idx, fh, stage, st ? st->epoch : 0, counted);
 	if (counted && !v) {
 		uncounted(st);
@@ -1887,7 +2036,7 @@ int steer_tc_seen(struct __sk_buff *skb)
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || (cfg->flags & CFG_HOME(STAGE_CONTAINER)) || !hash_counted(skb))
 		return TC_ACT_UNSPEC;
 	if (skb_inner_tuple(skb, &t) == 0) {
-		seen_hashed(cfg, &t, STAGE_CONTAINER, skb_frames(skb), skb->hash);
+		seen_hashed(cfg, &t, STAGE_CONTAINER, skb_frames(skb), skb->hash, skb->ingress_ifindex);
 		/* Out of the count (or of an older one): a drop further on
 		 * is not its. */
 		unmark(skb);
@@ -2164,6 +2313,7 @@ struct sk_buff___lanes {
 	__u16 network_header;
 	unsigned int end;
 	__u8 cloned : 1;
+	__u8 l4_hash : 1;
 } __attribute__((preserve_access_index));
 
 /* Only the name matters: CO-RE takes the value from the kernel's BTF. */
@@ -2223,9 +2373,11 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 	unsigned short segs = 0;
 	int bridge;
 
-	/* Most drops are not ours: one read, then out. */
+	/* Most drops are not ours: one read, then out. A zero hash marked
+	 * L4 is one the bridge stage gave a frame it ran on (run_on): that
+	 * frame was counted too, without an epoch. */
 	hash = BPF_CORE_READ(skb, hash);
-	if (!(hash & HASH_COUNTED))
+	if (!(hash & HASH_COUNTED) && (hash || !BPF_CORE_READ_BITFIELD_PROBED(skb, l4_hash)))
 		return 0;
 	/* A clone shares its original's hash: one of the two may have been
 	 * counted out already (a promiscuous bridge passes the original up,
@@ -2245,6 +2397,19 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 	sh = (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
 	if (!bpf_probe_read_kernel(&segs, sizeof(segs), &sh->gso_segs) && segs > 1)
 		n = segs;
+	if (!hash) {
+		/* As seen_hashed counts such a frame out: only from a flow
+		 * running on, and not at home, where nothing is counted. */
+		if (cfg->flags & CFG_HOME(STAGE_BRIDGE))
+			return 0;
+		key = flow_key(&t, STAGE_BRIDGE);
+		st = bpf_map_lookup_elem(&steer_flows, &key);
+		if (st && (st->stay & STAY_RAN_ON)) {
+			count_out(&st->inflight, n);
+			count_n(STAGE_BRIDGE, CNT_DROPPED, n);
+		}
+		return 0;
+	}
 	fh = flow_hash(&t);
 	if (cfg->flags & CFG_VETH_CLASS) {
 		key = flow_key(&t, STAGE_CONTAINER);

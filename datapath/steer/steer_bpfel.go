@@ -88,6 +88,8 @@ type steerSteerFlowState struct {
 	Q_epoch     uint64
 	Q_key       uint32
 	Epoch       uint32
+	Stay        uint32
+	StayCpu     uint32
 }
 
 type steerSteerQueue struct {

@@ -132,7 +132,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				fmt.Fprintf(out, "  stay: ... %d more\n", len(st.Stay)-i)
 				break
 			}
-			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; runs where its previous stage ran%s)\n", f.Stage, f.Flow, f.Packets, ctlInFlight(f))
+			how := "runs where its previous stage ran"
+			if f.Direct {
+				how += ", without the RPS backlog"
+			}
+			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; %s%s)\n", f.Stage, f.Flow, f.Packets, how, ctlInFlight(f))
 		}
 		if st.Prio {
 			fmt.Fprintf(out, "  priority classes on; high priority: %s (lanes prio add)\n", ctlOrDash(st.Rules))

@@ -731,7 +731,7 @@ func TestDampedBarCapped(t *testing.T) {
 	feedUntil(b, spread, 200, b.FallenBack)
 	resume()
 	feedUntil(b, spread, 40, func() bool { return false }) // damped: bar 90
-	feedUntil(b, full, 200, b.FallenBack)                   // falls back past 90
+	feedUntil(b, full, 200, b.FallenBack)                  // falls back past 90
 	if b.fellAtForTest() < 90 {
 		t.Fatalf("fell back at %.1f; the test needs a fallback past the first damped bar", b.fellAtForTest())
 	}

@@ -445,7 +445,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 // since the rates were last taken, and keeps the sums for the next time.
 // nil when mice is off, the stage is not home-first, or there is no
 // earlier sum (the first round an agent sees a stage away; leaveHome
-// starts one at zero, since it deletes the stage's flow states). Rates
+// starts one at zero, so every bucket is heavy the first round after). Rates
 // are taken over at least half an interval (a ticker catching up runs
 // rounds back to back); in between, and for a bucket whose sum fell (a
 // flow's state evicted), the last verdict stands.
@@ -527,17 +527,16 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 }
 
 // leaveHome puts a stage back on the full path, with fresh flow states:
-// the old ones counted nothing while at home (see steer.Datapath.SetHome).
+// the old ones counted nothing while at home (steer.Datapath.SetHome
+// restarts them).
 func (a *agent) leaveHome(stage int) error {
-	if err := a.dp.DeleteStageFlows(stage); err != nil {
-		return err
-	}
 	if err := a.dp.SetHome(stage, false); err != nil {
 		return err
 	}
 	a.atHome[stage] = false
-	// Rates (mice) count from here: the states just deleted start at 0,
-	// and every bucket is taken for heavy until its rate is known.
+	// Rates (mice) count from here: every bucket is taken for heavy
+	// until its rate is known (the restarted states' packet sums go on
+	// from before home, or from 0 where they were deleted).
 	a.prevPkts[stage], a.prevAt[stage] = [steer.Buckets]uint64{}, time.Now()
 	a.prevMice[stage] = [steer.Buckets]bool{}
 	// The set's average now climbs with the work this stage moves: the

@@ -111,3 +111,59 @@ func TestFalconDroppedFramesCountedOut(t *testing.T) {
 		t.Errorf("container stage of the stream dropped after lanes' program: state %+v (found %v), want 0 in flight", f, ok)
 	}
 }
+
+// Frames the bridge stage ran on (steer.c's stay_direct: a zero L4 hash)
+// and the kernel dropped before the host-side veth's program saw them are
+// counted out too (steer_drops_skb), so a flow running on does not wait for
+// the drain time after a drop.
+func TestFalconDroppedDirectFramesCountedOut(t *testing.T) {
+	online(t)
+	tb := upTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	a := apply(t, tb, "falcon", map[string]string{"spread": "always"})
+	dp := a.Open(t)
+	var stay [steer.Buckets]uint32
+	for b := range stay {
+		stay[b] = steer.Stay
+	}
+	if err := dp.SetTable(steer.StageBridge, stay); err != nil {
+		t.Fatal(err)
+	}
+	src, dst := s.Containers[0], r.Containers[0]
+	udpTransfer(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 200) // ARP, FDB
+
+	const size, n = 333, 2000
+	drops := modetest.DropFrames(t, r.NetNS, dst.HostVeth, ebpf.AttachTCXEgress, 14+20+8+size)
+	st0, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := overlaytest.Stream{Count: n, Size: size, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	dropped := drops.Dropped(t)
+	if res.Received != 0 || dropped < n*9/10 {
+		t.Fatalf("the dropper dropped %d of %d datagrams, %d arrived", dropped, res.Sent, res.Received)
+	}
+	var f steer.Flow
+	var ok bool
+	for range 50 {
+		if f, ok = flowAt(t, dp, res, steer.StageBridge); ok && f.InFlight == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st1, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := st1[steer.StageBridge].Sub(st0[steer.StageBridge])
+	t.Logf("%d sent, %d dropped; bridge stage: %d ran on, %d counted out as dropped, state %+v", res.Sent, dropped, d.Direct, d.Dropped, f)
+	if !ok {
+		t.Fatalf("no bridge-stage state for the stream %v -> %v", res.Src, res.Dst)
+	}
+	if d.Direct == 0 {
+		t.Error("no frame ran on: the test does not reach the zero-hash drop path")
+	}
+	if f.InFlight != 0 || d.Dropped != dropped {
+		t.Errorf("%d in flight, %d counted out as dropped; want 0 and %d", f.InFlight, d.Dropped, dropped)
+	}
+}

@@ -145,6 +145,12 @@ type Options struct {
 	// when the IRQ core is the bottleneck: measured on 2 cores, "always"
 	// doubled ping-pong latency and halved single-flow TCP.
 	Spread string
+	// Stay is how a flow that stays at the bridge stage stays: "direct"
+	// (the GRO cell's poll runs the stage on, as in vanilla, once none of
+	// the flow's frames can be queued; steer.c's stay_direct) or "queued"
+	// (through its own core's RPS backlog, one pass more than vanilla, as
+	// lanes did before direct: for measuring it).
+	Stay string
 }
 
 // Sampler values.
@@ -164,6 +170,12 @@ const (
 const (
 	SpreadAlways = "always"
 	SpreadBusy   = "busy"
+)
+
+// Stay values.
+const (
+	StayDirect = "direct"
+	StayQueued = "queued"
 )
 
 // homeRoom is the load under which another core has room for stages
@@ -198,6 +210,7 @@ func Defaults() Options {
 		QueueSize:  2048,
 		PrioRT:     53,
 		Spread:     SpreadBusy,
+		Stay:       StayDirect,
 	}
 }
 
@@ -223,6 +236,7 @@ var params = []plan.Param{
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
+	{Key: "stay", Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla; for comparison)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
 }
 
@@ -294,6 +308,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && (o.RTPriority < 0 || o.RTPriority > 99) {
 				err = fmt.Errorf("want 0..99")
 			}
+		case "stay":
+			if v != StayDirect && v != StayQueued {
+				err = fmt.Errorf("want %s or %s", StayDirect, StayQueued)
+			}
+			o.Stay = v
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
 				err = fmt.Errorf("want %s or %s", SpreadBusy, SpreadAlways)
@@ -367,6 +386,7 @@ func (o Options) Params() map[string]string {
 		"prio":        strconv.FormatBool(o.Prio),
 		"prio-rt":     strconv.Itoa(o.PrioRT),
 		"spread":      o.Spread,
+		"stay":        o.Stay,
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"

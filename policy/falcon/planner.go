@@ -193,7 +193,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// A class change is a move of the first stage, so with prio
 		// the split stage's queue is always counted.
 		Config: steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis,
-			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio},
+			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio, StayQueued: o.Stay == StayQueued},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
 	}
