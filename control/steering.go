@@ -34,6 +34,9 @@ type Steering struct {
 	// BulkInlineIdle: bulk flows keep the NIC poll while no rule exists
 	// (steer.Config.PrioIdleInline).
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
+	// StayQueued: a flow staying at the bridge stage goes through its
+	// core's RPS backlog (steer.Config.StayQueued), not run on.
+	StayQueued bool `json:"stay_queued,omitempty"`
 	// QuietMs is steer.Config.PrioQuiet: bulk also keeps the NIC poll
 	// while no high-priority frame came for this long. SinceHighMs is how
 	// long ago the last one came (nil: none yet, or quiet off); Quiet says
@@ -130,7 +133,7 @@ func steering(s *StatusReport, netns string) error {
 	if err != nil {
 		return err
 	}
-	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}, Prio: cfg.Prio}
+	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}, Prio: cfg.Prio, StayQueued: cfg.StayQueued}
 	if home, err := d.Home(); err == nil {
 		for st, h := range home {
 			if h {
