@@ -65,14 +65,7 @@ func TestFalconDroppedFramesCountedOut(t *testing.T) {
 		if dropped < n*9/10 {
 			t.Fatalf("%s stage: the dropper dropped %d of %d datagrams", steer.StageName(c.stage), dropped, n)
 		}
-		var f steer.Flow
-		var ok bool
-		for range 50 {
-			if f, ok = flowAt(t, dp, res, c.stage); ok && f.InFlight == 0 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		f, ok := settledFlow(t, dp, res, c.stage)
 		if !ok {
 			t.Fatalf("%s stage: no flow state for the stream %v -> %v", steer.StageName(c.stage), res.Src, res.Dst)
 		}
@@ -150,14 +143,7 @@ func TestFalconDroppedDirectFramesCountedOut(t *testing.T) {
 	if res.Received != 0 || dropped < n*9/10 {
 		t.Fatalf("the dropper dropped %d of %d datagrams, %d arrived", dropped, res.Sent, res.Received)
 	}
-	var f steer.Flow
-	var ok bool
-	for range 50 {
-		if f, ok = flowAt(t, dp, res, steer.StageBridge); ok && f.InFlight == 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	f, ok := settledFlow(t, dp, res, steer.StageBridge)
 	st1, err := dp.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -175,4 +161,19 @@ func TestFalconDroppedDirectFramesCountedOut(t *testing.T) {
 	if f.InFlight > n/100 || d.Dropped > dropped || d.Dropped+n/100 < dropped {
 		t.Errorf("%d in flight, %d counted out as dropped; want 0 and %d", f.InFlight, d.Dropped, dropped)
 	}
+}
+
+// settledFlow waits up to a second for the stream's state at stage to
+// count nothing in flight, and returns it as last read (ok: found).
+func settledFlow(t *testing.T, dp *steer.Datapath, res overlaytest.StreamResult, stage int) (steer.Flow, bool) {
+	t.Helper()
+	var f steer.Flow
+	var ok bool
+	for range 50 {
+		if f, ok = flowAt(t, dp, res, stage); ok && f.InFlight == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return f, ok
 }
