@@ -48,8 +48,12 @@ func TestFalconDroppedFramesCountedOut(t *testing.T) {
 	const n = 2000
 	// A few drops in a run (1 to 13 of 2000, in about one run of ten, on
 	// 2026-11-24, with and without the bridge stage running flows on)
-	// reach no count-out; why was not found. An unreported drop leaves
-	// its flow on the drain time, the safe side; the test tolerates 1%.
+	// reach no count-out. Most likely they were clones, whose drops
+	// steer_drops_skb does not report by design: a debug build counted
+	// 8-28 marked clones dropped per run, 28 in the run that missed 7
+	// (who clones them, bridge flooding or a tap, was not found). An
+	// unreported drop leaves its flow on the drain time, the safe side;
+	// the test tolerates 1%.
 	const unreported = n / 100
 	type lost struct {
 		stage   int
