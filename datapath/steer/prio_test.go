@@ -3,9 +3,7 @@
 package steer
 
 import (
-	"golang.org/x/sys/unix"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -386,17 +384,7 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	// BPF_PROG_RUN runs the program on the calling thread's core, which
 	// must be the config's one core (0) for PLACE_LOCAL. The thread's
 	// affinity is put back before it returns to the Go scheduler.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var old, set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.SchedSetaffinity(0, &old)
-	set.Set(0)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
+	defer pinThread(t, 0)()
 	d := prioDatapath(t, true, time.Hour)
 	cfg, _ := d.Config()
 	cfg.PrioIdleInline = true
