@@ -3,6 +3,7 @@
 package falcon_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -51,15 +52,6 @@ func TestBridgeStayRunsOn(t *testing.T) {
 			a := apply(t, tb, "falcon-pipeline", params)
 			dp := a.Open(t)
 			defer dp.Close()
-			stay := [steer.Buckets]uint32{}
-			for b := range stay {
-				stay[b] = steer.Stay
-			}
-			for _, st := range []int{steer.StageBridge, steer.StageContainer} {
-				if err := dp.SetTable(st, stay); err != nil {
-					t.Fatal(err)
-				}
-			}
 			// The receiver's NIC poll runs on the testbed's IRQ core.
 			// RPS on the VXLAN device is aimed at the other core only;
 			// the apply recorded the knob, so the reset below restores it.
@@ -67,6 +59,28 @@ func TestBridgeStayRunsOn(t *testing.T) {
 			other := cpus[0]
 			if other == irq {
 				other = cpus[1]
+			}
+			// The bridge stage stays. The container stage is sent to
+			// the IRQ core by name, not left to stay: staying, it would
+			// run wherever the bridge stage ran, and the misaimed RPS map
+			// makes that the other core for the first, queued frames and
+			// the IRQ core after, a move of the container stage that no
+			// drain rule covers (seen once: 1 datagram of 3000 out of
+			// order). With a real map the queued frames land on the core
+			// they run on anyway.
+			cfg, err := dp.Config()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stay, toIRQ [steer.Buckets]uint32
+			for b := range stay {
+				stay[b], toIRQ[b] = steer.Stay, uint32(slices.Index(cfg.CPUs, irq))
+			}
+			if err := dp.SetTable(steer.StageBridge, stay); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetTable(steer.StageContainer, toIRQ); err != nil {
+				t.Fatal(err)
 			}
 			rps := knobs.Sysfs(r.NetNS, "/sys/class/net/"+r.VXLAN+"/queues/rx-0/rps_cpus")
 			if err := rps.Write([]byte(knobs.FormatCPUMask([]int{other}))); err != nil {
