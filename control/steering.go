@@ -102,6 +102,10 @@ type FlowStage struct {
 	// Direct (bridge stage, staying): runs on in the VXLAN GRO cell's
 	// poll, without a pass through the RPS backlog.
 	Direct bool `json:"direct,omitempty"`
+	// HeldOn (container stage, staying, with frames in flight): the core
+	// whose backlog they are queued in, which the stage keeps however the
+	// bridge stage's core changes until they are out; -1: none.
+	HeldOn int `json:"held_on"`
 	// InFlight is the frames the stage queued that the next stage has
 	// not seen yet (a move waits for 0); Uncounted: one went unmarked,
 	// so only the drain time ends a wait.
@@ -215,6 +219,10 @@ func steering(s *StatusReport, netns string) error {
 			IdleMs:  idle.Milliseconds(),
 			High:    f.High,
 			Direct:  f.Direct,
+			HeldOn:  -1,
+		}
+		if f.StayCore >= 0 && f.InFlight > 0 {
+			fs.HeldOn = f.StayCore
 		}
 		if fs.InFlight = f.InFlight; fs.InFlight >= steer.Uncounted {
 			fs.InFlight, fs.Uncounted = fs.InFlight-steer.Uncounted, true

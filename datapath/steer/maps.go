@@ -41,11 +41,14 @@ const (
 	syncIdx = 0x20000000
 )
 
-// stayFresh and stayDirect are steer.c's STAY_FRESH and STAY_DIRECT: a
-// bridge-stage flow that has to queue a counted frame before it may run
-// on, and one staying without the RPS backlog.
+// stayFresh, stayQueued and stayDirect are steer.c's STAY_FRESH,
+// STAY_QUEUED and STAY_DIRECT: a bridge-stage flow that has to queue a
+// counted frame before it may run on, one queuing counted (at the
+// container stage: on the core in stay_cpu, stay_core), and one staying
+// without the RPS backlog.
 const (
 	stayFresh  = 0
+	stayQueued = 1
 	stayDirect = 2
 	stayMode   = 3
 )
@@ -422,6 +425,11 @@ type Flow struct {
 	// RPS backlog (steer.c's stay_direct); its frames in flight are then
 	// on their way through the GRO cell, not queued.
 	Direct bool
+	// StayCore (container stage, staying): the core whose RPS backlog its
+	// counted frames were queued on, which it holds while any is in
+	// flight however the bridge stage's core changes (steer.c's
+	// stay_core); -1: none yet, or not staying.
+	StayCore int
 	// MicroFlow is the flow's MFLOW state at the stage that splits it.
 	MicroFlow MicroFlowState
 }
@@ -481,6 +489,7 @@ func (d *Datapath) Flows() ([]Flow, error) {
 			Bytes:     s.Bytes,
 			InFlight:  s.Inflight,
 			Direct:    s.CpuIdx == Stay && s.Stay&stayMode == stayDirect,
+			StayCore:  stayCore(k, s),
 			MicroFlow: microFlowState(s),
 		})
 	})
@@ -498,6 +507,14 @@ func (d *Datapath) Flows() ([]Flow, error) {
 		)
 	})
 	return flows, nil
+}
+
+// stayCore is Flow.StayCore.
+func stayCore(k *steerSteerFlowKey, s *steerSteerFlowState) int {
+	if int(k.Stage) != StageContainer || s.CpuIdx != Stay || s.Stay&stayMode != stayQueued {
+		return -1
+	}
+	return int(s.StayCpu)
 }
 
 func cpuIndex(v uint32) uint32 {
@@ -532,6 +549,16 @@ type Activity struct {
 	// may run at home. Counting it kept a stage away for ever once the
 	// flow that had moved it ended.
 	Away [NumStages]bool
+	// Held is, per stage, the cores holding an active staying flow's
+	// frames in flight (a bit per core; container stage: Flow.StayCore).
+	// Where such a core is not the one the stage runs on at home, the
+	// stage is not ready for home either: on the at-home fast path the
+	// flow's next frames would queue on the home core past them.
+	Held [NumStages]uint64
+	// Cores is, per stage, the cores (a bit per index into Config.CPUs)
+	// active flows are placed on by index, either class; flows that stay,
+	// or take PRISM-sync's shortcut, are not in it.
+	Cores [NumStages]uint64
 }
 
 // Activity walks the flow map once; window is how recent a packet makes a
@@ -556,6 +583,12 @@ func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 		}
 		if s.CpuIdx != Stay || (direct && int(k.Stage) == StageBridge && s.Stay&stayMode != stayDirect && s.Inflight > 0) {
 			a.Away[k.Stage] = true
+		}
+		if c := stayCore(k, s); c >= 0 && c < 64 && s.Inflight > 0 {
+			a.Held[k.Stage] |= 1 << c
+		}
+		if i := cpuIndex(s.CpuIdx); i != Stay && i < 64 {
+			a.Cores[k.Stage] |= 1 << i
 		}
 		a.Active[k.Stage][s.Bucket%Buckets] = true
 		a.Flows++

@@ -154,7 +154,7 @@ enum counter {
 	CNT_STEERED,  /* next stage sent to a chosen core */
 	CNT_STAYED,   /* vanilla placement (table says STAY, or the core has no cpumap entry) */
 	CNT_PASSED,   /* frame not understood: passed untouched */
-	CNT_HELD,     /* a move deferred because the flow was not idle for a flowlet gap */
+	CNT_HELD,     /* a move deferred to keep the flow in order (not idle for a flowlet gap, frames in flight; a container stage holding its core) */
 	CNT_MOVED,    /* a flow moved at a flowlet boundary */
 	CNT_DISABLED, /* cfg not enabled */
 	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
@@ -957,6 +957,68 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 #define INLINE_BOUNDARY 0x8 /* its last frame there ended a GRO segment: nothing of it is held */
 
 /*
+ * A stage that stays (STAY) runs where the stage before it ran, so a move
+ * of the split stage moves a staying bridge stage with it: the bridge
+ * stage's frames in flight on the old core (in its GRO cell, run on, or in
+ * its RPS backlog) could be overtaken by the first frames decapsulated on
+ * the new one. So a split-stage move also waits for the in-flight count of
+ * the flow's bridge stage when that stays, with the same drain-time
+ * presumption as for its own. The bridge stage needs no such wait for the
+ * container stage after it: that one holds its core itself (stay_core),
+ * which the split stage cannot do for the bridge stage, since no program
+ * can send a frame into another core's GRO cell.
+ */
+static __always_inline int followers_out(const struct steer_cfg *cfg, const struct tuple *t, __u32 stage,
+					 __u64 idle)
+{
+	struct steer_flow_key key;
+	struct steer_flow_state *next;
+
+	if (stage != STAGE_SPLIT || !cfg->drain_ns)
+		return 1;
+	key = flow_key(t, STAGE_BRIDGE);
+	next = bpf_map_lookup_elem(&steer_flows, &key);
+	return !next || next->cpu_idx != STAY || next->inflight <= 0 || idle >= cfg->drain_ns;
+}
+
+/*
+ * The container stage of a flow that stays (STAY) runs where the bridge
+ * stage ran: its frames queue in the RPS backlog of whatever core that
+ * was. That core changes when the bridge stage moves, when the split stage
+ * moves while the bridge stage stays, or when an RPS map sends a flow's
+ * queued and run-on frames to different cores; the container stage's next
+ * frames would then queue on another core than its frames still in
+ * flight, and could overtake them. So it holds its core as a move would:
+ * STAY_QUEUED with stay_cpu, the core its counted frames were queued on;
+ * while any is in flight, the frames go on to that core (RPS can name any
+ * core of the set, not only the one it runs on), until the count is out,
+ * or presumed lost after drain_ns idle (a new epoch then, as for an
+ * undrained move). Returns the index to steer to, or STAY: this core,
+ * which becomes the held one. A core outside the set cannot be named:
+ * frames queued there went uncounted and the drain time rules.
+ */
+static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 idle)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 idx;
+
+	if ((st->stay & STAY_MODE) == STAY_QUEUED && st->stay_cpu != cpu && st->inflight > 0) {
+		idx = st->stay_cpu < MAX_CPUS ? cfg->index_of[st->stay_cpu & (MAX_CPUS - 1)] : STAY;
+		if (cfg->drain_ns && idle >= cfg->drain_ns) {
+			st->inflight = 0;
+			st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+			count(STAGE_CONTAINER, CNT_UNDRAINED);
+		} else if (idx < cfg->ncpus) {
+			count(STAGE_CONTAINER, CNT_HELD);
+			return idx;
+		}
+	}
+	st->stay = STAY_QUEUED;
+	st->stay_cpu = cpu;
+	return STAY;
+}
+
+/*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
  * Moving a busy flow would let its packets on the new core overtake those
@@ -990,7 +1052,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	/* MFLOW's rate windows want real arrival times. */
 	int precise = cfg->mf_ncores != 0;
 	__u64 now, idle;
-	__u32 was;
+	__u32 was, held = STAY;
 
 	if (want >= cfg->ncpus)
 		want = STAY;
@@ -1014,6 +1076,9 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.inline_mark = INLINE_BOUNDARY,
 			/* Unknown to frames of an evicted state, 7 times in 8. */
 			.epoch = bpf_get_prandom_u32() % HASH_EPOCHS,
+			/* A staying container stage queues here (stay_core). */
+			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
+			.stay_cpu = bpf_get_smp_processor_id(),
 		};
 
 		/* A failed insert only loses the history: place by the table.
@@ -1079,7 +1144,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->cpu_idx = want;
 			count(stage, CNT_MOVED);
 		} else if ((idle = idle_since(cfg, st->last_ns, now)) >= cfg->flowlet_ns &&
-			   (st->inflight <= 0 || !cfg->drain_ns || (!q && idle >= cfg->drain_ns))) {
+			   (st->inflight <= 0 || !cfg->drain_ns || (!q && idle >= cfg->drain_ns)) &&
+			   followers_out(cfg, t, stage, idle)) {
 			if (st->inflight > 0) {
 				/* Presumed dropped: start counting afresh. Never
 				 * from a tracked queue (q), which settles instead. */
@@ -1118,13 +1184,15 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		st->stay = STAY_FRESH;
 		count(stage, CNT_UNDRAINED);
 	}
+	if (stage == STAGE_CONTAINER && st->cpu_idx == STAY)
+		held = stay_core(cfg, st, idle_since(cfg, st->last_ns, now));
 	st->ifindex = ifindex;
 	st->bucket = bucket;
 	st->last_ns = now;
 	st->packets++;
 	st->bytes += len;
 	*out = st;
-	return st->cpu_idx;
+	return held != STAY ? held : st->cpu_idx;
 }
 
 /* This stage queued n more frames of the flow. */
@@ -1903,8 +1971,8 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	struct steer_flow_state *st = NULL;
 	struct tuple t = {};
 	struct cursor c;
-	__u32 fh, flags = 0, seq = 0, v;
-	int counted;
+	__u32 fh, flags = 0, seq = 0, v, in_hash = skb->hash, in_ifindex = skb->ingress_ifindex;
+	int counted, ret, bridge_out = 0;
 	__u64 idx; /* 64-bit so the bounds check and the array index are one register */
 
 	/* Read before pulling, which may move the data. */
@@ -1930,11 +1998,14 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 
 	/* The previous stage's queue handed these frames on (a stage at home
-	 * counted none). */
+	 * counted none). The bridge stage's frames are counted out only once
+	 * this stage has counted them in (out:), so that a bridge-stage move,
+	 * which waits for that count, never finds the frame in neither count:
+	 * the container stage then holds its core for it (stay_core). */
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
 	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)) && hash_counted(skb))
-		seen_hashed(cfg, &t, STAGE_BRIDGE, skb_frames(skb), skb->hash, skb->ingress_ifindex);
+		bridge_out = 1;
 
 	fh = flow_hash(&t);
 	if (flags & LANES_META_MFLOW) {
@@ -1963,7 +2034,8 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 				return run_on(skb);
 			}
 		}
-		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
+		ret = rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
+		goto out;
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, 0, &st);
 	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
@@ -1999,7 +2071,11 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	}
 	if (counted)
 		queued(st, skb_frames(skb));
-	return set_rps_hash(skb, v);
+	ret = set_rps_hash(skb, v);
+out:
+	if (bridge_out)
+		seen_hashed(cfg, &t, STAGE_BRIDGE, skb_frames(skb), in_hash, in_ifindex);
+	return ret;
 }
 
 SEC("tc")

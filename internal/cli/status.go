@@ -139,6 +139,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if f.Direct {
 				how += ", without the RPS backlog"
 			}
+			if f.HeldOn >= 0 {
+				how += fmt.Sprintf(", queued on core %d", f.HeldOn)
+			}
 			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; %s%s)\n", f.Stage, f.Flow, f.Packets, how, ctlInFlight(f))
 		}
 		if st.Prio {

@@ -365,6 +365,9 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 		// the agent's time on the IRQ core is time the NIC poll waits.
 		return 0, 0, nil
 	}
+	// Which stages were at home when the flows were read: a later stage
+	// goes home only behind the earlier ones (mayGoHome).
+	homeAtRead := a.atHome
 	act, err := a.dp.Activity(activeWindow)
 	if err != nil {
 		return 0, 0, err
@@ -395,6 +398,11 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			}
 			continue // the next round sees the stage's flows afresh
 		}
+		if homeAtRead[st] {
+			// Left home this round behind an earlier stage
+			// (leaveHomeAfter): its flows were read at home.
+			continue
+		}
 		stAct := active[st]
 		if mice := a.mice(st, &act, now); mice != nil && !fallen {
 			for b := range stAct {
@@ -421,10 +429,20 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			next = a.assign(st, cur, stAct)
 		}
 		if next == cur {
+			if !a.mayGoHome(st, homeAtRead, &act, tables) {
+				continue
+			}
 			if err := a.maybeHome(st, next, act.Away[st], fallen); err != nil {
 				return 0, 0, err
 			}
 			continue
+		}
+		// A stage that starts placing flows away moves the later stages
+		// that follow it: those must count their frames first.
+		if !a.allHomeValue(st, next) {
+			if err := a.leaveHomeAfter(st); err != nil {
+				return 0, 0, err
+			}
 		}
 		if err := a.dp.SetTable(st, next); err != nil {
 			return 0, 0, err
@@ -526,10 +544,80 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 	return nil
 }
 
+// Stages run in pipeline order (split, bridge, container), and a stage
+// that stays runs where the one before it ran: when an earlier stage
+// changes a flow's core, the later stages that stay change core with it.
+// A stage counts its frames in flight, and so keeps its order across that
+// change (steer.c's followers_out, stay_core), only off its at-home fast
+// path. So a later stage goes home only behind the earlier ones, and
+// leaves home no later than they do.
+
+// mayGoHome: every earlier stage of the agent's is at home and was when
+// the flows were read (homeAtRead), or, for one that is never at home (the
+// split stage with prio, whose home is a queue on the IRQ core), has all
+// its table and every active flow there; and no staying flow of the stage
+// still has frames in flight on a core other than the home core
+// (Activity.Held).
+func (a *agent) mayGoHome(stage int, homeAtRead [steer.NumStages]bool, act *steer.Activity, tables [steer.NumStages][steer.Buckets]uint32) bool {
+	if a.home < 0 || a.home >= 64 {
+		return false
+	}
+	for _, e := range a.stages {
+		if e >= stage {
+			continue
+		}
+		if a.homeFirst[e] {
+			if !homeAtRead[e] || !a.atHome[e] {
+				return false
+			}
+			continue
+		}
+		var homeIdx uint64
+		if i := slices.Index(a.cfg.CPUs, a.home); e == steer.StageSplit && a.homeQueued && i >= 0 && i < 64 {
+			homeIdx = 1 << i
+		}
+		if act.Cores[e]&^homeIdx != 0 || !a.allHomeValue(e, tables[e]) {
+			return false
+		}
+	}
+	return act.Held[stage]&^(1<<a.home) == 0
+}
+
+// allHomeValue: every bucket of the stage's table is where the stage runs
+// at home: "stay", or with prio the split stage's queue on the IRQ core.
+func (a *agent) allHomeValue(stage int, table [steer.Buckets]uint32) bool {
+	home := uint32(steer.Stay)
+	if stage == steer.StageSplit && a.homeQueued {
+		home = uint32(slices.Index(a.cfg.CPUs, a.home))
+	}
+	for _, v := range table {
+		if v != home {
+			return false
+		}
+	}
+	return true
+}
+
+// leaveHomeAfter takes every stage after stage off its at-home fast path,
+// the last first.
+func (a *agent) leaveHomeAfter(stage int) error {
+	for l := steer.NumStages - 1; l > stage; l-- {
+		if a.atHome[l] {
+			if err := a.leaveHome(l); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // leaveHome puts a stage back on the full path, with fresh flow states:
 // the old ones counted nothing while at home (steer.Datapath.SetHome
-// restarts them).
+// restarts them). The stages after it leave first (leaveHomeAfter).
 func (a *agent) leaveHome(stage int) error {
+	if err := a.leaveHomeAfter(stage); err != nil {
+		return err
+	}
 	if err := a.dp.SetHome(stage, false); err != nil {
 		return err
 	}
