@@ -316,3 +316,83 @@ func TestBridgeQueuedDrainRestarts(t *testing.T) {
 		t.Errorf("counters %+v, want 1 undrained, 1 direct", s)
 	}
 }
+
+// At home, a flow whose state would queue queues only while it keeps
+// sending: idle for the drain time, its frames queued before are presumed
+// out and it runs on like a flow without state. HomeQueues says whether
+// any such flow queued within the drain time; once none did, the bare path
+// runs every frame on without a lookup, and leaving home ends it.
+func TestBridgeHomeBare(t *testing.T) {
+	defer pinThread(t, 0)()
+	const drain = 20 * time.Millisecond
+	d := drainDatapath(t, drain)
+	q, r := udpFlow(40000), udpFlow(40001)
+	qOuter, rOuter := vxlanFrame(frameSpec{flow: q}), vxlanFrame(frameSpec{flow: r})
+	runTC(t, d.TCIngress(), qOuter) // q: queued, 1 in flight
+	if err := d.SetHomeBare(); err == nil {
+		t.Error("the bare path was switched on with the stage away")
+	}
+	if err := d.SetHome(StageBridge, true); err != nil {
+		t.Fatal(err)
+	}
+	direct := func() uint64 { return stats(t, d)[StageBridge].Direct }
+	before := direct()
+	runTC(t, d.TCIngress(), qOuter) // queues, uncounted, stamped
+	if got := direct() - before; got != 0 {
+		t.Errorf("at home, a queued flow's frame ran on (%d)", got)
+	}
+	if busy, err := d.HomeQueues(0); err != nil || !busy {
+		t.Errorf("HomeQueues %v, %v; want a flow queuing", busy, err)
+	}
+	time.Sleep(2 * drain)
+	if busy, err := d.HomeQueues(0); err != nil || busy {
+		t.Errorf("HomeQueues %v, %v after the drain time; want none queuing", busy, err)
+	}
+	runTC(t, d.TCIngress(), qOuter) // idle for the drain time: runs on
+	if got := direct() - before; got != 1 {
+		t.Errorf("after the drain time idle: %d ran on, want 1", got)
+	}
+	if err := d.SetHomeBare(); err != nil {
+		t.Fatal(err)
+	}
+	if bare, err := d.HomeBare(); err != nil || !bare {
+		t.Fatalf("HomeBare %v, %v", bare, err)
+	}
+	flows, _ := d.Flows()
+	runTC(t, d.TCIngress(), rOuter) // a new flow: runs on, no state
+	runTC(t, d.TCIngress(), qOuter)
+	if got := direct() - before; got != 3 {
+		t.Errorf("on the bare path: %d ran on, want 3", got)
+	}
+	if after, _ := d.Flows(); len(after) != len(flows) {
+		t.Errorf("the bare path made flow states: %d before, %d after", len(flows), len(after))
+	}
+	// Frames it does not understand pass untouched there too.
+	for name, frame := range outerMalformedForBare() {
+		ret, out := runTC(t, d.TCIngress(), frame)
+		if ret != tcUnspec {
+			t.Errorf("%s: verdict %d", name, int32(ret))
+		}
+		sameBytes(t, name, frame, out)
+	}
+	if got := direct() - before; got != 3 {
+		t.Errorf("malformed frames counted as run on: %d, want 3", got)
+	}
+	if err := d.SetHome(StageBridge, false); err != nil {
+		t.Fatal(err)
+	}
+	if bare, err := d.HomeBare(); err != nil || bare {
+		t.Errorf("HomeBare %v, %v after leaving home; want off", bare, err)
+	}
+}
+
+// outerMalformedForBare: a few frames steer_tc_ingress must not treat as
+// overlay frames (the full table is TestTCMalformedPassUntouched's).
+func outerMalformedForBare() map[string][]byte {
+	f := udpFlow(40000)
+	return map[string][]byte{
+		"other VNI":  vxlanFrame(frameSpec{flow: f, vni: testVNI + 1}),
+		"inner IPv6": vxlanFrame(frameSpec{flow: f, innerEthType: ethIPv6}),
+		"fragment":   vxlanFrame(frameSpec{flow: f, outerIP: ipSpec{frag: 0x2000}}),
+	}
+}

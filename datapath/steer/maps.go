@@ -28,6 +28,7 @@ const (
 	cfgPrioIdleInline = 0x400
 	cfgVethClass      = 0x800
 	cfgStayQueued     = 0x1000
+	cfgHomeBare       = 0x2000 // the bridge stage's bare path at home (SetHomeBare)
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -643,11 +644,78 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 			}
 		}
 		k.Flags &^= bit
+		if stage == StageBridge {
+			k.Flags &^= cfgHomeBare
+		}
 	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
 	return nil
+}
+
+// HomeBare reports whether the bridge stage at home runs every frame on
+// without looking its flow up (SetHomeBare).
+func (d *Datapath) HomeBare() (bool, error) {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return false, fmt.Errorf("reading steer config: %w", err)
+	}
+	return k.Flags&cfgHomeBare != 0 && k.Flags&(cfgHome<<StageBridge) != 0, nil
+}
+
+// SetHomeBare switches the bridge stage's bare path at home on: every
+// frame runs on through the GRO cell's poll without a header read or a
+// flow lookup (steer.c's home_bare), the at-home cost of the container
+// stage's program aside. Switch it on only while the stage is at home and
+// HomeQueues says no flow there would queue; SetHome(StageBridge, false)
+// switches it off with home.
+func (d *Datapath) SetHomeBare() error {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if k.Flags&(cfgHome<<StageBridge) == 0 {
+		return errors.New("the bridge stage's bare path needs the stage at home")
+	}
+	k.Flags |= cfgHomeBare
+	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
+		return fmt.Errorf("writing steer config: %w", err)
+	}
+	return nil
+}
+
+// HomeQueues reports whether a flow at the bridge stage at home would
+// queue through the RPS backlog rather than run on: its state does not run
+// on, on core home, and it saw a frame within the drain time (the careful
+// path at home stamps such a flow each frame, and runs on one idle for
+// longer, its queued frames presumed out; steer.c's home_idle). Until it
+// says no, the bare path would let such a flow's next frames overtake
+// those it queued. Always yes without a drain time (no presumption).
+func (d *Datapath) HomeQueues(home int) (bool, error) {
+	var cfg steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &cfg); err != nil {
+		return true, fmt.Errorf("reading steer config: %w", err)
+	}
+	if cfg.DrainNs == 0 {
+		return true, nil
+	}
+	now := uint64(Now())
+	queues := false
+	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
+		if int(k.Stage) != StageBridge || queues {
+			return
+		}
+		if s.CpuIdx == Stay && s.Stay&stayMode == stayDirect && int(s.StayCpu) == home {
+			return
+		}
+		// A coarse stamp may be up to the coarse lag early (steer.c's
+		// now_ns): count the lag as activity, never as idleness.
+		if s.LastNs >= now || now-s.LastNs < cfg.DrainNs+cfg.CoarseLagNs {
+			queues = true
+		}
+	})
+	return queues, err
 }
 
 // leavingHome restarts a stage's flow states while the stage is still at

@@ -128,6 +128,12 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 /* The bridge stage stays through the RPS backlog, as before stay_direct:
  * for measuring what running on changes. */
 #define CFG_STAY_QUEUED 0x1000u
+/* The bridge stage at home runs every frame on without looking its flow up
+ * (steer_tc): no flow there can have frames queued in an RPS backlog.
+ * Runtime state, set by lanes agent only while the stage is at home and
+ * no bridge-stage state that would queue (not running on, on this core)
+ * saw a frame within drain_ns (home_queues); cleared with CFG_HOME. */
+#define CFG_HOME_BARE 0x2000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -1963,6 +1969,27 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 	return 1;
 }
 
+/*
+ * At home, a flow whose bridge-stage state would queue (it does not run on,
+ * on this core) queues, uncounted, behind whatever it has queued, unless
+ * it was idle for drain_ns: its frames queued before are presumed out
+ * then, as for a move (place()), and it runs on like a flow without state.
+ * A flow that queues is stamped, so that lanes agent sees it queuing
+ * (home_queues) and keeps the stage off its bare path (CFG_HOME_BARE).
+ */
+static __always_inline int home_idle(const struct steer_cfg *cfg, struct steer_flow_state *st)
+{
+	__u64 now;
+
+	if (!cfg->drain_ns)
+		return 0;
+	now = now_ns(cfg, 0);
+	if (idle_since(cfg, st->last_ns, now) >= cfg->drain_ns)
+		return 1;
+	st->last_ns = now;
+	return 0;
+}
+
 /* *qid: the core whose queue accounting counted the frames (meta's
  * LANES_META_QID), for the caller's queue_seen once this returns. */
 static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int outer, __u32 *qid)
@@ -2027,9 +2054,17 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		if (outer && direct_ok(cfg)) {
 			struct steer_flow_key key = flow_key(&t, STAGE_BRIDGE);
 
+			/* On the bare path no flow would queue (lanes agent's
+			 * word, CFG_HOME_BARE): no lookup. Not for frames a
+			 * queue of the split stage marked. */
+			if ((cfg->flags & CFG_HOME_BARE) && !flags && !(cfg->flags & CFG_PRIO)) {
+				count(stage, CNT_DIRECT);
+				return run_on(skb);
+			}
 			st = bpf_map_lookup_elem(&steer_flows, &key);
 			if (!st || (st->cpu_idx == STAY && (st->stay & STAY_MODE) == STAY_DIRECT &&
-				    st->stay_cpu == bpf_get_smp_processor_id())) {
+				    st->stay_cpu == bpf_get_smp_processor_id()) ||
+			    home_idle(cfg, st)) {
 				count(stage, CNT_DIRECT);
 				return run_on(skb);
 			}

@@ -10,7 +10,8 @@
 // LANES_COST_SPLIT=false leaves XDP off (split=auto on the testbed);
 // LANES_COST_SPREAD=1 puts the bridge and container stages on cpu0, off the
 // IRQ core, as the balancer does under load; LANES_COST_HOME=1 puts every
-// stage on its at-home fast path (vanilla placement, no flow state). Measured 2026-11-22 (2 x Intel
+// stage on its at-home fast path (vanilla placement, no flow state), and
+// LANES_COST_BARE=1 with it the bridge stage's bare path. Measured 2026-11-22 (2 x Intel
 // Xeon vCPU, 6.18.44), split off, ns per packet (run-time statistics add
 // two clock reads to each): at vanilla placement tc_ingress 116, tc_egress
 // 125, tc_seen 65 (485 Kpps); spread 159, 144, 69 (636 Kpps). The extra
@@ -101,6 +102,13 @@ func TestSteerCost(t *testing.T) {
 			if err := dp.SetHome(stg, true); err != nil {
 				t.Fatal(err)
 			}
+		}
+	}
+	// LANES_COST_BARE=1 (with LANES_COST_HOME): the bridge stage's bare
+	// path at home, no flow lookup.
+	if os.Getenv("LANES_COST_BARE") != "" {
+		if err := dp.SetHomeBare(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	r, s := tb.Receiver(), tb.Sender()

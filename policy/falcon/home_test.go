@@ -65,6 +65,28 @@ func TestFalconHome(t *testing.T) {
 			t.Errorf("%s stage at home: %+v, want frames on the fast path and none steered", steer.StageName(stage), d)
 		}
 	}
+	// No flow queues at home: the bridge stage takes its bare path (no
+	// flow lookup), and a stream still arrives complete and in order.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if bare, err := dp.HomeBare(); err != nil {
+			t.Fatal(err)
+		} else if bare {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bridge stage at home did not take its bare path in 5 s")
+		}
+	}
+	flows0, err := dp.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: 200 * time.Microsecond}.
+		Run(t, s.Containers[1].NetNS, r.Containers[1].NetNS, r.Containers[1].Addr.Addr())
+	overlaytest.InOrder(t, "stream on the bare path", res)
+	if flows1, err := dp.Flows(); err != nil || len(flows1) != len(flows0) {
+		t.Errorf("flow states %d before the stream, %d after (%v): the bare path keeps none", len(flows0), len(flows1), err)
+	}
 	stopAgent()
 	a.ResetAndCheck(t, before)
 }

@@ -151,6 +151,10 @@ type Options struct {
 	// (through its own core's RPS backlog, one pass more than vanilla, as
 	// lanes did before direct: for measuring it).
 	Stay string
+	// Bare: at home the bridge stage's program may skip the flow lookup
+	// once no flow there would queue (steer.Datapath.SetHomeBare); off,
+	// for measuring what that saves.
+	Bare bool
 }
 
 // Sampler values.
@@ -211,6 +215,7 @@ func Defaults() Options {
 		PrioRT:     53,
 		Spread:     SpreadBusy,
 		Stay:       StayDirect,
+		Bare:       true,
 	}
 }
 
@@ -237,6 +242,7 @@ var params = []plan.Param{
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
 	{Key: "stay", Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla; for comparison)"},
+	{Key: "bare", Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up; for comparison)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
 }
 
@@ -313,6 +319,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s or %s", StayDirect, StayQueued)
 			}
 			o.Stay = v
+		case "bare":
+			o.Bare, err = strconv.ParseBool(v)
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
 				err = fmt.Errorf("want %s or %s", SpreadBusy, SpreadAlways)
@@ -387,6 +395,7 @@ func (o Options) Params() map[string]string {
 		"prio-rt":     strconv.Itoa(o.PrioRT),
 		"spread":      o.Spread,
 		"stay":        o.Stay,
+		"bare":        strconv.FormatBool(o.Bare),
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"
