@@ -60,7 +60,7 @@ type agent struct {
 	// to check again after a flow there was found queuing.
 	bare     bool
 	bareNext int
-	home     int // core of "stay" (the IRQ core), -1 unknown
+	home   int // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
 	homeQueued bool
@@ -216,44 +216,15 @@ func (a *agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer sampler.Close()
-	policy := uint32(unix.SCHED_NORMAL)
 	if a.o.AgentSched == AgentBatch {
-		policy = unix.SCHED_BATCH
-	}
-	var lerr error
-	terr := kthread.OnThread(policy, func() {
-		a.avoidIRQCore()
-		lerr = a.loop(ctx, sampler)
-	})
-	if terr == nil {
-		return lerr
-	}
-	if a.env.Logf != nil {
-		a.env.Logf("agent-sched=%s: %v; rounds run at normal scheduling, on any core", a.o.AgentSched, terr)
+		var err error
+		if terr := kthread.OnThread(unix.SCHED_BATCH, func() { err = a.loop(ctx, sampler) }); terr == nil {
+			return err
+		} else if a.env.Logf != nil {
+			a.env.Logf("agent-sched=batch: %v; rounds run at normal scheduling", terr)
+		}
 	}
 	return a.loop(ctx, sampler)
-}
-
-// avoidIRQCore keeps the calling (locked) thread, which runs every round,
-// off the IRQ core: time the agent runs there is time that core's
-// receive path waits (PREEMPT_NONE: the NAPI thread yields only at its
-// batch ends), on the core the balancer exists to relieve. Measured on
-// the testbed: the bench's own threads took 25-60 samples a second of
-// the IRQ core with falcon's agent running, 1-7 without. agent-irq=true
-// lets the thread run anywhere, for comparison; a host whose only
-// allowed core is the IRQ core keeps it there.
-func (a *agent) avoidIRQCore() {
-	if a.o.AgentIRQ || a.home < 0 {
-		return
-	}
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil || !set.IsSet(a.home) || set.Count() < 2 {
-		return
-	}
-	set.Clear(a.home)
-	if err := unix.SchedSetaffinity(0, &set); err != nil && a.env.Logf != nil {
-		a.env.Logf("keeping the agent off IRQ core %d: %v", a.home, err)
-	}
 }
 
 // loop samples and balances every interval until ctx ends.

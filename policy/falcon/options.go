@@ -155,9 +155,6 @@ type Options struct {
 	// once no flow there would queue (steer.Datapath.SetHomeBare); off,
 	// for measuring what that saves.
 	Bare bool
-	// AgentIRQ lets the agent's rounds run on the IRQ core too; by
-	// default its thread avoids that core (agent.avoidIRQCore).
-	AgentIRQ bool
 }
 
 // Sampler values.
@@ -245,7 +242,6 @@ var params = []plan.Param{
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
 	{Key: "stay", Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla; for comparison)"},
-	{Key: "agent-irq", Default: "false", Help: "let the agent's rounds run on the IRQ core too (false: its thread keeps off the core whose receive path it relieves, where another core is allowed; true for comparison)"},
 	{Key: "bare", Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up; for comparison)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
 }
@@ -325,8 +321,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Stay = v
 		case "bare":
 			o.Bare, err = strconv.ParseBool(v)
-		case "agent-irq":
-			o.AgentIRQ, err = strconv.ParseBool(v)
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
 				err = fmt.Errorf("want %s or %s", SpreadBusy, SpreadAlways)
@@ -402,7 +396,6 @@ func (o Options) Params() map[string]string {
 		"spread":      o.Spread,
 		"stay":        o.Stay,
 		"bare":        strconv.FormatBool(o.Bare),
-		"agent-irq":   strconv.FormatBool(o.AgentIRQ),
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"
