@@ -60,7 +60,7 @@ type agent struct {
 	// to check again after a flow there was found queuing.
 	bare     bool
 	bareNext int
-	home   int // core of "stay" (the IRQ core), -1 unknown
+	home     int // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
 	homeQueued bool
