@@ -665,9 +665,9 @@ func (d *Datapath) HomeBare() (bool, error) {
 }
 
 // SetHomeBare switches the bridge stage's bare path at home on: every
-// frame runs on through the GRO cell's poll without a header read or a
-// flow lookup (steer.c's home_bare), the at-home cost of the container
-// stage's program aside. Switch it on only while the stage is at home and
+// overlay frame runs on through the GRO cell's poll without a flow lookup
+// (steer.c's steer_tc; frames it does not understand still pass
+// untouched). Switch it on only while the stage is at home and
 // HomeQueues says no flow there would queue; SetHome(StageBridge, false)
 // switches it off with home.
 func (d *Datapath) SetHomeBare() error {

@@ -132,7 +132,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * (steer_tc): no flow there can have frames queued in an RPS backlog.
  * Runtime state, set by lanes agent only while the stage is at home and
  * no bridge-stage state that would queue (not running on, on this core)
- * saw a frame within drain_ns (home_queues); cleared with CFG_HOME. */
+ * saw a frame within drain_ns (steer.Datapath.HomeQueues); cleared with CFG_HOME. */
 #define CFG_HOME_BARE 0x2000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
@@ -1975,7 +1975,7 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
  * it was idle for drain_ns: its frames queued before are presumed out
  * then, as for a move (place()), and it runs on like a flow without state.
  * A flow that queues is stamped, so that lanes agent sees it queuing
- * (home_queues) and keeps the stage off its bare path (CFG_HOME_BARE).
+ * (steer.Datapath.HomeQueues) and keeps the stage off its bare path (CFG_HOME_BARE).
  */
 static __always_inline int home_idle(const struct steer_cfg *cfg, struct steer_flow_state *st)
 {

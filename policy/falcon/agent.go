@@ -102,8 +102,8 @@ type AgentStatus struct {
 	// Home lists the stages on their at-home fast path: vanilla placement
 	// without per-flow work, until the IRQ core gets busy.
 	Home []string `json:"home,omitempty"`
-	// Bare: the bridge stage at home reads no headers and looks no flow
-	// up (steer.Datapath.SetHomeBare).
+	// Bare: the bridge stage at home looks no flow up
+	// (steer.Datapath.SetHomeBare).
 	Bare bool `json:"bare,omitempty"`
 	// Sampler is where the load comes from: "sched" or "proc".
 	Sampler string `json:"sampler,omitempty"`
@@ -830,7 +830,7 @@ func (s AgentStatus) Summary() []string {
 	if len(s.Home) > 0 {
 		line := "at home (vanilla placement, no per-flow work): " + strings.Join(s.Home, ", ")
 		if s.Bare {
-			line += "; bridge stage on its bare path (no header read, no flow lookup)"
+			line += "; bridge stage on its bare path (no flow lookup)"
 		}
 		out = append(out, line)
 	} else {
