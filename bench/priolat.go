@@ -127,6 +127,15 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	res.Extra["bg_offered_kpps"] = bg.SentPPS / 1e3
 	res.Extra["bg_received_kpps"] = bg.PPS / 1e3
 	res.Extra["bg_lost"] = bg.Extra["udp_lost"]
+	// Times the background's pacer lost its core for longer than its burst
+	// allowance (stress.GenStats.Stalls): the spacing the background was
+	// calibrated with did not hold then, so modes compare unlike loads.
+	res.Extra["bg_gen_stalls"] = bg.Extra["gen_stalls"]
+	// The share of the background sent late, in catch-up bursts (the
+	// same reason, shorter holds).
+	if sent := bg.Extra["udp_sent"]; sent > 0 {
+		res.Extra["bg_late_share"] = bg.Extra["gen_late"] / sent
+	}
 	// Datagrams per train of the background (1: evenly spaced).
 	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
 	// The run's UDP reorder count is the background's: the service's own

@@ -247,6 +247,7 @@ type GenStats struct {
 	Held    uint64        // program runs the pacer dropped because no packet was due
 	Errors  uint64        // program runs dropped for other reasons (should be 0)
 	Stalls  uint64        // times the pacer fell more than Burst packets behind and dropped the backlog
+	Late    uint64        // paced packets (trains: first packets) sent more than one interval behind schedule, in catch-up bursts
 	Elapsed time.Duration // from the first frame sent to the stop request
 	Calls   int           // BPF_PROG_RUN calls made
 }
@@ -389,6 +390,7 @@ func (g *Generator) readStats() (xdpGenGenStats, error) {
 		sum.Held += s.Held
 		sum.Error += s.Error
 		sum.Stall += s.Stall
+		sum.Late += s.Late
 	}
 	return sum, nil
 }
@@ -509,6 +511,7 @@ func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) 
 	res.Held = after.Held - before.Held
 	res.Errors = after.Error - before.Error
 	res.Stalls = after.Stall - before.Stall
+	res.Late = after.Late - before.Late
 	if err := g.objs.State.Lookup(uint32(0), &st); err != nil && runErr == nil {
 		runErr = fmt.Errorf("reading generator state: %w", err)
 	}

@@ -113,6 +113,10 @@ func (u *udpStress) Run(ctx context.Context, srv, cli workload.Endpoint, p workl
 			// Non-zero: the pacer lost its core for longer than Burst
 			// packets and SentPPS fell short of target_pps.
 			"gen_stalls": float64(gs.Stalls),
+			// Paced packets sent in catch-up bursts, more than one
+			// interval behind schedule (the pacer's thread was held off
+			// its core for less than Burst packets' worth).
+			"gen_late": float64(gs.Late),
 			// Datagrams per train of a paced run (1: evenly spaced or, for
 			// an unpaced run, line-rate bursts the pacer does not shape).
 			"train": float64(trainOf(gen)),

@@ -138,6 +138,7 @@ struct gen_stats {
 	__u64 held;  /* runs the pacer dropped because the packet was not due yet */
 	__u64 error; /* runs dropped for any other reason (short frame, empty devmap) */
 	__u64 stall; /* times the pacer found itself more than burst_fp behind and forgave the backlog */
+	__u64 late;  /* packets (first of a train) sent more than one interval behind their schedule: catch-up */
 };
 
 struct {
@@ -194,6 +195,11 @@ int xdp_gen(struct xdp_md *ctx)
 			next = now - burst_fp;
 			cnt->stall++;
 		}
+		/* Behind by more than one interval: this packet leaves in a
+		 * catch-up burst, closer to the previous one than the spacing
+		 * the background was calibrated with. */
+		if (now - next > interval_fp)
+			cnt->late++;
 		st->next_fp = next + interval_fp;
 		st->left = train - 1;
 	}

@@ -27,6 +27,7 @@ type xdpGenGenStats struct {
 	Held  uint64
 	Error uint64
 	Stall uint64
+	Late  uint64
 }
 
 // Names of all BPF objects in the ELF.
