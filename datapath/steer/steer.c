@@ -383,7 +383,7 @@ struct {
  * skb could be allocated) from frames still queued behind a starved
  * kthread. Without it, the only way out was a timeout (drain_ns), and a
  * kthread starved for longer than that let a move overtake its frames
- * (measured: 1277 of 20000 datagrams out of order, README "Under CPU
+ * (measured: 1277 of 20000 datagrams out of order, docs/prism.md "Under CPU
  * contention a path change could reorder"). Every frame steer_xdp marks
  * for the core is counted in enq; the skb side counts it seen when it
  * reaches the underlay's tc ingress (after the kthread's GRO), and the

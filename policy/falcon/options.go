@@ -64,7 +64,7 @@ type Options struct {
 	// "average" (Falcon's rule: the set's average load reaches Threshold)
 	// or "all" (every core of the set is at Threshold: nowhere left to
 	// dispatch to). On a few cores the average counts the receive work
-	// Falcon itself spread: see the README's capacity section.
+	// Falcon itself spread: see docs/falcon.md, Falcon's receive capacity.
 	Fallback string
 	// Damp keeps the set spread when it climbs back to the fallback level
 	// within balancer.CycleRounds of resuming: its own spread work, not

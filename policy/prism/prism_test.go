@@ -378,7 +378,7 @@ func TestPrismQuietTCP(t *testing.T) {
 // between bursts, longer than the drain time plus the coarse clock's lag:
 // before the queues were tracked, a flow idle that long left the queue
 // with frames still in it, and its next burst, taken in the NIC poll,
-// overtook them (README, "Under CPU contention a path change can
+// overtook them (docs/prism.md, "Under CPU contention a path change can
 // reorder"). Now it waits until the queue has been seen empty. Datagrams
 // may be lost (the ring overflows while starved); none may come out of
 // order, no move may be made on the drain time, and every queue's
