@@ -1003,14 +1003,16 @@ static __always_inline int followers_out(const struct steer_cfg *cfg, const stru
  * which becomes the held one. A core outside the set cannot be named:
  * frames queued there went uncounted and the drain time rules.
  */
-static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 idle)
+static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 idx;
 
-	if ((st->stay & STAY_MODE) == STAY_QUEUED && st->stay_cpu != cpu && st->inflight > 0) {
+	if (st->stay == STAY_QUEUED && st->stay_cpu == cpu)
+		return STAY; /* the common case: nothing to hold, nothing to write */
+	if ((st->stay & STAY_MODE) == STAY_QUEUED && st->inflight > 0) {
 		idx = st->stay_cpu < MAX_CPUS ? cfg->index_of[st->stay_cpu & (MAX_CPUS - 1)] : STAY;
-		if (cfg->drain_ns && idle >= cfg->drain_ns) {
+		if (cfg->drain_ns && idle_since(cfg, st->last_ns, now) >= cfg->drain_ns) {
 			st->inflight = 0;
 			st->epoch = (st->epoch + 1) % HASH_EPOCHS;
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
@@ -1191,7 +1193,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		count(stage, CNT_UNDRAINED);
 	}
 	if (stage == STAGE_CONTAINER && st->cpu_idx == STAY)
-		held = stay_core(cfg, st, idle_since(cfg, st->last_ns, now));
+		held = stay_core(cfg, st, now);
 	st->ifindex = ifindex;
 	st->bucket = bucket;
 	st->last_ns = now;
@@ -2052,7 +2054,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		 * queuing, uncounted, until the stage leaves home: no frame
 		 * runs on past one of its flow still queued. */
 		if (outer && direct_ok(cfg)) {
-			struct steer_flow_key key = flow_key(&t, STAGE_BRIDGE);
+			struct steer_flow_key key;
 
 			/* On the bare path no flow would queue (lanes agent's
 			 * word, CFG_HOME_BARE): no lookup. Not for frames a
@@ -2061,6 +2063,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 				count(stage, CNT_DIRECT);
 				return run_on(skb);
 			}
+			key = flow_key(&t, STAGE_BRIDGE);
 			st = bpf_map_lookup_elem(&steer_flows, &key);
 			if (!st || (st->cpu_idx == STAY && (st->stay & STAY_MODE) == STAY_DIRECT &&
 				    st->stay_cpu == bpf_get_smp_processor_id()) ||
