@@ -45,7 +45,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 		return nil, st, fmt.Errorf("state file %s: cpus: %w", dir, err)
 	}
 	a, err := plan.NewAgent(st.Plan.Agent, plan.AgentEnv{
-		NetNS: st.NetNS, Mode: st.Mode, Params: st.Params, CPUs: cpus, Metrics: o.Metrics, Logf: o.Logf,
+		NetNS: st.NetNS, Mode: st.Mode, Params: st.Params, CPUs: cpus, StateDir: dir, Metrics: o.Metrics, Logf: o.Logf,
 	})
 	if err != nil {
 		return nil, st, err

@@ -392,6 +392,8 @@ func writeState(dir string, st *State) error {
 func removeState(dir string) {
 	os.Remove(filepath.Join(dir, StateFile))
 	os.Remove(filepath.Join(dir, StateFile+".tmp"))
+	os.Remove(filepath.Join(dir, plan.AgentStateFile))
+	os.Remove(filepath.Join(dir, plan.AgentStateFile+".tmp"))
 	removeAgentReport(dir)
 }
 

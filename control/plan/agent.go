@@ -29,12 +29,20 @@ type AgentEnv struct {
 	Mode   string
 	Params map[string]string
 	CPUs   []int // the applied core set
+	// StateDir is the target's state directory (its journal, whose
+	// originals an agent may write back to a knob the plan set). An
+	// agent that must remember something across a crash keeps it there
+	// in AgentStateFile, which `lanes reset` removes.
+	StateDir string
 	// Metrics is where the agent registers its Prometheus metrics; nil =
 	// none.
 	Metrics prometheus.Registerer
 	// Logf reports decisions worth a line (fallback, resume); nil = quiet.
 	Logf func(format string, args ...any)
 }
+
+// AgentStateFile is the one file an agent may keep in its StateDir.
+const AgentStateFile = "agent-state.json"
 
 var agents = map[string]func(AgentEnv) (Agent, error){}
 

@@ -32,6 +32,9 @@ type Entry struct {
 	At   time.Time `json:"at"`
 }
 
+// Decode rebuilds the journaled knob, as Restore does.
+func (e Entry) Decode() (Knob, error) { return decode(e.Kind, e.Knob) }
+
 type journalDoc struct {
 	Version int     `json:"version"`
 	Target  string  `json:"target"`

@@ -60,7 +60,11 @@ type agent struct {
 	// to check again after a flow there was found queuing.
 	bare     bool
 	bareNext int
-	home     int // core of "stay" (the IRQ core), -1 unknown
+	// pk parks the path while every stage rests at home (park.go); calm
+	// counts the rounds they have rested there on the bare path.
+	pk   *parker
+	calm int
+	home int // core of "stay" (the IRQ core), -1 unknown
 	// homeQueued: home has cpumap queues (prio), so the split stage's way
 	// home is its queue there, not "stay" (which would drop the classes).
 	homeQueued bool
@@ -107,6 +111,11 @@ type AgentStatus struct {
 	Bare bool `json:"bare,omitempty"`
 	// Sampler is where the load comes from: "sched" or "proc".
 	Sampler string `json:"sampler,omitempty"`
+	// Parked: lanes' programs and RPS maps are off the path while every
+	// stage rests at home (park.go); ParkOff says why this agent never
+	// parks.
+	Parked  bool   `json:"parked,omitempty"`
+	ParkOff string `json:"park_off,omitempty"`
 }
 
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
@@ -191,6 +200,10 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 			dp.Close()
 			return nil, err
 		}
+	}
+	if a.pk, err = newParker(a.o, env.StateDir); err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("falcon agent: %w", err)
 	}
 	if env.Metrics != nil {
 		a.m = newAgentMetrics(env.Metrics, dir)
@@ -290,6 +303,10 @@ func (a *agent) setSampler(v string) {
 }
 
 func (a *agent) restore() {
+	// The plan's static state has its programs and maps on the path.
+	if err := a.unpark(); err != nil && a.env.Logf != nil {
+		a.env.Logf("%v (lanes reset puts every knob back)", err)
+	}
 	for _, st := range a.stages {
 		a.dp.SetTable(st, a.initial[st])
 	}
@@ -355,9 +372,11 @@ func (a *agent) step(s load.Sample) error {
 		}
 	}
 	a.status.Bare = a.bare
+	a.status.Parked, a.status.ParkOff = a.pk.parked, a.pk.off
 	a.mu.Unlock()
 	if a.m != nil {
 		a.m.observe(load, moves, fallen, bs, nactive, sd)
+		a.m.parked.Set(map[bool]float64{true: 1}[a.pk.parked])
 	}
 	return nil
 }
@@ -379,7 +398,12 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 		// state to read (the at-home fast path keeps none) and no table
 		// to change, so the round ends here. It is the common case, and
 		// the agent's time on the IRQ core is time the NIC poll waits.
-		return 0, 0, nil
+		return 0, 0, a.maybePark()
+	}
+	// A stage may leave home: the programs go back on the path first.
+	a.calm = 0
+	if err := a.unpark(); err != nil {
+		return 0, 0, err
 	}
 	// Which stages were at home when the flows were read: a later stage
 	// goes home only behind the earlier ones (mayGoHome).
@@ -647,6 +671,45 @@ func (a *agent) maybeBare() error {
 	return nil
 }
 
+// maybePark parks the path once every stage has rested at home, the
+// bridge stage on its bare path, for parkAfter rounds (park.go). The
+// caller has checked that every stage is at home and stays there.
+func (a *agent) maybePark() error {
+	if a.pk.off != "" {
+		// Parked by an agent whose options allowed it.
+		return a.unpark()
+	}
+	if !a.bare {
+		a.calm = 0
+		return nil
+	}
+	if a.calm++; a.pk.parked || a.calm < parkAfter {
+		return nil
+	}
+	if err := a.pk.park(); err != nil {
+		return err
+	}
+	if a.env.Logf != nil {
+		a.env.Logf("parked: every stage at home for %d rounds; lanes' programs and RPS maps off the path", a.calm)
+	}
+	return nil
+}
+
+// unpark puts the programs and RPS maps back before a stage leaves home
+// (or the agent stops).
+func (a *agent) unpark() error {
+	if !a.pk.parked {
+		return nil
+	}
+	if err := a.pk.unpark(); err != nil {
+		return err
+	}
+	if a.env.Logf != nil {
+		a.env.Logf("unparked: lanes' programs and RPS maps back on the path")
+	}
+	return nil
+}
+
 // leaveHomeAfter takes every stage after stage off its at-home fast path,
 // the last first.
 func (a *agent) leaveHomeAfter(stage int) error {
@@ -761,6 +824,7 @@ type agentMetrics struct {
 	fallsTot prometheus.Counter
 	damped   prometheus.Counter
 	active   prometheus.Gauge
+	parked   prometheus.Gauge
 	lastFall uint64
 	lastDamp uint64
 }
@@ -781,8 +845,10 @@ func newAgentMetrics(r prometheus.Registerer, dir string) *agentMetrics {
 			Help: "Fallbacks not taken: the set climbed back to the fallback level right after resuming, carrying its own spread work."}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_active_flow_stages",
 			Help: "(flow, stage) pairs that saw traffic in the last second."}),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_parked",
+			Help: "1 while every stage rests at home and lanes' programs and RPS maps are off the path."}),
 	}
-	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, steer.NewCollector(dir))
+	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, m.parked, steer.NewCollector(dir))
 	return m
 }
 
@@ -833,6 +899,9 @@ func (s AgentStatus) Summary() []string {
 			line += "; bridge stage on its bare path (no flow lookup)"
 		}
 		out = append(out, line)
+		if s.Parked {
+			out = append(out, "parked: lanes' programs and RPS maps are off the path (vanilla's, exactly) until the IRQ core gets busy")
+		}
 	} else {
 		line := fmt.Sprintf("active (flow, stage) pairs: %d", s.Active)
 		if s.MiceHome > 0 {

@@ -155,6 +155,10 @@ type Options struct {
 	// once no flow there would queue (steer.Datapath.SetHomeBare); off,
 	// for measuring what that saves.
 	Bare bool
+	// Park: once every stage has rested at home for a while, the agent
+	// takes lanes' programs and RPS maps off the path, so Falcon at home
+	// costs what vanilla costs (park.go); off, for measuring that.
+	Park bool
 }
 
 // Sampler values.
@@ -216,6 +220,7 @@ func Defaults() Options {
 		Spread:     SpreadBusy,
 		Stay:       StayDirect,
 		Bare:       true,
+		Park:       true,
 	}
 }
 
@@ -243,6 +248,7 @@ var params = []plan.Param{
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
 	{Key: "stay", Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla; for comparison)"},
 	{Key: "bare", Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up; for comparison)"},
+	{Key: "park", Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on; for comparison)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
 }
 
@@ -321,6 +327,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Stay = v
 		case "bare":
 			o.Bare, err = strconv.ParseBool(v)
+		case "park":
+			o.Park, err = strconv.ParseBool(v)
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
 				err = fmt.Errorf("want %s or %s", SpreadBusy, SpreadAlways)
@@ -396,6 +404,7 @@ func (o Options) Params() map[string]string {
 		"spread":      o.Spread,
 		"stay":        o.Stay,
 		"bare":        strconv.FormatBool(o.Bare),
+		"park":        strconv.FormatBool(o.Park),
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"
