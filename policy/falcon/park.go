@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"golang.org/x/sys/unix"
 )
 
 // Parking: Falcon at home costs what vanilla costs.
@@ -193,11 +194,41 @@ func zeroMask(b []byte) bool {
 	return s != "" && strings.Trim(s, "0,") == ""
 }
 
+// locked runs fn holding the state directory's lock, which `lanes apply`
+// and `lanes reset` hold while they work, so a park or unpark never
+// interleaves with a reset: one that comes after a reset finds the journal
+// gone and does nothing (reset put every original back, and the plan is
+// gone).
+func (p *parker) locked(fn func() error) error {
+	dir := filepath.Dir(p.path)
+	d, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		p.parked = false
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer d.Close() // drops the lock
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("locking %s: %w", dir, err)
+	}
+	if !knobs.Exists(dir) {
+		p.parked = false
+		return nil
+	}
+	return fn()
+}
+
 // park takes the programs and RPS maps off the path: the maps first.
 func (p *parker) park() error {
 	if p.parked || p.off != "" {
 		return nil
 	}
+	return p.locked(p.parkLocked)
+}
+
+func (p *parker) parkLocked() error {
 	b, err := json.Marshal(p.knobs)
 	if err != nil {
 		return err
@@ -206,41 +237,36 @@ func (p *parker) park() error {
 		return fmt.Errorf("parking: %w", err)
 	}
 	p.parked = true
-	for _, progs := range []bool{false, true} {
+	return p.write("parking", false, func(k parkKnob) []byte { return k.Off })
+}
+
+// write sets every knob to value(k), the programs first or last; a knob
+// whose device is gone is skipped.
+func (p *parker) write(what string, progsFirst bool, value func(parkKnob) []byte) error {
+	for _, progs := range []bool{progsFirst, !progsFirst} {
 		for _, k := range p.knobs {
-			if k.isProg() != progs {
+			if (k.Kind == attach.KindTCX) != progs {
 				continue
 			}
-			if err := k.k.Write(k.Off); err != nil && !errors.Is(err, knobs.ErrGone) {
-				return fmt.Errorf("parking %s: %w", k.k.Key(), err)
+			if err := k.k.Write(value(k)); err != nil && !errors.Is(err, knobs.ErrGone) {
+				return fmt.Errorf("%s %s: %w", what, k.k.Key(), err)
 			}
 		}
 	}
 	return nil
 }
 
-func (k parkKnob) isProg() bool { return k.Kind == attach.KindTCX }
-
 // unpark puts the plan's programs and RPS maps back: the programs first.
 func (p *parker) unpark() error {
 	if !p.parked {
 		return nil
 	}
-	if _, err := os.Stat(p.path); errors.Is(err, os.ErrNotExist) {
-		// `lanes reset` removed it: every original is back and the
-		// plan is gone, so there is nothing to put back.
-		p.parked = false
-		return nil
-	}
-	for _, progs := range []bool{true, false} {
-		for _, k := range p.knobs {
-			if k.isProg() != progs {
-				continue
-			}
-			if err := k.k.Write(k.Plan); err != nil && !errors.Is(err, knobs.ErrGone) {
-				return fmt.Errorf("unparking %s: %w", k.k.Key(), err)
-			}
-		}
+	return p.locked(p.unparkLocked)
+}
+
+func (p *parker) unparkLocked() error {
+	if err := p.write("unparking", true, func(k parkKnob) []byte { return k.Plan }); err != nil {
+		return err
 	}
 	if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("unparking: %w", err)
