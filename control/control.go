@@ -164,6 +164,9 @@ func Apply(opts Options) (*State, error) {
 		if _, err := j.Restore(); err != nil {
 			return nil, fmt.Errorf("restoring the previous mode before applying %s: %w (nothing new applied; see `lanes reset`)", v.Mode, err)
 		}
+		// What the previous mode's agent kept (Falcon's parked values)
+		// is for a plan that is gone.
+		os.Remove(filepath.Join(dir, plan.AgentStateFile))
 		// The plan above saw the host as the previous mode left it
 		// (threads it made, queues it added); the one applied must see
 		// it as restored. The first plan checked the settings against

@@ -2,6 +2,7 @@ package falcon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -304,8 +305,12 @@ func (a *agent) setSampler(v string) {
 
 func (a *agent) restore() {
 	// The plan's static state has its programs and maps on the path.
-	if err := a.unpark(); err != nil && a.env.Logf != nil {
-		a.env.Logf("%v (lanes reset puts every knob back)", err)
+	if a.pk.parked {
+		if err := a.pk.unparkNow(); err != nil && a.env.Logf != nil {
+			a.env.Logf("%v (lanes reset puts every knob back)", err)
+		} else if a.env.Logf != nil && !a.pk.parked {
+			a.env.Logf("unparked: lanes' programs and RPS maps back on the path")
+		}
 	}
 	for _, st := range a.stages {
 		a.dp.SetTable(st, a.initial[st])
@@ -400,9 +405,10 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 		// the agent's time on the IRQ core is time the NIC poll waits.
 		return 0, 0, a.maybePark()
 	}
-	// A stage may leave home: the programs go back on the path first.
+	// A stage may leave home: the programs and maps go back on the path
+	// first (a round or more: park.go).
 	a.calm = 0
-	if err := a.unpark(); err != nil {
+	if done, err := a.unpark(); err != nil || !done {
 		return 0, 0, err
 	}
 	// Which stages were at home when the flows were read: a later stage
@@ -674,40 +680,53 @@ func (a *agent) maybeBare() error {
 // maybePark parks the path once every stage has rested at home, the
 // bridge stage on its bare path, for parkAfter rounds (park.go). The
 // caller has checked that every stage is at home and stays there.
+// Parking is an optimisation: when it fails, the agent unparks, stops
+// parking and goes on balancing.
 func (a *agent) maybePark() error {
 	if a.pk.off != "" {
 		// Parked by an agent whose options allowed it.
-		return a.unpark()
+		_, err := a.unpark()
+		return err
 	}
 	if !a.bare {
 		a.calm = 0
 		return nil
 	}
-	if a.calm++; a.pk.parked || a.calm < parkAfter {
+	if a.calm++; (a.pk.parked && !a.pk.progsBack) || a.calm < parkAfter {
 		return nil
 	}
-	if err := a.pk.park(); err != nil {
-		return err
-	}
-	if a.env.Logf != nil {
+	err := a.pk.park()
+	switch {
+	case errors.Is(err, errBusy):
+		return nil
+	case err != nil:
+		a.pk.off = "parking failed: " + err.Error()
+		if a.env.Logf != nil {
+			a.env.Logf("%s; unparking and parking no more", a.pk.off)
+		}
+		return a.pk.unparkNow()
+	case a.pk.parked && a.env.Logf != nil:
 		a.env.Logf("parked: every stage at home for %d rounds; lanes' programs and RPS maps off the path", a.calm)
+	case a.pk.off != "" && a.env.Logf != nil:
+		a.env.Logf("parking off: %s", a.pk.off)
 	}
 	return nil
 }
 
-// unpark puts the programs and RPS maps back before a stage leaves home
-// (or the agent stops).
-func (a *agent) unpark() error {
+// unpark takes the next step of putting the programs and maps back
+// before a stage leaves home, and says whether they are all back.
+func (a *agent) unpark() (bool, error) {
 	if !a.pk.parked {
-		return nil
+		return true, nil
 	}
-	if err := a.pk.unpark(); err != nil {
-		return err
+	done, err := a.pk.unpark(time.Now())
+	if errors.Is(err, errBusy) {
+		return false, nil
 	}
-	if a.env.Logf != nil {
+	if done && err == nil && a.env.Logf != nil {
 		a.env.Logf("unparked: lanes' programs and RPS maps back on the path")
 	}
-	return nil
+	return done, err
 }
 
 // leaveHomeAfter takes every stage after stage off its at-home fast path,

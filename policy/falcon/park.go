@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
@@ -33,25 +34,34 @@ import (
 // bridge stage on its bare path (no flow there has a frame queued where
 // vanilla would not queue it), the agent parks: it writes the journal's
 // original RPS maps back (no RPS) and detaches those programs, and the
-// path is vanilla's, exactly. Before any stage leaves home it unparks:
-// attaches the programs again, still on their at-home paths, and only then
-// sets the RPS maps again.
+// path is vanilla's, exactly. Before any stage leaves home it unparks in
+// two steps: the programs first (still on their at-home paths), then,
+// after the drain time, the RPS maps, and only then may stages leave
+// home. The wait lets out the frames that passed the hooks while the
+// programs were off: they carry a hash of their own (the NIC's, or the
+// inner flow's), which RPS would act on and a counting program could
+// misread.
 //
-// Order: no step sends a frame to another core. At home the bridge stage
-// runs every frame on in the GRO cell's poll (a zero L4 hash, which RPS
-// skips) and the container stage hashes every frame to the core it runs
-// on, whose backlog is where netif_rx queues it without RPS as well. So
-// parking takes the RPS maps off first (frames keep their core), then the
-// programs (frames keep their core: no map); unparking attaches the
-// programs first (their hashes name the core the frame is on), then the
-// maps. Leaving home afterwards is what it always was (fresh flow states,
-// counted frames first).
+// Order, for the frames lanes parses: no step sends one to another core.
+// At home the bridge stage runs every frame on in the GRO cell's poll (a
+// zero L4 hash, which RPS skips) and the container stage hashes every
+// frame to the core it runs on, whose backlog is where netif_rx queues it
+// without RPS as well. So parking takes the RPS maps off first (frames
+// keep their core), then the programs (frames keep their core: no map);
+// unparking attaches the programs first (their hashes name the core the
+// frame is on), then the maps. Leaving home afterwards is what it always
+// was (fresh flow states, counted frames first). Frames lanes does not
+// parse (inner IPv6, ARP) keep their own hash at home, which RPS spreads
+// while the maps are on: parking and unparking move them (docs/falcon.md).
 //
-// Crash safety: the plan's values are written to the state directory
-// (plan.AgentStateFile) before the first knob is parked and removed after
-// the last is unparked, so an agent started after a crash knows it is
-// parked and what to put back; `lanes reset` restores the journal's
-// originals whatever was parked, and removes the file.
+// Crash safety: the plan's values, with the apply they belong to, are
+// written to the state directory (plan.AgentStateFile) before the first
+// knob is parked and removed after the last is unparked, so an agent
+// started after a crash knows it is parked and what to put back; `lanes
+// apply` and `lanes reset` remove the file, and an agent ignores one of
+// another apply. Park and unpark run under the state directory's lock and
+// only while the journal is still their apply's: an agent left running
+// across a reset or a new apply never writes the new plan's knobs.
 //
 // Not parked: modes whose first stage has an XDP hook (split, prio: taking
 // XDP off a veth changes how it receives), split=rps (its static map on
@@ -77,47 +87,79 @@ type parkKnob struct {
 	k    knobs.Knob
 }
 
+// parkFile is plan.AgentStateFile while parked.
+type parkFile struct {
+	// Gen is the apply the values belong to (journalGen): a file of
+	// another apply is stale.
+	Gen   string     `json:"gen"`
+	Knobs []parkKnob `json:"knobs"`
+}
+
 // parker parks and unparks one target's path.
 type parker struct {
-	path   string // StateDir/plan.AgentStateFile; "" = cannot park
-	knobs  []parkKnob
-	parked bool
-	off    string // why this agent never parks ("" = it may)
+	path  string // StateDir/plan.AgentStateFile
+	dir   string // StateDir
+	gen   string // the apply this agent works for (journalGen)
+	knobs []parkKnob
+	// parked: the maps are off the path (and the file says so);
+	// progsBack: unparking has put the programs back at progsAt, and the
+	// maps follow once frames that passed while they were off are out.
+	parked    bool
+	progsBack bool
+	progsAt   time.Time
+	drain     time.Duration
+	off       string // why this agent does not park ("" = it may)
+}
+
+// errBusy: apply or reset holds the state directory; try next round.
+var errBusy = errors.New("state directory busy")
+
+// journalGen names one apply: the time its first knob was journaled.
+func journalGen(ents []knobs.Entry) string {
+	if len(ents) == 0 {
+		return ""
+	}
+	return ents[0].Key + "@" + ents[0].At.Format(time.RFC3339Nano)
 }
 
 // newParker finds the knobs parking switches, from the journal, or from
-// the file a previous agent left parked.
+// the file a previous agent of the same apply left parked.
 func newParker(o Options, stateDir string) (*parker, error) {
-	p := &parker{}
+	p := &parker{drain: o.Drain}
 	if stateDir == "" {
 		p.off = "no state directory"
 		return p, nil
 	}
-	p.path = filepath.Join(stateDir, plan.AgentStateFile)
+	p.dir, p.path = stateDir, filepath.Join(stateDir, plan.AgentStateFile)
+	ents, err := knobs.ReadEntries(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	p.gen = journalGen(ents)
 	if b, err := os.ReadFile(p.path); err == nil {
-		// A previous agent parked and did not unpark (killed): parked,
-		// whatever the options say now; the first round unparks if it
-		// must.
-		if err := json.Unmarshal(b, &p.knobs); err != nil {
+		var f parkFile
+		if err := json.Unmarshal(b, &f); err != nil {
 			return nil, fmt.Errorf("reading %s: %w (lanes reset puts every knob back)", p.path, err)
 		}
-		for i := range p.knobs {
-			if p.knobs[i].k, err = (knobs.Entry{Kind: p.knobs[i].Kind, Knob: p.knobs[i].Knob}).Decode(); err != nil {
-				return nil, fmt.Errorf("reading %s: %w (lanes reset puts every knob back)", p.path, err)
+		if f.Gen == p.gen && p.gen != "" {
+			// A previous agent parked and did not unpark (killed):
+			// parked, whatever the options say now; the first round
+			// unparks if it must.
+			for i := range f.Knobs {
+				if f.Knobs[i].k, err = (knobs.Entry{Kind: f.Knobs[i].Kind, Knob: f.Knobs[i].Knob}).Decode(); err != nil {
+					return nil, fmt.Errorf("reading %s: %w (lanes reset puts every knob back)", p.path, err)
+				}
 			}
+			p.knobs, p.parked, p.off = f.Knobs, true, parkOff(o)
+			return p, nil
 		}
-		p.parked = true
-		p.off = parkOff(o)
-		return p, nil
+		// Left from an earlier apply: its values are not this plan's.
+		os.Remove(p.path)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	if p.off = parkOff(o); p.off != "" {
 		return p, nil
-	}
-	ents, err := knobs.ReadEntries(stateDir)
-	if err != nil {
-		return nil, err
 	}
 	p.knobs, p.off = parkable(ents)
 	if p.off != "" {
@@ -196,82 +238,129 @@ func zeroMask(b []byte) bool {
 
 // locked runs fn holding the state directory's lock, which `lanes apply`
 // and `lanes reset` hold while they work, so a park or unpark never
-// interleaves with a reset: one that comes after a reset finds the journal
-// gone and does nothing (reset put every original back, and the plan is
-// gone).
+// interleaves with either. It does not wait for them (errBusy: the next
+// round tries again). After a reset or another apply the journal is not
+// this agent's any more: it stops parking and writes nothing (reset put
+// every original back; a new apply owns the knobs).
 func (p *parker) locked(fn func() error) error {
-	dir := filepath.Dir(p.path)
-	d, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		p.parked = false
-		return nil
+	d, err := os.Open(p.dir)
+	if err == nil {
+		defer d.Close() // drops the lock
+		if err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+			return errBusy
+		} else if err != nil {
+			return fmt.Errorf("locking %s: %w", p.dir, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
+	ents, err := knobs.ReadEntries(p.dir)
 	if err != nil {
 		return err
 	}
-	defer d.Close() // drops the lock
-	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
-		return fmt.Errorf("locking %s: %w", dir, err)
-	}
-	if !knobs.Exists(dir) {
-		p.parked = false
+	if g := journalGen(ents); g == "" || g != p.gen {
+		p.parked, p.progsBack = false, false
+		p.off = "the target was reset or applied again: this agent's plan is gone"
 		return nil
 	}
 	return fn()
 }
 
-// park takes the programs and RPS maps off the path: the maps first.
+// park takes the RPS maps, then the programs off the path. Unparking
+// half done (programs back, maps still off) parks the programs again.
 func (p *parker) park() error {
-	if p.parked || p.off != "" {
+	if p.off != "" || (p.parked && !p.progsBack) {
 		return nil
 	}
-	return p.locked(p.parkLocked)
+	return p.locked(func() error {
+		if !p.parked {
+			b, err := json.Marshal(parkFile{Gen: p.gen, Knobs: p.knobs})
+			if err != nil {
+				return err
+			}
+			if err := knobs.WriteFileAtomic(p.path, b); err != nil {
+				return fmt.Errorf("parking: %w", err)
+			}
+			p.parked = true
+		}
+		p.progsBack = false
+		return p.write("parking", false, func(k parkKnob) []byte { return k.Off })
+	})
 }
 
-func (p *parker) parkLocked() error {
-	b, err := json.Marshal(p.knobs)
-	if err != nil {
-		return err
-	}
-	if err := knobs.WriteFileAtomic(p.path, b); err != nil {
-		return fmt.Errorf("parking: %w", err)
-	}
-	p.parked = true
-	return p.write("parking", false, func(k parkKnob) []byte { return k.Off })
-}
-
-// write sets every knob to value(k), the programs first or last; a knob
-// whose device is gone is skipped.
+// write sets the knobs to value(k), the maps first (progsFirst false) or
+// the programs first; writeSome only the programs or only the maps. A
+// knob whose device is gone is skipped.
 func (p *parker) write(what string, progsFirst bool, value func(parkKnob) []byte) error {
 	for _, progs := range []bool{progsFirst, !progsFirst} {
-		for _, k := range p.knobs {
-			if (k.Kind == attach.KindTCX) != progs {
-				continue
-			}
-			if err := k.k.Write(value(k)); err != nil && !errors.Is(err, knobs.ErrGone) {
-				return fmt.Errorf("%s %s: %w", what, k.k.Key(), err)
-			}
+		if err := p.writeSome(what, progs, value); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// unpark puts the plan's programs and RPS maps back: the programs first.
-func (p *parker) unpark() error {
-	if !p.parked {
-		return nil
+func (p *parker) writeSome(what string, progs bool, value func(parkKnob) []byte) error {
+	for _, k := range p.knobs {
+		if (k.Kind == attach.KindTCX) != progs {
+			continue
+		}
+		if err := k.k.Write(value(k)); err != nil && !errors.Is(err, knobs.ErrGone) {
+			return fmt.Errorf("%s %s: %w", what, k.k.Key(), err)
+		}
 	}
-	return p.locked(p.unparkLocked)
+	return nil
 }
 
-func (p *parker) unparkLocked() error {
-	if err := p.write("unparking", true, func(k parkKnob) []byte { return k.Plan }); err != nil {
-		return err
+// unpark takes one step back to the plan's state and says whether it is
+// there. The programs go back first. A frame that passed the hooks
+// while they were off carries a hash of its own (the NIC's, or the
+// inner flow's), which RPS maps would act on and the counting programs
+// could misread; the maps go back only once such frames are out (the
+// drain time, as for a move), and stages leave home only after that.
+func (p *parker) unpark(now time.Time) (bool, error) {
+	if !p.parked {
+		return true, nil
 	}
-	if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("unparking: %w", err)
+	if !p.progsBack {
+		err := p.locked(func() error {
+			if err := p.writeSome("unparking", true, func(k parkKnob) []byte { return k.Plan }); err != nil {
+				return err
+			}
+			p.progsBack, p.progsAt = true, now
+			return nil
+		})
+		return !p.parked, err
 	}
-	os.Remove(p.path + ".tmp")
-	p.parked = false
-	return nil
+	if now.Sub(p.progsAt) < p.drain {
+		return false, nil
+	}
+	err := p.locked(func() error {
+		if err := p.writeSome("unparking", false, func(k parkKnob) []byte { return k.Plan }); err != nil {
+			return err
+		}
+		if err := os.Remove(p.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("unparking: %w", err)
+		}
+		os.Remove(p.path + ".tmp")
+		p.parked, p.progsBack = false, false
+		return nil
+	})
+	return !p.parked, err
+}
+
+// unparkNow unparks whole, waiting out the drain time between the steps
+// and an apply or reset that holds the directory (for an agent that
+// stops).
+func (p *parker) unparkNow() error {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		done, err := p.unpark(time.Now())
+		if done || (err != nil && !errors.Is(err, errBusy)) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("unparking: %w for 5 s", errBusy)
+		}
+		time.Sleep(max(p.drain, 10*time.Millisecond))
+	}
 }

@@ -2,9 +2,12 @@ package falcon
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
@@ -73,6 +76,47 @@ func TestParkableRefuses(t *testing.T) {
 		ks, why := parkable(c.ents)
 		if ks != nil || !strings.Contains(why, c.want) {
 			t.Errorf("%s: parkable = %d knobs, %q; want none because %q", name, len(ks), why, c.want)
+		}
+	}
+}
+
+// TestParkFileOfAnotherApply: a parked file left by an agent of an
+// earlier apply (the target was applied again since) is stale: the new
+// agent is not parked and removes it; a file of the same apply means
+// parked. Nothing is written to the kernel (the journal's one knob is
+// only read).
+func TestParkFileOfAnotherApply(t *testing.T) {
+	dir := t.TempDir()
+	j, err := knobs.Open(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Record(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus")); err != nil {
+		t.Skip("no rps_cpus on lo:", err)
+	}
+	j.Close()
+	ents, err := knobs.ReadEntries(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Defaults()
+	o.Split = false
+	path := filepath.Join(dir, plan.AgentStateFile)
+	for _, c := range []struct {
+		gen        string
+		wantParked bool
+	}{{"an earlier apply", false}, {journalGen(ents), true}} {
+		b, _ := json.Marshal(parkFile{Gen: c.gen, Knobs: []parkKnob{}})
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p, err := newParker(o, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, statErr := os.Stat(path)
+		if p.parked != c.wantParked || os.IsNotExist(statErr) == c.wantParked {
+			t.Errorf("file of gen %q: parked=%v, file kept=%v; want parked=%v and the file kept only then", c.gen, p.parked, statErr == nil, c.wantParked)
 		}
 	}
 }
