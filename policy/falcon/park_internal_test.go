@@ -2,10 +2,12 @@ package falcon
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
@@ -119,4 +121,85 @@ func TestParkFileOfAnotherApply(t *testing.T) {
 			t.Errorf("file of gen %q: parked=%v, file kept=%v; want parked=%v and the file kept only then", c.gen, p.parked, statErr == nil, c.wantParked)
 		}
 	}
+}
+
+// recKnob records what was written to it, in a log shared by all.
+type recKnob struct {
+	name string
+	log  *[]string
+}
+
+func (k *recKnob) Kind() string          { return "test" }
+func (k *recKnob) Key() string           { return "test:" + k.name }
+func (k *recKnob) Read() ([]byte, error) { return nil, nil }
+func (k *recKnob) Write(v []byte) error {
+	*k.log = append(*k.log, k.name+"="+string(v))
+	return nil
+}
+
+// TestParkSteps: parking writes the maps, then the programs; unparking
+// puts the programs back, waits the drain time, then the maps, and only
+// then says it is done; after a reset (the journal gone) nothing is
+// written and parking turns off.
+func TestParkSteps(t *testing.T) {
+	dir := t.TempDir()
+	j, err := knobs.Open(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Record(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus")); err != nil {
+		t.Skip("no rps_cpus on lo:", err)
+	}
+	j.Close()
+	ents, _ := knobs.ReadEntries(dir)
+	var log []string
+	p := &parker{dir: dir, path: filepath.Join(dir, plan.AgentStateFile), gen: journalGen(ents), drain: 20 * time.Millisecond,
+		knobs: []parkKnob{
+			{Kind: attach.KindTCX, Plan: []byte("attached"), Off: []byte(""), k: &recKnob{"prog", &log}},
+			{Kind: "sysfs", Plan: []byte("3"), Off: []byte("0"), k: &recKnob{"map", &log}},
+		}}
+	want := func(what string, w ...string) {
+		t.Helper()
+		if strings.Join(log, " ") != strings.Join(w, " ") {
+			t.Errorf("%s: wrote %v, want %v", what, log, w)
+		}
+		log = nil
+	}
+	if err := p.park(); err != nil || !p.parked {
+		t.Fatalf("park: %v, parked=%v", err, p.parked)
+	}
+	want("park", "map=0", "prog=")
+	if _, err := os.Stat(p.path); err != nil {
+		t.Errorf("parked without the file: %v", err)
+	}
+	t0 := time.Now()
+	for _, step := range []struct {
+		at   time.Duration
+		done bool
+		w    []string
+	}{
+		{0, false, []string{"prog=attached"}},
+		{10 * time.Millisecond, false, nil},
+		{20 * time.Millisecond, true, []string{"map=3"}},
+	} {
+		done, err := p.unpark(t0.Add(step.at))
+		if err != nil || done != step.done {
+			t.Fatalf("unpark at +%v: done=%v, %v; want done=%v", step.at, done, err, step.done)
+		}
+		want(fmt.Sprintf("unpark at +%v", step.at), step.w...)
+	}
+	if _, err := os.Stat(p.path); !os.IsNotExist(err) {
+		t.Errorf("unparked, file still there: %v", err)
+	}
+
+	// Parked again, then reset: the agent writes nothing more.
+	if err := p.park(); err != nil {
+		t.Fatal(err)
+	}
+	log = nil
+	os.Remove(filepath.Join(dir, knobs.JournalFile))
+	if done, err := p.unpark(time.Now()); err != nil || !done || p.off == "" {
+		t.Errorf("unpark after reset: done=%v, %v, off=%q; want done, parking off", done, err, p.off)
+	}
+	want("after reset")
 }
