@@ -88,26 +88,14 @@ func TestParkableRefuses(t *testing.T) {
 // parked. Nothing is written to the kernel (the journal's one knob is
 // only read).
 func TestParkFileOfAnotherApply(t *testing.T) {
-	dir := t.TempDir()
-	j, err := knobs.Open(dir, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Record(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus")); err != nil {
-		t.Skip("no rps_cpus on lo:", err)
-	}
-	j.Close()
-	ents, err := knobs.ReadEntries(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, gen := testJournal(t)
 	o := Defaults()
 	o.Split = false
 	path := filepath.Join(dir, plan.AgentStateFile)
 	for _, c := range []struct {
 		gen        string
 		wantParked bool
-	}{{"an earlier apply", false}, {journalGen(ents), true}} {
+	}{{"an earlier apply", false}, {gen, true}} {
 		b, _ := json.Marshal(parkFile{Gen: c.gen, Knobs: []parkKnob{}})
 		if err := os.WriteFile(path, b, 0o644); err != nil {
 			t.Fatal(err)
@@ -142,18 +130,9 @@ func (k *recKnob) Write(v []byte) error {
 // then says it is done; after a reset (the journal gone) nothing is
 // written and parking turns off.
 func TestParkSteps(t *testing.T) {
-	dir := t.TempDir()
-	j, err := knobs.Open(dir, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Record(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus")); err != nil {
-		t.Skip("no rps_cpus on lo:", err)
-	}
-	j.Close()
-	ents, _ := knobs.ReadEntries(dir)
+	dir, gen := testJournal(t)
 	var log []string
-	p := &parker{dir: dir, path: filepath.Join(dir, plan.AgentStateFile), gen: journalGen(ents), drain: 20 * time.Millisecond,
+	p := &parker{dir: dir, path: filepath.Join(dir, plan.AgentStateFile), gen: gen, drain: 20 * time.Millisecond,
 		knobs: []parkKnob{
 			{Kind: attach.KindTCX, Plan: []byte("attached"), Off: []byte(""), k: &recKnob{"prog", &log}},
 			{Kind: "sysfs", Plan: []byte("3"), Off: []byte("0"), k: &recKnob{"map", &log}},
@@ -202,4 +181,25 @@ func TestParkSteps(t *testing.T) {
 		t.Errorf("unpark after reset: done=%v, %v, off=%q; want done, parking off", done, err, p.off)
 	}
 	want("after reset")
+}
+
+// testJournal makes a journal of one apply in a temporary state
+// directory (its one knob only read, never written) and returns the
+// directory and the apply's generation.
+func testJournal(t *testing.T) (dir, gen string) {
+	t.Helper()
+	dir = t.TempDir()
+	j, err := knobs.Open(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Record(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus")); err != nil {
+		t.Skip("no rps_cpus on lo:", err)
+	}
+	j.Close()
+	ents, err := knobs.ReadEntries(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, journalGen(ents)
 }
