@@ -683,8 +683,11 @@ func (r *runner) apply(mode string) error {
 		r.agentStop = func() { cancel(); <-done }
 		// Measure the mode as it runs on a host, not its first second:
 		// an agent needs a few rounds to bring Falcon's stages home
-		// and parkAfter rounds (1 s) to park them.
-		time.Sleep(agentSettle)
+		// and parkAfter rounds (1 s) to park them. A reconciler alone
+		// changes no placement.
+		if st.Plan.Agent != "" {
+			time.Sleep(agentSettle)
+		}
 	}
 	r.applied = want
 	return nil

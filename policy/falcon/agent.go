@@ -380,8 +380,7 @@ func (a *agent) step(s load.Sample) error {
 	a.status.Parked, a.status.ParkOff = a.pk.parked, a.pk.off
 	a.mu.Unlock()
 	if a.m != nil {
-		a.m.observe(load, moves, fallen, bs, nactive, sd)
-		a.m.parked.Set(map[bool]float64{true: 1}[a.pk.parked])
+		a.m.observe(load, moves, fallen, a.pk.parked, bs, nactive, sd)
 	}
 	return nil
 }
@@ -871,7 +870,7 @@ func newAgentMetrics(r prometheus.Registerer, dir string) *agentMetrics {
 	return m
 }
 
-func (m *agentMetrics) observe(load map[int]float64, moves int, fallen bool, bs balancer.Stats, active int, sd float64) {
+func (m *agentMetrics) observe(load map[int]float64, moves int, fallen, parked bool, bs balancer.Stats, active int, sd float64) {
 	for c, v := range load {
 		m.load.WithLabelValues(fmt.Sprint(c)).Set(v)
 	}
@@ -881,6 +880,11 @@ func (m *agentMetrics) observe(load map[int]float64, moves int, fallen bool, bs 
 		m.fallback.Set(1)
 	} else {
 		m.fallback.Set(0)
+	}
+	if parked {
+		m.parked.Set(1)
+	} else {
+		m.parked.Set(0)
 	}
 	if bs.Fallbacks > m.lastFall {
 		m.fallsTot.Add(float64(bs.Fallbacks - m.lastFall))

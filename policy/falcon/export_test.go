@@ -1,5 +1,7 @@
 package falcon
 
+import "errors"
+
 // ParkLikeAKilledAgent parks the target's path as an agent does and leaves
 // it so, as an agent killed while parked would.
 func ParkLikeAKilledAgent(stateDir string) error {
@@ -10,11 +12,7 @@ func ParkLikeAKilledAgent(stateDir string) error {
 		return err
 	}
 	if p.off != "" {
-		return errorString("cannot park: " + p.off)
+		return errors.New("cannot park: " + p.off)
 	}
 	return p.park()
 }
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }

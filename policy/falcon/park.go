@@ -232,8 +232,8 @@ func parkable(ents []knobs.Entry) ([]parkKnob, string) {
 // zeroMask: a CPU mask as sysfs shows it ("0", "00000000,00000000") with
 // no bit set.
 func zeroMask(b []byte) bool {
-	s := strings.TrimSpace(string(b))
-	return s != "" && strings.Trim(s, "0,") == ""
+	cpus, err := knobs.ParseCPUMask(string(b))
+	return err == nil && len(cpus) == 0
 }
 
 // locked runs fn holding the state directory's lock, which `lanes apply`
@@ -284,22 +284,16 @@ func (p *parker) park() error {
 			p.parked = true
 		}
 		p.progsBack = false
-		return p.write("parking", false, func(k parkKnob) []byte { return k.Off })
+		off := func(k parkKnob) []byte { return k.Off }
+		if err := p.writeSome("parking", false, off); err != nil {
+			return err
+		}
+		return p.writeSome("parking", true, off)
 	})
 }
 
-// write sets the knobs to value(k), the maps first (progsFirst false) or
-// the programs first; writeSome only the programs or only the maps. A
-// knob whose device is gone is skipped.
-func (p *parker) write(what string, progsFirst bool, value func(parkKnob) []byte) error {
-	for _, progs := range []bool{progsFirst, !progsFirst} {
-		if err := p.writeSome(what, progs, value); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
+// writeSome sets the programs (progs) or the RPS maps to value(k); a knob
+// whose device is gone is skipped.
 func (p *parker) writeSome(what string, progs bool, value func(parkKnob) []byte) error {
 	for _, k := range p.knobs {
 		if (k.Kind == attach.KindTCX) != progs {
