@@ -616,8 +616,14 @@ struct overlay {
 	__u32 inner_off; /* offset of the inner Ethernet header */
 };
 
+/* parse_outer's answer for a frame of the overlay (a VNI lanes knows)
+ * whose inner frame lanes does not parse: inner IPv6, ARP, a fragment. */
+#define PARSE_INNER_UNKNOWN (-2)
+
 /* Outer Ethernet/IPv4/UDP/VXLAN of a VNI lanes knows, then the inner flow;
- * ov (may be NULL) gets the VNI and where the inner frame starts. */
+ * ov (may be NULL) gets the VNI and where the inner frame starts. -1: not
+ * the overlay; PARSE_INNER_UNKNOWN: the overlay, an inner frame lanes does
+ * not parse. */
 static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg *cfg, struct tuple *t,
 				       struct overlay *ov)
 {
@@ -646,7 +652,7 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 		ov->vni = vni;
 		ov->inner_off = c->pos - start;
 	}
-	return parse_inner(c, t);
+	return parse_inner(c, t) < 0 ? PARSE_INNER_UNKNOWN : 0;
 }
 
 /*
@@ -2021,8 +2027,21 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	if ((outer ? parse_outer(&c, cfg, &t, NULL) : parse_inner(&c, &t)) < 0) {
+	ret = outer ? parse_outer(&c, cfg, &t, NULL) : parse_inner(&c, &t);
+	if (ret < 0) {
 		count(stage, CNT_PASSED);
+		/* A frame of the overlay whose inner frame lanes does not parse
+		 * (inner IPv6, ARP, an IPv4 fragment, ICMP) goes on through the
+		 * next device's RPS map, which is lanes' (the VXLAN device's,
+		 * the container veth's): left alone, RPS would spread it by its
+		 * own hash, a placement nobody planned that changes whenever
+		 * lanes rewrites the maps (parking), reordering such a flow
+		 * then. The zero L4 hash keeps it on the core it is on, where
+		 * vanilla runs it, whatever the maps say. Frames that are not
+		 * the overlay's (other ports and VNIs, the host's own traffic)
+		 * meet no map of lanes' and stay untouched, hash included. */
+		if (!outer || ret == PARSE_INNER_UNKNOWN)
+			return run_on(skb);
 		return TC_ACT_UNSPEC;
 	}
 
