@@ -175,15 +175,17 @@ func TestPrismVethQueues(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	stD1, _ := dp.Stats()
-	nd := dropped.Dropped(t)
+	// Every drop the kernel reports is counted out; the few it may not
+	// report stay in flight (modetest.Dropper.Reported).
+	nd, reported := dropped.Dropped(t), dropped.Reported(t)
 	switch {
-	case resD.Received != 0 || nd < 900:
-		t.Errorf("dropper: %d of %d datagrams dropped, %d received", nd, resD.Sent, resD.Received)
-	case dFlow == nil || dFlow.Queue != 1 || dFlow.InFlight != 0:
-		t.Errorf("marked stream dropped in the container: state %+v, want queue 1 and nothing in flight", dFlow)
+	case resD.Received != 0 || nd < 900 || reported < nd/2:
+		t.Errorf("dropper: %d of %d datagrams dropped, %d reported by the kernel, %d received", nd, resD.Sent, reported, resD.Received)
+	case dFlow == nil || dFlow.Queue != 1 || dFlow.InFlight != int64(nd-reported):
+		t.Errorf("marked stream dropped in the container: state %+v, want queue 1 and %d in flight (the drops the kernel did not report)", dFlow, nd-reported)
 	}
-	if got := stD1[steer.StageContainer].Dropped - stD0[steer.StageContainer].Dropped; got != nd {
-		t.Errorf("container stage: %d drops counted out, the dropper dropped %d", got, nd)
+	if got := stD1[steer.StageContainer].Dropped - stD0[steer.StageContainer].Dropped; got != reported {
+		t.Errorf("container stage: %d drops counted out, the dropper dropped %d, the kernel reported %d", got, nd, reported)
 	}
 	dropped.Detach()
 
