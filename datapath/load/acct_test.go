@@ -1,6 +1,7 @@
 package load
 
 import (
+	"fmt"
 	"math"
 	"runtime"
 	"testing"
@@ -80,8 +81,12 @@ func checkFigures(t *testing.T, sm Sample) {
 
 // TestSchedSampler: a thread burning a core at normal priority makes it
 // busy; the same at SCHED_IDLE is that core's Yielding time, which
-// Contended leaves out. The machine may run other work, so the bounds are
-// loose: they separate "counted" from "not counted", not timings.
+// Contended leaves out. The machine may run other work (once, in a full
+// `make test` on 2026-11-24, normal-priority work took two thirds of the
+// core, leaving the SCHED_IDLE thread a third: likely the kernel's
+// namespace cleanup after the testbeds of the packages before), so the bounds
+// are loose, they separate "counted" from "not counted", not timings, and
+// a window may be measured three times before one must meet them.
 func TestSchedSampler(t *testing.T) {
 	core := firstCore(t)
 	s := newSchedSampler(t)
@@ -90,40 +95,55 @@ func TestSchedSampler(t *testing.T) {
 		policy uint32
 	}{{"normal", unix.SCHED_NORMAL}, {"sched_idle", unix.SCHED_IDLE}} {
 		t.Run(tc.name, func(t *testing.T) {
-			stop := spin(t, core, tc.policy)
-			if _, err := s.Sample(); err != nil { // from the spin on
-				stop()
-				t.Fatal(err)
-			}
-			time.Sleep(300 * time.Millisecond)
-			sm, err := s.Sample()
-			stop()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sm.Interval < 300*time.Millisecond {
-				t.Errorf("interval %v, slept 300ms", sm.Interval)
-			}
-			checkFigures(t, sm)
-			c, ok := sm.Core(core)
-			if !ok {
-				t.Fatalf("core %d missing from %+v", core, sm.Cores)
-			}
-			if c.Busy <= 50 {
-				t.Errorf("core %d burned by a thread, only %.1f%% busy", core, c.Busy)
-			}
-			switch tc.policy {
-			case unix.SCHED_IDLE:
-				if c.Yielding <= 50 || c.Contended() >= c.Busy {
-					t.Errorf("core %d: yielding %.1f%% of busy %.1f%%: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
+			var why string
+			for try := 0; try < 3; try++ {
+				if why = spinAndSample(t, s, core, tc.policy); why == "" {
+					return
 				}
-			default:
-				if c.Yielding >= 50 {
-					t.Errorf("core %d: a normal thread counted as yielding (%.1f%%)", core, c.Yielding)
-				}
+				t.Logf("try %d: %s", try+1, why)
 			}
+			t.Error(why)
 		})
 	}
+}
+
+// spinAndSample burns core at policy for 300 ms and says what in the
+// sample is wrong ("" if nothing).
+func spinAndSample(t *testing.T, s *SchedSampler, core int, policy uint32) string {
+	t.Helper()
+	stop := spin(t, core, policy)
+	if _, err := s.Sample(); err != nil { // from the spin on
+		stop()
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	sm, err := s.Sample()
+	stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sm.Interval < 300*time.Millisecond {
+		t.Errorf("interval %v, slept 300ms", sm.Interval)
+	}
+	checkFigures(t, sm)
+	c, ok := sm.Core(core)
+	if !ok {
+		t.Fatalf("core %d missing from %+v", core, sm.Cores)
+	}
+	if c.Busy <= 50 {
+		return fmt.Sprintf("core %d burned by a thread, only %.1f%% busy", core, c.Busy)
+	}
+	switch policy {
+	case unix.SCHED_IDLE:
+		if c.Yielding <= 50 || c.Contended() >= c.Busy {
+			return fmt.Sprintf("core %d: yielding %.1f%% of busy %.1f%%: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
+		}
+	default:
+		if c.Yielding >= 50 {
+			return fmt.Sprintf("core %d: a normal thread counted as yielding (%.1f%%)", core, c.Yielding)
+		}
+	}
+	return ""
 }
 
 // TestSchedSamplerIdle: with nothing running on a core but an occasional
