@@ -150,6 +150,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
 		{steerMapSteerVethClass, &o.SteerVethClass},
+		{steerMapSteerAdopt, &o.SteerAdopt},
 	}
 }
 

@@ -296,6 +296,26 @@ struct {
 	__type(value, struct steer_flow_state);
 } steer_flows SEC(".maps");
 
+/*
+ * Container devices lanes adopted after apply (control/follow.go): a
+ * container started later gets its programs and RPS maps while its flows
+ * may already run, on the core vanilla runs them on, with frames of theirs
+ * in flight there that no program counted. Until the deadline, a flow of
+ * such a device whose container stage has no state yet starts at STAY,
+ * counted, wherever the table points: it leaves for the table's core only
+ * through the move rule (an idle gap, nothing in flight), as every flow
+ * did when the plan itself was applied with its tables at STAY. After the
+ * deadline a flow without state is new (or idle for longer than any queue
+ * holds a frame) and takes the table at once, as everywhere. Looked up
+ * only when a flow state is created.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);   /* ifindex of the host-side veth (the container stage's hook) */
+	__type(value, __u64); /* deadline, bpf_ktime_get_ns() */
+} steer_adopt SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_CPUMAP);
 	__uint(max_entries, MAX_CPUS);
@@ -1032,6 +1052,15 @@ static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer
 	return STAY;
 }
 
+/* Is ifindex a container device adopted after apply, still in its window
+ * (steer_adopt)? */
+static __always_inline int adopting(__u32 ifindex)
+{
+	__u64 *until = bpf_map_lookup_elem(&steer_adopt, &ifindex);
+
+	return until && bpf_ktime_get_ns() < *until;
+}
+
 /*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
@@ -1080,6 +1109,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
 		now = now_ns(cfg, precise);
+		if (stage == STAGE_CONTAINER && want != STAY && adopting(ifindex))
+			want = STAY;
 		struct steer_flow_state fresh = {
 			.cpu_idx = want,
 			.ifindex = ifindex,

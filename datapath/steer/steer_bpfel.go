@@ -130,6 +130,7 @@ type steerVethClassState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	steerMapSteerAdopt         = "steer_adopt"
 	steerMapSteerCfg           = "steer_cfg"
 	steerMapSteerCpumap        = "steer_cpumap"
 	steerMapSteerCpumapHi      = "steer_cpumap_hi"
@@ -216,6 +217,7 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
+	SteerAdopt     *ebpf.MapSpec `ebpf:"steer_adopt"`
 	SteerCfg       *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap    *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi  *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
@@ -260,6 +262,7 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
+	SteerAdopt     *ebpf.Map `ebpf:"steer_adopt"`
 	SteerCfg       *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap    *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi  *ebpf.Map `ebpf:"steer_cpumap_hi"`
@@ -280,6 +283,7 @@ type steerMaps struct {
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
+		m.SteerAdopt,
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,
