@@ -41,6 +41,21 @@ type journalDoc struct {
 	Entries []Entry `json:"entries"`
 }
 
+// ErrBusy is wrapped by Open when another process (or another part of this
+// one) holds the state directory.
+var ErrBusy = errors.New("busy")
+
+// Generation names one apply: the key and time of its first journaled
+// knob, which stays first until the journal is restored ("" for none).
+// A process working for an apply (an agent) compares it with the journal's
+// to tell a reset or a newer apply.
+func Generation(ents []Entry) string {
+	if len(ents) == 0 {
+		return ""
+	}
+	return ents[0].Key + "@" + ents[0].At.Format(time.RFC3339Nano)
+}
+
 // Journal records original knob values in DIR/journal.json. It holds an
 // exclusive lock on DIR from Open to Close, so two lanes processes never
 // journal the same target at once; the kernel drops the lock when a process
@@ -66,7 +81,7 @@ func Open(dir, target string) (*Journal, error) {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state dir %s is in use by another lanes process: wait for it to finish", dir)
+			return nil, fmt.Errorf("state dir %s is in use by another lanes process: wait for it to finish (%w)", dir, ErrBusy)
 		}
 		return nil, fmt.Errorf("locking state dir %s: %w", dir, err)
 	}
@@ -302,4 +317,56 @@ func (j *Journal) Restore() (*Report, error) {
 	}
 	return rep, fmt.Errorf("%d of %d knobs could not be restored (kept in %s), first: %s",
 		len(failed), len(rep.Restored)+len(rep.Skipped)+len(failed), j.path(), rep.Failed[0].Reason)
+}
+
+// Forget restores the entries with the given keys, newest first, and takes
+// them out of the journal, which keeps the rest: what a follower of
+// containers does for the knobs of a container that went (their device is
+// gone: nothing to write back, but a link pin to remove) or for changes it
+// made in a round that failed half-way. A knob whose device is gone counts
+// as restored. The first entry (the one that names the apply) is never
+// forgotten. A knob that cannot be restored stays in the journal.
+func (j *Journal) Forget(keys []string) (*Report, error) {
+	if j.lock == nil {
+		return nil, errors.New("journal is closed")
+	}
+	drop := map[string]bool{}
+	for _, k := range keys {
+		drop[k] = true
+	}
+	rep := &Report{Restored: []string{}}
+	var keep []Entry
+	var errs []error
+	for i := len(j.doc.Entries) - 1; i >= 0; i-- {
+		e := j.doc.Entries[i]
+		if !drop[e.Key] || i == 0 {
+			keep = append([]Entry{e}, keep...)
+			continue
+		}
+		k, err := decode(e.Kind, e.Knob)
+		if err == nil {
+			err = k.Write(e.Original)
+		}
+		switch {
+		case err == nil:
+			rep.Restored = append(rep.Restored, e.Key)
+		case errors.Is(err, ErrGone):
+			rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: err.Error()})
+		default:
+			rep.Failed = append(rep.Failed, Skip{Key: e.Key, Reason: err.Error()})
+			errs = append(errs, fmt.Errorf("%s: %w", e.Key, err))
+			keep = append([]Entry{e}, keep...)
+		}
+	}
+	old := j.doc.Entries
+	j.doc.Entries = keep
+	if err := j.save(); err != nil {
+		j.doc.Entries = old
+		return rep, err
+	}
+	j.keys = map[string]bool{}
+	for _, e := range keep {
+		j.keys[e.Key] = true
+	}
+	return rep, errors.Join(errs...)
 }
