@@ -89,29 +89,34 @@ func plan(c Config) *Testbed {
 			host.VTEPAddr = netip.PrefixFrom(host.PodSubnet.Addr(), 32)
 		}
 		for k := 1; k <= c.Containers; k++ {
-			ct := Container{
-				Name:     fmt.Sprintf("c%d", k),
-				NetNS:    c.contNS(h, k),
-				MAC:      mac(roleCont, byte(h), byte(k)),
-				Veth:     "eth0",
-				HostVeth: fmt.Sprintf("veth%d", k),
-			}
-			switch c.Topology {
-			case Docker:
-				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, 0, byte(10*h + k)}), 24)
-			case Flannel:
-				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 24)
-			case Calico:
-				// A /32 per pod, and Calico's host-side name: "cali" and
-				// 11 hex digits (Calico hashes the workload's id).
-				ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 32)
-				ct.HostVeth = fmt.Sprintf("cali%011x", k)
-			}
-			host.Containers = append(host.Containers, ct)
+			host.Containers = append(host.Containers, c.container(h, k))
 		}
 		tb.Hosts[i] = host
 	}
 	return tb
+}
+
+// container computes container k of host h (1-based) from the config.
+func (c Config) container(h, k int) Container {
+	ct := Container{
+		Name:     fmt.Sprintf("c%d", k),
+		NetNS:    c.contNS(h, k),
+		MAC:      mac(roleCont, byte(h), byte(k)),
+		Veth:     "eth0",
+		HostVeth: fmt.Sprintf("veth%d", k),
+	}
+	switch c.Topology {
+	case Docker:
+		ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, 0, byte(10*h + k)}), 24)
+	case Flannel:
+		ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 24)
+	case Calico:
+		// A /32 per pod, and Calico's host-side name: "cali" and
+		// 11 hex digits (Calico hashes the workload's id).
+		ct.Addr = netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(h), byte(10 + k)}), 32)
+		ct.HostVeth = fmt.Sprintf("cali%011x", k)
+	}
+	return ct
 }
 
 // Up builds the testbed, or leaves it as it is when one with the same

@@ -111,8 +111,8 @@ func (c Config) Validate(ncpu int) error {
 	default:
 		return fmt.Errorf("unknown topology %q: use docker, flannel or calico", c.Topology)
 	}
-	if c.Containers < 1 || c.Containers > 50 {
-		return fmt.Errorf("containers per host must be 1..50, got %d", c.Containers)
+	if c.Containers < 1 || c.Containers > c.maxContainer() {
+		return fmt.Errorf("containers per host must be 1..%d on the %s layout, got %d", c.maxContainer(), c.Topology, c.Containers)
 	}
 	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
 		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)

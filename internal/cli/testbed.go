@@ -76,7 +76,30 @@ func newTestbedCmd() *cobra.Command {
 	}
 	status.Flags().StringVar(&prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(up, down, status)
-	_ = fmt.Sprint
+	var host int
+	add := &cobra.Command{
+		Use:   "add-container",
+		Short: "Start one more container on a host of the testbed, as a container runtime would (lanes agent adopts it)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := testbed.AddContainer(prefix, host)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "added %s: netns %s, %s %s, host side %s\n", c.Name, c.NetNS, c.Veth, c.Addr, c.HostVeth)
+			return nil
+		},
+	}
+	del := &cobra.Command{
+		Use:   "del-container NAME",
+		Short: "Remove a container (c3, ...) from a host of the testbed",
+		Args:  cobra.ExactArgs(1),
+		RunE:  func(_ *cobra.Command, args []string) error { return testbed.RemoveContainer(prefix, host, args[0]) },
+	}
+	for _, c := range []*cobra.Command{add, del} {
+		c.Flags().StringVar(&prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
+		c.Flags().IntVar(&host, "host", 2, "1 (the sender) or 2 (the receiver)")
+	}
+	cmd.AddCommand(up, down, status, add, del)
 	return cmd
 }
