@@ -1,7 +1,9 @@
 package control
 
 import (
+	"context"
 	"fmt"
+	"sync"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -18,8 +20,9 @@ type AgentOptions struct {
 }
 
 // NewAgent builds the run-time part of the mode applied to a namespace,
-// from its state file. It fails with a clear message when nothing is
-// applied, the apply did not finish, or the mode is static.
+// from its state file, with the container follower beside it. It fails
+// with a clear message when nothing is applied, the apply did not finish,
+// or the mode changes nothing (vanilla).
 func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	dir := Dir(o.StateDir, o.NetNS)
 	st, err := ReadState(dir)
@@ -32,13 +35,22 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	if st.Phase != Applied {
 		return nil, st, fmt.Errorf("the apply of %s to netns %s did not finish: run `lanes reset` and apply again", st.Mode, label(o.NetNS))
 	}
+	f, err := newFollower(st, dir, o.Logf)
+	if err != nil {
+		return nil, st, err
+	}
+	pins := plan.PinDir(st.NetNS)
+	var r *steer.Reconciler
+	if steer.Pinned(pins) {
+		r = steer.NewReconciler(pins, o.Logf)
+	}
 	if st.Plan.Agent == "" {
-		// A static mode with a steering datapath still has the queue
-		// reconciler to run.
-		if dir := plan.PinDir(st.NetNS); steer.Pinned(dir) {
-			return withReconciler{Agent: reconcilerOnly{st.Mode}, r: steer.NewReconciler(dir, o.Logf)}, st, nil
+		// A static mode still has its containers to follow, and
+		// with a steering datapath the queue reconciler to run.
+		if st.Plan.Changes == 0 {
+			return nil, st, fmt.Errorf("mode %s changes nothing: lanes agent has nothing to run for it", st.Mode)
 		}
-		return nil, st, fmt.Errorf("mode %s is static: it has nothing to run at run time (falcon modes with balance=true do)", st.Mode)
+		return running{Agent: static{st.Mode, r != nil}, r: r, f: f}, st, nil
 	}
 	cpus, err := knobs.ParseCPUList(st.CPUs)
 	if err != nil {
@@ -50,7 +62,58 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	if err != nil {
 		return nil, st, err
 	}
-	// Every mode with a steering datapath gets the queue reconciler
-	// beside its own agent (mechanism, not policy: datapath/steer/reconcile.go).
-	return withReconciler{Agent: a, r: steer.NewReconciler(plan.PinDir(st.NetNS), o.Logf)}, st, nil
+	return running{Agent: a, r: r, f: f}, st, nil
 }
+
+// running is a mode's agent with what runs beside every agent of a
+// target: the container follower (follow.go) and, where a steering
+// datapath is pinned, its queue reconciler (mechanism, not policy:
+// datapath/steer/reconcile.go): a frame lost where nothing reports it
+// would otherwise hold the flows waiting on its core's queues for good.
+type running struct {
+	plan.Agent
+	r *steer.Reconciler // nil: no steering datapath
+	f *follower
+}
+
+func (w running) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if w.r != nil {
+		wg.Go(func() { w.r.Run(ctx) })
+	}
+	wg.Go(func() { w.f.Run(ctx) })
+	err := w.Agent.Run(ctx)
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// FollowStatus is what the container follower did last.
+func (w running) FollowStatus() FollowStatus { return w.f.Status() }
+
+// static is the agent of a static mode: nothing of its own; the follower
+// (and the reconciler, with a steering datapath) beside it.
+type static struct {
+	mode      string
+	reconcile bool
+}
+
+func (a static) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (a static) Status() any {
+	what := "container follower only"
+	if a.reconcile {
+		what = "queue reconciler and container follower only"
+	}
+	return staticStatus{Agent: what + ": " + a.mode + " has no run-time part of its own"}
+}
+
+type staticStatus struct {
+	Agent string `json:"agent"`
+}
+
+func (s staticStatus) Summary() []string { return []string{s.Agent} }

@@ -31,6 +31,9 @@ type AgentReport struct {
 	Summary []string `json:"summary,omitempty"`
 	// Status is the agent's own status, as its Status method returns it.
 	Status json.RawMessage `json:"status,omitempty"`
+	// Containers is what the container follower beside the agent did
+	// (follow.go).
+	Containers *FollowStatus `json:"containers,omitempty"`
 	// Running is set by ReadAgentReport: the writer still lives and the
 	// report is fresh. A killed agent's report says what it last did.
 	Running bool `json:"running"`
@@ -68,6 +71,11 @@ func writeAgentReport(path, mode string, ag plan.Agent) {
 	}
 	if b, err := json.Marshal(st); err == nil {
 		r.Status = b
+	}
+	if f, ok := ag.(interface{ FollowStatus() FollowStatus }); ok {
+		fs := f.FollowStatus()
+		r.Containers = &fs
+		r.Summary = append(r.Summary, fs.Summary()...)
 	}
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {

@@ -121,15 +121,15 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 		return s, nil
 	}
 	s.Topology = topo
-	attach(s)
+	placeThreads(s)
 	if err := steering(s, opts.NetNS); err != nil {
 		return nil, fmt.Errorf("reading the steering datapath: %w", err)
 	}
 	return s, nil
 }
 
-// attach lists, per core, the topology's NAPI threads and RPS maps on it.
-func attach(s *StatusReport) {
+// placeThreads lists, per core, the topology's NAPI threads and RPS maps on it.
+func placeThreads(s *StatusReport) {
 	idx := map[int]*Core{}
 	for i := range s.Cores {
 		idx[s.Cores[i].CPU] = &s.Cores[i]

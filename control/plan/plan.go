@@ -116,7 +116,9 @@ type Change struct {
 	Knob  knobs.Knob
 	Value []byte
 	// Target names what the knob belongs to for people: "NETNS/DEV rx-0",
-	// "kthread napi/eth0-8195".
+	// "kthread napi/eth0-8195". A device's knob has a target that starts
+	// with DevLabel(ns, dev) and a space (or is just that): lanes agent's
+	// container follower finds a container's changes by it.
 	Target string
 	// Why says what the change is for.
 	Why string
@@ -225,9 +227,5 @@ func (p *Plan) RPSByHash(d *topology.Device, q topology.RxQueue, mask, why strin
 
 // DeviceTarget is the Target label of a device's rx queue.
 func DeviceTarget(d *topology.Device, queue int) string {
-	ns := d.NetNS
-	if ns == "" {
-		ns = "host"
-	}
-	return fmt.Sprintf("%s/%s rx-%d", ns, d.Name, queue)
+	return fmt.Sprintf("%s rx-%d", DevLabel(d.NetNS, d.Name), queue)
 }

@@ -36,8 +36,9 @@ func newAgentCmd() *cobra.Command {
 		Long: `agent runs what a mode does at run time (Falcon's balancer: sample core load
 every interval, move (flow, stage) pairs off busy cores at flowlet boundaries,
 fall back to vanilla placement when the whole core set is busy) and serves
-Prometheus metrics. Run it as a service next to "lanes apply", or give --mode
-to apply first. On SIGINT/SIGTERM it puts the static placement back and exits;
+Prometheus metrics. Beside it, for every mode but vanilla, it adopts containers
+started after the apply and lets go of those removed (docs/containers.md). Run
+it as a service next to "lanes apply", or give --mode to apply first. On SIGINT/SIGTERM it puts the static placement back and exits;
 the mode stays applied until "lanes reset".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

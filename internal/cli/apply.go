@@ -52,7 +52,9 @@ Modes:
 			if st.Plan.Agent != "" {
 				fmt.Fprintf(out, "this mode has a run-time part (%s): run `lanes agent%s` as a service\n", st.Plan.Agent, ctlNSFlag(st.NetNS))
 			} else if steer.Pinned(plan.PinDir(st.NetNS)) {
-				fmt.Fprintf(out, "run `lanes agent%s` as a service too: its queue reconciler books frames lost where the kernel does not report them, which would otherwise keep flows from moving\n", ctlNSFlag(st.NetNS))
+				fmt.Fprintf(out, "run `lanes agent%s` as a service too: its queue reconciler books frames lost where the kernel does not report them, which would otherwise keep flows from moving, and it adopts containers started later\n", ctlNSFlag(st.NetNS))
+			} else if st.Plan.Changes > 0 {
+				fmt.Fprintf(out, "run `lanes agent%s` as a service too: it adopts containers started later\n", ctlNSFlag(st.NetNS))
 			}
 			if st.Plan.Changes > 0 {
 				fmt.Fprintf(out, "undo with: lanes reset%s\n", ctlNSFlag(st.NetNS))

@@ -105,7 +105,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		// not balance, PRISM's guard and sync's destinations are not kept).
 		fmt.Fprintf(out, "\nagent NOT RUNNING: this mode's run-time part (%s) runs only in lanes agent%s\n", s.State.Plan.Agent, ctlNSFlag(s.NetNS))
 	} else if s.State != nil && s.Steering != nil {
-		fmt.Fprintf(out, "\nagent NOT RUNNING: its queue reconciler, which books frames lost where the kernel does not report them, runs only in lanes agent%s\n", ctlNSFlag(s.NetNS))
+		fmt.Fprintf(out, "\nagent NOT RUNNING: its queue reconciler, which books frames lost where the kernel does not report them, and its container follower run only in lanes agent%s\n", ctlNSFlag(s.NetNS))
+	} else if s.State != nil && s.State.Plan.Changes > 0 {
+		fmt.Fprintf(out, "\nagent NOT RUNNING: containers started after the apply are adopted only by lanes agent%s\n", ctlNSFlag(s.NetNS))
 	}
 
 	if st := s.Steering; st != nil {

@@ -244,7 +244,7 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			}
 			out["xdp:"+d.NetNS+":"+d.Name] = strconv.FormatUint(uint64(id), 10)
 			for dir, at := range map[string]ebpf.AttachType{"ingress": ebpf.AttachTCXIngress, "egress": ebpf.AttachTCXEgress} {
-				out["tcx:"+d.NetNS+":"+d.Name+":"+dir] = tcxProgs(t, d.NetNS, d.Name, at)
+				out["tcx:"+d.NetNS+":"+d.Name+":"+dir] = TCXProgs(t, d.NetNS, d.Name, at)
 			}
 		}
 	}
@@ -254,8 +254,8 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 	return out
 }
 
-// tcxProgs lists the ids of the tcx programs on a device, "" for none.
-func tcxProgs(t *testing.T, ns, dev string, at ebpf.AttachType) string {
+// TCXProgs lists the ids of the tcx programs on a device, "" for none.
+func TCXProgs(t *testing.T, ns, dev string, at ebpf.AttachType) string {
 	t.Helper()
 	var ids []string
 	err := knobs.Do(ns, func() error {

@@ -50,9 +50,9 @@ import (
 // keep their core), then the programs (frames keep their core: no map);
 // unparking attaches the programs first (their hashes name the core the
 // frame is on), then the maps. Leaving home afterwards is what it always
-// was (fresh flow states, counted frames first). Frames lanes does not
-// parse (inner IPv6, ARP) keep their own hash at home, which RPS spreads
-// while the maps are on: parking and unparking move them (docs/falcon.md).
+// was (fresh flow states, counted frames first). Overlay frames lanes
+// does not parse (inner IPv6, ARP) get a zero L4 hash from the programs,
+// which RPS skips, so they keep their core with the maps on or off.
 //
 // Crash safety: the plan's values, with the apply they belong to, are
 // written to the state directory (plan.AgentStateFile) before the first
@@ -89,7 +89,7 @@ type parkKnob struct {
 
 // parkFile is plan.AgentStateFile while parked.
 type parkFile struct {
-	// Gen is the apply the values belong to (journalGen): a file of
+	// Gen is the apply the values belong to (knobs.Generation): a file of
 	// another apply is stale.
 	Gen   string     `json:"gen"`
 	Knobs []parkKnob `json:"knobs"`
@@ -99,7 +99,7 @@ type parkFile struct {
 type parker struct {
 	path  string // StateDir/plan.AgentStateFile
 	dir   string // StateDir
-	gen   string // the apply this agent works for (journalGen)
+	gen   string // the apply this agent works for (knobs.Generation)
 	knobs []parkKnob
 	// parked: the maps are off the path (and the file says so);
 	// progsBack: unparking has put the programs back at progsAt, and the
@@ -109,23 +109,18 @@ type parker struct {
 	progsAt   time.Time
 	drain     time.Duration
 	off       string // why this agent does not park ("" = it may)
+	// pick chooses the knobs to park from the journal at each park
+	// (parkable; nil in unit tests, which give knobs of their own).
+	pick func([]knobs.Entry) ([]parkKnob, string)
 }
 
 // errBusy: apply or reset holds the state directory; try next round.
 var errBusy = errors.New("state directory busy")
 
-// journalGen names one apply: the time its first knob was journaled.
-func journalGen(ents []knobs.Entry) string {
-	if len(ents) == 0 {
-		return ""
-	}
-	return ents[0].Key + "@" + ents[0].At.Format(time.RFC3339Nano)
-}
-
 // newParker finds the knobs parking switches, from the journal, or from
 // the file a previous agent of the same apply left parked.
 func newParker(o Options, stateDir string) (*parker, error) {
-	p := &parker{drain: o.Drain}
+	p := &parker{drain: o.Drain, pick: parkable}
 	if stateDir == "" {
 		p.off = "no state directory"
 		return p, nil
@@ -135,7 +130,7 @@ func newParker(o Options, stateDir string) (*parker, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.gen = journalGen(ents)
+	p.gen = knobs.Generation(ents)
 	if b, err := os.ReadFile(p.path); err == nil {
 		var f parkFile
 		if err := json.Unmarshal(b, &f); err != nil {
@@ -242,7 +237,7 @@ func zeroMask(b []byte) bool {
 // round tries again). After a reset or another apply the journal is not
 // this agent's any more: it stops parking and writes nothing (reset put
 // every original back; a new apply owns the knobs).
-func (p *parker) locked(fn func() error) error {
+func (p *parker) locked(fn func(ents []knobs.Entry) error) error {
 	d, err := os.Open(p.dir)
 	if err == nil {
 		defer d.Close() // drops the lock
@@ -258,12 +253,12 @@ func (p *parker) locked(fn func() error) error {
 	if err != nil {
 		return err
 	}
-	if g := journalGen(ents); g == "" || g != p.gen {
+	if g := knobs.Generation(ents); g == "" || g != p.gen {
 		p.parked, p.progsBack = false, false
 		p.off = "the target was reset or applied again: this agent's plan is gone"
 		return nil
 	}
-	return fn()
+	return fn(ents)
 }
 
 // park takes the RPS maps, then the programs off the path. Unparking
@@ -272,8 +267,20 @@ func (p *parker) park() error {
 	if p.off != "" || (p.parked && !p.progsBack) {
 		return nil
 	}
-	return p.locked(func() error {
+	return p.locked(func(ents []knobs.Entry) error {
 		if !p.parked {
+			// The journal may have grown since the agent started:
+			// lanes agent's follower adopts containers that came
+			// after apply (control/follow.go), and parking must take
+			// their programs and maps off too. It adopts only while
+			// nothing is parked, under this lock.
+			if p.pick != nil {
+				var off string
+				if p.knobs, off = p.pick(ents); off != "" {
+					p.knobs, p.off = nil, off
+					return nil
+				}
+			}
 			b, err := json.Marshal(parkFile{Gen: p.gen, Knobs: p.knobs})
 			if err != nil {
 				return err
@@ -317,7 +324,7 @@ func (p *parker) unpark(now time.Time) (bool, error) {
 		return true, nil
 	}
 	if !p.progsBack {
-		err := p.locked(func() error {
+		err := p.locked(func([]knobs.Entry) error {
 			if err := p.writeSome("unparking", true, func(k parkKnob) []byte { return k.Plan }); err != nil {
 				return err
 			}
@@ -329,7 +336,7 @@ func (p *parker) unpark(now time.Time) (bool, error) {
 	if now.Sub(p.progsAt) < p.drain {
 		return false, nil
 	}
-	err := p.locked(func() error {
+	err := p.locked(func([]knobs.Entry) error {
 		if err := p.writeSome("unparking", false, func(k parkKnob) []byte { return k.Plan }); err != nil {
 			return err
 		}

@@ -201,5 +201,5 @@ func testJournal(t *testing.T) (dir, gen string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dir, journalGen(ents)
+	return dir, knobs.Generation(ents)
 }

@@ -1,0 +1,278 @@
+package control_test
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// follows is what lanes agent's container follower reports.
+type follows interface{ FollowStatus() control.FollowStatus }
+
+// waitFollowed waits until the follower's status satisfies ok.
+func waitFollowed(t *testing.T, ag plan.Agent, what string, ok func(control.FollowStatus) bool) control.FollowStatus {
+	t.Helper()
+	f, is := ag.(follows)
+	if !is {
+		t.Fatalf("agent %T has no container follower", ag)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := f.FollowStatus()
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: follower status after 10 s: %+v", what, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// adopted: the follower's status names the container's host-side veth.
+func adopted(c testbed.Container, times int) func(control.FollowStatus) bool {
+	return func(st control.FollowStatus) bool {
+		n := 0
+		for _, a := range st.Adopted {
+			if strings.HasSuffix(a, "/"+c.HostVeth) {
+				n++
+			}
+		}
+		return n >= times
+	}
+}
+
+// journaledOn lists the journal's keys on a device (name in namespace).
+func journaledOn(t *testing.T, a *modetest.Applied, ns, dev string) []string {
+	t.Helper()
+	ents, err := knobs.ReadEntries(control.Dir(a.StateDir, a.NS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.Contains(e.Key, ":"+ns+":") && (strings.Contains(e.Key, ":"+dev+":") || strings.Contains(e.Key, "/"+dev+"/")) {
+			out = append(out, e.Key)
+		}
+	}
+	return out
+}
+
+// TestFollowContainers: containers started after apply are adopted by
+// lanes agent, on every layout. A container started before the agent
+// (between apply and agent) is adopted by the agent's first round while a
+// sequence-numbered stream runs into it, in order; one started while the
+// agent runs is adopted on the link event, and its container stage then
+// runs on the core the plan picks for the flow; a container that goes is
+// let go of (its journal entries and link pins leave with it), and one
+// started again under the same names is adopted afresh; reset restores
+// the adopted knobs too, and with the added containers gone every knob is
+// as before the apply. Falcon with spread=always: the container stage is
+// placed by hash from the start, so the adoption window is what keeps
+// the running stream in order.
+func TestFollowContainers(t *testing.T) {
+	for _, topo := range testbed.Topologies {
+		t.Run(string(topo), func(t *testing.T) {
+			tb := modetest.UpTestbed(t, topo)
+			prefix := tb.Config.Prefix
+			before := modetest.Snapshot(t, tb)
+			a := modetest.Apply(t, tb, "falcon", map[string]string{"spread": "always"})
+			s := tb.Sender()
+			src := s.Containers[0]
+
+			c3, err := testbed.AddContainer(prefix, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k := journaledOn(t, a, c3.NetNS, c3.Veth); len(k) != 0 {
+				t.Fatalf("journal has %v on a container added after apply", k)
+			}
+			overlaytest.Warm(t, src.NetNS, c3.NetNS, c3.Addr.Addr())
+			var ag plan.Agent
+			res := overlaytest.Stream{Count: 20000, Size: 64, Burst: 20, Pause: time.Millisecond, CPU: 0,
+				During: func() {
+					ag, _ = a.StartAgent(t)
+					waitFollowed(t, ag, "adopting "+c3.Name, adopted(c3, 1))
+				}}.Run(t, src.NetNS, c3.NetNS, c3.Addr.Addr())
+			overlaytest.InOrder(t, "stream across the adoption of "+c3.Name, res)
+			for _, d := range []struct{ ns, dev string }{{a.NS, c3.HostVeth}, {c3.NetNS, c3.Veth}} {
+				if k := journaledOn(t, a, d.ns, d.dev); len(k) == 0 {
+					t.Errorf("nothing journaled on %s/%s after its adoption", d.ns, d.dev)
+				}
+			}
+
+			// Added while the agent runs: the link event brings it in.
+			c4, err := testbed.AddContainer(prefix, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFollowed(t, ag, "adopting "+c4.Name, adopted(c4, 1))
+			time.Sleep(1200 * time.Millisecond) // past the adoption window
+			dp := a.Open(t)
+			cfg, err := dp.Config()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Warm: datagrams the sender queued while it resolved the
+			// new address can be overtaken by the next ones (seen
+			// here, on Docker's layout), lanes or not.
+			overlaytest.Warm(t, src.NetNS, c4.NetNS, c4.Addr.Addr())
+			res = overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, c4.NetNS, c4.Addr.Addr())
+			overlaytest.InOrder(t, "stream into "+c4.Name, res)
+			fl := containerFlow(t, dp, res)
+			if fl.CPUIndex == steer.Stay || int(fl.CPUIndex) >= len(cfg.CPUs) {
+				t.Errorf("%s's flow at the container stage: %+v, want a core of the table", c4.Name, fl)
+			} else if core := cfg.CPUs[fl.CPUIndex]; res.IncomingCPU != core {
+				t.Errorf("%s's UDP receive ran on core %d, the plan placed it on core %d", c4.Name, res.IncomingCPU, core)
+			}
+
+			// Gone: let go of; back under the same names: adopted again.
+			if err := testbed.RemoveContainer(prefix, 2, c3.Name); err != nil {
+				t.Fatal(err)
+			}
+			waitFollowed(t, ag, "letting go of "+c3.Name, func(st control.FollowStatus) bool {
+				return len(st.Dropped) > 0 && len(journaledOn(t, a, a.NS, c3.HostVeth)) == 0
+			})
+			if k := journaledOn(t, a, c3.NetNS, c3.Veth); len(k) != 0 {
+				t.Errorf("journal still has %v of a container that is gone", k)
+			}
+			for _, name := range pinsOf(t, a.PinDir, c3.HostVeth) {
+				t.Errorf("pin %s of a container that is gone", name)
+			}
+			again, err := testbed.AddContainer(prefix, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.HostVeth != c3.HostVeth {
+				t.Fatalf("the container added again is %+v, want %s's names", again, c3.Name)
+			}
+			waitFollowed(t, ag, "adopting "+again.Name+" again", adopted(again, 2))
+			overlaytest.Warm(t, src.NetNS, again.NetNS, again.Addr.Addr())
+			overlaytest.InOrder(t, "stream into "+again.Name+" again", overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, again.NetNS, again.Addr.Addr()))
+
+			a.Reset(t)
+			for _, c := range []testbed.Container{again, c4} {
+				for _, d := range []struct{ ns, dev string }{{a.NS, c.HostVeth}, {c.NetNS, c.Veth}} {
+					if p := tcxOn(t, d.ns, d.dev); p != "" {
+						t.Errorf("after reset: tcx programs %s on %s/%s", p, d.ns, d.dev)
+					}
+				}
+				if err := testbed.RemoveContainer(prefix, 2, c.Name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			modetest.SameSnapshot(t, "after reset, the added containers gone", modetest.Snapshot(t, tb), before)
+		})
+	}
+}
+
+// containerFlow finds a stream's container-stage flow state.
+func containerFlow(t *testing.T, dp *steer.Datapath, res overlaytest.StreamResult) steer.Flow {
+	t.Helper()
+	flows, err := dp.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range flows {
+		if f.Stage == steer.StageContainer && f.Src == res.Src.Addr() && f.Dst == res.Dst.Addr() && f.SrcPort == res.Src.Port() && f.DstPort == res.Dst.Port() {
+			return f
+		}
+	}
+	t.Fatalf("no container-stage state for the stream %v -> %v", res.Src, res.Dst)
+	return steer.Flow{}
+}
+
+// tcxOn lists the tcx programs on a device, both directions.
+func tcxOn(t *testing.T, ns, dev string) string {
+	t.Helper()
+	return strings.Trim(modetest.TCXProgs(t, ns, dev, ebpf.AttachTCXIngress)+","+modetest.TCXProgs(t, ns, dev, ebpf.AttachTCXEgress), ",")
+}
+
+// pinsOf lists the pins in dir named for a device (plan.LinkPin).
+func pinsOf(t *testing.T, dir, dev string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), "_"+dev) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// TestFollowRefusesHostChanges: what the follower does not follow (here a
+// second VXLAN device, which the plan would steer too) is reported, with
+// the fix, and nothing of that round is applied, not even a container
+// added at the same time; once the device is gone, the container is
+// adopted.
+func TestFollowRefusesHostChanges(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r := tb.Receiver()
+	a := modetest.Apply(t, tb, "falcon", nil)
+	ag, _ := a.StartAgent(t)
+	waitFollowed(t, ag, "first round", func(st control.FollowStatus) bool { return st.Rounds > 0 })
+
+	nh, err := netlink.NewHandleAt(nsHandle(t, r.NetNS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	ul, err := nh.LinkByName(r.Underlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan9"}, VxlanId: 99, VtepDevIndex: ul.Attrs().Index, Port: 4790}
+	if err := nh.LinkAdd(vx); err != nil {
+		t.Fatal(err)
+	}
+	c3, err := testbed.AddContainer(tb.Config.Prefix, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := waitFollowed(t, ag, "refusing", func(st control.FollowStatus) bool { return st.Refused != "" })
+	if !strings.Contains(st.Refused, "vxlan9") || !strings.Contains(st.Refused, "lanes apply --mode falcon again") || strings.Contains(st.Refused, "\n") {
+		t.Errorf("refusal %q: want one line naming vxlan9 and the fix", st.Refused)
+	}
+	if p := tcxOn(t, r.NetNS, c3.HostVeth); p != "" || len(st.Adopted) != 0 {
+		t.Errorf("refused round adopted %v (tcx %q on %s)", st.Adopted, p, c3.HostVeth)
+	}
+	if !slices.Contains(st.Summary(), "containers: NOT FOLLOWED: "+st.Refused) {
+		t.Errorf("status lines %q do not show the refusal", st.Summary())
+	}
+
+	if err := nh.LinkDel(vx); err != nil {
+		t.Fatal(err)
+	}
+	waitFollowed(t, ag, "adopting once the host is back", adopted(c3, 1))
+	if st := ag.(follows).FollowStatus(); st.Refused != "" {
+		t.Errorf("refusal %q stays after the device went", st.Refused)
+	}
+}
+
+func nsHandle(t *testing.T, name string) netns.NsHandle {
+	t.Helper()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
