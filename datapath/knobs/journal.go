@@ -284,17 +284,7 @@ func (j *Journal) Restore() (*Report, error) {
 	var failed []Entry
 	for i := len(j.doc.Entries) - 1; i >= 0; i-- {
 		e := j.doc.Entries[i]
-		k, err := decode(e.Kind, e.Knob)
-		if err == nil {
-			err = k.Write(e.Original)
-		}
-		switch {
-		case err == nil:
-			rep.Restored = append(rep.Restored, e.Key)
-		case errors.Is(err, ErrGone):
-			rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: err.Error()})
-		default:
-			rep.Failed = append(rep.Failed, Skip{Key: e.Key, Reason: err.Error()})
+		if restoreEntry(e, rep) != nil {
 			failed = append([]Entry{e}, failed...)
 		}
 	}
@@ -323,9 +313,9 @@ func (j *Journal) Restore() (*Report, error) {
 // them out of the journal, which keeps the rest: what a follower of
 // containers does for the knobs of a container that went (their device is
 // gone: nothing to write back, but a link pin to remove) or for changes it
-// made in a round that failed half-way. A knob whose device is gone counts
-// as restored. The first entry (the one that names the apply) is never
-// forgotten. A knob that cannot be restored stays in the journal.
+// made in a round that failed half-way. A knob whose device is gone is
+// taken out too (reported skipped). The first entry (the one that names the
+// apply) is never forgotten. A knob that cannot be restored stays in the journal.
 func (j *Journal) Forget(keys []string) (*Report, error) {
 	if j.lock == nil {
 		return nil, errors.New("journal is closed")
@@ -343,17 +333,7 @@ func (j *Journal) Forget(keys []string) (*Report, error) {
 			keep = append([]Entry{e}, keep...)
 			continue
 		}
-		k, err := decode(e.Kind, e.Knob)
-		if err == nil {
-			err = k.Write(e.Original)
-		}
-		switch {
-		case err == nil:
-			rep.Restored = append(rep.Restored, e.Key)
-		case errors.Is(err, ErrGone):
-			rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: err.Error()})
-		default:
-			rep.Failed = append(rep.Failed, Skip{Key: e.Key, Reason: err.Error()})
+		if err := restoreEntry(e, rep); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", e.Key, err))
 			keep = append([]Entry{e}, keep...)
 		}
@@ -369,4 +349,24 @@ func (j *Journal) Forget(keys []string) (*Report, error) {
 		j.keys[e.Key] = true
 	}
 	return rep, errors.Join(errs...)
+}
+
+// restoreEntry writes e's original value back and records the outcome in
+// rep: restored, skipped (what it lives on is gone) or failed. It returns
+// the error only for a failure, the case where the entry must stay.
+func restoreEntry(e Entry, rep *Report) error {
+	k, err := decode(e.Kind, e.Knob)
+	if err == nil {
+		err = k.Write(e.Original)
+	}
+	switch {
+	case err == nil:
+		rep.Restored = append(rep.Restored, e.Key)
+	case errors.Is(err, ErrGone):
+		rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: err.Error()})
+	default:
+		rep.Failed = append(rep.Failed, Skip{Key: e.Key, Reason: err.Error()})
+		return err
+	}
+	return nil
 }
