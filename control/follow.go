@@ -478,11 +478,13 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		journaled[e.Key] = true
 	}
 	set := func(c plan.Change) error {
-		if err := j.Set(c.Knob, c.Value); err != nil {
-			return undo(fmt.Errorf("adopting %s: %w", c.Target, err))
-		}
+		// Counted before the write: a Set that journaled the knob and
+		// then failed to write it (or wrote part of it) is undone too.
 		if !journaled[c.Knob.Key()] {
 			done = append(done, c.Knob.Key())
+		}
+		if err := j.Set(c.Knob, c.Value); err != nil {
+			return undo(fmt.Errorf("adopting %s: %w", c.Target, err))
 		}
 		return nil
 	}
