@@ -352,24 +352,24 @@ func (f *follower) once() (roundResult, error) {
 	// The knobs of container devices that are gone.
 	var goneKeys []string
 	gone := map[string]bool{}
+	// What the plan wants that the journal does not hold (or holds for a
+	// device that is gone), or holds with another value now (a device of
+	// the same name, started again).
+	journaled := map[string]bool{}
 	for i, e := range ents {
-		if i == 0 || !followable(e.Kind, e.Knob) {
+		journaled[e.Key] = true
+		if i == 0 {
 			continue
 		}
 		k, err := e.Decode()
-		if err != nil {
+		if err != nil || !followableKnob(k) {
 			continue
 		}
 		if _, err := k.Read(); errors.Is(err, knobs.ErrGone) {
 			goneKeys = append(goneKeys, e.Key)
 			gone[deviceOfEntry(k)] = true
+			journaled[e.Key] = false
 		}
-	}
-	// What the plan wants that the journal does not hold, or holds with
-	// another value now (a device of the same name, started again).
-	journaled := map[string]bool{}
-	for _, e := range ents {
-		journaled[e.Key] = !slices.Contains(goneKeys, e.Key)
 	}
 	// Parked, the journaled knobs are off the path on purpose: only
 	// what the journal lacks is pending then.
@@ -510,18 +510,10 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 	return open(adoptWindow)
 }
 
-// followable: the kinds of knob the follower sets and lets go of on
+// followableKnob: the knobs the follower sets and lets go of on
 // container devices. TCX programs and RPS maps change no device state a
 // running flow depends on beyond its placement, which the datapath's
 // counts and the adoption window keep in order.
-func followable(kind string, raw []byte) bool {
-	if kind == attach.KindTCX {
-		return true
-	}
-	k, err := (knobs.Entry{Kind: kind, Knob: raw}).Decode()
-	return err == nil && followableKnob(k)
-}
-
 func followableKnob(k knobs.Knob) bool {
 	switch k := k.(type) {
 	case *attach.TCX:
