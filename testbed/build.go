@@ -405,11 +405,7 @@ func (tb *Testbed) buildHost(i int) error {
 			fdb = append(fdb, c.MAC)
 		}
 		for _, m := range fdb {
-			if err := nh.NeighAppend(&netlink.Neigh{
-				LinkIndex: vxl.Attrs().Index, Family: unix.AF_BRIDGE,
-				State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
-				IP: remote, HardwareAddr: m,
-			}); err != nil {
+			if err := nh.NeighAppend(fdbEntry(vxl.Attrs().Index, remote, m)); err != nil {
 				return fmt.Errorf("adding fdb %s -> %s: %w", m, peer.UnderlayAddr.Addr(), err)
 			}
 		}
@@ -434,11 +430,7 @@ func (tb *Testbed) buildHost(i int) error {
 		}); err != nil {
 			return fmt.Errorf("adding neighbour for peer VTEP: %w", err)
 		}
-		if err := nh.NeighAppend(&netlink.Neigh{
-			LinkIndex: vxl.Attrs().Index, Family: unix.AF_BRIDGE,
-			State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
-			IP: remote, HardwareAddr: peerMAC,
-		}); err != nil {
+		if err := nh.NeighAppend(fdbEntry(vxl.Attrs().Index, remote, peerMAC)); err != nil {
 			return fmt.Errorf("adding fdb for peer VTEP: %w", err)
 		}
 		if err := nsx.Do(h.NetNS, func() error {

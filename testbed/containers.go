@@ -141,11 +141,7 @@ func fdb(peer, host *Host, mac net.HardwareAddr, add bool) error {
 	if err != nil {
 		return err
 	}
-	n := &netlink.Neigh{
-		LinkIndex: vx.Attrs().Index, Family: unix.AF_BRIDGE,
-		State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
-		IP: host.UnderlayAddr.Addr().AsSlice(), HardwareAddr: mac,
-	}
+	n := fdbEntry(vx.Attrs().Index, host.UnderlayAddr.Addr().AsSlice(), mac)
 	if add {
 		err = nh.NeighAppend(n)
 	} else {
@@ -155,4 +151,15 @@ func fdb(peer, host *Host, mac net.HardwareAddr, add bool) error {
 		return fmt.Errorf("forwarding entry %s -> %s on %s: %w", mac, host.UnderlayAddr.Addr(), peer.NetNS, err)
 	}
 	return nil
+}
+
+// fdbEntry is a VXLAN device's static forwarding entry sending mac to the
+// remote underlay address, as Docker's overlay driver and flanneld write
+// them.
+func fdbEntry(vxIndex int, remote net.IP, mac net.HardwareAddr) *netlink.Neigh {
+	return &netlink.Neigh{
+		LinkIndex: vxIndex, Family: unix.AF_BRIDGE,
+		State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
+		IP: remote, HardwareAddr: mac,
+	}
 }
