@@ -138,6 +138,11 @@ func (o Options) validate() (*validated, error) {
 	return &validated{Options: o, planner: p, cfg: plan.Config{CPUs: cpus, Online: online, Params: o.Params}}, nil
 }
 
+// lockWait is how long apply and reset wait for the state directory while
+// another lanes process holds it: lanes agent holds it for a round of
+// following containers or for parking, each well under a second.
+const lockWait = 10 * time.Second
+
 // Apply applies a mode. Everything that can be checked is checked before
 // the first kernel write; the previous mode, if any, is restored first.
 func Apply(opts Options) (*State, error) {
@@ -155,7 +160,7 @@ func Apply(opts Options) (*State, error) {
 	}
 
 	dir := Dir(v.StateDir, v.NetNS)
-	j, err := knobs.Open(dir, Target(v.NetNS))
+	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +332,7 @@ func resetDir(dir string) (*ResetResult, error) {
 	if ents, err := readJournalTarget(dir); err == nil && ents != "" {
 		target = ents
 	}
-	j, err := knobs.Open(dir, target)
+	j, err := knobs.OpenWait(dir, target, lockWait)
 	if err != nil {
 		return res, err
 	}

@@ -35,19 +35,23 @@ import (
 //     adoption window first (steer.c, steer_adopt): flows already running
 //     start where the kernel runs them, counted, and move to the table's
 //     core only through the move rule, as every flow did when the plan was
-//     applied.
+//     applied. Only devices that are up: a runtime names a container's
+//     veth while it is down, and knobs are journaled by device name.
 //   - A container that went leaves journal entries on devices that are
 //     gone: they are restored (which removes their link pins) and taken
-//     out of the journal, so a later device of the same name is adopted
-//     afresh and the journal does not grow for ever.
+//     out of the journal, whatever their kind, so a later device of the
+//     same name is adopted afresh and the journal does not grow for ever.
+//     Only knobs on devices discovery did not see are read for this.
 //   - A device whose knob is journaled but does not hold the plan's value
 //     (a container restarted with the same device names between two
 //     rounds) gets the plan's value again; the journal keeps the original.
+//     The same device (ifindex and peer's) is read once.
 //   - Anything else the new plan wants (another VXLAN device or underlay,
 //     changes of other kinds on a container: PRISM's queue counts and
-//     threaded NAPI, which take a link down and up under running traffic)
-//     is not followed, and nothing of that round is applied: status says
-//     to apply the mode again.
+//     threaded NAPI, which take a link down and up under running traffic;
+//     a new container while the underlay is polled on other cores than at
+//     the first round) is not followed, and nothing of that round is
+//     applied: status gives the apply command to run again.
 //
 // A round runs under the state directory's lock, which apply, reset and
 // Falcon's parking hold too, and only while the journal is the apply the
@@ -75,6 +79,11 @@ const followDebounce = 500 * time.Millisecond
 // followRetry is how soon a round that had to wait (a busy state
 // directory, Falcon parked) is tried again.
 const followRetry = time.Second
+
+// followMaxWait bounds the debounce: under a steady stream of link
+// events (a host starting containers back to back) a round still runs
+// this long after the first event it has not served.
+const followMaxWait = 5 * time.Second
 
 // followCheckEvery is how often the follower lists the namespace's links
 // in case it missed an event (a netlink socket that overflowed).
@@ -137,7 +146,20 @@ type follower struct {
 	planner    plan.Planner
 	cfg        plan.Config
 	gen        string // the apply followed (knobs.Generation)
+	apply      string // the command that applies the followed plan again
 	logf       func(string, ...any)
+
+	// irq is the underlay's NAPI cores (plan.IRQCPUs) at the first round:
+	// the running datapath placed stages for them, and what the plan
+	// gives a new container is only right while they hold (irqSet).
+	irq    []int
+	irqSet bool
+	// verified are container devices (label -> containerDevs.ident)
+	// whose journaled knobs held the plan's values at a round: the same
+	// pair of devices is not read again.
+	verified map[string]string
+	// over: the apply followed is gone (errNotOurs); Run stops.
+	over bool
 
 	mu     sync.Mutex
 	status FollowStatus
@@ -165,7 +187,32 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 		logf = func(string, ...any) {}
 	}
 	return &follower{netns: st.NetNS, dir: dir, mode: st.Mode, planner: p,
-		cfg: plan.Config{CPUs: cpus, Online: online, Params: st.Params}, gen: knobs.Generation(ents), logf: logf}, nil
+		cfg: plan.Config{CPUs: cpus, Online: online, Params: st.Params}, gen: knobs.Generation(ents),
+		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, logf: logf}, nil
+}
+
+// applyCommand is the lanes apply command line that applies st's plan
+// again (the same mode, namespace, cores and settings).
+func applyCommand(st *State, stateDir string) string {
+	args := []string{"lanes apply --mode " + st.Mode}
+	if st.NetNS != "" {
+		args = append(args, "--netns "+st.NetNS)
+	}
+	if st.CPUs != "" {
+		args = append(args, "--cpus "+st.CPUs)
+	}
+	keys := make([]string, 0, len(st.Params))
+	for k := range st.Params {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		args = append(args, "--set "+k+"="+st.Params[k])
+	}
+	if stateDir != DefaultStateDir {
+		args = append(args, "--state-dir "+stateDir)
+	}
+	return strings.Join(args, " ")
 }
 
 // Status is a copy of the follower's status.
@@ -181,34 +228,40 @@ func (f *follower) Status() FollowStatus {
 // of link events in the target namespace, and one whenever the list of
 // its links changed without an event reaching it.
 func (f *follower) Run(ctx context.Context) {
-	events := f.subscribe(ctx)
+	events, stop := f.subscribe(ctx)
+	defer func() { stop() }()
 	check := time.NewTicker(followCheckEvery)
 	defer check.Stop()
 	var debounce, retry <-chan time.Time
+	var since time.Time // the first event not yet served by a round
+	wait := func() {
+		if since.IsZero() {
+			since = time.Now()
+		}
+		debounce = time.After(min(followDebounce, max(0, followMaxWait-time.Since(since))))
+	}
 	links := f.linkSet()
 	f.round()
-	for {
+	for !f.over {
 		select {
 		case <-ctx.Done():
 			return
 		case _, ok := <-events:
 			if !ok {
 				// The subscription broke (its socket overflowed):
-				// subscribe again and look.
-				events = f.subscribe(ctx)
-				debounce = time.After(followDebounce)
-				continue
+				// let go of it, subscribe again and look.
+				stop()
+				events, stop = f.subscribe(ctx)
 			}
-			debounce = time.After(followDebounce)
+			wait()
 		case <-check.C:
 			if now := f.linkSet(); now != links {
 				debounce = time.After(0)
 			}
 		case <-debounce:
-			debounce, retry = nil, nil
+			debounce, retry, since = nil, nil, time.Time{}
 			links = f.linkSet()
-			f.round()
-			if f.Status().Waiting != "" {
+			if f.round() {
 				retry = time.After(followRetry)
 			}
 		case <-retry:
@@ -224,7 +277,10 @@ func (f *follower) Run(ctx context.Context) {
 
 // subscribe reports link events of the target namespace; nil (never
 // ready) when it cannot subscribe, and then the periodic check follows.
-func (f *follower) subscribe(ctx context.Context) <-chan netlink.LinkUpdate {
+// stop ends the subscription (its socket and goroutine); it is also
+// ended with ctx.
+func (f *follower) subscribe(ctx context.Context) (_ <-chan netlink.LinkUpdate, stop func()) {
+	noop := func() {}
 	var ns netns.NsHandle
 	var err error
 	if p := knobs.NetNSPath(f.netns); p == "" {
@@ -234,17 +290,26 @@ func (f *follower) subscribe(ctx context.Context) <-chan netlink.LinkUpdate {
 	}
 	if err != nil {
 		f.logf("containers: cannot watch links of netns %s (%v): looking every %v instead", label(f.netns), err, followCheckEvery)
-		return nil
+		return nil, noop
 	}
 	defer ns.Close() // the subscription keeps its own socket in the namespace
 	ch := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
-	go func() { <-ctx.Done(); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done) }) }
+	go func() {
+		select {
+		case <-ctx.Done():
+			stop()
+		case <-done:
+		}
+	}()
 	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
+		stop()
 		f.logf("containers: cannot watch links of netns %s (%v): looking every %v instead", label(f.netns), err, followCheckEvery)
-		return nil
+		return nil, noop
 	}
-	return ch
+	return ch, stop
 }
 
 // linkSet names the target namespace's links ("" if it cannot list them).
@@ -265,11 +330,15 @@ func (f *follower) linkSet() string {
 }
 
 // errNotOurs: the journal is no longer the apply this follower works for.
-var errNotOurs = errors.New("the target was reset or applied again: this agent's plan is gone")
+var errNotOurs = errors.New("the target was reset or applied again since this agent started, so its plan is gone: stop this lanes agent (and start one again after the next lanes apply)")
 
-// round brings the applied plan up to date once and records what it did.
-func (f *follower) round() {
+// round brings the applied plan up to date once and records what it did;
+// true if it must be tried again soon (it waited for the lock or for
+// Falcon to unpark; a device that is down brings a link event when it
+// comes up).
+func (f *follower) round() (again bool) {
 	res, err := f.once()
+	again = res.again
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := &f.status
@@ -277,9 +346,16 @@ func (f *follower) round() {
 	s.At = time.Now()
 	s.Waiting, s.Err = res.waiting, ""
 	if err != nil {
-		if s.Err = err.Error(); !errors.Is(err, errNotOurs) {
-			f.logf("containers: %v", err)
+		s.Err = err.Error()
+		if errors.Is(err, errNotOurs) {
+			// Nothing left to follow; said once.
+			if !f.over {
+				f.logf("containers: %v", err)
+			}
+			f.over = true
+			return
 		}
+		f.logf("containers: %v", err)
 		return
 	}
 	if res.refused != s.Refused && res.refused != "" {
@@ -298,6 +374,7 @@ func (f *follower) round() {
 		f.logf("containers: let go of %s (gone)", d)
 		s.Dropped = lastFew(append(s.Dropped, stamp+" "+d))
 	}
+	return again
 }
 
 func lastFew(s []string) []string {
@@ -321,6 +398,7 @@ type roundResult struct {
 	found, steered, covered int
 	adopted, dropped        []string
 	waiting, refused        string
+	again                   bool // try again in followRetry
 }
 
 // once is one round: plan, compare with the journal, change.
@@ -332,13 +410,20 @@ func (f *follower) once() (roundResult, error) {
 	}
 	p, err := f.planner.Plan(topo, f.cfg)
 	if err != nil {
-		return res, fmt.Errorf("planning %s for the host as it is now: %w", f.mode, err)
+		return res, fmt.Errorf("planning %s for the host as it is now: %w (fix the host, or run %s)", f.mode, err, f.apply)
 	}
 	devs := containerDevices(topo)
+	present := deviceLabels(topo)
+	irq := plan.IRQCPUs(topo)
 
-	j, err := knobs.Open(f.dir, Target(f.netns))
+	// Never OpenExisting's MkdirAll: a reset removes the directory.
+	j, err := knobs.OpenExisting(f.dir, Target(f.netns))
+	if errors.Is(err, os.ErrNotExist) {
+		return res, errNotOurs
+	}
 	if errors.Is(err, knobs.ErrBusy) {
 		res.waiting = "the state directory is busy (apply, reset or parking): next round"
+		res.again = true
 		return res, nil
 	}
 	if err != nil {
@@ -349,7 +434,13 @@ func (f *follower) once() (roundResult, error) {
 	if g := knobs.Generation(ents); g == "" || g != f.gen {
 		return res, errNotOurs
 	}
-	// The knobs of container devices that are gone.
+	if !f.irqSet {
+		f.irq, f.irqSet = irq, true
+	}
+	// The knobs of devices that are gone: any knob on a device discovery
+	// no longer sees is read, and let go of if its device is gone (a
+	// device discovery sees is not read: a host with hundreds of
+	// containers would pay a namespace switch per knob per round).
 	var goneKeys []string
 	gone := map[string]bool{}
 	// What the plan wants that the journal does not hold (or holds for a
@@ -362,12 +453,16 @@ func (f *follower) once() (roundResult, error) {
 			continue
 		}
 		k, err := e.Decode()
-		if err != nil || !followableKnob(k) {
+		if err != nil {
+			continue
+		}
+		dev, ok := entryDevice(k)
+		if !ok || present[dev] {
 			continue
 		}
 		if _, err := k.Read(); errors.Is(err, knobs.ErrGone) {
 			goneKeys = append(goneKeys, e.Key)
-			gone[deviceOfEntry(k)] = true
+			gone[dev] = true
 			journaled[e.Key] = false
 		}
 	}
@@ -375,9 +470,10 @@ func (f *follower) once() (roundResult, error) {
 	// what the journal lacks is pending then.
 	parked := f.parked()
 	var todo []plan.Change
-	var beyond []string
+	var beyond, down []string
+	downIfaces := map[string]bool{}
 	newDevs := map[string]bool{}
-	steered, pending := map[string]bool{}, map[string]bool{}
+	steered, pending, differs := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, c := range p.Changes {
 		dev, onContainer := devs.of(c)
 		if onContainer {
@@ -387,15 +483,30 @@ func (f *follower) once() (roundResult, error) {
 			if parked || !onContainer || !followableKnob(c.Knob) {
 				continue
 			}
+			if id := devs.ident[dev]; id != "" && f.verified[dev] == id {
+				continue
+			}
 			cur, err := c.Knob.Read()
 			if err != nil || sameValue(c.Knob, cur, c.Value) {
 				continue
 			}
+			differs[dev] = true
 		} else if !onContainer || !followableKnob(c.Knob) {
 			beyond = append(beyond, c.Target)
 			if onContainer {
 				pending[devs.iface[dev]] = true
 			}
+			continue
+		}
+		// Only a device that is up: a runtime names and moves a
+		// container's veth while it is down (the kernel renames no
+		// device that is up), and lanes keys its knobs by name.
+		if !devs.up[dev] {
+			if !slices.Contains(down, dev) {
+				down = append(down, dev)
+			}
+			pending[devs.iface[dev]] = true
+			downIfaces[devs.iface[dev]] = true
 			continue
 		}
 		todo = append(todo, c)
@@ -404,7 +515,7 @@ func (f *follower) once() (roundResult, error) {
 	}
 	res.found, res.steered, res.covered = len(devs.ifaces), len(steered), len(steered)-len(pending)
 	if parked {
-		res.waiting = waitParked
+		res.waiting, res.again = waitParked, true
 		return res, nil
 	}
 	if len(goneKeys) > 0 {
@@ -413,12 +524,29 @@ func (f *follower) once() (roundResult, error) {
 		}
 		for d := range gone {
 			res.dropped = append(res.dropped, d)
+			delete(f.verified, d)
 		}
 		slices.Sort(res.dropped)
 	}
 	if len(beyond) > 0 {
-		res.refused = fmt.Sprintf("the plan for the host as it is now changes %s, which lanes does not change under a running plan: lanes apply --mode %s again", strings.Join(beyond, ", "), f.mode)
+		res.refused = fmt.Sprintf("the plan for the host as it is now changes %s, which lanes does not change under a running plan: run %s, then restart lanes agent", listSome(beyond), f.apply)
 		return res, nil
+	}
+	if len(todo) > 0 && !slices.Equal(irq, f.irq) {
+		res.refused = fmt.Sprintf("the underlay's NIC is polled on cpus %s now, on %s when this agent started, and the running plan placed its stages for those: run %s, then restart lanes agent",
+			cpuList(irq), cpuList(f.irq), f.apply)
+		return res, nil
+	}
+	// What is verified now: every container device whose journaled
+	// knobs were read and hold the plan's values.
+	for dev, id := range devs.ident {
+		if !newDevs[dev] && !differs[dev] && devs.up[dev] {
+			f.verified[dev] = id
+		}
+	}
+	if len(down) > 0 {
+		slices.Sort(down)
+		res.waiting = "waiting for " + listSome(down) + " to come up (a runtime names a container's device while it is down)"
 	}
 	if len(todo) == 0 {
 		return res, nil
@@ -426,12 +554,29 @@ func (f *follower) once() (roundResult, error) {
 	if err := f.adopt(j, todo, devs); err != nil {
 		return res, err
 	}
-	res.covered = res.steered
+	res.covered = res.steered - len(downIfaces)
 	for d := range newDevs {
 		res.adopted = append(res.adopted, d)
+		f.verified[d] = devs.ident[d]
 	}
 	slices.Sort(res.adopted)
 	return res, nil
+}
+
+// listSome lists up to three items, and how many more there are: a host
+// with hundreds of containers gets a line, not a page.
+func listSome(items []string) string {
+	if len(items) <= 3 {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:3], ", "), len(items)-3)
+}
+
+func cpuList(cpus []int) string {
+	if len(cpus) == 0 {
+		return "(unknown)"
+	}
+	return knobs.FormatCPUList(cpus)
 }
 
 // adopt applies changes on container devices: programs, then after
@@ -455,12 +600,10 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		}
 	}
 	open := func(d time.Duration) error {
-		for _, idx := range windows {
-			if err := dp.SetAdopting(idx, d); err != nil {
-				return err
-			}
+		if len(windows) == 0 {
+			return nil
 		}
-		return nil
+		return dp.SetAdopting(d, windows...)
 	}
 	// Open until the maps are on; closed adoptWindow after.
 	if err := open(time.Hour); err != nil {
@@ -468,10 +611,12 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 	}
 	var done []string
 	undo := func(err error) error {
+		// The windows close soon too: nothing this round attached stays.
+		_ = open(adoptWindow)
 		if _, uerr := j.Forget(done); uerr != nil {
-			return fmt.Errorf("%w; and restoring this round's changes: %v", err, uerr)
+			return fmt.Errorf("%w; and restoring this round's changes: %v (lanes reset restores what is left)", err, uerr)
 		}
-		return err
+		return fmt.Errorf("%w (nothing of this round stays; the next link event tries again, or run %s)", err, f.apply)
 	}
 	journaled := map[string]bool{}
 	for _, e := range j.Entries() {
@@ -525,19 +670,6 @@ func followableKnob(k knobs.Knob) bool {
 	return false
 }
 
-// deviceOfEntry names the device a followable knob lives on ("ns/dev").
-func deviceOfEntry(k knobs.Knob) string {
-	switch k := k.(type) {
-	case *attach.TCX:
-		return plan.DevLabel(k.NetNS, k.Device)
-	case *knobs.SysfsFile:
-		rest := strings.TrimPrefix(k.Path, "/sys/class/net/")
-		dev, _, _ := strings.Cut(rest, "/")
-		return plan.DevLabel(k.NetNS, dev)
-	}
-	return k.Key()
-}
-
 // sameValue compares a knob's value as read with a plan's value: RPS maps
 // as CPU sets (sysfs pads them), the rest as trimmed text.
 func sameValue(k knobs.Knob, cur, want []byte) bool {
@@ -553,22 +685,30 @@ func sameValue(k knobs.Knob, cur, want []byte) bool {
 // every veth into a container, by label (plan.DevLabel), with the host
 // side's ifindex.
 type containerDevs struct {
-	labels  []string          // longest first, so a prefix match finds the device itself
 	hostIdx map[string]int    // host-side veth label -> ifindex
 	ifaces  []string          // container-side interface labels
 	iface   map[string]string // either end's label -> the container side's
+	up      map[string]bool   // either end's label -> administratively up
+	// ident tells one instance of a device from a later one of the same
+	// name: its ifindex and its peer's. The host-side end is made anew in
+	// the host's namespace with every container, so its ifindex changes
+	// even where the container side's does not.
+	ident map[string]string
 }
 
 func containerDevices(t *topology.Topology) containerDevs {
-	d := containerDevs{hostIdx: map[string]int{}, iface: map[string]string{}}
+	d := containerDevs{hostIdx: map[string]int{}, iface: map[string]string{}, up: map[string]bool{}, ident: map[string]string{}}
+	hostIdx := map[string]int{} // host-side veth label -> ifindex, by name
 	for _, v := range t.Veths {
 		if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {
 			continue
 		}
 		l := plan.DevLabel(v.NetNS, v.Name)
-		d.labels = append(d.labels, l)
 		d.hostIdx[l] = v.Index
+		hostIdx[l] = v.Index
 		d.iface[l] = plan.DevLabel(v.PeerNetNS, v.PeerName)
+		d.up[l] = v.Up
+		d.ident[l] = fmt.Sprintf("%d/%d", v.Index, v.PeerIndex)
 	}
 	for _, c := range t.Containers {
 		for _, ifc := range c.Interfaces {
@@ -576,24 +716,89 @@ func containerDevices(t *topology.Topology) containerDevs {
 				continue
 			}
 			l := plan.DevLabel(ifc.NetNS, ifc.Name)
-			d.labels = append(d.labels, l)
 			d.ifaces = append(d.ifaces, l)
 			d.iface[l] = l
+			d.up[l] = ifc.Up
+			d.ident[l] = fmt.Sprintf("%d/%d", ifc.Index, hostIdx[plan.DevLabel(t.NetNS, ifc.HostVeth)])
 		}
 	}
-	slices.SortFunc(d.labels, func(a, b string) int { return len(b) - len(a) })
 	return d
 }
 
-// of finds the container device a change is on (by its Target, see
-// plan.Change).
-func (d containerDevs) of(c plan.Change) (string, bool) {
-	for _, l := range d.labels {
-		if c.Target == l || strings.HasPrefix(c.Target, l+" ") {
-			return l, true
+// deviceLabels are the labels (plan.DevLabel) of every device discovery
+// saw.
+func deviceLabels(t *topology.Topology) map[string]bool {
+	out := map[string]bool{}
+	add := func(d topology.Device) { out[plan.DevLabel(d.NetNS, d.Name)] = true }
+	for _, d := range t.Underlays {
+		add(d)
+	}
+	for _, v := range t.VXLANs {
+		add(v.Device)
+	}
+	for _, b := range t.Bridges {
+		add(b.Device)
+	}
+	for _, v := range t.Veths {
+		add(v.Device)
+	}
+	for _, c := range t.Containers {
+		for _, ifc := range c.Interfaces {
+			add(ifc.Device)
+		}
+	}
+	return out
+}
+
+// entryDevice names the device a journaled knob lives on ("ns/dev"); false
+// for knobs that live on no device (sysctls, kernel threads of no device).
+func entryDevice(k knobs.Knob) (string, bool) {
+	switch k := k.(type) {
+	case *attach.TCX:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *attach.XDP:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *knobs.SysfsFile:
+		rest, ok := strings.CutPrefix(k.Path, "/sys/class/net/")
+		if !ok {
+			return "", false
+		}
+		dev, _, _ := strings.Cut(rest, "/")
+		return plan.DevLabel(k.NetNS, dev), true
+	case *knobs.DeviceFeature:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *knobs.DeviceFeatures:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *knobs.DeviceChannels:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *knobs.KthreadAffinity:
+		if k.NAPI != nil {
+			return plan.DevLabel(k.NAPI.NetNS, k.NAPI.Device), true
+		}
+	case *knobs.KthreadSched:
+		if k.NAPI != nil {
+			return plan.DevLabel(k.NAPI.NetNS, k.NAPI.Device), true
 		}
 	}
 	return "", false
+}
+
+// of finds the container device a change is on by its Target (see
+// plan.Change): the device's label, alone or followed by a space and what
+// on it. One map lookup per word boundary, longest first, so veth1 is not
+// veth10 and a round costs no more than the changes it plans.
+func (d containerDevs) of(c plan.Change) (string, bool) {
+	t := c.Target
+	for {
+		if _, ok := d.iface[t]; ok {
+			return t, true
+		}
+		i := strings.LastIndexByte(t, ' ')
+		if i < 0 {
+			return "", false
+		}
+		t = t[:i]
+	}
 }
 
 // hostIndex is the ifindex of a host-side veth, 0 if it is not one.

@@ -67,8 +67,22 @@ func TestFollowPieces(t *testing.T) {
 			t.Errorf("followable %s: %v, want %v", c.k.Key(), got, c.want)
 		}
 	}
-	if got := deviceOfEntry(rps); got != "c1/eth0" {
-		t.Errorf("device of %s: %q", rps.Key(), got)
+	for _, c := range []struct {
+		k    knobs.Knob
+		want string
+	}{
+		{rps, "c1/eth0"},
+		{&attach.TCX{NetNS: "h2", Device: "veth1", Direction: "egress"}, "h2/veth1"},
+		{knobs.Channels("c1", "eth0"), "c1/eth0"},
+		{knobs.Features("c1", "eth0", "tx-tcp-segmentation"), "c1/eth0"},
+		{knobs.QueueAffinity("c1", "eth0", 1), "c1/eth0"},
+		{knobs.Sched("cpumap/1/map:7", 0), ""},
+		{knobs.ProcSys("", "/proc/sys/net/core/netdev_budget"), ""},
+	} {
+		got, _ := entryDevice(c.k)
+		if got != c.want {
+			t.Errorf("device of %s: %q, want %q", c.k.Key(), got, c.want)
+		}
 	}
 	for _, c := range []struct {
 		cur, want string
@@ -90,5 +104,24 @@ func TestFollowPieces(t *testing.T) {
 	st := FollowStatus{Found: 3, Steered: 3, Covered: 2, Waiting: "x", Refused: "y"}
 	if got := strings.Join(st.Summary(), "|"); got != "containers: 2 of the 3 interfaces the plan steers are covered (3 found)|containers: waiting: x|containers: NOT FOLLOWED: y" {
 		t.Errorf("summary %q", got)
+	}
+}
+
+// TestFollowMessages: the refusal's fix is the whole apply command (mode,
+// namespace, cores, settings, a state dir other than the default), and
+// lists stay one short line on a host with hundreds of containers.
+func TestFollowMessages(t *testing.T) {
+	st := &State{Mode: "falcon", NetNS: "h2", CPUs: "0-1", Params: map[string]string{"threshold": "70", "park": "false"}}
+	if got, want := applyCommand(st, DefaultStateDir), "lanes apply --mode falcon --netns h2 --cpus 0-1 --set park=false --set threshold=70"; got != want {
+		t.Errorf("applyCommand = %q, want %q", got, want)
+	}
+	if got, want := applyCommand(&State{Mode: "rps"}, "/tmp/s"), "lanes apply --mode rps --state-dir /tmp/s"; got != want {
+		t.Errorf("applyCommand = %q, want %q", got, want)
+	}
+	if got := listSome([]string{"a", "b"}); got != "a, b" {
+		t.Errorf("listSome = %q", got)
+	}
+	if got := listSome([]string{"a", "b", "c", "d", "e"}); got != "a, b, c and 2 more" {
+		t.Errorf("listSome = %q", got)
 	}
 }

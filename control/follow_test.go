@@ -226,7 +226,9 @@ func pinsOf(t *testing.T, dir, dev string) []string {
 func TestFollowRefusesHostChanges(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	r := tb.Receiver()
-	a := modetest.Apply(t, tb, "falcon", nil)
+	// Not parked: the follower waits while Falcon is, and this test
+	// waits for it.
+	a := modetest.Apply(t, tb, "falcon", map[string]string{"park": "false"})
 	ag, _ := a.StartAgent(t)
 	waitFollowed(t, ag, "first round", func(st control.FollowStatus) bool { return st.Rounds > 0 })
 
@@ -248,7 +250,7 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := waitFollowed(t, ag, "refusing", func(st control.FollowStatus) bool { return st.Refused != "" })
-	if !strings.Contains(st.Refused, "vxlan9") || !strings.Contains(st.Refused, "lanes apply --mode falcon again") || strings.Contains(st.Refused, "\n") {
+	if !strings.Contains(st.Refused, "vxlan9") || !strings.Contains(st.Refused, "run lanes apply --mode falcon --netns "+r.NetNS+" ") || !strings.Contains(st.Refused, "restart lanes agent") || strings.Contains(st.Refused, "\n") {
 		t.Errorf("refusal %q: want one line naming vxlan9 and the fix", st.Refused)
 	}
 	if p := tcxOn(t, r.NetNS, c3.HostVeth); p != "" || len(st.Adopted) != 0 {
@@ -258,13 +260,41 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 		t.Errorf("status lines %q do not show the refusal", st.Summary())
 	}
 
+	// A device that is down is not adopted (a runtime names a
+	// container's veth while it is down): c3's container side waits
+	// until it is up, its host side goes ahead.
+	cns := nsHandle(t, c3.NetNS)
+	ch, err := netlink.NewHandleAt(cns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	cl, err := ch.LinkByName(c3.Veth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.LinkSetDown(cl); err != nil {
+		t.Fatal(err)
+	}
 	if err := nh.LinkDel(vx); err != nil {
 		t.Fatal(err)
 	}
-	waitFollowed(t, ag, "adopting once the host is back", adopted(c3, 1))
-	if st := ag.(follows).FollowStatus(); st.Refused != "" {
+	st = waitFollowed(t, ag, "adopting the host side once the host is back", adopted(c3, 1))
+	if st.Refused != "" {
 		t.Errorf("refusal %q stays after the device went", st.Refused)
 	}
+	if !strings.Contains(st.Waiting, c3.Veth) || !strings.Contains(st.Waiting, "to come up") {
+		t.Errorf("waiting %q: want it to name %s, which is down", st.Waiting, c3.Veth)
+	}
+	if k := journaledOn(t, a, c3.NetNS, c3.Veth); len(k) != 0 {
+		t.Errorf("journaled %v on %s while it is down", k, c3.Veth)
+	}
+	if err := ch.LinkSetUp(cl); err != nil {
+		t.Fatal(err)
+	}
+	waitFollowed(t, ag, "adopting "+c3.Veth+" once it is up", func(st control.FollowStatus) bool {
+		return st.Waiting == "" && len(journaledOn(t, a, c3.NetNS, c3.Veth)) > 0
+	})
 }
 
 func nsHandle(t *testing.T, name string) netns.NsHandle {

@@ -555,13 +555,21 @@ func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 	for _, n := range cat.named {
 		seen[n.ino] = true
 	}
+	// A namespace is named after its lowest PID, normally the
+	// container's first process: a label must stay the same while the
+	// container lives (lanes journals knobs under it), and a process
+	// exec'd into the container later has a higher PID (/proc lists in
+	// text order, where "100000" comes before "10234").
 	ents, _ := os.ReadDir("/proc")
+	var pids []int
 	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
 		}
-		p := "/proc/" + e.Name() + "/ns/net"
+	}
+	slices.Sort(pids)
+	for _, pid := range pids {
+		p := "/proc/" + strconv.Itoa(pid) + "/ns/net"
 		var st unix.Stat_t
 		if unix.Stat(p, &st) != nil || seen[st.Ino] {
 			continue

@@ -70,15 +70,43 @@ type Journal struct {
 // Open locks dir (creating it) and loads the journal there, if any. target
 // names what the journal is for ("host" or a netns name); a journal left for
 // another target in the same directory is an error.
-func Open(dir, target string) (*Journal, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating state dir: %w", err)
+func Open(dir, target string) (*Journal, error) { return open(dir, target, true, 0) }
+
+// OpenWait is Open for the commands a person runs (apply, reset): another
+// lanes process that holds dir for a moment (lanes agent adopting a
+// container, or parking Falcon) is waited for, up to wait, rather than
+// failing at once.
+func OpenWait(dir, target string, wait time.Duration) (*Journal, error) {
+	return open(dir, target, true, wait)
+}
+
+// OpenExisting is Open for a dir that must exist already; it never makes
+// one (lanes agent must not bring back the directory a reset removed).
+// The error matches os.ErrNotExist when dir is gone.
+func OpenExisting(dir, target string) (*Journal, error) { return open(dir, target, false, 0) }
+
+// lockPoll is how often OpenWait tries the lock again.
+const lockPoll = 50 * time.Millisecond
+
+func open(dir, target string, create bool, wait time.Duration) (*Journal, error) {
+	if create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating state dir: %w", err)
+		}
 	}
 	lock, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("opening state dir: %w", err)
 	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	deadline := time.Now().Add(wait)
+	for {
+		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(lockPoll)
+	}
+	if err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("state dir %s is in use by another lanes process: wait for it to finish (%w)", dir, ErrBusy)
@@ -348,7 +376,20 @@ func (j *Journal) Forget(keys []string) (*Report, error) {
 	for _, e := range keep {
 		j.keys[e.Key] = true
 	}
-	return rep, errors.Join(errs...)
+	return rep, joinLine(errs)
+}
+
+// joinLine joins errors on one line (errors.Join puts each on its own),
+// so a message built around it stays one line.
+func joinLine(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
 
 // restoreEntry writes e's original value back and records the outcome in

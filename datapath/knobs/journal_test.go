@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 )
@@ -185,4 +186,41 @@ func TestJournalDecode(t *testing.T) {
 	if k := knobs.Sysctl("", "net.core.rps_sock_flow_entries"); k.Path != "/proc/sys/net/core/rps_sock_flow_entries" {
 		t.Errorf("sysctl path %q", k.Path)
 	}
+}
+
+// TestJournalOpenVariants: OpenExisting never makes the directory (lanes
+// agent must not bring back what a reset removed); OpenWait waits for a
+// holder that lets go in time, where Open fails at once with ErrBusy.
+func TestJournalOpenVariants(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "target")
+	if _, err := knobs.OpenExisting(dir, "t"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("OpenExisting on a missing dir: %v, want ErrNotExist", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("OpenExisting made %s", dir)
+	}
+	held, err := knobs.Open(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := knobs.Open(dir, "t"); !errors.Is(err, knobs.ErrBusy) {
+		t.Fatalf("Open while held: %v, want ErrBusy", err)
+	}
+	if _, err := knobs.OpenWait(dir, "t", 100*time.Millisecond); !errors.Is(err, knobs.ErrBusy) {
+		t.Fatalf("OpenWait held past its wait: %v, want ErrBusy", err)
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		held.Close()
+	}()
+	j, err := knobs.OpenWait(dir, "t", 10*time.Second)
+	if err != nil {
+		t.Fatalf("OpenWait with a holder that lets go: %v", err)
+	}
+	j.Close()
+	j, err = knobs.OpenExisting(dir, "t")
+	if err != nil {
+		t.Fatalf("OpenExisting on the dir: %v", err)
+	}
+	j.Close()
 }

@@ -17,19 +17,24 @@ import (
 // flows that already ran when the device's programs were attached: their
 // earlier frames, uncounted, may still be queued on vanilla's core.
 
-// SetAdopting opens (or extends) the adoption window of the container
-// stage's device ifindex (the host-side veth) until d from now, and drops
-// windows that have closed.
-func (dp *Datapath) SetAdopting(ifindex int, d time.Duration) error {
-	if ifindex <= 0 {
-		return fmt.Errorf("adopting ifindex %d: not a device", ifindex)
+// SetAdopting opens (or extends) the adoption windows of the container
+// stage's devices ifindexes (host-side veths) until d from now, and drops
+// windows that have closed (once per call: the map is walked once
+// however many devices a round adopts).
+func (dp *Datapath) SetAdopting(d time.Duration, ifindexes ...int) error {
+	for _, idx := range ifindexes {
+		if idx <= 0 {
+			return fmt.Errorf("adopting ifindex %d: not a device", idx)
+		}
 	}
 	if err := dp.expireAdopting(); err != nil {
 		return err
 	}
 	until := uint64(Now() + d)
-	if err := dp.objs.SteerAdopt.Put(uint32(ifindex), until); err != nil {
-		return fmt.Errorf("opening the adoption window of ifindex %d: %w", ifindex, err)
+	for _, idx := range ifindexes {
+		if err := dp.objs.SteerAdopt.Put(uint32(idx), until); err != nil {
+			return fmt.Errorf("opening the adoption window of ifindex %d: %w", idx, err)
+		}
 	}
 	return nil
 }

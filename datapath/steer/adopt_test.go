@@ -21,7 +21,7 @@ func TestContainerAdoptWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := d.SetAdopting(loIfindex, time.Minute); err != nil {
+	if err := d.SetAdopting(time.Minute, loIfindex); err != nil {
 		t.Fatal(err)
 	}
 	if w, err := d.Adopting(); err != nil || w[loIfindex] <= 0 {
@@ -42,7 +42,7 @@ func TestContainerAdoptWindow(t *testing.T) {
 
 	// Closed: the next new flow is placed by the table; the one seen in
 	// the window stays while its frames are in flight.
-	if err := d.SetAdopting(loIfindex, 0); err != nil {
+	if err := d.SetAdopting(0, loIfindex); err != nil {
 		t.Fatal(err)
 	}
 	if w, err := d.Adopting(); err != nil || len(w) != 0 {
@@ -57,7 +57,7 @@ func TestContainerAdoptWindow(t *testing.T) {
 	if fl := mustFlow(t, d, running, StageContainer); fl.CPUIndex != Stay {
 		t.Errorf("flow with frames in flight moved when the window closed: index %d", fl.CPUIndex)
 	}
-	if err := d.SetAdopting(0, time.Second); err == nil {
+	if err := d.SetAdopting(time.Second, 0); err == nil {
 		t.Error("a window for ifindex 0 was accepted")
 	}
 }

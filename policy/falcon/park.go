@@ -213,15 +213,26 @@ func parkable(ents []knobs.Entry) ([]parkKnob, string) {
 	if len(out) == 0 {
 		return nil, "nothing on the path to take off"
 	}
-	// The plan's values are what is in place now: nothing is parked.
-	for i := range out {
-		v, err := out[i].k.Read()
-		if err != nil {
-			return nil, fmt.Sprintf("reading %s: %v", out[i].k.Key(), err)
+	// The plan's values are what is in place now: nothing is parked. A
+	// knob whose device is gone (a container that went, which lanes
+	// agent's follower has not let go of yet) has nothing to park: it is
+	// left out, and parking stays possible for the rest.
+	live := out[:0]
+	for _, pk := range out {
+		v, err := pk.k.Read()
+		if errors.Is(err, knobs.ErrGone) {
+			continue
 		}
-		out[i].Plan = v
+		if err != nil {
+			return nil, fmt.Sprintf("reading %s: %v", pk.k.Key(), err)
+		}
+		pk.Plan = v
+		live = append(live, pk)
 	}
-	return out, ""
+	if len(live) == 0 {
+		return nil, "nothing on the path to take off"
+	}
+	return live, ""
 }
 
 // zeroMask: a CPU mask as sysfs shows it ("0", "00000000,00000000") with

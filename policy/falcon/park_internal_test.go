@@ -82,6 +82,29 @@ func TestParkableRefuses(t *testing.T) {
 	}
 }
 
+// TestParkableSkipsGone: an RPS map on a device that is gone (a container
+// that went, which the follower has not let go of yet) is left out, and
+// parking stays possible for the rest; with nothing else, nothing parks.
+// The knobs are only read.
+func TestParkableSkipsGone(t *testing.T) {
+	entry := func(k knobs.Knob) knobs.Entry {
+		raw, err := json.Marshal(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return knobs.Entry{Kind: k.Kind(), Key: k.Key(), Knob: raw, Original: []byte("0\n")}
+	}
+	live := entry(knobs.Sysfs("", "/sys/class/net/lo/queues/rx-0/rps_cpus"))
+	gone := entry(knobs.Sysfs("", "/sys/class/net/lanes-gone0/queues/rx-0/rps_cpus"))
+	ks, why := parkable([]knobs.Entry{gone, live})
+	if why != "" || len(ks) != 1 || ks[0].k.Key() != live.Key {
+		t.Errorf("parkable with a gone device: %d knobs, %q; want only %s", len(ks), why, live.Key)
+	}
+	if ks, why := parkable([]knobs.Entry{gone}); ks != nil || !strings.Contains(why, "nothing on the path") {
+		t.Errorf("parkable with only a gone device: %d knobs, %q", len(ks), why)
+	}
+}
+
 // TestParkFileOfAnotherApply: a parked file left by an agent of an
 // earlier apply (the target was applied again since) is stale: the new
 // agent is not parked and removes it; a file of the same apply means
