@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -340,14 +341,18 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
+	// The bench journals into lanes' own state dir, under its testbed's
+	// namespace names, so that a bench that was killed leaves state that
+	// `lanes reset --all` finds, and the next bench restores it first
+	// (before its namespaces are rebuilt, while global knobs still can be).
+	stateDir := control.DefaultStateDir
+	if err := resetLeftovers(o.Progress, stateDir, o.Prefix); err != nil {
+		return nil, err
+	}
 	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d)...\n", o.Topology, o.IRQCPU)
 	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart})
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
-	}
-	stateDir, err := os.MkdirTemp("", "lanes-bench-state-")
-	if err != nil {
-		return nil, err
 	}
 	r := &runner{o: o, tb: tb, stateDir: stateDir, agentLog: io.Discard}
 	if lf, err := os.Create(filepath.Join(o.Out, "agent.log")); err == nil {
@@ -360,8 +365,7 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 		if r.xdpPassOff != nil {
 			r.xdpPassOff()
 		}
-		control.ResetAll(stateDir)
-		os.RemoveAll(stateDir)
+		resetLeftovers(io.Discard, stateDir, o.Prefix)
 		if !o.Keep {
 			testbed.Down(o.Prefix)
 		}
@@ -820,4 +824,36 @@ func trainShape(train int) string {
 		return fmt.Sprintf("in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over", train)
 	}
 	return "evenly spaced (--train 1)"
+}
+
+// testbedNS matches what follows "prefix-" in a testbed namespace's name:
+// a host (h2) or a container on it (h2-c1).
+var testbedNS = regexp.MustCompile(`^h[0-9]+(-c[0-9]+)?$`)
+
+// resetLeftovers restores the knobs of every target of this bench's testbed
+// (state directories named prefix-...) under stateDir, and only those: an
+// operator's own targets in the same directory are not the bench's to touch.
+func resetLeftovers(progress io.Writer, stateDir, prefix string) error {
+	ents, err := os.ReadDir(stateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", stateDir, err)
+	}
+	var errs []error
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), prefix+"-")
+		if !e.IsDir() || !ok || !testbedNS.MatchString(rest) {
+			continue
+		}
+		res, err := control.Reset(e.Name(), stateDir)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if res != nil && !res.Nothing {
+			fmt.Fprintf(progress, "restored what an earlier bench left in %s\n", e.Name())
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -328,5 +329,34 @@ func TestRates(t *testing.T) {
 	o = Options{Modes: []string{"vanilla"}, Workloads: []string{"udp_stress"}, Out: t.TempDir(), Rates: []int{10}}
 	if err := o.Validate(); err == nil {
 		t.Error("--rates 10 pps accepted")
+	}
+}
+
+// TestResetLeftoversOnlyTouchesTheBench: a killed bench's state is found and
+// restored by the next one, and nobody else's state in the same directory is.
+func TestResetLeftoversOnlyTouchesTheBench(t *testing.T) {
+	dir := t.TempDir()
+	ours := []string{"lbench-h1", "lbench-h2", "lbench-h2-c1"}
+	theirs := []string{"host", "lbenchx-h2", "lbench-other", "lbench-h2-c1-x", "lanes-h2"}
+	for _, n := range append(slices.Clone(ours), theirs...) {
+		if err := os.Mkdir(filepath.Join(dir, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lbench-h3"), nil, 0o644); err != nil {
+		t.Fatal(err) // a file, not a target: left alone
+	}
+	if err := resetLeftovers(io.Discard, dir, "lbench"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ours {
+		if _, err := os.Stat(filepath.Join(dir, n)); !os.IsNotExist(err) {
+			t.Errorf("%s: still there after resetLeftovers (err %v)", n, err)
+		}
+	}
+	for _, n := range append(theirs, "lbench-h3") {
+		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s: not the bench's, but gone: %v", n, err)
+		}
 	}
 }
