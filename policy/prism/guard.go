@@ -423,6 +423,14 @@ type bulkTarget struct {
 	// is each one's schedstat wait time at the last sample, by pid.
 	threads []knobs.KthreadInfo
 	wait    map[int]uint64
+	// readAt is when wait was read: the wait is a share of the time
+	// between two reads, not of the sampler's interval, which the guard's
+	// own goroutine overruns on a busy core (that gave "waited 111%").
+	readAt time.Time
+	now    func() time.Time // time.Now; a test's clock
+	// readWait reads a thread's schedstat wait in ns (schedstatWait; a
+	// test's trace).
+	readWait func(pid int) (uint64, error)
 	// nice is the bulk kthread's nice value while demoted (guard-nice).
 	nice int
 }
@@ -453,6 +461,7 @@ func (b *bulkTarget) find() error {
 		return fmt.Errorf("prism guard: no bulk queue kthread on core %d", b.core)
 	}
 	clear(b.wait)
+	b.readAt = time.Time{}
 	return nil
 }
 
@@ -471,16 +480,25 @@ func (b *bulkTarget) idle() bool {
 func (b *bulkTarget) needsThreads() bool { return false }
 
 func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, error) {
+	now := time.Now
+	if b.now != nil {
+		now = b.now
+	}
+	at := now()
+	if !b.readAt.IsZero() && at.After(b.readAt) {
+		interval = at.Sub(b.readAt)
+	}
+	b.readAt = at
 	var most float64
 	for _, th := range b.threads {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", th.PID))
+		read := schedstatWait
+		if b.readWait != nil {
+			read = b.readWait
+		}
+		wait, err := read(th.PID)
 		if err != nil {
 			// The kthread is gone: the datapath was re-applied or reset.
 			return 0, b.find()
-		}
-		_, wait, err := load.ParseSchedstatWait(string(raw))
-		if err != nil {
-			return 0, err
 		}
 		old, seen := b.wait[th.PID]
 		b.wait[th.PID] = wait
@@ -488,7 +506,19 @@ func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, e
 			most = max(most, 100*float64(wait-old)/float64(interval))
 		}
 	}
-	return most, nil
+	// schedstat's wait can lag or lead the clock by a tick: a share of
+	// the time is at most all of it.
+	return min(most, 100), nil
+}
+
+// schedstatWait is a thread's time spent waiting for a core, in ns.
+func schedstatWait(pid int) (uint64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0, err
+	}
+	_, wait, err := load.ParseSchedstatWait(string(raw))
+	return wait, err
 }
 
 func (b *bulkTarget) set(demoted bool) error {
