@@ -301,7 +301,7 @@ func ResetAll(stateDir string) ([]*ResetResult, error) {
 	var out []*ResetResult
 	var errs []error
 	for _, e := range ents {
-		if !e.IsDir() {
+		if !e.IsDir() || !isTargetDir(filepath.Join(stateDir, e.Name())) {
 			continue
 		}
 		r, err := resetDir(filepath.Join(stateDir, e.Name()))
@@ -314,6 +314,18 @@ func ResetAll(stateDir string) ([]*ResetResult, error) {
 	}
 	removeDefaultDir(stateDir)
 	return out, errors.Join(errs...)
+}
+
+// isTargetDir: a target's directory holds its journal or its state file;
+// other directories under the state dir (the testbed's records) are not
+// targets, and reset --all does not list them.
+func isTargetDir(dir string) bool {
+	for _, f := range []string{knobs.JournalFile, StateFile} {
+		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func resetDir(dir string) (*ResetResult, error) {

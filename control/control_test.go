@@ -289,13 +289,25 @@ func TestResetAll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The testbed keeps its records next to the targets; they are not one.
+	records := filepath.Join(stateDir, "testbed")
+	if err := os.Mkdir(records, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(records, "lanes.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	res, err := ResetAll(stateDir)
 	if err != nil || len(res) != 2 {
-		t.Fatalf("reset all: %d results, %v", len(res), err)
+		t.Fatalf("reset all: %d results (want the 2 hosts, not the testbed's records), %v", len(res), err)
 	}
 	for i, h := range f.Hosts {
 		sameSnapshot(t, "after reset --all", snapshot(t, h.NetNS), before[i])
 	}
+	if _, err := os.Stat(filepath.Join(records, "lanes.json")); err != nil {
+		t.Errorf("the testbed's records: %v", err)
+	}
+	os.RemoveAll(records)
 	noState(t, stateDir)
 }
 
