@@ -354,6 +354,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
 	}
+	if st := testbed.StopStrays(o.Prefix); len(st) > 0 {
+		fmt.Fprintf(o.Progress, "stopped %d processes an earlier run left in the testbed: %s\n", len(st), strayList(st))
+	}
 	r := &runner{o: o, tb: tb, stateDir: stateDir, agentLog: io.Discard}
 	if lf, err := os.Create(filepath.Join(o.Out, "agent.log")); err == nil {
 		defer lf.Close()
@@ -856,4 +859,17 @@ func resetLeftovers(progress io.Writer, stateDir, prefix string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// strayList names up to three stray processes, and how many more.
+func strayList(st []testbed.Stray) string {
+	var names []string
+	for i, s := range st {
+		if i == 3 {
+			names = append(names, fmt.Sprintf("and %d more", len(st)-3))
+			break
+		}
+		names = append(names, s.String())
+	}
+	return strings.Join(names, ", ")
 }

@@ -3,13 +3,10 @@ package testbed
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/kthread"
-	"github.com/lanesnet/lanes/internal/nsx"
 )
 
 // NAPIThreads returns the NAPI poller kthreads of dev in netns, as the
@@ -36,28 +33,6 @@ func NAPIThreads(netns, dev string) ([]kthread.Thread, error) {
 		out = append(out, kthread.Thread{PID: in.PID, Comm: fmt.Sprintf("napi/%s-%d", dev, in.ID)})
 	}
 	return out, nil
-}
-
-// killInside kills every process whose network namespace is ns, so a
-// workload left over from a crashed run cannot keep the namespace alive.
-func killInside(ns string) {
-	var target syscall.Stat_t
-	if err := syscall.Stat(nsx.Path(ns), &target); err != nil {
-		return
-	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range procs {
-		var st syscall.Stat_t
-		if err := syscall.Stat(p, &st); err != nil {
-			continue
-		}
-		if st.Ino == target.Ino && st.Dev == target.Dev {
-			var pid int
-			if _, err := fmt.Sscan(filepath.Base(filepath.Dir(filepath.Dir(p))), &pid); err == nil && pid != os.Getpid() {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
 }
 
 // waitExited waits (bounded) for the given kthreads to exit. Namespace

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
@@ -278,4 +280,44 @@ func TestValidate(t *testing.T) {
 		t.Errorf("defaults invalid: %v", err)
 	}
 	_ = kthread.Thread{}
+}
+
+// TestStopStrays: a process a killed run left inside the testbed is found
+// and stopped; one in another prefix's namespace is not touched.
+func TestStopStrays(t *testing.T) {
+	requireRoot(t)
+	prefix := fmt.Sprintf("ls%d", os.Getpid()%100000)
+	t.Cleanup(func() { Down(prefix) })
+	ours, theirs := prefix+"-h2-c1", prefix+"x-h1"
+	for _, ns := range []string{ours, theirs} {
+		if err := nsx.Create(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { nsx.Delete(theirs) })
+	start := func(ns string) *exec.Cmd {
+		cmd := exec.Command("sleep", "600")
+		if err := nsx.Do(ns, cmd.Start); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	stray, other := start(ours), start(theirs)
+	got := Strays(prefix)
+	if len(got) != 1 || got[0].PID != stray.Process.Pid || got[0].NetNS != ours || got[0].Comm != "sleep" {
+		t.Fatalf("strays: %v, want sleep (pid %d) in %s alone", got, stray.Process.Pid, ours)
+	}
+	if st := StopStrays(prefix); len(st) != 1 {
+		t.Fatalf("stopped %v", st)
+	}
+	if err := stray.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the stray: %v, want killed", err)
+	}
+	if left := Strays(prefix); len(left) != 0 {
+		t.Fatalf("left: %v", left)
+	}
+	if err := other.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("another prefix's process: %v", err)
+	}
 }

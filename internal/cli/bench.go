@@ -43,7 +43,11 @@ also on Ctrl-C.`,
 			if err = o.Validate(); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			// Every signal that would end the bench ends it through its
+			// cleanup (knobs restored, testbed down): also a closed terminal
+			// (SIGHUP) and a reader that went away (SIGPIPE, `lanes bench |
+			// head`), which would otherwise kill it on the spot.
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
 			defer stop()
 			f, err := bench.Run(ctx, o)
 			if f != nil {
