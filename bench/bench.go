@@ -35,6 +35,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // Options say what to measure.
@@ -346,8 +347,13 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	// `lanes reset --all` finds, and the next bench restores it first
 	// (before its namespaces are rebuilt, while global knobs still can be).
 	stateDir := control.DefaultStateDir
-	if err := resetLeftovers(o.Progress, stateDir, o.Prefix); err != nil {
+	unlock, err := lockBench(o.Prefix)
+	if err != nil {
 		return nil, err
+	}
+	defer unlock()
+	if err := resetLeftovers(o.Progress, stateDir, o.Prefix); err != nil {
+		return nil, fmt.Errorf("restoring what an earlier bench left: %w (or run lanes reset --all --state-dir %s)", err, stateDir)
 	}
 	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d)...\n", o.Topology, o.IRQCPU)
 	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart})
@@ -368,7 +374,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 		if r.xdpPassOff != nil {
 			r.xdpPassOff()
 		}
-		resetLeftovers(io.Discard, stateDir, o.Prefix)
+		if err := resetLeftovers(io.Discard, stateDir, o.Prefix); err != nil {
+			fmt.Fprintf(o.Progress, "restoring the bench's knobs: %v: run lanes reset --all\n", err)
+		}
 		if !o.Keep {
 			testbed.Down(o.Prefix)
 		}
@@ -872,4 +880,31 @@ func strayList(st []testbed.Stray) string {
 		names = append(names, s.String())
 	}
 	return strings.Join(names, ", ")
+}
+
+// benchLockDir holds one lock file per testbed prefix; /run/lock is the
+// system's place for them (a tmpfs: nothing outlives a reboot).
+var benchLockDir = "/run/lock"
+
+// lockBench makes sure one bench at a time uses the testbed with this
+// prefix: a second one would rebuild the first one's testbed and restore
+// its knobs under it (resetLeftovers). The kernel drops the lock when the
+// bench dies, so a killed bench never blocks the next.
+func lockBench(prefix string) (unlock func(), err error) {
+	path := filepath.Join(benchLockDir, "lanes-bench-"+prefix+".lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("bench lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another lanes bench is running on the testbed %q: wait for it to end, or give this one another --prefix", prefix)
+		}
+		return nil, fmt.Errorf("bench lock %s: %w", path, err)
+	}
+	return func() {
+		os.Remove(path) // while still locked: a waiter then locks a new file
+		f.Close()
+	}, nil
 }

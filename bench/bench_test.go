@@ -360,3 +360,32 @@ func TestResetLeftoversOnlyTouchesTheBench(t *testing.T) {
 		}
 	}
 }
+
+// TestLockBench: one bench per testbed prefix; another prefix, or the same
+// one after the first ended, is free.
+func TestLockBench(t *testing.T) {
+	old := benchLockDir
+	benchLockDir = t.TempDir()
+	t.Cleanup(func() { benchLockDir = old })
+	unlock, err := lockBench("lbench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockBench("lbench"); err == nil || !strings.Contains(err.Error(), "another lanes bench is running") {
+		t.Fatalf("a second bench on the same testbed: %v", err)
+	}
+	unlock2, err := lockBench("lbench2")
+	if err != nil {
+		t.Fatalf("another prefix: %v", err)
+	}
+	unlock2()
+	unlock()
+	unlock, err = lockBench("lbench")
+	if err != nil {
+		t.Fatalf("after the first ended: %v", err)
+	}
+	unlock()
+	if ents, _ := os.ReadDir(benchLockDir); len(ents) != 0 {
+		t.Fatalf("lock files left: %v", ents)
+	}
+}

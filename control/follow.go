@@ -241,7 +241,13 @@ func (f *follower) Run(ctx context.Context) {
 		debounce = time.After(min(followDebounce, max(0, followMaxWait-time.Since(since))))
 	}
 	links := f.linkSet()
-	f.round()
+	// The first round can find the state dir busy or Falcon parked like
+	// any other: then it is tried again too, or containers that were
+	// there before the agent started would wait for an unrelated link
+	// event.
+	if f.round() {
+		retry = time.After(followRetry)
+	}
 	for !f.over {
 		select {
 		case <-ctx.Done():
@@ -416,7 +422,8 @@ func (f *follower) once() (roundResult, error) {
 	present := deviceLabels(topo)
 	irq := plan.IRQCPUs(topo)
 
-	// Never OpenExisting's MkdirAll: a reset removes the directory.
+	// OpenExisting, not Open, whose MkdirAll would bring back the
+	// directory a reset removed.
 	j, err := knobs.OpenExisting(f.dir, Target(f.netns))
 	if errors.Is(err, os.ErrNotExist) {
 		return res, errNotOurs
@@ -473,7 +480,7 @@ func (f *follower) once() (roundResult, error) {
 	var beyond, down []string
 	downIfaces := map[string]bool{}
 	newDevs := map[string]bool{}
-	steered, pending, differs := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	steered, pending, differs, unread := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, c := range p.Changes {
 		dev, onContainer := devs.of(c)
 		if onContainer {
@@ -487,7 +494,11 @@ func (f *follower) once() (roundResult, error) {
 				continue
 			}
 			cur, err := c.Knob.Read()
-			if err != nil || sameValue(c.Knob, cur, c.Value) {
+			if err != nil {
+				unread[dev] = true // not verified: read again next round
+				continue
+			}
+			if sameValue(c.Knob, cur, c.Value) {
 				continue
 			}
 			differs[dev] = true
@@ -538,9 +549,15 @@ func (f *follower) once() (roundResult, error) {
 		return res, nil
 	}
 	// What is verified now: every container device whose journaled
-	// knobs were read and hold the plan's values.
+	// knobs were read and hold the plan's values; devices no longer
+	// there are forgotten (container churn must not grow the map).
+	for dev := range f.verified {
+		if _, ok := devs.ident[dev]; !ok {
+			delete(f.verified, dev)
+		}
+	}
 	for dev, id := range devs.ident {
-		if !newDevs[dev] && !differs[dev] && devs.up[dev] {
+		if !newDevs[dev] && !differs[dev] && !unread[dev] && devs.up[dev] {
 			f.verified[dev] = id
 		}
 	}

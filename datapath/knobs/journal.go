@@ -89,29 +89,28 @@ func OpenExisting(dir, target string) (*Journal, error) { return open(dir, targe
 const lockPoll = 50 * time.Millisecond
 
 func open(dir, target string, create bool, wait time.Duration) (*Journal, error) {
-	if create {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("creating state dir: %w", err)
-		}
-	}
-	lock, err := os.Open(dir)
-	if err != nil {
-		return nil, fmt.Errorf("opening state dir: %w", err)
-	}
 	deadline := time.Now().Add(wait)
-	for {
-		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+	var lock *os.File
+	for tries := 1; ; tries++ {
+		var err error
+		lock, err = lockDir(dir, create, deadline)
+		if err != nil {
+			return nil, err
+		}
+		// A reset deletes the directory while it holds the lock: whoever
+		// waited for that lock then holds one on a directory that is no
+		// longer the one at dir, and two processes would journal into
+		// what looks like the same place. Check, and start over.
+		if sameDir(lock, dir) {
 			break
 		}
-		time.Sleep(lockPoll)
-	}
-	if err != nil {
 		lock.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state dir %s is in use by another lanes process: wait for it to finish (%w)", dir, ErrBusy)
+		if !create {
+			return nil, fmt.Errorf("state dir %s: removed while we waited for it: %w", dir, os.ErrNotExist)
 		}
-		return nil, fmt.Errorf("locking state dir %s: %w", dir, err)
+		if tries == 5 {
+			return nil, fmt.Errorf("state dir %s keeps being removed and made again: is another lanes process resetting it in a loop? (%w)", dir, ErrBusy)
+		}
 	}
 	j := &Journal{dir: dir, lock: lock, keys: map[string]bool{}}
 	// A temp file is what a process killed between write and rename leaves;
@@ -135,6 +134,44 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 		}
 	}
 	return j, nil
+}
+
+// lockDir opens dir (making it when create) and takes its lock, trying
+// again until deadline while another process holds it.
+func lockDir(dir string, create bool, deadline time.Time) (*os.File, error) {
+	if create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating state dir: %w", err)
+		}
+	}
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening state dir: %w", err)
+	}
+	for {
+		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(lockPoll)
+	}
+	if err == nil {
+		return lock, nil
+	}
+	lock.Close()
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("state dir %s is in use by another lanes process: try again once it is done (%w)", dir, ErrBusy)
+	}
+	return nil, fmt.Errorf("locking state dir %s: %w", dir, err)
+}
+
+// sameDir reports whether the open directory f still is the one at path.
+func sameDir(f *os.File, path string) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Stat(path, &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
 func readDoc(path string) (*journalDoc, error) {

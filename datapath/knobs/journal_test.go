@@ -224,3 +224,38 @@ func TestJournalOpenVariants(t *testing.T) {
 	}
 	j.Close()
 }
+
+// TestJournalWaitOutlivesRemoval: a reset removes the directory while it
+// holds the lock. Whoever waited for that lock must end up holding the lock
+// of the directory now at that path, not of the removed one: otherwise a
+// third process could lock the new directory too, and two would journal
+// into the same journal.json.
+func TestJournalWaitOutlivesRemoval(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "target")
+	held, err := knobs.Open(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		os.RemoveAll(dir) // as a reset does, lock still held
+		held.Close()
+	}()
+	j, err := knobs.OpenWait(dir, "t", 10*time.Second)
+	if err != nil {
+		t.Fatalf("OpenWait across the removal: %v", err)
+	}
+	defer j.Close()
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the waiter holds no directory at %s: %v", dir, err)
+	}
+	if other, err := knobs.Open(dir, "t"); !errors.Is(err, knobs.ErrBusy) {
+		if other != nil {
+			other.Close()
+		}
+		t.Fatalf("a second Open after the waiter got the lock: %v, want ErrBusy", err)
+	}
+	if _, err := knobs.OpenExisting(filepath.Join(t.TempDir(), "gone"), "t"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("OpenExisting on a missing dir: %v", err)
+	}
+}
