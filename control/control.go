@@ -75,6 +75,11 @@ type State struct {
 	CPUs    string            `json:"cpus"`
 	Params  map[string]string `json:"params,omitempty"`
 	Plan    Summary           `json:"plan"`
+	// IRQCPUs are the cores polling the underlay's NIC when the plan was
+	// made, which placed its stages for them: lanes agent adopts no new
+	// container once they moved. Always written (an empty list is "none
+	// known"); absent in state files of older builds.
+	IRQCPUs []int `json:"irq_cpus"`
 }
 
 // Summary describes an applied plan.
@@ -200,6 +205,7 @@ func Apply(opts Options) (*State, error) {
 		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
 		Params:  v.Params,
 		Plan:    Summary{Changes: len(p.Changes), Notes: append(slices.Clone(p.Notes), plan.GROCellNotes(topo)...), Agent: p.Agent},
+		IRQCPUs: append([]int{}, plan.IRQCPUs(topo)...),
 	}
 	for _, c := range p.Changes {
 		st.Plan.Targets = append(st.Plan.Targets, c.Target)

@@ -186,9 +186,15 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	return &follower{netns: st.NetNS, dir: dir, mode: st.Mode, planner: p,
+	f := &follower{netns: st.NetNS, dir: dir, mode: st.Mode, planner: p,
 		cfg: plan.Config{CPUs: cpus, Online: online, Params: st.Params}, gen: knobs.Generation(ents),
-		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, logf: logf}, nil
+		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, logf: logf}
+	// The IRQ cores the plan was made for; a state file from an older
+	// build lacks them, and the first round's view stands in.
+	if st.IRQCPUs != nil {
+		f.irq, f.irqSet = st.IRQCPUs, true
+	}
+	return f, nil
 }
 
 // applyCommand is the lanes apply command line that applies st's plan

@@ -229,6 +229,12 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 	// Not parked: the follower waits while Falcon is, and this test
 	// waits for it.
 	a := modetest.Apply(t, tb, "falcon", map[string]string{"park": "false"})
+	// The IRQ cores the plan was made for are in the state, so an agent
+	// started after they moved still knows (the testbed polls its
+	// underlay on the last core).
+	if st, err := control.ReadState(control.Dir(a.StateDir, a.NS)); err != nil || !slices.Equal(st.IRQCPUs, []int{tb.Config.IRQCPU}) {
+		t.Fatalf("state's irq_cpus: %v (%v), want [%d]", st, err, tb.Config.IRQCPU)
+	}
 	ag, _ := a.StartAgent(t)
 	waitFollowed(t, ag, "first round", func(st control.FollowStatus) bool { return st.Rounds > 0 })
 
