@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -158,6 +159,11 @@ type follower struct {
 	// whose journaled knobs held the plan's values at a round: the same
 	// pair of devices is not read again.
 	verified map[string]string
+	// seen are the container devices' idents (label -> ident) when their
+	// journal entries were last settled: a label present with another
+	// ident is a device replaced under the same name between two rounds.
+	// In memory only: a replacement while no agent runs is not seen.
+	seen map[string]string
 	// over: the apply followed is gone (errNotOurs); Run stops.
 	over bool
 
@@ -188,7 +194,7 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 	}
 	f := &follower{netns: st.NetNS, dir: dir, mode: st.Mode, planner: p,
 		cfg: plan.Config{CPUs: cpus, Online: online, Params: st.Params}, gen: knobs.Generation(ents),
-		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, logf: logf}
+		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, seen: map[string]string{}, logf: logf}
 	// The IRQ cores the plan was made for; a state file from an older
 	// build lacks them, and the first round's view stands in.
 	if st.IRQCPUs != nil {
@@ -378,13 +384,19 @@ func (f *follower) round() (again bool) {
 		s.Found, s.Steered, s.Covered = res.found, res.steered, res.covered
 	}
 	stamp := time.Now().Format("15:04:05")
+	// Let go of first, as the round did: a device replaced under the
+	// same name is let go of, then adopted.
+	for _, d := range res.dropped {
+		why := "gone"
+		if res.replaced[d] {
+			why = "replaced by another device of that name"
+		}
+		f.logf("containers: let go of %s (%s)", d, why)
+		s.Dropped = lastFew(append(s.Dropped, stamp+" "+d))
+	}
 	for _, d := range res.adopted {
 		f.logf("containers: adopted %s", d)
 		s.Adopted = lastFew(append(s.Adopted, stamp+" "+d))
-	}
-	for _, d := range res.dropped {
-		f.logf("containers: let go of %s (gone)", d)
-		s.Dropped = lastFew(append(s.Dropped, stamp+" "+d))
 	}
 	return again
 }
@@ -409,6 +421,7 @@ type roundResult struct {
 	// FollowStatus's Found, Steered, Covered; found -1: not known.
 	found, steered, covered int
 	adopted, dropped        []string
+	replaced                map[string]bool // of dropped: replaced under the same name
 	waiting, refused        string
 	again                   bool // try again in followRetry
 }
@@ -470,7 +483,25 @@ func (f *follower) once() (roundResult, error) {
 			continue
 		}
 		dev, ok := entryDevice(k)
-		if !ok || present[dev] {
+		if !ok {
+			continue
+		}
+		if replacedDevice(f.seen, devs.ident, dev) {
+			if res.replaced == nil {
+				res.replaced = map[string]bool{}
+			}
+			res.replaced[dev] = true
+			// Its entries are the old device's: let go of them like a
+			// gone device's (the originals written back are what the
+			// runtime gave the old one, as it gives the new one), and
+			// take the new one in afresh; a knob the follower does not
+			// set is then refused, not counted as covered.
+			goneKeys = append(goneKeys, e.Key)
+			gone[dev] = true
+			journaled[e.Key] = false
+			continue
+		}
+		if present[dev] {
 			continue
 		}
 		if _, err := k.Read(); errors.Is(err, knobs.ErrGone) {
@@ -545,12 +576,15 @@ func (f *follower) once() (roundResult, error) {
 		}
 		slices.Sort(res.dropped)
 	}
+	// The journal is settled against the devices as they are now.
+	clear(f.seen)
+	maps.Copy(f.seen, devs.ident)
 	if len(beyond) > 0 {
 		res.refused = fmt.Sprintf("the plan for the host as it is now changes %s, which lanes does not change under a running plan: run %s, then restart lanes agent", listSome(beyond), f.apply)
 		return res, nil
 	}
 	if len(todo) > 0 && !slices.Equal(irq, f.irq) {
-		res.refused = fmt.Sprintf("the underlay's NIC is polled on cpus %s now, on %s when this agent started, and the running plan placed its stages for those: run %s, then restart lanes agent",
+		res.refused = fmt.Sprintf("the underlay's NIC is polled on cpus %s now, on %s when the running plan was made, which placed its stages for those: run %s, then restart lanes agent",
 			cpuList(irq), cpuList(f.irq), f.apply)
 		return res, nil
 	}
@@ -826,3 +860,12 @@ func (d containerDevs) of(c plan.Change) (string, bool) {
 
 // hostIndex is the ifindex of a host-side veth, 0 if it is not one.
 func (d containerDevs) hostIndex(ns, dev string) int { return d.hostIdx[plan.DevLabel(ns, dev)] }
+
+// replacedDevice: dev was seen with one ident when its journal entries
+// were settled and is there now with another, so it is another device
+// under the same name (a container removed and started again between
+// two rounds).
+func replacedDevice(seen, now map[string]string, dev string) bool {
+	was, cur := seen[dev], now[dev]
+	return was != "" && cur != "" && was != cur
+}

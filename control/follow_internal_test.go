@@ -125,3 +125,16 @@ func TestFollowMessages(t *testing.T) {
 		t.Errorf("listSome = %q", got)
 	}
 }
+
+// TestReplacedDevice: a label is another device when its ident changed
+// since the journal was last settled; a device not seen before, or gone,
+// is not "replaced".
+func TestReplacedDevice(t *testing.T) {
+	seen := map[string]string{"h2/veth1": "7/3", "h2/veth2": "8/4"}
+	now := map[string]string{"h2/veth1": "12/13", "h2/veth2": "8/4", "h2/veth3": "14/15"}
+	for dev, want := range map[string]bool{"h2/veth1": true, "h2/veth2": false, "h2/veth3": false, "h2/veth9": false} {
+		if got := replacedDevice(seen, now, dev); got != want {
+			t.Errorf("replacedDevice(%s) = %v, want %v", dev, got, want)
+		}
+	}
+}

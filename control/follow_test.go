@@ -164,6 +164,29 @@ func TestFollowContainers(t *testing.T) {
 			overlaytest.Warm(t, src.NetNS, again.NetNS, again.Addr.Addr())
 			overlaytest.InOrder(t, "stream into "+again.Name+" again", overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, again.NetNS, again.Addr.Addr()))
 
+			// Replaced under the same names faster than a round: the
+			// old devices' entries are let go of all the same, and the
+			// new ones taken in afresh.
+			if err := testbed.RemoveContainer(prefix, 2, again.Name); err != nil {
+				t.Fatal(err)
+			}
+			if again, err = testbed.AddContainer(prefix, 2); err != nil {
+				t.Fatal(err)
+			}
+			st := waitFollowed(t, ag, "adopting "+again.Name+" a third time", adopted(again, 3))
+			drops := 0
+			for _, d := range st.Dropped {
+				if strings.HasSuffix(d, "/"+again.HostVeth) {
+					drops++
+				}
+			}
+			if drops < 2 {
+				t.Errorf("dropped %v: want %s let go of twice (removed, then replaced)", st.Dropped, again.HostVeth)
+			}
+			if tcxOn(t, a.NS, again.HostVeth) == "" {
+				t.Errorf("no programs on %s after it was replaced", again.HostVeth)
+			}
+
 			a.Reset(t)
 			for _, c := range []testbed.Container{again, c4} {
 				for _, d := range []struct{ ns, dev string }{{a.NS, c.HostVeth}, {c.NetNS, c.Veth}} {
