@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -387,5 +389,54 @@ func TestLockBench(t *testing.T) {
 	unlock()
 	if ents, _ := os.ReadDir(benchLockDir); len(ents) != 0 {
 		t.Fatalf("lock files left: %v", ents)
+	}
+}
+
+// TestResetLeftoversRestores: what a killed bench journaled (here a
+// per-namespace sysctl in one of its testbed's namespaces) is written back.
+func TestResetLeftoversRestores(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	prefix := fmt.Sprintf("lr%d", os.Getpid()%100000)
+	ns := prefix + "-h2"
+	if err := nsx.Create(ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nsx.Delete(ns) })
+	stateDir := t.TempDir()
+	k := knobs.Sysctl(ns, "net.ipv4.ip_forward")
+	before, err := k.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "1"
+	if strings.TrimSpace(string(before)) == "1" {
+		want = "0"
+	}
+	j, err := knobs.Open(control.Dir(stateDir, ns), control.Target(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Set(k, []byte(want)); err != nil {
+		t.Fatal(err)
+	}
+	j.Close() // the bench is killed here
+	var progress strings.Builder
+	if err := resetLeftovers(&progress, stateDir, prefix); err != nil {
+		t.Fatal(err)
+	}
+	after, err := k.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(after)) != strings.TrimSpace(string(before)) {
+		t.Errorf("ip_forward in %s: %q after resetLeftovers, want %q", ns, after, before)
+	}
+	if !strings.Contains(progress.String(), "restored what an earlier bench left in "+ns) {
+		t.Errorf("progress %q does not say what it restored", progress.String())
+	}
+	if _, err := os.Stat(control.Dir(stateDir, ns)); !os.IsNotExist(err) {
+		t.Errorf("state of %s still there: %v", ns, err)
 	}
 }
