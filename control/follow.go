@@ -206,12 +206,12 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 // applyCommand is the lanes apply command line that applies st's plan
 // again (the same mode, namespace, cores and settings).
 func applyCommand(st *State, stateDir string) string {
-	args := []string{"lanes apply --mode " + st.Mode}
+	args := []string{"lanes apply --mode " + shellQuote(st.Mode)}
 	if st.NetNS != "" {
-		args = append(args, "--netns "+st.NetNS)
+		args = append(args, "--netns "+shellQuote(st.NetNS))
 	}
 	if st.CPUs != "" {
-		args = append(args, "--cpus "+st.CPUs)
+		args = append(args, "--cpus "+shellQuote(st.CPUs))
 	}
 	keys := make([]string, 0, len(st.Params))
 	for k := range st.Params {
@@ -219,12 +219,29 @@ func applyCommand(st *State, stateDir string) string {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		args = append(args, "--set "+k+"="+st.Params[k])
+		args = append(args, "--set "+shellQuote(k+"="+st.Params[k]))
 	}
 	if stateDir != DefaultStateDir {
-		args = append(args, "--state-dir "+stateDir)
+		args = append(args, "--state-dir "+shellQuote(stateDir))
 	}
 	return strings.Join(args, " ")
+}
+
+// shellQuote leaves a word the shell takes as it is alone and single-quotes
+// any other, so the command can be pasted as printed (a netns path with a
+// space, a value with a quote).
+func shellQuote(w string) string {
+	safe := w != ""
+	for _, r := range w {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-./:,=@%+", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 }
 
 // Status is a copy of the follower's status.

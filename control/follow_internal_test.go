@@ -138,3 +138,13 @@ func TestReplacedDevice(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyCommandQuotes: the command a refusal gives can be pasted as is.
+func TestApplyCommandQuotes(t *testing.T) {
+	st := &State{Mode: "prism", NetNS: "/var/run/netns/a b", CPUs: "0-1", Params: map[string]string{"cpu": "1", "x": "it's"}}
+	got := applyCommand(st, "/tmp/state dir")
+	want := `lanes apply --mode prism --netns '/var/run/netns/a b' --cpus 0-1 --set cpu=1 --set 'x=it'\''s' --state-dir '/tmp/state dir'`
+	if got != want {
+		t.Errorf("applyCommand:\n got %s\nwant %s", got, want)
+	}
+}
