@@ -891,20 +891,34 @@ var benchLockDir = "/run/lock"
 // its knobs under it (resetLeftovers). The kernel drops the lock when the
 // bench dies, so a killed bench never blocks the next.
 func lockBench(prefix string) (unlock func(), err error) {
-	path := filepath.Join(benchLockDir, "lanes-bench-"+prefix+".lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
+	if err := os.MkdirAll(benchLockDir, 0o755); err != nil {
 		return nil, fmt.Errorf("bench lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another lanes bench is running on the testbed %q: wait for it to end, or give this one another --prefix", prefix)
+	path := filepath.Join(benchLockDir, "lanes-bench-"+prefix+".lock")
+	for tries := 0; tries < 5; tries++ {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("bench lock: %w", err)
 		}
-		return nil, fmt.Errorf("bench lock %s: %w", path, err)
-	}
-	return func() {
-		os.Remove(path) // while still locked: a waiter then locks a new file
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("another lanes bench is running on the testbed %q: wait for it to end, or give this one another --prefix", prefix)
+			}
+			return nil, fmt.Errorf("bench lock %s: %w", path, err)
+		}
+		// The bench before may have removed the file between our open
+		// and our lock (it removes it while it still holds it): then we
+		// hold a lock nobody else can see, and must take the file that
+		// is at the path now.
+		var a, b unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino {
+			return func() {
+				os.Remove(path) // while still locked, so no one locks it after us
+				f.Close()
+			}, nil
+		}
 		f.Close()
-	}, nil
+	}
+	return nil, fmt.Errorf("bench lock %s: keeps being removed and made again", path)
 }

@@ -189,8 +189,8 @@ func Apply(opts Options) (*State, error) {
 		if err != nil {
 			// Nothing of any mode is left: no state may say otherwise.
 			removeState(dir)
+			os.Remove(dir) // while locked: a waiter must not find it between the two
 			j.Close()
-			os.Remove(dir)
 			removeDefaultDir(v.StateDir)
 			return nil, fmt.Errorf("planning %s for netns %s after restoring the previous mode: %w (the previous mode was restored; nothing new applied)", v.Mode, label(v.NetNS), err)
 		}
@@ -220,8 +220,8 @@ func Apply(opts Options) (*State, error) {
 				return nil, fmt.Errorf("applying %s: %s: %w; rolling back failed too: %v", v.Mode, c.Target, err, rerr)
 			}
 			removeState(dir)
+			os.Remove(dir) // while locked: a waiter must not find it between the two
 			j.Close()
-			os.Remove(dir)
 			removeDefaultDir(v.StateDir)
 			return nil, fmt.Errorf("applying %s: %s: %w (rolled back %d changes)", v.Mode, c.Target, err, len(rep.Restored))
 		}

@@ -484,7 +484,7 @@ func (f *follower) once() (roundResult, error) {
 	// no longer sees is read, and let go of if its device is gone (a
 	// device discovery sees is not read: a host with hundreds of
 	// containers would pay a namespace switch per knob per round).
-	var goneKeys []string
+	var goneKeys, replacedKeys []string
 	gone := map[string]bool{}
 	// What the plan wants that the journal does not hold (or holds for a
 	// device that is gone), or holds with another value now (a device of
@@ -508,12 +508,12 @@ func (f *follower) once() (roundResult, error) {
 				res.replaced = map[string]bool{}
 			}
 			res.replaced[dev] = true
-			// Its entries are the old device's: let go of them like a
-			// gone device's (the originals written back are what the
-			// runtime gave the old one, as it gives the new one), and
-			// take the new one in afresh; a knob the follower does not
-			// set is then refused, not counted as covered.
-			goneKeys = append(goneKeys, e.Key)
+			// Its entries are the old device's: dropped without writing
+			// the old originals onto the new device (only lanes' link
+			// pins are released), and the new one is taken in afresh; a
+			// knob the follower does not set is then refused, not
+			// counted as covered.
+			replacedKeys = append(replacedKeys, e.Key)
 			gone[dev] = true
 			journaled[e.Key] = false
 			continue
@@ -583,10 +583,17 @@ func (f *follower) once() (roundResult, error) {
 		res.waiting, res.again = waitParked, true
 		return res, nil
 	}
+	if len(replacedKeys) > 0 {
+		if _, err := j.Drop(replacedKeys, linkEntry); err != nil {
+			return res, fmt.Errorf("letting go of devices replaced under the same name: %w", err)
+		}
+	}
 	if len(goneKeys) > 0 {
 		if _, err := j.Forget(goneKeys); err != nil {
 			return res, fmt.Errorf("letting go of devices that are gone: %w", err)
 		}
+	}
+	if len(gone) > 0 {
 		for d := range gone {
 			res.dropped = append(res.dropped, d)
 			delete(f.verified, d)
@@ -885,4 +892,18 @@ func (d containerDevs) hostIndex(ns, dev string) int { return d.hostIdx[plan.Dev
 func replacedDevice(seen, now map[string]string, dev string) bool {
 	was, cur := seen[dev], now[dev]
 	return was != "" && cur != "" && was != cur
+}
+
+// linkEntry: the entry is one of lanes' program links (TCX, XDP), whose
+// restore releases its pin and writes nothing onto the device.
+func linkEntry(e knobs.Entry) bool {
+	k, err := e.Decode()
+	if err != nil {
+		return false
+	}
+	switch k.(type) {
+	case *attach.TCX, *attach.XDP:
+		return true
+	}
+	return false
 }

@@ -382,6 +382,26 @@ func (j *Journal) Restore() (*Report, error) {
 // taken out too (reported skipped). The first entry (the one that names the
 // apply) is never forgotten. A knob that cannot be restored stays in the journal.
 func (j *Journal) Forget(keys []string) (*Report, error) {
+	return j.forget(keys, nil)
+}
+
+// Drop takes the entries with the given keys out of the journal without
+// writing their originals back, except those release says to restore
+// (lanes' own objects, such as a link pin, whose restore writes nothing
+// onto a device). It is for entries whose device was replaced by another
+// of the same name: the originals are the old device's, and writing them
+// onto the new one would overwrite what its runtime gave it. A release
+// that fails still drops its entry (reported failed).
+func (j *Journal) Drop(keys []string, release func(Entry) bool) (*Report, error) {
+	if release == nil {
+		release = func(Entry) bool { return false }
+	}
+	return j.forget(keys, release)
+}
+
+// forget is Forget (release nil: restore every entry, keep those that
+// fail) and Drop.
+func (j *Journal) forget(keys []string, release func(Entry) bool) (*Report, error) {
 	if j.lock == nil {
 		return nil, errors.New("journal is closed")
 	}
@@ -396,6 +416,14 @@ func (j *Journal) Forget(keys []string) (*Report, error) {
 		e := j.doc.Entries[i]
 		if !drop[e.Key] || i == 0 {
 			keep = append([]Entry{e}, keep...)
+			continue
+		}
+		if release != nil {
+			if release(e) {
+				restoreEntry(e, rep) // failures are in rep; the entry goes regardless
+			} else {
+				rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: "dropped without restoring: its device was replaced"})
+			}
 			continue
 		}
 		if err := restoreEntry(e, rep); err != nil {

@@ -259,3 +259,43 @@ func TestJournalWaitOutlivesRemoval(t *testing.T) {
 		t.Fatalf("OpenExisting on a missing dir: %v", err)
 	}
 }
+
+// TestJournalDrop: entries of a device replaced by another of the same name
+// go without their originals being written onto the new device; only the
+// ones release names are restored, and one whose restore fails goes too.
+func TestJournalDrop(t *testing.T) {
+	dir, ks := memKnobs(t, 4)
+	j, err := knobs.Open(filepath.Join(dir, "state"), "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for i, k := range ks {
+		if err := j.Set(k, []byte(fmt.Sprintf("new%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Remove(ks[0].Log)
+	// k2 is "ours to release" and its restore fails; k3 is released fine.
+	if err := os.WriteFile(ks[2].Path+".fail", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	release := func(e knobs.Entry) bool { return e.Key == ks[2].Key() || e.Key == ks[3].Key() }
+	rep, err := j.Drop([]string{ks[1].Key(), ks[2].Key(), ks[3].Key()}, release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Len() != 1 {
+		t.Errorf("journal has %d entries after Drop, want the first one only", j.Len())
+	}
+	if len(rep.Failed) != 1 || rep.Failed[0].Key != ks[2].Key() || len(rep.Restored) != 1 || len(rep.Skipped) != 1 {
+		t.Errorf("report %+v: want k3 restored, k2 failed, k1 skipped", rep)
+	}
+	if b, _ := os.ReadFile(ks[1].Path); string(b) != "new1" {
+		t.Errorf("k1 = %q: Drop wrote onto it", b)
+	}
+	log, _ := os.ReadFile(ks[0].Log)
+	if want := "k3=orig3\x00\n \n"; string(log) != want {
+		t.Errorf("writes %q, want only k3's restore", log)
+	}
+}
