@@ -17,7 +17,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -837,10 +836,6 @@ func trainShape(train int) string {
 	return "evenly spaced (--train 1)"
 }
 
-// testbedNS matches what follows "prefix-" in a testbed namespace's name:
-// a host (h2) or a container on it (h2-c1).
-var testbedNS = regexp.MustCompile(`^h[0-9]+(-c[0-9]+)?$`)
-
 // resetLeftovers restores the knobs of every target of this bench's testbed
 // (state directories named prefix-...) under stateDir, and only those: an
 // operator's own targets in the same directory are not the bench's to touch.
@@ -854,8 +849,7 @@ func resetLeftovers(progress io.Writer, stateDir, prefix string) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), prefix+"-")
-		if !e.IsDir() || !ok || !testbedNS.MatchString(rest) {
+		if !e.IsDir() || !testbed.IsTestbedNS(prefix, e.Name()) {
 			continue
 		}
 		res, err := control.Reset(e.Name(), stateDir)
@@ -911,8 +905,9 @@ func lockBench(prefix string) (unlock func(), err error) {
 		// and our lock (it removes it while it still holds it): then we
 		// hold a lock nobody else can see, and must take the file that
 		// is at the path now.
-		var a, b unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino {
+		held, herr := f.Stat()
+		there, terr := os.Stat(path)
+		if herr == nil && terr == nil && os.SameFile(held, there) {
 			return func() {
 				os.Remove(path) // while still locked, so no one locks it after us
 				f.Close()

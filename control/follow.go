@@ -485,7 +485,7 @@ func (f *follower) once() (roundResult, error) {
 	// device discovery sees is not read: a host with hundreds of
 	// containers would pay a namespace switch per knob per round).
 	var goneKeys, replacedKeys []string
-	gone := map[string]bool{}
+	gone, releaseKeys := map[string]bool{}, map[string]bool{}
 	// What the plan wants that the journal does not hold (or holds for a
 	// device that is gone), or holds with another value now (a device of
 	// the same name, started again).
@@ -514,6 +514,12 @@ func (f *follower) once() (roundResult, error) {
 			// knob the follower does not set is then refused, not
 			// counted as covered.
 			replacedKeys = append(replacedKeys, e.Key)
+			switch k.(type) {
+			case *attach.TCX, *attach.XDP:
+				// A link's restore releases its pin and writes
+				// nothing onto the device.
+				releaseKeys[e.Key] = true
+			}
 			gone[dev] = true
 			journaled[e.Key] = false
 			continue
@@ -584,7 +590,7 @@ func (f *follower) once() (roundResult, error) {
 		return res, nil
 	}
 	if len(replacedKeys) > 0 {
-		if _, err := j.Drop(replacedKeys, linkEntry); err != nil {
+		if _, err := j.Drop(replacedKeys, releaseKeys); err != nil {
 			return res, fmt.Errorf("letting go of devices replaced under the same name: %w", err)
 		}
 	}
@@ -779,14 +785,12 @@ type containerDevs struct {
 
 func containerDevices(t *topology.Topology) containerDevs {
 	d := containerDevs{hostIdx: map[string]int{}, iface: map[string]string{}, up: map[string]bool{}, ident: map[string]string{}}
-	hostIdx := map[string]int{} // host-side veth label -> ifindex, by name
 	for _, v := range t.Veths {
 		if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {
 			continue
 		}
 		l := plan.DevLabel(v.NetNS, v.Name)
 		d.hostIdx[l] = v.Index
-		hostIdx[l] = v.Index
 		d.iface[l] = plan.DevLabel(v.PeerNetNS, v.PeerName)
 		d.up[l] = v.Up
 		d.ident[l] = fmt.Sprintf("%d/%d", v.Index, v.PeerIndex)
@@ -800,7 +804,7 @@ func containerDevices(t *topology.Topology) containerDevs {
 			d.ifaces = append(d.ifaces, l)
 			d.iface[l] = l
 			d.up[l] = ifc.Up
-			d.ident[l] = fmt.Sprintf("%d/%d", ifc.Index, hostIdx[plan.DevLabel(t.NetNS, ifc.HostVeth)])
+			d.ident[l] = fmt.Sprintf("%d/%d", ifc.Index, d.hostIdx[plan.DevLabel(t.NetNS, ifc.HostVeth)])
 		}
 	}
 	return d
@@ -892,18 +896,4 @@ func (d containerDevs) hostIndex(ns, dev string) int { return d.hostIdx[plan.Dev
 func replacedDevice(seen, now map[string]string, dev string) bool {
 	was, cur := seen[dev], now[dev]
 	return was != "" && cur != "" && was != cur
-}
-
-// linkEntry: the entry is one of lanes' program links (TCX, XDP), whose
-// restore releases its pin and writes nothing onto the device.
-func linkEntry(e knobs.Entry) bool {
-	k, err := e.Decode()
-	if err != nil {
-		return false
-	}
-	switch k.(type) {
-	case *attach.TCX, *attach.XDP:
-		return true
-	}
-	return false
 }

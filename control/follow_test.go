@@ -261,15 +261,7 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 	ag, _ := a.StartAgent(t)
 	waitFollowed(t, ag, "first round", func(st control.FollowStatus) bool { return st.Rounds > 0 })
 
-	nh, err := netlink.NewHandleAt(nsHandle(t, r.NetNS))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	ul, err := nh.LinkByName(r.Underlay)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nh, ul := linkIn(t, r.NetNS, r.Underlay)
 	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan9"}, VxlanId: 99, VtepDevIndex: ul.Attrs().Index, Port: 4790}
 	if err := nh.LinkAdd(vx); err != nil {
 		t.Fatal(err)
@@ -292,16 +284,7 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 	// A device that is down is not adopted (a runtime names a
 	// container's veth while it is down): c3's container side waits
 	// until it is up, its host side goes ahead.
-	cns := nsHandle(t, c3.NetNS)
-	ch, err := netlink.NewHandleAt(cns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	cl, err := ch.LinkByName(c3.Veth)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch, cl := linkIn(t, c3.NetNS, c3.Veth)
 	if err := ch.LinkSetDown(cl); err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +307,22 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 	waitFollowed(t, ag, "adopting "+c3.Veth+" once it is up", func(st control.FollowStatus) bool {
 		return st.Waiting == "" && len(journaledOn(t, a, c3.NetNS, c3.Veth)) > 0
 	})
+}
+
+// linkIn is a netlink handle in namespace ns (closed with the test) and
+// its link dev.
+func linkIn(t *testing.T, ns, dev string) (*netlink.Handle, netlink.Link) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(nsHandle(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		t.Fatalf("%s in %s: %v", dev, ns, err)
+	}
+	return h, l
 }
 
 func nsHandle(t *testing.T, name string) netns.NsHandle {

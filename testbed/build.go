@@ -620,7 +620,7 @@ func Down(prefix string) error {
 	var errs []error
 	var pollers []int
 	for _, ns := range nsx.List(prefix + "-h") {
-		if !isTestbedNS(prefix, ns) {
+		if !IsTestbedNS(prefix, ns) {
 			continue
 		}
 		if inst, err := napi.List(ns, 0); err == nil {
@@ -635,7 +635,10 @@ func Down(prefix string) error {
 			errs = append(errs, err)
 		}
 	}
-	waitExited(pollers)
+	// Namespace teardown runs asynchronously in the kernel; until it
+	// ends the deleted devices' NAPI pollers still exist, and "down leaves
+	// nothing behind" and an immediate "up" both need them gone.
+	waitGone(pollers, 10*time.Second)
 	if err := os.Remove(statePath(prefix)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
@@ -649,9 +652,10 @@ func Down(prefix string) error {
 	return errors.Join(errs...)
 }
 
-// isTestbedNS matches <prefix>-h<N> and <prefix>-h<N>-c<M> only, so a
+// IsTestbedNS says whether ns is a namespace of the testbed with this
+// prefix: <prefix>-h<N> and <prefix>-h<N>-c<M> only, so a
 // neighbouring prefix ("lanes2") is never touched.
-func isTestbedNS(prefix, ns string) bool {
+func IsTestbedNS(prefix, ns string) bool {
 	rest, ok := strings.CutPrefix(ns, prefix+"-h")
 	if !ok {
 		return false

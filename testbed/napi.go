@@ -2,8 +2,6 @@ package testbed
 
 import (
 	"fmt"
-	"os"
-	"time"
 
 	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/kthread"
@@ -33,20 +31,4 @@ func NAPIThreads(netns, dev string) ([]kthread.Thread, error) {
 		out = append(out, kthread.Thread{PID: in.PID, Comm: fmt.Sprintf("napi/%s-%d", dev, in.ID)})
 	}
 	return out, nil
-}
-
-// waitExited waits (bounded) for the given kthreads to exit. Namespace
-// teardown runs asynchronously in the kernel; until it ends the deleted
-// devices' NAPI pollers still exist, and "down leaves nothing behind" and an
-// immediate "up" both need them gone.
-func waitExited(pids []int) {
-	deadline := time.Now().Add(10 * time.Second)
-	for _, pid := range pids {
-		for time.Now().Before(deadline) {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 }

@@ -31,7 +31,7 @@ func Strays(prefix string) []Stray {
 	}
 	var out []Stray
 	for _, ns := range nsx.List(prefix + "-h") {
-		if !isTestbedNS(prefix, ns) {
+		if !IsTestbedNS(prefix, ns) {
 			continue
 		}
 		for _, pid := range inside(ns) {
@@ -52,7 +52,7 @@ func StopStrays(prefix string) []Stray {
 			pids = append(pids, s.PID)
 		}
 	}
-	waitGone(pids)
+	waitGone(pids, 5*time.Second)
 	return st
 }
 
@@ -99,9 +99,10 @@ func zombie(pid int) bool {
 	return i < 0 || i+2 >= len(raw) || raw[i+2] == 'Z' || raw[i+2] == 'X'
 }
 
-// waitGone waits up to 5 s for the processes to exit (or turn zombie).
-func waitGone(pids []int) {
-	deadline := time.Now().Add(5 * time.Second)
+// waitGone waits up to limit for the processes (or kernel threads) to exit
+// or turn zombie.
+func waitGone(pids []int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
 	for _, pid := range pids {
 		for time.Now().Before(deadline) && !zombie(pid) {
 			time.Sleep(10 * time.Millisecond)

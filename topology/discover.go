@@ -558,8 +558,10 @@ func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 	// A namespace is named after its lowest PID, normally the
 	// container's first process: a label must stay the same while the
 	// container lives (lanes journals knobs under it), and a process
-	// exec'd into the container later has a higher PID (/proc lists in
-	// text order, where "100000" comes before "10234").
+	// exec'd into the container later usually has a higher PID (not once
+	// PIDs wrap, nor after the first process exited: such a label changes,
+	// a limit docs/containers.md states). /proc lists in text order, where
+	// "100000" comes before "10234".
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {

@@ -167,11 +167,12 @@ func lockDir(dir string, create bool, deadline time.Time) (*os.File, error) {
 
 // sameDir reports whether the open directory f still is the one at path.
 func sameDir(f *os.File, path string) bool {
-	var a, b unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Stat(path, &b) != nil {
+	a, err := f.Stat()
+	if err != nil {
 		return false
 	}
-	return a.Dev == b.Dev && a.Ino == b.Ino
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
 }
 
 func readDoc(path string) (*journalDoc, error) {
@@ -382,26 +383,23 @@ func (j *Journal) Restore() (*Report, error) {
 // taken out too (reported skipped). The first entry (the one that names the
 // apply) is never forgotten. A knob that cannot be restored stays in the journal.
 func (j *Journal) Forget(keys []string) (*Report, error) {
-	return j.forget(keys, nil)
+	return j.forget(keys, true, nil)
 }
 
 // Drop takes the entries with the given keys out of the journal without
-// writing their originals back, except those release says to restore
-// (lanes' own objects, such as a link pin, whose restore writes nothing
-// onto a device). It is for entries whose device was replaced by another
-// of the same name: the originals are the old device's, and writing them
-// onto the new one would overwrite what its runtime gave it. A release
-// that fails still drops its entry (reported failed).
-func (j *Journal) Drop(keys []string, release func(Entry) bool) (*Report, error) {
-	if release == nil {
-		release = func(Entry) bool { return false }
-	}
-	return j.forget(keys, release)
+// writing their originals back, except the ones in release (lanes' own
+// objects, such as a link pin, whose restore writes nothing onto a
+// device). It is for entries whose device was replaced by another of the
+// same name: the originals are the old device's, and writing them onto
+// the new one would overwrite what its runtime gave it. A release that
+// fails still drops its entry (reported failed).
+func (j *Journal) Drop(keys []string, release map[string]bool) (*Report, error) {
+	return j.forget(keys, false, release)
 }
 
-// forget is Forget (release nil: restore every entry, keep those that
-// fail) and Drop.
-func (j *Journal) forget(keys []string, release func(Entry) bool) (*Report, error) {
+// forget is Forget (restore: every entry, keeping those that fail) and
+// Drop (only release's, dropping every entry).
+func (j *Journal) forget(keys []string, restore bool, release map[string]bool) (*Report, error) {
 	if j.lock == nil {
 		return nil, errors.New("journal is closed")
 	}
@@ -418,8 +416,8 @@ func (j *Journal) forget(keys []string, release func(Entry) bool) (*Report, erro
 			keep = append([]Entry{e}, keep...)
 			continue
 		}
-		if release != nil {
-			if release(e) {
+		if !restore {
+			if release[e.Key] {
 				restoreEntry(e, rep) // failures are in rep; the entry goes regardless
 			} else {
 				rep.Skipped = append(rep.Skipped, Skip{Key: e.Key, Reason: "dropped without restoring: its device was replaced"})

@@ -280,7 +280,7 @@ func TestJournalDrop(t *testing.T) {
 	if err := os.WriteFile(ks[2].Path+".fail", nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	release := func(e knobs.Entry) bool { return e.Key == ks[2].Key() || e.Key == ks[3].Key() }
+	release := map[string]bool{ks[2].Key(): true, ks[3].Key(): true}
 	rep, err := j.Drop([]string{ks[1].Key(), ks[2].Key(), ks[3].Key()}, release)
 	if err != nil {
 		t.Fatal(err)

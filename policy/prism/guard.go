@@ -427,16 +427,16 @@ type bulkTarget struct {
 	// between two reads, not of the sampler's interval, which the guard's
 	// own goroutine overruns on a busy core (that gave "waited 111%").
 	readAt time.Time
-	now    func() time.Time // time.Now; a test's clock
-	// readWait reads a thread's schedstat wait in ns (schedstatWait; a
-	// test's trace).
+	// now and readWait are time.Now and schedstatWait (a thread's wait
+	// in ns), or a test's clock and trace.
+	now      func() time.Time
 	readWait func(pid int) (uint64, error)
 	// nice is the bulk kthread's nice value while demoted (guard-nice).
 	nice int
 }
 
 func newBulkTarget(netns string, core int) (*bulkTarget, error) {
-	b := &bulkTarget{dir: plan.PinDir(netns), core: core, wait: map[int]uint64{}}
+	b := &bulkTarget{dir: plan.PinDir(netns), core: core, wait: map[int]uint64{}, now: time.Now, readWait: schedstatWait}
 	if err := b.find(); err != nil {
 		return nil, err
 	}
@@ -480,22 +480,14 @@ func (b *bulkTarget) idle() bool {
 func (b *bulkTarget) needsThreads() bool { return false }
 
 func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, error) {
-	now := time.Now
-	if b.now != nil {
-		now = b.now
-	}
-	at := now()
+	at := b.now()
 	if !b.readAt.IsZero() && at.After(b.readAt) {
 		interval = at.Sub(b.readAt)
 	}
 	b.readAt = at
 	var most float64
 	for _, th := range b.threads {
-		read := schedstatWait
-		if b.readWait != nil {
-			read = b.readWait
-		}
-		wait, err := read(th.PID)
+		wait, err := b.readWait(th.PID)
 		if err != nil {
 			// The kthread is gone: the datapath was re-applied or reset.
 			return 0, b.find()
