@@ -34,6 +34,9 @@ type Steering struct {
 	// BulkInlineIdle: bulk flows keep the NIC poll while no rule exists
 	// (steer.Config.PrioIdleInline).
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
+	// HighInline: high-priority flows run their first stage in the NIC
+	// poll now (PRISM's high=auto switched there by lanes agent).
+	HighInline bool `json:"high_inline_now,omitempty"`
 	// StayQueued: a flow staying at the bridge stage goes through its
 	// core's RPS backlog (steer.Config.StayQueued), not run on.
 	StayQueued bool `json:"stay_queued,omitempty"`
@@ -147,6 +150,9 @@ func steering(s *StatusReport, netns string) error {
 	}
 	if cfg.Prio {
 		out.BulkInlineIdle = cfg.PrioIdleInline
+		if out.HighInline, err = d.HighInline(); err != nil {
+			return err
+		}
 		if cfg.PrioQuiet > 0 {
 			out.QuietMs = cfg.PrioQuiet.Milliseconds()
 			quiet, since, seen, err := d.HighQuiet(cfg.PrioQuiet)

@@ -29,6 +29,7 @@ const (
 	cfgVethClass      = 0x800
 	cfgStayQueued     = 0x1000
 	cfgHomeBare       = 0x2000 // the bridge stage's bare path at home (SetHomeBare)
+	cfgHighInline     = 0x4000 // high-priority flows in the NIC poll (SetHighInline)
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -654,6 +655,62 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 	return nil
 }
 
+// HighInline reports whether high-priority flows run their first stage in
+// the NIC poll (SetHighInline).
+func (d *Datapath) HighInline() (bool, error) {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return false, fmt.Errorf("reading steer config: %w", err)
+	}
+	return k.Flags&cfgHighInline != 0, nil
+}
+
+// SetHighInline switches where high-priority flows run their first stage:
+// on, in the NIC poll that classified them (PRISM's high=inline); off, in
+// the receive core's high-priority queue (high=queue). It is runtime state
+// of PRISM's high=auto (lanes agent), not part of Config (SetConfig
+// clears it), and needs Config.PrioIdleInline: there steer_xdp moves each
+// flow between the queue and the NIC poll as soon as none of its frames is
+// left on the old path (place()'s PLACE_LOCAL), so the switch never
+// reorders a flow; without it a busy flow would wait for an idle gap. The
+// write replaces the whole config entry with what was read plus the bit;
+// lanes agent is its only runtime writer.
+func (d *Datapath) SetHighInline(on bool) error {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if on && (k.Flags&cfgPrio == 0 || k.Flags&cfgPrioIdleInline == 0) {
+		return errors.New("high-priority flows can switch to the NIC poll only with priority classes and PrioIdleInline (the NIC polled on the one receive core)")
+	}
+	if on == (k.Flags&cfgHighInline != 0) {
+		return nil
+	}
+	if on {
+		k.Flags |= cfgHighInline
+	} else {
+		k.Flags &^= cfgHighInline
+	}
+	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
+		return fmt.Errorf("writing steer config: %w", err)
+	}
+	return nil
+}
+
+// HighFrames is the number of high-priority frames steer_xdp classified,
+// summed over cores: one map read, for lanes agent's rate of the class.
+func (d *Datapath) HighFrames() (uint64, error) {
+	var per []uint64
+	if err := d.objs.SteerStats.Lookup(uint32(StageSplit*numCounters+counterHigh), &per); err != nil {
+		return 0, fmt.Errorf("reading the high-priority frame count: %w", err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n, nil
+}
+
 // HomeBare reports whether the bridge stage at home runs every frame on
 // without looking its flow up (SetHomeBare).
 func (d *Datapath) HomeBare() (bool, error) {
@@ -925,6 +982,9 @@ func (c Counters) Add(other Counters) Counters {
 
 // numCounters is steer.c's NUM_COUNTERS.
 var numCounters = len((&Counters{}).fields())
+
+// counterHigh is CNT_HIGH's place in steer.c's enum counter (Counters.High).
+const counterHigh = 7
 
 // Stats reads every stage's counters, summed over cores.
 func (d *Datapath) Stats() ([NumStages]Counters, error) {

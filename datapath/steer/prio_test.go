@@ -436,3 +436,71 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 		t.Errorf("counters %+v, want 2 moves", st)
 	}
 }
+
+// PRISM's high=auto (SetHighInline): with the switch on, high-priority
+// flows run their first stage in the NIC poll; a flow already in the
+// high-priority queue moves there only once none of its frames is in
+// flight, and back into the queue only once a frame it left in the NIC
+// poll was marked and counted and none is in flight: the switch never
+// lets a frame overtake the flow's earlier ones. A new flow starts where
+// the switch says. The switch is runtime state (SetConfig clears it) and
+// needs PrioIdleInline, whose fast moves it uses.
+func TestPrioHighInline(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	if err := d.SetHighInline(true); err == nil {
+		t.Error("SetHighInline without PrioIdleInline accepted")
+	}
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline = true
+	cfg.Flowlet = time.Hour // no idle-gap move: only the fast one
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
+	step := func(name string, f flowSpec, verdict uint32, marked bool, inflight int64, cpu uint32) {
+		t.Helper()
+		ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || (meta != nil) != marked || fl.InFlight != inflight || fl.CPUIndex != cpu || fl.High != (cpu != Stay) {
+			t.Errorf("%s: verdict %d marked %v in flight %d on %d (%+v), want %d %v %d on %d", name, ret, meta != nil, fl.InFlight, fl.CPUIndex, fl, verdict, marked, inflight, cpu)
+		}
+	}
+	step("queue: in the high-priority queue", hi, xdpRedirect, true, 1, 0)
+	if on, err := d.HighInline(); on || err != nil {
+		t.Fatalf("HighInline %v (%v) before the switch", on, err)
+	}
+	if err := d.SetHighInline(true); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := d.HighInline(); !on || err != nil {
+		t.Fatalf("HighInline %v (%v) after the switch", on, err)
+	}
+	step("inline, one in flight: stays in the queue", hi, xdpRedirect, true, 2, 0)
+	drainFlows(t, d)
+	step("inline, none in flight: in the NIC poll, marked", hi, xdpPass, true, 1, Stay)
+	other := hi
+	other.sport = 5001
+	step("inline: a new flow starts in the NIC poll", other, xdpPass, false, 0, Stay)
+
+	if err := d.SetHighInline(false); err != nil {
+		t.Fatal(err)
+	}
+	step("queue, one in flight: stays in the NIC poll", hi, xdpPass, true, 2, Stay)
+	drainFlows(t, d)
+	step("queue, none in flight: back in the queue", hi, xdpRedirect, true, 1, 0)
+	if got, err := d.HighFrames(); err != nil || got != 6 {
+		t.Errorf("HighFrames %d (%v), want 6", got, err)
+	}
+
+	if err := d.SetHighInline(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := d.HighInline(); on {
+		t.Error("SetConfig kept the runtime switch")
+	}
+}

@@ -134,6 +134,15 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * no bridge-stage state that would queue (not running on, on this core)
  * saw a frame within drain_ns (steer.Datapath.HomeQueues); cleared with CFG_HOME. */
 #define CFG_HOME_BARE 0x2000u
+/* PRISM high=auto: high-priority flows run their first stage in the NIC
+ * poll that classified them, as bulk does under CFG_PRIO_IDLE_INLINE while
+ * no rule exists, instead of taking the high-priority queue. Runtime
+ * state, switched by lanes agent by the high class's frame rate (a busy
+ * marked service pays the queue's kthread hop on every request; a light
+ * one gains from its real-time preemption); only with
+ * CFG_PRIO_IDLE_INLINE, whose fast moves (place(), PLACE_LOCAL) take each
+ * flow between the queue and the NIC poll in order, without an idle gap. */
+#define CFG_HIGH_INLINE 0x4000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -958,7 +967,9 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 	return now - stamp - lag;
 }
 
-/* place()'s opts, for PRISM's bulk class under CFG_PRIO_IDLE_INLINE. */
+/* place()'s opts, for PRISM's classes under CFG_PRIO_IDLE_INLINE (bulk's
+ * while no rule exists or the high class is quiet, high's under
+ * CFG_HIGH_INLINE). */
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
@@ -1670,9 +1681,11 @@ int steer_xdp(struct xdp_md *ctx)
 			dest = sync_dest(ctx, &ov);
 	}
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
-		if (hi)
+		if (hi) {
 			seen_high(cfg);
-		else if (!cfg->prio_shapes || prio_quiet(cfg))
+			if (cfg->flags & CFG_HIGH_INLINE)
+				opts |= PLACE_STAY;
+		} else if (!cfg->prio_shapes || prio_quiet(cfg))
 			opts |= PLACE_STAY;
 		/* The fast move needs every frame counted, inline ones too. */
 		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())

@@ -161,6 +161,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 					fmt.Fprintf(out, "  high class active (last high-priority frame: %s): bulk flows take the bulk queue; quiet after %dms without one\n", last, st.QuietMs)
 				}
 			}
+			if st.HighInline {
+				fmt.Fprintf(out, "  high class busy: high-priority flows run in the NIC poll (high=auto, lanes agent)\n")
+			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}
 		if st.Sync {

@@ -163,6 +163,8 @@ type GuardStatus struct {
 	// Sampler is where the load comes from: "sched" (the scheduler's
 	// events) or "proc".
 	Sampler string `json:"sampler,omitempty"`
+	// High is high=auto's switch, which runs in the guard's loop.
+	High *HighStatus `json:"high_auto,omitempty"`
 }
 
 // guardTarget is what a guard watches and switches.
@@ -188,7 +190,8 @@ type guard struct {
 	env    plan.AgentEnv
 	rule   GuardRule
 	core   int
-	target guardTarget
+	target guardTarget // nil: only high=auto's switch runs
+	high   *highSwitch // nil unless high=auto
 
 	mu     sync.Mutex
 	state  guardState
@@ -196,8 +199,27 @@ type guard struct {
 }
 
 // newGuard makes the guard o's plan needs: the ladder's (streamline=true,
-// a threaded underlay), bulk-sched=idle's, or none (nil, no error).
+// a threaded underlay), bulk-sched=idle's, or none (nil, no error); with
+// high=auto's switch in its loop, with or without either.
 func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
+	if !o.Streamline && o.BulkSched != SchedIdle && o.High != HighAuto {
+		return nil, nil
+	}
+	g, err := newTargetGuard(env, o)
+	if err != nil || o.High != HighAuto {
+		return g, err
+	}
+	if g == nil {
+		g = &guard{env: env, rule: guardRule, core: o.CPU}
+	}
+	g.high = newHighSwitch(plan.PinDir(env.NetNS), o.HighAutoPPS)
+	g.status.High = g.high.status()
+	return g, nil
+}
+
+// newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
+// none (nil, no error).
+func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	if !o.Streamline && o.BulkSched != SchedIdle {
 		return nil, nil
 	}
@@ -248,6 +270,13 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 
 // Summary is what `lanes status` shows of the guard.
 func (s GuardStatus) Summary() []string {
+	if s.Watch == "" && s.High != nil {
+		out := []string{s.High.Summary()}
+		if s.Err != "" {
+			out = append(out, "error: "+s.Err)
+		}
+		return out
+	}
 	if s.Watch == "" {
 		return []string{"guard: " + s.Err}
 	}
@@ -263,6 +292,9 @@ func (s GuardStatus) Summary() []string {
 		fmt.Sprintf("guard on core %d: %s; %s", s.Core, s.Watch, state),
 		fmt.Sprintf("last sample (from %s): %s, core idle %.0f%%; demotions %d; threads %s", s.Sampler, sig, s.Idle, s.Demotions, strings.Join(s.Threads, ", ")),
 	}
+	if s.High != nil {
+		out = append(out, s.High.Summary())
+	}
 	if s.Err != "" {
 		out = append(out, "error: "+s.Err)
 	}
@@ -274,21 +306,36 @@ func (g *guard) Status() GuardStatus {
 	defer g.mu.Unlock()
 	s := g.status
 	s.Threads = slices.Clone(s.Threads)
+	if s.High != nil {
+		h := *s.High
+		s.High = &h
+	}
 	return s
 }
 
-// run samples until ctx ends and leaves the plan's scheduling behind.
+// run samples until ctx ends and leaves the plan's scheduling behind (and
+// high=auto's class in its queue).
 func (g *guard) run(ctx context.Context) error {
-	src, err := g.openSampler()
-	if err != nil {
-		return fmt.Errorf("prism guard: %w", err)
+	if g.high != nil {
+		defer func() {
+			if err := g.high.stop(); err != nil && g.env.Logf != nil {
+				g.env.Logf("high=auto: putting the high-priority class back in its queue: %v", err)
+			}
+		}()
 	}
-	defer src.Close()
-	defer func() {
-		if g.state.demoted {
-			g.target.set(false)
+	var src load.Source
+	if g.target != nil {
+		var err error
+		if src, err = g.openSampler(); err != nil {
+			return fmt.Errorf("prism guard: %w", err)
 		}
-	}()
+		defer src.Close()
+		defer func() {
+			if g.state.demoted {
+				g.target.set(false)
+			}
+		}()
+	}
 	tick := time.NewTicker(g.rule.Interval)
 	defer tick.Stop()
 	for {
@@ -296,6 +343,12 @@ func (g *guard) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if g.high != nil {
+			g.sampleHigh()
+		}
+		if src == nil {
+			continue
 		}
 		s, err := src.Sample()
 		if err != nil {
@@ -359,6 +412,22 @@ func (g *guard) openSampler() (load.Source, error) {
 	}
 	g.setSampler("proc")
 	return p, nil
+}
+
+// sampleHigh steps high=auto's switch and records what it did.
+func (g *guard) sampleHigh() {
+	msg, err := g.high.sample(time.Now())
+	if msg != "" && g.env.Logf != nil {
+		g.env.Logf("%s", msg)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.status.High = g.high.status()
+	if err != nil {
+		g.status.Err = err.Error()
+	} else if g.target == nil {
+		g.status.Err = ""
+	}
 }
 
 func (g *guard) setSampler(v string) {
@@ -553,7 +622,7 @@ func (a guardAgent) Run(ctx context.Context) error {
 
 func (a guardAgent) Status() any {
 	if a.g == nil {
-		return GuardStatus{Err: "nothing to guard: the NIC poll is not on the ladder and bulk-sched is not idle"}
+		return GuardStatus{Err: "nothing to guard: the NIC poll is not on the ladder, bulk-sched is not idle and high is not auto"}
 	}
 	return a.g.Status()
 }

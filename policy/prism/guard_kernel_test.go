@@ -10,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
@@ -160,4 +161,71 @@ func waitDemoted(ag plan.Agent) prism.GuardStatus {
 		}
 	}
 	return st
+}
+
+// TestPrismHighAutoAgent: with high=auto (and no other guard:
+// bulk-sched=normal) lanes agent runs the high-priority class in the NIC
+// poll while a marked stream is busier than high-auto-pps, and back in
+// its queue once it stopped; the stream arrives in order; a stopped agent
+// leaves the class in its queue.
+func TestPrismHighAutoAgent(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	src, dst := tb.Sender().Containers[0], tb.Receiver().Containers[0]
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal"})
+	if a.State.Plan.Agent != prism.GuardAgentName {
+		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
+	}
+	dp := a.Open(t)
+	if err := modetest.Prio(t, tb.Receiver().NetNS).Add(modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	ag, stopAgent := a.StartAgent(t)
+	status := func() prism.GuardStatus {
+		st, _ := ag.Status().(prism.GuardStatus)
+		return st
+	}
+	if st := status(); st.High == nil || st.High.Inline || st.Watch != "" {
+		t.Fatalf("agent status %+v: want high=auto's switch alone, class in its queue", st)
+	}
+	seen := make(chan bool, 1)
+	done := make(chan struct{})
+	go func() {
+		inline := false
+		for {
+			select {
+			case <-done:
+				seen <- inline
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if on, err := dp.HighInline(); err == nil && on {
+				inline = true
+			}
+		}
+	}()
+	// About 4000 datagrams/s for 1.5 s: 0.3 s over 500/s switches.
+	res := overlaytest.Stream{Count: 6000, Size: 200, Burst: 4, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	close(done)
+	overlaytest.InOrder(t, "marked stream under high=auto", res)
+	if !<-seen {
+		t.Errorf("the class never ran inline under the stream; status %+v", status())
+	}
+	back := false
+	for range 150 { // 1 s under half the threshold, and slack
+		time.Sleep(20 * time.Millisecond)
+		if on, err := dp.HighInline(); err == nil && !on {
+			back = true
+			break
+		}
+	}
+	if st := status(); !back || st.High == nil || st.High.Switches < 2 || st.Err != "" {
+		t.Errorf("after the stream: back in the queue %v, status %+v", back, st)
+	}
+	stopAgent()
+	if on, err := dp.HighInline(); on || err != nil {
+		t.Errorf("after the agent stopped: inline %v (%v), want the queue", on, err)
+	}
+	a.ResetAndCheck(t, before)
 }

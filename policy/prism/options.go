@@ -76,8 +76,22 @@ type Options struct {
 	// are PRISM's high queue first; inline saves the kthread hop (measured
 	// on 2 cores: about 10 us of median latency) and makes a high-priority
 	// frame wait only for the XDP verdicts of the bulk frames polled with
-	// it.
+	// it. Or "auto": the queue while the high class is light, the NIC poll
+	// while it is busy (HighAutoPPS), switched at runtime by lanes agent.
+	// Why: on 2 cores (2026-11-23 Intel VM, 2026-11-25 AMD VM) the inline
+	// first stage gave busy request/response TCP services under a 65%
+	// background most of their lost rate back (memcached 0.91-0.92x of
+	// vanilla's instead of 0.75-0.81x, nginx 0.91-0.97x instead of
+	// 0.78-0.82x, AMD), while a light ping-pong kept its p99 better with
+	// the real-time queue (AMD at 95% background: 0.49x of vanilla's
+	// against 0.94x inline; Intel at 65%: 0.46x against 0.63x and 1.21x).
 	High string
+	// HighAutoPPS is high=auto's threshold: the high class runs inline
+	// once steer_xdp classified at least this many high-priority frames
+	// per second for 0.3 s, and goes back to its queue after 1 s below
+	// half of it. A ping-pong at PRISM's 1000 messages/s is 1000 frames/s;
+	// the memcached and nginx runs above were 8-27 thousand requests/s.
+	HighAutoPPS int
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
 	// hands on, so a high-priority frame behind bulk frames in the NIC's
@@ -142,6 +156,7 @@ type Options struct {
 const (
 	HighQueue  = "queue"
 	HighInline = "inline"
+	HighAuto   = "auto"
 	BulkQueue  = "queue"
 	BulkInline = "inline"
 
@@ -159,7 +174,7 @@ const (
 // Defaults follow the paper: batch mode, everything on one core. BulkSched
 // is left empty: Parse resolves it (bulkSchedDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, Bulk: BulkQueue, VethQueues: VethShared}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, HighAutoPPS: 5000, Bulk: BulkQueue, VethQueues: VethShared}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -219,7 +234,8 @@ var params = []plan.Param{
 	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
-	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued)"},
+	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
+	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: high-priority frames per second from which the class runs inline (back to its queue below half of it)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
@@ -233,6 +249,7 @@ var params = []plan.Param{
 // Parse reads params over base; every error is one line saying what to fix.
 func Parse(base Options, m map[string]string) (Options, error) {
 	o := base
+	autoPPS := false // high-auto-pps given
 	for k, v := range m {
 		var err error
 		switch k {
@@ -278,10 +295,16 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		case "streamline":
 			o.Streamline, err = strconv.ParseBool(v)
 		case "high":
-			if v != HighQueue && v != HighInline {
-				err = fmt.Errorf("want %s or %s", HighQueue, HighInline)
+			if v != HighQueue && v != HighInline && v != HighAuto {
+				err = fmt.Errorf("want %s, %s or %s", HighQueue, HighInline, HighAuto)
 			}
 			o.High = v
+		case "high-auto-pps":
+			o.HighAutoPPS, err = strconv.Atoi(v)
+			if err == nil && (o.HighAutoPPS < 10 || o.HighAutoPPS > 100_000_000) {
+				err = fmt.Errorf("want frames per second from 10 to 100000000")
+			}
+			autoPPS = true
 		case "bulk":
 			if v != BulkQueue && v != BulkInline {
 				err = fmt.Errorf("want %s or %s", BulkQueue, BulkInline)
@@ -316,6 +339,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched == "" {
 		o.BulkSched = bulkSchedDefault(o)
+	}
+	if autoPPS && o.High != HighAuto {
+		return o, fmt.Errorf("prism high-auto-pps is high=auto's threshold, but high is %s: drop high-auto-pps or set high=auto", o.High)
+	}
+	if o.High == HighAuto && o.Bulk == BulkInline {
+		return o, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them")
 	}
 	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
 		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)

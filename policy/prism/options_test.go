@@ -82,3 +82,24 @@ func TestParseQuiet(t *testing.T) {
 		}
 	}
 }
+
+func TestParseHighAuto(t *testing.T) {
+	o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "auto"})
+	if err != nil || o.High != prism.HighAuto || o.HighAutoPPS != 5000 {
+		t.Errorf("high=auto: %+v (%v), want auto at 5000 frames/s", o, err)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "auto", "high-auto-pps": "20000"}); err != nil || o.HighAutoPPS != 20000 {
+		t.Errorf("high-auto-pps=20000: %d (%v)", o.HighAutoPPS, err)
+	}
+	for msg, params := range map[string]map[string]string{
+		"want queue, inline or auto":          {"high": "sometimes"},
+		"from 10 to 100000000":                {"high": "auto", "high-auto-pps": "5"},
+		"invalid syntax":                      {"high": "auto", "high-auto-pps": "lots"},
+		"drop high-auto-pps or set high=auto": {"high-auto-pps": "1000"},
+		"bulk=inline leaves no such move":     {"high": "auto", "bulk": "inline"},
+	} {
+		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
+		}
+	}
+}

@@ -140,6 +140,15 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
+	if o.High == HighAuto && !setup.Config.PrioIdleInline {
+		why := "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned)"
+		if cpus := plan.IRQCPUs(t); len(cpus) > 0 && !slices.Equal(cpus, []int{core}) {
+			why = "the underlay's IRQ core is " + knobs.FormatCPUList(cpus)
+		} else if len(cpus) > 0 {
+			why = mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
+		}
+		return nil, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", core, why)
+	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (its NAPI is not threaded and pinned)"
 		if cpus := plan.IRQCPUs(t); len(cpus) > 0 {
@@ -170,6 +179,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if bulkInline {
 		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at %s, on core %d", fifo(lad.High), core)
 	}
+	if o.High == HighAuto {
+		what = fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s while the class is light and the NIC poll while it is busy (high=auto), on core %d", fifo(lad.Low), fifo(lad.High), core)
+	}
 	addVethQueues(pl, pairs)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
 	if o.Streamline && len(guarded(t)) > 0 {
@@ -177,6 +189,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// takes it off under overload (guard.go).
 		pl.Agent = GuardAgentName
 		pl.Notes = append(pl.Notes, "the NIC poll runs real-time above bulk processing: run `lanes agent` so that under overload it is taken off the ladder before bulk throughput collapses")
+	}
+	if o.High == HighAuto {
+		pl.Agent = GuardAgentName
+		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the high-priority class in the NIC poll while it carries at least %d frames/s and in its queue otherwise; until it runs, the class takes its queue", o.HighAutoPPS))
 	}
 	if o.BulkSched == SchedIdle {
 		pl.Agent = GuardAgentName

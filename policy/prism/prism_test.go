@@ -575,7 +575,7 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-rt=60":                      "must be below rt",
 		"cpu=7":                           "not among the cores",
 		"split=true":                      "has no setting",
-		"high=fast":                       "want queue or inline",
+		"high=fast":                       "want queue, inline or auto",
 		"bulk=fast":                       "want queue or inline",
 		"bulk=inline,high=inline":         "leave no class queued",
 		"bulk=inline,streamline=true":     "real-time NIC poll",
@@ -592,6 +592,8 @@ func TestPrismRefuses(t *testing.T) {
 		"bulk-rt=20,high-rt=20":           "above bulk-rt 20",
 		"quiet=1s,cpu=0":                  "receive on the one IRQ core",
 		"quiet=1s,bulk=inline":            "drop quiet or the inline setting",
+		"high=auto,cpu=0":                 "the underlay's IRQ core is 1",
+		"high-auto-pps=100":               "set high=auto",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -778,4 +780,40 @@ func nicPollSched(t *testing.T, ns, want, why string) {
 			t.Errorf("NIC poll %s: %q, want %q (%s)", th.Comm, b, want, why)
 		}
 	}
+}
+
+// TestPrismHighAuto: high=auto keeps the high-priority queue (the class
+// starts there and the plan names lanes agent, which switches it), and a
+// marked stream arrives in order while the switch flips between the queue
+// and the NIC poll every few milliseconds: each flow moves only once none
+// of its frames is left on the old path.
+func TestPrismHighAuto(t *testing.T) {
+	c := newClassCase(t, map[string]string{"high": "auto"})
+	dp := c.dp
+	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
+	}
+	if cfg, err := dp.Config(); err != nil || !cfg.PrioIdleInline {
+		t.Errorf("config %+v (%v): high=auto needs PrioIdleInline", cfg, err)
+	}
+	if c.a.State.Plan.Agent != prism.GuardAgentName {
+		t.Errorf("plan agent %q, want %q (high=auto's switch)", c.a.State.Plan.Agent, prism.GuardAgentName)
+	}
+	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	st0, _ := dp.Stats()
+	stop := modetest.Every(3*time.Millisecond, func(i int) error { return dp.SetHighInline(i%2 == 0) })
+	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	flips, flipErr := stop()
+	overlaytest.InOrder(t, "marked stream while high=auto's switch flips", res)
+	if flipErr != nil {
+		t.Fatalf("switching: %v", flipErr)
+	}
+	st1, _ := dp.Stats()
+	tookBothPaths(t, fmt.Sprintf("%d switches", flips), st0[steer.StageSplit], st1[steer.StageSplit], true)
+	if err := dp.SetHighInline(false); err != nil {
+		t.Fatal(err)
+	}
+	c.reset(t)
 }
