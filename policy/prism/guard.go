@@ -209,12 +209,38 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	if err != nil || o.High != HighAuto {
 		return g, err
 	}
+	// The default high=auto falls back to the queue where the planner
+	// found the fast move unsafe: then the datapath has no PrioIdleInline.
+	if ok, err := fastMoves(plan.PinDir(env.NetNS)); err != nil {
+		return nil, err
+	} else if !ok {
+		if env.Logf != nil {
+			env.Logf("high=auto: the high-priority class keeps its queue (the plan fell back to high=queue: `lanes apply` said why)")
+		}
+		return g, nil
+	}
 	if g == nil {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
 	}
 	g.high = newHighSwitch(plan.PinDir(env.NetNS), o.HighAutoPPS)
 	g.status.High = g.high.status()
 	return g, nil
+}
+
+// fastMoves says whether the applied datapath moves flows between the NIC
+// poll and the queues without an idle gap (PrioIdleInline), which
+// high=auto's switch needs.
+func fastMoves(dir string) (bool, error) {
+	dp, err := steer.Open(dir)
+	if err != nil {
+		return false, fmt.Errorf("prism guard: %w (is prism applied? `lanes status` tells)", err)
+	}
+	defer dp.Close()
+	cfg, err := dp.Config()
+	if err != nil {
+		return false, fmt.Errorf("prism guard: %w", err)
+	}
+	return cfg.PrioIdleInline, nil
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or

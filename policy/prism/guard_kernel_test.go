@@ -130,8 +130,9 @@ func TestPrismBulkGuard(t *testing.T) {
 	// A state applied by a lanes from before idle was the default has no
 	// bulk-sched setting and a normally scheduled bulk kthread: the agent
 	// resolves the setting to idle, finds the kthread normal and leaves
-	// it alone instead of guarding it into SCHED_IDLE.
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{})
+	// it alone instead of guarding it into SCHED_IDLE (high=queue: nor
+	// is there high=auto's switch to run).
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "queue"})
 	ths, err := a.Open(t).BulkKthreads()
 	if err != nil || len(ths) != 1 {
 		t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)

@@ -86,6 +86,9 @@ type Options struct {
 	// the real-time queue (AMD at 95% background: 0.49x of vanilla's
 	// against 0.94x inline; Intel at 65%: 0.46x against 0.63x and 1.21x).
 	High string
+	// highDefault: High was not given and resolved to auto, which the
+	// planner takes back to queue (with a note) where auto cannot run.
+	highDefault bool
 	// HighAutoPPS is high=auto's threshold: the high class runs inline
 	// once steer_xdp classified at least this many high-priority frames
 	// per second for 0.3 s, and goes back to its queue after 1 s below
@@ -172,9 +175,10 @@ const (
 )
 
 // Defaults follow the paper: batch mode, everything on one core. BulkSched
-// is left empty: Parse resolves it (bulkSchedDefault).
+// and High are left empty: Parse resolves them (bulkSchedDefault,
+// highDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, High: HighQueue, HighAutoPPS: 5000, Bulk: BulkQueue, VethQueues: VethShared}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, Bulk: BulkQueue, VethQueues: VethShared}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -219,6 +223,21 @@ func (o Options) Ladder() Ladder {
 // below a real-time NIC poll as well (streamline=true). Then normal, as
 // the kernel makes the kthread. idle needs lanes agent's starvation guard,
 // which the plan names.
+// highDefault is high when not given: auto, which takes for each kind of
+// marked traffic the better of queue and inline as measured on 2 cores
+// (see Options.High; the services run of 2026-11-25 09:40-09:53 UTC on
+// the AMD VM: memcached 0.83x of vanilla's rate under a 65% background
+// with auto, 0.84x inline, 0.65x queue; the ping-pong's p99 0.45x, 0.47x
+// and 0.46x), unless bulk=inline leaves it no move to make: queue then.
+// The planner also takes it back to queue, saying so, where the NIC is
+// not polled on the receive core alone.
+func highDefault(o Options) string {
+	if o.Bulk == BulkInline {
+		return HighQueue
+	}
+	return HighAuto
+}
+
 func bulkSchedDefault(o Options) string {
 	if o.Bulk == BulkInline || o.Streamline || o.BulkRT > 0 {
 		return SchedNormal
@@ -234,7 +253,7 @@ var params = []plan.Param{
 	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
-	{Key: "high", Default: "queue", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time) or inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
+	{Key: "high", Default: "auto (queue with bulk=inline, or where the NIC is not polled on the receive core alone)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: high-priority frames per second from which the class runs inline (back to its queue below half of it)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
@@ -339,6 +358,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched == "" {
 		o.BulkSched = bulkSchedDefault(o)
+	}
+	if o.High == "" {
+		o.High, o.highDefault = highDefault(o), true
 	}
 	if autoPPS && o.High != HighAuto {
 		return o, fmt.Errorf("prism high-auto-pps is high=auto's threshold, but high is %s: drop high-auto-pps or set high=auto", o.High)

@@ -84,6 +84,12 @@ func TestParseQuiet(t *testing.T) {
 }
 
 func TestParseHighAuto(t *testing.T) {
+	if o, err := prism.Parse(prism.Defaults(), nil); err != nil || o.High != prism.HighAuto {
+		t.Errorf("default high %q (%v), want auto", o.High, err)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"bulk": "inline"}); err != nil || o.High != prism.HighQueue {
+		t.Errorf("default high with bulk=inline %q (%v), want queue (auto has no move to make)", o.High, err)
+	}
 	o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "auto"})
 	if err != nil || o.High != prism.HighAuto || o.HighAutoPPS != 5000 {
 		t.Errorf("high=auto: %+v (%v), want auto at 5000 frames/s", o, err)
@@ -95,7 +101,7 @@ func TestParseHighAuto(t *testing.T) {
 		"want queue, inline or auto":          {"high": "sometimes"},
 		"from 10 to 100000000":                {"high": "auto", "high-auto-pps": "5"},
 		"invalid syntax":                      {"high": "auto", "high-auto-pps": "lots"},
-		"drop high-auto-pps or set high=auto": {"high-auto-pps": "1000"},
+		"drop high-auto-pps or set high=auto": {"high": "queue", "high-auto-pps": "1000"},
 		"bulk=inline leaves no such move":     {"high": "auto", "bulk": "inline"},
 	} {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {

@@ -141,13 +141,13 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
-		why := "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned)"
-		if cpus := plan.IRQCPUs(t); len(cpus) > 0 && !slices.Equal(cpus, []int{core}) {
-			why = "the underlay's IRQ core is " + knobs.FormatCPUList(cpus)
-		} else if len(cpus) > 0 {
-			why = mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
+		why := fastMoveBlocked(t, core)
+		if !o.highDefault {
+			return nil, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", core, why)
 		}
-		return nil, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", core, why)
+		// Not given: the queue, as before auto existed.
+		o.High = HighQueue
+		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)", core, why))
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (its NAPI is not threaded and pinned)"
@@ -318,6 +318,19 @@ func fifo(prio int) string {
 // mergesUDP says which underlay's GRO may merge inner UDP datagrams, or
 // could not be read ("" = none): steer_xdp's move out of the NIC poll
 // takes every UDP datagram for the end of a GRO segment.
+// fastMoveBlocked says why steer_xdp's fast move between the NIC poll and
+// the queues (PrioIdleInline) is not order-safe on core.
+func fastMoveBlocked(t *topology.Topology, core int) string {
+	cpus := plan.IRQCPUs(t)
+	switch {
+	case len(cpus) == 0:
+		return "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned)"
+	case !slices.Equal(cpus, []int{core}):
+		return "the underlay's IRQ core is " + knobs.FormatCPUList(cpus)
+	}
+	return mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
+}
+
 func mergesUDP(t *topology.Topology) string {
 	var why []string
 	for _, u := range t.Underlays {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -593,7 +594,7 @@ func TestPrismRefuses(t *testing.T) {
 		"quiet=1s,cpu=0":                  "receive on the one IRQ core",
 		"quiet=1s,bulk=inline":            "drop quiet or the inline setting",
 		"high=auto,cpu=0":                 "the underlay's IRQ core is 1",
-		"high-auto-pps=100":               "set high=auto",
+		"high=queue,high-auto-pps=100":    "set high=auto",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -816,4 +817,27 @@ func TestPrismHighAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.reset(t)
+}
+
+// TestPrismHighAutoFallsBack: where the NIC is not polled on the receive
+// core, the default high=auto keeps the high-priority class in its queue
+// and the plan says why (given explicitly, it is refused: TestPrismRefuses).
+func TestPrismHighAutoFallsBack(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"cpu": "0"})
+	if !slices.ContainsFunc(a.State.Plan.Notes, func(n string) bool { return strings.Contains(n, "keeps its queue (high=queue)") }) {
+		t.Errorf("plan notes %q: want the fallback to high=queue said", a.State.Plan.Notes)
+	}
+	dp := a.Open(t)
+	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 0 {
+		t.Errorf("high-priority cpumap entries %v (%v), want the receive core [0]", cm, err)
+	}
+	ag, stopAgent := a.StartAgent(t)
+	if st, _ := ag.Status().(prism.GuardStatus); st.High != nil {
+		t.Errorf("agent status %+v: a high=auto switch on a plan that fell back to the queue", st)
+	}
+	stopAgent()
+	a.ResetAndCheck(t, before)
 }
