@@ -11,11 +11,13 @@ import (
 // with a quiet time (Config.PrioQuiet) lanes_prism_high_quiet (1 while
 // bulk skips its queue for lack of high-priority frames) and
 // lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{core,
-// event}, each core's split-stage queues' frames in, out and dropped. Reading at scrape time keeps the
+// event}, each core's split-stage queues' frames in, out and dropped; with
+// priority classes lanes_prism_high_inline (1 while high=auto runs the
+// marked class in the NIC poll). Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
-	dir                        string
-	frames, quiet, last, queue *prometheus.Desc
+	dir                                string
+	frames, quiet, last, queue, inline *prometheus.Desc
 }
 
 // NewCollector collects from the datapath pinned in dir.
@@ -28,6 +30,8 @@ func NewCollector(dir string) *Collector {
 			"1 while no high-priority frame came for the quiet time (prism quiet=): bulk runs in the NIC poll.", nil, nil),
 		last: prometheus.NewDesc("lanes_prism_since_high_seconds",
 			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
+		inline: prometheus.NewDesc("lanes_prism_high_inline",
+			"1 while high-priority flows run their first stage in the NIC poll (prism high=auto, switched by lanes agent), 0 while they take their queue.", nil, nil),
 		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
 			"Frames through each core's split-stage queues (cpumap, both classes): enqueued, seen (out), dropped_ring (the ring was full), dropped_kthread (no skb), lost (booked by lanes agent).",
 			[]string{"core", "event"}, nil),
@@ -62,6 +66,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.quiet
 	ch <- c.last
 	ch <- c.queue
+	ch <- c.inline
 }
 
 // Collect reads the datapath; a datapath that is gone or unreadable
@@ -83,7 +88,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.collectQueues(ch)
 	cfg, err := d.configOnly()
-	if err != nil || cfg.PrioQuiet == 0 {
+	if err != nil || !cfg.Prio {
+		return
+	}
+	if on, err := d.HighInline(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on))
+	}
+	if cfg.PrioQuiet == 0 {
 		return
 	}
 	seen, _, err := openMaps(c.dir, []string{steerMapSteerPrioSeen})

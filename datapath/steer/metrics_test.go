@@ -73,6 +73,15 @@ func TestCollector(t *testing.T) {
 	if _, ok := got["lanes_prism_since_high_seconds"]; ok {
 		t.Error("time since the last high-priority frame exported before the first")
 	}
+	if v, ok := got["lanes_prism_high_inline"]; !ok || v != 0 {
+		t.Errorf("high class inline = %v (%v), want 0: the class in its queue", v, ok)
+	}
+	if err := d.SetHighInline(true); err != nil {
+		t.Fatal(err)
+	}
+	if got := gather(); got["lanes_prism_high_inline"] != 1 {
+		t.Errorf("high class inline = %v after the switch, want 1", got["lanes_prism_high_inline"])
+	}
 	if err := Unpin(dir); err != nil {
 		t.Fatal(err)
 	}
