@@ -229,6 +229,11 @@ func Apply(opts Options) (*State, error) {
 			testAfterChange(i)
 		}
 	}
+	// The container devices the journal now holds knobs of, so a later
+	// lanes agent tells them from devices replaced under the same name.
+	if err := writeDevices(dir, containerDevices(topo).ident); err != nil {
+		return nil, err
+	}
 	st.Phase = Applied
 	st.Applied = time.Now().UTC()
 	if n := untrackedNote(v.NetNS); n != "" {
@@ -420,6 +425,8 @@ func removeState(dir string) {
 	os.Remove(filepath.Join(dir, StateFile+".tmp"))
 	os.Remove(filepath.Join(dir, plan.AgentStateFile))
 	os.Remove(filepath.Join(dir, plan.AgentStateFile+".tmp"))
+	os.Remove(filepath.Join(dir, DevicesFile))
+	os.Remove(filepath.Join(dir, DevicesFile+".tmp"))
 	removeAgentReport(dir)
 }
 

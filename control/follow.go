@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -162,7 +163,9 @@ type follower struct {
 	// seen are the container devices' idents (label -> ident) when their
 	// journal entries were last settled: a label present with another
 	// ident is a device replaced under the same name between two rounds.
-	// In memory only: a replacement while no agent runs is not seen.
+	// Kept in the state dir (DevicesFile, written by apply and after each
+	// round that changed it), so a replacement while no agent ran is seen
+	// by the next one.
 	seen map[string]string
 	// over: the apply followed is gone (errNotOurs); Run stops.
 	over bool
@@ -195,6 +198,15 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 	f := &follower{netns: st.NetNS, dir: dir, mode: st.Mode, planner: p,
 		cfg: plan.Config{CPUs: cpus, Online: online, Params: st.Params}, gen: knobs.Generation(ents),
 		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, seen: map[string]string{}, logf: logf}
+	// The devices as the last apply or round settled them; a state dir
+	// from an older build has none, and the first round's view stands in.
+	idents, err := readJSONFile[map[string]string](filepath.Join(dir, DevicesFile))
+	if err != nil {
+		return nil, err
+	}
+	if idents != nil {
+		maps.Copy(f.seen, *idents)
+	}
 	// The IRQ cores the plan was made for; a state file from an older
 	// build lacks them, and the first round's view stands in.
 	if st.IRQCPUs != nil {
@@ -607,8 +619,13 @@ func (f *follower) once() (roundResult, error) {
 		slices.Sort(res.dropped)
 	}
 	// The journal is settled against the devices as they are now.
-	clear(f.seen)
-	maps.Copy(f.seen, devs.ident)
+	if !maps.Equal(f.seen, devs.ident) {
+		clear(f.seen)
+		maps.Copy(f.seen, devs.ident)
+		if err := writeDevices(f.dir, f.seen); err != nil {
+			return res, err
+		}
+	}
 	if len(beyond) > 0 {
 		res.refused = fmt.Sprintf("the plan for the host as it is now changes %s, which lanes does not change under a running plan: run %s, then restart lanes agent", listSome(beyond), f.apply)
 		return res, nil
@@ -888,6 +905,24 @@ func (d containerDevs) of(c plan.Change) (string, bool) {
 
 // hostIndex is the ifindex of a host-side veth, 0 if it is not one.
 func (d containerDevs) hostIndex(ns, dev string) int { return d.hostIdx[plan.DevLabel(ns, dev)] }
+
+// DevicesFile keeps, in a target's state dir, the idents of the container
+// devices (label -> "ifindex/peer ifindex") whose journal entries the last
+// apply or follower round settled, so that a follower started later tells
+// a device replaced under the same name meanwhile from the one journaled.
+const DevicesFile = "devices.json"
+
+// writeDevices replaces the devices file atomically.
+func writeDevices(dir string, idents map[string]string) error {
+	b, err := json.MarshalIndent(idents, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := knobs.WriteFileAtomic(filepath.Join(dir, DevicesFile), append(b, '\n')); err != nil {
+		return fmt.Errorf("writing the container devices' idents: %w", err)
+	}
+	return nil
+}
 
 // replacedDevice: dev was seen with one ident when its journal entries
 // were settled and is there now with another, so it is another device

@@ -334,3 +334,46 @@ func nsHandle(t *testing.T, name string) netns.NsHandle {
 	t.Cleanup(func() { h.Close() })
 	return h
 }
+
+// TestFollowReplacedWhileNoAgent: a container the apply covered, removed
+// and started again under the same names while no agent runs, is told
+// from the journaled one by the next agent (apply kept the devices'
+// idents in the state dir): the old devices' entries are let go of and
+// the new devices taken in afresh; reset then leaves every knob as before.
+func TestFollowReplacedWhileNoAgent(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	prefix := tb.Config.Prefix
+	before := modetest.Snapshot(t, tb)
+	c3, err := testbed.AddContainer(prefix, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := modetest.Apply(t, tb, "falcon", map[string]string{"spread": "always"})
+	if k := journaledOn(t, a, a.NS, c3.HostVeth); len(k) == 0 {
+		t.Fatalf("nothing journaled on %s by the apply", c3.HostVeth)
+	}
+	if _, err := os.Stat(control.Dir(a.StateDir, a.NS) + "/" + control.DevicesFile); err != nil {
+		t.Fatalf("apply kept no device idents: %v", err)
+	}
+	if err := testbed.RemoveContainer(prefix, 2, c3.Name); err != nil {
+		t.Fatal(err)
+	}
+	again, err := testbed.AddContainer(prefix, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.HostVeth != c3.HostVeth {
+		t.Fatalf("the container added again is %+v, want %s's names", again, c3.Name)
+	}
+	ag, stop := a.StartAgent(t)
+	st := waitFollowed(t, ag, "adopting "+again.Name+" afresh", adopted(again, 1))
+	if !slices.ContainsFunc(st.Dropped, func(d string) bool { return strings.HasSuffix(d, "/"+again.HostVeth) }) {
+		t.Errorf("dropped %v: want %s's old entries let go of (replaced while no agent ran)", st.Dropped, again.HostVeth)
+	}
+	stop()
+	a.Reset(t)
+	if err := testbed.RemoveContainer(prefix, 2, again.Name); err != nil {
+		t.Fatal(err)
+	}
+	modetest.SameSnapshot(t, "after reset, the added container gone", modetest.Snapshot(t, tb), before)
+}
