@@ -410,12 +410,18 @@ func readJSONFile[T any](path string) (*T, error) {
 
 // writeState replaces the state file atomically (temp file, fsync, rename).
 func writeState(dir string, st *State) error {
-	b, err := json.MarshalIndent(st, "", "  ")
+	return writeJSONFile(filepath.Join(dir, StateFile), st, "state")
+}
+
+// writeJSONFile replaces the file at path with v as indented JSON,
+// atomically; what names it in the error.
+func writeJSONFile(path string, v any, what string) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := knobs.WriteFileAtomic(filepath.Join(dir, StateFile), append(b, '\n')); err != nil {
-		return fmt.Errorf("writing state: %w", err)
+	if err := knobs.WriteFileAtomic(path, append(b, '\n')); err != nil {
+		return fmt.Errorf("writing %s: %w", what, err)
 	}
 	return nil
 }

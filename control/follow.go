@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -914,14 +913,7 @@ const DevicesFile = "devices.json"
 
 // writeDevices replaces the devices file atomically.
 func writeDevices(dir string, idents map[string]string) error {
-	b, err := json.MarshalIndent(idents, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := knobs.WriteFileAtomic(filepath.Join(dir, DevicesFile), append(b, '\n')); err != nil {
-		return fmt.Errorf("writing the container devices' idents: %w", err)
-	}
-	return nil
+	return writeJSONFile(filepath.Join(dir, DevicesFile), idents, "the container devices' idents")
 }
 
 // replacedDevice: dev was seen with one ident when its journal entries

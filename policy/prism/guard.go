@@ -109,42 +109,55 @@ const guardOff = "policy=other prio=0 nice=19"
 // replace them).
 var guardRule, bulkGuardRule = DefaultGuardRule, DefaultBulkGuardRule
 
-// guardState is the guard's decision, apart from the kernel so it can be
-// tested on synthetic traces.
-type guardState struct {
-	demoted     bool
+// latch is a two-state decision with hysteresis, apart from the kernel so
+// it can be tested on synthetic traces: it turns on after onAfter samples
+// in a row that call for on, and off after offAfter in a row that call for
+// off. The guard's demotion and high=auto's switch are both one.
+type latch struct {
+	on          bool
 	over, under int
 }
+
+// step takes one sample's verdicts and says whether the state changed.
+func (l *latch) step(toOn bool, onAfter int, toOff bool, offAfter int) bool {
+	if !l.on {
+		l.under = 0
+		l.over = runLength(l.over, toOn)
+		if l.over >= onAfter {
+			l.on, l.over = true, 0
+			return true
+		}
+		return false
+	}
+	l.over = 0
+	l.under = runLength(l.under, toOff)
+	if l.under >= offAfter {
+		l.on, l.under = false, 0
+		return true
+	}
+	return false
+}
+
+// runLength is a run length: one more while yes, back to 0 otherwise.
+func runLength(n int, yes bool) int {
+	if yes {
+		return n + 1
+	}
+	return 0
+}
+
+// guardState is the guard's decision: on is demoted.
+type guardState struct{ latch }
 
 // step takes one sample (the target's signal, for the NIC poll its
 // threads' run time, and the receive core's idle time, in percent of the
 // interval) and says whether the state changed.
 func (s *guardState) step(r GuardRule, nic, idle float64) bool {
-	if !s.demoted {
-		s.under = 0
-		if nic >= r.Demote {
-			s.over++
-		} else {
-			s.over = 0
-		}
-		if s.over >= r.DemoteAfter {
-			s.demoted, s.over = true, 0
-			return true
-		}
-		return false
-	}
-	s.over = 0
-	if idle >= r.Promote {
-		s.under++
-	} else {
-		s.under = 0
-	}
-	if s.under >= r.PromoteAfter {
-		s.demoted, s.under = false, 0
-		return true
-	}
-	return false
+	return s.latch.step(nic >= r.Demote, r.DemoteAfter, idle >= r.Promote, r.PromoteAfter)
 }
+
+// demoted: the guard holds its target at the demoted value now.
+func (s *guardState) demoted() bool { return s.on }
 
 // GuardStatus is what `lanes status` shows of the guard.
 type GuardStatus struct {
@@ -357,7 +370,7 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		defer src.Close()
 		defer func() {
-			if g.state.demoted {
+			if g.state.demoted() {
 				g.target.set(false)
 			}
 		}()
@@ -391,11 +404,11 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		c, _ := s.Core(g.core)
 		if g.state.step(g.rule, sig, c.Idle) {
-			if err := g.target.set(g.state.demoted); err != nil {
+			if err := g.target.set(g.state.demoted()); err != nil {
 				errText = err.Error()
 			}
 			if g.env.Logf != nil {
-				if g.state.demoted {
+				if g.state.demoted() {
 					g.env.Logf(g.target.demote(), sig, g.core)
 				} else {
 					g.env.Logf(g.target.promote(), c.Idle, g.core)
@@ -403,10 +416,10 @@ func (g *guard) run(ctx context.Context) error {
 			}
 		}
 		g.mu.Lock()
-		if g.state.demoted && !g.status.Demoted {
+		if g.state.demoted() && !g.status.Demoted {
 			g.status.Demotions++
 		}
-		g.status.At, g.status.Demoted, g.status.Idle = s.At, g.state.demoted, c.Idle
+		g.status.At, g.status.Demoted, g.status.Idle = s.At, g.state.demoted(), c.Idle
 		if _, ok := g.target.(*nicTarget); ok {
 			g.status.NICPercent = sig
 		} else {

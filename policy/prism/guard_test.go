@@ -26,8 +26,8 @@ func TestGuardRule(t *testing.T) {
 		var st guardState
 		for i, smp := range trace {
 			changed := st.step(r, smp.nic, smp.idle)
-			if st.demoted != smp.demoted {
-				t.Fatalf("%s: sample %d (%v): demoted %v, want %v", name, i, smp, st.demoted, smp.demoted)
+			if st.demoted() != smp.demoted {
+				t.Fatalf("%s: sample %d (%v): demoted %v, want %v", name, i, smp, st.demoted(), smp.demoted)
 			}
 			if i > 0 && changed != (trace[i-1].demoted != smp.demoted) {
 				t.Errorf("%s: sample %d: changed %v", name, i, changed)

@@ -51,41 +51,17 @@ func highRule(pps int) HighRule {
 	return HighRule{InlineAt: float64(pps), InlineAfter: 3, QueueBelow: float64(pps) / 2, QueueAfter: 10}
 }
 
-// highState is the switch's decision, apart from the datapath so it can be
-// tested on synthetic traces.
-type highState struct {
-	inline      bool
-	over, under int
-}
+// highState is the switch's decision: on is inline.
+type highState struct{ latch }
 
 // step takes one sample of the class's rate (frames/s) and says whether
 // the decision changed.
 func (s *highState) step(r HighRule, rate float64) bool {
-	if !s.inline {
-		s.under = 0
-		if rate >= r.InlineAt {
-			s.over++
-		} else {
-			s.over = 0
-		}
-		if s.over >= r.InlineAfter {
-			s.inline, s.over = true, 0
-			return true
-		}
-		return false
-	}
-	s.over = 0
-	if rate < r.QueueBelow {
-		s.under++
-	} else {
-		s.under = 0
-	}
-	if s.under >= r.QueueAfter {
-		s.inline, s.under = false, 0
-		return true
-	}
-	return false
+	return s.latch.step(rate >= r.InlineAt, r.InlineAfter, rate < r.QueueBelow, r.QueueAfter)
 }
+
+// inline: the class runs in the NIC poll now.
+func (s *highState) inline() bool { return s.on }
 
 // highDatapath is what the switch needs of the datapath (steer.Datapath,
 // or a test's fake).
@@ -143,8 +119,8 @@ func (h *highSwitch) sample(now time.Time) (string, error) {
 		h.close()
 		return "", fmt.Errorf("high=auto: %w", err)
 	}
-	if cur != h.state.inline {
-		if err := h.dp.SetHighInline(h.state.inline); err != nil {
+	if cur != h.state.inline() {
+		if err := h.dp.SetHighInline(h.state.inline()); err != nil {
 			h.close()
 			return "", fmt.Errorf("high=auto: %w", err)
 		}
@@ -153,7 +129,7 @@ func (h *highSwitch) sample(now time.Time) (string, error) {
 		return "", nil
 	}
 	h.switches++
-	if h.state.inline {
+	if h.state.inline() {
 		return fmt.Sprintf("high=auto: high-priority class busy (%.0f frames/s, at least %.0f): it runs in the NIC poll", h.rate, h.rule.InlineAt), nil
 	}
 	return fmt.Sprintf("high=auto: high-priority class light (%.0f frames/s, under %.0f): it takes its queue", h.rate, h.rule.QueueBelow), nil
@@ -191,7 +167,7 @@ type HighStatus struct {
 }
 
 func (h *highSwitch) status() *HighStatus {
-	return &HighStatus{Inline: h.state.inline, Rate: h.rate, InlineAt: h.rule.InlineAt, Switches: h.switches}
+	return &HighStatus{Inline: h.state.inline(), Rate: h.rate, InlineAt: h.rule.InlineAt, Switches: h.switches}
 }
 
 // Summary is the status line.

@@ -27,8 +27,8 @@ func TestHighRule(t *testing.T) {
 		{2000, true}, {2000, true}, {2000, true}, {2000, true}, {2000, false}, // 1 s under half
 	} {
 		changed := s.step(r, step.rate)
-		if s.inline != step.inline {
-			t.Fatalf("sample %d (%.0f/s): inline %v, want %v", i, step.rate, s.inline, step.inline)
+		if s.inline() != step.inline {
+			t.Fatalf("sample %d (%.0f/s): inline %v, want %v", i, step.rate, s.inline(), step.inline)
 		}
 		if i > 0 && changed != (i == 6 || i == 28) {
 			t.Errorf("sample %d: changed %v", i, changed)
@@ -114,7 +114,7 @@ func TestHighSwitchFollows(t *testing.T) {
 	if _, err := h.sample(at.Add(100 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	dp.inline, h.state.inline = true, true
+	dp.inline, h.state.on = true, true
 	if err := h.stop(); err != nil || dp.inline {
 		t.Errorf("stop: %v, inline %v, want the class back in its queue", err, dp.inline)
 	}

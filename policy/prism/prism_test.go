@@ -203,22 +203,30 @@ func TestPrismIdleInline(t *testing.T) {
 	set := modetest.Prio(t, r.NetNS)
 	other := modetest.Rule(t, "dst 198.19.0.99 udp")
 
-	st0, _ := dp.Stats()
-	stop := modetest.Every(3*time.Millisecond, func(i int) error {
+	flipDuring(t, dp, src, dst, "bulk stream while a rule comes and goes", "rule changes", false, func(i int) error {
 		if i%2 == 1 {
 			return set.Del(other)
 		}
 		return set.Add(other)
 	})
+	a.ResetAndCheck(t, before)
+}
+
+// flipDuring sends a sequence-numbered stream from src to dst while flip
+// runs every 3 ms, checks it arrived in order, and that the split stage
+// took both paths and moved between them (tookBothPaths).
+func flipDuring(t *testing.T, dp *steer.Datapath, src, dst testbed.Container, what, flips string, high bool, flip func(i int) error) {
+	t.Helper()
+	st0, _ := dp.Stats()
+	stop := modetest.Every(3*time.Millisecond, flip)
 	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	flips, flipErr := stop()
-	overlaytest.InOrder(t, "bulk stream while a rule comes and goes", res)
-	if flipErr != nil {
-		t.Fatalf("changing rules: %v", flipErr)
+	n, err := stop()
+	overlaytest.InOrder(t, what, res)
+	if err != nil {
+		t.Fatalf("%s: %v", flips, err)
 	}
 	st1, _ := dp.Stats()
-	tookBothPaths(t, fmt.Sprintf("%d rule changes", flips), st0[steer.StageSplit], st1[steer.StageSplit], false)
-	a.ResetAndCheck(t, before)
+	tookBothPaths(t, fmt.Sprintf("%d %s", n, flips), st0[steer.StageSplit], st1[steer.StageSplit], high)
 }
 
 // tookBothPaths logs what the split stage did between two readings of its
@@ -803,16 +811,7 @@ func TestPrismHighAuto(t *testing.T) {
 	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
 		t.Fatal(err)
 	}
-	st0, _ := dp.Stats()
-	stop := modetest.Every(3*time.Millisecond, func(i int) error { return dp.SetHighInline(i%2 == 0) })
-	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
-	flips, flipErr := stop()
-	overlaytest.InOrder(t, "marked stream while high=auto's switch flips", res)
-	if flipErr != nil {
-		t.Fatalf("switching: %v", flipErr)
-	}
-	st1, _ := dp.Stats()
-	tookBothPaths(t, fmt.Sprintf("%d switches", flips), st0[steer.StageSplit], st1[steer.StageSplit], true)
+	flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(i%2 == 0) })
 	if err := dp.SetHighInline(false); err != nil {
 		t.Fatal(err)
 	}
