@@ -35,7 +35,8 @@ type Steering struct {
 	// (steer.Config.PrioIdleInline).
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
 	// HighInline: high-priority flows run their first stage in the NIC
-	// poll now (PRISM's high=auto switched there by lanes agent).
+	// poll now (PRISM's high=auto: its switch is on under a config with
+	// high=auto).
 	HighInline bool `json:"high_inline_now,omitempty"`
 	// StayQueued: a flow staying at the bridge stage goes through its
 	// core's RPS backlog (steer.Config.StayQueued), not run on.

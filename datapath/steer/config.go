@@ -72,6 +72,11 @@ type Config struct {
 	// queue as after a rule's arrival; that frame itself finds bulk in the
 	// NIC poll, as vanilla would.
 	PrioQuiet time.Duration
+	// HighAutoPPS (with PrioIdleInline; 0: off) is PRISM's high=auto: the
+	// high-priority frame rate from which lanes agent runs the class in
+	// the NIC poll (SetHighInline). The programs only check that it is
+	// set: SetHighInline is refused, and its switch ignored, without it.
+	HighAutoPPS uint32
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -196,6 +201,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.PrioQuiet != 0 && (!c.PrioIdleInline || c.PrioQuiet < time.Millisecond || c.PrioQuiet > MaxPrioQuiet || c.PrioQuiet%time.Millisecond != 0) {
 		return c, fmt.Errorf("quiet time %v: want whole milliseconds from 1ms to %v, with bulk inline while idle", c.PrioQuiet, MaxPrioQuiet)
+	}
+	if c.HighAutoPPS != 0 && !c.PrioIdleInline {
+		return c, errors.New("high=auto's switch needs bulk inline while idle (its fast, in-order moves)")
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

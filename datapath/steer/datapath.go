@@ -146,6 +146,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerSync, &o.SteerSync},
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
+		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
@@ -481,5 +482,16 @@ func OpenQueues(dir string) (*Datapath, error) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
 	}
 	d, _, err := openMaps(dir, []string{steerMapSteerQueues, steerMapSteerQueueLost, steerMapSteerQmaps, steerMapSteerCpumap, steerMapSteerCpumapHi})
+	return d, err
+}
+
+// OpenHighAuto reopens only what high=auto's switch reads and writes: the
+// config, the counters and the switch. Cheap enough to reopen at every
+// sample, so a re-apply's new pins are followed.
+func OpenHighAuto(dir string) (*Datapath, error) {
+	if !Pinned(dir) {
+		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
+	}
+	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerStats, steerMapSteerHighInline})
 	return d, err
 }

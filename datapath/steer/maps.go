@@ -29,7 +29,6 @@ const (
 	cfgVethClass      = 0x800
 	cfgStayQueued     = 0x1000
 	cfgHomeBare       = 0x2000 // the bridge stage's bare path at home (SetHomeBare)
-	cfgHighInline     = 0x4000 // high-priority flows in the NIC poll (SetHighInline)
 )
 
 // mflowFlag is the steer_cfg flag of each split point.
@@ -116,6 +115,11 @@ func (d *Datapath) SetConfig(c Config) error {
 	if k.MetaGen, err = d.metaGen(); err != nil {
 		return err
 	}
+	// A new config starts with high=auto's class in its queue, as the
+	// plan says; the agent switches it from there.
+	if err := d.objs.SteerHighInline.Put(uint32(0), uint32(0)); err != nil {
+		return fmt.Errorf("resetting the high-priority class's switch: %w", err)
+	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
@@ -164,6 +168,7 @@ func encodeConfig(c Config) steerSteerCfg {
 		k.Flags |= cfgVethClass
 	}
 	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
+	k.HighAutoPps = c.HighAutoPPS
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -240,6 +245,7 @@ func (d *Datapath) configOnly() (Config, error) {
 		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
 		VethClass:      k.Flags&cfgVethClass != 0,
 		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
+		HighAutoPPS:    k.HighAutoPps,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),
@@ -656,43 +662,52 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 }
 
 // HighInline reports whether high-priority flows run their first stage in
-// the NIC poll (SetHighInline).
+// the NIC poll now (SetHighInline): the switch is on and the config has
+// high=auto (Config.HighAutoPPS), without which the programs ignore it.
 func (d *Datapath) HighInline() (bool, error) {
+	_, on, err := d.HighAuto()
+	return on, err
+}
+
+// HighAuto reads high=auto's threshold from the config (0: off) and
+// whether the class runs in the NIC poll now (HighInline).
+func (d *Datapath) HighAuto() (pps uint32, inline bool, err error) {
 	var k steerSteerCfg
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return false, fmt.Errorf("reading steer config: %w", err)
+		return 0, false, fmt.Errorf("reading steer config: %w", err)
 	}
-	return k.Flags&cfgHighInline != 0, nil
+	var on uint32
+	if err := d.objs.SteerHighInline.Lookup(uint32(0), &on); err != nil {
+		return 0, false, fmt.Errorf("reading the high-priority class's switch: %w", err)
+	}
+	return k.HighAutoPps, on != 0 && k.HighAutoPps != 0, nil
 }
 
 // SetHighInline switches where high-priority flows run their first stage:
 // on, in the NIC poll that classified them (PRISM's high=inline); off, in
 // the receive core's high-priority queue (high=queue). It is runtime state
-// of PRISM's high=auto (lanes agent), not part of Config (SetConfig
-// clears it), and needs Config.PrioIdleInline: there steer_xdp moves each
-// flow between the queue and the NIC poll as soon as none of its frames is
-// left on the old path (place()'s PLACE_LOCAL), so the switch never
-// reorders a flow; without it a busy flow would wait for an idle gap. The
-// write replaces the whole config entry with what was read plus the bit;
-// lanes agent is its only runtime writer.
+// of PRISM's high=auto (lanes agent), in a map of its own, so that writing
+// it never rewrites the config entry lanes prio and apply write too; the
+// programs heed it only while the config has Config.HighAutoPPS, which
+// needs Config.PrioIdleInline: there steer_xdp moves each flow between the
+// queue and the NIC poll as soon as none of its frames is left on the old
+// path (place()'s PLACE_LOCAL), so the switch never reorders a flow;
+// without it a busy flow would wait for an idle gap. Switching on is
+// refused without high=auto in the config; off always works.
 func (d *Datapath) SetHighInline(on bool) error {
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return fmt.Errorf("reading steer config: %w", err)
-	}
-	if on && (k.Flags&cfgPrio == 0 || k.Flags&cfgPrioIdleInline == 0) {
-		return errors.New("high-priority flows can switch to the NIC poll only with priority classes and PrioIdleInline (the NIC polled on the one receive core)")
-	}
-	if on == (k.Flags&cfgHighInline != 0) {
-		return nil
-	}
+	v := uint32(0)
 	if on {
-		k.Flags |= cfgHighInline
-	} else {
-		k.Flags &^= cfgHighInline
+		var k steerSteerCfg
+		if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+			return fmt.Errorf("reading steer config: %w", err)
+		}
+		if k.HighAutoPps == 0 {
+			return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
+		}
+		v = 1
 	}
-	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
-		return fmt.Errorf("writing steer config: %w", err)
+	if err := d.objs.SteerHighInline.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("writing the high-priority class's switch: %w", err)
 	}
 	return nil
 }

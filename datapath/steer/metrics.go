@@ -91,8 +91,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil || !cfg.Prio {
 		return
 	}
-	if on, err := d.HighInline(); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on))
+	if hi, _, err := openMaps(c.dir, []string{steerMapSteerCfg, steerMapSteerHighInline}); err == nil {
+		if on, err := hi.HighInline(); err == nil {
+			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on))
+		}
+		hi.Close()
 	}
 	if cfg.PrioQuiet == 0 {
 		return

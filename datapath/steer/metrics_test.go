@@ -62,7 +62,7 @@ func TestCollector(t *testing.T) {
 		t.Errorf("%d bulk queues exported after one steered frame, want 1: %v", queued, got)
 	}
 	cfg, _ := d.Config()
-	cfg.PrioIdleInline, cfg.PrioQuiet = true, time.Second
+	cfg.PrioIdleInline, cfg.PrioQuiet, cfg.HighAutoPPS = true, time.Second, 5000
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}

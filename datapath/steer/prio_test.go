@@ -443,19 +443,27 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 // flight, and back into the queue only once a frame it left in the NIC
 // poll was marked and counted and none is in flight: the switch never
 // lets a frame overtake the flow's earlier ones. A new flow starts where
-// the switch says. The switch is runtime state (SetConfig clears it) and
+// the switch says. The switch is runtime state (SetConfig puts the class
+// back in its queue), heeded only under high=auto (HighAutoPPS), which
 // needs PrioIdleInline, whose fast moves it uses.
 func TestPrioHighInline(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
 	if err := d.SetHighInline(true); err == nil {
-		t.Error("SetHighInline without PrioIdleInline accepted")
+		t.Error("SetHighInline without high=auto accepted")
 	}
 	cfg, _ := d.Config()
+	cfg.HighAutoPPS = 5000
+	if err := d.SetConfig(cfg); err == nil {
+		t.Error("high=auto without PrioIdleInline accepted")
+	}
 	cfg.PrioIdleInline = true
 	cfg.Flowlet = time.Hour // no idle-gap move: only the fast one
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
+	}
+	if got, _ := d.Config(); got.HighAutoPPS != 5000 {
+		t.Fatalf("config %+v does not read back HighAutoPPS", got)
 	}
 	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
 	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
@@ -490,10 +498,20 @@ func TestPrioHighInline(t *testing.T) {
 	step("queue, one in flight: stays in the NIC poll", hi, xdpPass, true, 2, Stay)
 	drainFlows(t, d)
 	step("queue, none in flight: back in the queue", hi, xdpRedirect, true, 1, 0)
-	if got, err := d.HighFrames(); err != nil || got != 6 {
-		t.Errorf("HighFrames %d (%v), want 6", got, err)
+	// A flow that started in the NIC poll and has nothing in flight
+	// still waits: its frames there were never counted, so it starts
+	// marking and counting them (a UDP datagram ends its segment: at
+	// once), and moves only once one was counted and none is in flight.
+	step("queue, never counted: stays in the NIC poll, marked", other, xdpPass, true, 1, Stay)
+	step("queue, one in flight: stays in the NIC poll", other, xdpPass, true, 2, Stay)
+	drainFlows(t, d)
+	step("queue, counted and none in flight: in the queue", other, xdpRedirect, true, 1, 0)
+	if got, err := d.HighFrames(); err != nil || got != 9 {
+		t.Errorf("HighFrames %d (%v), want 9", got, err)
 	}
 
+	// A new config puts the class back in its queue; one without
+	// high=auto makes the programs ignore the switch.
 	if err := d.SetHighInline(true); err != nil {
 		t.Fatal(err)
 	}
@@ -502,5 +520,21 @@ func TestPrioHighInline(t *testing.T) {
 	}
 	if on, _ := d.HighInline(); on {
 		t.Error("SetConfig kept the runtime switch")
+	}
+	if err := d.SetHighInline(true); err != nil {
+		t.Fatal(err)
+	}
+	cfg.HighAutoPPS = 0
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.objs.SteerHighInline.Put(uint32(0), uint32(1)); err != nil {
+		t.Fatal(err)
+	}
+	third := hi
+	third.sport = 5002
+	step("switch set, config without high=auto: in the queue", third, xdpRedirect, true, 1, 0)
+	if on, _ := d.HighInline(); on {
+		t.Error("HighInline says inline under a config without high=auto")
 	}
 }

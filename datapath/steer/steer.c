@@ -134,15 +134,6 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * no bridge-stage state that would queue (not running on, on this core)
  * saw a frame within drain_ns (steer.Datapath.HomeQueues); cleared with CFG_HOME. */
 #define CFG_HOME_BARE 0x2000u
-/* PRISM high=auto: high-priority flows run their first stage in the NIC
- * poll that classified them, as bulk does under CFG_PRIO_IDLE_INLINE while
- * no rule exists, instead of taking the high-priority queue. Runtime
- * state, switched by lanes agent by the high class's frame rate (a busy
- * marked service pays the queue's kthread hop on every request; a light
- * one gains from its real-time preemption); only with
- * CFG_PRIO_IDLE_INLINE, whose fast moves (place(), PLACE_LOCAL) take each
- * flow between the queue and the NIC poll in order, without an idle gap. */
-#define CFG_HIGH_INLINE 0x4000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)
  * rather than its normal one. Far above any core index, below STAY. */
@@ -224,6 +215,11 @@ struct steer_cfg {
 	__u32 prev_ncpus;
 	__u32 prev_span;
 	__u32 prev_rps_lo[MAX_CPUS];
+	/* PRISM high=auto (with CFG_PRIO_IDLE_INLINE): the high-priority
+	 * frame rate from which lanes agent runs the class in the NIC poll
+	 * (steer_high_inline); read by the agent only. 0: high=auto is off,
+	 * and steer_high_inline is ignored. */
+	__u32 high_auto_pps;
 };
 
 struct {
@@ -487,6 +483,34 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } steer_qmaps SEC(".maps");
+
+/* PRISM high=auto: 1 while high-priority flows run their first stage in
+ * the NIC poll that classified them, as bulk does under
+ * CFG_PRIO_IDLE_INLINE while no rule exists, instead of taking the
+ * high-priority queue. Runtime state of lanes agent, which switches it by
+ * the class's frame rate (a busy marked service pays the queue's kthread
+ * hop on every request; a light one gains from its real-time preemption);
+ * heeded only while cfg->high_auto_pps is set, which the planner does only
+ * with CFG_PRIO_IDLE_INLINE, whose fast moves (place(), PLACE_LOCAL) take
+ * each flow between the queue and the NIC poll in order, without an idle
+ * gap. A map of its own, not a cfg flag: the agent writes it without
+ * rewriting the config entry other writers (lanes prio) rewrite too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u32); /* 1: inline */
+} steer_high_inline SEC(".maps");
+
+static __always_inline int high_inline(const struct steer_cfg *cfg)
+{
+	__u32 zero = 0, *on;
+
+	if (!cfg->high_auto_pps)
+		return 0;
+	on = bpf_map_lookup_elem(&steer_high_inline, &zero);
+	return on && *on;
+}
 
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
  * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
@@ -968,8 +992,8 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 }
 
 /* place()'s opts, for PRISM's classes under CFG_PRIO_IDLE_INLINE (bulk's
- * while no rule exists or the high class is quiet, high's under
- * CFG_HIGH_INLINE). */
+ * while no rule exists or the high class is quiet, high's while
+ * steer_high_inline says so). */
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
@@ -1683,7 +1707,7 @@ int steer_xdp(struct xdp_md *ctx)
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
 		if (hi) {
 			seen_high(cfg);
-			if (cfg->flags & CFG_HIGH_INLINE)
+			if (high_inline(cfg))
 				opts |= PLACE_STAY;
 		} else if (!cfg->prio_shapes || prio_quiet(cfg))
 			opts |= PLACE_STAY;

@@ -53,6 +53,8 @@ type steerSteerCfg struct {
 	PrevNcpus   uint32
 	PrevSpan    uint32
 	PrevRpsLo   [64]uint32
+	HighAutoPps uint32
+	_           [4]byte
 }
 
 type steerSteerFlowKey struct {
@@ -135,6 +137,7 @@ const (
 	steerMapSteerCpumap        = "steer_cpumap"
 	steerMapSteerCpumapHi      = "steer_cpumap_hi"
 	steerMapSteerFlows         = "steer_flows"
+	steerMapSteerHighInline    = "steer_high_inline"
 	steerMapSteerMfCores       = "steer_mf_cores"
 	steerMapSteerPrio          = "steer_prio"
 	steerMapSteerPrioSeen      = "steer_prio_seen"
@@ -217,23 +220,24 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerAdopt     *ebpf.MapSpec `ebpf:"steer_adopt"`
-	SteerCfg       *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap    *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi  *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerFlows     *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerMfCores   *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPrio      *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen  *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerQmaps     *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueueLost *ebpf.MapSpec `ebpf:"steer_queue_lost"`
-	SteerQueues    *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats     *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync      *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncDev   *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerTable     *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVethClass *ebpf.MapSpec `ebpf:"steer_veth_class"`
-	SteerVni       *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
+	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -262,23 +266,24 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerAdopt     *ebpf.Map `ebpf:"steer_adopt"`
-	SteerCfg       *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap    *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi  *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerFlows     *ebpf.Map `ebpf:"steer_flows"`
-	SteerMfCores   *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPrio      *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen  *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerQmaps     *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueueLost *ebpf.Map `ebpf:"steer_queue_lost"`
-	SteerQueues    *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats     *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync      *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncDev   *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerTable     *ebpf.Map `ebpf:"steer_table"`
-	SteerVethClass *ebpf.Map `ebpf:"steer_veth_class"`
-	SteerVni       *ebpf.Map `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
+	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
+	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
+	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerTable      *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
@@ -288,6 +293,7 @@ func (m *steerMaps) Close() error {
 		m.SteerCpumap,
 		m.SteerCpumapHi,
 		m.SteerFlows,
+		m.SteerHighInline,
 		m.SteerMfCores,
 		m.SteerPrio,
 		m.SteerPrioSeen,

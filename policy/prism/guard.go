@@ -222,38 +222,14 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	if err != nil || o.High != HighAuto {
 		return g, err
 	}
-	// The default high=auto falls back to the queue where the planner
-	// found the fast move unsafe: then the datapath has no PrioIdleInline.
-	if ok, err := fastMoves(plan.PinDir(env.NetNS)); err != nil {
-		return nil, err
-	} else if !ok {
-		if env.Logf != nil {
-			env.Logf("high=auto: the high-priority class keeps its queue (the plan fell back to high=queue: `lanes apply` said why)")
-		}
-		return g, nil
-	}
+	// The switch follows the applied config (highSwitch): where the
+	// default fell back to the queue, it stands down.
 	if g == nil {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
 	}
-	g.high = newHighSwitch(plan.PinDir(env.NetNS), o.HighAutoPPS)
+	g.high = newHighSwitch(plan.PinDir(env.NetNS))
 	g.status.High = g.high.status()
 	return g, nil
-}
-
-// fastMoves says whether the applied datapath moves flows between the NIC
-// poll and the queues without an idle gap (PrioIdleInline), which
-// high=auto's switch needs.
-func fastMoves(dir string) (bool, error) {
-	dp, err := steer.Open(dir)
-	if err != nil {
-		return false, fmt.Errorf("prism guard: %w (is prism applied? `lanes status` tells)", err)
-	}
-	defer dp.Close()
-	cfg, err := dp.Config()
-	if err != nil {
-		return false, fmt.Errorf("prism guard: %w", err)
-	}
-	return cfg.PrioIdleInline, nil
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
@@ -310,11 +286,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 // Summary is what `lanes status` shows of the guard.
 func (s GuardStatus) Summary() []string {
 	if s.Watch == "" && s.High != nil {
-		out := []string{s.High.Summary()}
-		if s.Err != "" {
-			out = append(out, "error: "+s.Err)
-		}
-		return out
+		return []string{s.High.Summary()}
 	}
 	if s.Watch == "" {
 		return []string{"guard: " + s.Err}
@@ -453,20 +425,15 @@ func (g *guard) openSampler() (load.Source, error) {
 	return p, nil
 }
 
-// sampleHigh steps high=auto's switch and records what it did.
+// sampleHigh steps high=auto's switch and records what it did (its
+// errors in its own status, cleared by the next good sample).
 func (g *guard) sampleHigh() {
-	msg, err := g.high.sample(time.Now())
-	if msg != "" && g.env.Logf != nil {
+	if msg := g.high.sample(time.Now()); msg != "" && g.env.Logf != nil {
 		g.env.Logf("%s", msg)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.status.High = g.high.status()
-	if err != nil {
-		g.status.Err = err.Error()
-	} else if g.target == nil {
-		g.status.Err = ""
-	}
 }
 
 func (g *guard) setSampler(v string) {

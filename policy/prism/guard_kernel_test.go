@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/load"
@@ -166,9 +167,10 @@ func waitDemoted(ag plan.Agent) prism.GuardStatus {
 
 // TestPrismHighAutoAgent: with high=auto (and no other guard:
 // bulk-sched=normal) lanes agent runs the high-priority class in the NIC
-// poll while a marked stream is busier than high-auto-pps, and back in
-// its queue once it stopped; the stream arrives in order; a stopped agent
-// leaves the class in its queue.
+// poll while a marked stream is busier than high-auto-pps, and back in its
+// queue while a light one runs; both arrive in order. A re-apply without
+// high=auto under the running agent stands its switch down; a stopped
+// agent leaves the class in its queue.
 func TestPrismHighAutoAgent(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
@@ -221,11 +223,39 @@ func TestPrismHighAutoAgent(t *testing.T) {
 			break
 		}
 	}
-	if st := status(); !back || st.High == nil || st.High.Switches < 2 || st.Err != "" {
-		t.Errorf("after the stream: back in the queue %v, status %+v", back, st)
+	if st := status(); !back || st.High == nil || st.High.Switches < 2 || st.High.Err != "" {
+		t.Errorf("after the stream: back in the queue %v, status %+v", back, st.High)
+	}
+
+	// Busy again, then light while the light stream runs: the agent
+	// moves the class back into its queue under traffic.
+	overlaytest.Stream{Count: 3000, Size: 200, Burst: 4, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	if on, _ := dp.HighInline(); !on {
+		t.Fatalf("not inline after a second busy stream; status %+v", status().High)
+	}
+	n0 := status().High.Switches
+	light := overlaytest.Stream{Count: 250, Size: 200, Burst: 1, Pause: 8 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.InOrder(t, "light marked stream while the class goes back to its queue", light)
+	if st := status().High; st.Switches < n0+1 || st.Inline {
+		t.Errorf("after 2 s of a light stream: status %+v, want the class back in its queue", st)
+	}
+
+	// A re-apply without high=auto: the running agent's switch stands
+	// down.
+	if _, err := control.Apply(control.Options{Mode: "prism-batch", NetNS: a.NS, StateDir: a.StateDir, Params: map[string]string{"high": "queue", "bulk-sched": "normal"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if st := status(); st.High != nil && st.High.Off {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := status(); st.High == nil || !st.High.Off {
+		t.Errorf("after a re-apply with high=queue: status %+v, want the switch off", st.High)
 	}
 	stopAgent()
-	if on, err := dp.HighInline(); on || err != nil {
+	if on, err := a.Open(t).HighInline(); on || err != nil {
 		t.Errorf("after the agent stopped: inline %v (%v), want the queue", on, err)
 	}
 	a.ResetAndCheck(t, before)

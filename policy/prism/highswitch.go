@@ -67,46 +67,71 @@ func (s *highState) inline() bool { return s.on }
 // or a test's fake).
 type highDatapath interface {
 	HighFrames() (uint64, error)
-	HighInline() (bool, error)
+	HighAuto() (pps uint32, inline bool, err error)
 	SetHighInline(on bool) error
 	Close() error
 }
 
-// highSwitch is high=auto's runtime part, stepped by the guard's loop.
+// highSwitch is high=auto's runtime part, stepped by the guard's loop. It
+// opens the pinned datapath at every sample (three maps), and its
+// threshold is the applied config's (steer.Config.HighAutoPPS): a
+// re-apply with another threshold is followed, and one without high=auto
+// (0) stands the switch down.
 type highSwitch struct {
 	dir  string
-	rule HighRule
 	open func(dir string) (highDatapath, error)
-	dp   highDatapath
 
 	state    highState
+	rule     HighRule
+	off      bool      // the applied config is not high=auto
 	frames   uint64    // the count at the last sample
 	at       time.Time // when it was read
 	rate     float64   // frames/s over the last sample
 	switches uint64
+	err      string // the last sample's error, cleared by the next good one
 }
 
-func newHighSwitch(dir string, pps int) *highSwitch {
-	return &highSwitch{dir: dir, rule: highRule(pps), open: func(dir string) (highDatapath, error) { return steer.Open(dir) }}
+func newHighSwitch(dir string) *highSwitch {
+	return &highSwitch{dir: dir, open: func(dir string) (highDatapath, error) { return steer.OpenHighAuto(dir) }}
 }
 
 // sample reads the class's count at now, steps the decision and makes the
-// datapath follow it. It says what changed (for the log), or an error.
-// The datapath is reopened after an error (a re-apply pins a new one), and
-// its flag is set whenever it differs from the decision, so a re-apply,
-// which clears it, is followed.
-func (h *highSwitch) sample(now time.Time) (string, error) {
-	if h.dp == nil {
-		dp, err := h.open(h.dir)
-		if err != nil {
-			return "", fmt.Errorf("high=auto: %w", err)
-		}
-		h.dp, h.at = dp, time.Time{}
-	}
-	n, err := h.dp.HighFrames()
+// datapath follow it. It says what changed (for the log); an error is
+// kept for the status until the next good sample. The switch is set
+// whenever it differs from the decision.
+func (h *highSwitch) sample(now time.Time) string {
+	msg, err := h.try(now)
+	h.err = ""
 	if err != nil {
-		h.close()
-		return "", fmt.Errorf("high=auto: %w", err)
+		h.err = "high=auto: " + err.Error()
+	}
+	return msg
+}
+
+func (h *highSwitch) try(now time.Time) (string, error) {
+	dp, err := h.open(h.dir)
+	if err != nil {
+		return "", err
+	}
+	defer dp.Close()
+	pps, cur, err := dp.HighAuto()
+	if err != nil {
+		return "", err
+	}
+	if pps == 0 {
+		// Applied without high=auto (a re-apply, or the default's
+		// fallback): nothing to switch; the programs ignore the switch.
+		was := !h.off
+		h.off, h.state, h.at, h.rate = true, highState{}, time.Time{}, 0
+		if was {
+			return "high=auto: the applied plan is not high=auto: the switch stands down", nil
+		}
+		return "", nil
+	}
+	h.off, h.rule = false, highRule(int(pps))
+	n, err := dp.HighFrames()
+	if err != nil {
+		return "", err
 	}
 	var changed bool
 	if !h.at.IsZero() && now.After(h.at) && n >= h.frames {
@@ -114,15 +139,9 @@ func (h *highSwitch) sample(now time.Time) (string, error) {
 		changed = h.state.step(h.rule, h.rate)
 	}
 	h.frames, h.at = n, now
-	cur, err := h.dp.HighInline()
-	if err != nil {
-		h.close()
-		return "", fmt.Errorf("high=auto: %w", err)
-	}
 	if cur != h.state.inline() {
-		if err := h.dp.SetHighInline(h.state.inline()); err != nil {
-			h.close()
-			return "", fmt.Errorf("high=auto: %w", err)
+		if err := dp.SetHighInline(h.state.inline()); err != nil {
+			return "", err
 		}
 	}
 	if !changed {
@@ -135,27 +154,15 @@ func (h *highSwitch) sample(now time.Time) (string, error) {
 	return fmt.Sprintf("high=auto: high-priority class light (%.0f frames/s, under %.0f): it takes its queue", h.rate, h.rule.QueueBelow), nil
 }
 
-// stop puts the class back in its queue, the plan's state, and lets go of
-// the datapath.
+// stop puts the class back in its queue, the plan's state.
 func (h *highSwitch) stop() error {
-	if h.dp == nil {
-		dp, err := h.open(h.dir)
-		if err != nil {
-			return nil // nothing pinned: nothing to put back
-		}
-		h.dp = dp
-	}
-	err := h.dp.SetHighInline(false)
-	h.close()
 	h.state = highState{}
-	return err
-}
-
-func (h *highSwitch) close() {
-	if h.dp != nil {
-		h.dp.Close()
-		h.dp = nil
+	dp, err := h.open(h.dir)
+	if err != nil {
+		return nil // nothing pinned: nothing to put back
 	}
+	defer dp.Close()
+	return dp.SetHighInline(false)
 }
 
 // HighStatus is what `lanes status` shows of high=auto.
@@ -164,14 +171,24 @@ type HighStatus struct {
 	Rate     float64 `json:"frames_per_second"`
 	InlineAt float64 `json:"inline_at"`
 	Switches uint64  `json:"switches"`
+	// Off: the applied config is not high=auto (a re-apply without it, or
+	// the default's fallback to the queue).
+	Off bool   `json:"off,omitempty"`
+	Err string `json:"error,omitempty"`
 }
 
 func (h *highSwitch) status() *HighStatus {
-	return &HighStatus{Inline: h.state.inline(), Rate: h.rate, InlineAt: h.rule.InlineAt, Switches: h.switches}
+	return &HighStatus{Inline: h.state.inline(), Rate: h.rate, InlineAt: h.rule.InlineAt, Switches: h.switches, Off: h.off, Err: h.err}
 }
 
 // Summary is the status line.
 func (s HighStatus) Summary() string {
+	if s.Err != "" {
+		return s.Err
+	}
+	if s.Off {
+		return "high=auto: off (the applied plan keeps the high-priority class in its queue)"
+	}
 	where := "in its queue (light)"
 	if s.Inline {
 		where = "in the NIC poll (busy)"

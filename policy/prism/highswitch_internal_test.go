@@ -36,9 +36,11 @@ func TestHighRule(t *testing.T) {
 	}
 }
 
-// fakeHigh is a datapath for the switch: a frame count and the flag.
+// fakeHigh is a datapath for the switch: a frame count, the config's
+// threshold and the switch.
 type fakeHigh struct {
 	frames  uint64
+	pps     uint32
 	inline  bool
 	sets    int
 	fail    error
@@ -47,7 +49,9 @@ type fakeHigh struct {
 }
 
 func (f *fakeHigh) HighFrames() (uint64, error) { return f.frames, f.fail }
-func (f *fakeHigh) HighInline() (bool, error)   { return f.inline, f.fail }
+func (f *fakeHigh) HighAuto() (uint32, bool, error) {
+	return f.pps, f.inline && f.pps != 0, f.fail
+}
 func (f *fakeHigh) SetHighInline(on bool) error {
 	if f.refuses {
 		return errors.New("refused")
@@ -59,22 +63,24 @@ func (f *fakeHigh) SetHighInline(on bool) error {
 func (f *fakeHigh) Close() error { f.closed++; return nil }
 
 // TestHighSwitchFollows: the switch turns the class's frame count into a
-// rate, sets the datapath's flag when its decision changes and whenever
-// the flag differs from it (a re-apply clears it), reopens the datapath
-// after an error, and puts the class back in its queue when it stops.
+// rate, sets the datapath's switch when its decision changes and whenever
+// the switch differs from it, takes its threshold from the applied config
+// at every sample (a re-apply without high=auto stands it down), opens the
+// datapath at every sample, keeps an error in its status until the next
+// good sample, and puts the class back in its queue when it stops.
 func TestHighSwitchFollows(t *testing.T) {
-	dp := &fakeHigh{}
+	dp := &fakeHigh{pps: 5000}
 	opens := 0
-	h := newHighSwitch("/nowhere", 5000)
+	h := newHighSwitch("/nowhere")
 	h.open = func(string) (highDatapath, error) { opens++; return dp, nil }
 	at := time.Unix(1000, 0)
 	tick := func(frames uint64) string {
 		t.Helper()
 		at = at.Add(100 * time.Millisecond)
 		dp.frames += frames
-		msg, err := h.sample(at)
-		if err != nil {
-			t.Fatal(err)
+		msg := h.sample(at)
+		if h.err != "" {
+			t.Fatal(h.err)
 		}
 		return msg
 	}
@@ -88,9 +94,9 @@ func TestHighSwitchFollows(t *testing.T) {
 	if s := h.status(); !s.Inline || s.Rate != 8000 || !strings.Contains(s.Summary(), "NIC poll") {
 		t.Errorf("status %+v: %q", s, s.Summary())
 	}
-	dp.inline = false // a re-apply cleared the flag
+	dp.inline = false // written under the switch
 	if msg := tick(800); msg != "" || !dp.inline {
-		t.Errorf("flag cleared under the switch: not set again (%q, inline %v)", msg, dp.inline)
+		t.Errorf("switch cleared under the agent: not set again (%q, inline %v)", msg, dp.inline)
 	}
 	var msg string
 	for range 10 {
@@ -101,18 +107,37 @@ func TestHighSwitchFollows(t *testing.T) {
 	if dp.inline || !strings.Contains(msg, "takes its queue") {
 		t.Errorf("after 1 s at 1000 frames/s: inline %v, log %q", dp.inline, msg)
 	}
+
+	// A re-apply with a higher threshold: 8000 frames/s is light now.
+	dp.pps = 20000
+	for range 5 {
+		tick(800)
+	}
+	if dp.inline {
+		t.Error("8000 frames/s under a threshold of 20000: inline")
+	}
+	// A re-apply without high=auto: the switch stands down.
+	dp.pps = 0
+	if msg := tick(5000); !strings.Contains(msg, "stands down") || !h.status().Off || !strings.Contains(h.status().Summary(), "off") {
+		t.Errorf("config without high=auto: log %q, status %+v", msg, h.status())
+	}
+	for range 5 {
+		tick(5000)
+	}
+	if dp.inline {
+		t.Error("switched on under a config without high=auto")
+	}
+	dp.pps = 5000
+
 	dp.fail = errors.New("gone")
-	if _, err := h.sample(at.Add(100 * time.Millisecond)); err == nil || dp.closed != 1 {
-		t.Errorf("read error: %v, %d closes", err, dp.closed)
+	h.sample(at.Add(100 * time.Millisecond))
+	if h.err == "" || !strings.Contains(h.status().Summary(), "gone") {
+		t.Errorf("read error: status %+v", h.status())
 	}
 	dp.fail = nil
 	tick(0)
-	if opens != 2 {
-		t.Errorf("%d opens, want the datapath reopened after the error", opens)
-	}
-	dp.frames = 0 // a new datapath counts from 0: no rate from a count that went back
-	if _, err := h.sample(at.Add(100 * time.Millisecond)); err != nil {
-		t.Fatal(err)
+	if h.status().Err != "" || opens != dp.closed {
+		t.Errorf("status %+v, %d opens and %d closes: want the error cleared, every open closed", h.status(), opens, dp.closed)
 	}
 	dp.inline, h.state.on = true, true
 	if err := h.stop(); err != nil || dp.inline {

@@ -78,13 +78,16 @@ type Options struct {
 	// frame wait only for the XDP verdicts of the bulk frames polled with
 	// it. Or "auto": the queue while the high class is light, the NIC poll
 	// while it is busy (HighAutoPPS), switched at runtime by lanes agent.
-	// Why: on 2 cores (2026-11-23 Intel VM, 2026-11-25 AMD VM) the inline
-	// first stage gave busy request/response TCP services under a 65%
-	// background most of their lost rate back (memcached 0.91-0.92x of
-	// vanilla's instead of 0.75-0.81x, nginx 0.91-0.97x instead of
-	// 0.78-0.82x, AMD), while a light ping-pong kept its p99 better with
-	// the real-time queue (AMD at 95% background: 0.49x of vanilla's
-	// against 0.94x inline; Intel at 65%: 0.46x against 0.63x and 1.21x).
+	// Why: on 2 cores the inline first stage gave busy request/response
+	// TCP services under a 65% background most of their lost rate back on
+	// the AMD VM (2026-11-25: memcached 0.91-0.92x of vanilla's instead of
+	// 0.75-0.81x, nginx 0.91-0.97x instead of 0.78-0.82x) and some of it on
+	// the Intel VM (2026-11-23: memcached 0.75x and 0.86x instead of 0.64x
+	// and 0.75x), while a light ping-pong kept its p99 better with the
+	// real-time queue on the Intel VM (at 65%: 0.46x of vanilla's against
+	// 0.63x and 1.21x inline; on the AMD VM the two were even in a sweep
+	// of 5 repeats). The decision is the whole class's: a light marked
+	// flow goes inline with a busy one.
 	High string
 	// highDefault: High was not given and resolved to auto, which the
 	// planner takes back to queue (with a note) where auto cannot run.
@@ -253,7 +256,7 @@ var params = []plan.Param{
 	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
-	{Key: "high", Default: "auto (queue with bulk=inline, or where the NIC is not polled on the receive core alone)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
+	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: high-priority frames per second from which the class runs inline (back to its queue below half of it)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
@@ -358,6 +361,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.BulkSched == "" {
 		o.BulkSched = bulkSchedDefault(o)
+	}
+	if o.High == "" && autoPPS {
+		o.High = HighAuto // a threshold given: auto as if given
 	}
 	if o.High == "" {
 		o.High, o.highDefault = highDefault(o), true

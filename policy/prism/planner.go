@@ -149,6 +149,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		o.High = HighQueue
 		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)", core, why))
 	}
+	if o.High == HighAuto {
+		// The threshold goes into the datapath's config, which the agent
+		// follows: a re-apply with other settings takes effect there.
+		setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
+	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (its NAPI is not threaded and pinned)"
 		if cpus := plan.IRQCPUs(t); len(cpus) > 0 {

@@ -215,7 +215,7 @@ func TestPrismIdleInline(t *testing.T) {
 // flipDuring sends a sequence-numbered stream from src to dst while flip
 // runs every 3 ms, checks it arrived in order, and that the split stage
 // took both paths and moved between them (tookBothPaths).
-func flipDuring(t *testing.T, dp *steer.Datapath, src, dst testbed.Container, what, flips string, high bool, flip func(i int) error) {
+func flipDuring(t *testing.T, dp *steer.Datapath, src, dst testbed.Container, what, flips string, high bool, flip func(i int) error) (split steer.Counters) {
 	t.Helper()
 	st0, _ := dp.Stats()
 	stop := modetest.Every(3*time.Millisecond, flip)
@@ -227,6 +227,7 @@ func flipDuring(t *testing.T, dp *steer.Datapath, src, dst testbed.Container, wh
 	}
 	st1, _ := dp.Stats()
 	tookBothPaths(t, fmt.Sprintf("%d %s", n, flips), st0[steer.StageSplit], st1[steer.StageSplit], high)
+	return st1[steer.StageSplit].Sub(st0[steer.StageSplit])
 }
 
 // tookBothPaths logs what the split stage did between two readings of its
@@ -602,6 +603,8 @@ func TestPrismRefuses(t *testing.T) {
 		"quiet=1s,cpu=0":                  "receive on the one IRQ core",
 		"quiet=1s,bulk=inline":            "drop quiet or the inline setting",
 		"high=auto,cpu=0":                 "the underlay's IRQ core is 1",
+		"high-auto-pps=9000,cpu=0":        "the underlay's IRQ core is 1",
+		"high-auto-pps=9000,bulk=inline":  "bulk=inline leaves no such move",
 		"high=queue,high-auto-pps=100":    "set high=auto",
 	} {
 		m := map[string]string{}
@@ -802,8 +805,8 @@ func TestPrismHighAuto(t *testing.T) {
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
-	if cfg, err := dp.Config(); err != nil || !cfg.PrioIdleInline {
-		t.Errorf("config %+v (%v): high=auto needs PrioIdleInline", cfg, err)
+	if cfg, err := dp.Config(); err != nil || !cfg.PrioIdleInline || cfg.HighAutoPPS != 5000 {
+		t.Errorf("config %+v (%v): high=auto needs PrioIdleInline, and its threshold (5000)", cfg, err)
 	}
 	if c.a.State.Plan.Agent != prism.GuardAgentName {
 		t.Errorf("plan agent %q, want %q (high=auto's switch)", c.a.State.Plan.Agent, prism.GuardAgentName)
@@ -811,7 +814,11 @@ func TestPrismHighAuto(t *testing.T) {
 	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
 		t.Fatal(err)
 	}
-	flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(i%2 == 0) })
+	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(i%2 == 0) })
+	// Every move the fast one: none waited out the drain time.
+	if d.Moved < 10 || d.Undrained != 0 {
+		t.Errorf("split stage %+v: want many moves, none after the drain time", d)
+	}
 	if err := dp.SetHighInline(false); err != nil {
 		t.Fatal(err)
 	}
@@ -833,9 +840,19 @@ func TestPrismHighAutoFallsBack(t *testing.T) {
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the receive core [0]", cm, err)
 	}
+	if cfg, err := dp.Config(); err != nil || cfg.HighAutoPPS != 0 {
+		t.Errorf("config %+v (%v): high=auto's threshold on a plan that fell back to the queue", cfg, err)
+	}
 	ag, stopAgent := a.StartAgent(t)
-	if st, _ := ag.Status().(prism.GuardStatus); st.High != nil {
-		t.Errorf("agent status %+v: a high=auto switch on a plan that fell back to the queue", st)
+	var st prism.GuardStatus
+	for range 100 {
+		if st, _ = ag.Status().(prism.GuardStatus); st.High != nil && st.High.Off {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.High == nil || !st.High.Off || st.High.Err != "" {
+		t.Errorf("agent status %+v: want high=auto's switch off (the plan fell back to the queue)", st.High)
 	}
 	stopAgent()
 	a.ResetAndCheck(t, before)
