@@ -162,7 +162,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				}
 			}
 			if st.HighInline {
-				fmt.Fprintf(out, "  high-priority flows run in the NIC poll now (high=auto's switch is on; lanes status shows the agent's view)\n")
+				fmt.Fprintf(out, "  high-priority flows run in the NIC poll now (high=auto's switch is on: the agent found the class busy)\n")
 			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}
