@@ -3,6 +3,7 @@ package control
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -103,6 +104,10 @@ type FlowStage struct {
 	Packets uint64 `json:"packets"`
 	IdleMs  int64  `json:"idle_ms"`
 	High    bool   `json:"high_priority,omitempty"` // in the core's high-priority queue
+	// Marked: a priority rule marks the flow (split stage), wherever it
+	// runs: in the high-priority queue (High) or, under high=auto's
+	// switch, in the NIC poll.
+	Marked bool `json:"marked,omitempty"`
 	// Direct (bridge stage, staying): runs on in the VXLAN GRO cell's
 	// poll, without a pass through the RPS backlog.
 	Direct bool `json:"direct,omitempty"`
@@ -149,6 +154,7 @@ func steering(s *StatusReport, netns string) error {
 			}
 		}
 	}
+	var rules []steer.Rule // the priority rules, for the flows they mark
 	if cfg.Prio {
 		out.BulkInlineIdle = cfg.PrioIdleInline
 		if out.HighInline, err = d.HighInline(); err != nil {
@@ -166,7 +172,7 @@ func steering(s *StatusReport, netns string) error {
 				out.SinceHighMs = &ms
 			}
 		}
-		rules, err := d.Rules()
+		rules, err = d.Rules()
 		if err != nil {
 			return err
 		}
@@ -227,6 +233,9 @@ func steering(s *StatusReport, netns string) error {
 			High:    f.High,
 			Direct:  f.Direct,
 			HeldOn:  -1,
+		}
+		if f.Stage == steer.StageSplit {
+			fs.Marked = slices.ContainsFunc(rules, func(r steer.Rule) bool { return r.Matches(f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto) })
 		}
 		if f.StayCore >= 0 && f.InFlight > 0 {
 			fs.HeldOn = f.StayCore

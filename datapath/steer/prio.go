@@ -46,6 +46,16 @@ const (
 )
 
 // String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
+// Matches says whether the rule marks a flow (inner addresses, ports and
+// protocol), as steer_xdp's high_prio decides it.
+func (r Rule) Matches(src, dst netip.Addr, sport, dport uint16, proto uint8) bool {
+	addr, port := dst, dport
+	if r.Src {
+		addr, port = src, sport
+	}
+	return addr == r.Addr && (r.Port == 0 || r.Port == port) && (r.Proto == 0 || r.Proto == proto)
+}
+
 func (r Rule) String() string {
 	var b strings.Builder
 	if r.Src {

@@ -538,3 +538,35 @@ func TestPrioHighInline(t *testing.T) {
 		t.Error("HighInline says inline under a config without high=auto")
 	}
 }
+
+// Rule.Matches (what lanes status uses to name a marked flow in the NIC
+// poll) decides as steer_xdp's classification does, flow by flow.
+func TestRuleMatchesLikeTheProgram(t *testing.T) {
+	d := prioDatapath(t, true, time.Hour)
+	var rules []Rule
+	for _, s := range []string{"dst " + innerDst.String() + " port 80 tcp", "src " + innerSrc.String() + " port 5000 udp", "dst 10.9.9.9"} {
+		rules = append(rules, addRule(t, d, s))
+	}
+	var flows []flowSpec
+	for _, port := range []uint16{80, 81, 5000} {
+		for _, proto := range []uint8{protoTCP, protoUDP} {
+			flows = append(flows, flowSpec{src: innerSrc, dst: innerDst, sport: port, dport: port, proto: proto},
+				flowSpec{src: innerSrc, dst: innerDst, sport: 40000 + port, dport: port, proto: proto})
+		}
+	}
+	marked := 0
+	for _, f := range flows {
+		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		got := slices.ContainsFunc(rules, func(r Rule) bool { return r.Matches(fl.Src, fl.Dst, fl.SrcPort, fl.DstPort, fl.Proto) })
+		if got != fl.High {
+			t.Errorf("flow %+v: Matches %v, the program classified it high %v", f, got, fl.High)
+		}
+		if got {
+			marked++
+		}
+	}
+	if marked == 0 || marked == len(flows) {
+		t.Errorf("%d of %d flows marked: the cases do not tell the two apart", marked, len(flows))
+	}
+}

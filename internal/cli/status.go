@@ -144,6 +144,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if f.HeldOn >= 0 {
 				how += fmt.Sprintf(", queued on core %d", f.HeldOn)
 			}
+			if f.Marked {
+				how = "high priority, in the NIC poll: " + how
+			}
 			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; %s%s)\n", f.Stage, f.Flow, f.Packets, how, ctlInFlight(f))
 		}
 		if st.Prio {
