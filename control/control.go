@@ -230,8 +230,14 @@ func Apply(opts Options) (*State, error) {
 		}
 	}
 	// The container devices the journal now holds knobs of, so a later
-	// lanes agent tells them from devices replaced under the same name.
-	if err := writeDevices(dir, containerDevices(topo).ident); err != nil {
+	// lanes agent tells them from devices replaced under the same name;
+	// with the journal's generation, so an agent that read the previous
+	// apply's state cannot pair it with this file.
+	ents, err := knobs.ReadEntries(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeDevices(dir, knobs.Generation(ents), containerDevices(topo).ident); err != nil {
 		return nil, err
 	}
 	st.Phase = Applied
@@ -426,14 +432,16 @@ func writeJSONFile(path string, v any, what string) error {
 	return nil
 }
 
+// removeState removes the state file last: until it goes, `lanes reset
+// --all` still finds a directory a crash left half cleaned.
 func removeState(dir string) {
-	os.Remove(filepath.Join(dir, StateFile))
-	os.Remove(filepath.Join(dir, StateFile+".tmp"))
 	os.Remove(filepath.Join(dir, plan.AgentStateFile))
 	os.Remove(filepath.Join(dir, plan.AgentStateFile+".tmp"))
 	os.Remove(filepath.Join(dir, DevicesFile))
 	os.Remove(filepath.Join(dir, DevicesFile+".tmp"))
 	removeAgentReport(dir)
+	os.Remove(filepath.Join(dir, StateFile+".tmp"))
+	os.Remove(filepath.Join(dir, StateFile))
 }
 
 func label(ns string) string {

@@ -199,12 +199,14 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 		apply: applyCommand(st, filepath.Dir(dir)), verified: map[string]string{}, seen: map[string]string{}, logf: logf}
 	// The devices as the last apply or round settled them; a state dir
 	// from an older build has none, and the first round's view stands in.
-	idents, err := readJSONFile[map[string]string](filepath.Join(dir, DevicesFile))
+	// Only the file of the apply this follower follows: one read while a
+	// re-apply was under way may be the previous apply's.
+	devs, err := readJSONFile[deviceIdents](filepath.Join(dir, DevicesFile))
 	if err != nil {
 		return nil, err
 	}
-	if idents != nil {
-		maps.Copy(f.seen, *idents)
+	if devs != nil && devs.Generation == f.gen {
+		maps.Copy(f.seen, devs.Idents)
 	}
 	// The IRQ cores the plan was made for; a state file from an older
 	// build lacks them, and the first round's view stands in.
@@ -621,7 +623,7 @@ func (f *follower) once() (roundResult, error) {
 	if !maps.Equal(f.seen, devs.ident) {
 		clear(f.seen)
 		maps.Copy(f.seen, devs.ident)
-		if err := writeDevices(f.dir, f.seen); err != nil {
+		if err := writeDevices(f.dir, f.gen, f.seen); err != nil {
 			return res, err
 		}
 	}
@@ -911,9 +913,16 @@ func (d containerDevs) hostIndex(ns, dev string) int { return d.hostIdx[plan.Dev
 // a device replaced under the same name meanwhile from the one journaled.
 const DevicesFile = "devices.json"
 
+// deviceIdents is the devices file: the idents, and the journal
+// generation (knobs.Generation) of the apply they belong to.
+type deviceIdents struct {
+	Generation string            `json:"generation"`
+	Idents     map[string]string `json:"idents"`
+}
+
 // writeDevices replaces the devices file atomically.
-func writeDevices(dir string, idents map[string]string) error {
-	return writeJSONFile(filepath.Join(dir, DevicesFile), idents, "the container devices' idents")
+func writeDevices(dir, gen string, idents map[string]string) error {
+	return writeJSONFile(filepath.Join(dir, DevicesFile), deviceIdents{Generation: gen, Idents: idents}, "the container devices' idents")
 }
 
 // replacedDevice: dev was seen with one ident when its journal entries

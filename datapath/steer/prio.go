@@ -45,7 +45,6 @@ const (
 	ipProtoUDP = 17
 )
 
-// String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
 // Matches says whether the rule marks a flow (inner addresses, ports and
 // protocol), as steer_xdp's high_prio decides it.
 func (r Rule) Matches(src, dst netip.Addr, sport, dport uint16, proto uint8) bool {
@@ -56,6 +55,7 @@ func (r Rule) Matches(src, dst netip.Addr, sport, dport uint16, proto uint8) boo
 	return addr == r.Addr && (r.Port == 0 || r.Port == port) && (r.Proto == 0 || r.Proto == proto)
 }
 
+// String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
 func (r Rule) String() string {
 	var b strings.Builder
 	if r.Src {

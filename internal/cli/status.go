@@ -144,8 +144,10 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if f.HeldOn >= 0 {
 				how += fmt.Sprintf(", queued on core %d", f.HeldOn)
 			}
-			if f.Marked {
+			if f.Marked && st.HighInline {
 				how = "high priority, in the NIC poll: " + how
+			} else if f.Marked {
+				how = "marked high priority: " + how
 			}
 			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; %s%s)\n", f.Stage, f.Flow, f.Packets, how, ctlInFlight(f))
 		}

@@ -133,6 +133,11 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if n < h.frames {
+		// The count went back: a re-apply pinned a new datapath, whose
+		// class starts in its queue; so does the decision.
+		h.state, h.at = highState{}, time.Time{}
+	}
 	var changed bool
 	if !h.at.IsZero() && now.After(h.at) && n >= h.frames {
 		h.rate = float64(n-h.frames) / now.Sub(h.at).Seconds()

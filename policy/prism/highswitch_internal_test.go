@@ -139,6 +139,19 @@ func TestHighSwitchFollows(t *testing.T) {
 	if h.status().Err != "" || opens != dp.closed {
 		t.Errorf("status %+v, %d opens and %d closes: want the error cleared, every open closed", h.status(), opens, dp.closed)
 	}
+	// Busy again, then a re-apply pins a new datapath: its count starts
+	// over and its class in the queue, and the decision follows it there.
+	for range 4 {
+		tick(800)
+	}
+	if !dp.inline {
+		t.Fatal("not inline after 0.4 s at 8000 frames/s")
+	}
+	dp.frames, dp.inline = 0, false
+	tick(0)
+	if dp.inline || h.state.inline() {
+		t.Errorf("after a new datapath: switch %v, decision %v, want both in the queue", dp.inline, h.state.inline())
+	}
 	dp.inline, h.state.on = true, true
 	if err := h.stop(); err != nil || dp.inline {
 		t.Errorf("stop: %v, inline %v, want the class back in its queue", err, dp.inline)
