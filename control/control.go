@@ -233,11 +233,7 @@ func Apply(opts Options) (*State, error) {
 	// lanes agent tells them from devices replaced under the same name;
 	// with the journal's generation, so an agent that read the previous
 	// apply's state cannot pair it with this file.
-	ents, err := knobs.ReadEntries(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := writeDevices(dir, knobs.Generation(ents), containerDevices(topo).ident); err != nil {
+	if err := writeDevices(dir, knobs.Generation(j.Entries()), containerDevices(topo).ident); err != nil {
 		return nil, err
 	}
 	st.Phase = Applied

@@ -676,11 +676,18 @@ func (d *Datapath) HighAuto() (pps uint32, inline bool, err error) {
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
 		return 0, false, fmt.Errorf("reading steer config: %w", err)
 	}
+	on, err := d.highSwitch()
+	return k.HighAutoPps, on && k.HighAutoPps != 0, err
+}
+
+// highSwitch reads steer_high_inline alone: whether SetHighInline turned
+// it on (heeded only under a config with high=auto).
+func (d *Datapath) highSwitch() (bool, error) {
 	var on uint32
 	if err := d.objs.SteerHighInline.Lookup(uint32(0), &on); err != nil {
-		return 0, false, fmt.Errorf("reading the high-priority class's switch: %w", err)
+		return false, fmt.Errorf("reading the high-priority class's switch: %w", err)
 	}
-	return k.HighAutoPps, on != 0 && k.HighAutoPps != 0, nil
+	return on != 0, nil
 }
 
 // SetHighInline switches where high-priority flows run their first stage:
@@ -998,8 +1005,12 @@ func (c Counters) Add(other Counters) Counters {
 // numCounters is steer.c's NUM_COUNTERS.
 var numCounters = len((&Counters{}).fields())
 
-// counterHigh is CNT_HIGH's place in steer.c's enum counter (Counters.High).
-const counterHigh = 7
+// counterHigh is CNT_HIGH's place in steer.c's enum counter: Counters.High's
+// in fields(), the one list of that order.
+var counterHigh = func() int {
+	var c Counters
+	return slices.Index(c.fields(), &c.High)
+}()
 
 // Stats reads every stage's counters, summed over cores.
 func (d *Datapath) Stats() ([NumStages]Counters, error) {

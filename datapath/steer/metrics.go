@@ -91,9 +91,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil || !cfg.Prio {
 		return
 	}
-	if hi, _, err := openMaps(c.dir, []string{steerMapSteerCfg, steerMapSteerHighInline}); err == nil {
-		if on, err := hi.HighInline(); err == nil {
-			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on))
+	if hi, _, err := openMaps(c.dir, []string{steerMapSteerHighInline}); err == nil {
+		if on, err := hi.highSwitch(); err == nil {
+			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on && cfg.HighAutoPPS != 0))
 		}
 		hi.Close()
 	}

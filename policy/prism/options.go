@@ -96,7 +96,8 @@ type Options struct {
 	// once steer_xdp classified at least this many high-priority frames
 	// per second for 0.3 s, and goes back to its queue after 1 s below
 	// half of it. A ping-pong at PRISM's 1000 messages/s is 1000 frames/s;
-	// the memcached and nginx runs above were 8-27 thousand requests/s.
+	// the marked memcached and nginx carried 6.6-38 thousand frames/s
+	// (AMD VM, 2026-11-25).
 	HighAutoPPS int
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
