@@ -134,6 +134,11 @@ func (o Options) validate() (*validated, error) {
 	if !knobs.NetNSExists(o.NetNS) {
 		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", o.NetNS)
 	}
+	// A process's namespace is kept with its cookie, so the agent and
+	// reset never act on another namespace whose process got the PID.
+	if o.NetNS, err = knobs.PinNetNS(o.NetNS); err != nil {
+		return nil, err
+	}
 	if Target(o.NetNS) == "host" && o.NetNS != "" {
 		return nil, fmt.Errorf("netns %q clashes with the name lanes uses for its own namespace's state: rename it", o.NetNS)
 	}

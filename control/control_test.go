@@ -317,6 +317,7 @@ func TestTargetNames(t *testing.T) {
 		"lanes-h1":                    "lanes-h1",
 		"/var/run/docker/netns/1-abc": "var_run_docker_netns_1-abc",
 		"pid:42":                      "pid_42",
+		"pid:42@8193":                 "pid_42", // the same namespace, checked by its cookie
 	} {
 		if got := Target(ns); got != want {
 			t.Errorf("Target(%q) = %q, want %q", ns, got, want)

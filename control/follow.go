@@ -18,7 +18,6 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // Following containers. A container host starts and stops containers all
@@ -329,13 +328,7 @@ func (f *follower) Run(ctx context.Context) {
 // ended with ctx.
 func (f *follower) subscribe(ctx context.Context) (_ <-chan netlink.LinkUpdate, stop func()) {
 	noop := func() {}
-	var ns netns.NsHandle
-	var err error
-	if p := knobs.NetNSPath(f.netns); p == "" {
-		ns, err = netns.Get()
-	} else {
-		ns, err = netns.GetFromPath(p)
-	}
+	ns, err := knobs.OpenNetNS(f.netns)
 	if err != nil {
 		f.logf("containers: cannot watch links of netns %s (%v): looking every %v instead", label(f.netns), err, followCheckEvery)
 		return nil, noop

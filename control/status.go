@@ -99,6 +99,11 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 	}
 	if st != nil {
 		s.State, s.Mode = st, st.Mode
+		// The applied form ("pid:N@C" for "pid:N"), so devices are
+		// named as the journal names them.
+		if Target(st.NetNS) == s.Target {
+			opts.NetNS = st.NetNS
+		}
 	}
 	ents, err := knobs.ReadEntries(dir)
 	if err != nil {

@@ -540,6 +540,15 @@ func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 		id, err := netlink.GetNetNsIdByFd(int(fd))
 		if err == nil && id >= 0 && want[id] {
 			if _, done := s.nsids[id]; !done {
+				// A process's namespace goes by "pid:N@C", its cookie
+				// with it (see knobs.PinNetNS): journaled knobs are
+				// never restored into another namespace that reused
+				// the PID. A process that is gone already is skipped.
+				if strings.HasPrefix(name, "pid:") {
+					if name, err = knobs.PinNetNS(name); err != nil {
+						return
+					}
+				}
 				s.nsids[id] = name
 			}
 		}

@@ -162,7 +162,7 @@ func TestDiscoverMissingNetNS(t *testing.T) {
 }
 
 // A container namespace that has no name (only a process holds it, as with
-// many runtimes) is found through /proc and reported as pid:N.
+// many runtimes) is found through /proc and reported as pid:N@COOKIE.
 func TestDiscoverUnnamedPeer(t *testing.T) {
 	f := topotest.New(t, topotest.Options{Containers: 1})
 	h := f.Hosts[0]
@@ -179,7 +179,14 @@ func TestDiscoverUnnamedPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "pid:" + strconv.Itoa(cmd.Process.Pid)
+	// With its namespace's cookie, so a reused PID is told apart.
+	want, err := knobs.PinNetNS("pid:" + strconv.Itoa(cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(want, "@") {
+		t.Fatalf("PinNetNS gave %q, want pid:N@COOKIE", want)
+	}
 	if len(topo.Veths) != 1 || topo.Veths[0].PeerNetNS != want {
 		t.Fatalf("veths %+v, want one with peer in %s", topo.Veths, want)
 	}

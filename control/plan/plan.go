@@ -192,11 +192,15 @@ func Modes() []string {
 
 // Target is the name a namespace's lanes state goes by: "host" for the
 // namespace lanes runs in, the namespace's name otherwise (paths and "pid:N"
-// forms made filesystem-safe). It names the state directory under /run/lanes
+// forms made filesystem-safe, "pid:N@C" the same as "pid:N"). It names the state directory under /run/lanes
 // and the BPF pin directory under /sys/fs/bpf/lanes.
 func Target(netns string) string {
 	if netns == "" {
 		return "host"
+	}
+	// "pid:N@C" is pid:N checked against its cookie: the same target.
+	if strings.HasPrefix(netns, "pid:") {
+		netns, _, _ = strings.Cut(netns, "@")
 	}
 	r := strings.NewReplacer("/", "_", ":", "_")
 	return r.Replace(strings.TrimPrefix(netns, "/"))

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/nsx"
 )
 
 // change is a knob, the value the test writes, and its value before.
@@ -323,6 +324,99 @@ func TestNetNSPathForms(t *testing.T) {
 	}
 	if err := knobs.Do("/run/netns/lanes-nope-x", func() error { return nil }); err == nil {
 		t.Error("entering a missing namespace succeeded")
+	}
+}
+
+// TestPinnedPIDNetNS: "pid:N" is pinned to its namespace's cookie, and a
+// pinned label whose PID now runs in another namespace (a PID reused by
+// another container) is gone for every way lanes enters it, so nothing is
+// restored or adopted there. The reuse is modelled by a label naming one
+// process with another namespace's cookie.
+func TestPinnedPIDNetNS(t *testing.T) {
+	topotest.RequireRoot(t)
+	p := topotest.NewPrefix()
+	holders := map[string]*exec.Cmd{}
+	for _, n := range []string{p + "-a", p + "-b"} {
+		topotest.Namespace(t, n)
+		cmd := exec.Command("sleep", "600")
+		if err := nsx.Start(n, cmd); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		holders[n] = cmd
+	}
+	a, b := holders[p+"-a"].Process.Pid, holders[p+"-b"].Process.Pid
+	pinA, err := knobs.PinNetNS("pid:" + strconv.Itoa(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinB, err := knobs.PinNetNS("pid:" + strconv.Itoa(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cookieA, _ := strings.Cut(pinA, "@")
+	_, cookieB, _ := strings.Cut(pinB, "@")
+	if cookieA == "" || cookieA == cookieB {
+		t.Fatalf("pinned %q and %q: want pid:N@COOKIE with different cookies", pinA, pinB)
+	}
+	if again, err := knobs.PinNetNS(pinA); err != nil || again != pinA {
+		t.Errorf("PinNetNS(%q) = %q, %v; want it unchanged", pinA, again, err)
+	}
+	for _, ns := range []string{"", p + "-a", "/run/netns/" + p + "-a"} {
+		if got, err := knobs.PinNetNS(ns); err != nil || got != ns {
+			t.Errorf("PinNetNS(%q) = %q, %v; want it unchanged", ns, got, err)
+		}
+	}
+	if !knobs.NetNSExists(pinA) {
+		t.Errorf("%s does not exist", pinA)
+	}
+	entered := false
+	if err := knobs.DoSysfs(pinA, func() error { entered = true; return nil }); err != nil || !entered {
+		t.Errorf("entering %s: %v", pinA, err)
+	}
+	h, err := knobs.OpenNetNS(pinA)
+	if err != nil {
+		t.Fatalf("opening %s: %v", pinA, err)
+	}
+	h.Close()
+
+	reused := "pid:" + strconv.Itoa(b) + "@" + cookieA
+	if knobs.NetNSExists(reused) {
+		t.Errorf("%s exists: process %d runs in another namespace", reused, b)
+	}
+	ran := false
+	for name, err := range map[string]error{
+		"Do":      knobs.Do(reused, func() error { ran = true; return nil }),
+		"DoSysfs": knobs.DoSysfs(reused, func() error { ran = true; return nil }),
+		"Sysfs":   knobs.Sysfs(reused, "/sys/class/net/lo/tx_queue_len").Write([]byte("1000")),
+	} {
+		if !errors.Is(err, knobs.ErrGone) {
+			t.Errorf("%s into %s: %v, want ErrGone", name, reused, err)
+		}
+	}
+	if ran {
+		t.Errorf("a function ran in %s", reused)
+	}
+	if h, err := knobs.OpenNetNS(reused); err == nil {
+		h.Close()
+		t.Errorf("opened %s", reused)
+	}
+
+	holders[p+"-a"].Process.Kill()
+	holders[p+"-a"].Wait()
+	if knobs.NetNSExists(pinA) {
+		t.Errorf("%s exists after its process ended", pinA)
+	}
+	if _, err := knobs.PinNetNS("pid:" + strconv.Itoa(a)); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("pinning a gone process: %v, want ErrGone", err)
+	}
+	for _, bad := range []string{"pid:", "pid:x", "pid:-1", "pid:1@", "pid:1@0", "pid:1@x"} {
+		if _, err := knobs.PinNetNS(bad); err == nil {
+			t.Errorf("PinNetNS(%q) succeeded", bad)
+		}
+		if knobs.NetNSExists(bad) {
+			t.Errorf("%q exists", bad)
+		}
 	}
 }
 

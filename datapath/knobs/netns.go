@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
@@ -15,7 +18,38 @@ import (
 //	""                      the namespace lanes runs in
 //	"NAME"                  a namespace bound under /run/netns (iproute2, testbed)
 //	"/var/run/docker/netns/ID"  any bound namespace file, by absolute path (Docker)
-//	"pid:N"                 the namespace of process N (unnamed, e.g. a container runtime's)
+//	"pid:N@C"               the namespace of process N, which must be the one
+//	                        whose netns cookie is C (unnamed, e.g. a container
+//	                        runtime's); "pid:N" unchecked, as a person types it
+//	                        and as journals of builds before 2026-11-25 hold it
+//
+// The cookie is why the pid form is safe to keep in a journal: a PID is
+// reused once its process is gone, possibly by a process of another
+// container with devices of the same names, and lanes would then restore
+// or adopt knobs there. A netns cookie (SO_NETNS_COOKIE) is never reused
+// while the machine runs, and every entry into such a namespace checks it
+// (ErrGone when it differs).
+
+// pidForm splits a pid form into its PID and its cookie (0: none). ok is
+// false for every other form, and for a pid form that does not parse.
+func pidForm(ns string) (pid string, cookie uint64, ok bool) {
+	rest, isPID := strings.CutPrefix(ns, "pid:")
+	if !isPID {
+		return "", 0, false
+	}
+	pid, c, hasCookie := strings.Cut(rest, "@")
+	if n, err := strconv.Atoi(pid); err != nil || n <= 0 {
+		return "", 0, false
+	}
+	if hasCookie {
+		v, err := strconv.ParseUint(c, 10, 64)
+		if err != nil || v == 0 {
+			return "", 0, false
+		}
+		cookie = v
+	}
+	return pid, cookie, true
+}
 
 // NetNSPath returns the file that holds a namespace, or "" for lanes' own.
 func NetNSPath(ns string) string {
@@ -23,7 +57,11 @@ func NetNSPath(ns string) string {
 	case ns == "":
 		return ""
 	case strings.HasPrefix(ns, "pid:"):
-		return filepath.Join("/proc", strings.TrimPrefix(ns, "pid:"), "ns", "net")
+		pid, _, ok := pidForm(ns)
+		if !ok {
+			pid = strings.TrimPrefix(ns, "pid:")
+		}
+		return filepath.Join("/proc", pid, "ns", "net")
 	case filepath.IsAbs(ns):
 		return ns
 	default:
@@ -31,19 +69,9 @@ func NetNSPath(ns string) string {
 	}
 }
 
-// NetNSExists reports whether a namespace can be entered.
-func NetNSExists(ns string) bool {
-	if ns == "" {
-		return true
-	}
-	if strings.HasPrefix(ns, "pid:") {
-		if _, err := strconv.Atoi(strings.TrimPrefix(ns, "pid:")); err != nil {
-			return false
-		}
-	}
-	_, err := os.Stat(NetNSPath(ns))
-	return err == nil
-}
+// NetNSExists reports whether a namespace can be entered (and, for
+// "pid:N@C", is still the one with cookie C).
+func NetNSExists(ns string) bool { return checkNetNS(ns) == nil }
 
 // nsxName turns any namespace name into one nsx accepts. nsx resolves names
 // by joining them to /run/netns, so a path relative to that directory reaches
@@ -60,27 +88,135 @@ func nsxName(ns string) string {
 	return rel
 }
 
+// checkNetNS returns ErrGone unless ns can be entered and, for "pid:N@C",
+// is the namespace with cookie C. Callers that enter ns themselves through
+// Do or DoSysfs get the cookie checked on the thread that runs their
+// function; the rest (ethtool, NAPI thread lookups) rely on this check: a
+// PID reused in the microseconds between it and their entry would need
+// the whole PID space to wrap in between.
 func checkNetNS(ns string) error {
-	if !NetNSExists(ns) {
+	if err := statNetNS(ns); err != nil {
+		return err
+	}
+	if _, cookie, _ := pidForm(ns); cookie != 0 {
+		return nsx.Do(nsxName(ns), func() error { return checkCookie(ns, cookie) })
+	}
+	return nil
+}
+
+// statNetNS returns ErrGone unless ns's file is there (no cookie check).
+func statNetNS(ns string) error {
+	if ns == "" {
+		return nil
+	}
+	if _, _, ok := pidForm(ns); !ok && strings.HasPrefix(ns, "pid:") {
+		return fmt.Errorf("netns %s: not pid:N or pid:N@COOKIE: %w", ns, ErrGone)
+	}
+	if _, err := os.Stat(NetNSPath(ns)); err != nil {
 		return fmt.Errorf("netns %s: %w", ns, ErrGone)
 	}
 	return nil
 }
 
+// checkCookie runs on a thread inside the namespace a pid form named.
+func checkCookie(ns string, want uint64) error {
+	got, err := cookieHere()
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("netns %s: process %s now runs in another namespace (cookie %d): %w", ns, strings.TrimPrefix(strings.SplitN(ns, "@", 2)[0], "pid:"), got, ErrGone)
+	}
+	return nil
+}
+
+// cookieHere is the netns cookie of the calling thread's namespace.
+func cookieHere() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("socket for the netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie (SO_NETNS_COOKIE, Linux 5.14 and later): %w", err)
+	}
+	return c, nil
+}
+
+// PinNetNS returns the form of ns to keep: "pid:N" becomes "pid:N@C" with
+// the cookie of process N's namespace now; an already pinned form is
+// checked; other forms are returned as they are.
+func PinNetNS(ns string) (string, error) {
+	if !strings.HasPrefix(ns, "pid:") {
+		return ns, nil
+	}
+	pid, cookie, ok := pidForm(ns)
+	if !ok {
+		return "", fmt.Errorf("netns %q: want pid:N with N a process id (or pid:N@COOKIE)", ns)
+	}
+	if cookie != 0 {
+		if err := checkNetNS(ns); err != nil {
+			return "", err
+		}
+		return ns, nil
+	}
+	if err := statNetNS(ns); err != nil {
+		return "", fmt.Errorf("netns %s: no process %s: %w", ns, pid, ErrGone)
+	}
+	var c uint64
+	err := nsx.Do(nsxName(ns), func() (err error) {
+		c, err = cookieHere()
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return "pid:" + pid + "@" + strconv.FormatUint(c, 10), nil
+}
+
 // Do runs fn on a thread inside namespace ns (see nsx.Do); /proc/sys/net
 // there shows ns's settings.
 func Do(ns string, fn func() error) error {
-	if err := checkNetNS(ns); err != nil {
-		return err
-	}
-	return nsx.Do(nsxName(ns), fn)
+	return do(ns, false, fn)
 }
 
 // DoSysfs runs fn inside namespace ns with /sys mounted from it (see
 // nsx.DoSysfs), so /sys/class/net lists ns's devices.
 func DoSysfs(ns string, fn func() error) error {
-	if err := checkNetNS(ns); err != nil {
+	return do(ns, true, fn)
+}
+
+func do(ns string, sysfs bool, fn func() error) error {
+	run := nsx.Do
+	if sysfs {
+		run = nsx.DoSysfs
+	}
+	if err := statNetNS(ns); err != nil {
 		return err
 	}
-	return nsx.DoSysfs(nsxName(ns), fn)
+	if _, cookie, _ := pidForm(ns); cookie != 0 {
+		// Checked on the thread that runs fn: exactly the namespace fn sees.
+		return run(nsxName(ns), func() error {
+			if err := checkCookie(ns, cookie); err != nil {
+				return err
+			}
+			return fn()
+		})
+	}
+	return run(nsxName(ns), fn)
+}
+
+// OpenNetNS returns a handle on namespace ns (for netlink subscriptions),
+// opened on a thread that checked it is ns; the caller closes it.
+func OpenNetNS(ns string) (netns.NsHandle, error) {
+	if ns == "" {
+		return netns.Get()
+	}
+	h := netns.None()
+	err := Do(ns, func() (err error) {
+		h, err = netns.Get()
+		return err
+	})
+	return h, err
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -156,13 +155,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 // alone refreshes.
 func (a *syncAgent) subscribe(ctx context.Context) <-chan struct{} {
 	out := make(chan struct{}, 1)
-	var ns netns.NsHandle
-	var err error
-	if p := knobs.NetNSPath(a.env.NetNS); p == "" {
-		ns, err = netns.Get()
-	} else {
-		ns, err = netns.GetFromPath(p)
-	}
+	ns, err := knobs.OpenNetNS(a.env.NetNS)
 	if err != nil {
 		return nil
 	}
