@@ -35,10 +35,10 @@ type Steering struct {
 	// BulkInlineIdle: bulk flows keep the NIC poll while no rule exists
 	// (steer.Config.PrioIdleInline).
 	BulkInlineIdle bool `json:"bulk_inline_while_no_rule,omitempty"`
-	// HighInline: high-priority flows run their first stage in the NIC
-	// poll now (PRISM's high=auto: its switch is on under a config with
-	// high=auto).
-	HighInline bool `json:"high_inline_now,omitempty"`
+	// HighInline: the rules whose flows run their first stage in the NIC
+	// poll now (PRISM's high=auto: their switches are on under a config
+	// with high=auto).
+	HighInline []string `json:"high_inline_now,omitempty"`
 	// StayQueued: a flow staying at the bridge stage goes through its
 	// core's RPS backlog (steer.Config.StayQueued), not run on.
 	StayQueued bool `json:"stay_queued,omitempty"`
@@ -106,8 +106,9 @@ type FlowStage struct {
 	High    bool   `json:"high_priority,omitempty"` // in the core's high-priority queue
 	// Marked: a priority rule marks the flow (split stage), wherever it
 	// runs: in the high-priority queue (High) or, under high=auto's
-	// switch, in the NIC poll.
+	// switch for that rule, in the NIC poll (Inline).
 	Marked bool `json:"marked,omitempty"`
+	Inline bool `json:"inline,omitempty"`
 	// Direct (bridge stage, staying): runs on in the VXLAN GRO cell's
 	// poll, without a pass through the RPS backlog.
 	Direct bool `json:"direct,omitempty"`
@@ -154,11 +155,14 @@ func steering(s *StatusReport, netns string) error {
 			}
 		}
 	}
-	var rules []steer.Rule // the priority rules, for the flows they mark
+	var rules, inline []steer.Rule // the priority rules, for the flows they mark; those high=auto runs inline
 	if cfg.Prio {
 		out.BulkInlineIdle = cfg.PrioIdleInline
-		if out.HighInline, err = d.HighInline(); err != nil {
+		if inline, err = d.HighInline(); err != nil {
 			return err
+		}
+		for _, r := range inline {
+			out.HighInline = append(out.HighInline, r.String())
 		}
 		if cfg.PrioQuiet > 0 {
 			out.QuietMs = cfg.PrioQuiet.Milliseconds()
@@ -235,7 +239,8 @@ func steering(s *StatusReport, netns string) error {
 			HeldOn:  -1,
 		}
 		if f.Stage == steer.StageSplit {
-			fs.Marked = slices.ContainsFunc(rules, func(r steer.Rule) bool { return r.Matches(f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto) })
+			r, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
+			fs.Marked, fs.Inline = marked, marked && slices.Contains(inline, r)
 		}
 		if f.StayCore >= 0 && f.InFlight > 0 {
 			fs.HeldOn = f.StayCore

@@ -147,6 +147,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
+		{steerMapSteerHighFrames, &o.SteerHighFrames},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
@@ -486,12 +487,12 @@ func OpenQueues(dir string) (*Datapath, error) {
 }
 
 // OpenHighAuto reopens only what high=auto's switch reads and writes: the
-// config, the counters and the switch. Cheap enough to reopen at every
-// sample, so a re-apply's new pins are followed.
+// config, the rules, their frame counts and their switches. Cheap enough
+// to reopen at every sample, so a re-apply's new pins are followed.
 func OpenHighAuto(dir string) (*Datapath, error) {
 	if !Pinned(dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
 	}
-	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerStats, steerMapSteerHighInline})
+	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline})
 	return d, err
 }

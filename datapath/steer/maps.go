@@ -115,10 +115,10 @@ func (d *Datapath) SetConfig(c Config) error {
 	if k.MetaGen, err = d.metaGen(); err != nil {
 		return err
 	}
-	// A new config starts with high=auto's class in its queue, as the
-	// plan says; the agent switches it from there.
-	if err := d.objs.SteerHighInline.Put(uint32(0), uint32(0)); err != nil {
-		return fmt.Errorf("resetting the high-priority class's switch: %w", err)
+	// A new config starts with every rule's flows in the high-priority
+	// queue, as the plan says; the agent switches them from there.
+	if err := d.clearHighInline(); err != nil {
+		return err
 	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
@@ -661,66 +661,113 @@ func (d *Datapath) SetHome(stage int, on bool) error {
 	return nil
 }
 
-// HighInline reports whether high-priority flows run their first stage in
-// the NIC poll now (SetHighInline): the switch is on and the config has
-// high=auto (Config.HighAutoPPS), without which the programs ignore it.
-func (d *Datapath) HighInline() (bool, error) {
+// HighInline lists the rules whose flows run their first stage in the NIC
+// poll now (SetHighInline), empty unless the config has high=auto
+// (Config.HighAutoPPS), without which the programs ignore the switches.
+func (d *Datapath) HighInline() ([]Rule, error) {
 	_, on, err := d.HighAuto()
 	return on, err
 }
 
-// HighAuto reads high=auto's threshold from the config (0: off) and
-// whether the class runs in the NIC poll now (HighInline).
-func (d *Datapath) HighAuto() (pps uint32, inline bool, err error) {
+// HighAuto reads high=auto's threshold from the config (0: off) and the
+// rules whose flows run in the NIC poll now (HighInline).
+func (d *Datapath) HighAuto() (pps uint32, inline []Rule, err error) {
 	var k steerSteerCfg
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return 0, false, fmt.Errorf("reading steer config: %w", err)
+		return 0, nil, fmt.Errorf("reading steer config: %w", err)
 	}
-	on, err := d.highSwitch()
-	return k.HighAutoPps, on && k.HighAutoPps != 0, err
+	on, err := d.highSwitches()
+	if err != nil || k.HighAutoPps == 0 {
+		return k.HighAutoPps, nil, err
+	}
+	return k.HighAutoPps, on, nil
 }
 
-// highSwitch reads steer_high_inline alone: whether SetHighInline turned
-// it on (heeded only under a config with high=auto).
-func (d *Datapath) highSwitch() (bool, error) {
-	var on uint32
-	if err := d.objs.SteerHighInline.Lookup(uint32(0), &on); err != nil {
-		return false, fmt.Errorf("reading the high-priority class's switch: %w", err)
+// highSwitches reads steer_high_inline alone: the rules SetHighInline
+// turned on (heeded only under a config with high=auto), in Rules' order.
+func (d *Datapath) highSwitches() ([]Rule, error) {
+	var (
+		out []Rule
+		k   steerPrioRule
+		on  uint32
+	)
+	it := d.objs.SteerHighInline.Iterate()
+	for it.Next(&k, &on) {
+		if on != 0 {
+			out = append(out, ruleOf(k))
+		}
 	}
-	return on != 0, nil
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the high-priority switches: %w", err)
+	}
+	sortRules(out)
+	return out, nil
 }
 
-// SetHighInline switches where high-priority flows run their first stage:
-// on, in the NIC poll that classified them (PRISM's high=inline); off, in
-// the receive core's high-priority queue (high=queue). It is runtime state
-// of PRISM's high=auto (lanes agent), in a map of its own, so that writing
-// it never rewrites the config entry lanes prio and apply write too; the
+// SetHighInline switches where the flows rule r marks run their first
+// stage: on, in the NIC poll that classified them (PRISM's high=inline);
+// off, in the receive core's high-priority queue (high=queue). It is
+// runtime state of PRISM's high=auto (lanes agent), in a map of its own,
+// so that writing it never rewrites what lanes prio and apply write; the
 // programs heed it only while the config has Config.HighAutoPPS, which
 // needs Config.PrioIdleInline: there steer_xdp moves each flow between the
 // queue and the NIC poll as soon as none of its frames is left on the old
 // path (place()'s PLACE_LOCAL), so the switch never reorders a flow;
-// without it a busy flow would wait for an idle gap. Switching on is
-// refused without high=auto in the config; off always works.
-func (d *Datapath) SetHighInline(on bool) error {
-	v := uint32(0)
-	if on {
-		var k steerSteerCfg
-		if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-			return fmt.Errorf("reading steer config: %w", err)
-		}
-		if k.HighAutoPps == 0 {
-			return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
-		}
-		v = 1
+// without it a busy flow would wait for an idle gap. A flow marked by
+// several rules goes by the first that steer_xdp finds (MarkingRule).
+// Switching on is refused without high=auto in the config; off always
+// works.
+func (d *Datapath) SetHighInline(r Rule, on bool) error {
+	if err := r.check(); err != nil {
+		return err
 	}
-	if err := d.objs.SteerHighInline.Put(uint32(0), v); err != nil {
-		return fmt.Errorf("writing the high-priority class's switch: %w", err)
+	if !on {
+		if err := d.objs.SteerHighInline.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clearing the high-priority switch of %s: %w", r, err)
+		}
+		return nil
+	}
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return fmt.Errorf("reading steer config: %w", err)
+	}
+	if k.HighAutoPps == 0 {
+		return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
+	}
+	if err := d.objs.SteerHighInline.Put(r.key(), uint32(1)); err != nil {
+		return fmt.Errorf("writing the high-priority switch of %s: %w", r, err)
+	}
+	return nil
+}
+
+// clearHighInline puts every rule's flows back in the high-priority queue.
+func (d *Datapath) clearHighInline() error {
+	on, err := d.highSwitches()
+	if err != nil {
+		return err
+	}
+	for _, r := range on {
+		if err := d.SetHighInline(r, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ForgetHigh drops what high=auto keeps for rule r (its switch and its
+// frame count), for a rule that is gone.
+func (d *Datapath) ForgetHigh(r Rule) error {
+	if err := d.SetHighInline(r, false); err != nil {
+		return err
+	}
+	if err := d.objs.SteerHighFrames.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("dropping the frame count of %s: %w", r, err)
 	}
 	return nil
 }
 
 // HighFrames is the number of high-priority frames steer_xdp classified,
-// summed over cores: one map read, for lanes agent's rate of the class.
+// summed over cores: one map read.
 func (d *Datapath) HighFrames() (uint64, error) {
 	var per []uint64
 	if err := d.objs.SteerStats.Lookup(uint32(StageSplit*numCounters+counterHigh), &per); err != nil {
@@ -731,6 +778,29 @@ func (d *Datapath) HighFrames() (uint64, error) {
 		n += v
 	}
 	return n, nil
+}
+
+// HighRuleFrames is the number of frames each rule marked, summed over
+// cores, counted by steer_xdp only while the config has high=auto: lanes
+// agent's rate of each rule. A rule appears with its first frame.
+func (d *Datapath) HighRuleFrames() (map[Rule]uint64, error) {
+	out := map[Rule]uint64{}
+	var (
+		k   steerPrioRule
+		per []uint64
+	)
+	it := d.objs.SteerHighFrames.Iterate()
+	for it.Next(&k, &per) {
+		var n uint64
+		for _, v := range per {
+			n += v
+		}
+		out[ruleOf(k)] = n
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the high-priority frame counts: %w", err)
+	}
+	return out, nil
 }
 
 // HomeBare reports whether the bridge stage at home runs every frame on

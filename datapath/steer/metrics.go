@@ -12,8 +12,8 @@ import (
 // bulk skips its queue for lack of high-priority frames) and
 // lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{core,
 // event}, each core's split-stage queues' frames in, out and dropped; with
-// priority classes lanes_prism_high_inline (1 while high=auto runs the
-// marked class in the NIC poll). Reading at scrape time keeps the
+// priority classes lanes_prism_high_inline (the number of rules whose
+// flows high=auto runs in the NIC poll). Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
 	dir                                string
@@ -31,7 +31,7 @@ func NewCollector(dir string) *Collector {
 		last: prometheus.NewDesc("lanes_prism_since_high_seconds",
 			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
 		inline: prometheus.NewDesc("lanes_prism_high_inline",
-			"1 while high-priority flows run their first stage in the NIC poll (prism high=auto, switched by lanes agent), 0 while they take their queue.", nil, nil),
+			"Priority rules whose flows run their first stage in the NIC poll now (prism high=auto, switched rule by rule by lanes agent); 0 while every rule's flows take the high-priority queue.", nil, nil),
 		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
 			"Frames through each core's split-stage queues (cpumap, both classes): enqueued, seen (out), dropped_ring (the ring was full), dropped_kthread (no skb), lost (booked by lanes agent).",
 			[]string{"core", "event"}, nil),
@@ -92,8 +92,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	if hi, _, err := openMaps(c.dir, []string{steerMapSteerHighInline}); err == nil {
-		if on, err := hi.highSwitch(); err == nil {
-			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, b2f(on && cfg.HighAutoPPS != 0))
+		if on, err := hi.highSwitches(); err == nil {
+			n := len(on)
+			if cfg.HighAutoPPS == 0 {
+				n = 0 // the programs ignore the switches
+			}
+			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, float64(n))
 		}
 		hi.Close()
 	}

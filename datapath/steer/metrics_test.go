@@ -74,13 +74,19 @@ func TestCollector(t *testing.T) {
 		t.Error("time since the last high-priority frame exported before the first")
 	}
 	if v, ok := got["lanes_prism_high_inline"]; !ok || v != 0 {
-		t.Errorf("high class inline = %v (%v), want 0: the class in its queue", v, ok)
+		t.Errorf("rules inline = %v (%v), want 0: every rule's flows in their queue", v, ok)
 	}
-	if err := d.SetHighInline(true); err != nil {
-		t.Fatal(err)
+	for _, s := range []string{"dst 10.1.1.1", "dst 10.1.1.2 port 80 tcp"} {
+		r, err := ParseRule(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.SetHighInline(r, true); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got := gather(); got["lanes_prism_high_inline"] != 1 {
-		t.Errorf("high class inline = %v after the switch, want 1", got["lanes_prism_high_inline"])
+	if got := gather(); got["lanes_prism_high_inline"] != 2 {
+		t.Errorf("rules inline = %v after two switches, want 2", got["lanes_prism_high_inline"])
 	}
 	if err := Unpin(dir); err != nil {
 		t.Fatal(err)

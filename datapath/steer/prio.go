@@ -55,6 +55,20 @@ func (r Rule) Matches(src, dst netip.Addr, sport, dport uint16, proto uint8) boo
 	return addr == r.Addr && (r.Port == 0 || r.Port == port) && (r.Proto == 0 || r.Proto == proto)
 }
 
+// MarkingRule is the rule by which steer_xdp's high_prio marks a flow: of
+// the rules that match it, the first in the program's order (destination
+// rules before source rules; port and protocol given, port only, protocol
+// only, neither). ok is false when none matches. high=auto switches flows
+// by this rule (Datapath.SetHighInline).
+func MarkingRule(rules []Rule, src, dst netip.Addr, sport, dport uint16, proto uint8) (r Rule, ok bool) {
+	for _, c := range rules {
+		if c.Matches(src, dst, sport, dport, proto) && (!ok || c.shape() < r.shape()) {
+			r, ok = c, true
+		}
+	}
+	return r, ok
+}
+
 // String is the rule as ParseRule reads it, e.g. "dst 198.18.0.2 port 80 tcp".
 func (r Rule) String() string {
 	var b strings.Builder
@@ -207,6 +221,12 @@ func (d *Datapath) DelRule(r Rule) error {
 		}
 		return fmt.Errorf("removing priority rule %s: %w", r, err)
 	}
+	// The rule's high=auto state goes with it, so the same rule added
+	// again starts in the queue with no count (the agent also drops what
+	// a deleted rule left, at its next sample).
+	if err := d.ForgetHigh(r); err != nil {
+		return err
+	}
 	return d.syncPrioShapes()
 }
 
@@ -220,11 +240,23 @@ func (d *Datapath) Rules() ([]Rule, error) {
 	)
 	it := d.objs.SteerPrio.Iterate()
 	for it.Next(&k, &one) {
-		out = append(out, Rule{Src: k.Dir == 1, Addr: beAddr(k.Addr), Port: bePort(k.Port), Proto: k.Proto})
+		out = append(out, ruleOf(k))
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading priority rules: %w", err)
 	}
+	sortRules(out)
+	return out, nil
+}
+
+// ruleOf is the rule a steer_prio key holds.
+func ruleOf(k steerPrioRule) Rule {
+	return Rule{Src: k.Dir == 1, Addr: beAddr(k.Addr), Port: bePort(k.Port), Proto: k.Proto}
+}
+
+// sortRules sorts destination rules first, then by address, port and
+// protocol.
+func sortRules(out []Rule) {
 	slices.SortFunc(out, func(a, b Rule) int {
 		src := func(r Rule) int {
 			if r.Src {
@@ -234,7 +266,6 @@ func (d *Datapath) Rules() ([]Rule, error) {
 		}
 		return cmp.Or(cmp.Compare(src(a), src(b)), a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto))
 	})
-	return out, nil
 }
 
 // SinceHigh is how long ago steer_xdp last saw a high-priority frame, as it

@@ -437,19 +437,22 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	}
 }
 
-// PRISM's high=auto (SetHighInline): with the switch on, high-priority
-// flows run their first stage in the NIC poll; a flow already in the
+// PRISM's high=auto (SetHighInline): with a rule's switch on, the flows
+// it marks run their first stage in the NIC poll; a flow already in the
 // high-priority queue moves there only once none of its frames is in
 // flight, and back into the queue only once a frame it left in the NIC
 // poll was marked and counted and none is in flight: the switch never
 // lets a frame overtake the flow's earlier ones. A new flow starts where
-// the switch says. The switch is runtime state (SetConfig puts the class
-// back in its queue), heeded only under high=auto (HighAutoPPS), which
-// needs PrioIdleInline, whose fast moves it uses.
+// its rule's switch says; another rule's flows keep their queue. Each
+// rule's frames are counted (HighRuleFrames). The switches are runtime
+// state (SetConfig puts every rule's flows back in their queue, DelRule
+// drops the rule's), heeded only under high=auto (HighAutoPPS), which
+// needs PrioIdleInline, whose fast moves they use.
 func TestPrioHighInline(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
-	if err := d.SetHighInline(true); err == nil {
+	rule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	if err := d.SetHighInline(rule, true); err == nil {
 		t.Error("SetHighInline without high=auto accepted")
 	}
 	cfg, _ := d.Config()
@@ -465,7 +468,7 @@ func TestPrioHighInline(t *testing.T) {
 	if got, _ := d.Config(); got.HighAutoPPS != 5000 {
 		t.Fatalf("config %+v does not read back HighAutoPPS", got)
 	}
-	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	light := addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
 	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
 	step := func(name string, f flowSpec, verdict uint32, marked bool, inflight int64, cpu uint32) {
 		t.Helper()
@@ -476,14 +479,14 @@ func TestPrioHighInline(t *testing.T) {
 		}
 	}
 	step("queue: in the high-priority queue", hi, xdpRedirect, true, 1, 0)
-	if on, err := d.HighInline(); on || err != nil {
+	if on, err := d.HighInline(); len(on) != 0 || err != nil {
 		t.Fatalf("HighInline %v (%v) before the switch", on, err)
 	}
-	if err := d.SetHighInline(true); err != nil {
+	if err := d.SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}
-	if on, err := d.HighInline(); !on || err != nil {
-		t.Fatalf("HighInline %v (%v) after the switch", on, err)
+	if on, err := d.HighInline(); !slices.Equal(on, []Rule{rule}) || err != nil {
+		t.Fatalf("HighInline %v (%v) after the switch, want [%s]", on, err, rule)
 	}
 	step("inline, one in flight: stays in the queue", hi, xdpRedirect, true, 2, 0)
 	drainFlows(t, d)
@@ -491,8 +494,11 @@ func TestPrioHighInline(t *testing.T) {
 	other := hi
 	other.sport = 5001
 	step("inline: a new flow starts in the NIC poll", other, xdpPass, false, 0, Stay)
+	lightFlow := hi
+	lightFlow.dport = 8888
+	step("another rule's flow, its switch off: in the queue", lightFlow, xdpRedirect, true, 1, 0)
 
-	if err := d.SetHighInline(false); err != nil {
+	if err := d.SetHighInline(rule, false); err != nil {
 		t.Fatal(err)
 	}
 	step("queue, one in flight: stays in the NIC poll", hi, xdpPass, true, 2, Stay)
@@ -506,45 +512,76 @@ func TestPrioHighInline(t *testing.T) {
 	step("queue, one in flight: stays in the NIC poll", other, xdpPass, true, 2, Stay)
 	drainFlows(t, d)
 	step("queue, counted and none in flight: in the queue", other, xdpRedirect, true, 1, 0)
-	if got, err := d.HighFrames(); err != nil || got != 9 {
-		t.Errorf("HighFrames %d (%v), want 9", got, err)
+	if got, err := d.HighFrames(); err != nil || got != 10 {
+		t.Errorf("HighFrames %d (%v), want 10", got, err)
+	}
+	if got, err := d.HighRuleFrames(); err != nil || got[rule] != 9 || got[light] != 1 || len(got) != 2 {
+		t.Errorf("HighRuleFrames %v (%v), want 9 for %s and 1 for %s", got, err, rule, light)
 	}
 
-	// A new config puts the class back in its queue; one without
-	// high=auto makes the programs ignore the switch.
-	if err := d.SetHighInline(true); err != nil {
-		t.Fatal(err)
+	// A new config puts every rule's flows back in their queue; DelRule
+	// drops the rule's switch and count; a config without high=auto makes
+	// the programs ignore the switches.
+	for _, r := range []Rule{rule, light} {
+		if err := d.SetHighInline(r, true); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if on, _ := d.HighInline(); on {
-		t.Error("SetConfig kept the runtime switch")
+	if on, _ := d.HighInline(); len(on) != 0 {
+		t.Errorf("SetConfig kept the runtime switches %v", on)
 	}
-	if err := d.SetHighInline(true); err != nil {
+	if err := d.SetHighInline(light, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DelRule(light); err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := d.HighInline(); len(on) != 0 {
+		t.Errorf("a deleted rule's switch kept: %v", on)
+	}
+	if got, _ := d.HighRuleFrames(); len(got) != 1 {
+		t.Errorf("a deleted rule's count kept: %v", got)
+	}
+	if err := d.SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}
 	cfg.HighAutoPPS = 0
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.objs.SteerHighInline.Put(uint32(0), uint32(1)); err != nil {
+	if err := d.objs.SteerHighInline.Put(rule.key(), uint32(1)); err != nil {
 		t.Fatal(err)
 	}
 	third := hi
 	third.sport = 5002
 	step("switch set, config without high=auto: in the queue", third, xdpRedirect, true, 1, 0)
-	if on, _ := d.HighInline(); on {
+	if on, _ := d.HighInline(); len(on) != 0 {
 		t.Error("HighInline says inline under a config without high=auto")
+	}
+	if got, _ := d.HighRuleFrames(); got[rule] != 9 {
+		t.Errorf("counted without high=auto: %v", got)
 	}
 }
 
-// Rule.Matches (what lanes status uses to name a marked flow in the NIC
-// poll) decides as steer_xdp's classification does, flow by flow.
+// Rule.Matches (what lanes status uses to name a marked flow) decides as
+// steer_xdp's classification does, flow by flow, and MarkingRule (what
+// names the rule whose high=auto switch moves the flow) names the rule the
+// program counted the flow under.
 func TestRuleMatchesLikeTheProgram(t *testing.T) {
 	d := prioDatapath(t, true, time.Hour)
+	// high=auto's per-rule counts show which rule the program took for a
+	// flow, which MarkingRule must name (the rule whose switch moves it).
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.HighAutoPPS = true, 5000
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
 	var rules []Rule
-	for _, s := range []string{"dst " + innerDst.String() + " port 80 tcp", "src " + innerSrc.String() + " port 5000 udp", "dst 10.9.9.9"} {
+	for _, s := range []string{"dst " + innerDst.String() + " port 80 tcp", "src " + innerSrc.String() + " port 5000 udp", "dst 10.9.9.9",
+		"dst " + innerDst.String() + " tcp", "src " + innerSrc.String()} {
 		rules = append(rules, addRule(t, d, s))
 	}
 	var flows []flowSpec
@@ -554,19 +591,33 @@ func TestRuleMatchesLikeTheProgram(t *testing.T) {
 				flowSpec{src: innerSrc, dst: innerDst, sport: 40000 + port, dport: port, proto: proto})
 		}
 	}
-	marked := 0
+	flows = append(flows, flowSpec{src: netip.MustParseAddr("10.7.7.7"), dst: innerDst, sport: 1, dport: 2, proto: protoUDP})
+	marked, byRule := 0, map[Rule]bool{}
 	for _, f := range flows {
+		before, _ := d.HighRuleFrames()
 		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
 		fl := mustFlow(t, d, f, StageSplit)
 		got := slices.ContainsFunc(rules, func(r Rule) bool { return r.Matches(fl.Src, fl.Dst, fl.SrcPort, fl.DstPort, fl.Proto) })
 		if got != fl.High {
 			t.Errorf("flow %+v: Matches %v, the program classified it high %v", f, got, fl.High)
 		}
+		after, _ := d.HighRuleFrames()
+		var counted []Rule
+		for r, n := range after {
+			if n != before[r] {
+				counted = append(counted, r)
+			}
+		}
+		r, ok := MarkingRule(rules, fl.Src, fl.Dst, fl.SrcPort, fl.DstPort, fl.Proto)
+		if ok != got || (ok && !slices.Equal(counted, []Rule{r})) || (!ok && len(counted) != 0) {
+			t.Errorf("flow %+v: MarkingRule %v (%v), the program counted it under %v", f, r, ok, counted)
+		}
 		if got {
 			marked++
+			byRule[r] = true
 		}
 	}
-	if marked == 0 || marked == len(flows) {
-		t.Errorf("%d of %d flows marked: the cases do not tell the two apart", marked, len(flows))
+	if marked == 0 || marked == len(flows) || len(byRule) < 4 {
+		t.Errorf("%d of %d flows marked, by %d rules: the cases do not tell them apart", marked, len(flows), len(byRule))
 	}
 }

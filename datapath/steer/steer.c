@@ -215,8 +215,8 @@ struct steer_cfg {
 	__u32 prev_ncpus;
 	__u32 prev_span;
 	__u32 prev_rps_lo[MAX_CPUS];
-	/* PRISM high=auto (with CFG_PRIO_IDLE_INLINE): the high-priority
-	 * frame rate from which lanes agent runs the class in the NIC poll
+	/* PRISM high=auto (with CFG_PRIO_IDLE_INLINE): the frame rate of a
+	 * rule's flows from which lanes agent runs them in the NIC poll
 	 * (steer_high_inline); read by the agent only. 0: high=auto is off,
 	 * and steer_high_inline is ignored. */
 	__u32 high_auto_pps;
@@ -484,31 +484,49 @@ struct {
 	__type(value, __u32);
 } steer_qmaps SEC(".maps");
 
-/* PRISM high=auto: 1 while high-priority flows run their first stage in
- * the NIC poll that classified them, as bulk does under
- * CFG_PRIO_IDLE_INLINE while no rule exists, instead of taking the
- * high-priority queue. Runtime state of lanes agent, which switches it by
- * the class's frame rate (a busy marked service pays the queue's kthread
- * hop on every request; a light one gains from its real-time preemption);
- * heeded only while cfg->high_auto_pps is set, which the planner does only
- * with CFG_PRIO_IDLE_INLINE, whose fast moves (place(), PLACE_LOCAL) take
- * each flow between the queue and the NIC poll in order, without an idle
- * gap. A map of its own, not a cfg flag: the agent writes it without
- * rewriting the config entry other writers (lanes prio) rewrite too. */
+/* PRISM high=auto, rule by rule: 1 while the high-priority flows a rule
+ * marks run their first stage in the NIC poll that classified them, as
+ * bulk does under CFG_PRIO_IDLE_INLINE while no rule exists, instead of
+ * taking the high-priority queue. Runtime state of lanes agent, which
+ * switches each rule by its frame rate (steer_high_frames): a busy marked
+ * service pays the queue's kthread hop on every request; a light one gains
+ * from the queue's real-time preemption, also while another rule's service
+ * is busy. Heeded only while cfg->high_auto_pps is set, which the planner
+ * does only with CFG_PRIO_IDLE_INLINE, whose fast moves (place(),
+ * PLACE_LOCAL) take each flow between the queue and the NIC poll in order,
+ * without an idle gap. Maps of their own, not a cfg flag nor steer_prio's
+ * value: the agent writes them without rewriting what other writers (lanes
+ * prio) write. A flow marked by several rules goes by the first that
+ * high_prio() finds. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct prio_rule);
 	__type(value, __u32); /* 1: inline */
 } steer_high_inline SEC(".maps");
 
-static __always_inline int high_inline(const struct steer_cfg *cfg)
+/* Frames each rule marked (while cfg->high_auto_pps is set), per core: the
+ * agent's rate of the rule. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct prio_rule);
+	__type(value, __u64);
+} steer_high_frames SEC(".maps");
+
+static __always_inline int high_inline(const struct steer_cfg *cfg, const struct prio_rule *r)
 {
-	__u32 zero = 0, *on;
+	__u64 one = 1, *n;
+	__u32 *on;
 
 	if (!cfg->high_auto_pps)
 		return 0;
-	on = bpf_map_lookup_elem(&steer_high_inline, &zero);
+	n = bpf_map_lookup_elem(&steer_high_frames, r);
+	if (n)
+		*n += 1; /* this core's slot: no other writer */
+	else
+		bpf_map_update_elem(&steer_high_frames, r, &one, BPF_NOEXIST);
+	on = bpf_map_lookup_elem(&steer_high_inline, r);
 	return on && *on;
 }
 
@@ -715,7 +733,7 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
  * says exist are looked up (cfg->prio_shapes), so a bulk flow costs one
  * lookup per shape in use, not eight.
  */
-static __always_inline int high_prio(const struct steer_cfg *cfg, const struct tuple *t)
+static __always_inline int high_prio(const struct steer_cfg *cfg, const struct tuple *t, struct prio_rule *hit)
 {
 	struct prio_rule r = {};
 
@@ -729,8 +747,11 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 				continue;
 			r.port = i < 2 ? (dir ? t->sport : t->dport) : 0;
 			r.proto = (i % 2) == 0 ? t->proto : 0;
-			if (bpf_map_lookup_elem(&steer_prio, &r))
+			if (bpf_map_lookup_elem(&steer_prio, &r)) {
+				if (hit)
+					*hit = r;
 				return 1;
+			}
 		}
 	}
 	return 0;
@@ -993,7 +1014,7 @@ static __always_inline __u64 idle_since(const struct steer_cfg *cfg, __u64 stamp
 
 /* place()'s opts, for PRISM's classes under CFG_PRIO_IDLE_INLINE (bulk's
  * while no rule exists or the high class is quiet, high's while
- * steer_high_inline says so). */
+ * steer_high_inline says so for the rule that marked them). */
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
 #define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
 
@@ -1681,6 +1702,7 @@ int steer_xdp(struct xdp_md *ctx)
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct overlay ov = {};
+	struct prio_rule rule = {};
 	__u32 idx, core, dest = 0, opts = 0;
 	__u64 cpu;
 	long ret;
@@ -1698,7 +1720,7 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
 	}
-	hi = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
+	hi = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t, &rule);
 	if (hi) {
 		count(STAGE_SPLIT, CNT_HIGH);
 		if (cfg->flags & CFG_SYNC)
@@ -1707,7 +1729,7 @@ int steer_xdp(struct xdp_md *ctx)
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
 		if (hi) {
 			seen_high(cfg);
-			if (high_inline(cfg))
+			if (high_inline(cfg, &rule))
 				opts |= PLACE_STAY;
 		} else if (!cfg->prio_shapes || prio_quiet(cfg))
 			opts |= PLACE_STAY;
@@ -2355,7 +2377,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	}
 	if (skb_inner_tuple(skb, &t) < 0)
 		goto bulk;
-	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t);
+	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t, NULL);
 	key = flow_key(&t, STAGE_CONTAINER);
 	fh = flow_hash(&t);
 	now = bpf_ktime_get_ns();

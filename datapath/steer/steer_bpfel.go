@@ -137,6 +137,7 @@ const (
 	steerMapSteerCpumap        = "steer_cpumap"
 	steerMapSteerCpumapHi      = "steer_cpumap_hi"
 	steerMapSteerFlows         = "steer_flows"
+	steerMapSteerHighFrames    = "steer_high_frames"
 	steerMapSteerHighInline    = "steer_high_inline"
 	steerMapSteerMfCores       = "steer_mf_cores"
 	steerMapSteerPrio          = "steer_prio"
@@ -225,6 +226,7 @@ type steerMapSpecs struct {
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
 	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
 	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
 	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
@@ -271,6 +273,7 @@ type steerMaps struct {
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
 	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
 	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
 	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
@@ -293,6 +296,7 @@ func (m *steerMaps) Close() error {
 		m.SteerCpumap,
 		m.SteerCpumapHi,
 		m.SteerFlows,
+		m.SteerHighFrames,
 		m.SteerHighInline,
 		m.SteerMfCores,
 		m.SteerPrio,

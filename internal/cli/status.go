@@ -144,7 +144,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if f.HeldOn >= 0 {
 				how += fmt.Sprintf(", queued on core %d", f.HeldOn)
 			}
-			if f.Marked && st.HighInline {
+			if f.Inline {
 				how = "high priority, in the NIC poll: " + how
 			} else if f.Marked {
 				how = "marked high priority: " + how
@@ -166,8 +166,8 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 					fmt.Fprintf(out, "  high class active (last high-priority frame: %s): bulk flows take the bulk queue; quiet after %dms without one\n", last, st.QuietMs)
 				}
 			}
-			if st.HighInline {
-				fmt.Fprintf(out, "  high-priority flows run in the NIC poll now (high=auto's switch is on: the agent found the class busy)\n")
+			if len(st.HighInline) > 0 {
+				fmt.Fprintf(out, "  the flows of %s run in the NIC poll now (high=auto: the agent found them busy)\n", strings.Join(st.HighInline, ", "))
 			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}

@@ -2,7 +2,9 @@ package prism_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -166,59 +169,82 @@ func waitDemoted(ag plan.Agent) prism.GuardStatus {
 }
 
 // TestPrismHighAutoAgent: with high=auto (and no other guard:
-// bulk-sched=normal) lanes agent runs the high-priority class in the NIC
-// poll while a marked stream is busier than high-auto-pps, and back in its
-// queue while a light one runs; both arrive in order. A re-apply without
-// high=auto under the running agent stands its switch down; a stopped
-// agent leaves the class in its queue.
+// bulk-sched=normal) lanes agent runs a rule's flows in the NIC poll while
+// they are busier than high-auto-pps, and back in their queue while they
+// are light, rule by rule: a light marked stream beside a busy one keeps
+// its queue. Every stream arrives in order. A re-apply without high=auto
+// under the running agent stands its switch down; a stopped agent leaves
+// every rule's flows in their queue.
 func TestPrismHighAutoAgent(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
-	src, dst := tb.Sender().Containers[0], tb.Receiver().Containers[0]
+	src, dst, dst2 := tb.Sender().Containers[0], tb.Receiver().Containers[0], tb.Receiver().Containers[1]
 	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal"})
 	if a.State.Plan.Agent != prism.GuardAgentName {
 		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
 	dp := a.Open(t)
-	if err := modetest.Prio(t, tb.Receiver().NetNS).Add(modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")); err != nil {
-		t.Fatal(err)
+	busyRule, lightRule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp"), modetest.Rule(t, "dst "+dst2.Addr.Addr().String()+" udp")
+	for _, r := range []steer.Rule{busyRule, lightRule} {
+		if err := modetest.Prio(t, tb.Receiver().NetNS).Add(r); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ag, stopAgent := a.StartAgent(t)
 	status := func() prism.GuardStatus {
 		st, _ := ag.Status().(prism.GuardStatus)
 		return st
 	}
-	if st := status(); st.High == nil || st.High.Inline || st.Watch != "" {
-		t.Fatalf("agent status %+v: want high=auto's switch alone, class in its queue", st)
+	inlineNow := func(r steer.Rule) bool {
+		on, err := dp.HighInline()
+		return err == nil && slices.Contains(on, r)
 	}
-	seen := make(chan bool, 1)
+	if st := status(); st.High == nil || st.Watch != "" {
+		t.Fatalf("agent status %+v: want high=auto's switch alone", st)
+	}
+	if on, err := dp.HighInline(); err != nil || len(on) != 0 {
+		t.Fatalf("at the start: inline %v (%v), want every rule's flows in their queue", on, err)
+	}
+	var busySeen, lightSeen atomic.Bool
 	done := make(chan struct{})
+	polled := make(chan struct{})
 	go func() {
-		inline := false
+		defer close(polled)
 		for {
 			select {
 			case <-done:
-				seen <- inline
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			if on, err := dp.HighInline(); err == nil && on {
-				inline = true
+			if inlineNow(busyRule) {
+				busySeen.Store(true)
+			}
+			if inlineNow(lightRule) {
+				lightSeen.Store(true)
 			}
 		}
 	}()
-	// About 4000 datagrams/s for 1.5 s: 0.3 s over 500/s switches.
-	res := overlaytest.Stream{Count: 6000, Size: 200, Burst: 4, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	// About 4000 datagrams/s for 1.5 s: 0.3 s over 500/s switches the busy
+	// rule; beside it about 100/s to the other container, under half.
+	var light overlaytest.StreamResult
+	res := overlaytest.Stream{Count: 6000, Size: 200, Burst: 4, Pause: time.Millisecond, CPU: 0, During: func() {
+		light = overlaytest.Stream{Count: 120, Size: 200, Burst: 1, Pause: 10 * time.Millisecond, CPU: 1}.Run(t, src.NetNS, dst2.NetNS, dst2.Addr.Addr())
+	}}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	close(done)
-	overlaytest.InOrder(t, "marked stream under high=auto", res)
-	if !<-seen {
-		t.Errorf("the class never ran inline under the stream; status %+v", status())
+	<-polled
+	overlaytest.InOrder(t, "busy marked stream under high=auto", res)
+	overlaytest.InOrder(t, "light marked stream beside it", light)
+	if !busySeen.Load() {
+		t.Errorf("the busy rule's flows never ran inline; status %+v", status())
+	}
+	if lightSeen.Load() {
+		t.Errorf("the light rule's flows ran inline beside the busy one; status %+v", status().High)
 	}
 	back := false
 	for range 150 { // 1 s under half the threshold, and slack
 		time.Sleep(20 * time.Millisecond)
-		if on, err := dp.HighInline(); err == nil && !on {
+		if on, err := dp.HighInline(); err == nil && len(on) == 0 {
 			back = true
 			break
 		}
@@ -230,14 +256,14 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	// Busy again, then light while the light stream runs: the agent
 	// moves the class back into its queue under traffic.
 	overlaytest.Stream{Count: 3000, Size: 200, Burst: 4, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	if on, _ := dp.HighInline(); !on {
+	if !inlineNow(busyRule) {
 		t.Fatalf("not inline after a second busy stream; status %+v", status().High)
 	}
 	n0 := status().High.Switches
-	light := overlaytest.Stream{Count: 250, Size: 200, Burst: 1, Pause: 8 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "light marked stream while the class goes back to its queue", light)
-	if st := status().High; st.Switches < n0+1 || st.Inline {
-		t.Errorf("after 2 s of a light stream: status %+v, want the class back in its queue", st)
+	light = overlaytest.Stream{Count: 250, Size: 200, Burst: 1, Pause: 8 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.InOrder(t, "light marked stream while its rule goes back to its queue", light)
+	if st := status().High; st.Switches < n0+1 || inlineNow(busyRule) {
+		t.Errorf("after 2 s of a light stream: status %+v, want the rule's flows back in their queue", st)
 	}
 
 	// A re-apply without high=auto: the running agent's switch stands
@@ -255,7 +281,7 @@ func TestPrismHighAutoAgent(t *testing.T) {
 		t.Errorf("after a re-apply with high=queue: status %+v, want the switch off", st.High)
 	}
 	stopAgent()
-	if on, err := a.Open(t).HighInline(); on || err != nil {
+	if on, err := a.Open(t).HighInline(); len(on) != 0 || err != nil {
 		t.Errorf("after the agent stopped: inline %v (%v), want the queue", on, err)
 	}
 	a.ResetAndCheck(t, before)

@@ -1,7 +1,12 @@
 package prism
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/steer"
@@ -24,21 +29,24 @@ import (
 //     rate instead of 0.75-0.81x, nginx 0.91-0.97x instead of 0.78-0.82x,
 //     AMD VM, two runs).
 //
-// So the agent counts the class's frames (steer_xdp's CNT_HIGH) and runs
-// it in the NIC poll while it is busy, in its queue while it is light.
-// The datapath moves each flow between the two as soon as none of its
-// frames is left on the old path (steer.Datapath.SetHighInline), so a
-// switch never reorders a flow. The flag is runtime state of the
-// datapath, not a host knob: it goes with the datapath at reset, and a
-// stopped agent puts the class back in its queue (the plan's state).
+// So the agent counts each rule's frames (steer_xdp's steer_high_frames)
+// and runs the flows a rule marks in the NIC poll while they are busy, in
+// their queue while they are light. Rule by rule, as PRISM marks services:
+// a light ping-pong keeps its real-time queue while a busy marked cache
+// beside it runs inline. The datapath moves each flow between the two as
+// soon as none of its frames is left on the old path
+// (steer.Datapath.SetHighInline), so a switch never reorders a flow. The
+// switches are runtime state of the datapath, not host knobs: they go
+// with the datapath at reset, and a stopped agent puts every rule's flows
+// back in their queue (the plan's state).
 
-// HighRule is when high=auto switches.
+// HighRule is when high=auto switches a rule's flows.
 type HighRule struct {
-	// Inline: the class carried at least InlineAt frames/s for
+	// Inline: the rule's flows carried at least InlineAt frames/s for
 	// InlineAfter samples in a row.
 	InlineAt    float64
 	InlineAfter int
-	// Queue: it carried less than QueueBelow frames/s for QueueAfter
+	// Queue: they carried less than QueueBelow frames/s for QueueAfter
 	// samples in a row.
 	QueueBelow float64
 	QueueAfter int
@@ -51,29 +59,39 @@ func highRule(pps int) HighRule {
 	return HighRule{InlineAt: float64(pps), InlineAfter: 3, QueueBelow: float64(pps) / 2, QueueAfter: 10}
 }
 
-// highState is the switch's decision: on is inline.
+// highState is one rule's decision: on is inline.
 type highState struct{ latch }
 
-// step takes one sample of the class's rate (frames/s) and says whether
+// step takes one sample of the rule's rate (frames/s) and says whether
 // the decision changed.
 func (s *highState) step(r HighRule, rate float64) bool {
 	return s.latch.step(rate >= r.InlineAt, r.InlineAfter, rate < r.QueueBelow, r.QueueAfter)
 }
 
-// inline: the class runs in the NIC poll now.
+// inline: the rule's flows run in the NIC poll now.
 func (s *highState) inline() bool { return s.on }
 
 // highDatapath is what the switch needs of the datapath (steer.Datapath,
 // or a test's fake).
 type highDatapath interface {
-	HighFrames() (uint64, error)
-	HighAuto() (pps uint32, inline bool, err error)
-	SetHighInline(on bool) error
+	Rules() ([]steer.Rule, error)
+	HighRuleFrames() (map[steer.Rule]uint64, error)
+	HighAuto() (pps uint32, inline []steer.Rule, err error)
+	SetHighInline(r steer.Rule, on bool) error
+	ForgetHigh(r steer.Rule) error
 	Close() error
 }
 
+// ruleSwitch is one rule's part of the switch.
+type ruleSwitch struct {
+	state  highState
+	frames uint64    // the count at the last sample
+	at     time.Time // when it was read
+	rate   float64   // frames/s over the last sample
+}
+
 // highSwitch is high=auto's runtime part, stepped by the guard's loop. It
-// opens the pinned datapath at every sample (three maps), and its
+// opens the pinned datapath at every sample (four maps), and its
 // threshold is the applied config's (steer.Config.HighAutoPPS): a
 // re-apply with another threshold is followed, and one without high=auto
 // (0) stands the switch down.
@@ -81,12 +99,9 @@ type highSwitch struct {
 	dir  string
 	open func(dir string) (highDatapath, error)
 
-	state    highState
 	rule     HighRule
-	off      bool      // the applied config is not high=auto
-	frames   uint64    // the count at the last sample
-	at       time.Time // when it was read
-	rate     float64   // frames/s over the last sample
+	off      bool // the applied config is not high=auto
+	rules    map[steer.Rule]*ruleSwitch
 	switches uint64
 	err      string // the last sample's error, cleared by the next good one
 }
@@ -95,10 +110,10 @@ func newHighSwitch(dir string) *highSwitch {
 	return &highSwitch{dir: dir, open: func(dir string) (highDatapath, error) { return steer.OpenHighAuto(dir) }}
 }
 
-// sample reads the class's count at now, steps the decision and makes the
-// datapath follow it. It says what changed (for the log); an error is
-// kept for the status until the next good sample. The switch is set
-// whenever it differs from the decision.
+// sample reads the rules' counts at now, steps their decisions and makes
+// the datapath follow them. It says what changed (for the log); an error
+// is kept for the status until the next good sample. A rule's switch is
+// set whenever it differs from its decision.
 func (h *highSwitch) sample(now time.Time) string {
 	msg, err := h.try(now)
 	h.err = ""
@@ -120,83 +135,167 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	}
 	if pps == 0 {
 		// Applied without high=auto (a re-apply, or the default's
-		// fallback): nothing to switch; the programs ignore the switch.
+		// fallback): nothing to switch; the programs ignore the switches.
 		was := !h.off
-		h.off, h.state, h.at, h.rate = true, highState{}, time.Time{}, 0
+		h.off, h.rules = true, nil
 		if was {
 			return "high=auto: the applied plan is not high=auto: the switch stands down", nil
 		}
 		return "", nil
 	}
 	h.off, h.rule = false, highRule(int(pps))
-	n, err := dp.HighFrames()
+	rules, err := dp.Rules()
 	if err != nil {
 		return "", err
 	}
-	if n < h.frames {
-		// The count went back: a re-apply pinned a new datapath, whose
-		// class starts in its queue; so does the decision.
-		h.state, h.at = highState{}, time.Time{}
+	frames, err := dp.HighRuleFrames()
+	if err != nil {
+		return "", err
 	}
-	var changed bool
-	if !h.at.IsZero() && now.After(h.at) && n >= h.frames {
-		h.rate = float64(n-h.frames) / now.Sub(h.at).Seconds()
-		changed = h.state.step(h.rule, h.rate)
+	live := map[steer.Rule]bool{}
+	for _, r := range rules {
+		live[r] = true
 	}
-	h.frames, h.at = n, now
-	if cur != h.state.inline() {
-		if err := dp.SetHighInline(h.state.inline()); err != nil {
-			return "", err
+	// What a deleted rule left (lanes prio del drops it too; this covers
+	// a delete by an older build or one that failed half way).
+	for r := range h.rules {
+		if !live[r] {
+			delete(h.rules, r)
 		}
 	}
-	if !changed {
-		return "", nil
+	for _, r := range append(slices.Collect(maps.Keys(frames)), cur...) {
+		if !live[r] {
+			if err := dp.ForgetHigh(r); err != nil {
+				return "", err
+			}
+		}
 	}
-	h.switches++
-	if h.state.inline() {
-		return fmt.Sprintf("high=auto: high-priority class busy (%.0f frames/s, at least %.0f): it runs in the NIC poll", h.rate, h.rule.InlineAt), nil
+	if h.rules == nil {
+		h.rules = map[steer.Rule]*ruleSwitch{}
 	}
-	return fmt.Sprintf("high=auto: high-priority class light (%.0f frames/s, under %.0f): it takes its queue", h.rate, h.rule.QueueBelow), nil
+	var msgs []string
+	for _, r := range rules {
+		rs := h.rules[r]
+		if rs == nil {
+			rs = &ruleSwitch{}
+			h.rules[r] = rs
+		}
+		n := frames[r]
+		if n < rs.frames {
+			// The count went back: a re-apply pinned a new datapath, or
+			// the rule was deleted and added again; its flows start in
+			// their queue, and so does the decision.
+			*rs = ruleSwitch{}
+		}
+		changed := false
+		if !rs.at.IsZero() && now.After(rs.at) {
+			rs.rate = float64(n-rs.frames) / now.Sub(rs.at).Seconds()
+			changed = rs.state.step(h.rule, rs.rate)
+		}
+		rs.frames, rs.at = n, now
+		if slices.Contains(cur, r) != rs.state.inline() {
+			if err := dp.SetHighInline(r, rs.state.inline()); err != nil {
+				return "", err
+			}
+		}
+		if !changed {
+			continue
+		}
+		h.switches++
+		if rs.state.inline() {
+			msgs = append(msgs, fmt.Sprintf("high=auto: %s busy (%.0f frames/s, at least %.0f): its flows run in the NIC poll", r, rs.rate, h.rule.InlineAt))
+		} else {
+			msgs = append(msgs, fmt.Sprintf("high=auto: %s light (%.0f frames/s, under %.0f): its flows take their queue", r, rs.rate, h.rule.QueueBelow))
+		}
+	}
+	return strings.Join(msgs, "\n"), nil
 }
 
-// stop puts the class back in its queue, the plan's state.
+// stop puts every rule's flows back in their queue, the plan's state.
 func (h *highSwitch) stop() error {
-	h.state = highState{}
+	h.rules = nil
 	dp, err := h.open(h.dir)
 	if err != nil {
 		return nil // nothing pinned: nothing to put back
 	}
 	defer dp.Close()
-	return dp.SetHighInline(false)
+	_, cur, err := dp.HighAuto()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range cur {
+		errs = append(errs, dp.SetHighInline(r, false))
+	}
+	return errors.Join(errs...)
 }
 
 // HighStatus is what `lanes status` shows of high=auto.
 type HighStatus struct {
-	Inline   bool    `json:"inline"`
-	Rate     float64 `json:"frames_per_second"`
-	InlineAt float64 `json:"inline_at"`
-	Switches uint64  `json:"switches"`
+	Rules    []HighRuleStatus `json:"rules,omitempty"`
+	InlineAt float64          `json:"inline_at"`
+	Switches uint64           `json:"switches"`
 	// Off: the applied config is not high=auto (a re-apply without it, or
 	// the default's fallback to the queue).
 	Off bool   `json:"off,omitempty"`
 	Err string `json:"error,omitempty"`
 }
 
-func (h *highSwitch) status() *HighStatus {
-	return &HighStatus{Inline: h.state.inline(), Rate: h.rate, InlineAt: h.rule.InlineAt, Switches: h.switches, Off: h.off, Err: h.err}
+// HighRuleStatus is one rule's state.
+type HighRuleStatus struct {
+	Rule   string  `json:"rule"`
+	Inline bool    `json:"inline"`
+	Rate   float64 `json:"frames_per_second"`
 }
 
-// Summary is the status line.
+func (h *highSwitch) status() *HighStatus {
+	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, Off: h.off, Err: h.err}
+	for r, rs := range h.rules {
+		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.state.inline(), Rate: rs.rate})
+	}
+	slices.SortFunc(s.Rules, func(a, b HighRuleStatus) int { return cmp.Compare(a.Rule, b.Rule) })
+	return s
+}
+
+// Summary is the status line: the rules whose flows run in the NIC poll
+// first, then those in their queue, at most four named.
 func (s HighStatus) Summary() string {
 	if s.Err != "" {
 		return s.Err
 	}
 	if s.Off {
-		return "high=auto: off (the applied plan keeps the high-priority class in its queue)"
+		return "high=auto: off (the applied plan keeps the high-priority flows in their queue)"
 	}
-	where := "in its queue (light)"
-	if s.Inline {
-		where = "in the NIC poll (busy)"
+	var in, queued []string
+	for _, r := range s.Rules {
+		d := fmt.Sprintf("%s at %.0f frames/s", r.Rule, r.Rate)
+		if r.Inline {
+			in = append(in, d)
+		} else {
+			queued = append(queued, d)
+		}
 	}
-	return fmt.Sprintf("high=auto: high-priority class %s at %.0f frames/s (inline from %.0f); %d switches", where, s.Rate, s.InlineAt, s.Switches)
+	named := 0
+	list := func(ds []string) string {
+		var out []string
+		for _, d := range ds {
+			if named == 4 {
+				out = append(out, fmt.Sprintf("%d more", len(ds)-len(out)))
+				break
+			}
+			named++
+			out = append(out, d)
+		}
+		return strings.Join(out, ", ")
+	}
+	head := fmt.Sprintf("high=auto (inline from %.0f frames/s a rule; %d switches): ", s.InlineAt, s.Switches)
+	switch {
+	case len(s.Rules) == 0:
+		return head + "no rules yet"
+	case len(in) == 0:
+		return head + "every rule's flows in their queue (light): " + list(queued)
+	case len(queued) == 0:
+		return head + "every rule's flows in the NIC poll (busy): " + list(in)
+	}
+	return head + "in the NIC poll (busy): " + list(in) + "; in their queue (light): " + list(queued)
 }

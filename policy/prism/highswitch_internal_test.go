@@ -2,9 +2,13 @@ package prism
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanesnet/lanes/datapath/steer"
 )
 
 // TestHighRule: high=auto goes inline after InlineAfter samples in a row
@@ -36,40 +40,72 @@ func TestHighRule(t *testing.T) {
 	}
 }
 
-// fakeHigh is a datapath for the switch: a frame count, the config's
-// threshold and the switch.
+// fakeHigh is a datapath for the switch: the rules, their frame counts,
+// the config's threshold and the rules' switches.
 type fakeHigh struct {
-	frames  uint64
+	rules   []steer.Rule
+	frames  map[steer.Rule]uint64
 	pps     uint32
-	inline  bool
+	inline  map[steer.Rule]bool
+	forgot  []steer.Rule
 	sets    int
 	fail    error
 	closed  int
 	refuses bool
 }
 
-func (f *fakeHigh) HighFrames() (uint64, error) { return f.frames, f.fail }
-func (f *fakeHigh) HighAuto() (uint32, bool, error) {
-	return f.pps, f.inline && f.pps != 0, f.fail
+func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
+	return &fakeHigh{rules: rules, pps: pps, frames: map[steer.Rule]uint64{}, inline: map[steer.Rule]bool{}}
 }
-func (f *fakeHigh) SetHighInline(on bool) error {
+
+func (f *fakeHigh) Rules() ([]steer.Rule, error) { return f.rules, f.fail }
+func (f *fakeHigh) HighRuleFrames() (map[steer.Rule]uint64, error) {
+	return maps.Clone(f.frames), f.fail
+}
+func (f *fakeHigh) HighAuto() (uint32, []steer.Rule, error) {
+	var on []steer.Rule
+	for r, v := range f.inline {
+		if v && f.pps != 0 {
+			on = append(on, r)
+		}
+	}
+	return f.pps, on, f.fail
+}
+func (f *fakeHigh) SetHighInline(r steer.Rule, on bool) error {
 	if f.refuses {
 		return errors.New("refused")
 	}
 	f.sets++
-	f.inline = on
+	f.inline[r] = on
+	return nil
+}
+func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
+	f.forgot = append(f.forgot, r)
+	delete(f.inline, r)
+	delete(f.frames, r)
 	return nil
 }
 func (f *fakeHigh) Close() error { f.closed++; return nil }
 
-// TestHighSwitchFollows: the switch turns the class's frame count into a
-// rate, sets the datapath's switch when its decision changes and whenever
-// the switch differs from it, takes its threshold from the applied config
-// at every sample (a re-apply without high=auto stands it down), opens the
+func testRule(t *testing.T, s string) steer.Rule {
+	t.Helper()
+	r, err := steer.ParseRule(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestHighSwitchFollows: the switch turns a rule's frame count into a
+// rate, sets the rule's switch when its decision changes and whenever the
+// switch differs from it, takes its threshold from the applied config at
+// every sample (a re-apply without high=auto stands it down), opens the
 // datapath at every sample, keeps an error in its status until the next
-// good sample, and puts the class back in its queue when it stops.
+// good sample, and puts the rule's flows back in their queue when it
+// stops.
 func TestHighSwitchFollows(t *testing.T) {
-	dp := &fakeHigh{pps: 5000}
+	a := testRule(t, "dst 198.19.0.21 port 11211 tcp")
+	dp := newFakeHigh(5000, a)
 	opens := 0
 	h := newHighSwitch("/nowhere")
 	h.open = func(string) (highDatapath, error) { opens++; return dp, nil }
@@ -77,7 +113,7 @@ func TestHighSwitchFollows(t *testing.T) {
 	tick := func(frames uint64) string {
 		t.Helper()
 		at = at.Add(100 * time.Millisecond)
-		dp.frames += frames
+		dp.frames[a] += frames
 		msg := h.sample(at)
 		if h.err != "" {
 			t.Fatal(h.err)
@@ -88,15 +124,15 @@ func TestHighSwitchFollows(t *testing.T) {
 	for range 3 {
 		tick(800) // 8000 frames/s
 	}
-	if !dp.inline || dp.sets != 1 || h.switches != 1 {
-		t.Fatalf("after 0.3 s at 8000 frames/s: inline %v, %d sets, %d switches", dp.inline, dp.sets, h.switches)
+	if !dp.inline[a] || dp.sets != 1 || h.switches != 1 {
+		t.Fatalf("after 0.3 s at 8000 frames/s: inline %v, %d sets, %d switches", dp.inline[a], dp.sets, h.switches)
 	}
-	if s := h.status(); !s.Inline || s.Rate != 8000 || !strings.Contains(s.Summary(), "NIC poll") {
+	if s := h.status(); len(s.Rules) != 1 || !s.Rules[0].Inline || s.Rules[0].Rate != 8000 || !strings.Contains(s.Summary(), "NIC poll (busy): "+a.String()) {
 		t.Errorf("status %+v: %q", s, s.Summary())
 	}
-	dp.inline = false // written under the switch
-	if msg := tick(800); msg != "" || !dp.inline {
-		t.Errorf("switch cleared under the agent: not set again (%q, inline %v)", msg, dp.inline)
+	dp.inline[a] = false // written under the switch
+	if msg := tick(800); msg != "" || !dp.inline[a] {
+		t.Errorf("switch cleared under the agent: not set again (%q, inline %v)", msg, dp.inline[a])
 	}
 	var msg string
 	for range 10 {
@@ -104,8 +140,8 @@ func TestHighSwitchFollows(t *testing.T) {
 			msg = m
 		}
 	}
-	if dp.inline || !strings.Contains(msg, "takes its queue") {
-		t.Errorf("after 1 s at 1000 frames/s: inline %v, log %q", dp.inline, msg)
+	if dp.inline[a] || !strings.Contains(msg, "take their queue") {
+		t.Errorf("after 1 s at 1000 frames/s: inline %v, log %q", dp.inline[a], msg)
 	}
 
 	// A re-apply with a higher threshold: 8000 frames/s is light now.
@@ -113,7 +149,7 @@ func TestHighSwitchFollows(t *testing.T) {
 	for range 5 {
 		tick(800)
 	}
-	if dp.inline {
+	if dp.inline[a] {
 		t.Error("8000 frames/s under a threshold of 20000: inline")
 	}
 	// A re-apply without high=auto: the switch stands down.
@@ -124,7 +160,7 @@ func TestHighSwitchFollows(t *testing.T) {
 	for range 5 {
 		tick(5000)
 	}
-	if dp.inline {
+	if dp.inline[a] {
 		t.Error("switched on under a config without high=auto")
 	}
 	dp.pps = 5000
@@ -140,24 +176,87 @@ func TestHighSwitchFollows(t *testing.T) {
 		t.Errorf("status %+v, %d opens and %d closes: want the error cleared, every open closed", h.status(), opens, dp.closed)
 	}
 	// Busy again, then a re-apply pins a new datapath: its count starts
-	// over and its class in the queue, and the decision follows it there.
+	// over and its flows in the queue, and the decision follows them there.
 	for range 4 {
 		tick(800)
 	}
-	if !dp.inline {
+	if !dp.inline[a] {
 		t.Fatal("not inline after 0.4 s at 8000 frames/s")
 	}
-	dp.frames, dp.inline = 0, false
+	dp.frames, dp.inline = map[steer.Rule]uint64{}, map[steer.Rule]bool{}
 	tick(0)
-	if dp.inline || h.state.inline() {
-		t.Errorf("after a new datapath: switch %v, decision %v, want both in the queue", dp.inline, h.state.inline())
+	if dp.inline[a] || h.rules[a].state.inline() {
+		t.Errorf("after a new datapath: switch %v, decision %v, want both in the queue", dp.inline[a], h.rules[a].state.inline())
 	}
-	dp.inline, h.state.on = true, true
-	if err := h.stop(); err != nil || dp.inline {
-		t.Errorf("stop: %v, inline %v, want the class back in its queue", err, dp.inline)
+	dp.inline[a], h.rules[a].state.on = true, true
+	if err := h.stop(); err != nil || dp.inline[a] {
+		t.Errorf("stop: %v, inline %v, want the flows back in their queue", err, dp.inline[a])
 	}
+	dp.inline[a] = true
 	dp.refuses = true
 	if err := h.stop(); err == nil {
 		t.Error("a refused write at stop not reported")
+	}
+}
+
+// TestHighSwitchPerRule: each rule is switched by its own rate, so a light
+// marked flow keeps its real-time queue while a busy one beside it runs in
+// the NIC poll; what a deleted rule left (count, switch) is dropped, and a
+// rule deleted and added again starts in the queue.
+func TestHighSwitchPerRule(t *testing.T) {
+	busy := testRule(t, "dst 198.19.0.21 port 11211 tcp")
+	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
+	gone := testRule(t, "dst 198.19.0.22")
+	dp := newFakeHigh(5000, busy, light)
+	dp.frames[gone], dp.inline[gone] = 7, true // left by a rule deleted before
+	h := newHighSwitch("/nowhere")
+	h.open = func(string) (highDatapath, error) { return dp, nil }
+	at := time.Unix(1000, 0)
+	tick := func(b, l uint64) string {
+		t.Helper()
+		at = at.Add(100 * time.Millisecond)
+		dp.frames[busy] += b
+		dp.frames[light] += l
+		msg := h.sample(at)
+		if h.err != "" {
+			t.Fatal(h.err)
+		}
+		return msg
+	}
+	var log []string
+	for range 6 {
+		log = append(log, tick(2000, 100)) // 20000 and 1000 frames/s: the class 21000
+	}
+	if !dp.inline[busy] || dp.inline[light] {
+		t.Fatalf("busy rule inline %v, light rule inline %v: want only the busy one in the NIC poll", dp.inline[busy], dp.inline[light])
+	}
+	if !slices.Contains(dp.forgot, gone) || dp.inline[gone] {
+		t.Errorf("a deleted rule's switch and count not dropped (forgot %v)", dp.forgot)
+	}
+	if j := strings.Join(log, "\n"); !strings.Contains(j, busy.String()+" busy") || strings.Contains(j, light.String()) {
+		t.Errorf("log %q: want the busy rule named, the light one not", j)
+	}
+	s := h.status().Summary()
+	if !strings.Contains(s, "in the NIC poll (busy): "+busy.String()) || !strings.Contains(s, "in their queue (light): "+light.String()) {
+		t.Errorf("summary %q", s)
+	}
+	// The light rule deleted and added again with a busy flow: it starts
+	// over from the queue and needs its 0.3 s like any rule.
+	dp.rules = []steer.Rule{busy}
+	tick(2000, 0)
+	if _, ok := h.rules[light]; ok {
+		t.Error("a deleted rule kept its decision")
+	}
+	dp.rules = []steer.Rule{busy, light}
+	delete(dp.frames, light)
+	tick(2000, 0)
+	tick(2000, 2000)
+	tick(2000, 2000)
+	if dp.inline[light] {
+		t.Error("a re-added rule inline after 0.2 s")
+	}
+	tick(2000, 2000)
+	if !dp.inline[light] || !dp.inline[busy] {
+		t.Errorf("both rules busy for 0.3 s: inline %v", dp.inline)
 	}
 }

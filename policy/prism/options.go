@@ -76,8 +76,9 @@ type Options struct {
 	// are PRISM's high queue first; inline saves the kthread hop (measured
 	// on 2 cores: about 10 us of median latency) and makes a high-priority
 	// frame wait only for the XDP verdicts of the bulk frames polled with
-	// it. Or "auto": the queue while the high class is light, the NIC poll
-	// while it is busy (HighAutoPPS), switched at runtime by lanes agent.
+	// it. Or "auto": for each rule, the queue while the flows it marks are
+	// light, the NIC poll while they are busy (HighAutoPPS), switched at
+	// runtime by lanes agent.
 	// Why: on 2 cores the inline first stage gave busy request/response
 	// TCP services under a 65% background most of their lost rate back on
 	// the AMD VM (2026-11-25: memcached 0.91-0.92x of vanilla's instead of
@@ -86,16 +87,17 @@ type Options struct {
 	// and 0.75x), while a light ping-pong kept its p99 better with the
 	// real-time queue on the Intel VM (at 65%: 0.46x of vanilla's against
 	// 0.63x and 1.21x inline; on the AMD VM the two were even in a sweep
-	// of 5 repeats). The decision is the whole class's: a light marked
-	// flow goes inline with a busy one.
+	// of 5 repeats). The decision is each rule's (since 2026-11-25 11:50
+	// UTC; the whole class's before): a light marked flow keeps its queue
+	// beside a busy one marked by another rule.
 	High string
 	// highDefault: High was not given and resolved to auto, which the
 	// planner takes back to queue (with a note) where auto cannot run.
 	highDefault bool
-	// HighAutoPPS is high=auto's threshold: the high class runs inline
-	// once steer_xdp classified at least this many high-priority frames
-	// per second for 0.3 s, and goes back to its queue after 1 s below
-	// half of it. A ping-pong at PRISM's 1000 messages/s is 1000 frames/s;
+	// HighAutoPPS is high=auto's threshold: a rule's flows run inline
+	// once steer_xdp classified at least this many frames per second under
+	// the rule for 0.3 s, and go back to their queue after 1 s below half
+	// of it. A ping-pong at PRISM's 1000 messages/s is 1000 frames/s;
 	// the marked memcached and nginx carried 6.6-38 thousand frames/s
 	// (AMD VM, 2026-11-25).
 	HighAutoPPS int
@@ -257,8 +259,8 @@ var params = []plan.Param{
 	{Key: "high-rt", Default: "rt+3", Help: "SCHED_FIFO priority of the high-priority queue's kthread, above every other rung; 0 = normal scheduling (needs bulk-sched=idle, under which it still preempts bulk work but no longer the applications)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per class"},
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
-	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two: inline while the class is busy, high-auto-pps, queue while it is light)"},
-	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: high-priority frames per second from which the class runs inline (back to its queue below half of it)"},
+	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
+	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},

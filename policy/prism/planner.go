@@ -197,7 +197,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.High == HighAuto {
 		pl.Agent = GuardAgentName
-		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the high-priority class in the NIC poll while it carries at least %d frames/s and in its queue otherwise; until it runs, the class takes its queue", o.HighAutoPPS))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue", o.HighAutoPPS))
 	}
 	if o.BulkSched == SchedIdle {
 		pl.Agent = GuardAgentName

@@ -811,15 +811,16 @@ func TestPrismHighAuto(t *testing.T) {
 	if c.a.State.Plan.Agent != prism.GuardAgentName {
 		t.Errorf("plan agent %q, want %q (high=auto's switch)", c.a.State.Plan.Agent, prism.GuardAgentName)
 	}
-	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
+	rule := modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")
+	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
 		t.Fatal(err)
 	}
-	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(i%2 == 0) })
+	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(rule, i%2 == 0) })
 	// Every move the fast one: none waited out the drain time.
 	if d.Moved < 10 || d.Undrained != 0 {
 		t.Errorf("split stage %+v: want many moves, none after the drain time", d)
 	}
-	if err := dp.SetHighInline(false); err != nil {
+	if err := dp.SetHighInline(rule, false); err != nil {
 		t.Fatal(err)
 	}
 	c.reset(t)
