@@ -557,6 +557,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			return fail(fmt.Errorf("marking %s high priority: %w", prioSpecs[p.workload].fg.Name(), err))
 		}
 		defer undo()
+		if sp := prioSpecs[p.workload]; sp.also != nil {
+			_, undo, err := r.prioRule(mode, srv, wp.Port+alsoPortOffset, sp.alsoProto)
+			if err != nil {
+				return fail(fmt.Errorf("marking %s high priority: %w", sp.also.Name(), err))
+			}
+			defer undo()
+		}
 	}
 	var work *workMeter
 	if p.workload == "udp_stress" {

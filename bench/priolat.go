@@ -27,11 +27,19 @@ import (
 //	prio_sporadic   sockperf UDP ping-pong at 10 msg/s: a marked flow that
 //	                pauses 100 ms between requests (not in the paper; what
 //	                prism's quiet setting costs; only when asked for)
+//	prio_mixed      the ping-pong of prio_latency and, beside it, the
+//	                memcached of prio_memcached, each marked by its own
+//	                rule: a light and a busy marked service at once (not
+//	                in the paper; what high=auto's per-rule switch is for;
+//	                only when asked for). The ping-pong's latency is the
+//	                result, memcached's rate and p99 are in Extra
+//	                (also_rps, also_p99_us)
 const (
 	prioLatencyWorkload   = "prio_latency"
 	prioMemcachedWorkload = "prio_memcached"
 	prioNginxWorkload     = "prio_nginx"
 	prioSporadicWorkload  = "prio_sporadic"
+	prioMixedWorkload     = "prio_mixed"
 
 	// bgPayload is the background datagrams' payload: small packets, the
 	// receive path's per-packet cost, as the capacity was calibrated.
@@ -52,7 +60,16 @@ type prioSpec struct {
 	// full and quick are the background loads, as fractions of the receive
 	// core's capacity.
 	full, quick []float64
+	// also is a second marked service, run beside fg on port
+	// alsoPortOffset above fg's, with its own rule (prio_mixed).
+	also                   workload.Workload
+	alsoProto              string
+	alsoMsgSize, alsoFlows int
 }
+
+// alsoPortOffset is where the second service of a mixed workload listens,
+// above the first's port (the background takes 8 above).
+const alsoPortOffset = 4
 
 var prioSpecs = map[string]prioSpec{
 	// The paper's sweep (Fig. 11) went from 10% to 95%; 65% is its
@@ -69,13 +86,16 @@ var prioSpecs = map[string]prioSpec{
 	// Few samples per second: give it a long --duration.
 	prioSporadicWorkload: {name: prioSporadicWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
 		full: []float64{0, 0.65}, quick: []float64{0, 0.65}},
+	prioMixedWorkload: {name: prioMixedWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
+		full: []float64{0, 0.65}, quick: []float64{0, 0.65},
+		also: workload.Memcached{}, alsoProto: "tcp", alsoMsgSize: 550, alsoFlows: 8},
 }
 
 // prioNames are the default priority workloads in the order they run;
 // prioExtra are the others, run only when --workloads names them.
 var (
 	prioNames = []string{prioLatencyWorkload, prioMemcachedWorkload, prioNginxWorkload}
-	prioExtra = []string{prioSporadicWorkload}
+	prioExtra = []string{prioSporadicWorkload, prioMixedWorkload}
 )
 
 func isPrio(wl string) bool {
@@ -112,16 +132,37 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	if err != nil {
 		return workload.Result{}, err
 	}
+	alsoDone := make(chan struct{})
+	var also workload.Result
+	var aerr error
+	if w.also != nil {
+		ap := workload.Point{Proto: w.alsoProto, MsgSize: w.alsoMsgSize, Flows: w.alsoFlows, Duration: p.Duration, Port: p.Port + alsoPortOffset}
+		go func() {
+			defer close(alsoDone)
+			also, aerr = w.also.Run(ctx, srv, cli, ap)
+		}()
+	} else {
+		close(alsoDone)
+	}
 	res, ferr := w.fg.Run(ctx, srv, cli, p)
+	<-alsoDone
 	bg, berr := wait()
 	if ferr != nil {
 		return workload.Result{}, ferr
+	}
+	if aerr != nil {
+		return workload.Result{}, fmt.Errorf("%s beside it: %w", w.also.Name(), aerr)
 	}
 	if berr != nil {
 		return workload.Result{}, fmt.Errorf("background: %w", berr)
 	}
 	if res.Extra == nil {
 		res.Extra = map[string]float64{}
+	}
+	if w.also != nil {
+		res.Extra["also_rps"] = also.PPS
+		res.Extra["also_p99_us"] = also.LatP99Us
+		res.Extra["also_p50_us"] = also.LatP50Us
 	}
 	res.Extra["bg_target_kpps"] = w.rate / 1e3
 	res.Extra["bg_offered_kpps"] = bg.SentPPS / 1e3

@@ -50,7 +50,7 @@ type Options struct {
 
 // Target is the name of a namespace's state directory: "host" for the
 // namespace lanes runs in, the namespace's name otherwise (paths and
-// "pid:N" forms made filesystem-safe).
+// "pid:N" forms made filesystem-safe, "pid:N@C" the same as "pid:N").
 func Target(netns string) string { return plan.Target(netns) }
 
 // Dir is the state directory of a namespace.
@@ -132,7 +132,7 @@ func (o Options) validate() (*validated, error) {
 		}
 	}
 	if !knobs.NetNSExists(o.NetNS) {
-		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", o.NetNS)
+		return nil, knobs.NoNetNSError(o.NetNS)
 	}
 	// A process's namespace is kept with its cookie, so the agent and
 	// reset never act on another namespace whose process got the PID.

@@ -552,7 +552,9 @@ func (f *follower) once() (roundResult, error) {
 		if onContainer {
 			steered[devs.iface[dev]] = true
 		}
-		if journaled[c.Knob.Key()] {
+		// A journal written by a build before the pid:N@C labels holds
+		// pid:N: the same knob (its entries enter unchecked).
+		if key := c.Knob.Key(); journaled[key] || (key != knobs.UnpinnedKey(key) && journaled[knobs.UnpinnedKey(key)]) {
 			if parked || !onContainer || !followableKnob(c.Knob) {
 				continue
 			}

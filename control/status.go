@@ -86,7 +86,7 @@ type CoreQueue struct {
 // its cores reported (TopologyError says why there is no topology).
 func Status(opts StatusOptions) (*StatusReport, error) {
 	if !knobs.NetNSExists(opts.NetNS) {
-		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", opts.NetNS)
+		return nil, knobs.NoNetNSError(opts.NetNS)
 	}
 	if opts.Sample <= 0 {
 		opts.Sample = 500 * time.Millisecond

@@ -38,7 +38,7 @@ type Steering struct {
 	// HighInline: the rules whose flows run their first stage in the NIC
 	// poll now (PRISM's high=auto: their switches are on under a config
 	// with high=auto).
-	HighInline []string `json:"high_inline_now,omitempty"`
+	HighInline []string `json:"high_inline_rules,omitempty"`
 	// StayQueued: a flow staying at the bridge stage goes through its
 	// core's RPS backlog (steer.Config.StayQueued), not run on.
 	StayQueued bool `json:"stay_queued,omitempty"`

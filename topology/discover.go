@@ -17,6 +17,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,7 +28,7 @@ const DockerNetNSDir = "/var/run/docker/netns"
 // = the namespace lanes runs in).
 func Discover(ns string) (*Topology, error) {
 	if !knobs.NetNSExists(ns) {
-		return nil, fmt.Errorf("netns %q does not exist: `ip netns list` shows the named ones", ns)
+		return nil, knobs.NoNetNSError(ns)
 	}
 	cat, err := openCatalog()
 	if err != nil {
@@ -530,27 +531,25 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 
 // resolveIDs maps the namespace ids this namespace uses for its peers to
 // names: the catalog's named namespaces, the root one (""), then any
-// process's namespace ("pid:N"). Runs inside the namespace: ids are local
+// process's namespace ("pid:N@C"). Runs inside the namespace: ids are local
 // to the namespace that assigned them.
 func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 	if len(want) == 0 {
 		return
 	}
-	try := func(name string, fd uintptr) {
+	// match is the id this namespace gives the one fd refers to, if it is
+	// one of the wanted ones and not named yet.
+	match := func(fd uintptr) (int, bool) {
 		id, err := netlink.GetNetNsIdByFd(int(fd))
-		if err == nil && id >= 0 && want[id] {
-			if _, done := s.nsids[id]; !done {
-				// A process's namespace goes by "pid:N@C", its cookie
-				// with it (see knobs.PinNetNS): journaled knobs are
-				// never restored into another namespace that reused
-				// the PID. A process that is gone already is skipped.
-				if strings.HasPrefix(name, "pid:") {
-					if name, err = knobs.PinNetNS(name); err != nil {
-						return
-					}
-				}
-				s.nsids[id] = name
-			}
+		if err != nil || id < 0 || !want[id] {
+			return 0, false
+		}
+		_, done := s.nsids[id]
+		return id, !done
+	}
+	try := func(name string, fd uintptr) {
+		if id, ok := match(fd); ok {
+			s.nsids[id] = name
 		}
 	}
 	try("", cat.root.Fd())
@@ -590,7 +589,16 @@ func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 		if err != nil {
 			continue
 		}
-		try("pid:"+strconv.Itoa(pid), f.Fd())
+		if id, ok := match(f.Fd()); ok {
+			// A process's namespace goes by "pid:N@C", with its cookie
+			// (knobs.PinNetNS), so journaled knobs are never restored
+			// into another namespace that got the PID; read through
+			// the same open file that matched, since the process may
+			// have switched namespaces since. Unreadable: unresolved.
+			if name, err := knobs.PinNetNSHandle(pid, netns.NsHandle(f.Fd())); err == nil {
+				s.nsids[id] = name
+			}
+		}
 		f.Close()
 		if len(s.nsids) == len(want) {
 			return

@@ -243,8 +243,9 @@ func (n Netfilter) None() bool {
 type Veth struct {
 	Device
 	Master string `json:"master,omitempty"`
-	// PeerNetNS is the peer's namespace: a name, a path, "pid:N" for an
-	// unnamed namespace some process holds, or "unknown".
+	// PeerNetNS is the peer's namespace: a name, a path, "pid:N@C" for an
+	// unnamed namespace process N holds (C its netns cookie, see
+	// knobs.PinNetNS), or "unknown".
 	PeerNetNS string `json:"peer_netns"`
 	PeerIndex int    `json:"peer_index"`
 	PeerName  string `json:"peer_name,omitempty"`

@@ -89,6 +89,14 @@ var (
 	}}
 )
 
+// AlsoRate and AlsoP99 are the second marked service of a mixed priority
+// workload (prio_mixed: memcached beside the ping-pong): its request rate
+// and p99 latency.
+var (
+	AlsoRate = Metric{"2nd service rate", "req/s", func(r *Run) float64 { return r.Extra["also_rps"] }}
+	AlsoP99  = Metric{"2nd service p99", "µs", func(r *Run) float64 { return r.Extra["also_p99_us"] }}
+)
+
 // BackgroundKpps is the low-priority background a priority workload's
 // receiver got (Kpps): PRISM must not starve it.
 var BackgroundKpps = Metric{"background received", "Kpps", func(r *Run) float64 { return r.Extra["bg_received_kpps"] }}

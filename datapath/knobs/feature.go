@@ -94,8 +94,8 @@ func deviceGone(err error) error {
 }
 
 // ethNS is the name internal/ethtool (through nsx) enters for namespace ns
-// in any of its forms (a name, a path, "pid:N"), or ErrGone when it no
-// longer exists.
+// in any of its forms (a name, a path, "pid:N", "pid:N@C"), or ErrGone
+// when it no longer exists (or is no longer the one C names).
 func ethNS(ns string) (string, error) {
 	if err := checkNetNS(ns); err != nil {
 		return "", err

@@ -299,3 +299,16 @@ func TestJournalDrop(t *testing.T) {
 		t.Errorf("writes %q, want only k3's restore", log)
 	}
 }
+
+func TestUnpinnedKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"feature:pid:42@8193:eth0:gro":        "feature:pid:42:eth0:gro",
+		"feature:pid:42:eth0:gro":             "feature:pid:42:eth0:gro",
+		"sysfs:lanes-h2:/sys/class/net/x/rps": "sysfs:lanes-h2:/sys/class/net/x/rps",
+		"tcx:pid:7@1:veth1@ingress":           "tcx:pid:7:veth1@ingress",
+	} {
+		if got := knobs.UnpinnedKey(in); got != want {
+			t.Errorf("UnpinnedKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

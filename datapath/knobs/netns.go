@@ -1,9 +1,11 @@
 package knobs
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -69,6 +71,23 @@ func NetNSPath(ns string) string {
 	}
 }
 
+// NoNetNSError says that namespace ns cannot be entered, and how to find
+// one that can, in one line.
+func NoNetNSError(ns string) error {
+	hint := "`ip netns list` shows the named ones"
+	switch pid, cookie, ok := pidForm(ns); {
+	case strings.HasPrefix(ns, "pid:") && !ok:
+		hint = "want pid:N with N a process id"
+	case ok && cookie != 0:
+		hint = "process " + pid + " is gone or now runs in another namespace (a reused PID): give a process of the container, pid:N"
+	case ok:
+		hint = "no process " + pid
+	case filepath.IsAbs(ns):
+		hint = "no namespace file at that path"
+	}
+	return fmt.Errorf("netns %q does not exist: %s", ns, hint)
+}
+
 // NetNSExists reports whether a namespace can be entered (and, for
 // "pid:N@C", is still the one with cookie C).
 func NetNSExists(ns string) bool { return checkNetNS(ns) == nil }
@@ -99,7 +118,7 @@ func checkNetNS(ns string) error {
 		return err
 	}
 	if _, cookie, _ := pidForm(ns); cookie != 0 {
-		return nsx.Do(nsxName(ns), func() error { return checkCookie(ns, cookie) })
+		return goneNS(ns, nsx.Do(nsxName(ns), func() error { return checkCookie(ns, cookie) }))
 	}
 	return nil
 }
@@ -116,6 +135,15 @@ func statNetNS(ns string) error {
 		return fmt.Errorf("netns %s: %w", ns, ErrGone)
 	}
 	return nil
+}
+
+// goneNS marks an entry that failed because the namespace's file went away
+// after it was checked (a process that exited in between) as ErrGone.
+func goneNS(ns string, err error) error {
+	if err != nil && errors.Is(err, nsx.ErrNoNetNS) && !errors.Is(err, ErrGone) {
+		return fmt.Errorf("netns %s: %w: %w", ns, ErrGone, err)
+	}
+	return err
 }
 
 // checkCookie runs on a thread inside the namespace a pid form named.
@@ -165,14 +193,30 @@ func PinNetNS(ns string) (string, error) {
 		return "", fmt.Errorf("netns %s: no process %s: %w", ns, pid, ErrGone)
 	}
 	var c uint64
-	err := nsx.Do(nsxName(ns), func() (err error) {
+	err := goneNS(ns, nsx.Do(nsxName(ns), func() (err error) {
+		c, err = cookieHere()
+		return err
+	}))
+	if err != nil {
+		return "", err
+	}
+	return "pid:" + pid + "@" + strconv.FormatUint(c, 10), nil
+}
+
+// PinNetNSHandle is PinNetNS for process pid's namespace as an open handle
+// shows it: the cookie of the namespace h refers to, not of the one the
+// process is in when its /proc file is opened again (a process may have
+// switched namespaces since the caller opened it).
+func PinNetNSHandle(pid int, h netns.NsHandle) (string, error) {
+	var c uint64
+	err := nsx.DoHandle(h, func() (err error) {
 		c, err = cookieHere()
 		return err
 	})
 	if err != nil {
 		return "", err
 	}
-	return "pid:" + pid + "@" + strconv.FormatUint(c, 10), nil
+	return "pid:" + strconv.Itoa(pid) + "@" + strconv.FormatUint(c, 10), nil
 }
 
 // Do runs fn on a thread inside namespace ns (see nsx.Do); /proc/sys/net
@@ -188,9 +232,9 @@ func DoSysfs(ns string, fn func() error) error {
 }
 
 func do(ns string, sysfs bool, fn func() error) error {
-	run := nsx.Do
+	run := func(name string, fn func() error) error { return goneNS(ns, nsx.Do(name, fn)) }
 	if sysfs {
-		run = nsx.DoSysfs
+		run = func(name string, fn func() error) error { return goneNS(ns, nsx.DoSysfs(name, fn)) }
 	}
 	if err := statNetNS(ns); err != nil {
 		return err
@@ -220,3 +264,12 @@ func OpenNetNS(ns string) (netns.NsHandle, error) {
 	})
 	return h, err
 }
+
+// pinnedPID is a pid form's cookie part inside a knob key.
+var pinnedPID = regexp.MustCompile(`\bpid:([0-9]+)@[0-9]+`)
+
+// UnpinnedKey is a knob key with its pid forms' cookies removed: the key a
+// journal of a build before 2026-11-25 holds for the same knob ("pid:N"),
+// so that a follower started by a newer build over such an apply knows
+// those knobs as journaled.
+func UnpinnedKey(key string) string { return pinnedPID.ReplaceAllString(key, "pid:$1") }

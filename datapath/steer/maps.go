@@ -737,6 +737,16 @@ func (d *Datapath) SetHighInline(r Rule, on bool) error {
 	if err := d.objs.SteerHighInline.Put(r.key(), uint32(1)); err != nil {
 		return fmt.Errorf("writing the high-priority switch of %s: %w", r, err)
 	}
+	// A rule deleted meanwhile (lanes prio del drops its switch, maybe
+	// just before this Put) must not keep one: added again, it would
+	// start inline.
+	var one uint8
+	if err := d.objs.SteerPrio.Lookup(r.key(), &one); errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := d.SetHighInline(r, false); err != nil {
+			return err
+		}
+		return fmt.Errorf("priority rule %s: deleted while its high-priority switch was set", r)
+	}
 	return nil
 }
 

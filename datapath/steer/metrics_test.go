@@ -81,6 +81,9 @@ func TestCollector(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := d.AddRule(r); err != nil {
+			t.Fatal(err)
+		}
 		if err := d.SetHighInline(r, true); err != nil {
 			t.Fatal(err)
 		}

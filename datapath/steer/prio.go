@@ -221,13 +221,13 @@ func (d *Datapath) DelRule(r Rule) error {
 		}
 		return fmt.Errorf("removing priority rule %s: %w", r, err)
 	}
+	if err := d.syncPrioShapes(); err != nil {
+		return err
+	}
 	// The rule's high=auto state goes with it, so the same rule added
 	// again starts in the queue with no count (the agent also drops what
 	// a deleted rule left, at its next sample).
-	if err := d.ForgetHigh(r); err != nil {
-		return err
-	}
-	return d.syncPrioShapes()
+	return d.ForgetHigh(r)
 }
 
 // Rules lists the priority rules, destination rules first, then by

@@ -545,6 +545,14 @@ func TestPrioHighInline(t *testing.T) {
 	if got, _ := d.HighRuleFrames(); len(got) != 1 {
 		t.Errorf("a deleted rule's count kept: %v", got)
 	}
+	// A switch set for a rule not in the set (deleted meanwhile) does
+	// not stay.
+	if err := d.SetHighInline(light, true); err == nil {
+		t.Error("a switch set for a deleted rule")
+	}
+	if on, _ := d.HighInline(); len(on) != 0 {
+		t.Errorf("a deleted rule's switch left: %v", on)
+	}
 	if err := d.SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}

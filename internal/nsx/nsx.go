@@ -12,6 +12,7 @@ package nsx
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,6 +131,9 @@ func do(name string, sysfs bool, fn func() error) error {
 			if name != "" {
 				h, err := netns.GetFromName(name)
 				if err != nil {
+					if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+						return fmt.Errorf("opening netns %s: %w: %w", name, ErrNoNetNS, err)
+					}
 					return fmt.Errorf("opening netns %s: %w", name, err)
 				}
 				defer h.Close()
@@ -145,6 +149,28 @@ func do(name string, sysfs bool, fn func() error) error {
 			}
 			return fn()
 		}()
+	}()
+	return <-errc
+}
+
+// ErrNoNetNS is wrapped by Do and DoSysfs when the namespace's file is
+// not there (a name no longer bound, a process that exited), as opposed
+// to an error of the function they run.
+var ErrNoNetNS = errors.New("no such network namespace")
+
+// DoHandle runs fn on a thread inside the namespace an open handle refers
+// to (one a caller already checked, so that fn sees exactly that one).
+func DoHandle(h netns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is left in h's namespace: never unlock, so the
+		// runtime discards it when this goroutine ends.
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("entering netns %s: %w", h, err)
+			return
+		}
+		errc <- fn()
 	}()
 	return <-errc
 }

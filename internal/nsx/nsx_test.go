@@ -1,10 +1,13 @@
 package nsx
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netns"
 )
 
 func requireRoot(t *testing.T) {
@@ -55,4 +58,39 @@ func TestStartInheritsNamespace(t *testing.T) {
 		t.Fatalf("child sees devices of another namespace:\n%s", out)
 	}
 	_ = exec.Command
+}
+
+// A namespace whose file is not there is ErrNoNetNS, for both kinds of
+// entry, and the function never runs; DoHandle runs in the handle's
+// namespace.
+func TestMissingNamespace(t *testing.T) {
+	requireRoot(t)
+	ran := false
+	for _, do := range []func(string, func() error) error{Do, DoSysfs} {
+		err := do("lanes-nsx-no-such-namespace", func() error { ran = true; return nil })
+		if !errors.Is(err, ErrNoNetNS) {
+			t.Errorf("entering a missing namespace: %v, want ErrNoNetNS", err)
+		}
+	}
+	if ran {
+		t.Error("the function ran")
+	}
+	name := "lanes-nsx-handle"
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	defer Delete(name)
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var inside netns.NsHandle
+	if err := DoHandle(h, func() (err error) { inside, err = netns.Get(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer inside.Close()
+	if !inside.Equal(h) {
+		t.Errorf("DoHandle ran in %s, want %s", inside, h)
+	}
 }

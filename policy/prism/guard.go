@@ -325,12 +325,12 @@ func (g *guard) Status() GuardStatus {
 }
 
 // run samples until ctx ends and leaves the plan's scheduling behind (and
-// high=auto's class in its queue).
+// every rule's flows in the high-priority queue, high=auto's start).
 func (g *guard) run(ctx context.Context) error {
 	if g.high != nil {
 		defer func() {
 			if err := g.high.stop(); err != nil && g.env.Logf != nil {
-				g.env.Logf("high=auto: putting the high-priority class back in its queue: %v", err)
+				g.env.Logf("high=auto: putting the high-priority flows back in their queue: %v", err)
 			}
 		}()
 	}

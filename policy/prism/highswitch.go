@@ -84,10 +84,11 @@ type highDatapath interface {
 
 // ruleSwitch is one rule's part of the switch.
 type ruleSwitch struct {
-	state  highState
-	frames uint64    // the count at the last sample
-	at     time.Time // when it was read
-	rate   float64   // frames/s over the last sample
+	state   highState
+	applied bool      // what the datapath was last set to (inline)
+	frames  uint64    // the count at the last sample
+	at      time.Time // when it was read
+	rate    float64   // frames/s over the last sample
 }
 
 // highSwitch is high=auto's runtime part, stepped by the guard's loop. It
@@ -157,7 +158,9 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 		live[r] = true
 	}
 	// What a deleted rule left (lanes prio del drops it too; this covers
-	// a delete by an older build or one that failed half way).
+	// a delete by an older build or one that failed half way). An error
+	// on one rule does not keep the others from their sample.
+	var errs []error
 	for r := range h.rules {
 		if !live[r] {
 			delete(h.rules, r)
@@ -165,9 +168,7 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	}
 	for _, r := range append(slices.Collect(maps.Keys(frames)), cur...) {
 		if !live[r] {
-			if err := dp.ForgetHigh(r); err != nil {
-				return "", err
-			}
+			errs = append(errs, dp.ForgetHigh(r))
 		}
 	}
 	if h.rules == nil {
@@ -187,28 +188,32 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 			// their queue, and so does the decision.
 			*rs = ruleSwitch{}
 		}
-		changed := false
 		if !rs.at.IsZero() && now.After(rs.at) {
 			rs.rate = float64(n-rs.frames) / now.Sub(rs.at).Seconds()
-			changed = rs.state.step(h.rule, rs.rate)
+			rs.state.step(h.rule, rs.rate)
 		}
 		rs.frames, rs.at = n, now
-		if slices.Contains(cur, r) != rs.state.inline() {
-			if err := dp.SetHighInline(r, rs.state.inline()); err != nil {
-				return "", err
+		want := rs.state.inline()
+		if slices.Contains(cur, r) != want {
+			if err := dp.SetHighInline(r, want); err != nil {
+				errs = append(errs, err)
+				continue // tried again at the next sample
 			}
 		}
-		if !changed {
+		// Logged and counted once the datapath has it: a write that
+		// failed is reported by the sample that makes it.
+		if rs.applied == want {
 			continue
 		}
+		rs.applied = want
 		h.switches++
-		if rs.state.inline() {
+		if want {
 			msgs = append(msgs, fmt.Sprintf("high=auto: %s busy (%.0f frames/s, at least %.0f): its flows run in the NIC poll", r, rs.rate, h.rule.InlineAt))
 		} else {
 			msgs = append(msgs, fmt.Sprintf("high=auto: %s light (%.0f frames/s, under %.0f): its flows take their queue", r, rs.rate, h.rule.QueueBelow))
 		}
 	}
-	return strings.Join(msgs, "\n"), nil
+	return strings.Join(msgs, "\n"), errors.Join(errs...)
 }
 
 // stop puts every rule's flows back in their queue, the plan's state.
@@ -251,7 +256,7 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, Off: h.off, Err: h.err}
 	for r, rs := range h.rules {
-		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.state.inline(), Rate: rs.rate})
+		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
 	}
 	slices.SortFunc(s.Rules, func(a, b HighRuleStatus) int { return cmp.Compare(a.Rule, b.Rule) })
 	return s

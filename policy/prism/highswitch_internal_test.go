@@ -52,6 +52,7 @@ type fakeHigh struct {
 	fail    error
 	closed  int
 	refuses bool
+	refuse  map[steer.Rule]bool // writes of these rules fail
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -72,7 +73,7 @@ func (f *fakeHigh) HighAuto() (uint32, []steer.Rule, error) {
 	return f.pps, on, f.fail
 }
 func (f *fakeHigh) SetHighInline(r steer.Rule, on bool) error {
-	if f.refuses {
+	if f.refuses || f.refuse[r] {
 		return errors.New("refused")
 	}
 	f.sets++
@@ -258,5 +259,45 @@ func TestHighSwitchPerRule(t *testing.T) {
 	tick(2000, 2000)
 	if !dp.inline[light] || !dp.inline[busy] {
 		t.Errorf("both rules busy for 0.3 s: inline %v", dp.inline)
+	}
+}
+
+// TestHighSwitchOneRuleFails: a rule whose switch cannot be written keeps
+// neither the other rules from theirs nor its own switch from being
+// logged and counted once the write succeeds.
+func TestHighSwitchOneRuleFails(t *testing.T) {
+	a := testRule(t, "dst 198.19.0.21 port 11211 tcp")
+	b := testRule(t, "dst 198.19.0.22 port 80 tcp")
+	dp := newFakeHigh(5000, a, b)
+	dp.refuse = map[steer.Rule]bool{a: true}
+	h := newHighSwitch("/nowhere")
+	h.open = func(string) (highDatapath, error) { return dp, nil }
+	at := time.Unix(1000, 0)
+	var log []string
+	tick := func() {
+		at = at.Add(100 * time.Millisecond)
+		dp.frames[a] += 1000
+		dp.frames[b] += 1000
+		if m := h.sample(at); m != "" {
+			log = append(log, m)
+		}
+	}
+	for range 4 {
+		tick()
+	}
+	if dp.inline[a] || !dp.inline[b] || h.switches != 1 || !strings.Contains(h.err, "refused") {
+		t.Fatalf("one rule refused: inline %v, %d switches, error %q: want the other rule inline and the error shown", dp.inline, h.switches, h.err)
+	}
+	if j := strings.Join(log, "\n"); strings.Contains(j, a.String()) || !strings.Contains(j, b.String()) {
+		t.Errorf("log %q: want only the rule that was switched", j)
+	}
+	if st := h.status(); st.Rules[0].Inline {
+		t.Errorf("status %+v: the refused rule shown inline", st.Rules)
+	}
+	delete(dp.refuse, a)
+	log = nil
+	tick()
+	if !dp.inline[a] || h.switches != 2 || h.err != "" || !strings.Contains(strings.Join(log, ""), a.String()+" busy") {
+		t.Errorf("write accepted again: inline %v, %d switches, error %q, log %q", dp.inline, h.switches, h.err, log)
 	}
 }

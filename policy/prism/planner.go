@@ -185,7 +185,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		what = fmt.Sprintf("steering with priority classes: bulk frames inline in the NIC poll, high-priority queue at %s, on core %d", fifo(lad.High), core)
 	}
 	if o.High == HighAuto {
-		what = fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s while the class is light and the NIC poll while it is busy (high=auto), on core %d", fifo(lad.Low), fifo(lad.High), core)
+		what = fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s for the flows of a light rule and the NIC poll for those of a busy one (high=auto), on core %d", fifo(lad.Low), fifo(lad.High), core)
 	}
 	addVethQueues(pl, pairs)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)
