@@ -542,7 +542,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	wire0, _ := wireDrops(s.NetNS, s.Underlay)
 	steer0, steered := steerCounts(r.tb.Receiver().NetNS)
 	wp := workload.Point{Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Duration: r.o.Duration, Rate: p.rate, Port: r.port()}
-	marked := false
+	marked, markedAlso := false, false
 	if idleRuleOn(mode) {
 		undo, err := r.addRule(idleRule)
 		if err != nil {
@@ -558,11 +558,12 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		defer undo()
 		if sp := prioSpecs[p.workload]; sp.also != nil {
-			_, undo, err := r.prioRule(mode, srv, wp.Port+alsoPortOffset, sp.alsoProto)
+			m, undo, err := r.prioRule(mode, srv, wp.Port+alsoPortOffset, sp.alsoProto)
 			if err != nil {
 				return fail(fmt.Errorf("marking %s high priority: %w", sp.also.Name(), err))
 			}
 			defer undo()
+			markedAlso = m
 		}
 	}
 	var work *workMeter
@@ -628,6 +629,9 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra["prio_marked"] = 1
+	}
+	if markedAlso {
+		run.Extra["prio_marked_also"] = 1 // prio_mixed's second service too
 	}
 	return run
 }

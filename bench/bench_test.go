@@ -248,14 +248,15 @@ func reportHas(t *testing.T, out string, want ...string) {
 	}
 }
 
-// The priority workloads on the overlay under prism-batch and on the
+// The priority workloads (prio_mixed with its two services, each with its
+// own rule) on the overlay under prism-batch and on the
 // native path: the service marked high priority exactly in the prism
 // mode, every load recorded, the background received, the PRISM tables
 // and figures written, and nothing left behind.
 func TestPrioEndToEnd(t *testing.T) {
 	const prefix = "lbp"
-	f, out := tinyRun(t, prefix, []string{"native", "prism-batch"}, []string{prioLatencyWorkload, prioNginxWorkload})
-	if want := 2 * 2 * 2; len(f.Runs) != want { // workloads x loads x modes
+	f, out := tinyRun(t, prefix, []string{"native", "prism-batch"}, []string{prioLatencyWorkload, prioNginxWorkload, prioMixedWorkload})
+	if want := 3 * 2 * 2; len(f.Runs) != want { // workloads x loads x modes
 		t.Fatalf("%d runs, want %d", len(f.Runs), want)
 	}
 	for _, r := range f.Runs {
@@ -269,6 +270,15 @@ func TestPrioEndToEnd(t *testing.T) {
 		}
 		if marked := r.Extra["prio_marked"] == 1; marked != (r.Mode == "prism-batch") {
 			t.Errorf("%s: marked high priority: %v", what, marked)
+		}
+		if r.Workload == prioMixedWorkload {
+			// Both services ran, each marked by its own rule.
+			if r.Extra["also_rps"] <= 0 {
+				t.Errorf("%s: no rate of the second service: %v", what, r.Extra)
+			}
+			if marked := r.Extra["prio_marked_also"] == 1; marked != (r.Mode == "prism-batch") {
+				t.Errorf("%s: second service marked high priority: %v", what, marked)
+			}
 		}
 		if got := r.Extra["bg_received_kpps"] > 0; got != (r.Background > 0) {
 			t.Errorf("%s: background received %v Kpps", what, r.Extra["bg_received_kpps"])
@@ -286,7 +296,7 @@ func TestPrioEndToEnd(t *testing.T) {
 	}) {
 		t.Errorf("no note on how the background's 100%% was found on both paths: %q", f.Notes)
 	}
-	reportHas(t, out, "## prio_latency", "## prio_nginx", "background received % of offered", "| rate req/s |")
+	reportHas(t, out, "## prio_latency", "## prio_nginx", "## prio_mixed", "2nd service rate", "background received % of offered", "| rate req/s |")
 	for _, png := range []string{"cdf_prio_latency_idle_vs_busy.png", "latency_vs_background_prio_latency.png", "rate_vs_background_prio_nginx.png"} {
 		if _, err := os.Stat(filepath.Join(out, png)); err != nil {
 			t.Errorf("figure: %v", err)
