@@ -46,7 +46,14 @@ type Steering struct {
 	// while no high-priority frame came for this long. SinceHighMs is how
 	// long ago the last one came (nil: none yet, or quiet off); Quiet says
 	// whether the high class is quiet now (steer.QuietAfter).
-	QuietMs     int64  `json:"quiet_ms,omitempty"`
+	QuietMs int64 `json:"quiet_ms,omitempty"`
+	// BulkQuietMs is steer.Config.BulkQuiet: high-priority flows also run
+	// in the NIC poll while no bulk frame came for this long (high=auto);
+	// BulkQuiet says whether that is so now, SinceBulkMs how long ago the
+	// last bulk frame came (nil: none yet).
+	BulkQuietMs int64  `json:"bulk_quiet_ms,omitempty"`
+	BulkQuiet   bool   `json:"bulk_quiet,omitempty"`
+	SinceBulkMs *int64 `json:"since_bulk_ms,omitempty"`
 	SinceHighMs *int64 `json:"since_high_ms,omitempty"`
 	Quiet       bool   `json:"quiet,omitempty"`
 	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
@@ -164,6 +171,18 @@ func steering(s *StatusReport, netns string) error {
 		for _, r := range inline {
 			out.HighInline = append(out.HighInline, r.String())
 		}
+		if cfg.BulkQuiet > 0 && cfg.HighAutoPPS > 0 {
+			out.BulkQuietMs = cfg.BulkQuiet.Milliseconds()
+			quiet, since, seen, err := d.BulkQuiet(cfg.BulkQuiet)
+			if err != nil {
+				return err
+			}
+			out.BulkQuiet = quiet
+			if seen {
+				ms := since.Milliseconds()
+				out.SinceBulkMs = &ms
+			}
+		}
 		if cfg.PrioQuiet > 0 {
 			out.QuietMs = cfg.PrioQuiet.Milliseconds()
 			quiet, since, seen, err := d.HighQuiet(cfg.PrioQuiet)
@@ -240,7 +259,7 @@ func steering(s *StatusReport, netns string) error {
 		}
 		if f.Stage == steer.StageSplit {
 			r, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
-			fs.Marked, fs.Inline = marked, marked && slices.Contains(inline, r)
+			fs.Marked, fs.Inline = marked, marked && (out.BulkQuiet || slices.Contains(inline, r))
 		}
 		if f.StayCore >= 0 && f.InFlight > 0 {
 			fs.HeldOn = f.StayCore

@@ -77,6 +77,14 @@ type Config struct {
 	// the NIC poll (SetHighInline). The programs only check that it is
 	// set: SetHighInline is refused, and its switch ignored, without it.
 	HighAutoPPS uint32
+	// BulkQuiet (with HighAutoPPS; 0: off) also runs high-priority flows
+	// in the NIC poll while no bulk frame arrived for this long (whole
+	// milliseconds, up to MaxPrioQuiet, plus the coarse clock's two ticks):
+	// with no bulk work there is nothing to preempt, and the queue's
+	// kthread would have to wake for every frame of a light flow. The
+	// first bulk frame ends it at once; the flows move back to their
+	// queue in order.
+	BulkQuiet time.Duration
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -204,6 +212,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.HighAutoPPS != 0 && !c.PrioIdleInline {
 		return c, errors.New("high=auto's switch needs bulk inline while idle (its fast, in-order moves)")
+	}
+	if c.BulkQuiet != 0 && (c.HighAutoPPS == 0 || c.BulkQuiet < time.Millisecond || c.BulkQuiet > MaxPrioQuiet || c.BulkQuiet%time.Millisecond != 0) {
+		return c, fmt.Errorf("bulk quiet time %v: want whole milliseconds from 1ms to %v, with high=auto", c.BulkQuiet, MaxPrioQuiet)
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

@@ -148,6 +148,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
+		{steerMapSteerBulkSeen, &o.SteerBulkSeen},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},

@@ -169,6 +169,7 @@ func encodeConfig(c Config) steerSteerCfg {
 	}
 	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
 	k.HighAutoPps = c.HighAutoPPS
+	k.BulkQuietMs = uint32(c.BulkQuiet / time.Millisecond)
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -246,6 +247,7 @@ func (d *Datapath) configOnly() (Config, error) {
 		VethClass:      k.Flags&cfgVethClass != 0,
 		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
 		HighAutoPPS:    k.HighAutoPps,
+		BulkQuiet:      time.Duration(k.BulkQuietMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

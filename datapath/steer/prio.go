@@ -273,9 +273,32 @@ func sortRules(out []Rule) {
 // two late); ok is false before the first one. Only stamped while
 // PrioQuiet is set.
 func (d *Datapath) SinceHigh() (since time.Duration, ok bool, err error) {
+	return sinceStamp(d.objs.SteerPrioSeen, "high-priority")
+}
+
+// SinceBulk is SinceHigh for bulk frames, as steer_xdp stamps them for
+// Config.BulkQuiet (only while it is set).
+func (d *Datapath) SinceBulk() (since time.Duration, ok bool, err error) {
+	return sinceStamp(d.objs.SteerBulkSeen, "bulk")
+}
+
+// BulkQuiet says whether steer_xdp takes bulk for quiet under the bulk
+// quiet time q (no bulk frame yet, or none for QuietAfter(q)): then
+// high-priority flows run in the NIC poll.
+func (d *Datapath) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
+	since, seen, err = d.SinceBulk()
+	if err != nil {
+		return false, 0, false, err
+	}
+	return !seen || since > QuietAfter(q), since, seen, nil
+}
+
+// sinceStamp reads a coarse-clock stamp map (steer_prio_seen,
+// steer_bulk_seen) as the time since.
+func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err error) {
 	var last uint64
-	if err := d.objs.SteerPrioSeen.Lookup(uint32(0), &last); err != nil {
-		return 0, false, fmt.Errorf("reading the last high-priority frame's time: %w", err)
+	if err := m.Lookup(uint32(0), &last); err != nil {
+		return 0, false, fmt.Errorf("reading the last %s frame's time: %w", what, err)
 	}
 	if last == 0 {
 		return 0, false, nil

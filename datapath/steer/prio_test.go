@@ -629,3 +629,70 @@ func TestRuleMatchesLikeTheProgram(t *testing.T) {
 		t.Errorf("%d of %d flows marked, by %d rules: the cases do not tell them apart", marked, len(flows), len(byRule))
 	}
 }
+
+// PRISM high=auto's bulk quiet (Config.BulkQuiet): while no bulk frame
+// came for the quiet time (or none yet), high-priority flows run in the
+// NIC poll whatever their rule's switch; the first bulk frame ends it,
+// and the next high-priority frame then takes its flow back to the queue
+// with the fast, in-order move (once none of its frames is in flight).
+// Only under high=auto.
+func TestPrioBulkQuiet(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.Flowlet, cfg.BulkQuiet = true, time.Hour, 20*time.Millisecond
+	if err := d.SetConfig(cfg); err == nil {
+		t.Error("bulk quiet without high=auto accepted")
+	}
+	cfg.HighAutoPPS = 5000
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); got.BulkQuiet != 20*time.Millisecond {
+		t.Fatalf("config %+v does not read back BulkQuiet", got)
+	}
+	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
+	bulk := udpFlow(6000)
+	step := func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
+		t.Helper()
+		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || fl.InFlight != inflight || fl.CPUIndex != cpu {
+			t.Errorf("%s: verdict %d in flight %d on %d (%+v), want %d %d on %d", name, ret, fl.InFlight, fl.CPUIndex, fl, verdict, inflight, cpu)
+		}
+	}
+	if quiet, _, seen, err := d.BulkQuiet(cfg.BulkQuiet); !quiet || seen || err != nil {
+		t.Fatalf("before any bulk frame: quiet %v, seen %v (%v)", quiet, seen, err)
+	}
+	step("no bulk yet: in the NIC poll", hi, xdpPass, 0, Stay)
+	step("bulk: its queue", bulk, xdpRedirect, 1, 0)
+	if quiet, since, seen, err := d.BulkQuiet(cfg.BulkQuiet); quiet || !seen || err != nil || since > time.Second {
+		t.Fatalf("after a bulk frame: quiet %v, seen %v, since %v (%v)", quiet, seen, since, err)
+	}
+	step("bulk came: marked and counted in the NIC poll first", hi, xdpPass, 1, Stay)
+	drainFlows(t, d)
+	step("bulk came, none in flight: in the queue", hi, xdpRedirect, 1, 0)
+	// The last bulk frame long ago: quiet again.
+	if err := d.objs.SteerBulkSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	step("quiet again, one in flight: stays in the queue", hi, xdpRedirect, 2, 0)
+	drainFlows(t, d)
+	step("quiet again, none in flight: in the NIC poll", hi, xdpPass, 1, Stay)
+	// Without it, bulk is never stamped and the flow keeps its queue.
+	cfg.BulkQuiet = 0
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.objs.SteerBulkSeen.Put(uint32(0), uint64(0)); err != nil {
+		t.Fatal(err)
+	}
+	other := hi
+	other.sport = 5001
+	step("bulk quiet off: a new flow in its queue", other, xdpRedirect, 1, 0)
+	runXDP(t, d, vxlanFrame(frameSpec{flow: bulk}))
+	if _, seen, _ := d.SinceBulk(); seen {
+		t.Error("bulk stamped with bulk quiet off")
+	}
+}

@@ -220,6 +220,10 @@ struct steer_cfg {
 	 * (steer_high_inline); read by the agent only. 0: high=auto is off,
 	 * and steer_high_inline is ignored. */
 	__u32 high_auto_pps;
+	/* PRISM high=auto: high-priority frames also run in the NIC poll
+	 * while no bulk frame came for this long (bulk_quiet): with no bulk
+	 * work to preempt, their queue's kthread hop is pure cost. 0: off. */
+	__u32 bulk_quiet_ms;
 };
 
 struct {
@@ -530,6 +534,16 @@ static __always_inline int high_inline(const struct steer_cfg *cfg, const struct
 	return on && *on;
 }
 
+/* PRISM high=auto: when the last bulk frame arrived (coarse clock, ns; 0:
+ * none yet), for cfg->bulk_quiet_ms; written only when the tick changed,
+ * so busy bulk costs one store per tick. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u64);
+} steer_bulk_seen SEC(".maps");
+
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
  * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
  * so a busy high-priority flow costs one store per tick. */
@@ -783,6 +797,47 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
 	 * starting early. Signed: a stamp written on another core after our
 	 * clock read is no gap at all. */
 	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)cfg->prio_quiet_ms * 1000000 + cfg->coarse_lag_ns);
+}
+
+/*
+ * Is bulk quiet (cfg->bulk_quiet_ms set and no bulk frame for that long)?
+ * Then high-priority flows run in the NIC poll, as under high=auto's
+ * switch: there is nothing to preempt, and their queue's kthread would
+ * have to wake for every frame of a light flow. A bulk frame ends the
+ * quiet at once (seen_bulk), before the next high-priority frame is
+ * classified, and the flows then move back to their queue in order (the
+ * fast move); only high-priority frames polled in the same batch ahead of
+ * that bulk frame ran in the NIC poll beside it.
+ */
+static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
+{
+	__u32 zero = 0;
+	__u64 *last, stamp;
+
+	if (!cfg->bulk_quiet_ms)
+		return 0;
+	last = bpf_map_lookup_elem(&steer_bulk_seen, &zero);
+	if (!last)
+		return 0;
+	stamp = *last;
+	if (!stamp)
+		return 1; /* none yet */
+	/* As in prio_quiet: coarse_lag_ns keeps the quiet from starting a
+	 * tick early; signed for a stamp newer than our clock read. */
+	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)cfg->bulk_quiet_ms * 1000000 + cfg->coarse_lag_ns);
+}
+
+static __always_inline void seen_bulk(const struct steer_cfg *cfg)
+{
+	__u32 zero = 0;
+	__u64 *last, now;
+
+	if (!cfg->bulk_quiet_ms)
+		return;
+	last = bpf_map_lookup_elem(&steer_bulk_seen, &zero);
+	now = bpf_ktime_get_coarse_ns();
+	if (last && *last != now)
+		*last = now;
 }
 
 static __always_inline void seen_high(const struct steer_cfg *cfg)
@@ -1728,11 +1783,16 @@ int steer_xdp(struct xdp_md *ctx)
 	}
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
 		if (hi) {
+			int busy = high_inline(cfg, &rule); /* counts the rule's frame too */
+
 			seen_high(cfg);
-			if (high_inline(cfg, &rule))
+			if (busy || bulk_quiet(cfg))
 				opts |= PLACE_STAY;
-		} else if (!cfg->prio_shapes || prio_quiet(cfg))
-			opts |= PLACE_STAY;
+		} else {
+			seen_bulk(cfg);
+			if (!cfg->prio_shapes || prio_quiet(cfg))
+				opts |= PLACE_STAY;
+		}
 		/* The fast move needs every frame counted, inline ones too. */
 		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
 			opts |= PLACE_LOCAL;

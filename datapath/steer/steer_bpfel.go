@@ -54,7 +54,7 @@ type steerSteerCfg struct {
 	PrevSpan    uint32
 	PrevRpsLo   [64]uint32
 	HighAutoPps uint32
-	_           [4]byte
+	BulkQuietMs uint32
 }
 
 type steerSteerFlowKey struct {
@@ -133,6 +133,7 @@ type steerVethClassState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	steerMapSteerAdopt         = "steer_adopt"
+	steerMapSteerBulkSeen      = "steer_bulk_seen"
 	steerMapSteerCfg           = "steer_cfg"
 	steerMapSteerCpumap        = "steer_cpumap"
 	steerMapSteerCpumapHi      = "steer_cpumap_hi"
@@ -222,6 +223,7 @@ type steerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
 	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
@@ -269,6 +271,7 @@ func (o *steerObjects) Close() error {
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
 	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
+	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
@@ -292,6 +295,7 @@ type steerMaps struct {
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.SteerAdopt,
+		m.SteerBulkSeen,
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,

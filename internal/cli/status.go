@@ -166,6 +166,17 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 					fmt.Fprintf(out, "  high class active (last high-priority frame: %s): bulk flows take the bulk queue; quiet after %dms without one\n", last, st.QuietMs)
 				}
 			}
+			if st.BulkQuietMs > 0 {
+				last := "none yet"
+				if st.SinceBulkMs != nil {
+					last = fmt.Sprintf("%s ago", time.Duration(*st.SinceBulkMs)*time.Millisecond)
+				}
+				if st.BulkQuiet {
+					fmt.Fprintf(out, "  bulk quiet (last bulk frame: %s; quiet after %dms): every high-priority flow runs in the NIC poll until the next one\n", last, st.BulkQuietMs)
+				} else {
+					fmt.Fprintf(out, "  bulk active (last bulk frame: %s): high-priority flows take their queue unless their rule is busy; quiet after %dms without one\n", last, st.BulkQuietMs)
+				}
+			}
 			if len(st.HighInline) > 0 {
 				fmt.Fprintf(out, "  the flows of %s run in the NIC poll now (high=auto: the agent found them busy)\n", strings.Join(st.HighInline, ", "))
 			}

@@ -101,6 +101,15 @@ type Options struct {
 	// the marked memcached and nginx carried 6.6-38 thousand frames/s
 	// (AMD VM, 2026-11-25).
 	HighAutoPPS int
+	// BulkQuiet (with high=auto; 0: off) also runs every high-priority
+	// flow in the NIC poll while no bulk frame came for this long: with
+	// no bulk work to preempt, a light flow alone in its real-time queue
+	// only pays the kthread's wake-up on every frame (measured beside a
+	// marked memcached with no background, 2026-11-25: the ping-pong's p50
+	// 1.17-1.20x vanilla's in its queue, 1.03-1.05x inline). The first
+	// bulk frame ends it, in steer_xdp, before the next high-priority
+	// frame is classified.
+	BulkQuiet time.Duration
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
 	// hands on, so a high-priority frame behind bulk frames in the NIC's
@@ -184,7 +193,7 @@ const (
 // and High are left empty: Parse resolves them (bulkSchedDefault,
 // highDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, Bulk: BulkQueue, VethQueues: VethShared}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, Bulk: BulkQueue, VethQueues: VethShared}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -261,6 +270,7 @@ var params = []plan.Param{
 	{Key: "streamline", Default: "false", Help: "true: run the NIC poll, GRO cells and container veths at rising real-time priorities (PRISM's streamlined order; measured to cost TCP services on 2 cores); false: only the high-priority queue is real-time"},
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
+	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
 	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
@@ -274,7 +284,8 @@ var params = []plan.Param{
 // Parse reads params over base; every error is one line saying what to fix.
 func Parse(base Options, m map[string]string) (Options, error) {
 	o := base
-	autoPPS := false // high-auto-pps given
+	autoPPS := false   // high-auto-pps given
+	bulkQuiet := false // bulk-quiet given
 	for k, v := range m {
 		var err error
 		switch k {
@@ -340,6 +351,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s, %s or %s", SchedNormal, SchedBatch, SchedIdle)
 			}
 			o.BulkSched = v
+		case "bulk-quiet":
+			o.BulkQuiet, err = time.ParseDuration(v)
+			if err == nil && o.BulkQuiet != 0 && (o.BulkQuiet < time.Millisecond || o.BulkQuiet > time.Hour || o.BulkQuiet%time.Millisecond != 0) {
+				err = fmt.Errorf("want 0 (off) or whole milliseconds from 1ms to 1h")
+			}
+			bulkQuiet = true
 		case "quiet":
 			o.Quiet, err = time.ParseDuration(v)
 			if err == nil && o.Quiet != 0 && (o.Quiet < time.Millisecond || o.Quiet > time.Hour || o.Quiet%time.Millisecond != 0) {
@@ -365,14 +382,17 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.BulkSched == "" {
 		o.BulkSched = bulkSchedDefault(o)
 	}
-	if o.High == "" && autoPPS {
-		o.High = HighAuto // a threshold given: auto as if given
+	if o.High == "" && (autoPPS || (bulkQuiet && o.BulkQuiet != 0)) {
+		o.High = HighAuto // a setting of auto's given: auto as if given
 	}
 	if o.High == "" {
 		o.High, o.highDefault = highDefault(o), true
 	}
 	if autoPPS && o.High != HighAuto {
 		return o, fmt.Errorf("prism high-auto-pps is high=auto's threshold, but high is %s: drop high-auto-pps or set high=auto", o.High)
+	}
+	if bulkQuiet && o.BulkQuiet != 0 && o.High != HighAuto {
+		return o, fmt.Errorf("prism bulk-quiet is part of high=auto, but high is %s: drop bulk-quiet or set high=auto", o.High)
 	}
 	if o.High == HighAuto && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them")

@@ -97,12 +97,23 @@ func TestParseHighAuto(t *testing.T) {
 	if o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "auto", "high-auto-pps": "20000"}); err != nil || o.HighAutoPPS != 20000 {
 		t.Errorf("high-auto-pps=20000: %d (%v)", o.HighAutoPPS, err)
 	}
+	if o.BulkQuiet != 20*time.Millisecond {
+		t.Errorf("default bulk-quiet %v, want 20ms", o.BulkQuiet)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"bulk-quiet": "0"}); err != nil || o.BulkQuiet != 0 || o.High != prism.HighAuto {
+		t.Errorf("bulk-quiet=0: %v, high %s (%v)", o.BulkQuiet, o.High, err)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "queue", "bulk-quiet": "0"}); err != nil || o.High != prism.HighQueue {
+		t.Errorf("high=queue bulk-quiet=0: high %s (%v)", o.High, err)
+	}
 	for msg, params := range map[string]map[string]string{
 		"want queue, inline or auto":          {"high": "sometimes"},
 		"from 10 to 100000000":                {"high": "auto", "high-auto-pps": "5"},
 		"invalid syntax":                      {"high": "auto", "high-auto-pps": "lots"},
 		"drop high-auto-pps or set high=auto": {"high": "queue", "high-auto-pps": "1000"},
 		"bulk=inline leaves no such move":     {"high": "auto", "bulk": "inline"},
+		"drop bulk-quiet or set high=auto":    {"high": "queue", "bulk-quiet": "50ms"},
+		"whole milliseconds from 1ms to 1h":   {"bulk-quiet": "1500us"},
 	} {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%v: error %v, want one saying %q", params, err, msg)

@@ -153,6 +153,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// The threshold goes into the datapath's config, which the agent
 		// follows: a re-apply with other settings takes effect there.
 		setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
+		setup.Config.BulkQuiet = o.BulkQuiet
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (its NAPI is not threaded and pinned)"
@@ -197,7 +198,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.High == HighAuto {
 		pl.Agent = GuardAgentName
-		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue", o.HighAutoPPS))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s", o.HighAutoPPS, bulkQuietNote(o)))
 	}
 	if o.BulkSched == SchedIdle {
 		pl.Agent = GuardAgentName
@@ -347,4 +348,12 @@ func mergesUDP(t *topology.Topology) string {
 		}
 	}
 	return strings.Join(why, "; ")
+}
+
+// bulkQuietNote is what the plan says of high=auto's bulk quiet.
+func bulkQuietNote(o Options) string {
+	if o.BulkQuiet == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; and steer_xdp runs every high-priority flow in the NIC poll while no bulk frame came for %v (bulk-quiet), agent or not", o.BulkQuiet)
 }

@@ -646,8 +646,12 @@ func TestPrismBulkInline(t *testing.T) {
 // real-time (normal with high-rt=0) and the NIC poll keeps normal
 // scheduling, both classes still flow, and reset restores every knob.
 func TestPrismBulkSched(t *testing.T) {
-	t.Run("defaults", func(t *testing.T) { bulkSched(t, map[string]string{}, unix.SCHED_FIFO) })
-	t.Run("high-rt=0", func(t *testing.T) { bulkSched(t, map[string]string{"high-rt": "0"}, unix.SCHED_NORMAL) })
+	// bulk-quiet=0: the marked datagrams go first, with no bulk yet,
+	// which would otherwise run them in the NIC poll (TestPrismBulkQuiet).
+	t.Run("defaults", func(t *testing.T) { bulkSched(t, map[string]string{"bulk-quiet": "0"}, unix.SCHED_FIFO) })
+	t.Run("high-rt=0", func(t *testing.T) {
+		bulkSched(t, map[string]string{"high-rt": "0", "bulk-quiet": "0"}, unix.SCHED_NORMAL)
+	})
 }
 
 func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
@@ -714,13 +718,14 @@ type classCase struct {
 	before   map[string]string
 	ns       string
 	src, dst testbed.Container
+	bed      *testbed.Testbed
 }
 
 func newClassCase(t *testing.T, params map[string]string) classCase {
 	t.Helper()
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
-	c := classCase{before: modetest.Snapshot(t, tb), ns: tb.Receiver().NetNS, src: tb.Sender().Containers[0], dst: tb.Receiver().Containers[0]}
+	c := classCase{before: modetest.Snapshot(t, tb), ns: tb.Receiver().NetNS, src: tb.Sender().Containers[0], dst: tb.Receiver().Containers[0], bed: tb}
 	c.a = modetest.Apply(t, tb, "prism-batch", params)
 	c.dp = c.a.Open(t)
 	return c
@@ -800,7 +805,7 @@ func nicPollSched(t *testing.T, ns, want, why string) {
 // and the NIC poll every few milliseconds: each flow moves only once none
 // of its frames is left on the old path.
 func TestPrismHighAuto(t *testing.T) {
-	c := newClassCase(t, map[string]string{"high": "auto"})
+	c := newClassCase(t, map[string]string{"high": "auto", "bulk-quiet": "0"})
 	dp := c.dp
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
@@ -822,6 +827,43 @@ func TestPrismHighAuto(t *testing.T) {
 	}
 	if err := dp.SetHighInline(rule, false); err != nil {
 		t.Fatal(err)
+	}
+	c.reset(t)
+}
+
+// TestPrismBulkQuiet: with high=auto's bulk quiet (the default, here 1ms)
+// a marked flow runs in the NIC poll while no bulk frame comes and in its
+// real-time queue while bulk does, moving between the two as bulk comes
+// and goes in bursts, and arrives in order; with no bulk at all it never
+// takes its queue.
+func TestPrismBulkQuiet(t *testing.T) {
+	c := newClassCase(t, map[string]string{"bulk-quiet": "1ms"})
+	dp := c.dp
+	if cfg, err := dp.Config(); err != nil || cfg.BulkQuiet != time.Millisecond || cfg.HighAutoPPS == 0 {
+		t.Fatalf("config %+v (%v): want high=auto with a bulk quiet of 1ms", cfg, err)
+	}
+	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	st0, _ := dp.Stats()
+	alone := overlaytest.Stream{Count: 500, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	overlaytest.InOrder(t, "marked stream with no bulk", alone)
+	st1, _ := dp.Stats()
+	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Steered != 0 || d.Stayed < uint64(alone.Received) {
+		t.Errorf("split stage %+v for %d marked datagrams and no bulk: want them all in the NIC poll", d, alone.Received)
+	}
+	// Bulk to the other container (unmarked) in bursts 30 ms apart.
+	other := c.bed.Receiver().Containers[1]
+	var bulk overlaytest.StreamResult
+	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0, During: func() {
+		bulk = overlaytest.Stream{Count: 600, Size: 200, Burst: 20, Pause: 30 * time.Millisecond, CPU: 1}.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr())
+	}}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	overlaytest.InOrder(t, "marked stream while bulk comes and goes", res)
+	overlaytest.InOrder(t, "bulk in bursts", bulk)
+	st2, _ := dp.Stats()
+	tookBothPaths(t, "bulk in bursts", st1[steer.StageSplit], st2[steer.StageSplit], true)
+	if d := st2[steer.StageSplit].Sub(st1[steer.StageSplit]); d.Undrained != 0 {
+		t.Errorf("split stage %+v: a move waited out the drain time", d)
 	}
 	c.reset(t)
 }
