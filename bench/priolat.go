@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/lanesnet/lanes/control/plan"
 	"strings"
@@ -68,7 +69,8 @@ type prioSpec struct {
 }
 
 // alsoPortOffset is where the second service of a mixed workload listens,
-// above the first's port (the background takes 8 above).
+// above the first's port (the background takes 8 above). memcached, the
+// one second service, listens on that one port whatever its connections.
 const alsoPortOffset = 4
 
 var prioSpecs = map[string]prioSpec{
@@ -132,26 +134,39 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	if err != nil {
 		return workload.Result{}, err
 	}
+	// The second service starts first and runs prioLead longer at both
+	// ends, so the first one's whole window sees it at full rate (and its
+	// rule already switched, 0.3 s in); a failure of the first stops it.
 	alsoDone := make(chan struct{})
 	var also workload.Result
 	var aerr error
+	alsoCtx, stopAlso := context.WithCancel(ctx)
+	defer stopAlso()
 	if w.also != nil {
-		ap := workload.Point{Proto: w.alsoProto, MsgSize: w.alsoMsgSize, Flows: w.alsoFlows, Duration: p.Duration, Port: p.Port + alsoPortOffset}
+		ap := workload.Point{Proto: w.alsoProto, MsgSize: w.alsoMsgSize, Flows: w.alsoFlows, Duration: p.Duration + 2*prioLead, Port: p.Port + alsoPortOffset}
 		go func() {
 			defer close(alsoDone)
-			also, aerr = w.also.Run(ctx, srv, cli, ap)
+			also, aerr = w.also.Run(alsoCtx, srv, cli, ap)
 		}()
+		select {
+		case <-time.After(prioLead):
+		case <-alsoDone:
+		case <-ctx.Done():
+		}
 	} else {
 		close(alsoDone)
 	}
 	res, ferr := w.fg.Run(ctx, srv, cli, p)
+	if ferr != nil {
+		stopAlso()
+	}
 	<-alsoDone
 	bg, berr := wait()
-	if ferr != nil {
-		return workload.Result{}, ferr
-	}
-	if aerr != nil {
-		return workload.Result{}, fmt.Errorf("%s beside it: %w", w.also.Name(), aerr)
+	if ferr != nil || aerr != nil {
+		if aerr != nil {
+			aerr = fmt.Errorf("%s beside it: %w", w.also.Name(), aerr)
+		}
+		return workload.Result{}, errors.Join(ferr, aerr)
 	}
 	if berr != nil {
 		return workload.Result{}, fmt.Errorf("background: %w", berr)
@@ -199,6 +214,9 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 	g := w.gen
 	g.Rate = w.rate
 	bgp := workload.Point{MsgSize: bgPayload, Flows: 1, Duration: p.Duration + 2*prioLead, Port: p.Port + 8}
+	if w.also != nil {
+		bgp.Duration += 2 * prioLead // the second service's lead and tail
+	}
 	// The background's receiver reads on the generator's core, as the
 	// paper ran it on a core of its own: the receive core is for the
 	// receive path and the high-priority server.

@@ -3,7 +3,6 @@ package control
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"sort"
 	"time"
 
@@ -258,8 +257,10 @@ func steering(s *StatusReport, netns string) error {
 			HeldOn:  -1,
 		}
 		if f.Stage == steer.StageSplit {
-			r, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
-			fs.Marked, fs.Inline = marked, marked && (out.BulkQuiet || slices.Contains(inline, r))
+			_, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
+			// Where the datapath has the flow now (not where the
+			// switches will send its next frame): in the NIC poll.
+			fs.Marked, fs.Inline = marked, marked && !f.High && !f.Sync && f.CPUIndex == steer.Stay
 		}
 		if f.StayCore >= 0 && f.InFlight > 0 {
 			fs.HeldOn = f.StayCore

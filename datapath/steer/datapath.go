@@ -149,6 +149,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
 		{steerMapSteerBulkSeen, &o.SteerBulkSeen},
+		{steerMapSteerPassedTick, &o.SteerPassedTick},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},
 		{steerMapSteerQueueLost, &o.SteerQueueLost},

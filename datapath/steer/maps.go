@@ -120,6 +120,13 @@ func (d *Datapath) SetConfig(c Config) error {
 	if err := d.clearHighInline(); err != nil {
 		return err
 	}
+	// Bulk frames are stamped only while bulk quiet is on: a stamp left
+	// from before it was off would date the last bulk frame wrongly.
+	if k.BulkQuietMs != 0 && cur.BulkQuietMs == 0 {
+		if err := d.objs.SteerBulkSeen.Put(uint32(0), uint64(0)); err != nil {
+			return fmt.Errorf("resetting the last bulk frame's time: %w", err)
+		}
+	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 func TestParseRule(t *testing.T) {
@@ -680,6 +682,44 @@ func TestPrioBulkQuiet(t *testing.T) {
 	step("quiet again, one in flight: stays in the queue", hi, xdpRedirect, 2, 0)
 	drainFlows(t, d)
 	step("quiet again, none in flight: in the NIC poll", hi, xdpPass, 1, Stay)
+	// Frames it does not steer (another VNI, an inner IPv6 packet) are
+	// work in the NIC poll too: they end the quiet like bulk once 8 of
+	// them come within a tick; the odd one does not.
+	clearPassed := func() {
+		t.Helper()
+		if err := d.objs.SteerBulkSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.objs.SteerPassedTick.Put(uint32(0), make([]steerPassedTick, ebpf.MustPossibleCPU())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repeat := func(frame []byte, n uint32) {
+		t.Helper()
+		ret, err := d.XDP().Run(&ebpf.RunOptions{Data: frame, Repeat: n, Context: xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: loIfindex}})
+		if err != nil || ret != xdpPass {
+			t.Fatalf("frame it does not steer: verdict %d (%v), want pass", ret, err)
+		}
+	}
+	for _, f := range []frameSpec{{flow: bulk, vni: testVNI + 1}, {flow: bulk, innerEthType: ethIPv6}} {
+		clearPassed()
+		repeat(vxlanFrame(f), 1)
+		if quiet, _, _, _ := d.BulkQuiet(cfg.BulkQuiet); !quiet {
+			t.Errorf("one frame %+v it does not steer ended bulk quiet", f)
+		}
+		// 8 in one run (one syscall, microseconds): within one tick,
+		// unless it straddled a tick boundary; then again.
+		ended := false
+		for try := 0; try < 3 && !ended; try++ {
+			clearPassed()
+			repeat(vxlanFrame(f), 8)
+			quiet, _, _, _ := d.BulkQuiet(cfg.BulkQuiet)
+			ended = !quiet
+		}
+		if !ended {
+			t.Errorf("8 frames %+v it does not steer in a tick left bulk quiet", f)
+		}
+	}
 	// Without it, bulk is never stamped and the flow keeps its queue.
 	cfg.BulkQuiet = 0
 	if err := d.SetConfig(cfg); err != nil {

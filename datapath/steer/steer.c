@@ -806,8 +806,13 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
  * have to wake for every frame of a light flow. A bulk frame ends the
  * quiet at once (seen_bulk), before the next high-priority frame is
  * classified, and the flows then move back to their queue in order (the
- * fast move); only high-priority frames polled in the same batch ahead of
- * that bulk frame ran in the NIC poll beside it.
+ * fast move). Until a flow's move is done (one of its frames counted in
+ * the NIC poll: for inner TCP from its next segment end, see mark_inline)
+ * its frames still run in the NIC poll, and so do those polled in the same
+ * batch ahead of that bulk frame. Frames steer_xdp does not steer (not
+ * VXLAN, other VNIs, inner packets it does not parse) count as bulk too,
+ * from PASSED_AS_BULK of them in one tick (seen_passed): they are work in
+ * the NIC poll.
  */
 static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
 {
@@ -838,6 +843,46 @@ static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 	now = bpf_ktime_get_coarse_ns();
 	if (last && *last != now)
 		*last = now;
+}
+
+/* Frames steer_xdp passes without steering them, per core, in the current
+ * coarse tick: for bulk quiet, they count as bulk once PASSED_AS_BULK of
+ * them came within one tick (2000 frames/s at HZ=250), so a flood of
+ * traffic it does not steer (another overlay, inner fragments) ends the
+ * quiet, and the odd ARP or neighbour solicitation does not. */
+#define PASSED_AS_BULK 8
+
+struct passed_tick {
+	__u64 tick;
+	__u32 n;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct passed_tick);
+} steer_passed_tick SEC(".maps");
+
+static __always_inline void seen_passed(const struct steer_cfg *cfg)
+{
+	struct passed_tick *p;
+	__u32 zero = 0;
+	__u64 now;
+
+	if (!cfg->bulk_quiet_ms)
+		return;
+	p = bpf_map_lookup_elem(&steer_passed_tick, &zero);
+	if (!p)
+		return;
+	now = bpf_ktime_get_coarse_ns();
+	if (p->tick != now) {
+		p->tick = now;
+		p->n = 0;
+	}
+	if (++p->n == PASSED_AS_BULK)
+		seen_bulk(cfg);
 }
 
 static __always_inline void seen_high(const struct steer_cfg *cfg)
@@ -1772,6 +1817,10 @@ int steer_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	if (parse_outer(&c, cfg, &t, &ov) < 0) {
+		/* Not ours to steer (not VXLAN, another port or VNI, an inner
+		 * packet we do not parse), but work in the NIC poll all the
+		 * same: no bulk quiet while it comes in numbers. */
+		seen_passed(cfg);
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
 	}

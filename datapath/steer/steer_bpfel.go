@@ -22,6 +22,13 @@ type steerBpfCpumapVal struct {
 	}
 }
 
+type steerPassedTick struct {
+	_    structs.HostLayout
+	Tick uint64
+	N    uint32
+	Pad  uint32
+}
+
 type steerPrioRule struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -141,6 +148,7 @@ const (
 	steerMapSteerHighFrames    = "steer_high_frames"
 	steerMapSteerHighInline    = "steer_high_inline"
 	steerMapSteerMfCores       = "steer_mf_cores"
+	steerMapSteerPassedTick    = "steer_passed_tick"
 	steerMapSteerPrio          = "steer_prio"
 	steerMapSteerPrioSeen      = "steer_prio_seen"
 	steerMapSteerQmaps         = "steer_qmaps"
@@ -231,6 +239,7 @@ type steerMapSpecs struct {
 	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
 	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
 	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
@@ -279,6 +288,7 @@ type steerMaps struct {
 	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
 	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
 	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
@@ -303,6 +313,7 @@ func (m *steerMaps) Close() error {
 		m.SteerHighFrames,
 		m.SteerHighInline,
 		m.SteerMfCores,
+		m.SteerPassedTick,
 		m.SteerPrio,
 		m.SteerPrioSeen,
 		m.SteerQmaps,

@@ -180,7 +180,9 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	src, dst, dst2 := tb.Sender().Containers[0], tb.Receiver().Containers[0], tb.Receiver().Containers[1]
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal"})
+	// bulk-quiet=0: with no bulk these streams would all run in the NIC
+	// poll whatever the switches say (TestPrismBulkQuiet).
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal", "bulk-quiet": "0"})
 	if a.State.Plan.Agent != prism.GuardAgentName {
 		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
@@ -240,6 +242,24 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	}
 	if lightSeen.Load() {
 		t.Errorf("the light rule's flows ran inline beside the busy one; status %+v", status().High)
+	}
+	// Where the light stream's frames went, as the datapath recorded it:
+	// its high-priority queue.
+	flows, err := dp.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lightFlows := 0
+	for _, f := range flows {
+		if f.Stage == steer.StageSplit && f.Dst == dst2.Addr.Addr() && f.DstPort == light.Dst.Port() {
+			lightFlows++
+			if !f.High || f.CPUIndex == steer.Stay {
+				t.Errorf("light marked flow %+v: want it in its high-priority queue", f)
+			}
+		}
+	}
+	if lightFlows != 1 {
+		t.Errorf("%d split-stage records of the light stream, want 1", lightFlows)
 	}
 	back := false
 	for range 150 { // 1 s under half the threshold, and slack

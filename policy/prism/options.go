@@ -94,6 +94,9 @@ type Options struct {
 	// highDefault: High was not given and resolved to auto, which the
 	// planner takes back to queue (with a note) where auto cannot run.
 	highDefault bool
+	// highBy names the setting that implied high=auto when high was not
+	// given (high-auto-pps, bulk-quiet), for error messages.
+	highBy string
 	// HighAutoPPS is high=auto's threshold: a rule's flows run inline
 	// once steer_xdp classified at least this many frames per second under
 	// the rule for 0.3 s, and go back to their queue after 1 s below half
@@ -384,6 +387,10 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.High == "" && (autoPPS || (bulkQuiet && o.BulkQuiet != 0)) {
 		o.High = HighAuto // a setting of auto's given: auto as if given
+		o.highBy = " (implied by high-auto-pps)"
+		if !autoPPS {
+			o.highBy = " (implied by bulk-quiet)"
+		}
 	}
 	if o.High == "" {
 		o.High, o.highDefault = highDefault(o), true
@@ -395,7 +402,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		return o, fmt.Errorf("prism bulk-quiet is part of high=auto, but high is %s: drop bulk-quiet or set high=auto", o.High)
 	}
 	if o.High == HighAuto && o.Bulk == BulkInline {
-		return o, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them")
+		return o, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them", o.highBy)
 	}
 	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
 		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)
@@ -421,7 +428,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		return o, fmt.Errorf("prism bulk-sched=%s sets the bulk queue's kthread, but bulk=inline has no bulk queue: drop one of them", o.BulkSched)
 	}
 	if o.Quiet != 0 && (o.Bulk == BulkInline || o.High == HighInline) {
-		return o, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which needs bulk=queue and high=queue: drop quiet or the inline setting", o.Quiet)
+		return o, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which needs bulk=queue and high=queue or auto: drop quiet or the inline setting", o.Quiet)
 	}
 	if o.GuardNice != 0 && o.BulkSched != SchedIdle {
 		return o, fmt.Errorf("prism guard-nice=%d is the guard's setting for bulk-sched=idle, but bulk-sched is %s: drop guard-nice or set bulk-sched=idle", o.GuardNice, o.BulkSched)

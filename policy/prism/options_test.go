@@ -114,6 +114,7 @@ func TestParseHighAuto(t *testing.T) {
 		"bulk=inline leaves no such move":     {"high": "auto", "bulk": "inline"},
 		"drop bulk-quiet or set high=auto":    {"high": "queue", "bulk-quiet": "50ms"},
 		"whole milliseconds from 1ms to 1h":   {"bulk-quiet": "1500us"},
+		"high=auto (implied by bulk-quiet)":   {"bulk-quiet": "50ms", "bulk": "inline"},
 	} {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%v: error %v, want one saying %q", params, err, msg)

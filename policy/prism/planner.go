@@ -143,7 +143,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
 		why := fastMoveBlocked(t, core)
 		if !o.highDefault {
-			return nil, fmt.Errorf("prism high=auto moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", core, why)
+			return nil, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", o.highBy, core, why)
 		}
 		// Not given: the queue, as before auto existed.
 		o.High = HighQueue
