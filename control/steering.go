@@ -171,27 +171,13 @@ func steering(s *StatusReport, netns string) error {
 			out.HighInline = append(out.HighInline, r.String())
 		}
 		if cfg.BulkQuiet > 0 && cfg.HighAutoPPS > 0 {
-			out.BulkQuietMs = cfg.BulkQuiet.Milliseconds()
-			quiet, since, seen, err := d.BulkQuiet(cfg.BulkQuiet)
-			if err != nil {
+			if out.BulkQuietMs, out.BulkQuiet, out.SinceBulkMs, err = quietState(cfg.BulkQuiet, d.BulkQuiet); err != nil {
 				return err
-			}
-			out.BulkQuiet = quiet
-			if seen {
-				ms := since.Milliseconds()
-				out.SinceBulkMs = &ms
 			}
 		}
 		if cfg.PrioQuiet > 0 {
-			out.QuietMs = cfg.PrioQuiet.Milliseconds()
-			quiet, since, seen, err := d.HighQuiet(cfg.PrioQuiet)
-			if err != nil {
+			if out.QuietMs, out.Quiet, out.SinceHighMs, err = quietState(cfg.PrioQuiet, d.HighQuiet); err != nil {
 				return err
-			}
-			out.Quiet = quiet
-			if seen {
-				ms := since.Milliseconds()
-				out.SinceHighMs = &ms
 			}
 		}
 		rules, err = d.Rules()
@@ -323,4 +309,19 @@ func flowString(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, prot
 		p = "udp"
 	}
 	return fmt.Sprintf("%s:%d > %s:%d %s", src, sport, dst, dport, p)
+}
+
+// quietState reads a quiet setting (prism's quiet or bulk-quiet) of time q
+// for status: q in ms, whether it is quiet now, and how long ago its class
+// last sent a frame (nil: none yet).
+func quietState(q time.Duration, read func(time.Duration) (bool, time.Duration, bool, error)) (ms int64, quiet bool, since *int64, err error) {
+	quiet, ago, seen, err := read(q)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	if seen {
+		a := ago.Milliseconds()
+		since = &a
+	}
+	return q.Milliseconds(), quiet, since, nil
 }

@@ -695,22 +695,7 @@ func (d *Datapath) HighAuto() (pps uint32, inline []Rule, err error) {
 // highSwitches reads steer_high_inline alone: the rules SetHighInline
 // turned on (heeded only under a config with high=auto), in Rules' order.
 func (d *Datapath) highSwitches() ([]Rule, error) {
-	var (
-		out []Rule
-		k   steerPrioRule
-		on  uint32
-	)
-	it := d.objs.SteerHighInline.Iterate()
-	for it.Next(&k, &on) {
-		if on != 0 {
-			out = append(out, ruleOf(k))
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading the high-priority switches: %w", err)
-	}
-	sortRules(out)
-	return out, nil
+	return rulesIn(d.objs.SteerHighInline, "the high-priority switches", func(on uint32) bool { return on != 0 })
 }
 
 // SetHighInline switches where the flows rule r marks run their first

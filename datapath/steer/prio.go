@@ -233,17 +233,25 @@ func (d *Datapath) DelRule(r Rule) error {
 // Rules lists the priority rules, destination rules first, then by
 // address, port and protocol.
 func (d *Datapath) Rules() ([]Rule, error) {
+	return rulesIn(d.objs.SteerPrio, "priority rules", func(uint8) bool { return true })
+}
+
+// rulesIn lists, sorted as Rules, the rules keying map m (steer_prio, or a
+// map of per-rule state) whose value keep accepts.
+func rulesIn[V any](m *ebpf.Map, what string, keep func(V) bool) ([]Rule, error) {
 	var (
 		out []Rule
 		k   steerPrioRule
-		one uint8
+		v   V
 	)
-	it := d.objs.SteerPrio.Iterate()
-	for it.Next(&k, &one) {
-		out = append(out, ruleOf(k))
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if keep(v) {
+			out = append(out, ruleOf(k))
+		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading priority rules: %w", err)
+		return nil, fmt.Errorf("reading %s: %w", what, err)
 	}
 	sortRules(out)
 	return out, nil

@@ -772,21 +772,20 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 }
 
 /*
- * Is the high class quiet (cfg->prio_quiet_ms set and no high-priority
- * frame for that long)? Then bulk keeps the NIC poll as while no rule
- * exists: the bulk queue's hop only pays off when there is something to
- * preempt for. A high-priority frame ends the quiet at once (seen_high), and
- * the bulk flows then move to their queue as after a rule's arrival. The
- * price: that first frame finds bulk still in the NIC poll, as in vanilla.
+ * The quiet settings' clock: a one-entry map (steer_prio_seen,
+ * steer_bulk_seen) holding when its class's last frame came, on the coarse
+ * clock (0: none yet), written only when the tick changed, so a busy class
+ * costs one store per tick. quiet_for says whether none came for ms
+ * milliseconds (0: the setting is off, never quiet).
  */
-static __always_inline int prio_quiet(const struct steer_cfg *cfg)
+static __always_inline int quiet_for(const struct steer_cfg *cfg, void *seen, __u32 ms)
 {
 	__u32 zero = 0;
 	__u64 *last, stamp;
 
-	if (!cfg->prio_quiet_ms)
+	if (!ms)
 		return 0;
-	last = bpf_map_lookup_elem(&steer_prio_seen, &zero);
+	last = bpf_map_lookup_elem(seen, &zero);
 	if (!last)
 		return 0;
 	stamp = *last;
@@ -796,7 +795,30 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
 	 * longer than it was: coarse_lag_ns (two ticks) keeps the quiet from
 	 * starting early. Signed: a stamp written on another core after our
 	 * clock read is no gap at all. */
-	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)cfg->prio_quiet_ms * 1000000 + cfg->coarse_lag_ns);
+	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)ms * 1000000 + cfg->coarse_lag_ns);
+}
+
+static __always_inline void stamp_tick(void *seen)
+{
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(seen, &zero);
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (last && *last != now)
+		*last = now;
+}
+
+/*
+ * Is the high class quiet (cfg->prio_quiet_ms set and no high-priority
+ * frame for that long)? Then bulk keeps the NIC poll as while no rule
+ * exists: the bulk queue's hop only pays off when there is something to
+ * preempt for. A high-priority frame ends the quiet at once (seen_high), and
+ * the bulk flows then move to their queue as after a rule's arrival. The
+ * price: that first frame finds bulk still in the NIC poll, as in vanilla.
+ */
+static __always_inline int prio_quiet(const struct steer_cfg *cfg)
+{
+	return quiet_for(cfg, &steer_prio_seen, cfg->prio_quiet_ms);
 }
 
 /*
@@ -816,33 +838,13 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
  */
 static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
 {
-	__u32 zero = 0;
-	__u64 *last, stamp;
-
-	if (!cfg->bulk_quiet_ms)
-		return 0;
-	last = bpf_map_lookup_elem(&steer_bulk_seen, &zero);
-	if (!last)
-		return 0;
-	stamp = *last;
-	if (!stamp)
-		return 1; /* none yet */
-	/* As in prio_quiet: coarse_lag_ns keeps the quiet from starting a
-	 * tick early; signed for a stamp newer than our clock read. */
-	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)cfg->bulk_quiet_ms * 1000000 + cfg->coarse_lag_ns);
+	return quiet_for(cfg, &steer_bulk_seen, cfg->bulk_quiet_ms);
 }
 
 static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 {
-	__u32 zero = 0;
-	__u64 *last, now;
-
-	if (!cfg->bulk_quiet_ms)
-		return;
-	last = bpf_map_lookup_elem(&steer_bulk_seen, &zero);
-	now = bpf_ktime_get_coarse_ns();
-	if (last && *last != now)
-		*last = now;
+	if (cfg->bulk_quiet_ms)
+		stamp_tick(&steer_bulk_seen);
 }
 
 /* Frames steer_xdp passes without steering them, per core, in the current
@@ -887,15 +889,8 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 
 static __always_inline void seen_high(const struct steer_cfg *cfg)
 {
-	__u32 zero = 0;
-	__u64 *last, now;
-
-	if (!cfg->prio_quiet_ms)
-		return;
-	last = bpf_map_lookup_elem(&steer_prio_seen, &zero);
-	now = bpf_ktime_get_coarse_ns();
-	if (last && *last != now)
-		*last = now;
+	if (cfg->prio_quiet_ms)
+		stamp_tick(&steer_prio_seen);
 }
 
 static __always_inline __u32 rotl32(__u32 x, int r)

@@ -156,26 +156,12 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if st.BulkInlineIdle && len(st.Rules) == 0 {
 				fmt.Fprintf(out, "  no flow marked: bulk flows run in the NIC poll, as vanilla, until the first rule sends them to the bulk queue\n")
 			} else if st.QuietMs > 0 {
-				last := "none yet"
-				if st.SinceHighMs != nil {
-					last = fmt.Sprintf("%s ago", time.Duration(*st.SinceHighMs)*time.Millisecond)
-				}
-				if st.Quiet {
-					fmt.Fprintf(out, "  high class quiet (last high-priority frame: %s; quiet after %dms): bulk flows run in the NIC poll until the next one\n", last, st.QuietMs)
-				} else {
-					fmt.Fprintf(out, "  high class active (last high-priority frame: %s): bulk flows take the bulk queue; quiet after %dms without one\n", last, st.QuietMs)
-				}
+				quietLine(out, "high class", "high-priority frame", st.Quiet, st.SinceHighMs, st.QuietMs,
+					"bulk flows run in the NIC poll until the next one", "bulk flows take the bulk queue")
 			}
 			if st.BulkQuietMs > 0 {
-				last := "none yet"
-				if st.SinceBulkMs != nil {
-					last = fmt.Sprintf("%s ago", time.Duration(*st.SinceBulkMs)*time.Millisecond)
-				}
-				if st.BulkQuiet {
-					fmt.Fprintf(out, "  bulk quiet (last bulk frame: %s; quiet after %dms): every high-priority flow runs in the NIC poll until the next one\n", last, st.BulkQuietMs)
-				} else {
-					fmt.Fprintf(out, "  bulk active (last bulk frame: %s): high-priority flows take their queue unless their rule is busy; quiet after %dms without one\n", last, st.BulkQuietMs)
-				}
+				quietLine(out, "bulk", "bulk frame", st.BulkQuiet, st.SinceBulkMs, st.BulkQuietMs,
+					"every high-priority flow runs in the NIC poll until the next one", "high-priority flows take their queue unless their rule is busy")
 			}
 			if len(st.HighInline) > 0 {
 				fmt.Fprintf(out, "  the flows of %s run in the NIC poll now (high=auto: the agent found them busy)\n", strings.Join(st.HighInline, ", "))
@@ -340,4 +326,18 @@ var kindLabel = map[topology.Kind]string{
 	topology.Docker:  "L2, VXLAN in a bridge with the containers (Docker-like)",
 	topology.Flannel: "routed VXLAN into a container bridge (Flannel-like)",
 	topology.Routed:  "routed VXLAN, a routed veth per container (Calico-like)",
+}
+
+// quietLine prints the state of a quiet setting (prism's quiet, bulk-quiet):
+// whose frames it waits for, when the last one came, and what that means.
+func quietLine(out io.Writer, class, frame string, quiet bool, sinceMs *int64, afterMs int64, whileQuiet, whileActive string) {
+	last := "none yet"
+	if sinceMs != nil {
+		last = fmt.Sprintf("%s ago", time.Duration(*sinceMs)*time.Millisecond)
+	}
+	if quiet {
+		fmt.Fprintf(out, "  %s quiet (last %s: %s; quiet after %dms): %s\n", class, frame, last, afterMs, whileQuiet)
+		return
+	}
+	fmt.Fprintf(out, "  %s active (last %s: %s): %s; quiet after %dms without one\n", class, frame, last, whileActive, afterMs)
 }
