@@ -495,6 +495,6 @@ func OpenHighAuto(dir string) (*Datapath, error) {
 	if !Pinned(dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
 	}
-	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline})
+	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerBulkSeen})
 	return d, err
 }

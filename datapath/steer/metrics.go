@@ -13,11 +13,12 @@ import (
 // lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{core,
 // event}, each core's split-stage queues' frames in, out and dropped; with
 // priority classes lanes_prism_high_inline (the number of rules whose
-// flows high=auto runs in the NIC poll). Reading at scrape time keeps the
+// flows high=auto runs in the NIC poll) and, with bulk-quiet,
+// lanes_prism_bulk_quiet. Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
 	dir                                string
-	frames, quiet, last, queue, inline *prometheus.Desc
+	frames, quiet, last, queue, inline, bulkQuiet *prometheus.Desc
 }
 
 // NewCollector collects from the datapath pinned in dir.
@@ -32,6 +33,8 @@ func NewCollector(dir string) *Collector {
 			"Time since the last high-priority frame (prism quiet=; absent before the first).", nil, nil),
 		inline: prometheus.NewDesc("lanes_prism_high_inline",
 			"Priority rules whose flows run their first stage in the NIC poll now (prism high=auto, switched rule by rule by lanes agent); 0 while every rule's flows take the high-priority queue.", nil, nil),
+		bulkQuiet: prometheus.NewDesc("lanes_prism_bulk_quiet",
+			"1 while no bulk frame came for the bulk quiet time (prism bulk-quiet, with high=auto): every high-priority flow runs in the NIC poll.", nil, nil),
 		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
 			"Frames through each core's split-stage queues (cpumap, both classes): enqueued, seen (out), dropped_ring (the ring was full), dropped_kthread (no skb), lost (booked by lanes agent).",
 			[]string{"core", "event"}, nil),
@@ -67,6 +70,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.last
 	ch <- c.queue
 	ch <- c.inline
+	ch <- c.bulkQuiet
 }
 
 // Collect reads the datapath; a datapath that is gone or unreadable
@@ -100,6 +104,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.inline, prometheus.GaugeValue, float64(n))
 		}
 		hi.Close()
+	}
+	if cfg.BulkQuiet != 0 && cfg.HighAutoPPS != 0 {
+		if bs, _, err := openMaps(c.dir, []string{steerMapSteerBulkSeen}); err == nil {
+			if quiet, _, _, err := bs.BulkQuiet(cfg.BulkQuiet); err == nil {
+				ch <- prometheus.MustNewConstMetric(c.bulkQuiet, prometheus.GaugeValue, b2f(quiet))
+			}
+			bs.Close()
+		}
 	}
 	if cfg.PrioQuiet == 0 {
 		return

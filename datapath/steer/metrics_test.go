@@ -62,13 +62,16 @@ func TestCollector(t *testing.T) {
 		t.Errorf("%d bulk queues exported after one steered frame, want 1: %v", queued, got)
 	}
 	cfg, _ := d.Config()
-	cfg.PrioIdleInline, cfg.PrioQuiet, cfg.HighAutoPPS = true, time.Second, 5000
+	cfg.PrioIdleInline, cfg.PrioQuiet, cfg.HighAutoPPS, cfg.BulkQuiet = true, time.Second, 5000, 20*time.Millisecond
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
 	got = gather()
 	if got["lanes_prism_high_quiet"] != 1 {
 		t.Errorf("no high-priority frame yet: quiet %v, want 1", got["lanes_prism_high_quiet"])
+	}
+	if got["lanes_prism_bulk_quiet"] != 1 {
+		t.Errorf("no bulk frame yet: bulk quiet %v, want 1", got["lanes_prism_bulk_quiet"])
 	}
 	if _, ok := got["lanes_prism_since_high_seconds"]; ok {
 		t.Error("time since the last high-priority frame exported before the first")

@@ -301,6 +301,21 @@ func (d *Datapath) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, 
 	return !seen || since > QuietAfter(q), since, seen, nil
 }
 
+// BulkQuietNow says whether every high-priority flow runs in the NIC poll
+// now for want of bulk: the config has high=auto with a bulk quiet time,
+// and no bulk frame came for it.
+func (d *Datapath) BulkQuietNow() (bool, error) {
+	var k steerSteerCfg
+	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		return false, fmt.Errorf("reading steer config: %w", err)
+	}
+	if k.BulkQuietMs == 0 || k.HighAutoPps == 0 {
+		return false, nil
+	}
+	quiet, _, _, err := d.BulkQuiet(time.Duration(k.BulkQuietMs) * time.Millisecond)
+	return quiet, err
+}
+
 // sinceStamp reads a coarse-clock stamp map (steer_prio_seen,
 // steer_bulk_seen) as the time since.
 func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err error) {

@@ -79,6 +79,7 @@ type highDatapath interface {
 	HighAuto() (pps uint32, inline []steer.Rule, err error)
 	SetHighInline(r steer.Rule, on bool) error
 	ForgetHigh(r steer.Rule) error
+	BulkQuietNow() (bool, error)
 	Close() error
 }
 
@@ -100,11 +101,12 @@ type highSwitch struct {
 	dir  string
 	open func(dir string) (highDatapath, error)
 
-	rule     HighRule
-	off      bool // the applied config is not high=auto
-	rules    map[steer.Rule]*ruleSwitch
-	switches uint64
-	err      string // the last sample's error, cleared by the next good one
+	rule      HighRule
+	off       bool // the applied config is not high=auto
+	bulkQuiet bool // every flow in the NIC poll for want of bulk (bulk-quiet)
+	rules     map[steer.Rule]*ruleSwitch
+	switches  uint64
+	err       string // the last sample's error, cleared by the next good one
 }
 
 func newHighSwitch(dir string) *highSwitch {
@@ -145,6 +147,9 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 		return "", nil
 	}
 	h.off, h.rule = false, highRule(int(pps))
+	if h.bulkQuiet, err = dp.BulkQuietNow(); err != nil {
+		return "", err
+	}
 	rules, err := dp.Rules()
 	if err != nil {
 		return "", err
@@ -240,6 +245,9 @@ type HighStatus struct {
 	Rules    []HighRuleStatus `json:"rules,omitempty"`
 	InlineAt float64          `json:"inline_at"`
 	Switches uint64           `json:"switches"`
+	// BulkQuiet: no bulk frame came for the bulk quiet time, so every
+	// rule's flows run in the NIC poll whatever their switch.
+	BulkQuiet bool `json:"bulk_quiet,omitempty"`
 	// Off: the applied config is not high=auto (a re-apply without it, or
 	// the default's fallback to the queue).
 	Off bool   `json:"off,omitempty"`
@@ -254,7 +262,7 @@ type HighRuleStatus struct {
 }
 
 func (h *highSwitch) status() *HighStatus {
-	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, Off: h.off, Err: h.err}
+	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
 	}
@@ -294,6 +302,9 @@ func (s HighStatus) Summary() string {
 		return strings.Join(out, ", ")
 	}
 	head := fmt.Sprintf("high=auto (inline from %.0f frames/s a rule; %d switches): ", s.InlineAt, s.Switches)
+	if s.BulkQuiet {
+		head += "no bulk lately, so every rule's flows run in the NIC poll; by their switches: "
+	}
 	switch {
 	case len(s.Rules) == 0:
 		return head + "no rules yet"

@@ -43,16 +43,17 @@ func TestHighRule(t *testing.T) {
 // fakeHigh is a datapath for the switch: the rules, their frame counts,
 // the config's threshold and the rules' switches.
 type fakeHigh struct {
-	rules   []steer.Rule
-	frames  map[steer.Rule]uint64
-	pps     uint32
-	inline  map[steer.Rule]bool
-	forgot  []steer.Rule
-	sets    int
-	fail    error
-	closed  int
-	refuses bool
-	refuse  map[steer.Rule]bool // writes of these rules fail
+	rules     []steer.Rule
+	frames    map[steer.Rule]uint64
+	pps       uint32
+	inline    map[steer.Rule]bool
+	forgot    []steer.Rule
+	sets      int
+	fail      error
+	closed    int
+	refuses   bool
+	refuse    map[steer.Rule]bool // writes of these rules fail
+	bulkQuiet bool
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -86,7 +87,8 @@ func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
 	delete(f.frames, r)
 	return nil
 }
-func (f *fakeHigh) Close() error { f.closed++; return nil }
+func (f *fakeHigh) BulkQuietNow() (bool, error) { return f.bulkQuiet, f.fail }
+func (f *fakeHigh) Close() error                { f.closed++; return nil }
 
 func testRule(t *testing.T, s string) steer.Rule {
 	t.Helper()
@@ -238,9 +240,15 @@ func TestHighSwitchPerRule(t *testing.T) {
 		t.Errorf("log %q: want the busy rule named, the light one not", j)
 	}
 	s := h.status().Summary()
-	if !strings.Contains(s, "in the NIC poll (busy): "+busy.String()) || !strings.Contains(s, "in their queue (light): "+light.String()) {
+	if !strings.Contains(s, "in the NIC poll (busy): "+busy.String()) || !strings.Contains(s, "in their queue (light): "+light.String()) || strings.Contains(s, "no bulk") {
 		t.Errorf("summary %q", s)
 	}
+	dp.bulkQuiet = true
+	tick(2000, 100)
+	if s := h.status().Summary(); !h.status().BulkQuiet || !strings.Contains(s, "no bulk lately, so every rule's flows run in the NIC poll") {
+		t.Errorf("bulk quiet: summary %q", s)
+	}
+	dp.bulkQuiet = false
 	// The light rule deleted and added again with a busy flow: it starts
 	// over from the queue and needs its 0.3 s like any rule.
 	dp.rules = []steer.Rule{busy}
