@@ -68,6 +68,19 @@ type prioSpec struct {
 	alsoMsgSize, alsoFlows int
 }
 
+// A mixed workload's second service starts alsoLead before the first
+// (memcached: about alsoStart to start its server and connect, then its
+// rule's 0.3 s to switch) and its load runs alsoDuration: whole seconds
+// (memaslap's -t), past the first one's end.
+const (
+	alsoLead  = time.Second
+	alsoStart = 500 * time.Millisecond
+)
+
+func alsoDuration(d time.Duration) time.Duration {
+	return (d + 2*alsoLead + time.Second - 1).Truncate(time.Second)
+}
+
 // alsoPortOffset is where the second service of a mixed workload listens,
 // above the first's port (the background takes 8 above). memcached, the
 // one second service, listens on that one port whatever its connections.
@@ -134,23 +147,26 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	if err != nil {
 		return workload.Result{}, err
 	}
-	// The second service starts first and runs prioLead longer at both
-	// ends, so the first one's whole window sees it at full rate (and its
-	// rule already switched, 0.3 s in); a failure of the first stops it.
+	// The second service starts first (alsoLead: its server's start and
+	// its client's connections, then its rule's 0.3 s to switch) and runs
+	// alsoDuration, past the first one's end, so the first one's whole
+	// window sees it at full rate; a failure of the first stops it.
 	alsoDone := make(chan struct{})
 	var also workload.Result
 	var aerr error
 	alsoCtx, stopAlso := context.WithCancel(ctx)
 	defer stopAlso()
 	if w.also != nil {
-		ap := workload.Point{Proto: w.alsoProto, MsgSize: w.alsoMsgSize, Flows: w.alsoFlows, Duration: p.Duration + 2*prioLead, Port: p.Port + alsoPortOffset}
+		ap := workload.Point{Proto: w.alsoProto, MsgSize: w.alsoMsgSize, Flows: w.alsoFlows, Duration: alsoDuration(p.Duration), Port: p.Port + alsoPortOffset}
 		go func() {
 			defer close(alsoDone)
 			also, aerr = w.also.Run(alsoCtx, srv, cli, ap)
 		}()
 		select {
-		case <-time.After(prioLead):
-		case <-alsoDone:
+		case <-time.After(alsoLead):
+		case <-alsoDone: // failed while starting: no point running the first
+			wait()
+			return workload.Result{}, fmt.Errorf("%s beside it: %w", w.also.Name(), aerr)
 		case <-ctx.Done():
 		}
 	} else {
@@ -162,6 +178,9 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	}
 	<-alsoDone
 	bg, berr := wait()
+	if ferr != nil && alsoCtx.Err() != nil && ctx.Err() == nil {
+		aerr = nil // stopped for the first one's failure: not its own
+	}
 	if ferr != nil || aerr != nil {
 		if aerr != nil {
 			aerr = fmt.Errorf("%s beside it: %w", w.also.Name(), aerr)
@@ -215,7 +234,9 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 	g.Rate = w.rate
 	bgp := workload.Point{MsgSize: bgPayload, Flows: 1, Duration: p.Duration + 2*prioLead, Port: p.Port + 8}
 	if w.also != nil {
-		bgp.Duration += 2 * prioLead // the second service's lead and tail
+		// The second service starts after the background's lead and
+		// runs alsoDuration once started; then the tail.
+		bgp.Duration = prioLead + alsoStart + alsoDuration(p.Duration) + prioLead
 	}
 	// The background's receiver reads on the generator's core, as the
 	// paper ran it on a core of its own: the receive core is for the

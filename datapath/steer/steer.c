@@ -849,7 +849,8 @@ static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 
 /* Frames steer_xdp passes without steering them, per core, in the current
  * coarse tick: for bulk quiet, they count as bulk once PASSED_AS_BULK of
- * them came within one tick (2000 frames/s at HZ=250), so a flood of
+ * them came within one tick on one core (2000 frames/s at HZ=250, 8000
+ * at HZ=1000), so a flood of
  * traffic it does not steer (another overlay, inner fragments) ends the
  * quiet, and the odd ARP or neighbour solicitation does not. */
 #define PASSED_AS_BULK 8

@@ -140,16 +140,17 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 		// Applied without high=auto (a re-apply, or the default's
 		// fallback): nothing to switch; the programs ignore the switches.
 		was := !h.off
-		h.off, h.rules = true, nil
+		h.off, h.rules, h.bulkQuiet = true, nil, false
 		if was {
 			return "high=auto: the applied plan is not high=auto: the switch stands down", nil
 		}
 		return "", nil
 	}
 	h.off, h.rule = false, highRule(int(pps))
-	if h.bulkQuiet, err = dp.BulkQuietNow(); err != nil {
-		return "", err
-	}
+	// Status only: an error here must not keep the rules from their
+	// sample.
+	bq, bqErr := dp.BulkQuietNow()
+	h.bulkQuiet = bq && bqErr == nil
 	rules, err := dp.Rules()
 	if err != nil {
 		return "", err
@@ -165,7 +166,7 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	// What a deleted rule left (lanes prio del drops it too; this covers
 	// a delete by an older build or one that failed half way). An error
 	// on one rule does not keep the others from their sample.
-	var errs []error
+	errs := []error{bqErr}
 	for r := range h.rules {
 		if !live[r] {
 			delete(h.rules, r)
@@ -306,6 +307,8 @@ func (s HighStatus) Summary() string {
 		head += "no bulk lately, so every rule's flows run in the NIC poll; by their switches: "
 	}
 	switch {
+	case len(s.Rules) == 0 && s.BulkQuiet:
+		return strings.TrimSuffix(head, "by their switches: ") + "no rules yet"
 	case len(s.Rules) == 0:
 		return head + "no rules yet"
 	case len(in) == 0:

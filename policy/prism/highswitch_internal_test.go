@@ -54,6 +54,7 @@ type fakeHigh struct {
 	refuses   bool
 	refuse    map[steer.Rule]bool // writes of these rules fail
 	bulkQuiet bool
+	bqFail    error // BulkQuietNow alone fails
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -87,8 +88,13 @@ func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
 	delete(f.frames, r)
 	return nil
 }
-func (f *fakeHigh) BulkQuietNow() (bool, error) { return f.bulkQuiet, f.fail }
-func (f *fakeHigh) Close() error                { f.closed++; return nil }
+func (f *fakeHigh) BulkQuietNow() (bool, error) {
+	if f.bqFail != nil {
+		return false, f.bqFail
+	}
+	return f.bulkQuiet, f.fail
+}
+func (f *fakeHigh) Close() error { f.closed++; return nil }
 
 func testRule(t *testing.T, s string) steer.Rule {
 	t.Helper()
@@ -278,6 +284,7 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 	b := testRule(t, "dst 198.19.0.22 port 80 tcp")
 	dp := newFakeHigh(5000, a, b)
 	dp.refuse = map[steer.Rule]bool{a: true}
+	dp.bqFail = errors.New("bulk stamp unreadable") // status only: no rule waits for it
 	h := newHighSwitch("/nowhere")
 	h.open = func(string) (highDatapath, error) { return dp, nil }
 	at := time.Unix(1000, 0)
@@ -293,7 +300,7 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 	for range 4 {
 		tick()
 	}
-	if dp.inline[a] || !dp.inline[b] || h.switches != 1 || !strings.Contains(h.err, "refused") {
+	if dp.inline[a] || !dp.inline[b] || h.switches != 1 || !strings.Contains(h.err, "refused") || !strings.Contains(h.err, "bulk stamp unreadable") {
 		t.Fatalf("one rule refused: inline %v, %d switches, error %q: want the other rule inline and the error shown", dp.inline, h.switches, h.err)
 	}
 	if j := strings.Join(log, "\n"); strings.Contains(j, a.String()) || !strings.Contains(j, b.String()) {
@@ -303,6 +310,7 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 		t.Errorf("status %+v: the refused rule shown inline", st.Rules)
 	}
 	delete(dp.refuse, a)
+	dp.bqFail = nil
 	log = nil
 	tick()
 	if !dp.inline[a] || h.switches != 2 || h.err != "" || !strings.Contains(strings.Join(log, ""), a.String()+" busy") {
