@@ -17,7 +17,7 @@ import (
 // lanes_prism_bulk_quiet. Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
-	dir                                string
+	dir                                           string
 	frames, quiet, last, queue, inline, bulkQuiet *prometheus.Desc
 }
 
