@@ -97,8 +97,5 @@ func deviceGone(err error) error {
 // in any of its forms (a name, a path, "pid:N", "pid:N@C"), or ErrGone
 // when it no longer exists (or is no longer the one C names).
 func ethNS(ns string) (string, error) {
-	if err := checkNetNS(ns); err != nil {
-		return "", err
-	}
-	return nsxName(ns), nil
+	return entryName(ns)
 }

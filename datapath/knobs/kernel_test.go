@@ -327,30 +327,35 @@ func TestNetNSPathForms(t *testing.T) {
 	}
 }
 
-// TestPinnedPIDNetNS: "pid:N" is pinned to its namespace's cookie, and a
-// pinned label whose PID now runs in another namespace (a PID reused by
-// another container) is gone for every way lanes enters it, so nothing is
-// restored or adopted there. The reuse is modelled by a label naming one
-// process with another namespace's cookie.
+// TestPinnedPIDNetNS: "pid:N" is pinned to its namespace's cookie. The
+// pinned label names that namespace while any process holds it: once N
+// exited, lanes enters it through another of its processes (a namespace
+// outlives its first process, and its knobs must still be restored). Once
+// no process holds it, the label is gone for every way lanes enters it,
+// also when N now belongs to a process of another namespace (a PID reused
+// by another container), so nothing is restored or adopted there. The
+// reuse is modelled by a label naming a process of namespace b with
+// namespace a's cookie.
 func TestPinnedPIDNetNS(t *testing.T) {
 	topotest.RequireRoot(t)
 	p := topotest.NewPrefix()
-	holders := map[string]*exec.Cmd{}
-	for _, n := range []string{p + "-a", p + "-b"} {
-		topotest.Namespace(t, n)
+	start := func(n string) *exec.Cmd {
+		t.Helper()
 		cmd := exec.Command("sleep", "600")
 		if err := nsx.Start(n, cmd); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		holders[n] = cmd
+		return cmd
 	}
-	a, b := holders[p+"-a"].Process.Pid, holders[p+"-b"].Process.Pid
-	pinA, err := knobs.PinNetNS("pid:" + strconv.Itoa(a))
+	topotest.Namespace(t, p+"-a")
+	topotest.Namespace(t, p+"-b")
+	a1, a2, b := start(p+"-a"), start(p+"-a"), start(p+"-b")
+	pinA, err := knobs.PinNetNS("pid:" + strconv.Itoa(a1.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pinB, err := knobs.PinNetNS("pid:" + strconv.Itoa(b))
+	pinB, err := knobs.PinNetNS("pid:" + strconv.Itoa(b.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,47 +372,71 @@ func TestPinnedPIDNetNS(t *testing.T) {
 			t.Errorf("PinNetNS(%q) = %q, %v; want it unchanged", ns, got, err)
 		}
 	}
-	if !knobs.NetNSExists(pinA) {
-		t.Errorf("%s does not exist", pinA)
+	// The namespace's own inode, to tell where a function ran.
+	ino := func(ns string) (uint64, error) {
+		var st syscall.Stat_t
+		err := knobs.Do(ns, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) })
+		return st.Ino, err
 	}
-	entered := false
-	if err := knobs.DoSysfs(pinA, func() error { entered = true; return nil }); err != nil || !entered {
-		t.Errorf("entering %s: %v", pinA, err)
-	}
-	h, err := knobs.OpenNetNS(pinA)
+	inoA, err := ino(p + "-a")
 	if err != nil {
-		t.Fatalf("opening %s: %v", pinA, err)
+		t.Fatal(err)
 	}
-	h.Close()
-
-	reused := "pid:" + strconv.Itoa(b) + "@" + cookieA
-	if knobs.NetNSExists(reused) {
-		t.Errorf("%s exists: process %d runs in another namespace", reused, b)
+	entered := func(label string) {
+		t.Helper()
+		if !knobs.NetNSExists(label) {
+			t.Errorf("%s does not exist", label)
+		}
+		if got, err := ino(label); err != nil || got != inoA {
+			t.Errorf("entering %s: inode %d (%v), want namespace a's %d", label, got, err, inoA)
+		}
+		ran := false
+		if err := knobs.DoSysfs(label, func() error { ran = true; return nil }); err != nil || !ran {
+			t.Errorf("entering %s with sysfs: %v", label, err)
+		}
+		h, err := knobs.OpenNetNS(label)
+		if err != nil {
+			t.Errorf("opening %s: %v", label, err)
+			return
+		}
+		h.Close()
 	}
-	ran := false
-	for name, err := range map[string]error{
-		"Do":      knobs.Do(reused, func() error { ran = true; return nil }),
-		"DoSysfs": knobs.DoSysfs(reused, func() error { ran = true; return nil }),
-		"Sysfs":   knobs.Sysfs(reused, "/sys/class/net/lo/tx_queue_len").Write([]byte("1000")),
-	} {
-		if !errors.Is(err, knobs.ErrGone) {
-			t.Errorf("%s into %s: %v, want ErrGone", name, reused, err)
+	entered(pinA)
+	// A label with a's cookie and another process's PID still names a,
+	// while a lives.
+	reused := "pid:" + strconv.Itoa(b.Process.Pid) + "@" + cookieA
+	entered(reused)
+	// a's first process exits; a lives on in its second.
+	a1.Process.Kill()
+	a1.Wait()
+	entered(pinA)
+	// No process holds a any more: gone, however it is entered, and
+	// nothing runs in b through the label naming b's process.
+	a2.Process.Kill()
+	a2.Wait()
+	for _, label := range []string{pinA, reused} {
+		if knobs.NetNSExists(label) {
+			t.Errorf("%s exists with no process in it", label)
+		}
+		ran := false
+		for name, err := range map[string]error{
+			"Do":      knobs.Do(label, func() error { ran = true; return nil }),
+			"DoSysfs": knobs.DoSysfs(label, func() error { ran = true; return nil }),
+			"Sysfs":   knobs.Sysfs(label, "/sys/class/net/lo/tx_queue_len").Write([]byte("1000")),
+		} {
+			if !errors.Is(err, knobs.ErrGone) {
+				t.Errorf("%s into %s: %v, want ErrGone", name, label, err)
+			}
+		}
+		if ran {
+			t.Errorf("a function ran through %s", label)
+		}
+		if h, err := knobs.OpenNetNS(label); err == nil {
+			h.Close()
+			t.Errorf("opened %s", label)
 		}
 	}
-	if ran {
-		t.Errorf("a function ran in %s", reused)
-	}
-	if h, err := knobs.OpenNetNS(reused); err == nil {
-		h.Close()
-		t.Errorf("opened %s", reused)
-	}
-
-	holders[p+"-a"].Process.Kill()
-	holders[p+"-a"].Wait()
-	if knobs.NetNSExists(pinA) {
-		t.Errorf("%s exists after its process ended", pinA)
-	}
-	if _, err := knobs.PinNetNS("pid:" + strconv.Itoa(a)); !errors.Is(err, knobs.ErrGone) {
+	if _, err := knobs.PinNetNS("pid:" + strconv.Itoa(a1.Process.Pid)); !errors.Is(err, knobs.ErrGone) {
 		t.Errorf("pinning a gone process: %v, want ErrGone", err)
 	}
 	for _, bad := range []string{"pid:", "pid:x", "pid:-1", "pid:1@", "pid:1@0", "pid:1@x"} {

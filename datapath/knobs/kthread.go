@@ -329,10 +329,11 @@ func (q *NAPIQueue) pid() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := checkNetNS(q.NetNS); err != nil {
+	name, err := entryName(q.NetNS)
+	if err != nil {
 		return 0, err
 	}
-	pid, err := napi.RxQueueThread(nsxName(q.NetNS), ifindex, q.Queue)
+	pid, err := napi.RxQueueThread(name, ifindex, q.Queue)
 	if errors.Is(err, napi.ErrNoQueue) {
 		return 0, fmt.Errorf("%w: %w", ErrGone, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -114,13 +115,84 @@ func nsxName(ns string) string {
 // PID reused in the microseconds between it and their entry would need
 // the whole PID space to wrap in between.
 func checkNetNS(ns string) error {
-	if err := statNetNS(ns); err != nil {
-		return err
+	_, err := entryName(ns)
+	return err
+}
+
+// entryName is the name nsx enters for ns (nsxName), checked as
+// checkNetNS says; for "pid:N@C" whose process N left the namespace,
+// another process's that is still in it (relocate).
+func entryName(ns string) (string, error) {
+	_, cookie, _ := pidForm(ns)
+	if cookie == 0 {
+		return nsxName(ns), statNetNS(ns)
 	}
-	if _, cookie, _ := pidForm(ns); cookie != 0 {
-		return goneNS(ns, nsx.Do(nsxName(ns), func() error { return checkCookie(ns, cookie) }))
+	check := func() error {
+		return goneNS(ns, nsx.Do(enterName(ns), func() error { return checkCookie(ns, cookie) }))
 	}
-	return nil
+	err := check()
+	if errors.Is(err, errNotThere) && relocate(ns, cookie) {
+		err = check()
+	}
+	if err != nil {
+		return "", err
+	}
+	return enterName(ns), nil
+}
+
+// errNotThere marks a pid form's namespace not found where its label
+// points (the process is gone, or in another namespace): ErrGone unless
+// another process still holds the namespace (relocate).
+var errNotThere = errors.New("not where its label points")
+
+// pidHomes remembers, by netns cookie, the process through which a
+// "pid:N@C" namespace is entered once N has left it.
+var pidHomes sync.Map // uint64 -> string (a PID)
+
+// enterName is the nsx name for a pid form: its own process's namespace
+// file, or the one relocate found.
+func enterName(ns string) string {
+	pid, cookie, _ := pidForm(ns)
+	if p, ok := pidHomes.Load(cookie); ok {
+		pid = p.(string)
+	}
+	rel, err := filepath.Rel(nsx.Dir, filepath.Join("/proc", pid, "ns", "net"))
+	if err != nil {
+		return ns
+	}
+	return rel
+}
+
+// relocate looks for another process in the namespace with cookie c, for a
+// label whose process left it: a namespace outlives its first process
+// while others hold it (a process exec'd into the container), and its
+// knobs must still be restored there. It enters one process of every
+// namespace /proc shows until it finds C (rare: only when a label's
+// process is gone), and remembers the one it found.
+func relocate(ns string, c uint64) bool {
+	pidHomes.Delete(c)
+	ents, _ := os.ReadDir("/proc")
+	seen := map[uint64]bool{}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil || seen[st.Ino] {
+			continue
+		}
+		seen[st.Ino] = true
+		rel, err := filepath.Rel(nsx.Dir, "/proc/"+e.Name()+"/ns/net")
+		if err != nil {
+			continue
+		}
+		var got uint64
+		if nsx.Do(rel, func() (err error) { got, err = cookieHere(); return err }) == nil && got == c {
+			pidHomes.Store(c, e.Name())
+			return true
+		}
+	}
+	return false
 }
 
 // statNetNS returns ErrGone unless ns's file is there (no cookie check).
@@ -141,7 +213,7 @@ func statNetNS(ns string) error {
 // after it was checked (a process that exited in between) as ErrGone.
 func goneNS(ns string, err error) error {
 	if err != nil && errors.Is(err, nsx.ErrNoNetNS) && !errors.Is(err, ErrGone) {
-		return fmt.Errorf("netns %s: %w: %w", ns, ErrGone, err)
+		return fmt.Errorf("netns %s: %w: %w: %w", ns, ErrGone, errNotThere, err)
 	}
 	return err
 }
@@ -153,7 +225,7 @@ func checkCookie(ns string, want uint64) error {
 		return err
 	}
 	if got != want {
-		return fmt.Errorf("netns %s: process %s now runs in another namespace (cookie %d): %w", ns, strings.TrimPrefix(strings.SplitN(ns, "@", 2)[0], "pid:"), got, ErrGone)
+		return fmt.Errorf("netns %s: process %s now runs in another namespace (cookie %d): %w: %w", ns, strings.TrimPrefix(strings.SplitN(ns, "@", 2)[0], "pid:"), got, ErrGone, errNotThere)
 	}
 	return nil
 }
@@ -236,17 +308,26 @@ func do(ns string, sysfs bool, fn func() error) error {
 	if sysfs {
 		run = func(name string, fn func() error) error { return goneNS(ns, nsx.DoSysfs(name, fn)) }
 	}
-	if err := statNetNS(ns); err != nil {
+	if _, cookie, _ := pidForm(ns); cookie != 0 {
+		// Checked on the thread that runs fn: exactly the namespace fn
+		// sees; fn has not run when the namespace is not there, so it
+		// may run again through another of its processes.
+		try := func() error {
+			return run(enterName(ns), func() error {
+				if err := checkCookie(ns, cookie); err != nil {
+					return err
+				}
+				return fn()
+			})
+		}
+		err := try()
+		if errors.Is(err, errNotThere) && relocate(ns, cookie) {
+			err = try()
+		}
 		return err
 	}
-	if _, cookie, _ := pidForm(ns); cookie != 0 {
-		// Checked on the thread that runs fn: exactly the namespace fn sees.
-		return run(nsxName(ns), func() error {
-			if err := checkCookie(ns, cookie); err != nil {
-				return err
-			}
-			return fn()
-		})
+	if err := statNetNS(ns); err != nil {
+		return err
 	}
 	return run(nsxName(ns), fn)
 }
