@@ -350,7 +350,7 @@ func TestPinnedPIDNetNS(t *testing.T) {
 	}
 	topotest.Namespace(t, p+"-a")
 	topotest.Namespace(t, p+"-b")
-	a1, a2, b := start(p+"-a"), start(p+"-a"), start(p+"-b")
+	a1, a2, a3, b := start(p+"-a"), start(p+"-a"), start(p+"-a"), start(p+"-b")
 	pinA, err := knobs.PinNetNS("pid:" + strconv.Itoa(a1.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
@@ -406,14 +406,17 @@ func TestPinnedPIDNetNS(t *testing.T) {
 	// while a lives.
 	reused := "pid:" + strconv.Itoa(b.Process.Pid) + "@" + cookieA
 	entered(reused)
-	// a's first process exits; a lives on in its second.
-	a1.Process.Kill()
-	a1.Wait()
-	entered(pinA)
+	// a's first process exits; a lives on in the others. Then the one
+	// lanes found and remembers exits too; a lives on in the third.
+	for _, gone := range []*exec.Cmd{a1, a2} {
+		gone.Process.Kill()
+		gone.Wait()
+		entered(pinA)
+	}
 	// No process holds a any more: gone, however it is entered, and
 	// nothing runs in b through the label naming b's process.
-	a2.Process.Kill()
-	a2.Wait()
+	a3.Process.Kill()
+	a3.Wait()
 	for _, label := range []string{pinA, reused} {
 		if knobs.NetNSExists(label) {
 			t.Errorf("%s exists with no process in it", label)

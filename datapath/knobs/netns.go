@@ -127,17 +127,38 @@ func entryName(ns string) (string, error) {
 	if cookie == 0 {
 		return nsxName(ns), statNetNS(ns)
 	}
-	check := func() error {
-		return goneNS(ns, nsx.Do(enterName(ns), func() error { return checkCookie(ns, cookie) }))
+	var name string
+	err := viaHolder(ns, cookie, func(n string) error {
+		name = n
+		return goneNS(ns, nsx.Do(n, func() error { return checkCookie(ns, cookie) }))
+	}, func() bool { return false })
+	return name, err
+}
+
+// relocateTries bounds how often viaHolder looks for another process of a
+// namespace: each holder it found may exit before it is entered.
+const relocateTries = 3
+
+// viaHolder runs try with the nsx name of a process holding the namespace
+// of pid form ns (cookie c): its own process's while that is in it, else
+// another's (relocate). It tries again only while try failed with
+// errNotThere and did nothing there (final false: the caller's function
+// has not run).
+func viaHolder(ns string, c uint64, try func(name string) error, final func() bool) error {
+	name := enterName(ns)
+	err := try(name)
+	for i := 0; i < relocateTries && errors.Is(err, errNotThere) && !final(); i++ {
+		next, found, rerr := relocate(c, name)
+		if rerr != nil {
+			return fmt.Errorf("netns %s: looking for another process in it: %w", ns, rerr)
+		}
+		if !found {
+			return err
+		}
+		name = next
+		err = try(name)
 	}
-	err := check()
-	if errors.Is(err, errNotThere) && relocate(ns, cookie) {
-		err = check()
-	}
-	if err != nil {
-		return "", err
-	}
-	return enterName(ns), nil
+	return err
 }
 
 // errNotThere marks a pid form's namespace not found where its label
@@ -156,43 +177,78 @@ func enterName(ns string) string {
 	if p, ok := pidHomes.Load(cookie); ok {
 		pid = p.(string)
 	}
-	rel, err := filepath.Rel(nsx.Dir, filepath.Join("/proc", pid, "ns", "net"))
-	if err != nil {
-		return ns
-	}
-	return rel
+	return procNetNS(pid)
 }
 
-// relocate looks for another process in the namespace with cookie c, for a
-// label whose process left it: a namespace outlives its first process
-// while others hold it (a process exec'd into the container), and its
-// knobs must still be restored there. It enters one process of every
-// namespace /proc shows until it finds C (rare: only when a label's
-// process is gone), and remembers the one it found.
-func relocate(ns string, c uint64) bool {
-	pidHomes.Delete(c)
-	ents, _ := os.ReadDir("/proc")
-	seen := map[uint64]bool{}
+// procNetNS is the nsx name of process pid's namespace file.
+func procNetNS(pid string) string {
+	return filepath.Join("..", "..", "proc", pid, "ns", "net") // relative to nsx.Dir, /run/netns
+}
+
+// nsCookies caches the cookies relocate read, by process and namespace
+// inode: a process seen in the same namespace inode again is in the same
+// namespace, so a scan enters only namespaces it has not seen. Entries of
+// processes gone by the next scan are dropped.
+var nsCookies = struct {
+	sync.Mutex
+	m map[[2]uint64]uint64 // {pid, inode} -> cookie
+}{m: map[[2]uint64]uint64{}}
+
+// relocate looks for a process in the namespace with cookie c, for a
+// label whose process (entered as tried) left it: a namespace outlives its
+// first process while others hold it (a process exec'd into the
+// container), and its knobs must still be restored there. It reads the
+// cookie of one process of every namespace /proc shows that it has not
+// read before, and remembers the holder it found. An error is one that
+// kept it from reading some namespace, which then might have been c's.
+func relocate(c uint64, tried string) (name string, found bool, err error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return "", false, err
+	}
+	nsCookies.Lock()
+	defer nsCookies.Unlock()
+	live := map[[2]uint64]bool{}
+	done := map[uint64]bool{} // inodes whose cookie is known this scan
+	var errs []error
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, perr := strconv.ParseUint(e.Name(), 10, 64)
+		if perr != nil {
 			continue
 		}
 		var st unix.Stat_t
-		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil || seen[st.Ino] {
-			continue
+		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil {
+			continue // exited, or a kernel thread's
 		}
-		seen[st.Ino] = true
-		rel, err := filepath.Rel(nsx.Dir, "/proc/"+e.Name()+"/ns/net")
-		if err != nil {
-			continue
+		key := [2]uint64{pid, st.Ino}
+		live[key] = true
+		got, known := nsCookies.m[key]
+		if !known {
+			if done[st.Ino] {
+				continue
+			}
+			rerr := nsx.Do(procNetNS(e.Name()), func() (err error) { got, err = cookieHere(); return err })
+			if rerr != nil {
+				if !errors.Is(rerr, nsx.ErrNoNetNS) {
+					errs = append(errs, rerr)
+				}
+				continue // not marked done: another process of it may do
+			}
+			nsCookies.m[key] = got
 		}
-		var got uint64
-		if nsx.Do(rel, func() (err error) { got, err = cookieHere(); return err }) == nil && got == c {
+		done[st.Ino] = true
+		if got == c && procNetNS(e.Name()) != tried {
 			pidHomes.Store(c, e.Name())
-			return true
+			return procNetNS(e.Name()), true, nil
 		}
 	}
-	return false
+	for key := range nsCookies.m {
+		if !live[key] {
+			delete(nsCookies.m, key)
+		}
+	}
+	pidHomes.CompareAndDelete(c, strings.TrimSuffix(strings.TrimPrefix(tried, "../../proc/"), "/ns/net"))
+	return "", false, errors.Join(errs...)
 }
 
 // statNetNS returns ErrGone unless ns's file is there (no cookie check).
@@ -310,20 +366,20 @@ func do(ns string, sysfs bool, fn func() error) error {
 	}
 	if _, cookie, _ := pidForm(ns); cookie != 0 {
 		// Checked on the thread that runs fn: exactly the namespace fn
-		// sees; fn has not run when the namespace is not there, so it
-		// may run again through another of its processes.
-		try := func() error {
-			return run(enterName(ns), func() error {
+		// sees. When the namespace is not there fn has not run, so it may
+		// run through another of its processes; once fn ran, its own
+		// errors are final.
+		ran := false
+		err := viaHolder(ns, cookie, func(name string) error {
+			err := run(name, func() error {
 				if err := checkCookie(ns, cookie); err != nil {
 					return err
 				}
+				ran = true
 				return fn()
 			})
-		}
-		err := try()
-		if errors.Is(err, errNotThere) && relocate(ns, cookie) {
-			err = try()
-		}
+			return err
+		}, func() bool { return ran })
 		return err
 	}
 	if err := statNetNS(ns); err != nil {
