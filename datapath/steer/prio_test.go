@@ -653,9 +653,15 @@ func TestPrioBulkQuiet(t *testing.T) {
 	if got, _ := d.Config(); got.BulkQuiet != 20*time.Millisecond {
 		t.Fatalf("config %+v does not read back BulkQuiet", got)
 	}
+	bulk := udpFlow(6000)
+	// No rule yet: nothing is high priority, and bulk frames are not
+	// stamped (no clock read on the busy path for nobody).
+	runXDP(t, d, vxlanFrame(frameSpec{flow: udpFlow(6001)}))
+	if _, seen, _ := d.SinceBulk(); seen {
+		t.Error("bulk stamped while no rule exists")
+	}
 	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
 	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
-	bulk := udpFlow(6000)
 	step := func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
 		t.Helper()
 		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))

@@ -841,9 +841,11 @@ static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
 	return quiet_for(cfg, &steer_bulk_seen, cfg->bulk_quiet_ms);
 }
 
+/* Only while a rule exists: without one no frame is high priority, and
+ * the bulk path, the busy one, need not read the clock for nobody. */
 static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 {
-	if (cfg->bulk_quiet_ms)
+	if (cfg->bulk_quiet_ms && cfg->prio_shapes)
 		stamp_tick(&steer_bulk_seen);
 }
 
@@ -874,7 +876,7 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 	__u32 zero = 0;
 	__u64 now;
 
-	if (!cfg->bulk_quiet_ms)
+	if (!cfg->bulk_quiet_ms || !cfg->prio_shapes)
 		return;
 	p = bpf_map_lookup_elem(&steer_passed_tick, &zero);
 	if (!p)
