@@ -770,20 +770,6 @@ func (d *Datapath) ForgetHigh(r Rule) error {
 	return nil
 }
 
-// HighFrames is the number of high-priority frames steer_xdp classified,
-// summed over cores: one map read.
-func (d *Datapath) HighFrames() (uint64, error) {
-	var per []uint64
-	if err := d.objs.SteerStats.Lookup(uint32(StageSplit*numCounters+counterHigh), &per); err != nil {
-		return 0, fmt.Errorf("reading the high-priority frame count: %w", err)
-	}
-	var n uint64
-	for _, v := range per {
-		n += v
-	}
-	return n, nil
-}
-
 // HighRuleFrames is the number of frames each rule marked, summed over
 // cores, counted by steer_xdp only while the config has high=auto: lanes
 // agent's rate of each rule. A rule appears with its first frame.
@@ -1078,13 +1064,6 @@ func (c Counters) Add(other Counters) Counters {
 
 // numCounters is steer.c's NUM_COUNTERS.
 var numCounters = len((&Counters{}).fields())
-
-// counterHigh is CNT_HIGH's place in steer.c's enum counter: Counters.High's
-// in fields(), the one list of that order.
-var counterHigh = func() int {
-	var c Counters
-	return slices.Index(c.fields(), &c.High)
-}()
 
 // Stats reads every stage's counters, summed over cores.
 func (d *Datapath) Stats() ([NumStages]Counters, error) {

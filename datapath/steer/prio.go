@@ -294,11 +294,7 @@ func (d *Datapath) SinceBulk() (since time.Duration, ok bool, err error) {
 // quiet time q (no bulk frame yet, or none for QuietAfter(q)): then
 // high-priority flows run in the NIC poll.
 func (d *Datapath) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
-	since, seen, err = d.SinceBulk()
-	if err != nil {
-		return false, 0, false, err
-	}
-	return !seen || since > QuietAfter(q), since, seen, nil
+	return quietOf(d.objs.SteerBulkSeen, "bulk", q)
 }
 
 // BulkQuietNow says whether every high-priority flow runs in the NIC poll
@@ -337,7 +333,12 @@ func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err err
 // the quiet time q (no high-priority frame yet, or none for
 // QuietAfter(q)), with SinceHigh's answer for those who show it.
 func (d *Datapath) HighQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
-	since, seen, err = d.SinceHigh()
+	return quietOf(d.objs.SteerPrioSeen, "high-priority", q)
+}
+
+// quietOf is HighQuiet and BulkQuiet for the stamp map m of their class.
+func quietOf(m *ebpf.Map, what string, q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
+	since, seen, err = sinceStamp(m, what)
 	if err != nil {
 		return false, 0, false, err
 	}
