@@ -215,9 +215,6 @@ type guard struct {
 // a threaded underlay), bulk-sched=idle's, or none (nil, no error); with
 // high=auto's switch in its loop, with or without either.
 func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
-	if !o.Streamline && o.BulkSched != SchedIdle && o.High != HighAuto {
-		return nil, nil
-	}
 	g, err := newTargetGuard(env, o)
 	if err != nil || o.High != HighAuto {
 		return g, err
