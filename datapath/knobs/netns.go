@@ -98,6 +98,9 @@ func NetNSExists(ns string) bool { return checkNetNS(ns) == nil }
 // Docker's and /proc's namespace files too; this keeps nsx the only place
 // that switches threads between namespaces.
 func nsxName(ns string) string {
+	if pid, _, ok := pidForm(ns); ok {
+		return procNetNS(pid)
+	}
 	if ns == "" || (!filepath.IsAbs(ns) && !strings.HasPrefix(ns, "pid:")) {
 		return ns
 	}
@@ -128,10 +131,10 @@ func entryName(ns string) (string, error) {
 		return nsxName(ns), statNetNS(ns)
 	}
 	var name string
-	err := viaHolder(ns, cookie, func(n string) error {
+	err := viaHolder(ns, cookie, func(n string) (bool, error) {
 		name = n
-		return goneNS(ns, nsx.Do(n, func() error { return checkCookie(ns, cookie) }))
-	}, func() bool { return false })
+		return false, goneNS(ns, nsx.Do(n, func() error { return checkCookie(ns, cookie) }))
+	})
 	return name, err
 }
 
@@ -141,22 +144,22 @@ const relocateTries = 3
 
 // viaHolder runs try with the nsx name of a process holding the namespace
 // of pid form ns (cookie c): its own process's while that is in it, else
-// another's (relocate). It tries again only while try failed with
-// errNotThere and did nothing there (final false: the caller's function
-// has not run).
-func viaHolder(ns string, c uint64, try func(name string) error, final func() bool) error {
-	name := enterName(ns)
-	err := try(name)
-	for i := 0; i < relocateTries && errors.Is(err, errNotThere) && !final(); i++ {
-		next, found, rerr := relocate(c, name)
+// another's (relocate). It tries again only while try found the namespace
+// not there (errNotThere) and did nothing there (ran false: the caller's
+// function has not run).
+func viaHolder(ns string, c uint64, try func(name string) (ran bool, err error)) error {
+	pid := holder(ns)
+	ran, err := try(procNetNS(pid))
+	for i := 0; i < relocateTries && !ran && errors.Is(err, errNotThere); i++ {
+		next, found, rerr := relocate(c, pid)
 		if rerr != nil {
 			return fmt.Errorf("netns %s: looking for another process in it: %w", ns, rerr)
 		}
 		if !found {
 			return err
 		}
-		name = next
-		err = try(name)
+		pid = next
+		ran, err = try(procNetNS(pid))
 	}
 	return err
 }
@@ -170,19 +173,20 @@ var errNotThere = errors.New("not where its label points")
 // "pid:N@C" namespace is entered once N has left it.
 var pidHomes sync.Map // uint64 -> string (a PID)
 
-// enterName is the nsx name for a pid form: its own process's namespace
-// file, or the one relocate found.
-func enterName(ns string) string {
+// holder is the process a pid form is entered through: its own, or the one
+// relocate found.
+func holder(ns string) string {
 	pid, cookie, _ := pidForm(ns)
 	if p, ok := pidHomes.Load(cookie); ok {
-		pid = p.(string)
+		return p.(string)
 	}
-	return procNetNS(pid)
+	return pid
 }
 
 // procNetNS is the nsx name of process pid's namespace file.
 func procNetNS(pid string) string {
-	return filepath.Join("..", "..", "proc", pid, "ns", "net") // relative to nsx.Dir, /run/netns
+	rel, _ := filepath.Rel(nsx.Dir, filepath.Join("/proc", pid, "ns", "net")) // two absolute paths: no error
+	return rel
 }
 
 // nsCookies caches the cookies relocate read, by process and namespace
@@ -195,13 +199,13 @@ var nsCookies = struct {
 }{m: map[[2]uint64]uint64{}}
 
 // relocate looks for a process in the namespace with cookie c, for a
-// label whose process (entered as tried) left it: a namespace outlives its
+// label whose process (tried) left it: a namespace outlives its
 // first process while others hold it (a process exec'd into the
 // container), and its knobs must still be restored there. It reads the
 // cookie of one process of every namespace /proc shows that it has not
 // read before, and remembers the holder it found. An error is one that
 // kept it from reading some namespace, which then might have been c's.
-func relocate(c uint64, tried string) (name string, found bool, err error) {
+func relocate(c uint64, tried string) (pid string, found bool, err error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return "", false, err
@@ -212,7 +216,7 @@ func relocate(c uint64, tried string) (name string, found bool, err error) {
 	done := map[uint64]bool{} // inodes whose cookie is known this scan
 	var errs []error
 	for _, e := range ents {
-		pid, perr := strconv.ParseUint(e.Name(), 10, 64)
+		n, perr := strconv.ParseUint(e.Name(), 10, 64)
 		if perr != nil {
 			continue
 		}
@@ -220,7 +224,7 @@ func relocate(c uint64, tried string) (name string, found bool, err error) {
 		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil {
 			continue // exited, or a kernel thread's
 		}
-		key := [2]uint64{pid, st.Ino}
+		key := [2]uint64{n, st.Ino}
 		live[key] = true
 		got, known := nsCookies.m[key]
 		if !known {
@@ -237,9 +241,9 @@ func relocate(c uint64, tried string) (name string, found bool, err error) {
 			nsCookies.m[key] = got
 		}
 		done[st.Ino] = true
-		if got == c && procNetNS(e.Name()) != tried {
+		if got == c && e.Name() != tried {
 			pidHomes.Store(c, e.Name())
-			return procNetNS(e.Name()), true, nil
+			return e.Name(), true, nil
 		}
 	}
 	for key := range nsCookies.m {
@@ -247,7 +251,7 @@ func relocate(c uint64, tried string) (name string, found bool, err error) {
 			delete(nsCookies.m, key)
 		}
 	}
-	pidHomes.CompareAndDelete(c, strings.TrimSuffix(strings.TrimPrefix(tried, "../../proc/"), "/ns/net"))
+	pidHomes.CompareAndDelete(c, tried)
 	return "", false, errors.Join(errs...)
 }
 
@@ -328,8 +332,11 @@ func PinNetNS(ns string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return "pid:" + pid + "@" + strconv.FormatUint(c, 10), nil
+	return pinned(pid, c), nil
 }
+
+// pinned is the pid form of process pid's namespace with cookie c.
+func pinned(pid string, c uint64) string { return "pid:" + pid + "@" + strconv.FormatUint(c, 10) }
 
 // PinNetNSHandle is PinNetNS for process pid's namespace as an open handle
 // shows it: the cookie of the namespace h refers to, not of the one the
@@ -344,7 +351,7 @@ func PinNetNSHandle(pid int, h netns.NsHandle) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return "pid:" + strconv.Itoa(pid) + "@" + strconv.FormatUint(c, 10), nil
+	return pinned(strconv.Itoa(pid), c), nil
 }
 
 // Do runs fn on a thread inside namespace ns (see nsx.Do); /proc/sys/net
@@ -369,18 +376,16 @@ func do(ns string, sysfs bool, fn func() error) error {
 		// sees. When the namespace is not there fn has not run, so it may
 		// run through another of its processes; once fn ran, its own
 		// errors are final.
-		ran := false
-		err := viaHolder(ns, cookie, func(name string) error {
-			err := run(name, func() error {
+		return viaHolder(ns, cookie, func(name string) (ran bool, err error) {
+			err = run(name, func() error {
 				if err := checkCookie(ns, cookie); err != nil {
 					return err
 				}
 				ran = true
 				return fn()
 			})
-			return err
-		}, func() bool { return ran })
-		return err
+			return ran, err
+		})
 	}
 	if err := statNetNS(ns); err != nil {
 		return err
