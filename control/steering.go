@@ -115,6 +115,9 @@ type FlowStage struct {
 	// switch for that rule, in the NIC poll (Inline).
 	Marked bool `json:"marked,omitempty"`
 	Inline bool `json:"inline,omitempty"`
+	// Rule is the rule that marks it (the first steer_xdp finds, whose
+	// high=auto switch moves it: steer.MarkingRule).
+	Rule string `json:"rule,omitempty"`
 	// Direct (bridge stage, staying): runs on in the VXLAN GRO cell's
 	// poll, without a pass through the RPS backlog.
 	Direct bool `json:"direct,omitempty"`
@@ -243,10 +246,13 @@ func steering(s *StatusReport, netns string) error {
 			HeldOn:  -1,
 		}
 		if f.Stage == steer.StageSplit {
-			_, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
+			r, marked := steer.MarkingRule(rules, f.Src, f.Dst, f.SrcPort, f.DstPort, f.Proto)
 			// Where the datapath has the flow now (not where the
 			// switches will send its next frame): in the NIC poll.
 			fs.Marked, fs.Inline = marked, marked && !f.High && !f.Sync && f.CPUIndex == steer.Stay
+			if marked {
+				fs.Rule = r.String()
+			}
 		}
 		if f.StayCore >= 0 && f.InFlight > 0 {
 			fs.HeldOn = f.StayCore

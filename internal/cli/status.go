@@ -128,6 +128,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				if f.High {
 					class = ", high priority"
 				}
+				if f.Rule != "" {
+					class += " (" + f.Rule + ")"
+				}
 				class += ctlInFlight(f)
 				fmt.Fprintf(out, "  core %d: %-9s %s  (%d packets%s)\n", c.CPU, f.Stage, f.Flow, f.Packets, class)
 			}
@@ -145,9 +148,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				how += fmt.Sprintf(", queued on core %d", f.HeldOn)
 			}
 			if f.Inline {
-				how = "high priority, in the NIC poll: " + how
+				how = "high priority (" + f.Rule + "), in the NIC poll: " + how
 			} else if f.Marked {
-				how = "marked high priority: " + how
+				how = "marked high priority (" + f.Rule + "): " + how
 			}
 			fmt.Fprintf(out, "  stay:   %-9s %s  (%d packets; %s%s)\n", f.Stage, f.Flow, f.Packets, how, ctlInFlight(f))
 		}

@@ -842,7 +842,8 @@ func TestPrismBulkQuiet(t *testing.T) {
 	if cfg, err := dp.Config(); err != nil || cfg.BulkQuiet != time.Millisecond || cfg.HighAutoPPS == 0 {
 		t.Fatalf("config %+v (%v): want high=auto with a bulk quiet of 1ms", cfg, err)
 	}
-	if err := modetest.Prio(t, c.ns).Add(modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")); err != nil {
+	rule := modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")
+	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
 		t.Fatal(err)
 	}
 	st0, _ := dp.Stats()
@@ -851,6 +852,19 @@ func TestPrismBulkQuiet(t *testing.T) {
 	st1, _ := dp.Stats()
 	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Steered != 0 || d.Stayed < uint64(alone.Received) {
 		t.Errorf("split stage %+v for %d marked datagrams and no bulk: want them all in the NIC poll", d, alone.Received)
+	}
+	// lanes status says so: bulk quiet, the flow in the NIC poll, marked
+	// by the rule.
+	st, err := control.Status(control.StatusOptions{NetNS: c.a.NS, StateDir: c.a.StateDir, Sample: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Steering == nil || !st.Steering.BulkQuiet || st.Steering.BulkQuietMs != 1 {
+		t.Errorf("status %+v: want bulk quiet (1ms)", st.Steering)
+	} else if !slices.ContainsFunc(st.Steering.Stay, func(f control.FlowStage) bool {
+		return f.Stage == "split" && f.Marked && f.Inline && f.Rule == rule.String() && strings.Contains(f.Flow, "> "+alone.Dst.String()+" udp")
+	}) {
+		t.Errorf("status stays %+v: want the marked stream in the NIC poll, marked by %s", st.Steering.Stay, rule)
 	}
 	// Bulk to the other container (unmarked) in bursts 30 ms apart.
 	other := c.bed.Receiver().Containers[1]
