@@ -54,7 +54,13 @@ type Steering struct {
 	BulkQuiet   bool   `json:"bulk_quiet,omitempty"`
 	SinceBulkMs *int64 `json:"since_bulk_ms,omitempty"`
 	SinceHighMs *int64 `json:"since_high_ms,omitempty"`
-	Quiet       bool   `json:"quiet,omitempty"`
+	// BulkAutoMs is steer.Config.BulkAuto (PRISM's bulk=auto): bulk flows
+	// also run in the NIC poll while every high-priority frame of that
+	// window ran there as a busy rule's; BulkBesideBusy says whether that
+	// is so now.
+	BulkAutoMs     int64 `json:"bulk_auto_ms,omitempty"`
+	BulkBesideBusy bool  `json:"bulk_beside_busy,omitempty"`
+	Quiet          bool  `json:"quiet,omitempty"`
 	// MicroFlows counts the micro-flows (MFLOW) sent to each core, and
 	// Elephants lists the flows being split now.
 	MicroFlows map[int]uint64 `json:"micro_flows_per_core,omitempty"`
@@ -175,6 +181,12 @@ func steering(s *StatusReport, netns string) error {
 		}
 		if cfg.BulkQuiet > 0 && cfg.HighAutoPPS > 0 {
 			if out.BulkQuietMs, out.BulkQuiet, out.SinceBulkMs, err = quietState(cfg.BulkQuiet, d.BulkQuiet); err != nil {
+				return err
+			}
+		}
+		if cfg.BulkAuto > 0 && cfg.HighAutoPPS > 0 {
+			out.BulkAutoMs = cfg.BulkAuto.Milliseconds()
+			if out.BulkBesideBusy, err = d.BulkBesideBusy(cfg.BulkAuto); err != nil {
 				return err
 			}
 		}

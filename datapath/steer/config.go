@@ -85,6 +85,14 @@ type Config struct {
 	// first bulk frame ends it at once; the flows move back to their
 	// queue in order.
 	BulkQuiet time.Duration
+	// BulkAuto (with HighAutoPPS; 0: off) also runs bulk flows in the NIC
+	// poll while high-priority frames came in the last BulkAuto (plus
+	// the coarse clock's two ticks) and every one of them ran in the NIC
+	// poll as a busy rule's (SetHighInline): no marked frame then waits
+	// in a queue, and the bulk queue's hop only costs. The first marked
+	// frame that takes its queue ends it at once; bulk flows move back to
+	// their queue in order.
+	BulkAuto time.Duration
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -215,6 +223,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.BulkQuiet != 0 && (c.HighAutoPPS == 0 || c.BulkQuiet < time.Millisecond || c.BulkQuiet > MaxPrioQuiet || c.BulkQuiet%time.Millisecond != 0) {
 		return c, fmt.Errorf("bulk quiet time %v: want whole milliseconds from 1ms to %v, with high=auto", c.BulkQuiet, MaxPrioQuiet)
+	}
+	if c.BulkAuto != 0 && (c.HighAutoPPS == 0 || c.BulkAuto < time.Millisecond || c.BulkAuto > MaxPrioQuiet || c.BulkAuto%time.Millisecond != 0) {
+		return c, fmt.Errorf("bulk auto time %v: want whole milliseconds from 1ms to %v, with high=auto", c.BulkAuto, MaxPrioQuiet)
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

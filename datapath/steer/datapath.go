@@ -149,6 +149,8 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
 		{steerMapSteerBulkSeen, &o.SteerBulkSeen},
+		{steerMapSteerBusyHighSeen, &o.SteerBusyHighSeen},
+		{steerMapSteerQueuedHighSeen, &o.SteerQueuedHighSeen},
 		{steerMapSteerPassedTick, &o.SteerPassedTick},
 		{steerMapSteerQueues, &o.SteerQueues},
 		{steerMapSteerQmaps, &o.SteerQmaps},

@@ -127,6 +127,14 @@ func (d *Datapath) SetConfig(c Config) error {
 			return fmt.Errorf("resetting the last bulk frame's time: %w", err)
 		}
 	}
+	// The same for bulk=auto's two clocks.
+	if k.BulkAutoMs != 0 && cur.BulkAutoMs == 0 {
+		for _, m := range []*ebpf.Map{d.objs.SteerBusyHighSeen, d.objs.SteerQueuedHighSeen} {
+			if err := m.Put(uint32(0), uint64(0)); err != nil {
+				return fmt.Errorf("resetting the last high-priority frame's time: %w", err)
+			}
+		}
+	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
 		return fmt.Errorf("writing steer config: %w", err)
 	}
@@ -177,6 +185,7 @@ func encodeConfig(c Config) steerSteerCfg {
 	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
 	k.HighAutoPps = c.HighAutoPPS
 	k.BulkQuietMs = uint32(c.BulkQuiet / time.Millisecond)
+	k.BulkAutoMs = uint32(c.BulkAuto / time.Millisecond)
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -255,6 +264,7 @@ func (d *Datapath) configOnly() (Config, error) {
 		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
 		HighAutoPPS:    k.HighAutoPps,
 		BulkQuiet:      time.Duration(k.BulkQuietMs) * time.Millisecond,
+		BulkAuto:       time.Duration(k.BulkAutoMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

@@ -17,8 +17,8 @@ import (
 // lanes_prism_bulk_quiet. Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
-	dir                                           string
-	frames, quiet, last, queue, inline, bulkQuiet *prometheus.Desc
+	dir                                                       string
+	frames, quiet, last, queue, inline, bulkQuiet, besideBusy *prometheus.Desc
 }
 
 // NewCollector collects from the datapath pinned in dir.
@@ -35,6 +35,8 @@ func NewCollector(dir string) *Collector {
 			"Priority rules whose flows run their first stage in the NIC poll now (prism high=auto, switched rule by rule by lanes agent); 0 while every rule's flows take the high-priority queue.", nil, nil),
 		bulkQuiet: prometheus.NewDesc("lanes_prism_bulk_quiet",
 			"1 while no bulk frame came for the bulk quiet time (prism bulk-quiet, with high=auto): every high-priority flow runs in the NIC poll.", nil, nil),
+		besideBusy: prometheus.NewDesc("lanes_prism_bulk_beside_busy",
+			"1 while bulk runs in the NIC poll because every high-priority frame of the window ran there as a busy rule's (prism bulk=auto).", nil, nil),
 		queue: prometheus.NewDesc("lanes_steer_queue_frames_total",
 			"Frames through each core's split-stage queues (cpumap, both classes): enqueued, seen (out), dropped_ring (the ring was full), dropped_kthread (no skb), lost (booked by lanes agent).",
 			[]string{"core", "event"}, nil),
@@ -71,6 +73,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.queue
 	ch <- c.inline
 	ch <- c.bulkQuiet
+	ch <- c.besideBusy
 }
 
 // Collect reads the datapath; a datapath that is gone or unreadable
@@ -109,6 +112,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if bs, _, err := openMaps(c.dir, []string{steerMapSteerBulkSeen}); err == nil {
 			if quiet, _, _, err := bs.BulkQuiet(cfg.BulkQuiet); err == nil {
 				ch <- prometheus.MustNewConstMetric(c.bulkQuiet, prometheus.GaugeValue, b2f(quiet))
+			}
+			bs.Close()
+		}
+	}
+	if cfg.BulkAuto != 0 && cfg.HighAutoPPS != 0 {
+		if bs, _, err := openMaps(c.dir, []string{steerMapSteerBusyHighSeen, steerMapSteerQueuedHighSeen}); err == nil {
+			if on, err := bs.BulkBesideBusy(cfg.BulkAuto); err == nil {
+				ch <- prometheus.MustNewConstMetric(c.besideBusy, prometheus.GaugeValue, b2f(on))
 			}
 			bs.Close()
 		}

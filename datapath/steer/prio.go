@@ -312,6 +312,19 @@ func (d *Datapath) BulkQuietNow() (bool, error) {
 	return quiet, err
 }
 
+// BulkBesideBusy says whether steer_xdp runs bulk in the NIC poll now
+// beside busy marked flows (Config.BulkAuto, window w): a busy rule's
+// high-priority frame ran in the NIC poll within QuietAfter(w), and none
+// took its queue in that time.
+func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
+	noBusy, _, _, err := quietOf(d.objs.SteerBusyHighSeen, "busy high-priority", w)
+	if err != nil || noBusy {
+		return false, err
+	}
+	noQueued, _, _, err := quietOf(d.objs.SteerQueuedHighSeen, "queued high-priority", w)
+	return noQueued, err
+}
+
 // sinceStamp reads a coarse-clock stamp map (steer_prio_seen,
 // steer_bulk_seen) as the time since.
 func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err error) {

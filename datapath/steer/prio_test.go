@@ -742,3 +742,88 @@ func TestPrioBulkQuiet(t *testing.T) {
 		t.Error("bulk stamped with bulk quiet off")
 	}
 }
+
+// PRISM's bulk=auto (Config.BulkAuto): bulk flows run in the NIC poll
+// while every high-priority frame of the window ran there as a busy
+// rule's (its high=auto switch on), and take their queue again once a
+// marked frame takes its queue; each way with the fast move, so no frame
+// overtakes the flow's earlier ones. Neither before a busy rule's first
+// frame nor once the window passed without one.
+func TestPrioBulkAuto(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	busyRule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.Flowlet, cfg.BulkAuto = true, time.Hour, 20*time.Millisecond
+	if err := d.SetConfig(cfg); err == nil {
+		t.Error("bulk auto without high=auto accepted")
+	}
+	cfg.HighAutoPPS = 5000
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); got.BulkAuto != 20*time.Millisecond {
+		t.Fatalf("config %+v does not read back BulkAuto", got)
+	}
+	busy := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
+	light := flowSpec{src: innerSrc, dst: innerDst, sport: 5001, dport: 8888, proto: protoUDP}
+	bulk := udpFlow(6000)
+	step := func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
+		t.Helper()
+		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || fl.InFlight != inflight || fl.CPUIndex != cpu {
+			t.Errorf("%s: verdict %d in flight %d on %d (%+v), want %d %d on %d", name, ret, fl.InFlight, fl.CPUIndex, fl, verdict, inflight, cpu)
+		}
+	}
+	besideBusy := func(name string, want bool) {
+		t.Helper()
+		if got, err := d.BulkBesideBusy(cfg.BulkAuto); got != want || err != nil {
+			t.Errorf("%s: bulk beside busy %v (%v), want %v", name, got, err, want)
+		}
+	}
+	besideBusy("no marked frame yet", false)
+	step("no busy rule: bulk in its queue", bulk, xdpRedirect, 1, 0)
+	if err := d.SetHighInline(busyRule, true); err != nil {
+		t.Fatal(err)
+	}
+	step("a busy rule's flow starts in the NIC poll", busy, xdpPass, 0, Stay)
+	besideBusy("a busy rule's frame, none queued", true)
+	step("beside busy, one in flight: bulk stays in its queue", bulk, xdpRedirect, 2, 0)
+	drainFlows(t, d)
+	step("beside busy, none in flight: bulk in the NIC poll", bulk, xdpPass, 1, Stay)
+	drainFlows(t, d)
+	step("a light rule's frame takes its queue", light, xdpRedirect, 1, 0)
+	besideBusy("a queued marked frame", false)
+	step("a queued marked frame, bulk counted out of the NIC poll: back in its queue at once", bulk, xdpRedirect, 1, 0)
+	drainFlows(t, d)
+	// The window: the queued frame long ago, the busy one now: beside
+	// busy again; the busy one long ago too: not.
+	if err := d.objs.SteerQueuedHighSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	step("a busy rule's frame", busy, xdpPass, 0, Stay)
+	besideBusy("the queued frame 1s ago", true)
+	if err := d.objs.SteerBusyHighSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	besideBusy("both 1s ago", false)
+	drainFlows(t, d)
+	step("no marked frame in the window: bulk keeps its queue", bulk, xdpRedirect, 1, 0)
+	// Turning it on again starts both clocks afresh.
+	cfg.BulkAuto = 0
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.BulkAuto = 20 * time.Millisecond
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*ebpf.Map{d.objs.SteerBusyHighSeen, d.objs.SteerQueuedHighSeen} {
+		var v uint64
+		if err := m.Lookup(uint32(0), &v); err != nil || v != 0 {
+			t.Errorf("%s: %d (%v) after bulk auto was turned on, want 0", m, v, err)
+		}
+	}
+}

@@ -169,6 +169,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			if len(st.HighInline) > 0 {
 				fmt.Fprintf(out, "  the flows of %s run in the NIC poll now (high=auto: the agent found them busy)\n", strings.Join(st.HighInline, ", "))
 			}
+			if st.BulkAutoMs > 0 && st.BulkBesideBusy {
+				fmt.Fprintf(out, "  bulk=auto: bulk flows run in the NIC poll now: every high-priority frame of the last %dms ran there as a busy rule's\n", st.BulkAutoMs)
+			} else if st.BulkAutoMs > 0 {
+				fmt.Fprintf(out, "  bulk=auto: bulk flows take the bulk queue (a high-priority frame took its queue in the last %dms, or no busy rule's frame came)\n", st.BulkAutoMs)
+			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}
 		if st.Sync {

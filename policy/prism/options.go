@@ -123,7 +123,15 @@ type Options struct {
 	// what the queue costs: measured on 2 cores (2026-11-23, Intel VM,
 	// 65% background) the receive kthreads took 1175 ms of the receive
 	// core in 2 s against vanilla's 973 ms, and memcached on that core got
-	// 322 ms against 469.
+	// 322 ms against 469. Or "auto" (with high=auto): the queue, and the
+	// NIC poll while every high-priority frame of the last BulkAutoWindow
+	// ran there as a busy rule's (steer_xdp decides frame by frame, see
+	// steer.Config.BulkAuto): with no marked frame queued, bulk's hop
+	// preempts nothing. Why: on 2 cores (Intel VM, 2026-11-25 14:48-15:05
+	// UTC, 65% background) a marked memcached got 0.58x and 0.65x of
+	// vanilla's request rate with bulk queued beside it (its p99 3.9x and
+	// 2.3x), 0.77x with bulk=inline (p99 1.11x), which also gave the
+	// background 1.00x instead of 0.80-0.92x.
 	Bulk string
 	// BulkSched is the fair scheduling policy of the bulk queue's
 	// kthread, which does all of a bulk frame's receive work after XDP
@@ -180,6 +188,7 @@ const (
 	HighAuto   = "auto"
 	BulkQueue  = "queue"
 	BulkInline = "inline"
+	BulkAuto   = "auto"
 
 	NetfilterCheck = "check"
 	NetfilterTrust = "trust"
@@ -191,6 +200,12 @@ const (
 	VethShared = "shared"
 	VethClass  = "class"
 )
+
+// BulkAutoWindow is bulk=auto's window: bulk runs in the NIC poll while
+// every high-priority frame of the last BulkAutoWindow ran there as a busy
+// rule's. A light marked flow sending at least every 20 ms (PRISM's
+// ping-pong sends every 1 ms) keeps bulk queued all the time.
+const BulkAutoWindow = 20 * time.Millisecond
 
 // Defaults follow the paper: batch mode, everything on one core. BulkSched
 // and High are left empty: Parse resolves them (bulkSchedDefault,
@@ -274,7 +289,7 @@ var params = []plan.Param{
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
-	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies) or inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary)"},
+	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last 20ms ran there as a busy rule's)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
@@ -345,8 +360,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 			autoPPS = true
 		case "bulk":
-			if v != BulkQueue && v != BulkInline {
-				err = fmt.Errorf("want %s or %s", BulkQueue, BulkInline)
+			if v != BulkQueue && v != BulkInline && v != BulkAuto {
+				err = fmt.Errorf("want %s, %s or %s", BulkQueue, BulkInline, BulkAuto)
 			}
 			o.Bulk = v
 		case "bulk-sched":
@@ -403,6 +418,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.High == HighAuto && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them", o.highBy)
+	}
+	if o.Bulk == BulkAuto && o.High != HighAuto {
+		return o, fmt.Errorf("prism bulk=auto runs bulk in the NIC poll beside the busy rules high=auto runs there, but high is %s: drop bulk=auto or set high=auto", o.High)
 	}
 	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
 		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)

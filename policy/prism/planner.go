@@ -149,11 +149,18 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		o.High = HighQueue
 		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)", core, why))
 	}
+	if o.Bulk == BulkAuto && o.High != HighAuto {
+		return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, core))
+	}
 	if o.High == HighAuto {
 		// The threshold goes into the datapath's config, which the agent
 		// follows: a re-apply with other settings takes effect there.
 		setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
 		setup.Config.BulkQuiet = o.BulkQuiet
+	}
+	if o.Bulk == BulkAuto {
+		setup.Config.BulkAuto = BulkAutoWindow
+		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk=auto: bulk flows run in the NIC poll while every high-priority frame of the last %v ran there as a busy rule's (no marked frame queued: the bulk queue's hop preempts nothing then); the first marked frame that takes its queue sends them back to the bulk queue, in order, and it and those right behind it find bulk still in the NIC poll", BulkAutoWindow))
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (its NAPI is not threaded and pinned)"

@@ -589,7 +589,9 @@ func TestPrismRefuses(t *testing.T) {
 		"cpu=7":                           "not among the cores",
 		"split=true":                      "has no setting",
 		"high=fast":                       "want queue, inline or auto",
-		"bulk=fast":                       "want queue or inline",
+		"bulk=fast":                       "want queue, inline or auto",
+		"bulk=auto,high=queue":            "drop bulk=auto or set high=auto",
+		"bulk=auto,cpu=0":                 "high=auto cannot run here",
 		"bulk=inline,high=inline":         "leave no class queued",
 		"bulk=inline,streamline=true":     "real-time NIC poll",
 		"bulk-sched=lowest":               "want normal, batch or idle",
@@ -916,4 +918,91 @@ func TestPrismHighAutoFallsBack(t *testing.T) {
 	}
 	stopAgent()
 	a.ResetAndCheck(t, before)
+}
+
+// TestPrismBulkAuto: with bulk=auto, unmarked bulk runs in the NIC poll
+// beside a marked flow whose rule's switch runs it there (a busy rule),
+// and lanes status says so; as the switch flips back and forth, bulk
+// moves between its queue and the NIC poll, and both flows arrive in
+// order without a move waiting out the drain time.
+func TestPrismBulkAuto(t *testing.T) {
+	c := newClassCase(t, map[string]string{"bulk": "auto", "bulk-quiet": "0"})
+	dp := c.dp
+	if cfg, err := dp.Config(); err != nil || cfg.BulkAuto != prism.BulkAutoWindow || cfg.HighAutoPPS == 0 {
+		t.Fatalf("config %+v (%v): want high=auto with bulk auto (%v)", cfg, err, prism.BulkAutoWindow)
+	}
+	rule := modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")
+	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	// What the agent does for a busy rule.
+	if err := dp.SetHighInline(rule, true); err != nil {
+		t.Fatal(err)
+	}
+	other := c.bed.Receiver().Containers[1]
+	// The marked stream outlasts the bulk one, so the status is read
+	// while the marked flow still runs.
+	marked := overlaytest.Stream{Count: 40000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}
+	bulkStream := overlaytest.Stream{Count: 1000, Size: 200, Burst: 20, Pause: time.Millisecond, CPU: 1}
+	st0, _ := dp.Stats()
+	var bulk overlaytest.StreamResult
+	var besideBusy bool
+	m := marked
+	m.During = func() {
+		bulk = bulkStream.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr())
+		st, err := control.Status(control.StatusOptions{NetNS: c.a.NS, StateDir: c.a.StateDir, Sample: 10 * time.Millisecond})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if st.Steering == nil || st.Steering.BulkAutoMs != prism.BulkAutoWindow.Milliseconds() {
+			t.Errorf("status %+v: want bulk auto (%v)", st.Steering, prism.BulkAutoWindow)
+			return
+		}
+		besideBusy = st.Steering.BulkBesideBusy
+	}
+	res := m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	overlaytest.InOrder(t, "marked stream, its rule inline", res)
+	overlaytest.InOrder(t, "bulk beside it", bulk)
+	st1, _ := dp.Stats()
+	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Steered > uint64(bulk.Received)/4 {
+		t.Errorf("split stage %+v: %d of %d bulk datagrams queued beside a busy rule's flow, want them in the NIC poll", d, d.Steered, bulk.Received)
+	}
+	if !besideBusy {
+		t.Error("lanes status did not say bulk runs in the NIC poll beside the busy rule's flow")
+	}
+	// The switch flips every 20 ms: the marked flow takes its queue and
+	// leaves it, and bulk follows.
+	stop := make(chan struct{})
+	flipped := make(chan error, 1)
+	go func() {
+		on := true
+		for {
+			select {
+			case <-stop:
+				flipped <- nil
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			on = !on
+			if err := dp.SetHighInline(rule, on); err != nil {
+				flipped <- err
+				return
+			}
+		}
+	}()
+	m.During = func() { bulk = bulkStream.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr()) }
+	res = m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	close(stop)
+	if err := <-flipped; err != nil {
+		t.Fatal(err)
+	}
+	overlaytest.InOrder(t, "marked stream, its switch flipping", res)
+	overlaytest.InOrder(t, "bulk beside it", bulk)
+	st2, _ := dp.Stats()
+	tookBothPaths(t, "bulk beside a flipping switch", st1[steer.StageSplit], st2[steer.StageSplit], true)
+	if d := st2[steer.StageSplit].Sub(st1[steer.StageSplit]); d.Undrained != 0 {
+		t.Errorf("split stage %+v: a move waited out the drain time", d)
+	}
+	c.reset(t)
 }
