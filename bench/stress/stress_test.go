@@ -229,8 +229,13 @@ func loadTestGen(t *testing.T, tg Target, cfg GenConfig) *Generator {
 	return g
 }
 
+// genMeta is GEN_META of xdp_gen.c: the metadata every generated frame
+// carries.
+const genMeta = 4
+
 // The program writes the sequence and the source ports at the offsets
-// frame.go builds, for both layouts, and nothing else.
+// frame.go builds, for both layouts, and nothing else (and 4 zero bytes
+// of metadata before them).
 func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
 	const flows, runLen = 3, 2
 	cfg := GenConfig{Flows: flows, RunLen: runLen, SrcPort: 30000, OuterSrcPort: 40000, DstPort: 7000}
@@ -265,7 +270,9 @@ func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
 						data[i] ^= 0x5a
 					}
 				}
-				out := make([]byte, len(in))
+				// The output starts with the metadata every frame
+				// carries (GEN_META in xdp_gen.c): 4 zero bytes.
+				out := make([]byte, genMeta+len(in))
 				ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: data, DataOut: out})
 				if err != nil {
 					t.Fatal(err)
@@ -281,6 +288,10 @@ func TestXDPGenRewritesOnlySeqAndPorts(t *testing.T) {
 				}
 				binary.BigEndian.PutUint16(want[c.sport:], uint16(30000+flow))
 				next[flow]++
+				if !bytes.Equal(out[:genMeta], make([]byte, genMeta)) {
+					t.Fatalf("packet %d: metadata % x, want %d zero bytes", k, out[:genMeta], genMeta)
+				}
+				out = out[genMeta:]
 				if !bytes.Equal(out, want) {
 					t.Fatalf("packet %d (flow %d):\n got % x\nwant % x", k, flow, out, want)
 				}

@@ -29,6 +29,9 @@
 
 #include "vxlan.h"
 
+/* Metadata every generated frame carries (see the redirect below). */
+#define GEN_META 4
+
 char __license[] SEC("license") = "Dual MIT/GPL";
 
 #define MAX_FLOWS 4096
@@ -227,6 +230,28 @@ int xdp_gen(struct xdp_md *ctx)
 		*(__be64 *)((void *)f + __builtin_offsetof(struct frame, seq)) = bpf_cpu_to_be64(*seq);
 		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, udp.source)) = bpf_htons(outer_sport + flow);
 		*(__be16 *)((void *)f + __builtin_offsetof(struct frame, inner_udp.source)) = bpf_htons(inner_sport + flow);
+	}
+
+	/*
+	 * Exactly GEN_META bytes of (zeroed) metadata leave with every frame.
+	 * A live frame's page comes back from the receiver that freed it, and
+	 * the kernel reuses the frame head stored in it as is unless this run
+	 * changed the frame's bounds: a receiver's writes there (its own
+	 * redirect rebuilds that head) then leave with the next frame. lanes'
+	 * steer_xdp saw 216 bytes of metadata on such frames (2026-11-25, 6.18),
+	 * could add none of its own and stopped trusting its queue counts.
+	 * Setting the metadata changes the bounds, so the head is rebuilt from
+	 * this run's frame every time.
+	 */
+	{
+		void *meta = (void *)(long)ctx->data_meta;
+		void *start = (void *)(long)ctx->data;
+
+		if (meta <= start && bpf_xdp_adjust_meta(ctx, (int)(start - meta) - GEN_META) == 0) {
+			meta = (void *)(long)ctx->data_meta;
+			if (meta + GEN_META <= (void *)(long)ctx->data)
+				*(__u32 *)meta = 0;
+		}
 	}
 
 	/* XDP_DROP, not XDP_ABORTED, when the devmap slot is empty. */
