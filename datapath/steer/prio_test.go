@@ -641,18 +641,7 @@ func TestRuleMatchesLikeTheProgram(t *testing.T) {
 func TestPrioBulkQuiet(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
-	cfg, _ := d.Config()
-	cfg.PrioIdleInline, cfg.Flowlet, cfg.BulkQuiet = true, time.Hour, 20*time.Millisecond
-	if err := d.SetConfig(cfg); err == nil {
-		t.Error("bulk quiet without high=auto accepted")
-	}
-	cfg.HighAutoPPS = 5000
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := d.Config(); got.BulkQuiet != 20*time.Millisecond {
-		t.Fatalf("config %+v does not read back BulkQuiet", got)
-	}
+	cfg := highAutoConfig(t, d, "bulk quiet", func(c *Config) *time.Duration { return &c.BulkQuiet })
 	bulk := udpFlow(6000)
 	// No rule yet: nothing is high priority, and bulk frames are not
 	// stamped (no clock read on the busy path for nobody).
@@ -662,14 +651,7 @@ func TestPrioBulkQuiet(t *testing.T) {
 	}
 	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
 	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
-	step := func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
-		t.Helper()
-		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
-		fl := mustFlow(t, d, f, StageSplit)
-		if ret != verdict || fl.InFlight != inflight || fl.CPUIndex != cpu {
-			t.Errorf("%s: verdict %d in flight %d on %d (%+v), want %d %d on %d", name, ret, fl.InFlight, fl.CPUIndex, fl, verdict, inflight, cpu)
-		}
-	}
+	step := placeStep(t, d)
 	if quiet, _, seen, err := d.BulkQuiet(cfg.BulkQuiet); !quiet || seen || err != nil {
 		t.Fatalf("before any bulk frame: quiet %v, seen %v (%v)", quiet, seen, err)
 	}
@@ -743,6 +725,40 @@ func TestPrioBulkQuiet(t *testing.T) {
 	}
 }
 
+// highAutoConfig applies high=auto's config with one of its timed settings
+// (field, set to 20ms), after checking that the datapath refuses that
+// setting without high=auto, and returns it.
+func highAutoConfig(t *testing.T, d *Datapath, what string, field func(*Config) *time.Duration) Config {
+	t.Helper()
+	cfg, _ := d.Config()
+	cfg.PrioIdleInline, cfg.Flowlet = true, time.Hour
+	*field(&cfg) = 20 * time.Millisecond
+	if err := d.SetConfig(cfg); err == nil {
+		t.Errorf("%s without high=auto accepted", what)
+	}
+	cfg.HighAutoPPS = 5000
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); *field(&got) != 20*time.Millisecond {
+		t.Fatalf("config %+v does not read back its %s time", got, what)
+	}
+	return cfg
+}
+
+// placeStep returns a check that runs one frame of a flow through
+// steer_xdp and compares its verdict and where the flow is now.
+func placeStep(t *testing.T, d *Datapath) func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
+	return func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
+		t.Helper()
+		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || fl.InFlight != inflight || fl.CPUIndex != cpu {
+			t.Errorf("%s: verdict %d in flight %d on %d (%+v), want %d %d on %d", name, ret, fl.InFlight, fl.CPUIndex, fl, verdict, inflight, cpu)
+		}
+	}
+}
+
 // PRISM's bulk=auto (Config.BulkAuto): bulk flows run in the NIC poll
 // while every high-priority frame of the window ran there as a busy
 // rule's (its high=auto switch on), and take their queue again once a
@@ -754,29 +770,11 @@ func TestPrioBulkAuto(t *testing.T) {
 	d := prioDatapath(t, true, time.Hour)
 	busyRule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
 	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
-	cfg, _ := d.Config()
-	cfg.PrioIdleInline, cfg.Flowlet, cfg.BulkAuto = true, time.Hour, 20*time.Millisecond
-	if err := d.SetConfig(cfg); err == nil {
-		t.Error("bulk auto without high=auto accepted")
-	}
-	cfg.HighAutoPPS = 5000
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := d.Config(); got.BulkAuto != 20*time.Millisecond {
-		t.Fatalf("config %+v does not read back BulkAuto", got)
-	}
+	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
 	busy := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
 	light := flowSpec{src: innerSrc, dst: innerDst, sport: 5001, dport: 8888, proto: protoUDP}
 	bulk := udpFlow(6000)
-	step := func(name string, f flowSpec, verdict uint32, inflight int64, cpu uint32) {
-		t.Helper()
-		ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
-		fl := mustFlow(t, d, f, StageSplit)
-		if ret != verdict || fl.InFlight != inflight || fl.CPUIndex != cpu {
-			t.Errorf("%s: verdict %d in flight %d on %d (%+v), want %d %d on %d", name, ret, fl.InFlight, fl.CPUIndex, fl, verdict, inflight, cpu)
-		}
-	}
+	step := placeStep(t, d)
 	besideBusy := func(name string, want bool) {
 		t.Helper()
 		if got, err := d.BulkBesideBusy(cfg.BulkAuto); got != want || err != nil {

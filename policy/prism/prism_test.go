@@ -877,14 +877,22 @@ func TestPrismBulkQuiet(t *testing.T) {
 	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0, During: func() {
 		bulk = overlaytest.Stream{Count: 600, Size: 200, Burst: 20, Pause: 30 * time.Millisecond, CPU: 1}.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr())
 	}}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
-	overlaytest.InOrder(t, "marked stream while bulk comes and goes", res)
-	overlaytest.InOrder(t, "bulk in bursts", bulk)
+	movedInOrder(t, dp, "bulk in bursts", res, bulk, st1)
+	c.reset(t)
+}
+
+// movedInOrder checks that a marked stream and the bulk stream beside it
+// arrived in order, and that since st1 bulk took both paths (its queue and
+// the NIC poll) without a move waiting out the drain time.
+func movedInOrder(t *testing.T, dp *steer.Datapath, what string, marked, bulk overlaytest.StreamResult, st1 [steer.NumStages]steer.Counters) {
+	t.Helper()
+	overlaytest.InOrder(t, "marked stream, "+what, marked)
+	overlaytest.InOrder(t, what, bulk)
 	st2, _ := dp.Stats()
-	tookBothPaths(t, "bulk in bursts", st1[steer.StageSplit], st2[steer.StageSplit], true)
+	tookBothPaths(t, what, st1[steer.StageSplit], st2[steer.StageSplit], true)
 	if d := st2[steer.StageSplit].Sub(st1[steer.StageSplit]); d.Undrained != 0 {
 		t.Errorf("split stage %+v: a move waited out the drain time", d)
 	}
-	c.reset(t)
 }
 
 // TestPrismHighAutoFallsBack: where the NIC is not polled on the receive
@@ -997,12 +1005,6 @@ func TestPrismBulkAuto(t *testing.T) {
 	if err := <-flipped; err != nil {
 		t.Fatal(err)
 	}
-	overlaytest.InOrder(t, "marked stream, its switch flipping", res)
-	overlaytest.InOrder(t, "bulk beside it", bulk)
-	st2, _ := dp.Stats()
-	tookBothPaths(t, "bulk beside a flipping switch", st1[steer.StageSplit], st2[steer.StageSplit], true)
-	if d := st2[steer.StageSplit].Sub(st1[steer.StageSplit]); d.Undrained != 0 {
-		t.Errorf("split stage %+v: a move waited out the drain time", d)
-	}
+	movedInOrder(t, dp, "bulk beside a flipping switch", res, bulk, st1)
 	c.reset(t)
 }
