@@ -17,7 +17,10 @@
  * its TTL, fixes its checksum and writes a new Ethernet header in place,
  * whose 16-byte aligned copy (the neighbour's cached header) also zeroes the
  * VNI's last byte. So every run writes all headers back from hdr, then
- * what differs between packets (sequence, both source ports). All runs of one program happen on the single generator thread,
+ * what differs between packets (sequence, both source ports). The frame
+ * head the kernel keeps in the page is reused the same way unless a run
+ * changes the frame's bounds, so every run also sets 4 bytes of metadata
+ * (GEN_META, below). All runs of one program happen on the single generator thread,
  * so the plain (non-atomic) updates of the ARRAY maps below are race free.
  */
 #include <linux/bpf.h>
@@ -139,7 +142,7 @@ struct {
 struct gen_stats {
 	__u64 sent;  /* runs that ended in XDP_REDIRECT: the offered packets */
 	__u64 held;  /* runs the pacer dropped because the packet was not due yet */
-	__u64 error; /* runs dropped for any other reason (short frame, empty devmap) */
+	__u64 error; /* runs dropped for any other reason (short frame, empty devmap, no room for GEN_META) */
 	__u64 stall; /* times the pacer found itself more than burst_fp behind and forgave the backlog */
 	__u64 late;  /* packets (first of a train) sent more than one interval behind their schedule: catch-up */
 };
@@ -247,11 +250,13 @@ int xdp_gen(struct xdp_md *ctx)
 		void *meta = (void *)(long)ctx->data_meta;
 		void *start = (void *)(long)ctx->data;
 
-		if (meta <= start && bpf_xdp_adjust_meta(ctx, (int)(start - meta) - GEN_META) == 0) {
-			meta = (void *)(long)ctx->data_meta;
-			if (meta + GEN_META <= (void *)(long)ctx->data)
-				*(__u32 *)meta = 0;
-		}
+		/* Not sent without: it would take the stale head along. */
+		if (meta > start || bpf_xdp_adjust_meta(ctx, (int)(start - meta) - GEN_META))
+			goto out;
+		meta = (void *)(long)ctx->data_meta;
+		if (meta + GEN_META > (void *)(long)ctx->data)
+			goto out;
+		*(__u32 *)meta = 0;
 	}
 
 	/* XDP_DROP, not XDP_ABORTED, when the devmap slot is empty. */

@@ -127,8 +127,10 @@ func (d *Datapath) SetConfig(c Config) error {
 			return fmt.Errorf("resetting the last bulk frame's time: %w", err)
 		}
 	}
-	// The same for bulk=auto's two clocks.
-	if k.BulkAutoMs != 0 && cur.BulkAutoMs == 0 {
+	// The same for bulk=auto's two clocks, and on every new config with
+	// it: the switches were just cleared, so a busy stamp from before
+	// would send bulk into the NIC poll beside no busy rule.
+	if k.BulkAutoMs != 0 {
 		for _, m := range []*ebpf.Map{d.objs.SteerBusyHighSeen, d.objs.SteerQueuedHighSeen} {
 			if err := m.Put(uint32(0), uint64(0)); err != nil {
 				return fmt.Errorf("resetting the last high-priority frame's time: %w", err)

@@ -13,8 +13,9 @@ import (
 // lanes_prism_since_high_seconds; and lanes_steer_queue_frames_total{core,
 // event}, each core's split-stage queues' frames in, out and dropped; with
 // priority classes lanes_prism_high_inline (the number of rules whose
-// flows high=auto runs in the NIC poll) and, with bulk-quiet,
-// lanes_prism_bulk_quiet. Reading at scrape time keeps the
+// flows high=auto runs in the NIC poll), with bulk-quiet
+// lanes_prism_bulk_quiet, and with bulk=auto lanes_prism_bulk_beside_busy.
+// Reading at scrape time keeps the
 // counters' own source of truth: the datapath's per-CPU maps.
 type Collector struct {
 	dir                                                       string

@@ -825,3 +825,23 @@ func TestPrioBulkAuto(t *testing.T) {
 		}
 	}
 }
+
+// PRISM's timed settings (quiet, high=auto's threshold, bulk-quiet,
+// bulk=auto) survive the knob's value: what apply journals and reset and
+// the follower read back.
+func TestPrioSetupRoundTrip(t *testing.T) {
+	in := Config{Enabled: true, Prio: true, CountSplit: true, PrioIdleInline: true, CPUs: []int{1},
+		PrioQuiet: time.Second, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, BulkAuto: 20 * time.Millisecond}
+	v, err := Setup{Config: in}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := DecodeSetup(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Config
+	if got.PrioQuiet != in.PrioQuiet || got.HighAutoPPS != in.HighAutoPPS || got.BulkQuiet != in.BulkQuiet || got.BulkAuto != in.BulkAuto || !got.PrioIdleInline {
+		t.Errorf("knob value %s decodes to %+v", v, got)
+	}
+}

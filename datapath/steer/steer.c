@@ -1847,7 +1847,7 @@ int steer_xdp(struct xdp_md *ctx)
 	__u32 idx, core, dest = 0, opts = 0;
 	__u64 cpu;
 	long ret;
-	int hi;
+	int hi, busy = 0;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(STAGE_SPLIT, CNT_DISABLED);
@@ -1873,17 +1873,10 @@ int steer_xdp(struct xdp_md *ctx)
 	}
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
 		if (hi) {
-			int busy = high_inline(cfg, &rule); /* counts the rule's frame too */
-
+			busy = high_inline(cfg, &rule); /* counts the rule's frame too */
 			seen_high(cfg);
 			if (busy || bulk_quiet(cfg))
 				opts |= PLACE_STAY;
-			/* bulk=auto's clocks: a busy rule's frame in the NIC
-			 * poll, or a frame taking its queue. */
-			if (cfg->bulk_auto_ms && busy)
-				stamp_tick(&steer_busy_high_seen);
-			else if (cfg->bulk_auto_ms && !(opts & PLACE_STAY))
-				stamp_tick(&steer_queued_high_seen);
 		} else {
 			seen_bulk(cfg);
 			if (!cfg->prio_shapes || prio_quiet(cfg) || bulk_beside_busy(cfg))
@@ -1896,6 +1889,16 @@ int steer_xdp(struct xdp_md *ctx)
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
 	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, dest != 0, opts, &st);
+	/* bulk=auto's clocks, by where the frame goes, not where its flow
+	 * is headed: a busy rule's frame running in the NIC poll, or any
+	 * other high-priority frame (queued, on sync's shortcut, or inline
+	 * for a light flow), which gains from bulk keeping its queue. */
+	if (cfg->bulk_auto_ms && hi) {
+		if (busy && idx == STAY)
+			stamp_tick(&steer_busy_high_seen);
+		else
+			stamp_tick(&steer_queued_high_seen);
+	}
 	if (idx == SYNC_IDX)
 		return sync_redirect(ctx, &ov, dest);
 	/* High-priority flows are PRISM's: never split. */

@@ -171,7 +171,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			}
 			if st.BulkAutoMs > 0 && st.BulkBesideBusy {
 				fmt.Fprintf(out, "  bulk=auto: bulk flows run in the NIC poll now: every high-priority frame of the last %dms ran there as a busy rule's\n", st.BulkAutoMs)
-			} else if st.BulkAutoMs > 0 {
+			} else if st.BulkAutoMs > 0 && len(st.Rules) > 0 && !(st.QuietMs > 0 && st.Quiet) {
 				fmt.Fprintf(out, "  bulk=auto: bulk flows take the bulk queue (a high-priority frame took its queue in the last %dms, or no busy rule's frame came)\n", st.BulkAutoMs)
 			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
