@@ -355,14 +355,7 @@ func TestMflowConfigRoundTrip(t *testing.T) {
 			got.MFlow.Threshold != m.Threshold || got.MFlow.Window != m.Window || got.NoBridgeCount != in.NoBridgeCount {
 			t.Errorf("config with %+v read back %+v", m, got)
 		}
-		v, err := Setup{Config: in}.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := DecodeSetup(v)
-		if err != nil {
-			t.Fatal(err)
-		}
+		v, s := knobRoundTrip(t, in)
 		if s.Config.MFlow.At != m.At || !slices.Equal(s.Config.MFlow.Cores, m.Cores) || s.Config.MFlow.Window != m.Window {
 			t.Errorf("knob value %s decodes to %+v", v, s.Config.MFlow)
 		}

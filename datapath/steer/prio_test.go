@@ -832,7 +832,18 @@ func TestPrioBulkAuto(t *testing.T) {
 func TestPrioSetupRoundTrip(t *testing.T) {
 	in := Config{Enabled: true, Prio: true, CountSplit: true, PrioIdleInline: true, CPUs: []int{1},
 		PrioQuiet: time.Second, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, BulkAuto: 20 * time.Millisecond}
-	v, err := Setup{Config: in}.Encode()
+	v, s := knobRoundTrip(t, in)
+	got := s.Config
+	if got.PrioQuiet != in.PrioQuiet || got.HighAutoPPS != in.HighAutoPPS || got.BulkQuiet != in.BulkQuiet || got.BulkAuto != in.BulkAuto || !got.PrioIdleInline {
+		t.Errorf("knob value %s decodes to %+v", v, got)
+	}
+}
+
+// knobRoundTrip encodes a config as the datapath knob's value and decodes
+// it back, as reset and the follower read it.
+func knobRoundTrip(t *testing.T, c Config) (string, Setup) {
+	t.Helper()
+	v, err := Setup{Config: c}.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -840,8 +851,5 @@ func TestPrioSetupRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := s.Config
-	if got.PrioQuiet != in.PrioQuiet || got.HighAutoPPS != in.HighAutoPPS || got.BulkQuiet != in.BulkQuiet || got.BulkAuto != in.BulkAuto || !got.PrioIdleInline {
-		t.Errorf("knob value %s decodes to %+v", v, got)
-	}
+	return v, s
 }
