@@ -136,6 +136,21 @@ func TestParseSockperf(t *testing.T) {
 		!strings.Contains(err.Error(), "stalled") || !strings.Contains(err.Error(), "sent 133, 132 replies") {
 		t.Errorf("stalled ping-pong: %v", err)
 	}
+	// Paced, a message lost part of the way through leaves sockperf a
+	// summary of the messages before it: a stall all the same.
+	s, err = parseSockperf(string(readTestdata(t, "sockperf_pp_udp_mps100.txt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.stalled(100); err != nil {
+		t.Errorf("155 messages in 1.54 s at 100/s: %v", err)
+	}
+	if err := s.stalled(0); err != nil {
+		t.Errorf("unpaced: %v", err)
+	}
+	if err := s.stalled(1000); err == nil || !strings.Contains(err.Error(), "stalled") || !strings.Contains(err.Error(), "155 messages") {
+		t.Errorf("155 messages in 1.54 s at 1000/s: %v", err)
+	}
 	if _, err := parseSockperf(string(readTestdata(t, "sockperf_pp_noserver.txt"))); err == nil ||
 		!strings.Contains(err.Error(), "no messages") {
 		t.Errorf("no-server output: err = %v", err)
