@@ -131,10 +131,8 @@ func (d *Datapath) SetConfig(c Config) error {
 	// it: the switches were just cleared, so a busy stamp from before
 	// would send bulk into the NIC poll beside no busy rule.
 	if k.BulkAutoMs != 0 {
-		for _, m := range []*ebpf.Map{d.objs.SteerBusyHighSeen, d.objs.SteerQueuedHighSeen} {
-			if err := m.Put(uint32(0), uint64(0)); err != nil {
-				return fmt.Errorf("resetting the last high-priority frame's time: %w", err)
-			}
+		if err := d.objs.SteerHighSeen.Put(uint32(0), steerHighSeen{}); err != nil {
+			return fmt.Errorf("resetting the last high-priority frames' times: %w", err)
 		}
 	}
 	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
@@ -1045,12 +1043,17 @@ type Counters struct {
 	// the RPS backlog, as in vanilla (steer.c's stay_direct); they count
 	// in Stayed too or, at home, in Home.
 	Direct uint64
+
+	// BulkBeside (split stage) is bulk frames that PRISM's bulk=auto
+	// (Config.BulkAuto) kept in the NIC poll beside busy marked flows;
+	// they count in Stayed too.
+	BulkBeside uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

@@ -63,6 +63,7 @@ var counterEvents = []struct {
 	{"sync_miss", func(c *Counters) uint64 { return c.SyncMiss }},
 	{"home", func(c *Counters) uint64 { return c.Home }},
 	{"direct", func(c *Counters) uint64 { return c.Direct }},
+	{"bulk_beside", func(c *Counters) uint64 { return c.BulkBeside }},
 	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
 	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},
 }
@@ -118,7 +119,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if cfg.BulkAuto != 0 && cfg.HighAutoPPS != 0 {
-		if bs, _, err := openMaps(c.dir, []string{steerMapSteerBusyHighSeen, steerMapSteerQueuedHighSeen}); err == nil {
+		if bs, _, err := openMaps(c.dir, []string{steerMapSteerHighSeen}); err == nil {
 			if on, err := bs.BulkBesideBusy(cfg.BulkAuto); err == nil {
 				ch <- prometheus.MustNewConstMetric(c.besideBusy, prometheus.GaugeValue, b2f(on))
 			}

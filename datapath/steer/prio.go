@@ -317,12 +317,16 @@ func (d *Datapath) BulkQuietNow() (bool, error) {
 // high-priority frame ran in the NIC poll within QuietAfter(w), and none
 // took its queue in that time.
 func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
-	noBusy, _, _, err := quietOf(d.objs.SteerBusyHighSeen, "busy high-priority", w)
-	if err != nil || noBusy {
+	var seen steerHighSeen
+	if err := d.objs.SteerHighSeen.Lookup(uint32(0), &seen); err != nil {
+		return false, fmt.Errorf("reading the last high-priority frames' times: %w", err)
+	}
+	now, err := monotonicNow()
+	if err != nil {
 		return false, err
 	}
-	noQueued, _, _, err := quietOf(d.objs.SteerQueuedHighSeen, "queued high-priority", w)
-	return noQueued, err
+	over := func(stamp uint64) bool { return stamp == 0 || int64(now-stamp) > int64(QuietAfter(w)) }
+	return !over(seen.Busy) && over(seen.Queued), nil
 }
 
 // sinceStamp reads a coarse-clock stamp map (steer_prio_seen,
@@ -335,11 +339,21 @@ func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err err
 	if last == 0 {
 		return 0, false, nil
 	}
-	var now unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+	now, err := monotonicNow()
+	if err != nil {
 		return 0, false, err
 	}
-	return max(0, time.Duration(now.Nano()-int64(last))), true, nil
+	return time.Duration(max(0, int64(now)-int64(last))), true, nil
+}
+
+// monotonicNow is CLOCK_MONOTONIC in ns, the clock the programs' coarse
+// stamps are on.
+func monotonicNow() (uint64, error) {
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return 0, err
+	}
+	return uint64(now.Nano()), nil
 }
 
 // HighQuiet says whether steer_xdp takes the high class for quiet under

@@ -790,7 +790,13 @@ func TestPrioBulkAuto(t *testing.T) {
 	besideBusy("a busy rule's frame, none queued", true)
 	step("beside busy, one in flight: bulk stays in its queue", bulk, xdpRedirect, 2, 0)
 	drainFlows(t, d)
+	if n := stats(t, d)[StageSplit].BulkBeside; n != 0 {
+		t.Errorf("%d bulk frames counted beside busy while the flow waited for its queue, want 0", n)
+	}
 	step("beside busy, none in flight: bulk in the NIC poll", bulk, xdpPass, 1, Stay)
+	if n := stats(t, d)[StageSplit].BulkBeside; n != 1 {
+		t.Errorf("%d bulk frames counted beside busy, want 1", n)
+	}
 	drainFlows(t, d)
 	step("a light rule's frame takes its queue", light, xdpRedirect, 1, 0)
 	besideBusy("a queued marked frame", false)
@@ -798,12 +804,13 @@ func TestPrioBulkAuto(t *testing.T) {
 	drainFlows(t, d)
 	// The window: the queued frame long ago, the busy one now: beside
 	// busy again; the busy one long ago too: not.
-	if err := d.objs.SteerQueuedHighSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+	longAgo := uint64(Now() - time.Second)
+	if err := d.objs.SteerHighSeen.Put(uint32(0), steerHighSeen{Queued: longAgo}); err != nil {
 		t.Fatal(err)
 	}
 	step("a busy rule's frame", busy, xdpPass, 0, Stay)
 	besideBusy("the queued frame 1s ago", true)
-	if err := d.objs.SteerBusyHighSeen.Put(uint32(0), uint64(Now()-time.Second)); err != nil {
+	if err := d.objs.SteerHighSeen.Put(uint32(0), steerHighSeen{Busy: longAgo, Queued: longAgo}); err != nil {
 		t.Fatal(err)
 	}
 	besideBusy("both 1s ago", false)
@@ -818,11 +825,9 @@ func TestPrioBulkAuto(t *testing.T) {
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []*ebpf.Map{d.objs.SteerBusyHighSeen, d.objs.SteerQueuedHighSeen} {
-		var v uint64
-		if err := m.Lookup(uint32(0), &v); err != nil || v != 0 {
-			t.Errorf("%s: %d (%v) after bulk auto was turned on, want 0", m, v, err)
-		}
+	var seen steerHighSeen
+	if err := d.objs.SteerHighSeen.Lookup(uint32(0), &seen); err != nil || seen != (steerHighSeen{}) {
+		t.Errorf("bulk=auto's clocks %+v (%v) after it was turned on, want none", seen, err)
 	}
 }
 

@@ -177,6 +177,7 @@ enum counter {
 	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
 	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */
 	CNT_DIRECT,      /* bridge stage: frames that stayed without a pass through the RPS backlog (stay_direct) */
+	CNT_BULK_BESIDE, /* bulk frames bulk=auto kept in the NIC poll beside busy marked flows (bulk_beside_busy) */
 	NUM_COUNTERS,
 };
 
@@ -551,20 +552,19 @@ struct {
 /* PRISM bulk=auto: when the last high-priority frame of a busy rule ran
  * in the NIC poll (high=auto's switch), and when the last one took its
  * queue (coarse clock, ns; 0: none yet). Stamped only while
- * cfg->bulk_auto_ms is set, once per tick. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
-	__type(value, __u64);
-} steer_busy_high_seen SEC(".maps");
+ * cfg->bulk_auto_ms is set, once per tick. One entry with both, so a bulk
+ * frame's question (bulk_beside_busy) costs one lookup and one clock read. */
+struct high_seen {
+	__u64 busy;
+	__u64 queued;
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);   /* always 0 */
-	__type(value, __u64);
-} steer_queued_high_seen SEC(".maps");
+	__type(value, struct high_seen);
+} steer_high_seen SEC(".maps");
 
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
  * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
@@ -800,34 +800,45 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
  * costs one store per tick. quiet_for says whether none came for ms
  * milliseconds (0: the setting is off, never quiet).
  */
-static __always_inline int quiet_for(const struct steer_cfg *cfg, void *seen, __u32 ms)
+static __always_inline int gap_over(const struct steer_cfg *cfg, __u64 stamp, __u64 now, __u32 ms)
 {
-	__u32 zero = 0;
-	__u64 *last, stamp;
-
-	if (!ms)
-		return 0;
-	last = bpf_map_lookup_elem(seen, &zero);
-	if (!last)
-		return 0;
-	stamp = *last;
 	if (!stamp)
 		return 1; /* none yet */
 	/* Both readings are the coarse clock's, so the gap can look a tick
 	 * longer than it was: coarse_lag_ns (two ticks) keeps the quiet from
 	 * starting early. Signed: a stamp written on another core after our
 	 * clock read is no gap at all. */
-	return (__s64)(bpf_ktime_get_coarse_ns() - stamp) > (__s64)((__u64)ms * 1000000 + cfg->coarse_lag_ns);
+	return (__s64)(now - stamp) > (__s64)((__u64)ms * 1000000 + cfg->coarse_lag_ns);
+}
+
+static __always_inline int quiet_for(const struct steer_cfg *cfg, void *seen, __u32 ms)
+{
+	__u32 zero = 0;
+	__u64 *last;
+
+	if (!ms)
+		return 0;
+	last = bpf_map_lookup_elem(seen, &zero);
+	if (!last)
+		return 0;
+	return gap_over(cfg, *last, bpf_ktime_get_coarse_ns(), ms);
+}
+
+static __always_inline void stamp_at(__u64 *last)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (*last != now)
+		*last = now;
 }
 
 static __always_inline void stamp_tick(void *seen)
 {
 	__u32 zero = 0;
 	__u64 *last = bpf_map_lookup_elem(seen, &zero);
-	__u64 now = bpf_ktime_get_coarse_ns();
 
-	if (last && *last != now)
-		*last = now;
+	if (last)
+		stamp_at(last);
 }
 
 /*
@@ -879,9 +890,33 @@ static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
  */
 static __always_inline int bulk_beside_busy(const struct steer_cfg *cfg)
 {
-	__u32 ms = cfg->bulk_auto_ms;
+	__u32 zero = 0, ms = cfg->bulk_auto_ms;
+	struct high_seen *seen;
+	__u64 now;
 
-	return ms && !quiet_for(cfg, &steer_busy_high_seen, ms) && quiet_for(cfg, &steer_queued_high_seen, ms);
+	if (!ms)
+		return 0;
+	seen = bpf_map_lookup_elem(&steer_high_seen, &zero);
+	if (!seen)
+		return 0;
+	now = bpf_ktime_get_coarse_ns();
+	return !gap_over(cfg, seen->busy, now, ms) && gap_over(cfg, seen->queued, now, ms);
+}
+
+/* bulk=auto's clocks, by where a high-priority frame goes, not where its
+ * flow is headed: a busy rule's frame running in the NIC poll, or any
+ * other (queued, on sync's shortcut, or inline for a light flow), which
+ * gains from bulk keeping its queue. */
+static __always_inline void seen_high_placed(const struct steer_cfg *cfg, int busy_inline)
+{
+	__u32 zero = 0;
+	struct high_seen *seen;
+
+	if (!cfg->bulk_auto_ms)
+		return;
+	seen = bpf_map_lookup_elem(&steer_high_seen, &zero);
+	if (seen)
+		stamp_at(busy_inline ? &seen->busy : &seen->queued);
 }
 
 /* Only while a rule exists: without one no frame is high priority, and
@@ -1847,7 +1882,7 @@ int steer_xdp(struct xdp_md *ctx)
 	__u32 idx, core, dest = 0, opts = 0;
 	__u64 cpu;
 	long ret;
-	int hi, busy = 0;
+	int hi, busy = 0, beside = 0;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(STAGE_SPLIT, CNT_DISABLED);
@@ -1879,8 +1914,12 @@ int steer_xdp(struct xdp_md *ctx)
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
-			if (!cfg->prio_shapes || prio_quiet(cfg) || bulk_beside_busy(cfg))
+			if (!cfg->prio_shapes || prio_quiet(cfg)) {
 				opts |= PLACE_STAY;
+			} else if (bulk_beside_busy(cfg)) {
+				opts |= PLACE_STAY;
+				beside = 1;
+			}
 		}
 		/* The fast move needs every frame counted, inline ones too. */
 		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
@@ -1889,16 +1928,10 @@ int steer_xdp(struct xdp_md *ctx)
 	/* data_end - data subtracts packet pointers, which the verifier
 	 * allows only with CAP_PERFMON: the loader runs as root anyway. */
 	idx = place(cfg, &t, flow_hash(&t), STAGE_SPLIT, ctx->ingress_ifindex, data_end - data, hi, dest != 0, opts, &st);
-	/* bulk=auto's clocks, by where the frame goes, not where its flow
-	 * is headed: a busy rule's frame running in the NIC poll, or any
-	 * other high-priority frame (queued, on sync's shortcut, or inline
-	 * for a light flow), which gains from bulk keeping its queue. */
-	if (cfg->bulk_auto_ms && hi) {
-		if (busy && idx == STAY)
-			stamp_tick(&steer_busy_high_seen);
-		else
-			stamp_tick(&steer_queued_high_seen);
-	}
+	if (hi)
+		seen_high_placed(cfg, busy && idx == STAY);
+	else if (beside && idx == STAY)
+		count(STAGE_SPLIT, CNT_BULK_BESIDE); /* not while its move waits */
 	if (idx == SYNC_IDX)
 		return sync_redirect(ctx, &ov, dest);
 	/* High-priority flows are PRISM's: never split. */

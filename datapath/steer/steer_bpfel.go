@@ -22,6 +22,12 @@ type steerBpfCpumapVal struct {
 	}
 }
 
+type steerHighSeen struct {
+	_      structs.HostLayout
+	Busy   uint64
+	Queued uint64
+}
+
 type steerPassedTick struct {
 	_    structs.HostLayout
 	Tick uint64
@@ -141,39 +147,38 @@ type steerVethClassState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerAdopt          = "steer_adopt"
-	steerMapSteerBulkSeen       = "steer_bulk_seen"
-	steerMapSteerBusyHighSeen   = "steer_busy_high_seen"
-	steerMapSteerCfg            = "steer_cfg"
-	steerMapSteerCpumap         = "steer_cpumap"
-	steerMapSteerCpumapHi       = "steer_cpumap_hi"
-	steerMapSteerFlows          = "steer_flows"
-	steerMapSteerHighFrames     = "steer_high_frames"
-	steerMapSteerHighInline     = "steer_high_inline"
-	steerMapSteerMfCores        = "steer_mf_cores"
-	steerMapSteerPassedTick     = "steer_passed_tick"
-	steerMapSteerPrio           = "steer_prio"
-	steerMapSteerPrioSeen       = "steer_prio_seen"
-	steerMapSteerQmaps          = "steer_qmaps"
-	steerMapSteerQueueLost      = "steer_queue_lost"
-	steerMapSteerQueuedHighSeen = "steer_queued_high_seen"
-	steerMapSteerQueues         = "steer_queues"
-	steerMapSteerStats          = "steer_stats"
-	steerMapSteerSync           = "steer_sync"
-	steerMapSteerSyncDev        = "steer_sync_dev"
-	steerMapSteerTable          = "steer_table"
-	steerMapSteerVethClass      = "steer_veth_class"
-	steerMapSteerVni            = "steer_vni"
-	steerProgSteerDropsKthread  = "steer_drops_kthread"
-	steerProgSteerDropsRing     = "steer_drops_ring"
-	steerProgSteerDropsSkb      = "steer_drops_skb"
-	steerProgSteerTcEgress      = "steer_tc_egress"
-	steerProgSteerTcIngress     = "steer_tc_ingress"
-	steerProgSteerTcSeen        = "steer_tc_seen"
-	steerProgSteerTcSplitSeen   = "steer_tc_split_seen"
-	steerProgSteerTcVethClass   = "steer_tc_veth_class"
-	steerProgSteerTcVethSeen    = "steer_tc_veth_seen"
-	steerProgSteerXdp           = "steer_xdp"
+	steerMapSteerAdopt         = "steer_adopt"
+	steerMapSteerBulkSeen      = "steer_bulk_seen"
+	steerMapSteerCfg           = "steer_cfg"
+	steerMapSteerCpumap        = "steer_cpumap"
+	steerMapSteerCpumapHi      = "steer_cpumap_hi"
+	steerMapSteerFlows         = "steer_flows"
+	steerMapSteerHighFrames    = "steer_high_frames"
+	steerMapSteerHighInline    = "steer_high_inline"
+	steerMapSteerHighSeen      = "steer_high_seen"
+	steerMapSteerMfCores       = "steer_mf_cores"
+	steerMapSteerPassedTick    = "steer_passed_tick"
+	steerMapSteerPrio          = "steer_prio"
+	steerMapSteerPrioSeen      = "steer_prio_seen"
+	steerMapSteerQmaps         = "steer_qmaps"
+	steerMapSteerQueueLost     = "steer_queue_lost"
+	steerMapSteerQueues        = "steer_queues"
+	steerMapSteerStats         = "steer_stats"
+	steerMapSteerSync          = "steer_sync"
+	steerMapSteerSyncDev       = "steer_sync_dev"
+	steerMapSteerTable         = "steer_table"
+	steerMapSteerVethClass     = "steer_veth_class"
+	steerMapSteerVni           = "steer_vni"
+	steerProgSteerDropsKthread = "steer_drops_kthread"
+	steerProgSteerDropsRing    = "steer_drops_ring"
+	steerProgSteerDropsSkb     = "steer_drops_skb"
+	steerProgSteerTcEgress     = "steer_tc_egress"
+	steerProgSteerTcIngress    = "steer_tc_ingress"
+	steerProgSteerTcSeen       = "steer_tc_seen"
+	steerProgSteerTcSplitSeen  = "steer_tc_split_seen"
+	steerProgSteerTcVethClass  = "steer_tc_veth_class"
+	steerProgSteerTcVethSeen   = "steer_tc_veth_seen"
+	steerProgSteerXdp          = "steer_xdp"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -234,29 +239,28 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerAdopt          *ebpf.MapSpec `ebpf:"steer_adopt"`
-	SteerBulkSeen       *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
-	SteerBusyHighSeen   *ebpf.MapSpec `ebpf:"steer_busy_high_seen"`
-	SteerCfg            *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap         *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi       *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerFlows          *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerHighFrames     *ebpf.MapSpec `ebpf:"steer_high_frames"`
-	SteerHighInline     *ebpf.MapSpec `ebpf:"steer_high_inline"`
-	SteerMfCores        *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPassedTick     *ebpf.MapSpec `ebpf:"steer_passed_tick"`
-	SteerPrio           *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen       *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerQmaps          *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueueLost      *ebpf.MapSpec `ebpf:"steer_queue_lost"`
-	SteerQueuedHighSeen *ebpf.MapSpec `ebpf:"steer_queued_high_seen"`
-	SteerQueues         *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats          *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync           *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncDev        *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerTable          *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVethClass      *ebpf.MapSpec `ebpf:"steer_veth_class"`
-	SteerVni            *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
+	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
+	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
+	SteerHighSeen   *ebpf.MapSpec `ebpf:"steer_high_seen"`
+	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
+	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -285,49 +289,47 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerAdopt          *ebpf.Map `ebpf:"steer_adopt"`
-	SteerBulkSeen       *ebpf.Map `ebpf:"steer_bulk_seen"`
-	SteerBusyHighSeen   *ebpf.Map `ebpf:"steer_busy_high_seen"`
-	SteerCfg            *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap         *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi       *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerFlows          *ebpf.Map `ebpf:"steer_flows"`
-	SteerHighFrames     *ebpf.Map `ebpf:"steer_high_frames"`
-	SteerHighInline     *ebpf.Map `ebpf:"steer_high_inline"`
-	SteerMfCores        *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPassedTick     *ebpf.Map `ebpf:"steer_passed_tick"`
-	SteerPrio           *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen       *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerQmaps          *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueueLost      *ebpf.Map `ebpf:"steer_queue_lost"`
-	SteerQueuedHighSeen *ebpf.Map `ebpf:"steer_queued_high_seen"`
-	SteerQueues         *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats          *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync           *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncDev        *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerTable          *ebpf.Map `ebpf:"steer_table"`
-	SteerVethClass      *ebpf.Map `ebpf:"steer_veth_class"`
-	SteerVni            *ebpf.Map `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
+	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
+	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
+	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
+	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
+	SteerHighSeen   *ebpf.Map `ebpf:"steer_high_seen"`
+	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
+	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerTable      *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.SteerAdopt,
 		m.SteerBulkSeen,
-		m.SteerBusyHighSeen,
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,
 		m.SteerFlows,
 		m.SteerHighFrames,
 		m.SteerHighInline,
+		m.SteerHighSeen,
 		m.SteerMfCores,
 		m.SteerPassedTick,
 		m.SteerPrio,
 		m.SteerPrioSeen,
 		m.SteerQmaps,
 		m.SteerQueueLost,
-		m.SteerQueuedHighSeen,
 		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,

@@ -170,9 +170,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				fmt.Fprintf(out, "  the flows of %s run in the NIC poll now (high=auto: the agent found them busy)\n", strings.Join(st.HighInline, ", "))
 			}
 			if st.BulkAutoMs > 0 && st.BulkBesideBusy {
-				fmt.Fprintf(out, "  bulk=auto: bulk flows run in the NIC poll now: every high-priority frame of the last %dms ran there as a busy rule's\n", st.BulkAutoMs)
+				fmt.Fprintf(out, "  bulk=auto: bulk flows run in the NIC poll now: every high-priority frame of the last %dms ran there as a busy rule's (%d bulk frames ran there so)\n", st.BulkAutoMs, st.Stages["split"].BulkBeside)
 			} else if st.BulkAutoMs > 0 && len(st.Rules) > 0 && !(st.QuietMs > 0 && st.Quiet) {
-				fmt.Fprintf(out, "  bulk=auto: bulk flows take the bulk queue (a high-priority frame took its queue in the last %dms, or no busy rule's frame came)\n", st.BulkAutoMs)
+				fmt.Fprintf(out, "  bulk=auto: bulk flows take the bulk queue (a high-priority frame took its queue in the last %dms, or no busy rule's frame came; %d bulk frames ran in the NIC poll beside busy ones so far)\n", st.BulkAutoMs, st.Stages["split"].BulkBeside)
 			}
 			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
 		}

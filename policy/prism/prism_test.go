@@ -975,6 +975,8 @@ func TestPrismBulkAuto(t *testing.T) {
 	st1, _ := dp.Stats()
 	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Steered > uint64(bulk.Received)/4 {
 		t.Errorf("split stage %+v: %d of %d bulk datagrams queued beside a busy rule's flow, want them in the NIC poll", d, d.Steered, bulk.Received)
+	} else if d.BulkBeside < uint64(bulk.Received)/2 || d.BulkBeside > d.Stayed {
+		t.Errorf("split stage %+v: %d bulk frames counted in the NIC poll beside busy of %d received (%d stayed)", d, d.BulkBeside, bulk.Received, d.Stayed)
 	}
 	if !besideBusy {
 		t.Error("lanes status did not say bulk runs in the NIC poll beside the busy rule's flow")
