@@ -94,6 +94,9 @@ type Options struct {
 	// highDefault: High was not given and resolved to auto, which the
 	// planner takes back to queue (with a note) where auto cannot run.
 	highDefault bool
+	// bulkDefault: Bulk was not given: auto with high=auto (bulkDefault),
+	// which the planner takes back to queue with High.
+	bulkDefault bool
 	// highBy names the setting that implied high=auto when high was not
 	// given (high-auto-pps, bulk-quiet), for error messages.
 	highBy string
@@ -207,11 +210,11 @@ const (
 // ping-pong sends every 1 ms) keeps bulk queued all the time.
 const BulkAutoWindow = 20 * time.Millisecond
 
-// Defaults follow the paper: batch mode, everything on one core. BulkSched
-// and High are left empty: Parse resolves them (bulkSchedDefault,
-// highDefault).
+// Defaults follow the paper: batch mode, everything on one core. BulkSched,
+// High and Bulk are left empty: Parse resolves them (bulkSchedDefault,
+// highDefault, bulkDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, Bulk: BulkQueue, VethQueues: VethShared}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, VethQueues: VethShared}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -271,6 +274,24 @@ func highDefault(o Options) string {
 	return HighAuto
 }
 
+// bulkDefault is bulk when not given: auto with high=auto (bulk runs in
+// the NIC poll only beside busy marked flows, while no marked frame takes
+// its queue), queue otherwise. Measured on 2 cores under a 65% background
+// (Intel VM, 2026-11-25, see Options.Bulk): beside a marked memcached,
+// auto kept the background at 0.96-0.99x of vanilla's (queue 0.94-0.98x)
+// and memcached at 0.75-0.87x (queue 0.67-0.76x); a light marked flow
+// sending every millisecond keeps bulk queued, as under queue (traced: its
+// queued clock never older than 23 ms while it ran). The price: the first
+// frame of a light marked flow after a pause of more than BulkAutoWindow,
+// beside a busy marked one, finds bulk in the NIC poll. The planner takes
+// it back to queue with High where high=auto cannot run.
+func bulkDefault(o Options) string {
+	if o.High == HighAuto {
+		return BulkAuto
+	}
+	return BulkQueue
+}
+
 func bulkSchedDefault(o Options) string {
 	if o.Bulk == BulkInline || o.Streamline || o.BulkRT > 0 {
 		return SchedNormal
@@ -289,7 +310,7 @@ var params = []plan.Param{
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
-	{Key: "bulk", Default: "queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
+	{Key: "bulk", Default: "auto with high=auto, else queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
@@ -409,6 +430,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.High == "" {
 		o.High, o.highDefault = highDefault(o), true
+	}
+	if o.Bulk == "" {
+		o.Bulk, o.bulkDefault = bulkDefault(o), true
 	}
 	if autoPPS && o.High != HighAuto {
 		return o, fmt.Errorf("prism high-auto-pps is high=auto's threshold, but high is %s: drop high-auto-pps or set high=auto", o.High)

@@ -90,6 +90,16 @@ func TestParseHighAuto(t *testing.T) {
 	if o, err := prism.Parse(prism.Defaults(), map[string]string{"bulk": "inline"}); err != nil || o.High != prism.HighQueue {
 		t.Errorf("default high with bulk=inline %q (%v), want queue (auto has no move to make)", o.High, err)
 	}
+	// bulk follows high: auto with high=auto, the queue otherwise.
+	for params, want := range map[string]string{"": prism.BulkAuto, "high=auto": prism.BulkAuto, "high=queue": prism.BulkQueue, "high=inline": prism.BulkQueue, "bulk=queue": prism.BulkQueue} {
+		m := map[string]string{}
+		if k, v, ok := strings.Cut(params, "="); ok {
+			m[k] = v
+		}
+		if o, err := prism.Parse(prism.Defaults(), m); err != nil || o.Bulk != want {
+			t.Errorf("%q: bulk %q (%v), want %s", params, o.Bulk, err, want)
+		}
+	}
 	o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "auto"})
 	if err != nil || o.High != prism.HighAuto || o.HighAutoPPS != 5000 {
 		t.Errorf("high=auto: %+v (%v), want auto at 5000 frames/s", o, err)

@@ -150,7 +150,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)", core, why))
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
-		return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, core))
+		if !o.bulkDefault {
+			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, core))
+		}
+		o.Bulk = BulkQueue // the default follows high back to queue
 	}
 	if o.High == HighAuto {
 		// The threshold goes into the datapath's config, which the agent

@@ -910,8 +910,8 @@ func TestPrismHighAutoFallsBack(t *testing.T) {
 	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the receive core [0]", cm, err)
 	}
-	if cfg, err := dp.Config(); err != nil || cfg.HighAutoPPS != 0 {
-		t.Errorf("config %+v (%v): high=auto's threshold on a plan that fell back to the queue", cfg, err)
+	if cfg, err := dp.Config(); err != nil || cfg.HighAutoPPS != 0 || cfg.BulkAuto != 0 {
+		t.Errorf("config %+v (%v): high=auto's threshold or the default bulk=auto on a plan that fell back to the queue", cfg, err)
 	}
 	ag, stopAgent := a.StartAgent(t)
 	var st prism.GuardStatus
