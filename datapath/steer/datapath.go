@@ -462,12 +462,20 @@ func openForRestore(dir string, names ...string) (*Datapath, error) {
 	return d, err
 }
 
-// Unpin removes the pins Pin creates in dir, and dir if that leaves it
-// empty. Missing pins are not an error. Attached programs keep running
-// until detached.
+// retiredPins are maps earlier builds pinned and this one no longer has:
+// a reset after an upgrade removes them too, so the pin directory goes.
+var retiredPins = []string{
+	"steer_backlog",          // until 5ee276d (the RPS backlog samples, reverted)
+	"steer_busy_high_seen",   // until a78ce34: now steer_high_seen
+	"steer_queued_high_seen", // until a78ce34: now steer_high_seen
+}
+
+// Unpin removes the pins Pin creates in dir (and those of earlier builds,
+// retiredPins), and dir if that leaves it empty. Missing pins are not an
+// error. Attached programs keep running until detached.
 func Unpin(dir string) error {
 	var errs []error
-	for _, name := range pinNames() {
+	for _, name := range append(pinNames(), retiredPins...) {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpinning: %w", err))
 		}

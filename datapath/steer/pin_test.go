@@ -136,6 +136,15 @@ func TestUnpinKeepsForeignFiles(t *testing.T) {
 	if err := d.objs.SteerStats.Pin(other); err != nil {
 		t.Fatal(err)
 	}
+	// A map an earlier build pinned goes too (retiredPins).
+	retired, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer retired.Close()
+	if err := retired.Pin(filepath.Join(dir, retiredPins[len(retiredPins)-1])); err != nil {
+		t.Fatal(err)
+	}
 	if err := Unpin(dir); err != nil {
 		t.Fatal(err)
 	}

@@ -284,9 +284,12 @@ func highDefault(o Options) string {
 // queued clock never older than 23 ms while it ran). The price: the first
 // frame of a light marked flow after a pause of more than BulkAutoWindow,
 // beside a busy marked one, finds bulk in the NIC poll. The planner takes
-// it back to queue with High where high=auto cannot run.
+// it back to queue with High where high=auto cannot run; streamline=true
+// keeps it at queue.
 func bulkDefault(o Options) string {
-	if o.High == HighAuto {
+	// Not under streamline=true: its NIC poll is real-time, and bulk
+	// work there would starve the busy services (as bulk=inline would).
+	if o.High == HighAuto && !o.Streamline {
 		return BulkAuto
 	}
 	return BulkQueue
@@ -466,11 +469,14 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.Bulk == BulkInline && o.Streamline {
 		return o, fmt.Errorf("prism bulk=inline with streamline=true would run all bulk processing in a real-time NIC poll, starving the applications: drop one of them")
 	}
+	if o.Bulk == BulkAuto && o.Streamline {
+		return o, fmt.Errorf("prism bulk=auto with streamline=true would run bulk processing in a real-time NIC poll beside busy marked services, starving them: use bulk=queue")
+	}
 	if o.BulkSched != SchedNormal && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism bulk-sched=%s sets the bulk queue's kthread, but bulk=inline has no bulk queue: drop one of them", o.BulkSched)
 	}
 	if o.Quiet != 0 && (o.Bulk == BulkInline || o.High == HighInline) {
-		return o, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which needs bulk=queue and high=queue or auto: drop quiet or the inline setting", o.Quiet)
+		return o, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which needs bulk=queue or auto and high=queue or auto: drop quiet or the inline setting", o.Quiet)
 	}
 	if o.GuardNice != 0 && o.BulkSched != SchedIdle {
 		return o, fmt.Errorf("prism guard-nice=%d is the guard's setting for bulk-sched=idle, but bulk-sched is %s: drop guard-nice or set bulk-sched=idle", o.GuardNice, o.BulkSched)

@@ -74,7 +74,7 @@ func TestParseQuiet(t *testing.T) {
 		"whole milliseconds from 1ms to 1h": {"quiet": "500us"},
 		"from 1ms to 1h":                    {"quiet": "2h"},
 		"invalid duration":                  {"quiet": "soon"},
-		"needs bulk=queue and high=queue":   {"quiet": "1s", "bulk": "inline"},
+		"needs bulk=queue or auto and high": {"quiet": "1s", "bulk": "inline"},
 		"drop quiet or the inline setting":  {"quiet": "1s", "high": "inline"},
 	} {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
@@ -91,7 +91,7 @@ func TestParseHighAuto(t *testing.T) {
 		t.Errorf("default high with bulk=inline %q (%v), want queue (auto has no move to make)", o.High, err)
 	}
 	// bulk follows high: auto with high=auto, the queue otherwise.
-	for params, want := range map[string]string{"": prism.BulkAuto, "high=auto": prism.BulkAuto, "high=queue": prism.BulkQueue, "high=inline": prism.BulkQueue, "bulk=queue": prism.BulkQueue} {
+	for params, want := range map[string]string{"": prism.BulkAuto, "high=auto": prism.BulkAuto, "high=queue": prism.BulkQueue, "high=inline": prism.BulkQueue, "bulk=queue": prism.BulkQueue, "streamline=true": prism.BulkQueue} {
 		m := map[string]string{}
 		if k, v, ok := strings.Cut(params, "="); ok {
 			m[k] = v
@@ -122,6 +122,7 @@ func TestParseHighAuto(t *testing.T) {
 		"invalid syntax":                      {"high": "auto", "high-auto-pps": "lots"},
 		"drop high-auto-pps or set high=auto": {"high": "queue", "high-auto-pps": "1000"},
 		"bulk=inline leaves no such move":     {"high": "auto", "bulk": "inline"},
+		"starving them: use bulk=queue":       {"bulk": "auto", "streamline": "true"},
 		"drop bulk-quiet or set high=auto":    {"high": "queue", "bulk-quiet": "50ms"},
 		"whole milliseconds from 1ms to 1h":   {"bulk-quiet": "1500us"},
 		"high=auto (implied by bulk-quiet)":   {"bulk-quiet": "50ms", "bulk": "inline"},

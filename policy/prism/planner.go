@@ -147,7 +147,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		// Not given: the queue, as before auto existed.
 		o.High = HighQueue
-		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)", core, why))
+		also := ""
+		if o.bulkDefault && o.Bulk == BulkAuto {
+			also = ", and bulk its queue (bulk=queue)"
+		}
+		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)%s", core, why, also))
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		if !o.bulkDefault {
