@@ -87,7 +87,7 @@ func Primary(a *results.Agg, workload string) []results.Metric {
 		return []results.Metric{results.PPS}
 	case "prio_latency":
 		return []results.Metric{results.LatP50, results.LatP99, results.BackgroundKpps}
-	case "prio_mixed":
+	case "prio_mixed", "prio_sporadic_mixed":
 		return []results.Metric{results.LatP50, results.LatP99, results.AlsoRate, results.AlsoP99, results.BackgroundKpps}
 	case "prio_memcached", "prio_nginx":
 		return []results.Metric{results.RequestRate, results.LatP50, results.LatP99, results.BackgroundKpps}
