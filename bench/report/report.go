@@ -174,6 +174,7 @@ func Markdown(f *results.File, opt Options) string {
 		if hasBackground(a, wl) {
 			b.WriteString("\nLatency of the high-priority service and the low-priority background at every load " +
 				"(medians over repeats; background load in % of the receive core's capacity; " +
+				"offered % of asked below 100 means the generator could not keep the pace and the load was lighter than its label; " +
 				"received % of offered below 100 means the background lost packets):\n\n")
 			backgroundTable(a, wl).markdown(&b)
 		}
@@ -437,7 +438,7 @@ func hasBackground(a *results.Agg, wl string) bool {
 // PRISM's Fig. 11 (min, average and tail latency against background load).
 var (
 	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999}
-	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundKpps, results.BackgroundShare}
+	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundKpps, results.BackgroundShare}
 )
 
 // backgroundTable is the medians of every latency statistic and of the
@@ -455,7 +456,9 @@ func backgroundTable(a *results.Agg, wl string) table {
 			row = append(row, median(g, m, func(v float64) string { return num(v, m.Unit) }))
 		}
 		for _, m := range bgTraffic {
-			if g.Background == 0 {
+			// Results from before runs recorded what was asked have no
+			// share of it: none, not 0.
+			if g.Background == 0 || (m.Name == results.BackgroundAsked.Name && m.Unit == results.BackgroundAsked.Unit && g.StatMeasured(m).N == 0) {
 				row = append(row, "–")
 				continue
 			}

@@ -105,6 +105,17 @@ var BackgroundKpps = Metric{"background received", "Kpps", func(r *Run) float64 
 // receiver (Kpps).
 var BackgroundOffered = Metric{"background offered", "Kpps", func(r *Run) float64 { return r.Extra["bg_offered_kpps"] }}
 
+// BackgroundAsked is the share of the background asked for (the load's
+// share of the calibrated capacity) that the generator offered (%):
+// below 100 its core could not keep the pace (busy with a service's
+// client, say), and the point ran under a lighter load than its label.
+var BackgroundAsked = Metric{"background offered", "% of asked", func(r *Run) float64 {
+	if t := r.Extra["bg_target_kpps"]; t > 0 {
+		return 100 * r.Extra["bg_offered_kpps"] / t
+	}
+	return 0
+}}
+
 // BackgroundShare is the share of the offered background its receiver
 // got (%): below 100 the low-priority traffic lost packets.
 var BackgroundShare = Metric{"background received", "% of offered", func(r *Run) float64 {
