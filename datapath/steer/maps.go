@@ -1048,12 +1048,19 @@ type Counters struct {
 	// (Config.BulkAuto) kept in the NIC poll beside busy marked flows;
 	// they count in Stayed too.
 	BulkBeside uint64
+
+	// Unmarked (split stage) is frames sent to a core's queue without
+	// lanes' metadata, for want of room (a driver or an earlier XDP
+	// program left metadata that fills the frame's headroom): the
+	// queue they went to is then untracked (Queue.Untracked), and moves
+	// out of it wait for the drain time.
+	Unmarked uint64
 }
 
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

@@ -208,6 +208,39 @@ func TestQueueUnmarkedFrameUntracks(t *testing.T) {
 	}
 }
 
+// TestQueueForeignMetadataUntracks: a frame that comes with metadata of
+// its own (a driver's, an earlier XDP program's) leaving no headroom for
+// lanes' 8 bytes (216 bytes here, as the stress generator's stale frame
+// heads carried until 2026-11-25) still goes to its queue, unmarked: the
+// queue is untracked and the frame counted as unmarked, which lanes
+// status and the metrics show.
+func TestQueueForeignMetadataUntracks(t *testing.T) {
+	d := trackedDatapath(t, time.Hour)
+	_, frame, _ := splitFlow(t, d, 40003, 1)
+	const foreign = 216
+	in := append(make([]byte, foreign), frame...)
+	var ctxOut xdpMd
+	opts := ebpf.RunOptions{
+		Data:       in,
+		DataOut:    make([]byte, len(in)+256),
+		Context:    xdpMd{Data: foreign, DataEnd: uint32(len(in)), IngressIfindex: loIfindex},
+		ContextOut: &ctxOut,
+	}
+	ret, err := d.XDP().Run(&opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret != xdpRedirect || ctxOut.Data-ctxOut.DataMeta != foreign {
+		t.Fatalf("verdict %d, %d bytes of metadata; want XDP_REDIRECT with the foreign %d untouched", ret, ctxOut.Data-ctxOut.DataMeta, foreign)
+	}
+	if q := queueOf(t, d, 1); !q.Untracked || q.Enqueued != 0 {
+		t.Errorf("queue %+v, want untracked", q)
+	}
+	if n := stats(t, d)[StageSplit].Unmarked; n != 1 {
+		t.Errorf("%d frames counted unmarked, want 1", n)
+	}
+}
+
 // TestQueueKeptAcrossCoreSetChange: the flow remembers which core's
 // queues hold its frames. After the core set changes (indices now name
 // other cores), its wait is still on core 0's queues, which hold its

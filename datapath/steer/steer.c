@@ -178,6 +178,7 @@ enum counter {
 	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */
 	CNT_DIRECT,      /* bridge stage: frames that stayed without a pass through the RPS backlog (stay_direct) */
 	CNT_BULK_BESIDE, /* bulk frames bulk=auto kept in the NIC poll beside busy marked flows (bulk_beside_busy) */
+	CNT_UNMARKED,    /* frames sent to a core's queue without lanes' metadata (no room left): that queue's counts no longer balance */
 	NUM_COUNTERS,
 };
 
@@ -1527,8 +1528,10 @@ static __always_inline int mark_counted(struct xdp_md *ctx, const struct steer_c
 		/* A frame the cpumap may drop, which the kernel then reports
 		 * with the marked ones: the core's counts can no longer
 		 * balance. (Unmarked in the NIC poll, it touches no count.) */
-		if (to_cpumap)
+		if (to_cpumap) {
 			queue_untrack(q);
+			count(STAGE_SPLIT, CNT_UNMARKED);
+		}
 		return 0;
 	}
 	if (q) {
@@ -1819,6 +1822,7 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 		}
 	}
 	queue_untrack(q);
+	count(STAGE_SPLIT, CNT_UNMARKED);
 	return ret;
 }
 

@@ -313,6 +313,9 @@ func ctlPrintQueues(out io.Writer, st *control.Steering) {
 		}
 		fmt.Fprintln(out)
 	}
+	if n := st.Stages["split"].Unmarked; n > 0 {
+		fmt.Fprintf(out, "    %d frames went to a queue unmarked: they came with metadata (a driver's, or an earlier XDP program's) that left no room for lanes' own\n", n)
+	}
 }
 
 // ctlInFlight notes frames a flow still counts in flight though it has
