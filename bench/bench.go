@@ -501,6 +501,11 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 	}
 	if isPrio(run.Workload) && run.Error == "" {
 		what += fmt.Sprintf(", background %.0f Kpps received", run.Extra["bg_received_kpps"])
+		// Said at once: the point then ran under a lighter load than its
+		// label (the generator's core was busy), in every mode alike.
+		if asked, offered := run.Extra["bg_target_kpps"], run.Extra["bg_offered_kpps"]; asked > 0 && offered < 0.9*asked {
+			what += fmt.Sprintf(" (only %.0f%% of the %.0f Kpps asked was offered)", 100*offered/asked, asked)
+		}
 	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
 		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background, rate: run.Rate}, run.Mode, what, strings.Join(cpus, ", "), eta)

@@ -128,6 +128,22 @@ func TestPrioPoints(t *testing.T) {
 	}
 }
 
+// A priority run whose generator could not offer the background asked
+// says so in its progress line, at once; one that did says nothing more.
+func TestProgressSaysLightBackground(t *testing.T) {
+	var b strings.Builder
+	r := &runner{o: Options{Progress: &b, Repeats: 1}}
+	run := results.Run{Mode: "vanilla", Workload: prioSporadicMixed, Proto: "udp", MsgSize: 64, Flows: 1, Background: 0.65, LatP50Us: 100, LatP99Us: 200,
+		Extra: map[string]float64{"bg_target_kpps": 266, "bg_offered_kpps": 46, "bg_received_kpps": 45}}
+	r.progress(1, 2, time.Now(), run)
+	run.Extra["bg_offered_kpps"] = 260
+	r.progress(2, 2, time.Now(), run)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "(only 17% of the 266 Kpps asked was offered)") || strings.Contains(lines[1], "asked") {
+		t.Errorf("progress lines:\n%s", b.String())
+	}
+}
+
 func TestPointsCoverPaperSizes(t *testing.T) {
 	sizes := map[int]bool{}
 	for _, p := range points([]string{"tcp_stream"}, false, nil) {
