@@ -1143,8 +1143,6 @@ func (d *Datapath) MicroFlowsPerCore() ([MaxCPUs]uint64, error) {
 	return out, nil
 }
 
-// Now is the clock of Flow.LastSeen (bpf_ktime_get_ns: CLOCK_MONOTONIC),
-// so callers can tell how long a flow has been idle.
 // QuietAfter is how long after the last high-priority frame steer_xdp
 // takes the high class for quiet under Config.PrioQuiet q: q, and the
 // coarse clock's two ticks (it stamps and compares coarse times).
@@ -1163,6 +1161,9 @@ func coarseLag() uint64 {
 	return 2 * uint64(ts.Nano())
 }
 
+// Now is the clock of Flow.LastSeen (bpf_ktime_get_ns: CLOCK_MONOTONIC)
+// and of the programs' coarse stamps, so callers can tell how long a flow
+// has been idle or a class quiet.
 func Now() time.Duration {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)

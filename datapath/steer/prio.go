@@ -321,12 +321,14 @@ func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
 	if err := d.objs.SteerHighSeen.Lookup(uint32(0), &seen); err != nil {
 		return false, fmt.Errorf("reading the last high-priority frames' times: %w", err)
 	}
-	now, err := monotonicNow()
-	if err != nil {
-		return false, err
-	}
-	over := func(stamp uint64) bool { return stamp == 0 || int64(now-stamp) > int64(QuietAfter(w)) }
-	return !over(seen.Busy) && over(seen.Queued), nil
+	now, after := Now(), QuietAfter(w)
+	return !quietSince(seen.Busy, now, after) && quietSince(seen.Queued, now, after), nil
+}
+
+// quietSince says whether a coarse-clock stamp (0: none yet) is more than
+// after old at now, as steer.c's gap_over does.
+func quietSince(stamp uint64, now, after time.Duration) bool {
+	return stamp == 0 || now-time.Duration(stamp) > after
 }
 
 // sinceStamp reads a coarse-clock stamp map (steer_prio_seen,
@@ -339,21 +341,7 @@ func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err err
 	if last == 0 {
 		return 0, false, nil
 	}
-	now, err := monotonicNow()
-	if err != nil {
-		return 0, false, err
-	}
-	return time.Duration(max(0, int64(now)-int64(last))), true, nil
-}
-
-// monotonicNow is CLOCK_MONOTONIC in ns, the clock the programs' coarse
-// stamps are on.
-func monotonicNow() (uint64, error) {
-	var now unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
-		return 0, err
-	}
-	return uint64(now.Nano()), nil
+	return max(0, Now()-time.Duration(last)), true, nil
 }
 
 // HighQuiet says whether steer_xdp takes the high class for quiet under
