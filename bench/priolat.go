@@ -22,7 +22,8 @@ import (
 // for applications, its rate) is the result; the background's received
 // rate is the low-priority throughput, which must not collapse.
 //
-//	prio_latency    sockperf UDP ping-pong at 1000 msg/s (Fig. 9, 10, 11)
+//	prio_latency    UDP ping-pong at 1000 msg/s (Fig. 9, 10, 11): the
+//	                sockperf server, lanes' paced client (see below)
 //	prio_memcached  memcached + memaslap (Fig. 12)
 //	prio_nginx      nginx + wrk, one connection, a page under 1 KB (Fig. 13)
 //	prio_sporadic   sockperf UDP ping-pong at 10 msg/s: a marked flow that
@@ -41,6 +42,16 @@ import (
 //	                where bulk=auto has bulk in the NIC poll when each
 //	                request comes (not in the paper; what bulk=auto costs;
 //	                only when asked for; give it a long --duration)
+//	prio_latency_sockperf  prio_latency with sockperf's own client, which
+//	                busy-waits between messages on the generator's core
+//	                (only when asked for; how the runs before 2026-11-26
+//	                measured)
+//
+// The ping-pongs run lanes' paced client (workload.PingPong.Paced)
+// against the sockperf server: sockperf's client busy-waits for its next
+// send on the one core the generator has, and the background then came in
+// bursts in step with the ping-pong rather than evenly spaced
+// (bench/workload/paced.go has the figures).
 const (
 	prioLatencyWorkload   = "prio_latency"
 	prioMemcachedWorkload = "prio_memcached"
@@ -48,6 +59,7 @@ const (
 	prioSporadicWorkload  = "prio_sporadic"
 	prioMixedWorkload     = "prio_mixed"
 	prioSporadicMixed     = "prio_sporadic_mixed"
+	prioLatencySockperf   = "prio_latency_sockperf"
 
 	// bgPayload is the background datagrams' payload: small packets, the
 	// receive path's per-packet cost, as the capacity was calibrated.
@@ -96,7 +108,7 @@ const alsoPortOffset = 4
 var prioSpecs = map[string]prioSpec{
 	// The paper's sweep (Fig. 11) went from 10% to 95%; 65% is its
 	// 60-70% of Fig. 9 and 10.
-	prioLatencyWorkload: {name: prioLatencyWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
+	prioLatencyWorkload: {name: prioLatencyWorkload, fg: workload.PingPong{Paced: true}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
 		full: []float64{0, 0.1, 0.3, 0.5, 0.65, 0.8, 0.95}, quick: []float64{0, 0.65}},
 	// The memcached workload's own point: 550 B objects, 8 connections.
 	prioMemcachedWorkload: {name: prioMemcachedWorkload, fg: workload.Memcached{}, proto: "tcp", msgSize: 550, flows: 8,
@@ -106,21 +118,23 @@ var prioSpecs = map[string]prioSpec{
 	// Every request comes after a 100 ms pause: with prism's quiet set
 	// shorter, each one ends a quiet time and finds bulk in the NIC poll.
 	// Few samples per second: give it a long --duration.
-	prioSporadicWorkload: {name: prioSporadicWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
+	prioSporadicWorkload: {name: prioSporadicWorkload, fg: workload.PingPong{Paced: true}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
 		full: []float64{0, 0.65}, quick: []float64{0, 0.65}},
-	prioMixedWorkload: {name: prioMixedWorkload, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
+	prioMixedWorkload: {name: prioMixedWorkload, fg: workload.PingPong{Paced: true}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
 		full: []float64{0, 0.65}, quick: []float64{0, 0.65},
 		also: workload.Memcached{}, alsoProto: "tcp", alsoMsgSize: 550, alsoFlows: 8},
-	prioSporadicMixed: {name: prioSporadicMixed, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
+	prioSporadicMixed: {name: prioSporadicMixed, fg: workload.PingPong{Paced: true}, proto: "udp", msgSize: 64, flows: 1, rate: 10,
 		full: []float64{0, 0.65}, quick: []float64{0, 0.65},
 		also: workload.Memcached{}, alsoProto: "tcp", alsoMsgSize: 550, alsoFlows: 8},
+	prioLatencySockperf: {name: prioLatencySockperf, fg: workload.PingPong{}, proto: "udp", msgSize: 64, flows: 1, rate: 1000,
+		full: []float64{0, 0.1, 0.3, 0.5, 0.65, 0.8, 0.95}, quick: []float64{0, 0.65}},
 }
 
 // prioNames are the default priority workloads in the order they run;
 // prioExtra are the others, run only when --workloads names them.
 var (
 	prioNames = []string{prioLatencyWorkload, prioMemcachedWorkload, prioNginxWorkload}
-	prioExtra = []string{prioSporadicWorkload, prioMixedWorkload, prioSporadicMixed}
+	prioExtra = []string{prioSporadicWorkload, prioMixedWorkload, prioSporadicMixed, prioLatencySockperf}
 )
 
 func isPrio(wl string) bool {
@@ -182,7 +196,14 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	} else {
 		close(alsoDone)
 	}
-	res, ferr := w.fg.Run(ctx, srv, cli, p)
+	fg := w.fg
+	if pp, ok := fg.(workload.PingPong); ok && pp.Paced && w.rate <= 0 {
+		// No generator keeps the client's core busy: the client does, as
+		// sockperf's own would (workload.PingPong.Spin).
+		pp.Spin = true
+		fg = pp
+	}
+	res, ferr := fg.Run(ctx, srv, cli, p)
 	if ferr != nil {
 		stopAlso()
 	}

@@ -85,7 +85,7 @@ func Primary(a *results.Agg, workload string) []results.Metric {
 		return []results.Metric{results.Throughput}
 	case "udp_stress":
 		return []results.Metric{results.PPS}
-	case "prio_latency":
+	case "prio_latency", "prio_latency_sockperf":
 		return []results.Metric{results.LatP50, results.LatP99, results.BackgroundKpps}
 	case "prio_mixed", "prio_sporadic_mixed":
 		return []results.Metric{results.LatP50, results.LatP99, results.AlsoRate, results.AlsoP99, results.BackgroundKpps}
@@ -438,7 +438,7 @@ func hasBackground(a *results.Agg, wl string) bool {
 // PRISM's Fig. 11 (min, average and tail latency against background load).
 var (
 	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999}
-	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundKpps, results.BackgroundShare}
+	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundLate, results.BackgroundKpps, results.BackgroundShare}
 )
 
 // backgroundTable is the medians of every latency statistic and of the
@@ -458,7 +458,8 @@ func backgroundTable(a *results.Agg, wl string) table {
 		for _, m := range bgTraffic {
 			// Results from before runs recorded what was asked have no
 			// share of it: none, not 0.
-			if g.Background == 0 || (m.Name == results.BackgroundAsked.Name && m.Unit == results.BackgroundAsked.Unit && g.StatMeasured(m).N == 0) {
+			if g.Background == 0 || (m.Name == results.BackgroundAsked.Name && m.Unit == results.BackgroundAsked.Unit && g.StatMeasured(m).N == 0) ||
+				(m.Name == results.BackgroundLate.Name && !g.RecordsLate()) {
 				row = append(row, "–")
 				continue
 			}

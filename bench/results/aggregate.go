@@ -116,6 +116,23 @@ var BackgroundAsked = Metric{"background offered", "% of asked", func(r *Run) fl
 	return 0
 }}
 
+// BackgroundLate is the share of the background the generator sent late,
+// in catch-up bursts after it lost its core for more than one packet's
+// interval (%): the background the point is labelled with was evenly
+// spaced only to the extent this is small. Runs from before it was
+// recorded read 0 (RecordsLate tells them apart).
+var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra["bg_late_share"] }}
+
+// RecordsLate says whether any of g's runs recorded BackgroundLate.
+func (g *Group) RecordsLate() bool {
+	for i := range g.Runs {
+		if _, ok := g.Runs[i].Extra["bg_late_share"]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // BackgroundShare is the share of the offered background its receiver
 // got (%): below 100 the low-priority traffic lost packets.
 var BackgroundShare = Metric{"background received", "% of offered", func(r *Run) float64 {

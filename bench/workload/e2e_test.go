@@ -247,6 +247,38 @@ func TestE2EPingPong(t *testing.T) {
 	}
 }
 
+// lanes' paced client against the sockperf server: every message answered,
+// at the rate asked, and the run's figures built as sockperf's client's.
+func TestE2EPacedPingPong(t *testing.T) {
+	requireTools(t, toolSockperf)
+	tn := newTestNet(t)
+	const rate = 1000
+	for _, spin := range []bool{false, true} {
+		r := runW(t, PingPong{Paced: true, Spin: spin}, tn, Point{Proto: "udp", MsgSize: 64, Flows: 1, Rate: rate, Duration: e2eDuration})
+		latencyOrdered(t, r)
+		if len(r.LatCDF) != len(cdfFractions) {
+			t.Errorf("spin %v: CDF has %d points, want %d", spin, len(r.LatCDF), len(cdfFractions))
+		}
+		want := rate * e2eDuration.Seconds()
+		if n := r.Extra["observations"]; n < 0.99*want || n > want {
+			t.Errorf("spin %v: observations = %v, want about %v (%d/s for %v)", spin, n, want, rate, e2eDuration)
+		}
+		if r.Extra["sent"] != r.Extra["received"] || r.Extra["dropped"] != 0 {
+			t.Errorf("spin %v: sent %v, received %v, dropped %v: want every message answered on an idle testbed", spin, r.Extra["sent"], r.Extra["received"], r.Extra["dropped"])
+		}
+		if r.PPS < 0.99*rate || r.PPS > 1.01*rate {
+			t.Errorf("spin %v: PPS = %v, want %d", spin, r.PPS, rate)
+		}
+	}
+	// TCP, or no rate, is refused before anything starts.
+	for _, p := range []Point{{Proto: "tcp", Rate: rate, Duration: time.Second}, {Proto: "udp", Duration: time.Second}} {
+		if _, err := (PingPong{Paced: true}).Run(context.Background(), tn.srv, tn.cli, p); err == nil || !strings.Contains(err.Error(), "paced client") {
+			t.Errorf("%+v: err = %v, want the paced client's refusal", p, err)
+		}
+	}
+	assertNothingLeft(t, tn)
+}
+
 func TestE2EMemcached(t *testing.T) {
 	requireTools(t, toolMemcached, toolMemaslap)
 	tn := newTestNet(t)
@@ -332,7 +364,7 @@ func TestStartPinsAndNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.close()
-	sh := tool{[]string{"sh"}, "dash"}
+	sh := tool{names: []string{"sh"}, pkg: "dash"}
 	for _, ep := range []Endpoint{{CPUs: []int{1}}, {NetNS: tn.srv.NetNS, CPUs: []int{1}}} {
 		p, err := s.start(ep, "sh", sh, []string{"-c",
 			"grep Cpus_allowed_list /proc/self/status; cat /proc/net/dev | wc -l"}, "pin.out", "")

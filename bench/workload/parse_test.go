@@ -1,12 +1,14 @@
 package workload
 
 import (
+	"errors"
 	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The testdata files are real outputs of the Debian tools (iperf3 3.12,
@@ -390,7 +392,7 @@ func TestRegistry(t *testing.T) {
 }
 
 func TestMissingTool(t *testing.T) {
-	_, err := tool{[]string{"lanes-no-such-tool"}, "lanes-pkg"}.path()
+	_, err := tool{names: []string{"lanes-no-such-tool"}, pkg: "lanes-pkg"}.path()
 	if err == nil || !strings.Contains(err.Error(), "install the Debian package lanes-pkg") {
 		t.Errorf("err = %v", err)
 	}
@@ -402,5 +404,57 @@ func TestHelpers(t *testing.T) {
 	}
 	if wholeSeconds(0) != 1 || wholeSeconds(2e9) != 2 || wholeSeconds(2.1e9) != 3 {
 		t.Error("wholeSeconds")
+	}
+}
+
+func TestPacedArgsRoundTrip(t *testing.T) {
+	a := pacedArgs{
+		Server:   netip.MustParseAddrPort("198.18.0.2:11111"),
+		ClientIP: netip.MustParseAddr("198.18.0.1"),
+		Rate:     1000, Size: 64, Duration: 5 * time.Second, Warmup: pacedWarmup, Log: "/tmp/x", Spin: true,
+	}
+	got, err := parsePacedArgs(a.argv())
+	if err != nil || got != a {
+		t.Fatalf("parsePacedArgs(argv()) = %+v, %v; want %+v", got, err, a)
+	}
+	for _, bad := range [][]string{
+		{"-server", "198.18.0.2", "-log", "x"},                     // no port
+		{"-server", "[::1]:1", "-log", "x"},                        // not IPv4
+		{"-server", "198.18.0.2:1", "-log", "x", "-rate", "0"},     // no rate
+		{"-server", "198.18.0.2:1", "-log", "x", "-size", "13"},    // shorter than the header
+		{"-server", "198.18.0.2:1"},                                // no log
+		{"-server", "198.18.0.2:1", "-log", "x", "-duration", "0"}, // nothing to measure
+	} {
+		if _, err := parsePacedArgs(bad); err == nil {
+			t.Errorf("parsePacedArgs(%q): no error", bad)
+		}
+	}
+}
+
+func TestPacedSummaryAsSockperf(t *testing.T) {
+	lat := []float64{30, 10, 20, 40}
+	s := pacedSummary{MeasuredS: 0.004, Sent: 5, Received: 4, Lost: 1}
+	r := s.asSockperf(append([]float64(nil), lat...)).result("udp", append([]float64(nil), lat...))
+	if r.LatAvgUs != 25 || r.LatMinUs != 10 || r.Extra["max_us"] != 40 || r.LatP50Us != 20 || r.LatP99Us != 40 {
+		t.Errorf("avg %v min %v max %v p50 %v p99 %v: want 25 10 40 20 40", r.LatAvgUs, r.LatMinUs, r.Extra["max_us"], r.LatP50Us, r.LatP99Us)
+	}
+	if r.Extra["dropped"] != 1 || r.Extra["observations"] != 4 || r.PPS != 1000 {
+		t.Errorf("dropped %v observations %v PPS %v: want 1 4 1000", r.Extra["dropped"], r.Extra["observations"], r.PPS)
+	}
+	if sd := r.Extra["std_dev_us"]; math.Abs(sd-math.Sqrt(125)) > 1e-9 {
+		t.Errorf("std dev %v, want %v", sd, math.Sqrt(125))
+	}
+	// 80% of the messages the rate asked for, as sockperf's stall bar.
+	if err := (pacedSummary{MeasuredS: 1, Received: 800}).short(1000); err != nil {
+		t.Errorf("800 of 1000: %v", err)
+	}
+	if err := (pacedSummary{MeasuredS: 1, Received: 799, Lost: 201}).short(1000); !errors.Is(err, errNoResult) {
+		t.Errorf("799 of 1000: err = %v, want errNoResult", err)
+	}
+	if got, err := readLatencies(strings.NewReader("1.500\n\n2.000\n")); err != nil || len(got) != 2 || got[0] != 1.5 {
+		t.Errorf("readLatencies = %v, %v", got, err)
+	}
+	if _, err := readLatencies(strings.NewReader("x\n")); err == nil {
+		t.Error("readLatencies took a bad line")
 	}
 }

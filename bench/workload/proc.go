@@ -56,16 +56,19 @@ func wholeSeconds(d time.Duration) int {
 type tool struct {
 	names []string // binary names to try, in order
 	pkg   string
+	// argv0, when set, is the name the program is started under (the
+	// lanes binary runs its helpers by the name it was started as).
+	argv0 string
 }
 
 var (
-	toolIperf3    = tool{[]string{"iperf3"}, "iperf3"}
-	toolSockperf  = tool{[]string{"sockperf"}, "sockperf"}
-	toolMemcached = tool{[]string{"memcached"}, "memcached"}
+	toolIperf3    = tool{names: []string{"iperf3"}, pkg: "iperf3"}
+	toolSockperf  = tool{names: []string{"sockperf"}, pkg: "sockperf"}
+	toolMemcached = tool{names: []string{"memcached"}, pkg: "memcached"}
 	// Debian renames memaslap to memcaslap (libmemcached-tools).
-	toolMemaslap = tool{[]string{"memcaslap", "memaslap"}, "libmemcached-tools"}
-	toolNginx    = tool{[]string{"nginx"}, "nginx-light"}
-	toolWrk      = tool{[]string{"wrk"}, "wrk"}
+	toolMemaslap = tool{names: []string{"memcaslap", "memaslap"}, pkg: "libmemcached-tools"}
+	toolNginx    = tool{names: []string{"nginx"}, pkg: "nginx-light"}
+	toolWrk      = tool{names: []string{"wrk"}, pkg: "wrk"}
 )
 
 // sbinDirs are searched after PATH: nginx and memcached live in /usr/sbin
@@ -163,6 +166,9 @@ func (s *session) start(ep Endpoint, name string, t tool, args []string, stdout,
 		defer errf.Close()
 	}
 	cmd := exec.Command(bin, args...)
+	if t.argv0 != "" {
+		cmd.Args[0] = t.argv0
+	}
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = outf, errf
 	// Own process group so stop() can kill whatever the tool forks (nginx

@@ -20,7 +20,17 @@ import (
 //
 // Latency is sockperf's default, one-way = RTT/2, in µs. Point.Proto
 // selects udp (default, as in PRISM) or tcp.
-type PingPong struct{}
+type PingPong struct {
+	// Paced runs lanes' paced client (paced.go) against the sockperf
+	// server instead of sockperf's client, which busy-waits between
+	// messages: for a paced UDP ping-pong (Point.Rate > 0) that shares
+	// its core with the stress generator.
+	Paced bool
+	// Spin has the paced client keep its core from halting between
+	// messages, as sockperf's client does, where nothing else (the stress
+	// generator) keeps it busy (paced.go says why).
+	Spin bool
+}
 
 const defaultSockperfPort = 11111
 
@@ -37,6 +47,9 @@ func (w PingPong) Run(ctx context.Context, srv, cli Endpoint, p Point) (Result, 
 	}
 	if proto != "udp" && proto != "tcp" {
 		return Result{}, fmt.Errorf("%s: proto %q: want udp or tcp", w.Name(), p.Proto)
+	}
+	if w.Paced && (proto != "udp" || p.Rate <= 0) {
+		return Result{}, fmt.Errorf("%s: the paced client sends UDP at a rate: got proto %s, rate %d messages/s", w.Name(), proto, p.Rate)
 	}
 	s, err := newSession(w.Name())
 	if err != nil {
@@ -60,6 +73,9 @@ func (w PingPong) Run(ctx context.Context, srv, cli Endpoint, p Point) (Result, 
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
 	}
 
+	if w.Paced {
+		return w.runPaced(ctx, s, srv, cli, p, port, sp)
+	}
 	fullLog := s.path("sockperf-full.csv")
 	args := append([]string{"pp"}, common...)
 	args = append(args, "-t", itoa(wholeSeconds(p.Duration)), "--full-log", fullLog)

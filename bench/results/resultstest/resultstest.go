@@ -135,7 +135,7 @@ func PrioFile() *results.File {
 	base := map[string]float64{"native": 25, "vanilla": 40, "prism-batch": 41}
 	bg := func(r *results.Run) {
 		if r.Background > 0 {
-			r.Extra = map[string]float64{"bg_target_kpps": 100 * r.Background, "bg_offered_kpps": 100 * r.Background, "bg_received_kpps": 99 * r.Background}
+			r.Extra = map[string]float64{"bg_target_kpps": 100 * r.Background, "bg_offered_kpps": 100 * r.Background, "bg_received_kpps": 99 * r.Background, "bg_late_share": 0.02}
 		}
 	}
 	for _, mode := range f.Modes {
