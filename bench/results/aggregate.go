@@ -120,17 +120,22 @@ var BackgroundAsked = Metric{"background offered", "% of asked", func(r *Run) fl
 // in catch-up bursts after it lost its core for more than one packet's
 // interval (%): the background the point is labelled with was evenly
 // spaced only to the extent this is small. Runs from before it was
-// recorded read 0 (RecordsLate tells them apart).
-var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra["bg_late_share"] }}
+// recorded read 0: summarise it with StatRecorded(m, LateKey).
+var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra[LateKey] }}
 
-// RecordsLate says whether any of g's runs recorded BackgroundLate.
-func (g *Group) RecordsLate() bool {
+// LateKey is the Extra entry BackgroundLate reads.
+const LateKey = "bg_late_share"
+
+// StatRecorded summarises m over the repeats that recorded Extra[key],
+// where 0 is a real value and a missing one must not count as one.
+func (g *Group) StatRecorded(m Metric, key string) Stat {
+	var vs []float64
 	for i := range g.Runs {
-		if _, ok := g.Runs[i].Extra["bg_late_share"]; ok {
-			return true
+		if _, ok := g.Runs[i].Extra[key]; ok {
+			vs = append(vs, m.Get(&g.Runs[i]))
 		}
 	}
-	return false
+	return Summarize(vs)
 }
 
 // BackgroundShare is the share of the offered background its receiver

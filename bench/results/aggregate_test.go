@@ -144,3 +144,12 @@ func TestStatMeasured(t *testing.T) {
 		t.Errorf("all %+v", s)
 	}
 }
+
+// A run that did not record the late share is left out; one that sent
+// nothing late counts as 0%.
+func TestStatRecorded(t *testing.T) {
+	g := &Group{Runs: []Run{{Extra: map[string]float64{LateKey: 0}}, {Extra: map[string]float64{LateKey: 0.5}}, {}}}
+	if st := g.StatRecorded(BackgroundLate, LateKey); st.N != 2 || st.Median != 25 || st.Min != 0 || st.Max != 50 {
+		t.Errorf("StatRecorded = %+v, want 2 runs, median 25, 0..50", st)
+	}
+}

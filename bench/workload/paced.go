@@ -48,16 +48,20 @@ import (
 // the send and just after the reply's receive). What differs: a lost
 // message or reply does not end the run (sockperf never resends and
 // stops); the client waits up to pacedReplyTimeout for it, counts it lost
-// and goes on with the next one.
+// and goes on at the next slot still ahead. Slots that went by meanwhile
+// are skipped and counted, never sent in a catch-up burst: that would
+// offer the service more than its rate (and, under prism's high=auto,
+// could make a light rule look busy). A reply a little slower than the
+// interval delays only the next few sends (pacedCatchUp).
 //
 // A core that has nothing to run halts, and a halted vCPU takes tens of µs
 // to wake for the reply (this VM's haltpoll idle driver polls only up to
 // 200 µs, less once idle periods run longer). sockperf's spinning client
 // never lets its core halt, and in a run with background neither does the
 // generator (it spins at SCHED_IDLE whenever nothing else runs). For a run
-// without it, -spin keeps the core from halting the same way: a second
-// thread spins at SCHED_IDLE, which any other task preempts at once. Not
-// beside the generator: two SCHED_IDLE spinners share the core in
+// without it, PingPong.Spin keeps the core from halting the same way: a
+// process beside the client spins at SCHED_IDLE, which any other task
+// preempts at once. Not beside the generator: two SCHED_IDLE spinners share the core in
 // scheduler slices of a millisecond or more, and the generator would fall
 // behind again.
 //
@@ -70,10 +74,23 @@ import (
 // the paced client.
 const pacedArgv0 = "lanes-paced-pingpong"
 
+// spinArgv0 is the name it starts its own binary under to keep the
+// client's core from halting (PingPong.Spin).
+const spinArgv0 = "lanes-idle-spin"
+
 // pacedReplyTimeout is how long the client waits for one reply before it
-// counts the message lost: far above any round trip measured here (the
-// longest, 9 ms, under 95% background), so only a real loss times out.
-const pacedReplyTimeout = 200 * time.Millisecond
+// counts the message lost: ten times the longest one-way latency measured
+// here (under 95% background in trains, about 2.5 ms), so only a real
+// loss times out, and a loss costs a run at 1000/s 50 slots.
+const pacedReplyTimeout = 50 * time.Millisecond
+
+// pacedCatchUp is how far behind its schedule the client may fall and
+// still send at once, catching up (at least two intervals): a slow reply
+// or a stall of the VM (up to 4 ms seen on an idle testbed) costs no slot
+// and at most ten sends back to back at 1000/s, while a wait for a lost
+// one (pacedReplyTimeout) skips its slots rather than sending them back
+// to back.
+const pacedCatchUp = 10 * time.Millisecond
 
 // pacedWarmup is excluded from the figures at the start of a run, as
 // sockperf excludes its warm-up: the first messages pay for ARP, the
@@ -93,15 +110,26 @@ const (
 // and exits; otherwise it returns at once. Call it first thing in main (and
 // in TestMain of packages whose tests run the paced ping-pong).
 func RunHelper() {
-	if filepath.Base(os.Args[0]) != pacedArgv0 {
+	var err error
+	switch name := filepath.Base(os.Args[0]); name {
+	case pacedArgv0:
+		err = pacedMain(os.Args[1:], os.Stdout)
+	case spinArgv0:
+		err = spinIdle()
+	default:
+		helperReady = true
 		return
 	}
-	if err := pacedMain(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", pacedArgv0, err)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", filepath.Base(os.Args[0]), err)
 		os.Exit(1)
 	}
 	os.Exit(0)
 }
+
+// helperReady says RunHelper ran in this process (and returned): the
+// binary can be started as the paced client.
+var helperReady bool
 
 // pacedArgs is one paced ping-pong run.
 type pacedArgs struct {
@@ -112,17 +140,18 @@ type pacedArgs struct {
 	Duration time.Duration
 	Warmup   time.Duration
 	Log      string // per-message latencies (µs), one per line
-	Spin     bool   // keep the core from halting between messages
 }
 
 // pacedSummary is what the client prints, one JSON object.
 type pacedSummary struct {
-	MeasuredS float64 `json:"measured_s"` // the window after the warm-up
-	Sent      uint64  `json:"sent"`       // messages sent in it
-	Received  uint64  `json:"received"`   // replies to them
-	Lost      uint64  `json:"lost"`       // no reply within pacedReplyTimeout
-	Stray     uint64  `json:"stray"`      // replies to a message already counted lost, or not ours
-	Behind    uint64  `json:"behind"`     // sends later than their slot by more than an interval
+	MeasuredS  float64 `json:"measured_s"`  // the window after the warm-up: its slots x the interval
+	Sent       uint64  `json:"sent"`        // messages sent in it
+	Received   uint64  `json:"received"`    // replies to them
+	Lost       uint64  `json:"lost"`        // no reply within pacedReplyTimeout
+	SendFailed uint64  `json:"send_failed"` // sends the kernel refused (an earlier datagram's ICMP error, a full queue)
+	Skipped    uint64  `json:"skipped"`     // slots that went by while a reply was awaited: not sent
+	Late       uint64  `json:"late"`        // sent more than an interval after their slot (a slow reply before)
+	Stray      uint64  `json:"stray"`       // replies to a message already counted lost, or not ours
 }
 
 func (a pacedArgs) argv() []string {
@@ -136,9 +165,6 @@ func (a pacedArgs) argv() []string {
 	}
 	if a.ClientIP.IsValid() {
 		args = append(args, "-client-ip", a.ClientIP.String())
-	}
-	if a.Spin {
-		args = append(args, "-spin")
 	}
 	return args
 }
@@ -154,7 +180,6 @@ func parsePacedArgs(argv []string) (pacedArgs, error) {
 	fs.DurationVar(&a.Duration, "duration", 5*time.Second, "measured time after the warm-up")
 	fs.DurationVar(&a.Warmup, "warmup", pacedWarmup, "time before the measurement")
 	fs.StringVar(&a.Log, "log", "", "per-message latency file")
-	fs.BoolVar(&a.Spin, "spin", false, "keep the core from halting between messages")
 	if err := fs.Parse(argv); err != nil {
 		return a, err
 	}
@@ -185,19 +210,10 @@ func pacedMain(argv []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// One thread does everything; with -spin a second one keeps the core
-	// busy. Each holds a P of its own, or a reply's thread would wait for
-	// the spinner's P (the process may be pinned to one core, which sets
-	// GOMAXPROCS to 1).
+	// One thread does everything, and a second P stays idle, so the
+	// runtime's monitor does not take this thread's P each time it blocks.
 	runtime.GOMAXPROCS(2)
 	runtime.LockOSThread()
-	if a.Spin {
-		started := make(chan error, 1)
-		go spinIdle(started)
-		if err := <-started; err != nil {
-			return err
-		}
-	}
 	// Sleep to the nanosecond asked for, not to the next 50 µs of the
 	// default slack: the sends keep their slots.
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0); err != nil {
@@ -218,15 +234,18 @@ func pacedMain(argv []string, stdout io.Writer) error {
 	return json.NewEncoder(stdout).Encode(sum)
 }
 
-// spinIdle busy-loops at SCHED_IDLE on a thread of its own, for good.
-func spinIdle(started chan<- error) {
+// spinIdle is the idle spinner's process: it busy-loops at SCHED_IDLE
+// until killed. A process of its own, not a thread of the client's: in
+// the client's runtime a spinning goroutine held a P the client's thread
+// then waited for after its sleeps (replies 10 ms late and more, measured
+// 2026-11-25).
+func spinIdle() error {
+	runtime.GOMAXPROCS(1)
 	runtime.LockOSThread()
 	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
 	if err := unix.SchedSetAttr(0, a, 0); err != nil {
-		started <- fmt.Errorf("spinner at SCHED_IDLE: %w", err)
-		return
+		return fmt.Errorf("SCHED_IDLE: %w", err)
 	}
-	started <- nil
 	for {
 		spinSink++
 	}
@@ -261,7 +280,9 @@ func pacedSocket(a pacedArgs) (int, error) {
 	return fd, nil
 }
 
-// monoNs is CLOCK_MONOTONIC in ns (vDSO, no system call).
+// monoNs is CLOCK_MONOTONIC in ns, the clock clock_nanosleep sleeps on
+// (a system call here: only for the schedule, never inside a round trip,
+// which time.Now times through the vDSO).
 func monoNs() int64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
@@ -279,43 +300,48 @@ func sleepUntil(t int64) {
 	}
 }
 
-// pacedRun sends message i at start + i/rate (or at once, if the reply to
-// message i-1 came later than that: like sockperf, one message in flight),
-// waits for its reply and records half the round trip. It returns the
-// latencies (µs) of the messages sent after the warm-up.
+// pacedRun sends message i at start + i/rate, one message in flight (as
+// sockperf's ping-pong), waits for its reply and records half the round
+// trip. A slot that went by while a reply was awaited is skipped, not
+// sent late. It returns the latencies (µs) of the messages whose slots
+// lie after the warm-up.
 func pacedRun(fd int, a pacedArgs) ([]float64, pacedSummary, error) {
 	interval := int64(time.Second) / int64(a.Rate)
-	total := a.Warmup + a.Duration
-	n := int64(total) / interval
-	lat := make([]float64, 0, int64(a.Duration)/interval+1)
+	n := int64(a.Warmup+a.Duration) / interval
+	first := (int64(a.Warmup) + interval - 1) / interval // first measured slot
+	lat := make([]float64, 0, n-first+1)
 	msg := make([]byte, a.Size)
 	reply := make([]byte, a.Size+64)
-	var sum pacedSummary
+	sum := pacedSummary{MeasuredS: float64((n-first)*interval) / 1e9}
 	start := monoNs() + interval
-	measureFrom := start + int64(a.Warmup)
 	for i := int64(0); i < n; i++ {
 		slot := start + i*interval
 		if now := monoNs(); now < slot {
 			sleepUntil(slot)
-		} else if now-slot > interval {
-			// The previous reply came late: this one goes at once.
-			if slot >= measureFrom {
-				sum.Behind++
-			}
+		} else if behind := (now - slot) / interval; now-slot > max(int64(pacedCatchUp), 2*interval) {
+			// A reply timed out, or came very late: go on at the next
+			// slot still ahead.
+			next := min(i+behind+1, n)
+			sum.Skipped += uint64(max(0, next-max(i, first)))
+			i = next - 1
+			continue
+		} else if now-slot > interval && i >= first {
+			// A reply came a little late: this one goes now, and the
+			// next ones catch up to the schedule within a few slots.
+			sum.Late++
 		}
+		measured := i >= first
 		seq := uint64(i + 1)
 		binary.BigEndian.PutUint64(msg[0:8], seq)
 		binary.BigEndian.PutUint16(msg[8:10], spFlagClient|spFlagPong)
 		binary.BigEndian.PutUint32(msg[10:14], uint32(a.Size))
-		measured := slot >= measureFrom
-		t0 := monoNs()
+		t0 := time.Now()
 		if _, err := unix.Write(fd, msg); err != nil {
 			if errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
 				// An ICMP error from an earlier datagram, or a full
-				// queue: this message is lost, the run goes on.
+				// queue: nothing went out, the run goes on.
 				if measured {
-					sum.Sent++
-					sum.Lost++
+					sum.SendFailed++
 				}
 				continue
 			}
@@ -324,39 +350,36 @@ func pacedRun(fd int, a pacedArgs) ([]float64, pacedSummary, error) {
 		if measured {
 			sum.Sent++
 		}
-		got := false
-		for !got {
+		for {
 			k, err := unix.Read(fd, reply)
-			t1 := monoNs()
-			switch {
-			case err == unix.EINTR:
+			t1 := time.Now()
+			if err == unix.EINTR {
 				continue
-			case err == unix.EAGAIN || err == unix.ECONNREFUSED:
+			}
+			if err == unix.EAGAIN || err == unix.ECONNREFUSED {
 				// Timed out (or the server's port was closed): lost.
 				if measured {
 					sum.Lost++
 				}
-				got = true
-				continue
-			case err != nil:
+				break
+			}
+			if err != nil {
 				return nil, sum, fmt.Errorf("receive: %w", err)
 			}
 			if k < spHeaderLen || binary.BigEndian.Uint64(reply[0:8]) != seq ||
 				binary.BigEndian.Uint16(reply[8:10])&spFlagClient != 0 {
 				// A late reply to a message counted lost: drop it and
-				// keep waiting for this one's (the timeout restarts,
-				// which only lengthens a wait that is already a loss).
+				// keep waiting for this one's.
 				sum.Stray++
 				continue
 			}
-			got = true
 			if measured {
 				sum.Received++
-				lat = append(lat, float64(t1-t0)/2e3)
+				lat = append(lat, float64(t1.Sub(t0).Nanoseconds())/2e3)
 			}
+			break
 		}
 	}
-	sum.MeasuredS = float64(n*interval-int64(a.Warmup)) / 1e9
 	return lat, sum, nil
 }
 
@@ -377,21 +400,31 @@ func writeLatencies(path string, lat []float64) error {
 	return f.Close()
 }
 
-// selfTool is this binary, started as the paced client.
-func selfTool() (tool, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return tool{}, fmt.Errorf("finding the lanes binary for the paced client: %w", err)
+// selfTool is this binary, started as one of its helpers (argv0).
+// /proc/self/exe, not the path it was started from: a binary rebuilt or
+// removed during a run still starts as the build that is running.
+func selfTool(argv0 string) (tool, error) {
+	if !helperReady {
+		// The binary would not know the name and run itself again (a
+		// test binary: its whole suite) in the client's namespace.
+		return tool{}, errors.New("the paced client needs workload.RunHelper called first thing in main (or TestMain)")
 	}
-	return tool{names: []string{exe}, pkg: "lanes", argv0: pacedArgv0}, nil
+	return tool{names: []string{"/proc/self/exe"}, pkg: "lanes", argv0: argv0}, nil
 }
 
 // runPaced runs the paced client against the sockperf server sp already
 // started and ready, and builds the Result as sockperf's own client's.
 func (w PingPong) runPaced(ctx context.Context, s *session, srv, cli Endpoint, p Point, port int, sp *proc) (Result, error) {
-	self, err := selfTool()
+	self, err := selfTool(pacedArgv0)
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
+	}
+	if w.Spin {
+		// On the client's cores, until the session closes.
+		spin, _ := selfTool(spinArgv0)
+		if _, err := s.start(cli, "idle-spinner", spin, nil, "idle-spinner.out", ""); err != nil {
+			return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
+		}
 	}
 	a := pacedArgs{
 		Server:   netip.AddrPortFrom(srv.Addr, uint16(port)),
@@ -401,7 +434,6 @@ func (w PingPong) runPaced(ctx context.Context, s *session, srv, cli Endpoint, p
 		Duration: p.Duration,
 		Warmup:   pacedWarmup,
 		Log:      s.path("paced-latencies.txt"),
-		Spin:     w.Spin,
 	}
 	out, err := s.runClient(ctx, cli, a.Warmup+a.Duration, "paced-pingpong", self, a.argv(), sp)
 	if err != nil {
@@ -422,9 +454,25 @@ func (w PingPong) runPaced(ctx context.Context, s *session, srv, cli Endpoint, p
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
 	}
 	if err := sum.short(p.Rate); err != nil {
-		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
+		return Result{}, withTail(fmt.Errorf("%s: %w", w.Name(), err), sp)
 	}
-	return sum.asSockperf(lat).result("udp", lat), nil
+	r := sum.asSockperf(lat).result("udp", lat)
+	// Which client measured (sockperf's runs have none of these), and
+	// what it could not send at its slots.
+	r.Extra["paced_client"] = 1
+	r.Extra["paced_spin"] = b2f(w.Spin)
+	r.Extra["send_failed"] = float64(sum.SendFailed)
+	r.Extra["skipped"] = float64(sum.Skipped)
+	r.Extra["sent_late"] = float64(sum.Late)
+	r.Extra["stray"] = float64(sum.Stray)
+	return r, nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // short fails a run that got replies to fewer than 80% of the messages its
@@ -435,8 +483,8 @@ func (s pacedSummary) short(rate int) error {
 	if float64(s.Received) >= 0.8*want {
 		return nil
 	}
-	return fmt.Errorf("paced ping-pong: %d replies to %d messages in the %.3f s measured, about %.0f at %d/s (%d lost): %w",
-		s.Received, s.Sent, s.MeasuredS, want, rate, s.Lost, errNoResult)
+	return fmt.Errorf("paced ping-pong: %d replies to %d messages in the %.3f s measured, about %.0f at %d/s (%d lost, %d slots skipped while waiting, %d sends refused): %w",
+		s.Received, s.Sent, s.MeasuredS, want, rate, s.Lost, s.Skipped, s.SendFailed, errNoResult)
 }
 
 // asSockperf is the summary in sockperf's terms, with its statistics taken

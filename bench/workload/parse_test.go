@@ -411,7 +411,7 @@ func TestPacedArgsRoundTrip(t *testing.T) {
 	a := pacedArgs{
 		Server:   netip.MustParseAddrPort("198.18.0.2:11111"),
 		ClientIP: netip.MustParseAddr("198.18.0.1"),
-		Rate:     1000, Size: 64, Duration: 5 * time.Second, Warmup: pacedWarmup, Log: "/tmp/x", Spin: true,
+		Rate:     1000, Size: 64, Duration: 5 * time.Second, Warmup: pacedWarmup, Log: "/tmp/x",
 	}
 	got, err := parsePacedArgs(a.argv())
 	if err != nil || got != a {
