@@ -437,7 +437,7 @@ func hasBackground(a *results.Agg, wl string) bool {
 // Latency statistics and background columns of backgroundTable, after
 // PRISM's Fig. 11 (min, average and tail latency against background load).
 var (
-	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999}
+	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999, results.Lost}
 	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundLate, results.BackgroundKpps, results.BackgroundShare}
 )
 

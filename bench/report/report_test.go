@@ -139,9 +139,9 @@ func TestPrioReport(t *testing.T) {
 		"| 64 B, bg 65% | native |",
 		"|  | vanilla | 144.0 [138.2–151.2] | 1.00 | 2.50 | 432.0 [414.7–453.6] | 1.00 | 2.50 | 64.4 | 1.00 | 1.00 | 3 |",
 		// The detail table: min, avg, p50, p99, p99.9, background.
-		"| point | mode | min µs | avg µs | p50 µs | p99 µs | p99.9 µs | background offered Kpps | background offered % of asked | background sent late % | background received Kpps | background received % of offered |",
-		"|  | vanilla | 86.4 | 158.4 | 144.0 | 432.0 | 720.0 | 65 | 100 | 2 | 64.4 | 99.0 |",
-		"| 64 B, bg 0% | native | 15.0 | 27.5 | 25.0 | 75.0 | 125.0 | – | – | – | – | – |",
+		"| point | mode | min µs | avg µs | p50 µs | p99 µs | p99.9 µs | lost % | background offered Kpps | background offered % of asked | background sent late % | background received Kpps | background received % of offered |",
+		"|  | vanilla | 86.4 | 158.4 | 144.0 | 432.0 | 720.0 | 0 | 65 | 100 | 2 | 64.4 | 99.0 |",
+		"| 64 B, bg 0% | native | 15.0 | 27.5 | 25.0 | 75.0 | 125.0 | 0 | – | – | – | – | – |",
 		"## prio_memcached",
 		"| point | mode | rate req/s | vs vanilla | vs native | p50 µs |",
 	)

@@ -138,6 +138,16 @@ func (g *Group) StatRecorded(m Metric, key string) Stat {
 	return Summarize(vs)
 }
 
+// Lost is the share of a ping-pong's messages that got no reply (%): the
+// paced client counts a loss and goes on, so a run under heavy background
+// has latencies for the answered ones and this beside them.
+var Lost = Metric{"lost", "%", func(r *Run) float64 {
+	if s := r.Extra["sent"]; s > 0 {
+		return 100 * r.Extra["dropped"] / s
+	}
+	return 0
+}}
+
 // BackgroundShare is the share of the offered background its receiver
 // got (%): below 100 the low-priority traffic lost packets.
 var BackgroundShare = Metric{"background received", "% of offered", func(r *Run) float64 {

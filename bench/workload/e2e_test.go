@@ -340,12 +340,12 @@ func TestPacedLossSkipsSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(began)
-	// 300 slots: one lost, the ~50 that pass during its 50 ms wait
+	// 300 slots: one lost, the ~20 that pass during its 20 ms wait
 	// skipped, every other one sent and answered
 	// (more skipped if this shared VM stalls the client for longer than it
 	// catches up from).
-	if sum.Lost != 1 || sum.Skipped < 40 || sum.Skipped > 150 || sum.Sent+sum.Skipped != 300 || sum.Received != sum.Sent-1 || len(lat) != int(sum.Received) {
-		t.Errorf("summary %+v with %d latencies: want 1 lost, about 50 skipped, sent + skipped = 300, the rest answered", sum, len(lat))
+	if sum.Lost != 1 || sum.Skipped < 15 || sum.Skipped > 120 || sum.Sent+sum.Skipped != 300 || sum.Received != sum.Sent-1 || len(lat) != int(sum.Received) {
+		t.Errorf("summary %+v with %d latencies: want 1 lost, about 20 skipped, sent + skipped = 300, the rest answered", sum, len(lat))
 	}
 	if sum.MeasuredS != 0.3 {
 		t.Errorf("measured %v s, want 0.3", sum.MeasuredS)

@@ -79,10 +79,10 @@ const pacedArgv0 = "lanes-paced-pingpong"
 const spinArgv0 = "lanes-idle-spin"
 
 // pacedReplyTimeout is how long the client waits for one reply before it
-// counts the message lost: ten times the longest one-way latency measured
-// here (under 95% background in trains, about 2.5 ms), so only a real
-// loss times out, and a loss costs a run at 1000/s 50 slots.
-const pacedReplyTimeout = 50 * time.Millisecond
+// counts the message lost: four times the longest round trip measured
+// here (under 95% background in trains of 64, about 5 ms), so only a real
+// loss times out, and a loss costs a run at 1000/s 20 slots.
+const pacedReplyTimeout = 20 * time.Millisecond
 
 // pacedCatchUp is how far behind its schedule the client may fall and
 // still send at once, catching up (at least two intervals): a slow reply
@@ -475,12 +475,16 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// short fails a run that got replies to fewer than 80% of the messages its
-// rate asked for (the bar sockperfSummary.stalled sets for sockperf's
-// client): lost ones, or a client held off its core.
+// short fails a run that measured too little to stand for its rate: fewer
+// than half the messages the rate asked for were answered (the client was
+// held off its core, or the path broke). Lost replies alone do not fail a
+// run: under a heavy background the receive ring drops some of the
+// ping-pong's datagrams too (8% of them in trains of 64 at 80-95%,
+// measured 2026-11-25), which is a result (`dropped`, and the report's
+// loss column), with the latency of the answered ones beside it.
 func (s pacedSummary) short(rate int) error {
 	want := float64(rate) * s.MeasuredS
-	if float64(s.Received) >= 0.8*want {
+	if float64(s.Received) >= 0.5*want {
 		return nil
 	}
 	return fmt.Errorf("paced ping-pong: %d replies to %d messages in the %.3f s measured, about %.0f at %d/s (%d lost, %d slots skipped while waiting, %d sends refused): %w",

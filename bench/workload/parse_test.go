@@ -444,12 +444,12 @@ func TestPacedSummaryAsSockperf(t *testing.T) {
 	if sd := r.Extra["std_dev_us"]; math.Abs(sd-math.Sqrt(125)) > 1e-9 {
 		t.Errorf("std dev %v, want %v", sd, math.Sqrt(125))
 	}
-	// 80% of the messages the rate asked for, as sockperf's stall bar.
-	if err := (pacedSummary{MeasuredS: 1, Received: 800}).short(1000); err != nil {
-		t.Errorf("800 of 1000: %v", err)
+	// Half the messages the rate asked for answered at least.
+	if err := (pacedSummary{MeasuredS: 1, Received: 500}).short(1000); err != nil {
+		t.Errorf("500 of 1000: %v", err)
 	}
-	if err := (pacedSummary{MeasuredS: 1, Received: 799, Lost: 201}).short(1000); !errors.Is(err, errNoResult) {
-		t.Errorf("799 of 1000: err = %v, want errNoResult", err)
+	if err := (pacedSummary{MeasuredS: 1, Received: 499, Lost: 24, Skipped: 477}).short(1000); !errors.Is(err, errNoResult) {
+		t.Errorf("499 of 1000: err = %v, want errNoResult", err)
 	}
 	if got, err := readLatencies(strings.NewReader("1.500\n\n2.000\n")); err != nil || len(got) != 2 || got[0] != 1.5 {
 		t.Errorf("readLatencies = %v, %v", got, err)
