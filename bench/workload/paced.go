@@ -34,7 +34,7 @@ import (
 // background PRISM's evaluation calls evenly spaced came in catch-up bursts
 // once a millisecond, in step with the ping-pong: measured on the 2 x Intel
 // Xeon vCPU VM (2026-11-25), 47% of a 30 Kpps background was sent late and
-// the generator dropped its backlog 1000-1600 times in a 5 s run at 50-95%
+// the generator dropped its backlog 470-2250 times in a 5 s run at 50-95%
 // (`bg_late_share`, `bg_gen_stalls`), against 0.3% late and no drop for the
 // same generator with nothing spinning beside it. This client sends at the
 // same rate, sleeping in between (clock_nanosleep to an absolute time,
@@ -61,9 +61,9 @@ import (
 // generator (it spins at SCHED_IDLE whenever nothing else runs). For a run
 // without it, PingPong.Spin keeps the core from halting the same way: a
 // process beside the client spins at SCHED_IDLE, which any other task
-// preempts at once. Not beside the generator: two SCHED_IDLE spinners share the core in
-// scheduler slices of a millisecond or more, and the generator would fall
-// behind again.
+// preempts at once. Not beside the generator: two SCHED_IDLE spinners
+// share the core in scheduler slices of a millisecond or more, and the
+// generator would fall behind again.
 //
 // The client runs as a process of its own (the lanes binary started under
 // the name pacedArgv0, see RunHelper), so no other goroutine, garbage
