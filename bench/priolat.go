@@ -26,7 +26,7 @@ import (
 //	                sockperf server, lanes' paced client (see below)
 //	prio_memcached  memcached + memaslap (Fig. 12)
 //	prio_nginx      nginx + wrk, one connection, a page under 1 KB (Fig. 13)
-//	prio_sporadic   sockperf UDP ping-pong at 10 msg/s: a marked flow that
+//	prio_sporadic   the same ping-pong at 10 msg/s: a marked flow that
 //	                pauses 100 ms between requests (not in the paper; what
 //	                prism's quiet setting costs; only when asked for)
 //	prio_mixed      the ping-pong of prio_latency and, beside it, the
@@ -44,8 +44,8 @@ import (
 //	                only when asked for; give it a long --duration)
 //	prio_latency_sockperf  prio_latency with sockperf's own client, which
 //	                busy-waits between messages on the generator's core
-//	                (only when asked for; how the runs before 2026-11-26
-//	                measured)
+//	                (only when asked for; how every priority ping-pong ran
+//	                before 2026-11-25 19:49 UTC, commit 44a37ca)
 //
 // The ping-pongs run lanes' paced client (workload.PingPong.Paced)
 // against the sockperf server: sockperf's client busy-waits for its next

@@ -456,22 +456,14 @@ func backgroundTable(a *results.Agg, wl string) table {
 			row = append(row, median(g, m, func(v float64) string { return num(v, m.Unit) }))
 		}
 		for _, m := range bgTraffic {
-			// Results from before runs recorded what was asked have no
-			// share of it: none, not 0.
-			if g.Background == 0 || (m.Name == results.BackgroundAsked.Name && m.Unit == results.BackgroundAsked.Unit && g.StatMeasured(m).N == 0) {
+			// Idle points have no background; results from before a
+			// run recorded a figure have none of it: "–", not 0.
+			st := g.StatRecorded(m)
+			if g.Background == 0 || st.N == 0 {
 				row = append(row, "–")
 				continue
 			}
-			if m.Name == results.BackgroundLate.Name && m.Unit == results.BackgroundLate.Unit {
-				// Over the runs that recorded it: 0% is a value.
-				if st := g.StatRecorded(m, results.LateKey); st.N > 0 {
-					row = append(row, num(st.Median, m.Unit))
-				} else {
-					row = append(row, "–")
-				}
-				continue
-			}
-			row = append(row, median(g, m, func(v float64) string { return num(v, m.Unit) }))
+			row = append(row, num(st.Median, m.Unit))
 		}
 		t.rows = append(t.rows, cells(row...))
 	})

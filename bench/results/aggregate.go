@@ -119,16 +119,24 @@ var BackgroundAsked = Metric{"background offered", "% of asked", func(r *Run) fl
 // BackgroundLate is the share of the background the generator sent late,
 // in catch-up bursts after it lost its core for more than one packet's
 // interval (%): the background the point is labelled with was evenly
-// spaced only to the extent this is small. Runs from before it was
-// recorded read 0: summarise it with StatRecorded(m, LateKey).
-var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra[LateKey] }}
+// spaced only to the extent this is small.
+var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra["bg_late_share"] }}
 
-// LateKey is the Extra entry BackgroundLate reads.
-const LateKey = "bg_late_share"
+// recordedBy names, for metrics runs record only since some build, the
+// Extra entry whose presence says a run did: older runs read 0 there,
+// where 0 is also a real value.
+var recordedBy = map[string]string{
+	BackgroundAsked.Name + "\x00" + BackgroundAsked.Unit: "bg_target_kpps",
+	BackgroundLate.Name + "\x00" + BackgroundLate.Unit:   "bg_late_share",
+}
 
-// StatRecorded summarises m over the repeats that recorded Extra[key],
-// where 0 is a real value and a missing one must not count as one.
-func (g *Group) StatRecorded(m Metric, key string) Stat {
+// StatRecorded summarises m over the repeats that recorded it (recordedBy;
+// every repeat for a metric every run records).
+func (g *Group) StatRecorded(m Metric) Stat {
+	key, ok := recordedBy[m.Name+"\x00"+m.Unit]
+	if !ok {
+		return g.Stat(m)
+	}
 	var vs []float64
 	for i := range g.Runs {
 		if _, ok := g.Runs[i].Extra[key]; ok {

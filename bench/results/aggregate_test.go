@@ -148,8 +148,12 @@ func TestStatMeasured(t *testing.T) {
 // A run that did not record the late share is left out; one that sent
 // nothing late counts as 0%.
 func TestStatRecorded(t *testing.T) {
-	g := &Group{Runs: []Run{{Extra: map[string]float64{LateKey: 0}}, {Extra: map[string]float64{LateKey: 0.5}}, {}}}
-	if st := g.StatRecorded(BackgroundLate, LateKey); st.N != 2 || st.Median != 25 || st.Min != 0 || st.Max != 50 {
+	g := &Group{Runs: []Run{{Extra: map[string]float64{"bg_late_share": 0}}, {Extra: map[string]float64{"bg_late_share": 0.5}}, {}}}
+	if st := g.StatRecorded(BackgroundLate); st.N != 2 || st.Median != 25 || st.Min != 0 || st.Max != 50 {
 		t.Errorf("StatRecorded = %+v, want 2 runs, median 25, 0..50", st)
+	}
+	// A metric every run records: every run.
+	if st := g.StatRecorded(BackgroundKpps); st.N != 3 {
+		t.Errorf("StatRecorded(BackgroundKpps) over %d runs, want 3", st.N)
 	}
 }

@@ -324,7 +324,7 @@ func TestPacedLossSkipsSlots(t *testing.T) {
 
 	a := pacedArgs{Server: netip.AddrPortFrom(tn.srv.Addr, port), ClientIP: tn.cli.Addr, Rate: 1000, Size: 64, Duration: 300 * time.Millisecond}
 	var (
-		lat []float64
+		lat []pacedSample
 		sum pacedSummary
 	)
 	began := time.Now()

@@ -1,7 +1,6 @@
 package workload
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -9,16 +8,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/policy/balancer"
 )
 
 // The paced ping-pong client: sockperf's UDP ping-pong, with a client that
@@ -139,7 +138,7 @@ type pacedArgs struct {
 	Size     int        // message bytes, header included
 	Duration time.Duration
 	Warmup   time.Duration
-	Log      string // per-message latencies (µs), one per line
+	Log      string // per-message log, sockperf's --full-log table
 }
 
 // pacedSummary is what the client prints, one JSON object.
@@ -179,7 +178,7 @@ func parsePacedArgs(argv []string) (pacedArgs, error) {
 	fs.IntVar(&a.Size, "size", 64, "message bytes")
 	fs.DurationVar(&a.Duration, "duration", 5*time.Second, "measured time after the warm-up")
 	fs.DurationVar(&a.Warmup, "warmup", pacedWarmup, "time before the measurement")
-	fs.StringVar(&a.Log, "log", "", "per-message latency file")
+	fs.StringVar(&a.Log, "log", "", "per-message log file")
 	if err := fs.Parse(argv); err != nil {
 		return a, err
 	}
@@ -200,7 +199,7 @@ func parsePacedArgs(argv []string) (pacedArgs, error) {
 	case a.Duration <= 0 || a.Warmup < 0:
 		return a, fmt.Errorf("-duration %v -warmup %v: want a positive duration and a warm-up >= 0", a.Duration, a.Warmup)
 	case a.Log == "":
-		return a, errors.New("-log: want a file for the per-message latencies")
+		return a, errors.New("-log: want a file for the per-message log")
 	}
 	return a, nil
 }
@@ -303,29 +302,31 @@ func sleepUntil(t int64) {
 // pacedRun sends message i at start + i/rate, one message in flight (as
 // sockperf's ping-pong), waits for its reply and records half the round
 // trip. A slot that went by while a reply was awaited is skipped, not
-// sent late. It returns the latencies (µs) of the messages whose slots
-// lie after the warm-up.
-func pacedRun(fd int, a pacedArgs) ([]float64, pacedSummary, error) {
+// sent late. It returns the answered messages whose slots lie after the
+// warm-up.
+func pacedRun(fd int, a pacedArgs) ([]pacedSample, pacedSummary, error) {
 	interval := int64(time.Second) / int64(a.Rate)
 	n := int64(a.Warmup+a.Duration) / interval
 	first := (int64(a.Warmup) + interval - 1) / interval // first measured slot
-	lat := make([]float64, 0, n-first+1)
+	lat := make([]pacedSample, 0, n-first+1)
 	msg := make([]byte, a.Size)
 	reply := make([]byte, a.Size+64)
 	sum := pacedSummary{MeasuredS: float64((n-first)*interval) / 1e9}
 	start := monoNs() + interval
+	epoch := time.Now()
 	for i := int64(0); i < n; i++ {
 		slot := start + i*interval
-		if now := monoNs(); now < slot {
+		switch late := monoNs() - slot; {
+		case late < 0:
 			sleepUntil(slot)
-		} else if behind := (now - slot) / interval; now-slot > max(int64(pacedCatchUp), 2*interval) {
+		case late > max(int64(pacedCatchUp), 2*interval):
 			// A reply timed out, or came very late: go on at the next
 			// slot still ahead.
-			next := min(i+behind+1, n)
+			next := min(i+late/interval+1, n)
 			sum.Skipped += uint64(max(0, next-max(i, first)))
 			i = next - 1
 			continue
-		} else if now-slot > interval && i >= first {
+		case late > interval && i >= first:
 			// A reply came a little late: this one goes now, and the
 			// next ones catch up to the schedule within a few slots.
 			sum.Late++
@@ -375,7 +376,7 @@ func pacedRun(fd int, a pacedArgs) ([]float64, pacedSummary, error) {
 			}
 			if measured {
 				sum.Received++
-				lat = append(lat, float64(t1.Sub(t0).Nanoseconds())/2e3)
+				lat = append(lat, pacedSample{seq: seq, tx: t0.Sub(epoch), rx: t1.Sub(epoch)})
 			}
 			break
 		}
@@ -383,16 +384,28 @@ func pacedRun(fd int, a pacedArgs) ([]float64, pacedSummary, error) {
 	return lat, sum, nil
 }
 
-func writeLatencies(path string, lat []float64) error {
+// pacedSample is one answered message: its send and its reply's receive,
+// from the start of the run.
+type pacedSample struct {
+	seq    uint64
+	tx, rx time.Duration
+}
+
+// writeLatencies writes the samples as sockperf's --full-log table
+// ("packet, txTime(sec), rxTime(sec), latency(usec)", latency half the
+// round trip, up to a dashed line), which parseSockperfFullLog reads: one
+// per-message log format for both clients.
+func writeLatencies(path string, lat []pacedSample) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 0, 16*len(lat))
+	buf := make([]byte, 0, 64+48*len(lat))
+	buf = append(buf, "packet, txTime(sec), rxTime(sec), latency(usec)\n"...)
 	for _, v := range lat {
-		buf = strconv.AppendFloat(buf, v, 'f', 3, 64)
-		buf = append(buf, '\n')
+		buf = fmt.Appendf(buf, "%d, %.9f, %.9f, %.3f\n", v.seq, v.tx.Seconds(), v.rx.Seconds(), float64((v.rx-v.tx).Nanoseconds())/2e3)
 	}
+	buf = append(buf, "------------------------------\n"...)
 	if _, err := f.Write(buf); err != nil {
 		f.Close()
 		return err
@@ -448,7 +461,7 @@ func (w PingPong) runPaced(ctx context.Context, s *session, srv, cli Endpoint, p
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
 	}
-	lat, err := readLatencies(f)
+	lat, err := parseSockperfFullLog(f)
 	f.Close()
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
@@ -506,35 +519,12 @@ func (s pacedSummary) asSockperf(lat []float64) *sockperfSummary {
 	if len(lat) == 0 {
 		return out
 	}
-	var sum, sq float64
-	out.MinUs, out.MaxUs = lat[0], lat[0]
+	// Min and max result takes from the samples.
+	var sum float64
 	for _, v := range lat {
 		sum += v
-		out.MinUs, out.MaxUs = min(out.MinUs, v), max(out.MaxUs, v)
 	}
 	out.AvgUs = sum / float64(len(lat))
-	for _, v := range lat {
-		sq += (v - out.AvgUs) * (v - out.AvgUs)
-	}
-	out.StdDevUs = math.Sqrt(sq / float64(len(lat)))
-	out.hasMin, out.hasMax = true, true
+	out.StdDevUs = balancer.StdDev(lat)
 	return out
-}
-
-// readLatencies reads writeLatencies' file.
-func readLatencies(r io.Reader) ([]float64, error) {
-	sc := bufio.NewScanner(r)
-	var out []float64
-	for sc.Scan() {
-		ln := strings.TrimSpace(sc.Text())
-		if ln == "" {
-			continue
-		}
-		v, err := strconv.ParseFloat(ln, 64)
-		if err != nil || v < 0 {
-			return nil, fmt.Errorf("paced client's latency file: bad line %q", ln)
-		}
-		out = append(out, v)
-	}
-	return out, sc.Err()
 }

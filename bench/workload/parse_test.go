@@ -451,10 +451,19 @@ func TestPacedSummaryAsSockperf(t *testing.T) {
 	if err := (pacedSummary{MeasuredS: 1, Received: 499, Lost: 24, Skipped: 477}).short(1000); !errors.Is(err, errNoResult) {
 		t.Errorf("499 of 1000: err = %v, want errNoResult", err)
 	}
-	if got, err := readLatencies(strings.NewReader("1.500\n\n2.000\n")); err != nil || len(got) != 2 || got[0] != 1.5 {
-		t.Errorf("readLatencies = %v, %v", got, err)
+	// The per-message log is sockperf's --full-log table: its parser
+	// reads half of each round trip back.
+	path := filepath.Join(t.TempDir(), "log")
+	samples := []pacedSample{{seq: 7, tx: time.Second, rx: time.Second + 60*time.Microsecond}, {seq: 8, tx: 2 * time.Second, rx: 2*time.Second + 3*time.Microsecond}}
+	if err := writeLatencies(path, samples); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := readLatencies(strings.NewReader("x\n")); err == nil {
-		t.Error("readLatencies took a bad line")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got, err := parseSockperfFullLog(f); err != nil || len(got) != 2 || got[0] != 30 || got[1] != 1.5 {
+		t.Errorf("the log read back as %v, %v; want [30 1.5]", got, err)
 	}
 }
