@@ -62,7 +62,11 @@ type Options struct {
 	// that coalesces interrupts delivers it (stress.GenConfig.Train); 0 or
 	// 1: evenly spaced, as before it existed. Unpaced udp_stress is line-rate
 	// bursts anyway.
-	Train    int
+	Train int
+	// Arrivals spaces that paced traffic (or its trains): "even" ("" too)
+	// or "poisson", exponential gaps of the same mean, as the merged
+	// traffic of many independent senders arrives (stress.GenConfig.Arrivals).
+	Arrivals string
 	Progress io.Writer
 	Args     []string
 }
@@ -216,6 +220,16 @@ func (o *Options) Validate() error {
 	}
 	if o.Train > 1 && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
 		return fmt.Errorf("--train shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", strings.Join(prioNames, ", "))
+	}
+	switch o.Arrivals {
+	case "":
+		o.Arrivals = stress.ArrivalsEven
+	case stress.ArrivalsEven, stress.ArrivalsPoisson:
+	default:
+		return fmt.Errorf("--arrivals must be %s or %s, got %q", stress.ArrivalsEven, stress.ArrivalsPoisson, o.Arrivals)
+	}
+	if o.Arrivals == stress.ArrivalsPoisson && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
+		return fmt.Errorf("--arrivals shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", strings.Join(prioNames, ", "))
 	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
@@ -449,7 +463,7 @@ func (r *runner) all(ctx context.Context) error {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
 	}
 	if len(r.o.Rates) > 0 && slices.Contains(r.o.Workloads, "udp_stress") {
-		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+trainShape(r.o.Train)+"; the unpaced point sends as fast as the generator goes.")
+		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+trainShape(r.o.Train, r.o.Arrivals)+"; the unpaced point sends as fast as the generator goes.")
 	}
 	if err := r.prioCalibrate(ctx); err != nil {
 		return err
@@ -811,7 +825,7 @@ func (r *runner) stressGen() stress.GenConfig {
 	if r.o.IRQCPU == 0 {
 		cpu = runtime.NumCPU() - 1
 	}
-	return stress.GenConfig{CPU: cpu, Yield: true, Train: r.o.Train}
+	return stress.GenConfig{CPU: cpu, Yield: true, Train: r.o.Train, Arrivals: r.o.Arrivals}
 }
 
 // ParseRates reads --rates: a comma-separated list of packet rates, each a
@@ -845,7 +859,13 @@ func ParseRates(s string) ([]int, error) {
 }
 
 // trainShape says how paced generator traffic is spaced (--train).
-func trainShape(train int) string {
+func trainShape(train int, arrivals string) string {
+	if arrivals == stress.ArrivalsPoisson {
+		if train > 1 {
+			return fmt.Sprintf("in trains of %d back to back (--train) starting at Poisson times (--arrivals poisson: exponential gaps of the mean spacing), as a NIC that coalesces interrupts hands over the traffic of many senders", train)
+		}
+		return "at Poisson times (--arrivals poisson: exponential gaps of the mean spacing), as the merged traffic of many independent senders arrives"
+	}
 	if train > 1 {
 		return fmt.Sprintf("in trains of %d back to back at the average rate (--train), as a NIC that coalesces interrupts hands them over", train)
 	}

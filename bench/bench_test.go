@@ -34,6 +34,8 @@ func TestValidate(t *testing.T) {
 		{Workloads: []string{"prio_latency"}, Train: 257, Out: "x"},
 		{Workloads: []string{"prio_latency"}, Train: -1, Out: "x"},
 		{Workloads: []string{"udp_stress"}, Train: 64, Out: "x"}, // unpaced: nothing to shape
+		{Workloads: []string{"prio_latency"}, Arrivals: "bursty", Out: "x"},
+		{Workloads: []string{"udp_stress"}, Arrivals: "poisson", Out: "x"}, // unpaced: nothing to shape
 	} {
 		err := o.Validate()
 		if err == nil {
@@ -60,9 +62,11 @@ func TestValidate(t *testing.T) {
 	for _, o := range []Options{
 		{Workloads: []string{"prio_latency"}, Train: 64, Out: "x"},
 		{Workloads: []string{"udp_stress"}, Rates: []int{600_000}, Train: 64, Out: "x"},
+		{Workloads: []string{"prio_latency"}, Arrivals: "poisson", Out: "x"},
+		{Workloads: []string{"udp_stress"}, Rates: []int{600_000}, Train: 16, Arrivals: "poisson", Out: "x"},
 	} {
 		if err := o.Validate(); err != nil {
-			t.Errorf("--train 64 with %v: %v", o.Workloads, err)
+			t.Errorf("--train %d --arrivals %q with %v: %v", o.Train, o.Arrivals, o.Workloads, err)
 		}
 	}
 	if c, rest := modeCPUs(map[string]string{"cpus": "1", "damp": "false"}); c != "1" || len(rest) != 1 || rest["damp"] != "false" {

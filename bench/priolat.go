@@ -244,6 +244,8 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	}
 	// Datagrams per train of the background (1: evenly spaced).
 	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
+	// 1: the background's datagrams (trains) came at Poisson times.
+	res.Extra["bg_poisson"] = bg.Extra["poisson"]
 	// The run's UDP reorder count is the background's: the service's own
 	// (sockperf's out_of_order) stays in Extra.
 	res.UDPReorder = bg.UDPReorder
@@ -472,7 +474,7 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 
 // bgShape says how the background's datagrams are spaced.
 func (r *runner) bgShape() string {
-	return "Background datagrams offered " + trainShape(r.o.Train) + "; the capacity was calibrated with the same spacing."
+	return "Background datagrams offered " + trainShape(r.o.Train, r.o.Arrivals) + "; the capacity was calibrated with the same spacing."
 }
 
 // hasPath says whether a mode of this run takes the native path (true)

@@ -81,6 +81,11 @@ type GenConfig struct {
 	// interrupts, whose poll finds a batch of frames at once. 0 or 1:
 	// evenly spaced. At most MaxTrain (the receiving veth's ring).
 	Train int
+	// Arrivals spaces a paced generator's packets (or trains):
+	// ArrivalsEven ("" too) one every interval, ArrivalsPoisson at
+	// exponentially distributed gaps of the same mean, as the merged
+	// traffic of many independent senders arrives. Unpaced runs ignore it.
+	Arrivals string
 	// PayloadSize is the inner UDP payload in bytes, including the 8-byte
 	// sequence number; 0 = DefaultPayload.
 	PayloadSize int
@@ -111,6 +116,10 @@ const (
 	// MaxFlows is the size of the program's per-flow sequence array.
 	MaxFlows = 4096
 
+	// Arrival processes of a paced generator (GenConfig.Arrivals).
+	ArrivalsEven    = "even"
+	ArrivalsPoisson = "poisson"
+
 	defaultOuterSport = 49152
 	defaultBatch      = 64
 	maxBatch          = 256 // the kernel's TEST_XDP_MAX_BATCH
@@ -122,6 +131,9 @@ func (c GenConfig) withDefaults() GenConfig {
 	}
 	if c.Train == 0 {
 		c.Train = 1
+	}
+	if c.Arrivals == "" {
+		c.Arrivals = ArrivalsEven
 	}
 	if c.PayloadSize == 0 {
 		c.PayloadSize = DefaultPayload
@@ -159,6 +171,8 @@ func (c GenConfig) validate() error {
 		return fmt.Errorf("train %d: must be 1..%d packets (the receiving veth's ring)", c.Train, MaxTrain)
 	case c.Train > c.Burst:
 		return fmt.Errorf("train %d is longer than burst %d, the most the pacer sends back to back: raise burst or shorten the train", c.Train, c.Burst)
+	case c.Arrivals != ArrivalsEven && c.Arrivals != ArrivalsPoisson:
+		return fmt.Errorf("arrivals %q: must be %s or %s", c.Arrivals, ArrivalsEven, ArrivalsPoisson)
 	case c.Flows < 1 || c.Flows > MaxFlows:
 		return fmt.Errorf("flows %d: must be 1..%d", c.Flows, MaxFlows)
 	case c.RunLen < 1:
@@ -319,6 +333,8 @@ func (g *Generator) load() error {
 		"burst_fp":    burstFP,
 		"train":       uint32(g.cfg.Train),
 		"plain":       boolU8(g.t.Plain),
+		"poisson":     boolU8(g.cfg.Arrivals == ArrivalsPoisson),
+		"exp_q":       expQuantiles(),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
@@ -328,6 +344,38 @@ func (g *Generator) load() error {
 		return fmt.Errorf("loading xdp generator: %w", err)
 	}
 	return nil
+}
+
+// expQSize and expQShift are xdp_gen.c's EXP_Q and EXP_SHIFT.
+const (
+	expQSize  = 1024
+	expQShift = 12
+)
+
+// expQuantiles is the program's table of exponential gaps (xdp_gen.c:
+// exp_q): the quantiles of Exp(1) at the midpoints of expQSize equal
+// slices, in units of 1/(1<<expQShift), scaled so that they sum to exactly
+// expQSize << expQShift. A gap drawn uniformly from it then has mean 1
+// interval, and a Poisson generator offers the rate it was asked for
+// (the midpoints alone fall short by the tail they cut, 0.1%).
+func expQuantiles() [expQSize]uint16 {
+	var v [expQSize]float64
+	sum := 0.0
+	for i := range v {
+		v[i] = -math.Log(1 - (float64(i)+0.5)/expQSize)
+		sum += v[i]
+	}
+	var q [expQSize]uint16
+	unit := float64(int(1) << expQShift)
+	total := 0
+	for i := range v {
+		q[i] = uint16(math.Round(v[i] / (sum / expQSize) * unit))
+		total += int(q[i])
+	}
+	// Rounding leaves the sum a few units off: the longest gap takes the
+	// difference.
+	q[expQSize-1] = uint16(int(q[expQSize-1]) + expQSize<<expQShift - total)
+	return q
 }
 
 func boolU8(b bool) uint8 {

@@ -8,9 +8,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -352,6 +354,98 @@ func TestXDPGenPacer(t *testing.T) {
 	}
 }
 
+// The pacer's gaps, read from its schedule (state.next_fp) one run at a
+// time: evenly spaced, every gap is the interval; Poisson, every gap is
+// the interval times an entry of the exponential table, the entries vary,
+// and their mean is the interval (a distribution check on the kernel's
+// PRNG, not a timing one: each run is made due by setting the schedule
+// 1 ms into the past, inside a burst allowance of seconds).
+func TestXDPGenArrivalGaps(t *testing.T) {
+	const runs = 20000
+	for _, arrivals := range []string{ArrivalsEven, ArrivalsPoisson} {
+		t.Run(arrivals, func(t *testing.T) {
+			g := loadTestGen(t, testTarget(), GenConfig{Rate: 1e6, Burst: 1 << 20, Arrivals: arrivals})
+			in := g.Frame()
+			const interval = 1000 << 8 // 1 µs at 1 Mpps, in ns << 8
+			q := expQuantiles()
+			table := map[uint64]bool{}
+			for _, v := range q {
+				table[uint64(interval)*uint64(v)>>expQShift] = true
+			}
+			seen := map[uint64]bool{}
+			var sum float64
+			for k := 0; k < runs; k++ {
+				var ts unix.Timespec
+				if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+					t.Fatal(err)
+				}
+				var st xdpGenGenState
+				if err := g.objs.State.Lookup(uint32(0), &st); err != nil {
+					t.Fatal(err)
+				}
+				st.NextFp = uint64(ts.Nano()-int64(time.Millisecond)) << 8
+				st.Left = 0
+				if err := g.objs.State.Put(uint32(0), st); err != nil {
+					t.Fatal(err)
+				}
+				if ret, err := g.objs.XdpGen.Run(&ebpf.RunOptions{Data: in}); err != nil || ret != 4 {
+					t.Fatalf("run %d: verdict %d (%v), want XDP_REDIRECT", k, ret, err)
+				}
+				before := st.NextFp
+				if err := g.objs.State.Lookup(uint32(0), &st); err != nil {
+					t.Fatal(err)
+				}
+				gap := st.NextFp - before
+				switch {
+				case arrivals == ArrivalsEven && gap != interval:
+					t.Fatalf("run %d: gap %d, want the interval %d", k, gap, interval)
+				case arrivals == ArrivalsPoisson && !table[gap]:
+					t.Fatalf("run %d: gap %d is no entry of the exponential table times the interval", k, gap)
+				}
+				seen[gap] = true
+				sum += float64(gap)
+			}
+			if st, _ := g.readStats(); st.Stall != 0 || st.Sent != runs {
+				t.Errorf("stats %+v, want %d sent, no stall", st, runs)
+			}
+			mean := sum / runs / interval
+			t.Logf("%s: %d distinct gaps, mean %.4f intervals", arrivals, len(seen), mean)
+			if arrivals == ArrivalsPoisson {
+				// 20000 draws of Exp(1): the mean's standard error is 0.7%.
+				if mean < 0.95 || mean > 1.05 {
+					t.Errorf("mean gap %.4f intervals, want 1", mean)
+				}
+				if len(seen) < expQSize/2 {
+					t.Errorf("%d distinct gaps in %d draws from %d entries", len(seen), runs, expQSize)
+				}
+			}
+		})
+	}
+}
+
+// The exponential table has mean exactly 1 (in its fixed point), rises
+// with its index and ends near the Exp(1) quantile of its last midpoint.
+func TestExpQuantiles(t *testing.T) {
+	q := expQuantiles()
+	sum := 0
+	for i, v := range q {
+		sum += int(v)
+		if i > 0 && v < q[i-1] {
+			t.Fatalf("entry %d (%d) below entry %d (%d)", i, v, i-1, q[i-1])
+		}
+	}
+	if sum != expQSize<<expQShift {
+		t.Errorf("sum %d, want %d (mean 1)", sum, expQSize<<expQShift)
+	}
+	last := float64(q[expQSize-1]) / (1 << expQShift)
+	if want := math.Log(2 * expQSize); math.Abs(last-want) > 0.01 {
+		t.Errorf("longest gap %.3f means, want %.3f", last, want)
+	}
+	if first := float64(q[0]) / (1 << expQShift); first > 0.001 {
+		t.Errorf("shortest gap %.4f means, want about 0.0005", first)
+	}
+}
+
 func TestGenConfigTrain(t *testing.T) {
 	for _, tc := range []struct {
 		train int
@@ -364,6 +458,9 @@ func TestGenConfigTrain(t *testing.T) {
 	}
 	if err := (GenConfig{Rate: 1000, Burst: 16, Train: 32}).withDefaults().validate(); err == nil {
 		t.Error("a train longer than the burst accepted")
+	}
+	if err := (GenConfig{Rate: 1000, Arrivals: "bursty"}).withDefaults().validate(); err == nil || !strings.Contains(err.Error(), "poisson") {
+		t.Errorf("unknown arrivals: error %v, want one naming the choices", err)
 	}
 }
 

@@ -120,6 +120,8 @@ func (u *udpStress) Run(ctx context.Context, srv, cli workload.Endpoint, p workl
 			// Datagrams per train of a paced run (1: evenly spaced or, for
 			// an unpaced run, line-rate bursts the pacer does not shape).
 			"train": float64(trainOf(gen)),
+			// 1: a paced run's packets (trains) came at Poisson times.
+			"poisson": float64(boolU8(gen.Rate > 0 && gen.Arrivals == ArrivalsPoisson)),
 		},
 	}, nil
 }

@@ -84,6 +84,22 @@ const volatile __u64 burst_fp = 0;
  */
 const volatile __u32 train = 1;
 /*
+ * Arrivals: 0 keeps the spacing above (evenly spaced packets or trains);
+ * 1 makes it Poisson: the gap to the next packet (train) is interval_fp
+ * times an exponential variate of mean 1, drawn from exp_q, so the average
+ * rate stays. Poisson arrivals are what a receive queue sees from many
+ * independent senders merged: they cluster by chance, and a queue forms
+ * behind the clusters even when the average load leaves room.
+ * exp_q holds EXP_Q quantiles of Exp(1) at the midpoints of EXP_Q equal
+ * slices, in units of 1 / (1 << EXP_SHIFT), normalised by userspace
+ * (gen.go: expQuantiles) to a mean of exactly 1. No floating point in BPF,
+ * hence the table; its longest gap is 7.6 means.
+ */
+#define EXP_Q 1024
+#define EXP_SHIFT 12
+const volatile __u8 poisson = 0;
+const volatile __u16 exp_q[EXP_Q] = {};
+/*
  * The headers and sequence field as userspace built them: the first
  * sizeof(struct frame) bytes of the frame (a plain frame's are fewer), in
  * 8-byte words.
@@ -206,7 +222,10 @@ int xdp_gen(struct xdp_md *ctx)
 		 * the background was calibrated with. */
 		if (now - next > interval_fp)
 			cnt->late++;
-		st->next_fp = next + interval_fp;
+		if (poisson)
+			st->next_fp = next + ((interval_fp * exp_q[bpf_get_prandom_u32() & (EXP_Q - 1)]) >> EXP_SHIFT);
+		else
+			st->next_fp = next + interval_fp;
 		st->left = train - 1;
 	}
 

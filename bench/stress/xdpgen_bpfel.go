@@ -40,12 +40,14 @@ const (
 	xdpGenMapTxPort     = "tx_port"
 	xdpGenProgXdpGen    = "xdp_gen"
 	xdpGenVarBurstFp    = "burst_fp"
+	xdpGenVarExpQ       = "exp_q"
 	xdpGenVarHdr        = "hdr"
 	xdpGenVarInnerSport = "inner_sport"
 	xdpGenVarIntervalFp = "interval_fp"
 	xdpGenVarNrFlows    = "nr_flows"
 	xdpGenVarOuterSport = "outer_sport"
 	xdpGenVarPlain      = "plain"
+	xdpGenVarPoisson    = "poisson"
 	xdpGenVarRunLen     = "run_len"
 	xdpGenVarTrain      = "train"
 )
@@ -110,12 +112,14 @@ type xdpGenMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpGenVariableSpecs struct {
 	BurstFp    *ebpf.VariableSpec `ebpf:"burst_fp"`
+	ExpQ       *ebpf.VariableSpec `ebpf:"exp_q"`
 	Hdr        *ebpf.VariableSpec `ebpf:"hdr"`
 	InnerSport *ebpf.VariableSpec `ebpf:"inner_sport"`
 	IntervalFp *ebpf.VariableSpec `ebpf:"interval_fp"`
 	NrFlows    *ebpf.VariableSpec `ebpf:"nr_flows"`
 	OuterSport *ebpf.VariableSpec `ebpf:"outer_sport"`
 	Plain      *ebpf.VariableSpec `ebpf:"plain"`
+	Poisson    *ebpf.VariableSpec `ebpf:"poisson"`
 	RunLen     *ebpf.VariableSpec `ebpf:"run_len"`
 	Train      *ebpf.VariableSpec `ebpf:"train"`
 }
@@ -160,12 +164,14 @@ func (m *xdpGenMaps) Close() error {
 // It can be passed to loadXdpGenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpGenVariables struct {
 	BurstFp    *ebpf.Variable `ebpf:"burst_fp"`
+	ExpQ       *ebpf.Variable `ebpf:"exp_q"`
 	Hdr        *ebpf.Variable `ebpf:"hdr"`
 	InnerSport *ebpf.Variable `ebpf:"inner_sport"`
 	IntervalFp *ebpf.Variable `ebpf:"interval_fp"`
 	NrFlows    *ebpf.Variable `ebpf:"nr_flows"`
 	OuterSport *ebpf.Variable `ebpf:"outer_sport"`
 	Plain      *ebpf.Variable `ebpf:"plain"`
+	Poisson    *ebpf.Variable `ebpf:"poisson"`
 	RunLen     *ebpf.Variable `ebpf:"run_len"`
 	Train      *ebpf.Variable `ebpf:"train"`
 }

@@ -69,6 +69,7 @@ also on Ctrl-C.`,
 	fl.BoolVar(&o.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than the IRQ core, as if it were another machine (default: both on the IRQ core)")
 	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")
 	fl.IntVar(&o.Train, "train", 1, "send paced generator traffic (udp_stress with --rates, the priority workloads' background) in trains of N datagrams back to back at the same average rate, as a NIC that coalesces interrupts delivers them (1: evenly spaced)")
+	fl.StringVar(&o.Arrivals, "arrivals", "even", "space that paced generator traffic (or its trains) evenly, or at Poisson times (poisson: exponential gaps of the same mean, as the merged traffic of many independent senders arrives)")
 	fl.StringVar(&rates, "rates", "", "also run udp_stress paced at these offered rates, e.g. 300k,600k,900k: delivered against offered, whose peak is the receive capacity short of livelock")
 	return cmd
 }
