@@ -94,8 +94,8 @@ func modeCPUs(params map[string]string) (cpus string, rest map[string]string) {
 }
 
 // benchParams takes the benchmark's own mode settings out of a mode's
-// settings (benchKeys): cpus (modeCPUs), idle-rule and xdp-pass
-// (xdppass.go). idle-rule=true, for modes with
+// settings (benchKeys): cpus (modeCPUs), idle-rule, xdp-pass
+// (xdppass.go) and agent (agentOff). idle-rule=true, for modes with
 // priority classes, keeps a rule in place that marks a flow no workload
 // sends (idleRule below), so that bulk workloads run as they do on a host
 // with a marked service that is silent; without it those workloads run
@@ -117,7 +117,17 @@ func benchParams(params map[string]string) (cpus, idleRule string, rest map[stri
 
 // benchKeys are the mode settings the benchmark takes for itself (see
 // benchParams, and xdppass.go for xdp-pass).
-var benchKeys = []string{"cpus", "idle-rule", "xdp-pass"}
+var benchKeys = []string{"cpus", "idle-rule", "xdp-pass", "agent"}
+
+// agentOff says whether mode asks for agent=false (Validate checked it):
+// the mode runs without lanes agent, as `lanes apply` leaves it, so that
+// a run can set the agent's cost (its samples, its tracing programs)
+// against the mode with it.
+func agentOff(mode string) bool {
+	_, params, _ := ParseModeSpec(mode)
+	on, err := strconv.ParseBool(params["agent"])
+	return err == nil && !on
+}
 
 // idleRuleOn says whether mode asks for idle-rule (Validate checked it).
 func idleRuleOn(mode string) bool {
@@ -173,6 +183,11 @@ func (o *Options) Validate() error {
 				}
 				if on && base != "vanilla" && base != "rps" {
 					return fmt.Errorf("mode %q: xdp-pass=true attaches a pass-through XDP program, for modes without XDP of their own (vanilla, rps): drop it", m)
+				}
+			}
+			if ag, given := rawParams["agent"]; given {
+				if _, err := strconv.ParseBool(ag); err != nil {
+					return fmt.Errorf("mode %q: agent=%s: want true or false", m, ag)
 				}
 			}
 			if idle != "" {
@@ -713,7 +728,9 @@ func (r *runner) apply(mode string) error {
 	}
 	// A static mode with a steering datapath gets lanes agent's queue
 	// reconciler, as `lanes apply` advises.
-	if st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS)) {
+	if (st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS))) && agentOff(want) {
+		fmt.Fprintf(r.agentLog, "%s %s: agent=false: no agent\n", time.Now().UTC().Format("15:04:05.000"), mode)
+	} else if st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS)) {
 		logf := func(format string, args ...any) {
 			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
 		}

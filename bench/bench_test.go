@@ -35,6 +35,7 @@ func TestValidate(t *testing.T) {
 		{Workloads: []string{"prio_latency"}, Train: -1, Out: "x"},
 		{Workloads: []string{"udp_stress"}, Train: 64, Out: "x"}, // unpaced: nothing to shape
 		{Workloads: []string{"prio_latency"}, Arrivals: "bursty", Out: "x"},
+		{Modes: []string{"prism-batch:agent=sometimes"}, Out: "x"},
 		{Workloads: []string{"udp_stress"}, Arrivals: "poisson", Out: "x"}, // unpaced: nothing to shape
 	} {
 		err := o.Validate()
@@ -68,6 +69,12 @@ func TestValidate(t *testing.T) {
 		if err := o.Validate(); err != nil {
 			t.Errorf("--train %d --arrivals %q with %v: %v", o.Train, o.Arrivals, o.Workloads, err)
 		}
+	}
+	if o := (Options{Modes: []string{"prism-batch", "prism-batch:agent=false"}, Workloads: []string{"prio_latency"}, Out: "x"}); o.Validate() != nil {
+		t.Errorf("prism-batch:agent=false: %v", o.Validate())
+	}
+	if !agentOff("prism-batch:agent=false") || agentOff("prism-batch") || agentOff("prism-batch:agent=true") {
+		t.Error("agentOff")
 	}
 	if c, rest := modeCPUs(map[string]string{"cpus": "1", "damp": "false"}); c != "1" || len(rest) != 1 || rest["damp"] != "false" {
 		t.Errorf("modeCPUs: %q %v", c, rest)
