@@ -233,18 +233,21 @@ func (o *Options) Validate() error {
 	if o.Train < 0 || o.Train > stress.MaxTrain {
 		return fmt.Errorf("--train must be 1..%d datagrams (the receiving veth's ring), got %d", stress.MaxTrain, o.Train)
 	}
-	if o.Train > 1 && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
-		return fmt.Errorf("--train shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", strings.Join(prioNames, ", "))
-	}
-	switch o.Arrivals {
-	case "":
+	if o.Arrivals == "" {
 		o.Arrivals = stress.ArrivalsEven
-	case stress.ArrivalsEven, stress.ArrivalsPoisson:
-	default:
-		return fmt.Errorf("--arrivals must be %s or %s, got %q", stress.ArrivalsEven, stress.ArrivalsPoisson, o.Arrivals)
 	}
-	if o.Arrivals == stress.ArrivalsPoisson && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
-		return fmt.Errorf("--arrivals shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", strings.Join(prioNames, ", "))
+	if err := stress.CheckArrivals(o.Arrivals); err != nil {
+		return fmt.Errorf("--%v", err)
+	}
+	shape := "" // the flag that shapes paced generator traffic, if one does
+	switch {
+	case o.Train > 1:
+		shape = "--train"
+	case o.Arrivals == stress.ArrivalsPoisson:
+		shape = "--arrivals"
+	}
+	if shape != "" && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
+		return fmt.Errorf("%s shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", shape, strings.Join(prioNames, ", "))
 	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
@@ -728,9 +731,10 @@ func (r *runner) apply(mode string) error {
 	}
 	// A static mode with a steering datapath gets lanes agent's queue
 	// reconciler, as `lanes apply` advises.
-	if (st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS))) && agentOff(want) {
+	wantsAgent := st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS))
+	if wantsAgent && agentOff(want) {
 		fmt.Fprintf(r.agentLog, "%s %s: agent=false: no agent\n", time.Now().UTC().Format("15:04:05.000"), mode)
-	} else if st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS)) {
+	} else if wantsAgent {
 		logf := func(format string, args ...any) {
 			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
 		}

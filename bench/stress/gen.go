@@ -159,7 +159,19 @@ func (c GenConfig) withDefaults() GenConfig {
 	return c
 }
 
+// CheckArrivals says whether s names an arrival process
+// (GenConfig.Arrivals; "" is not one: withDefaults makes it even).
+func CheckArrivals(s string) error {
+	if s != ArrivalsEven && s != ArrivalsPoisson {
+		return fmt.Errorf("arrivals %q: must be %s or %s", s, ArrivalsEven, ArrivalsPoisson)
+	}
+	return nil
+}
+
 func (c GenConfig) validate() error {
+	if err := CheckArrivals(c.Arrivals); err != nil {
+		return err
+	}
 	switch {
 	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
 		return fmt.Errorf("rate %v: must be >= 0 packets/s (0 = as fast as possible)", c.Rate)
@@ -171,8 +183,6 @@ func (c GenConfig) validate() error {
 		return fmt.Errorf("train %d: must be 1..%d packets (the receiving veth's ring)", c.Train, MaxTrain)
 	case c.Train > c.Burst:
 		return fmt.Errorf("train %d is longer than burst %d, the most the pacer sends back to back: raise burst or shorten the train", c.Train, c.Burst)
-	case c.Arrivals != ArrivalsEven && c.Arrivals != ArrivalsPoisson:
-		return fmt.Errorf("arrivals %q: must be %s or %s", c.Arrivals, ArrivalsEven, ArrivalsPoisson)
 	case c.Flows < 1 || c.Flows > MaxFlows:
 		return fmt.Errorf("flows %d: must be 1..%d", c.Flows, MaxFlows)
 	case c.RunLen < 1:

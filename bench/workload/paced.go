@@ -519,7 +519,7 @@ func (s pacedSummary) asSockperf(lat []float64) *sockperfSummary {
 	if len(lat) == 0 {
 		return out
 	}
-	// Min and max result takes from the samples.
+	// Min, max and the percentiles: result() takes them from the samples.
 	var sum float64
 	for _, v := range lat {
 		sum += v
