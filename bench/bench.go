@@ -52,6 +52,10 @@ type Options struct {
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
+	// NIC is how the testbed polls each host's underlay NIC
+	// (testbed.Config.NIC): testbed.NICThreaded ("" too) or
+	// testbed.NICSoftirq.
+	NIC string
 	// Rates adds udp_stress points paced at these offered rates
 	// (packets/s) to its unpaced one: the curve of delivered against
 	// offered, whose peak is the receive capacity short of livelock.
@@ -276,6 +280,12 @@ func (o *Options) Validate() error {
 	if o.IRQCPU < 0 {
 		o.IRQCPU = runtime.NumCPU() - 1
 	}
+	if o.NIC == "" {
+		o.NIC = testbed.NICThreaded
+	}
+	if !slices.Contains(testbed.NICModes, o.NIC) {
+		return fmt.Errorf("--nic %q: use %s", o.NIC, strings.Join(testbed.NICModes, " or "))
+	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
@@ -386,8 +396,8 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if err := resetLeftovers(o.Progress, stateDir, o.Prefix); err != nil {
 		return nil, fmt.Errorf("restoring what an earlier bench left: %w (or run lanes reset --all --state-dir %s)", err, stateDir)
 	}
-	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d)...\n", o.Topology, o.IRQCPU)
-	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart})
+	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d, %s NAPI)...\n", o.Topology, o.IRQCPU, o.NIC)
+	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart, NIC: o.NIC})
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
 	}
@@ -696,6 +706,22 @@ func steerCounts(ns string) (steer.Counters, bool) {
 	return sum, true
 }
 
+// withIRQCPUs tells a steering mode the receiving NIC's IRQ core when
+// the testbed polls it in softirq: a veth has no interrupt lanes could
+// read it from (plan.IRQKey), as an operator would say it on a host whose
+// NIC is virtual. A core the mode spec gives stays.
+func (r *runner) withIRQCPUs(base string, params map[string]string) map[string]string {
+	if r.tb.Config.NIC != testbed.NICSoftirq || params[plan.IRQKey] != "" || !plan.Takes(base, plan.IRQKey) {
+		return params
+	}
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[plan.IRQKey] = strconv.Itoa(r.tb.Config.PollCPU(1))
+	return out
+}
+
 // apply puts the receiving host into mode. native and vanilla both mean
 // "as the kernel does it": no lanes change on the receiver.
 func (r *runner) apply(mode string) error {
@@ -719,6 +745,7 @@ func (r *runner) apply(mode string) error {
 		return err
 	}
 	cpus, params := modeCPUs(params)
+	params = r.withIRQCPUs(base, params)
 	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
 	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)

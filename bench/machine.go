@@ -21,6 +21,7 @@ func machine(tb *testbed.Testbed) results.Machine {
 		CPUs:     runtime.NumCPU(),
 		Topology: string(tb.Config.Topology),
 		IRQCPU:   tb.Config.IRQCPU,
+		NIC:      tb.Config.NIC,
 		GoVer:    runtime.Version(),
 		LanesVer: Version,
 	}

@@ -145,6 +145,15 @@ func (o Options) validate() (*validated, error) {
 	if err := plan.CheckParams(p, o.Params); err != nil {
 		return nil, err
 	}
+	if v, ok := o.Params[plan.IRQKey]; ok {
+		irq, err := plan.ParseIRQCPUs(v)
+		if err == nil {
+			err = knobs.CheckCPUs(irq)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--set %s=%s: %w", plan.IRQKey, v, err)
+		}
+	}
 	return &validated{Options: o, planner: p, cfg: plan.Config{CPUs: cpus, Online: online, Params: o.Params}}, nil
 }
 
@@ -210,7 +219,7 @@ func Apply(opts Options) (*State, error) {
 		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
 		Params:  v.Params,
 		Plan:    Summary{Changes: len(p.Changes), Notes: append(slices.Clone(p.Notes), plan.GROCellNotes(topo)...), Agent: p.Agent},
-		IRQCPUs: append([]int{}, plan.IRQCPUs(topo)...),
+		IRQCPUs: append([]int{}, plan.IRQCPUsFor(topo, v.Params)...),
 	}
 	for _, c := range p.Changes {
 		st.Plan.Targets = append(st.Plan.Targets, c.Target)

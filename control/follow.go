@@ -462,7 +462,7 @@ func (f *follower) once() (roundResult, error) {
 	}
 	devs := containerDevices(topo)
 	present := deviceLabels(topo)
-	irq := plan.IRQCPUs(topo)
+	irq := plan.IRQCPUsFor(topo, f.cfg.Params)
 
 	// OpenExisting, not Open, whose MkdirAll would bring back the
 	// directory a reset removed.

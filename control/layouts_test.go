@@ -2,6 +2,8 @@ package control_test
 
 import (
 	"fmt"
+	"maps"
+	"strconv"
 	"testing"
 
 	"github.com/lanesnet/lanes/control"
@@ -34,7 +36,9 @@ var variants = []struct {
 // TestEveryModeOnEveryLayout applies every registered mode, with its
 // defaults and the variants above, to the receiver of each testbed layout
 // (Docker's L2 overlay, Flannel's routed VXLAN with a pod bridge, Calico's
-// routed VXLAN with a routed veth per pod), and checks what an operator
+// routed VXLAN with a routed veth per pod), and of Docker's with the
+// underlay NIC polled in softirq instead of by a pinned thread, the modes
+// told its IRQ core (plan.IRQKey), and checks what an operator
 // needs of any mode on any host: it applies, a sequence-numbered UDP
 // stream crosses the overlay complete and in order (marked high priority
 // where the mode has classes, so both classes' paths carry traffic), TCP
@@ -52,9 +56,24 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 	for _, v := range variants {
 		runs = append(runs, run{v.mode, v.params})
 	}
+	type layout struct {
+		topo testbed.Topology
+		nic  string
+	}
+	var layouts []layout
 	for _, topo := range testbed.Topologies {
-		t.Run(string(topo), func(t *testing.T) {
-			tb := modetest.UpTestbed(t, topo)
+		layouts = append(layouts, layout{topo, testbed.NICThreaded})
+	}
+	// A NIC polled in softirq, as most physical NICs are, whose IRQ core
+	// the modes are told (a veth has no interrupt to read it from).
+	layouts = append(layouts, layout{testbed.Docker, testbed.NICSoftirq})
+	for _, lay := range layouts {
+		name := string(lay.topo)
+		if lay.nic != testbed.NICThreaded {
+			name += "-" + lay.nic + "-nic"
+		}
+		t.Run(name, func(t *testing.T) {
+			tb := modetest.UpTestbedNIC(t, lay.topo, lay.nic)
 			r, s := tb.Receiver(), tb.Sender()
 			rc, sc := r.Containers[0], s.Containers[0]
 			rc2, sc2 := r.Containers[1], s.Containers[1]
@@ -64,9 +83,17 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 				for k, v := range ru.params {
 					name += fmt.Sprintf(":%s=%s", k, v)
 				}
+				params := ru.params
+				if lay.nic == testbed.NICSoftirq && plan.Takes(ru.mode, plan.IRQKey) {
+					params = maps.Clone(params)
+					if params == nil {
+						params = map[string]string{}
+					}
+					params[plan.IRQKey] = strconv.Itoa(tb.Config.IRQCPU)
+				}
 				t.Run(name, func(t *testing.T) {
 					before := modetest.Snapshot(t, tb)
-					a := modetest.Apply(t, tb, ru.mode, ru.params)
+					a := modetest.Apply(t, tb, ru.mode, params)
 					if set, err := control.OpenPrio(r.NetNS); err == nil {
 						// Container 1 high priority, container 2 bulk.
 						err := set.Add(modetest.Rule(t, "dst "+dst.String()))

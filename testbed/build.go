@@ -151,6 +151,9 @@ func Up(cfg Config) (*Testbed, error) {
 }
 
 func (tb *Testbed) intact() bool {
+	if tb.Config.NIC == NICSoftirq && !nsx.Exists(tb.Config.WireNS()) {
+		return false
+	}
 	for _, h := range tb.Hosts {
 		if !nsx.Exists(h.NetNS) {
 			return false
@@ -165,6 +168,11 @@ func (tb *Testbed) intact() bool {
 }
 
 func (tb *Testbed) build() error {
+	if tb.Config.NIC == NICSoftirq {
+		if err := nsx.Create(tb.Config.WireNS()); err != nil {
+			return err
+		}
+	}
 	for _, h := range tb.Hosts {
 		if err := nsx.Create(h.NetNS); err != nil {
 			return err
@@ -187,7 +195,13 @@ func (tb *Testbed) build() error {
 	// its features change, so the pollers are threaded and pinned only
 	// once the underlay has settled.
 	for i, h := range tb.Hosts {
-		if err := tb.pinNAPI(h, tb.Config.PollCPU(i)); err != nil {
+		ns, dev, cpu := h.NetNS, h.Underlay, tb.Config.PollCPU(i)
+		if tb.Config.NIC == NICSoftirq {
+			// The wire end that delivers to host i, whose thread raises
+			// the host's NIC softirq on the host's IRQ core.
+			ns, dev = tb.Config.WireNS(), wireEnd(2-i)
+		}
+		if err := pinNAPI(ns, dev, cpu); err != nil {
 			return err
 		}
 	}
@@ -221,6 +235,23 @@ func nsFd(ns string) (netns.NsHandle, error) {
 }
 
 func (tb *Testbed) buildUnderlay() error {
+	if tb.Config.NIC == NICSoftirq {
+		if err := tb.buildWire(); err != nil {
+			return err
+		}
+		for _, h := range tb.Hosts {
+			if err := tb.setupNIC(h); err != nil {
+				return err
+			}
+		}
+		if err := tb.setupWireEnds(); err != nil {
+			return err
+		}
+		if err := tb.enableGRO(); err != nil {
+			return err
+		}
+		return tb.attachWire()
+	}
 	a, b := &tb.Hosts[0], &tb.Hosts[1]
 	ha, closeA, err := handle(a.NetNS)
 	if err != nil {
@@ -306,28 +337,29 @@ func (tb *Testbed) enableGRO() error {
 	return nil
 }
 
-// pinNAPI threads the underlay's NAPI and pins its kthread on cpu:
-// veth_xmit schedules the peer's NAPI on the sending CPU, so without this the
-// "IRQ core" would be wherever the sender runs.
-func (tb *Testbed) pinNAPI(h Host, cpu int) error {
-	err := nsx.DoSysfs(h.NetNS, func() error {
-		return os.WriteFile(filepath.Join("/sys/class/net", h.Underlay, "threaded"), []byte("1"), 0)
+// pinNAPI threads dev's NAPI and pins its kthread on cpu: veth_xmit
+// schedules the peer's NAPI on the sending CPU, so without this the "IRQ
+// core" would be wherever the sender runs. dev is the receiving underlay
+// device (NIC threaded) or the wire end that feeds it (NIC softirq).
+func pinNAPI(ns, dev string, cpu int) error {
+	err := nsx.DoSysfs(ns, func() error {
+		return os.WriteFile(filepath.Join("/sys/class/net", dev, "threaded"), []byte("1"), 0)
 	})
 	if err != nil {
-		return fmt.Errorf("threading NAPI of %s: %w", h.Underlay, err)
+		return fmt.Errorf("threading NAPI of %s: %w", dev, err)
 	}
 	// The poller kthread is created with the device's NAPI context, which
 	// veth sets up asynchronously as it comes up: poll for it, bounded.
 	var threads []kthread.Thread
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		threads, err = NAPIThreads(h.NetNS, h.Underlay)
+		threads, err = NAPIThreads(ns, dev)
 		if err == nil && len(threads) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			if err == nil {
-				err = fmt.Errorf("no NAPI kthread appeared for %s after enabling threaded NAPI", h.Underlay)
+				err = fmt.Errorf("no NAPI kthread appeared for %s after enabling threaded NAPI", dev)
 			}
 			return err
 		}
@@ -619,7 +651,7 @@ func Down(prefix string) error {
 	}
 	var errs []error
 	var pollers []int
-	for _, ns := range nsx.List(prefix + "-h") {
+	for _, ns := range nsx.List(prefix + "-") {
 		if !IsTestbedNS(prefix, ns) {
 			continue
 		}
@@ -653,9 +685,12 @@ func Down(prefix string) error {
 }
 
 // IsTestbedNS says whether ns is a namespace of the testbed with this
-// prefix: <prefix>-h<N> and <prefix>-h<N>-c<M> only, so a
+// prefix: <prefix>-h<N>, <prefix>-h<N>-c<M> and <prefix>-wire only, so a
 // neighbouring prefix ("lanes2") is never touched.
 func IsTestbedNS(prefix, ns string) bool {
+	if ns == prefix+"-wire" {
+		return true
+	}
 	rest, ok := strings.CutPrefix(ns, prefix+"-h")
 	if !ok {
 		return false

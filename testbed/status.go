@@ -55,6 +55,11 @@ func (tb *Testbed) Status() ([]DeviceStatus, error) {
 		}
 		return nil
 	}
+	if tb.Config.NIC == NICSoftirq {
+		if err := add(tb.Config.WireNS(), wireEnd(1), wireEnd(2)); err != nil {
+			return nil, err
+		}
+	}
 	for _, h := range tb.Hosts {
 		names := []string{h.Underlay, h.VXLAN}
 		if h.Bridge != "" { // calico has none

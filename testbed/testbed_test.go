@@ -5,7 +5,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -320,4 +323,115 @@ func TestStopStrays(t *testing.T) {
 	if err := other.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("another prefix's process: %v", err)
 	}
+}
+
+// With the NIC polled in softirq, each host's underlay device has no
+// poller thread, and its polls run in NET_RX softirq on its IRQ core,
+// raised there by the wire's pinned thread (wire.c): seen in the kernel's
+// napi:napi_poll events, recorded in a tracing instance of the test's own
+// so the host's tracing is untouched. The sender's NIC is polled apart
+// (SenderApart), so every poll's core tells which host's IRQ core it is.
+func TestSoftirqNIC(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 cores: the sender's NIC apart from the receiver's")
+	}
+	tb := upForTest(t, Config{NIC: NICSoftirq, IRQCPU: 1, SenderApart: true})
+	if !nsx.Exists(tb.Config.WireNS()) {
+		t.Fatalf("no wire namespace %s", tb.Config.WireNS())
+	}
+	for i, h := range tb.Hosts {
+		if on, _ := ethtool.Get(h.NetNS, h.Underlay, ethtool.GRO); !on {
+			t.Errorf("%s/%s: GRO (NAPI) is off", h.NetNS, h.Underlay)
+		}
+		if th, err := NAPIThreads(h.NetNS, h.Underlay); err != nil || len(th) != 0 {
+			t.Errorf("%s/%s: NAPI threads %v (%v), want none: its polls must run in softirq", h.NetNS, h.Underlay, th, err)
+		}
+		// The wire end that delivers to host i runs on its IRQ core.
+		th, err := NAPIThreads(tb.Config.WireNS(), wireEnd(2-i))
+		if err != nil || len(th) != 1 {
+			t.Fatalf("wire end %s: NAPI threads %v (%v), want one", wireEnd(2-i), th, err)
+		}
+		if aff, _ := th[0].Affinity(); len(aff) != 1 || aff[0] != tb.Config.PollCPU(i) {
+			t.Errorf("%s: affinity %v, want [%d] (%s's IRQ core)", th[0].Comm, aff, tb.Config.PollCPU(i), h.Name)
+		}
+	}
+	polls := traceNAPIPolls(t, func() {
+		s, r := tb.Sender(), tb.Receiver()
+		tcpTransfer(t, s.Containers[0].NetNS, r.Containers[0].NetNS, r.Containers[0].Addr.Addr(), 4<<20)
+		udpTransfer(t, r.Containers[1].NetNS, s.Containers[1].NetNS, s.Containers[1].Addr.Addr(), 1000)
+		tcpTransfer(t, s.NetNS, r.NetNS, r.UnderlayAddr.Addr(), 1<<20)
+	})
+	for i, h := range tb.Hosts {
+		want := fmt.Sprintf("cpu%d softirq", tb.Config.PollCPU(i))
+		got := polls[h.Underlay]
+		if len(got) == 0 {
+			t.Errorf("%s: no poll traced", h.Underlay)
+		}
+		for where, n := range got {
+			if where != want {
+				t.Errorf("%s: %d polls on %s, want all on %s", h.Underlay, n, where, want)
+			}
+		}
+		t.Logf("%s polls: %v", h.Underlay, got)
+	}
+	c, err := tb.WireCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Forwarded < 1000 || c.NoPeer != 0 {
+		t.Errorf("wire counts %+v: want thousands forwarded and none without a peer", c)
+	}
+}
+
+// traceNAPIPolls runs fn while a tracing instance of its own records
+// napi:napi_poll, and counts the polls of every device by where they ran:
+// "cpuN softirq" or "cpuN thread".
+func traceNAPIPolls(t *testing.T, fn func()) map[string]map[string]int {
+	t.Helper()
+	root := "/sys/kernel/tracing"
+	if _, err := os.Stat(filepath.Join(root, "instances")); err != nil {
+		t.Skipf("no tracefs at %s: %v", root, err)
+	}
+	inst := filepath.Join(root, "instances", fmt.Sprintf("lanes-test-%d", os.Getpid()))
+	if err := os.Mkdir(inst, 0o755); err != nil {
+		t.Fatalf("making a tracing instance: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(inst); err != nil {
+			t.Errorf("removing tracing instance %s: %v", inst, err)
+		}
+	})
+	enable := filepath.Join(inst, "events/napi/napi_poll/enable")
+	if err := os.WriteFile(enable, []byte("1"), 0); err != nil {
+		t.Fatalf("enabling napi:napi_poll: %v", err)
+	}
+	fn()
+	if err := os.WriteFile(enable, []byte("0"), 0); err != nil {
+		t.Fatalf("disabling napi:napi_poll: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "  napi/w1-531-25068   [001] ..s1.   571.632715: napi_poll: napi poll on napi struct 00000000ecb0986e for device ul2 work 1 budget 64"
+	line := regexp.MustCompile(`\[(\d+)\]\s+(\S+)\s+[\d.]+: napi_poll: .* for device (\S+) work`)
+	out := map[string]map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		cpu, _ := strconv.Atoi(m[1])
+		ctx := "thread"
+		// The flags' third column is 's' in softirq context (both
+		// softirq and hardirq: 'H').
+		if len(m[2]) >= 3 && (m[2][2] == 's' || m[2][2] == 'H') {
+			ctx = "softirq"
+		}
+		if out[m[3]] == nil {
+			out[m[3]] = map[string]int{}
+		}
+		out[m[3]][fmt.Sprintf("cpu%d %s", cpu, ctx)]++
+	}
+	return out
 }

@@ -48,8 +48,11 @@ type Config struct {
 	// default both hosts' NICs are polled on IRQCPU, so the sender's
 	// receive work (ACKs, responses) shares the receiving host's IRQ core.
 	SenderApart bool
-	MTU         int    // underlay MTU, default 1500
-	VNI         uint32 // VXLAN network identifier, default 42
+	// NIC is how each host's underlay NIC is polled on its IRQ core:
+	// NICThreaded (default) or NICSoftirq.
+	NIC string
+	MTU int    // underlay MTU, default 1500
+	VNI uint32 // VXLAN network identifier, default 42
 }
 
 // Testbed is what Up built (and what Load reads back).
@@ -95,6 +98,9 @@ func (c Config) withDefaults() Config {
 	if c.Containers == 0 {
 		c.Containers = 2
 	}
+	if c.NIC == "" {
+		c.NIC = NICThreaded
+	}
 	if c.MTU == 0 {
 		c.MTU = 1500
 	}
@@ -113,6 +119,9 @@ func (c Config) Validate(ncpu int) error {
 	}
 	if c.Containers < 1 || c.Containers > c.maxContainer() {
 		return fmt.Errorf("containers per host must be 1..%d on the %s layout, got %d", c.maxContainer(), c.Topology, c.Containers)
+	}
+	if c.NIC != NICThreaded && c.NIC != NICSoftirq {
+		return fmt.Errorf("unknown NIC polling %q: use %s or %s", c.NIC, NICThreaded, NICSoftirq)
 	}
 	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
 		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)

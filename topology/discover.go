@@ -198,7 +198,9 @@ func (d *discovery) underlays(t *Topology) error {
 		key := us.ns + "\x00" + v.Underlay
 		if !seen[key] {
 			seen[key] = true
-			t.Underlays = append(t.Underlays, us.device(l))
+			dev := us.device(l)
+			dev.IRQs = deviceIRQs(us.ns, dev.Index, dev.Name)
+			t.Underlays = append(t.Underlays, dev)
 		}
 	}
 	return nil

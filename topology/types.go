@@ -90,6 +90,9 @@ type Device struct {
 	// XDPTarget: frames an XDP program redirects to this device are sent
 	// (the netdev family's xdp-features include ndo-xmit).
 	XDPTarget bool `json:"xdp_target"`
+	// IRQs are the interrupts of an underlay NIC (none for a virtual
+	// device): where its poll runs when its NAPI is not threaded.
+	IRQs []IRQ `json:"irqs,omitempty"`
 	// Hooks is what else acts on the device's packets (nil: none found).
 	Hooks *Hooks `json:"hooks,omitempty"`
 }

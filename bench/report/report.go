@@ -148,6 +148,11 @@ func Markdown(f *results.File, opt Options) string {
 		irq += fmt.Sprintf(" (the sending host's NIC polled on cpu%d)", *m.SenderPollCPU)
 	}
 	row("underlay IRQ core", irq)
+	nic := m.NIC
+	if nic == "" {
+		nic = "threaded"
+	}
+	row("underlay NIC polled by", nic+" NAPI")
 	row("lanes / Go", strings.Trim(m.LanesVer+" / "+m.GoVer, " /"))
 	row("modes", strings.Join(f.Modes, ", "))
 	runs := fmt.Sprintf("%d repeats of %gs each", f.Repeats, f.Duration)

@@ -41,9 +41,12 @@ type Machine struct {
 	IRQCPU   int    `json:"irq_cpu"`  // core that polls the receiving underlay NIC
 	// SenderPollCPU polls the sending host's underlay NIC: IRQCPU unless
 	// the run had --sender-apart (nil in files from before it existed).
-	SenderPollCPU *int   `json:"sender_poll_cpu,omitempty"`
-	GoVer         string `json:"go_version"`
-	LanesVer      string `json:"lanes_version"`
+	SenderPollCPU *int `json:"sender_poll_cpu,omitempty"`
+	// NIC is how the testbed polled its underlay NICs: "threaded" or
+	// "softirq" ("" in files from before it existed: threaded).
+	NIC      string `json:"nic,omitempty"`
+	GoVer    string `json:"go_version"`
+	LanesVer string `json:"lanes_version"`
 }
 
 // Run is one measurement.

@@ -4,31 +4,81 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
 )
 
 // Helpers the planners of BPF-based modes share.
 
-// IRQCPUs are the cores the underlay's NAPI threads are pinned to, when
-// every one is pinned to a single core; nil when unknown.
+// IRQCPUs are the cores that poll the underlay NICs, when each poll runs
+// on one known core; nil when unknown. A NIC with threaded NAPI is polled
+// where its threads are pinned; one without, in softirq on the cores its
+// receive interrupts are delivered to (topology.Device.IRQs). A virtual
+// NIC has neither: its IRQ core is unknown unless the mode is told
+// (IRQParam, IRQCPUsOr).
 func IRQCPUs(t *topology.Topology) []int {
 	var out []int
 	for _, u := range t.Underlays {
-		if len(u.NAPIThreads) == 0 {
+		var cpus []int
+		switch {
+		case len(u.NAPIThreads) > 0:
+			for _, th := range u.NAPIThreads {
+				if len(th.CPUs) != 1 {
+					return nil
+				}
+				cpus = append(cpus, th.CPUs[0])
+			}
+		case u.Threaded == "" || u.Threaded == "0":
+			cpus = u.ReceiveIRQCPUs()
+		}
+		if len(cpus) == 0 {
 			return nil
 		}
-		for _, th := range u.NAPIThreads {
-			if len(th.CPUs) != 1 {
-				return nil
-			}
-			if !slices.Contains(out, th.CPUs[0]) {
-				out = append(out, th.CPUs[0])
+		for _, c := range cpus {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
 			}
 		}
 	}
 	slices.Sort(out)
 	return out
 }
+
+// IRQKey is the setting that tells a steering mode the underlay NIC's IRQ
+// cores where lanes cannot read them: a virtual NIC whose interrupts are
+// another machine's (a veth, the testbed's NIC polled in softirq), or
+// interrupts spread over several cores.
+const IRQKey = "irq-cpus"
+
+// IRQParam is IRQKey's entry in a mode's settings.
+var IRQParam = Param{Key: IRQKey, Default: "read from the NIC", Help: "cores that poll the underlay NIC, a list like 1 or 2-3 (default: where its threaded NAPI kthreads are pinned, else where its receive interrupts are delivered); give it where lanes cannot read them, and give it right: the modes that keep order by polling on the receive core alone count on it"}
+
+// ParseIRQCPUs reads an IRQKey value.
+func ParseIRQCPUs(v string) ([]int, error) {
+	cpus, err := knobs.ParseCPUList(v)
+	if err == nil && len(cpus) == 0 {
+		err = fmt.Errorf("want a list of cores like 1 or 2-3")
+	}
+	return cpus, err
+}
+
+// IRQCPUsOr is given when a mode was told its IRQ cores, else IRQCPUs(t).
+func IRQCPUsOr(t *topology.Topology, given []int) []int {
+	if len(given) > 0 {
+		return slices.Clone(given)
+	}
+	return IRQCPUs(t)
+}
+
+// IRQCPUsFor is IRQCPUsOr with the IRQKey setting of params (checked
+// by the planner: an unreadable value counts as not given).
+func IRQCPUsFor(t *topology.Topology, params map[string]string) []int {
+	given, _ := ParseIRQCPUs(params[IRQKey])
+	return IRQCPUsOr(t, given)
+}
+
+// IRQUnknown is what a plan notes when it does not know the IRQ core.
+const IRQUnknown = "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned, and no receive interrupt of it was found; give --set " + IRQKey + "=N)"
 
 // GROCellNotes warn about VXLAN devices whose NAPI is threaded. A VXLAN
 // device hands decapsulated frames to a GRO cell of the core that

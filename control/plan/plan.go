@@ -11,6 +11,7 @@ package plan
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +63,16 @@ func Prioritizes(mode string, params map[string]string) bool {
 	}
 	pr, ok := p.(Prioritizer)
 	return ok && pr.Prioritizes(params)
+}
+
+// Takes says whether mode has the setting key (false for unknown modes).
+func Takes(mode, key string) bool {
+	p, err := Lookup(mode)
+	if err != nil {
+		return false
+	}
+	pp, ok := p.(ParamPlanner)
+	return ok && slices.ContainsFunc(pp.Params(), func(q Param) bool { return q.Key == key })
 }
 
 // Param is one mode setting.

@@ -100,6 +100,13 @@ var tbSeq atomic.Int32
 // down when the test ends, pass or fail, checking nothing is left.
 func UpTestbed(t *testing.T, topo testbed.Topology) *testbed.Testbed {
 	t.Helper()
+	return UpTestbedNIC(t, topo, testbed.NICThreaded)
+}
+
+// UpTestbedNIC is UpTestbed with the underlay NICs polled as nic says
+// (testbed.Config.NIC).
+func UpTestbedNIC(t *testing.T, topo testbed.Topology, nic string) *testbed.Testbed {
+	t.Helper()
 	topotest.RequireRoot(t)
 	prefix := fmt.Sprintf("%s%c", prefixBase(), 'a'+rune(tbSeq.Add(1)-1)%26)
 	old := testbed.StateDir
@@ -123,7 +130,7 @@ func UpTestbed(t *testing.T, topo testbed.Topology) *testbed.Testbed {
 		}
 		testbed.StateDir = old
 	})
-	tb, err := testbed.Up(testbed.Config{Prefix: prefix, Topology: topo, IRQCPU: 1})
+	tb, err := testbed.Up(testbed.Config{Prefix: prefix, Topology: topo, IRQCPU: 1, NIC: nic})
 	if err != nil {
 		t.Fatalf("testbed up: %v", err)
 	}

@@ -136,7 +136,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	}
 	a := &agent{env: env, o: o, dir: dir, dp: dp, cfg: cfg, home: -1}
 	if t, err := topology.Discover(env.NetNS); err == nil {
-		if irq := plan.IRQCPUs(t); len(irq) == 1 {
+		if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) == 1 {
 			a.home = irq[0]
 		}
 		// The planner's rule, so the agent reads the same cpumap the

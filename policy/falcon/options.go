@@ -24,6 +24,9 @@ import (
 // Options are Falcon's settings; each mechanism can be switched alone so
 // each can be measured alone.
 type Options struct {
+	// IRQCPUs are the underlay NIC's IRQ cores as the user gave them
+	// (plan.IRQKey); nil: read from the NIC (plan.IRQCPUs).
+	IRQCPUs []int
 	// Pipeline places the bridge and container stages of every flow on
 	// cpus[hash(flow, device) % n] (Falcon's softirq pipelining).
 	Pipeline bool
@@ -226,6 +229,7 @@ func Defaults() Options {
 
 // params are the keys `lanes apply --mode falcon*` accepts.
 var params = []plan.Param{
+	plan.IRQParam,
 	{Key: "pipeline", Default: "true", Help: "place the bridge and container stages by hash(flow, device)"},
 	{Key: "split", Default: "auto; true in falcon-split", Help: "run skb allocation, GRO and decap on a split core (XDP + cpumap): true, false, auto (on, except on a veth underlay, where the XDP hook copies every frame), or rps (RPS on the underlay: decap and everything after on a split core, skb allocation and the underlay's GRO left on the IRQ core; static)"},
 	{Key: "balance", Default: "true", Help: "move stages off cores over the threshold (needs `lanes agent`)"},
@@ -259,6 +263,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	for k, v := range m {
 		var err error
 		switch k {
+		case plan.IRQKey:
+			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
 		case "pipeline":
 			o.Pipeline, err = strconv.ParseBool(v)
 		case "split":

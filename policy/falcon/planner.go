@@ -107,7 +107,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, fmt.Errorf("no underlay device found under %s: falcon steers at the underlay NIC and cannot run without it", vxNames(t))
 	}
 
-	lay := Layout{Set: cfg.CPUs, IRQCPUs: plan.IRQCPUs(t)}
+	lay := Layout{Set: cfg.CPUs, IRQCPUs: plan.IRQCPUsOr(t, o.IRQCPUs)}
 	split := o.SplitCPUs
 	if len(split) == 0 {
 		for _, c := range cfg.CPUs {
@@ -152,7 +152,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 	if len(lay.IRQCPUs) == 0 {
-		pl.Notes = append(pl.Notes, "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): split cores may include it")
+		pl.Notes = append(pl.Notes, plan.IRQUnknown+": split cores may include it")
 	}
 	// PRISM-batch on top: both classes get a queue on every core the
 	// first stage may run on (the split cores and the IRQ core, where the
@@ -167,7 +167,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		case len(queues) == 0:
 			c := cfg.CPUs[len(cfg.CPUs)-1]
 			queues = []int{c}
-			pl.Notes = append(pl.Notes, fmt.Sprintf("prio: the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): both classes' first stage on core %d", c))
+			pl.Notes = append(pl.Notes, fmt.Sprintf("prio: %s: both classes' first stage on core %d", plan.IRQUnknown, c))
 		}
 		if !o.Split {
 			// No split: the first stage stays on the IRQ core, now in two

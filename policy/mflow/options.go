@@ -22,6 +22,9 @@ import (
 
 // Options are mflow's settings.
 type Options struct {
+	// IRQCPUs are the underlay NIC's IRQ cores as the user gave them
+	// (plan.IRQKey); nil: read from the NIC (plan.IRQCPUs).
+	IRQCPUs []int
 	// Batch is the number of consecutive frames per micro-flow. MFLOW uses
 	// 256: its measurements (16..1024) showed little reordering from 256
 	// up, and GRO merges within a batch only.
@@ -63,6 +66,7 @@ const (
 )
 
 var params = []plan.Param{
+	plan.IRQParam,
 	{Key: "batch", Default: "256", Help: "frames per micro-flow, 1..65536 (MFLOW measured 16..1024; from 256 up little reordering)"},
 	{Key: "split-cpus", Default: "two cores of the set, the IRQ core among them", Help: "cores micro-flows go to, round robin, a list like 0-1"},
 	{Key: "threshold", Default: "10000", Help: "packets/s from which a flow is an elephant and split; 0 splits every flow"},
@@ -77,6 +81,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	for k, v := range m {
 		var err error
 		switch k {
+		case plan.IRQKey:
+			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
 		case "batch":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 32)

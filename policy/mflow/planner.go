@@ -63,7 +63,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		return nil, fmt.Errorf("no underlay device found: mflow splits at the underlay NIC and cannot run without it")
 	}
 	pl := &plan.Plan{Mode: Mode}
-	irq := plan.IRQCPUs(t)
+	irq := plan.IRQCPUsOr(t, o.IRQCPUs)
 	split, err := splitCores(o, cfg, irq)
 	if err != nil {
 		return nil, err
@@ -203,6 +203,6 @@ func addNotes(pl *plan.Plan, o Options, split, irq []int, frames uint32, w time.
 		pl.Notes = append(pl.Notes, fmt.Sprintf("one split core (%d): elephants move there whole, nothing runs in parallel", split[0]))
 	}
 	if len(irq) == 0 && len(o.SplitCPUs) == 0 {
-		pl.Notes = append(pl.Notes, "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): the split cores are the set's lowest two")
+		pl.Notes = append(pl.Notes, plan.IRQUnknown+": the split cores are the set's lowest two")
 	}
 }

@@ -241,7 +241,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	}
 	core := o.CPU
 	if core < 0 {
-		if irq := plan.IRQCPUs(t); len(irq) > 0 {
+		if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) > 0 {
 			core = irq[0]
 		} else if len(env.CPUs) > 0 {
 			core = env.CPUs[len(env.CPUs)-1]

@@ -15,6 +15,9 @@ import (
 
 // Options are a prism mode's settings.
 type Options struct {
+	// IRQCPUs are the underlay NIC's IRQ cores as the user gave them
+	// (plan.IRQKey); nil: read from the NIC (plan.IRQCPUs).
+	IRQCPUs []int
 	// PrioMode is PRISM's mode: "batch" (own queue and kthread per class,
 	// batch-level preemption) or "sync" (batch, plus run to completion:
 	// high-priority frames for a container the bridge forwards to plainly
@@ -303,6 +306,7 @@ func bulkSchedDefault(o Options) string {
 }
 
 var params = []plan.Param{
+	plan.IRQParam,
 	{Key: "prio-mode", Default: "batch", Help: "PRISM mode: batch (own queue and kthread per class) or sync (batch, and high-priority frames for plainly bridged containers go from XDP straight to their veth)"},
 	{Key: "cpu", Default: "the underlay's IRQ core", Help: "receive core for both classes' queues and the later stages"},
 	{Key: "rt", Default: "50", Help: "SCHED_FIFO priority of the NIC poll; GRO cells, container veths and the high-priority queue get rt+1..rt+3 (the last unless high-rt says otherwise)"},
@@ -331,6 +335,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	for k, v := range m {
 		var err error
 		switch k {
+		case plan.IRQKey:
+			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
 		case "prio-mode":
 			if v != "batch" && v != "sync" {
 				err = fmt.Errorf("want batch or sync")

@@ -64,11 +64,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl := &plan.Plan{Mode: p.mode}
 	core := o.CPU
 	if core < 0 {
-		if irq := plan.IRQCPUs(t); len(irq) > 0 {
+		if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) > 0 {
 			core = irq[0]
 		} else {
 			core = cfg.CPUs[len(cfg.CPUs)-1]
-			pl.Notes = append(pl.Notes, fmt.Sprintf("the underlay's IRQ core is unknown (its NAPI is not threaded and pinned): receive core %d; give --set cpu=N", core))
+			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: receive core %d (or give --set cpu=N)", plan.IRQUnknown, core))
 		}
 	}
 	if !slices.Contains(cfg.CPUs, core) {
@@ -115,7 +115,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	bulkInline := o.Bulk == BulkInline
 	if bulkInline {
 		setup.CPUMap, setup.RTPriority = nil, 0
-	} else if irq := plan.IRQCPUs(t); !inline && slices.Equal(irq, []int{core}) && mergesUDP(t) != "" {
+	} else if irq := plan.IRQCPUsOr(t, o.IRQCPUs); !inline && slices.Equal(irq, []int{core}) && mergesUDP(t) != "" {
 		// GRO that merges inner UDP datagrams leaves the move out of the
 		// NIC poll no frame it knows ends a segment (see mergesUDP).
 		if o.Quiet != 0 {
@@ -141,7 +141,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
-		why := fastMoveBlocked(t, core)
+		why := fastMoveBlocked(t, plan.IRQCPUsOr(t, o.IRQCPUs), core)
 		if !o.highDefault {
 			return nil, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", o.highBy, core, why)
 		}
@@ -155,7 +155,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		if !o.bulkDefault {
-			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, core))
+			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, plan.IRQCPUsOr(t, o.IRQCPUs), core))
 		}
 		o.Bulk = BulkQueue // the default follows high back to queue
 	}
@@ -170,8 +170,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk=auto: bulk flows run in the NIC poll while every high-priority frame of the last %v ran there as a busy rule's (no marked frame queued: the bulk queue's hop preempts nothing then); the first marked frame that takes its queue sends them back to the bulk queue, in order, and it and those right behind it find bulk still in the NIC poll", BulkAutoWindow))
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
-		irq := "unknown (its NAPI is not threaded and pinned)"
-		if cpus := plan.IRQCPUs(t); len(cpus) > 0 {
+		irq := "unknown (give --set " + plan.IRQKey + "=N)"
+		if cpus := plan.IRQCPUsOr(t, o.IRQCPUs); len(cpus) > 0 {
 			irq = knobs.FormatCPUList(cpus)
 		}
 		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core (%d) alone, and the underlay's IRQ core is %s: drop quiet, or receive on the one IRQ core (--set cpu=N)", o.Quiet, core, irq)
@@ -255,7 +255,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// core only when every frame is decapsulated there, that is when the
 	// underlay's NIC poll (bulk inline, quiet, no flow marked) runs there
 	// too.
-	pinCells := o.Pin && slices.Equal(plan.IRQCPUs(t), []int{core})
+	pinCells := o.Pin && slices.Equal(plan.IRQCPUsOr(t, o.IRQCPUs), []int{core})
 	for i := range t.VXLANs {
 		v := &t.VXLANs[i]
 		if len(v.NAPIThreads) > 0 && !pinCells {
@@ -335,22 +335,22 @@ func fifo(prio int) string {
 	return fmt.Sprintf("FIFO %d", prio)
 }
 
-// mergesUDP says which underlay's GRO may merge inner UDP datagrams, or
-// could not be read ("" = none): steer_xdp's move out of the NIC poll
-// takes every UDP datagram for the end of a GRO segment.
 // fastMoveBlocked says why steer_xdp's fast move between the NIC poll and
-// the queues (PrioIdleInline) is not order-safe on core.
-func fastMoveBlocked(t *topology.Topology, core int) string {
-	cpus := plan.IRQCPUs(t)
+// the queues (PrioIdleInline) is not order-safe on core, given the IRQ
+// cores.
+func fastMoveBlocked(t *topology.Topology, irq []int, core int) string {
 	switch {
-	case len(cpus) == 0:
-		return "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned)"
-	case !slices.Equal(cpus, []int{core}):
-		return "the underlay's IRQ core is " + knobs.FormatCPUList(cpus)
+	case len(irq) == 0:
+		return plan.IRQUnknown
+	case !slices.Equal(irq, []int{core}):
+		return "the underlay's IRQ core is " + knobs.FormatCPUList(irq)
 	}
 	return mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
 }
 
+// mergesUDP says which underlay's GRO may merge inner UDP datagrams, or
+// could not be read ("" = none): steer_xdp's move out of the NIC poll
+// takes every UDP datagram for the end of a GRO segment.
 func mergesUDP(t *topology.Topology) string {
 	var why []string
 	for _, u := range t.Underlays {

@@ -1,0 +1,59 @@
+package plan
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// Where a NIC is polled: by its threaded NAPI kthreads where they are
+// pinned, else in softirq where its receive interrupts go; unknown when
+// either may run on several cores, or a virtual NIC has neither.
+func TestIRQCPUs(t *testing.T) {
+	thread := func(cpus ...int) knobs.KthreadInfo { return knobs.KthreadInfo{Comm: "napi/ul2-9", CPUs: cpus} }
+	rx := func(irq int, name string, cpus ...int) topology.IRQ {
+		return topology.IRQ{IRQ: irq, Name: name, CPUs: cpus, Receive: true}
+	}
+	for _, tc := range []struct {
+		name string
+		devs []topology.Device
+		want []int
+	}{
+		{"threaded, pinned", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(1)}}}, []int{1}},
+		{"threaded, free", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(0, 1)}}}, nil},
+		// A threaded NIC's interrupts only wake its threads.
+		{"threaded, threads pinned, IRQs elsewhere", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(1)}, IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 0)}}}, []int{1}},
+		{"softirq, two queues", []topology.Device{{Threaded: "0", IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 3), rx(41, "eth0-TxRx-1", 2), {IRQ: 42, Name: "eth0", CPUs: []int{0}}}}}, []int{2, 3}},
+		{"softirq, an IRQ on several cores", []topology.Device{{Threaded: "0", IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 2, 3)}}}, nil},
+		{"softirq, no IRQ (veth)", []topology.Device{{Threaded: "0"}}, nil},
+		{"one NIC known, one not", []topology.Device{{Threaded: "0", IRQs: []topology.IRQ{rx(40, "eth0-rx-0", 1)}}, {Threaded: "0"}}, nil},
+		{"no underlay", nil, nil},
+	} {
+		tp := &topology.Topology{Underlays: tc.devs}
+		if got := IRQCPUs(tp); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: IRQ cores %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A core list the user gave wins over what was read; a bad one is
+// refused with what to write.
+func TestIRQCPUsGiven(t *testing.T) {
+	tp := &topology.Topology{Underlays: []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{{CPUs: []int{1}}}}}}
+	if got := IRQCPUsOr(tp, []int{0}); !slices.Equal(got, []int{0}) {
+		t.Errorf("given [0]: %v", got)
+	}
+	if got := IRQCPUsFor(tp, map[string]string{IRQKey: "2-3"}); !slices.Equal(got, []int{2, 3}) {
+		t.Errorf("given 2-3: %v", got)
+	}
+	if got := IRQCPUsFor(tp, nil); !slices.Equal(got, []int{1}) {
+		t.Errorf("none given: %v, want what was read, [1]", got)
+	}
+	for _, bad := range []string{"", "x", "1-", ","} {
+		if _, err := ParseIRQCPUs(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
