@@ -13,6 +13,7 @@ import (
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/spf13/cobra"
 )
@@ -59,6 +60,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				st.Started.Local().Format(time.DateTime), ctlNSFlag(s.NetNS))
 		} else {
 			fmt.Fprintf(out, " since %s, %d changes on cores %s", st.Applied.Local().Format(time.DateTime), st.Plan.Changes, st.CPUs)
+			if len(st.IRQCPUs) > 0 {
+				fmt.Fprintf(out, ", IRQ core %s", knobs.FormatCPUList(st.IRQCPUs))
+			}
 		}
 	}
 	fmt.Fprintf(out, ", %d knobs journaled\n", s.Journaled)
@@ -232,6 +236,29 @@ func ctlPrintVethFlows(out io.Writer, st *control.Steering) {
 	}
 }
 
+// ctlPollLabel says where an underlay NIC is polled, as lanes reads it
+// (plan.IRQCPUs): by its threaded NAPI kthreads, or in softirq where its
+// receive interrupts go.
+func ctlPollLabel(u topology.Device) string {
+	if len(u.NAPIThreads) > 0 {
+		var ths []string
+		for _, th := range u.NAPIThreads {
+			ths = append(ths, fmt.Sprintf("%s on %s", th.Comm, knobs.FormatCPUList(th.CPUs)))
+		}
+		return "threaded NAPI: " + strings.Join(ths, ", ")
+	}
+	var irqs []string
+	for _, q := range u.IRQs {
+		if q.Receive {
+			irqs = append(irqs, fmt.Sprintf("irq %d %s on %s", q.IRQ, q.Name, knobs.FormatCPUList(q.CPUs)))
+		}
+	}
+	if len(irqs) > 0 {
+		return "softirq NAPI, receive interrupts: " + strings.Join(irqs, ", ")
+	}
+	return "softirq NAPI, no receive interrupt found (its IRQ core cannot be read: modes take --set " + plan.IRQKey + "=N)"
+}
+
 func ctlPrintTopology(out io.Writer, t *topology.Topology) {
 	fmt.Fprintf(out, "overlay: %s\n", kindLabel[t.Kind])
 	for _, v := range t.VXLANs {
@@ -250,6 +277,9 @@ func ctlPrintTopology(out io.Writer, t *topology.Topology) {
 			fmt.Fprintf(out, ", underlay %s/%s (%s)", ctlNSLabel(v.UnderlayNetNS), v.Underlay, v.How)
 		}
 		fmt.Fprintf(out, ", threaded %s\n", v.Threaded)
+	}
+	for _, u := range t.Underlays {
+		fmt.Fprintf(out, "  underlay %s/%s: %s\n", ctlNSLabel(u.NetNS), u.Name, ctlPollLabel(u))
 	}
 	for _, b := range t.Bridges {
 		fmt.Fprintf(out, "  bridge %s: %s\n", b.Name, strings.Join(b.Ports, ", "))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -81,5 +82,25 @@ func TestStatusWarnsOfThreadedVXLAN(t *testing.T) {
 	ctlPrintTopology(&b, topo)
 	if strings.Contains(b.String(), "warning") {
 		t.Errorf("warning for a VXLAN device without threaded NAPI:\n%s", b.String())
+	}
+}
+
+// lanes status says where each underlay NIC is polled: by its pinned
+// threads, in softirq where its receive interrupts go, or that lanes
+// cannot tell and how to tell it.
+func TestStatusSaysWhereTheNICIsPolled(t *testing.T) {
+	for _, tc := range []struct {
+		dev  topology.Device
+		want string
+	}{
+		{topology.Device{Name: "ul2", Threaded: "1", NAPIThreads: []knobs.KthreadInfo{{Comm: "napi/ul2-9", CPUs: []int{1}}}}, "threaded NAPI: napi/ul2-9 on 1"},
+		{topology.Device{Name: "eth0", Threaded: "0", IRQs: []topology.IRQ{{IRQ: 37, Name: "virtio2-config", CPUs: []int{0}}, {IRQ: 38, Name: "virtio2-input.0", CPUs: []int{1}, Receive: true}}}, "softirq NAPI, receive interrupts: irq 38 virtio2-input.0 on 1"},
+		{topology.Device{Name: "ul2", Threaded: "0"}, "softirq NAPI, no receive interrupt found (its IRQ core cannot be read: modes take --set irq-cpus=N)"},
+	} {
+		var b strings.Builder
+		ctlPrintTopology(&b, &topology.Topology{Underlays: []topology.Device{tc.dev}})
+		if !strings.Contains(b.String(), "underlay host/"+tc.dev.Name+": "+tc.want) {
+			t.Errorf("%s: status says\n%s\nwant %q", tc.dev.Name, b.String(), tc.want)
+		}
 	}
 }
