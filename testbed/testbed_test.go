@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/nsx"
@@ -390,7 +392,17 @@ func traceNAPIPolls(t *testing.T, fn func()) map[string]map[string]int {
 	t.Helper()
 	root := "/sys/kernel/tracing"
 	if _, err := os.Stat(filepath.Join(root, "instances")); err != nil {
-		t.Skipf("no tracefs at %s: %v", root, err)
+		// Not mounted (a fresh machine): mount it for the test, and
+		// take it away again afterwards (cleanups run last-in first-out,
+		// so after the instance's removal).
+		if err := unix.Mount("nodev", root, "tracefs", 0, ""); err != nil {
+			t.Skipf("no tracefs at %s, and mounting it failed: %v", root, err)
+		}
+		t.Cleanup(func() {
+			if err := unix.Unmount(root, 0); err != nil {
+				t.Errorf("unmounting tracefs at %s: %v", root, err)
+			}
+		})
 	}
 	inst := filepath.Join(root, "instances", fmt.Sprintf("lanes-test-%d", os.Getpid()))
 	if err := os.Mkdir(inst, 0o755); err != nil {
