@@ -244,9 +244,6 @@ func (tb *Testbed) buildUnderlay() error {
 				return err
 			}
 		}
-		if err := tb.setupWireEnds(); err != nil {
-			return err
-		}
 		if err := tb.enableGRO(); err != nil {
 			return err
 		}

@@ -10,7 +10,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 
-	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
@@ -137,7 +136,7 @@ type WireCounts struct {
 // WireCounts reads the wire program's counters (NIC softirq only).
 func (tb *Testbed) WireCounts() (WireCounts, error) {
 	if tb.Config.NIC != NICSoftirq {
-		return WireCounts{}, errors.New("this testbed has no wire: its NIC is " + tb.Config.NIC)
+		return WireCounts{}, fmt.Errorf("this testbed has no wire: its NIC is %s (bring it up with --nic %s)", tb.Config.NIC, NICSoftirq)
 	}
 	hw, closeW, err := handle(tb.Config.WireNS())
 	if err != nil {
@@ -149,7 +148,7 @@ func (tb *Testbed) WireCounts() (WireCounts, error) {
 		return WireCounts{}, err
 	}
 	if l.Attrs().Xdp == nil || l.Attrs().Xdp.ProgId == 0 {
-		return WireCounts{}, fmt.Errorf("%s has no wire program", wireEnd(1))
+		return WireCounts{}, fmt.Errorf("%s has no wire program: the testbed is broken, bring it down and up again", wireEnd(1))
 	}
 	prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(l.Attrs().Xdp.ProgId))
 	if err != nil {
@@ -186,17 +185,4 @@ func (tb *Testbed) WireCounts() (WireCounts, error) {
 		return c, nil
 	}
 	return WireCounts{}, errors.New("the wire program has no counts map")
-}
-
-// setupWireEnds turns off what a cable would not do: the wire ends only
-// pass frames on, complete as the hosts' devices sent them.
-func (tb *Testbed) setupWireEnds() error {
-	for i := range tb.Hosts {
-		for _, f := range []ethtool.Feature{ethtool.TSO, ethtool.GSO, ethtool.TxChecksum} {
-			if err := ethtool.Set(tb.Config.WireNS(), wireEnd(i+1), f, false); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

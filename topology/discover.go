@@ -199,7 +199,7 @@ func (d *discovery) underlays(t *Topology) error {
 		if !seen[key] {
 			seen[key] = true
 			dev := us.device(l)
-			dev.IRQs = deviceIRQs(us.ns, dev.Index, dev.Name)
+			dev.IRQs = describeIRQs(us.irqs[dev.Name])
 			t.Underlays = append(t.Underlays, dev)
 		}
 	}
@@ -464,7 +464,8 @@ type nsScan struct {
 	// their thread pids (0 when not threaded); nil when the dump failed.
 	napi    map[int][]int
 	napiErr error
-	nsids   map[int]string // peer netns id (as this namespace numbers them) -> name
+	irqs    map[string]irqScan // device name -> its interrupts (scanIRQs)
+	nsids   map[int]string     // peer netns id (as this namespace numbers them) -> name
 	path    pathScan
 }
 
@@ -520,7 +521,14 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 				wantIDs[a.NetNsID] = true
 			}
 		}
-		s.napi, s.napiErr = napiDump()
+		inst, err := napi.List("", 0)
+		s.napi, s.napiErr = napiThreadsOf(inst, err)
+		names, idx := make([]string, 0, len(links)), map[string]int{}
+		for _, l := range links {
+			names = append(names, l.Attrs().Name)
+			idx[l.Attrs().Name] = l.Attrs().Index
+		}
+		s.irqs = scanIRQs(inst, names, idx)
 		s.readPath()
 		s.resolveIDs(cat, wantIDs)
 		return nil
@@ -687,12 +695,11 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	return netip.PrefixFrom(a.Unmap(), ones), true
 }
 
-// napiDump returns, per ifindex, the pids of the threads polling the
-// device's NAPI instances (nil for a device whose instances are not
-// threaded), from the namespace the calling thread is in: napi.List with
-// the empty name runs on the calling thread.
-func napiDump() (map[int][]int, error) {
-	inst, err := napi.List("", 0)
+// napiThreadsOf returns, per ifindex, the pids of the threads polling
+// the device's NAPI instances (nil for a device whose instances are not
+// threaded), from a napi.List of the namespace being scanned (with the
+// empty name it runs on the calling thread, which is in that namespace).
+func napiThreadsOf(inst []napi.Instance, err error) (map[int][]int, error) {
 	if err != nil {
 		return nil, err
 	}

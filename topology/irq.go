@@ -24,8 +24,7 @@ type IRQ struct {
 	// CPUs is where it is delivered: /proc/irq/N/effective_affinity_list,
 	// or smp_affinity_list where the kernel has no effective affinity.
 	CPUs []int `json:"cpus"`
-	// Receive: the name does not say transmit-only or control
-	// (isReceiveIRQ).
+	// Receive: it serves a receive queue (classifyIRQs).
 	Receive bool `json:"receive"`
 }
 
@@ -33,72 +32,105 @@ type IRQ struct {
 // fake tree.
 var irqRoot = "/"
 
-// deviceIRQs finds the interrupts of device dev, read in its namespace
-// ns. ifindex and ns name the device for the netdev family, whose NAPI instances
-// carry their IRQ where the driver reports it (netif_napi_set_irq); other
-// drivers' interrupts are found from the bus device's MSI vectors, or its
-// one legacy line. A device with none (veth, bridge, VXLAN) has none.
-func deviceIRQs(ns string, ifindex int, dev string) []IRQ {
-	var nums []int
-	if inst, err := napi.List(ns, ifindex); err == nil {
-		for _, in := range inst {
-			if in.IRQ > 0 && !slices.Contains(nums, in.IRQ) {
-				nums = append(nums, in.IRQ)
-			}
+// irqScan is what a namespace scan found of a device's interrupts.
+type irqScan struct {
+	nums []int
+	// fromNAPI: the numbers are the IRQs the netdev family gives the
+	// device's receive NAPI instances, not every vector of its bus device.
+	fromNAPI bool
+}
+
+// scanIRQs finds the interrupts of every device in the namespace it runs
+// in (inside knobs.DoSysfs, so sysfs is that namespace's): the IRQs the
+// netdev family gives each NAPI instance where the driver reports them
+// (netif_napi_set_irq), kept to the instances that poll a receive queue
+// where the driver names those (netif_queue_set_napi); otherwise the
+// vectors of the device's bus device. A device with neither (veth,
+// bridge, VXLAN) has none.
+func scanIRQs(inst []napi.Instance, links []string, byIndex map[string]int) map[string]irqScan {
+	rx, named, qerr := napi.RxNAPIs("")
+	fromNAPI := map[int][]int{}
+	for _, in := range inst {
+		if in.IRQ <= 0 || slices.Contains(fromNAPI[in.IfIndex], in.IRQ) {
+			continue
+		}
+		if qerr == nil && named[in.IfIndex] && !rx[in.ID] {
+			continue // transmit completions only
+		}
+		fromNAPI[in.IfIndex] = append(fromNAPI[in.IfIndex], in.IRQ)
+	}
+	out := map[string]irqScan{}
+	for _, dev := range links {
+		if nums := fromNAPI[byIndex[dev]]; len(nums) > 0 {
+			slices.Sort(nums)
+			out[dev] = irqScan{nums: nums, fromNAPI: true}
+		} else if nums := busIRQs(dev); len(nums) > 0 {
+			out[dev] = irqScan{nums: nums}
 		}
 	}
-	fromNAPI := len(nums) > 0
-	if !fromNAPI {
-		// The device's sysfs entry is only visible from its namespace.
-		knobs.DoSysfs(ns, func() error {
-			nums = busIRQs(dev)
-			return nil
-		})
-	}
-	if len(nums) == 0 {
-		return nil
-	}
-	names := interruptNames()
-	var out []IRQ
-	for _, n := range nums {
-		q := IRQ{IRQ: n, Name: names[n], CPUs: irqCPUs(n)}
-		// An interrupt a NAPI instance names polls receive queues.
-		q.Receive = fromNAPI || isReceiveIRQ(q.Name)
-		out = append(out, q)
-	}
-	slices.SortFunc(out, func(a, b IRQ) int { return a.IRQ - b.IRQ })
 	return out
 }
 
-// busIRQs lists the MSI vectors of the bus device behind dev, or of its
-// parent (a virtio NIC's vectors belong to the PCI function it sits on),
-// else its legacy interrupt line.
+// busIRQs lists the MSI vectors of the bus device behind dev, else its
+// legacy interrupt line. A virtio NIC's interrupts belong to the PCI
+// function the virtio device sits on: for one, the parent's.
 func busIRQs(dev string) []int {
 	// device is a link into the bus's tree; its parent is found there.
 	devDir, err := filepath.EvalSymlinks(filepath.Join(irqRoot, "sys/class/net", dev, "device"))
 	if err != nil {
 		return nil
 	}
-	for _, dir := range []string{devDir, filepath.Dir(devDir)} {
-		ents, err := os.ReadDir(filepath.Join(dir, "msi_irqs"))
-		if err != nil || len(ents) == 0 {
-			continue
-		}
-		var out []int
+	if nums := deviceIRQs(devDir); len(nums) > 0 {
+		return nums
+	}
+	if sub, err := filepath.EvalSymlinks(filepath.Join(devDir, "subsystem")); err == nil && filepath.Base(sub) == "virtio" {
+		return deviceIRQs(filepath.Dir(devDir))
+	}
+	return nil
+}
+
+// deviceIRQs reads a bus device's MSI vectors, else its legacy line.
+func deviceIRQs(dir string) []int {
+	var out []int
+	if ents, err := os.ReadDir(filepath.Join(dir, "msi_irqs")); err == nil {
 		for _, e := range ents {
 			if n, err := strconv.Atoi(e.Name()); err == nil {
 				out = append(out, n)
 			}
 		}
-		slices.Sort(out)
-		return out
 	}
-	if b, err := os.ReadFile(filepath.Join(devDir, "irq")); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
-			return []int{n}
+	if len(out) == 0 {
+		if b, err := os.ReadFile(filepath.Join(dir, "irq")); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+				out = append(out, n)
+			}
 		}
 	}
-	return nil
+	slices.Sort(out)
+	return out
+}
+
+// describeIRQs names the interrupts a scan found and says where each is
+// delivered and which serve receive queues (/proc is the same in every
+// namespace).
+func describeIRQs(sc irqScan) []IRQ {
+	if len(sc.nums) == 0 {
+		return nil
+	}
+	names := interruptNames()
+	out := make([]IRQ, 0, len(sc.nums))
+	for _, n := range sc.nums {
+		out = append(out, IRQ{IRQ: n, Name: names[n], CPUs: irqCPUs(n)})
+	}
+	if sc.fromNAPI {
+		// The driver said these poll receive queues.
+		for i := range out {
+			out[i].Receive = true
+		}
+		return out
+	}
+	classifyIRQs(out)
+	return out
 }
 
 // interruptNames maps each interrupt number to its handlers' name, the
@@ -142,34 +174,58 @@ func irqCPUs(n int) []int {
 	return nil
 }
 
-// notReceive matches the handler names of interrupts that serve no
-// receive queue: configuration and control vectors (virtio's "-config",
-// mlx5's "_async", ena's "mgmnt", ice's "-misc"), and transmit-only
-// ones (virtio's "-output.N", "eth0-tx-0").
-var notReceive = regexp.MustCompile(`(?i)(config|output|async|ctrl|cmd|mbx|mgmt|mgmnt|misc|event|adminq|fw|inflate|deflate|stats|reporting)`)
-
 var (
-	mentionsTx = regexp.MustCompile(`(?i)tx`)
+	// control matches the handler names of vectors that serve no queue:
+	// configuration and control (virtio's "-config", mlx5's "_async",
+	// ena's "mgmnt", ice's "misc", mailboxes, admin queues).
+	control = regexp.MustCompile(`(?i)(config|async|ctrl|cmd|mbx|mgmt|mgmnt|misc|event|adminq|fw|inflate|deflate|stats|reporting)`)
+	// mentionsTx without mentionsRx is a transmit-only queue vector:
+	// "eth0-tx-0", virtio's "-output.N" ("TxRx" is combined).
+	mentionsTx = regexp.MustCompile(`(?i)tx|output`)
 	mentionsRx = regexp.MustCompile(`(?i)rx|input`)
-	// queueVector names a vector that serves queues: receive or combined
-	// by name, or numbered ("eth0-3", tg3's and sfc's channels). A
-	// driver's vector named after the device alone ("eth1": ixgbe's
-	// link and mailbox causes) serves none.
-	queueVector = regexp.MustCompile(`(?i)rx|input|comp|ntfy|-io-|-fp-|-\d+(@|$)`)
+	// namedQueue names a vector that serves receive queues by its name:
+	// receive or combined ("rx", "TxRx", ena's "Tx-Rx", virtio's "input"
+	// and its one shared "virtqueues" vector, mlx5's "comp", gve's
+	// "ntfy-blk" (which may be a transmit block: gve names its queues'
+	// NAPI instances, and those are preferred), bnx2x's "fp").
+	namedQueue = regexp.MustCompile(`(?i)rx|input|virtqueues|comp|ntfy|-fp-`)
+	// numbered is a vector known only by its number ("eth0-3": tg3's and
+	// sfc's channels).
+	numbered = regexp.MustCompile(`-\d+(@|$)`)
 )
 
-// isReceiveIRQ says whether an interrupt's name may belong to a receive
-// queue: a combined one ("TxRx", mlx5's "comp", "ena-io-0") or a
-// receive-only one ("rx", virtio's "input"), not a control, transmit-only
-// or unnamed one.
-func isReceiveIRQ(name string) bool {
-	switch {
-	case name == "", notReceive.MatchString(name):
-		return false
-	case mentionsTx.MatchString(name) && !mentionsRx.MatchString(name):
-		return false
+// classifyIRQs marks the vectors of one device that serve receive
+// queues, from their names: those named as receive or combined queues;
+// failing any, the numbered ones (sfc's and tg3's channels; tg3's vector
+// 0 carries only link events under RSS and is counted too, so its core
+// may be one more IRQ core than polls); failing those too, the one vector
+// that is neither control nor transmit-only (e1000e, igb and tg3 with a
+// single vector name it after the device, "eno1").
+func classifyIRQs(irqs []IRQ) {
+	isControl := func(name string) bool {
+		return name == "" || control.MatchString(name) || (mentionsTx.MatchString(name) && !mentionsRx.MatchString(name))
 	}
-	return queueVector.MatchString(name)
+	mark := func(match func(string) bool) bool {
+		any := false
+		for i := range irqs {
+			if !isControl(irqs[i].Name) && match(irqs[i].Name) {
+				irqs[i].Receive, any = true, true
+			}
+		}
+		return any
+	}
+	if mark(namedQueue.MatchString) || mark(numbered.MatchString) {
+		return
+	}
+	var rest []int
+	for i := range irqs {
+		if !isControl(irqs[i].Name) {
+			rest = append(rest, i)
+		}
+	}
+	if len(rest) == 1 {
+		irqs[rest[0]].Receive = true
+	}
 }
 
 // ReceiveIRQCPUs is where d's receive interrupts are delivered, when

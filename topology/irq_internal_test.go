@@ -5,13 +5,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 )
 
-// writeTree writes files (path -> content) under a temporary root and
-// points irqRoot there for the test.
-func writeTree(t *testing.T, files map[string]string) {
+// fakeTree builds files (path -> content) and symlinks (path -> target,
+// relative to the link's directory) under a temporary root and points
+// irqRoot there for the test.
+func fakeTree(t *testing.T, files, links map[string]string) {
 	t.Helper()
 	root := t.TempDir()
 	for p, c := range files {
@@ -23,12 +23,22 @@ func writeTree(t *testing.T, files map[string]string) {
 			t.Fatal(err)
 		}
 	}
+	for p, target := range links {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, full); err != nil {
+			t.Fatal(err)
+		}
+	}
 	old := irqRoot
 	irqRoot = root
 	t.Cleanup(func() { irqRoot = old })
 }
 
 const fakeInterrupts = `           CPU0       CPU1       CPU2       CPU3
+ 11:          0          0          0          5 IO-APIC  11-fasteoi   eth2
  37:          0          0          0          0 PCI-MSIX-0000:00:03.0   0-edge      virtio2-config
  38:          0       2106          0          0 PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0
  39:       1860          0          0          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0
@@ -37,38 +47,32 @@ const fakeInterrupts = `           CPU0       CPU1       CPU2       CPU3
  60:          0          0          0          0 IR-PCI-MSIX-0000:08:00.0   0-edge      eth1
  61:     100000          0          0          0 IR-PCI-MSIX-0000:08:00.0   1-edge      eth1-TxRx-0
  62:          0     100000          0          0 IR-PCI-MSIX-0000:08:00.0   2-edge      eth1-TxRx-1
- 63:          0          0          0          0 IR-PCI-MSIX-0000:08:00.0   3-edge      eth1-misc
 NMI:          0          0          0          0   Non-maskable interrupts
 `
 
-// A virtio NIC (its vectors on the PCI function above the virtio device)
-// and a PCI NIC with combined queues: the receive vectors are found by
-// name, where they are delivered by effective affinity, else by the
-// affinity list.
+// A virtio NIC (its vectors on the PCI function above the virtio device),
+// a PCI NIC with combined queues, a legacy line, and a veth: the vectors
+// are found on the right bus device, the receive ones by name, and where
+// they are delivered by effective affinity, else by the affinity list.
 func TestBusIRQs(t *testing.T) {
 	files := map[string]string{
 		"proc/interrupts": fakeInterrupts,
-		// virtio: /sys/class/net/eth0/device is virtio2, whose parent
-		// PCI function holds msi_irqs.
-		"sys/class/net/eth0/device/uevent":         "DRIVER=virtio_net\n",
-		"sys/class/net/eth0/device/../msi_irqs/37": "msix",
-		"sys/class/net/eth0/device/../msi_irqs/38": "msix",
-		"sys/class/net/eth0/device/../msi_irqs/39": "msix",
-		"sys/class/net/eth0/device/../msi_irqs/40": "msix",
-		"sys/class/net/eth0/device/../msi_irqs/41": "msix",
-		// A PCI NIC: msi_irqs on the device itself.
-		"sys/class/net/eth1/device/msi_irqs/60": "msix",
-		"sys/class/net/eth1/device/msi_irqs/61": "msix",
-		"sys/class/net/eth1/device/msi_irqs/62": "msix",
-		"sys/class/net/eth1/device/msi_irqs/63": "msix",
-		// A legacy line.
-		"sys/class/net/eth2/device/irq": "11\n",
-		// A virtual device has no bus device.
-		"sys/class/net/veth0/uevent": "",
+		"sys/devices/pci0/0000:00:03.0/virtio2/uevent": "DRIVER=virtio_net\n",
+		"sys/bus/virtio/uevent":                        "",
+		"sys/bus/pci/uevent":                           "",
+		"sys/devices/pci0/0000:08:00.0/uevent":         "DRIVER=ixgbe\n",
+		"sys/devices/pci0/0000:09:00.0/irq":            "11\n",
+		"sys/devices/virtual/net/veth0/uevent":         "",
+	}
+	for _, n := range []int{37, 38, 39, 40, 41} {
+		files["sys/devices/pci0/0000:00:03.0/msi_irqs/"+strconv.Itoa(n)] = "msix"
+	}
+	for _, n := range []int{60, 61, 62} {
+		files["sys/devices/pci0/0000:08:00.0/msi_irqs/"+strconv.Itoa(n)] = "msix"
 	}
 	aff := map[int][2]string{ // effective, smp
 		37: {"0", "0-3"}, 38: {"1", "0-3"}, 39: {"0", "0-3"}, 40: {"", "2"}, 41: {"3", "0-3"},
-		60: {"0", "0"}, 61: {"0", "0-3"}, 62: {"1", "0-3"}, 63: {"0", "0"}, 11: {"3", "3"},
+		60: {"0", "0"}, 61: {"0", "0-3"}, 62: {"1", "0-3"}, 11: {"3", "3"},
 	}
 	for n, a := range aff {
 		dir := "proc/irq/" + strconv.Itoa(n) + "/"
@@ -77,24 +81,25 @@ func TestBusIRQs(t *testing.T) {
 		}
 		files[dir+"smp_affinity_list"] = a[1] + "\n"
 	}
-	// Paths with ".." are written as the kernel resolves them.
-	for p, c := range files {
-		if strings.Contains(p, "/../") {
-			delete(files, p)
-			files[filepath.Clean(p)] = c
-		}
+	links := map[string]string{
+		"sys/class/net/eth0/device":                       "../../../devices/pci0/0000:00:03.0/virtio2",
+		"sys/devices/pci0/0000:00:03.0/virtio2/subsystem": "../../../../bus/virtio",
+		"sys/class/net/eth1/device":                       "../../../devices/pci0/0000:08:00.0",
+		"sys/devices/pci0/0000:08:00.0/subsystem":         "../../../bus/pci",
+		"sys/class/net/eth2/device":                       "../../../devices/pci0/0000:09:00.0",
+		"sys/class/net/veth0":                             "../../devices/virtual/net/veth0",
 	}
-	writeTree(t, files)
+	fakeTree(t, files, links)
 
 	for _, tc := range []struct {
 		dev      string
 		irqs     []int
-		rxCPUs   []int
 		received []int // the IRQs counted as receive
+		rxCPUs   []int
 	}{
-		{"eth0", []int{37, 38, 39, 40, 41}, []int{1, 2}, []int{38, 40}},
-		{"eth1", []int{60, 61, 62, 63}, []int{0, 1}, []int{61, 62}},
-		{"eth2", []int{11}, nil, nil}, // unnamed: not counted
+		{"eth0", []int{37, 38, 39, 40, 41}, []int{38, 40}, []int{1, 2}},
+		{"eth1", []int{60, 61, 62}, []int{61, 62}, []int{0, 1}},
+		{"eth2", []int{11}, []int{11}, []int{3}}, // one vector, named after the device
 		{"veth0", nil, nil, nil},
 	} {
 		nums := busIRQs(tc.dev)
@@ -102,21 +107,25 @@ func TestBusIRQs(t *testing.T) {
 			t.Errorf("%s: IRQs %v, want %v", tc.dev, nums, tc.irqs)
 			continue
 		}
-		names := interruptNames()
-		d := Device{Name: tc.dev}
+		d := Device{Name: tc.dev, IRQs: describeIRQs(irqScan{nums: nums})}
 		var rx []int
-		for _, n := range nums {
-			q := IRQ{IRQ: n, Name: names[n], CPUs: irqCPUs(n), Receive: isReceiveIRQ(names[n])}
+		for _, q := range d.IRQs {
 			if q.Receive {
-				rx = append(rx, n)
+				rx = append(rx, q.IRQ)
 			}
-			d.IRQs = append(d.IRQs, q)
 		}
 		if !slices.Equal(rx, tc.received) {
 			t.Errorf("%s: receive IRQs %v, want %v (%+v)", tc.dev, rx, tc.received, d.IRQs)
 		}
 		if got := d.ReceiveIRQCPUs(); !slices.Equal(got, tc.rxCPUs) {
 			t.Errorf("%s: receive IRQ cores %v, want %v (%+v)", tc.dev, got, tc.rxCPUs, d.IRQs)
+		}
+	}
+	// IRQs a driver gives its receive NAPI instances are receive ones,
+	// whatever their names.
+	for _, q := range describeIRQs(irqScan{nums: []int{60}, fromNAPI: true}) {
+		if !q.Receive || q.Name != "eth1" {
+			t.Errorf("IRQ from a receive NAPI instance: %+v", q)
 		}
 	}
 }
@@ -130,28 +139,40 @@ func TestReceiveIRQCPUsSpread(t *testing.T) {
 	}
 }
 
-func TestIsReceiveIRQ(t *testing.T) {
-	for name, want := range map[string]bool{
-		"virtio2-input.0":                true,
-		"virtio2-output.0":               false,
-		"virtio2-config":                 false,
-		"eth0-TxRx-3":                    true,
-		"i40e-eth0-TxRx-0":               true,
-		"eth0-rx-0":                      true,
-		"eth0-tx-0":                      false,
-		"mlx5_comp5@pci:0000:08:00.0":    true,
-		"mlx5_async17@pci:0000:08:00.0":  false,
-		"ena-mgmnt@pci:0000:00:05.0":     false,
-		"ena-io-0":                       true,
-		"ice-eth0-TxRx-0":                true,
-		"ice-0000:17:00.0:misc":          false,
-		"eth1":                           false,
-		"eth0-3":                         true,
-		"gve-ntfy-blk0@pci:0000:00:04.0": true,
-		"":                               false,
+// The vectors of common drivers, as /proc/interrupts names them, and
+// which of them serve receive queues.
+func TestClassifyIRQs(t *testing.T) {
+	for _, tc := range []struct {
+		driver string
+		names  []string
+		rx     []string
+	}{
+		{"virtio_net", []string{"virtio2-config", "virtio2-input.0", "virtio2-output.0", "virtio2-input.1", "virtio2-output.1"}, []string{"virtio2-input.0", "virtio2-input.1"}},
+		{"virtio_net, one shared vector", []string{"virtio2-config", "virtio2-virtqueues"}, []string{"virtio2-virtqueues"}},
+		{"ixgbe", []string{"eth1", "eth1-TxRx-0", "eth1-TxRx-1"}, []string{"eth1-TxRx-0", "eth1-TxRx-1"}},
+		{"i40e", []string{"i40e-0000:3b:00.0:misc", "i40e-eth0-TxRx-0"}, []string{"i40e-eth0-TxRx-0"}},
+		{"ice", []string{"ice-0000:17:00.0:misc", "ice-eth0-TxRx-0", "ice-eth0-TxRx-1"}, []string{"ice-eth0-TxRx-0", "ice-eth0-TxRx-1"}},
+		{"mlx5", []string{"mlx5_async0@pci:0000:08:00.0", "mlx5_comp0@pci:0000:08:00.0", "mlx5_comp1@pci:0000:08:00.0"}, []string{"mlx5_comp0@pci:0000:08:00.0", "mlx5_comp1@pci:0000:08:00.0"}},
+		{"ena", []string{"ena-mgmnt@pci:0000:00:05.0", "eth0-Tx-Rx-0", "eth0-Tx-Rx-1"}, []string{"eth0-Tx-Rx-0", "eth0-Tx-Rx-1"}},
+		{"e1000e MSI-X", []string{"eth0-rx-0", "eth0-tx-0", "eth0"}, []string{"eth0-rx-0"}},
+		{"e1000e MSI, igb single vector", []string{"eno1"}, []string{"eno1"}},
+		{"bnxt", []string{"eth0-TxRx-0", "eth0-TxRx-1"}, []string{"eth0-TxRx-0", "eth0-TxRx-1"}},
+		{"sfc", []string{"eth0-0", "eth0-1"}, []string{"eth0-0", "eth0-1"}},
+		{"unnamed", []string{""}, nil},
 	} {
-		if got := isReceiveIRQ(name); got != want {
-			t.Errorf("%q: receive %v, want %v", name, got, want)
+		irqs := make([]IRQ, len(tc.names))
+		for i, n := range tc.names {
+			irqs[i] = IRQ{IRQ: i, Name: n}
+		}
+		classifyIRQs(irqs)
+		var rx []string
+		for _, q := range irqs {
+			if q.Receive {
+				rx = append(rx, q.Name)
+			}
+		}
+		if !slices.Equal(rx, tc.rx) {
+			t.Errorf("%s: receive vectors %q, want %q", tc.driver, rx, tc.rx)
 		}
 	}
 }
@@ -165,21 +186,20 @@ func TestHostNICIRQs(t *testing.T) {
 	}
 	found := false
 	for _, e := range ents {
-		if _, err := os.Stat(filepath.Join("/sys/class/net", e.Name(), "device")); err != nil {
+		nums := busIRQs(e.Name())
+		if len(nums) == 0 {
 			continue
 		}
-		l, err := os.ReadFile(filepath.Join("/sys/class/net", e.Name(), "ifindex"))
-		if err != nil {
-			continue
-		}
-		idx, _ := strconv.Atoi(strings.TrimSpace(string(l)))
-		irqs := deviceIRQs("", idx, e.Name())
+		irqs := describeIRQs(irqScan{nums: nums})
 		t.Logf("%s: %+v", e.Name(), irqs)
 		for _, q := range irqs {
 			found = true
 			if q.Name == "" || len(q.CPUs) == 0 {
 				t.Errorf("%s: IRQ %+v has no name or no core", e.Name(), q)
 			}
+		}
+		if !slices.ContainsFunc(irqs, func(q IRQ) bool { return q.Receive }) {
+			t.Errorf("%s: no receive vector among %+v", e.Name(), irqs)
 		}
 	}
 	if !found {

@@ -78,7 +78,7 @@ func IRQCPUsFor(t *topology.Topology, params map[string]string) []int {
 }
 
 // IRQUnknown is what a plan notes when it does not know the IRQ core.
-const IRQUnknown = "the underlay's IRQ core is unknown (its NAPI is not threaded and pinned, and no receive interrupt of it was found; give --set " + IRQKey + "=N)"
+const IRQUnknown = "the underlay's IRQ core is unknown (it is not polled on known single cores: no NAPI thread pinned to one, no receive interrupt delivered to one; give --set " + IRQKey + "=N)"
 
 // GROCellNotes warn about VXLAN devices whose NAPI is threaded. A VXLAN
 // device hands decapsulated frames to a GRO cell of the core that

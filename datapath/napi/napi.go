@@ -137,6 +137,30 @@ func RxQueueNAPI(netns string, ifindex, queue int) (uint32, error) {
 	return 0, fmt.Errorf("device %d in %s, receive queue %d: %w", ifindex, nsLabel(netns), queue, ErrNoQueue)
 }
 
+// RxNAPIs returns the ids of the NAPI instances in netns that poll a
+// receive queue, as drivers that report it (netif_queue_set_napi) name
+// them, and the devices (ifindex) whose queues name any: a NAPI instance
+// of such a device that is not in rx polls only transmit completions. A
+// device whose queues name none (veth) says nothing either way.
+func RxNAPIs(netns string) (rx map[uint32]bool, named map[int]bool, err error) {
+	msgs, err := dumpAttrs(netns, cmdQueueGet, "queues")
+	if err != nil {
+		return nil, nil, err
+	}
+	rx, named = map[uint32]bool{}, map[int]bool{}
+	for _, m := range msgs {
+		id := m[attrQueueNAPIID]
+		if id == 0 {
+			continue
+		}
+		named[int(m[attrQueueIfidx])] = true
+		if typ, has := m[attrQueueType]; has && typ == queueTypeRX {
+			rx[id] = true
+		}
+	}
+	return rx, named, nil
+}
+
 // RxQueueThread returns the pid of the threaded NAPI poller of receive
 // queue queue of the device with ifindex in netns, or 0 when the queue has
 // no NAPI or its NAPI is not threaded.

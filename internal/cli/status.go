@@ -247,6 +247,9 @@ func ctlPollLabel(u topology.Device) string {
 		}
 		return "threaded NAPI: " + strings.Join(ths, ", ")
 	}
+	if u.Threaded != "" && u.Threaded != "0" {
+		return "threaded NAPI (threaded=" + u.Threaded + "), no poller thread found: IRQ core unknown"
+	}
 	var irqs []string
 	for _, q := range u.IRQs {
 		if q.Receive {
@@ -254,7 +257,11 @@ func ctlPollLabel(u topology.Device) string {
 		}
 	}
 	if len(irqs) > 0 {
-		return "softirq NAPI, receive interrupts: " + strings.Join(irqs, ", ")
+		l := "softirq NAPI, receive interrupts: " + strings.Join(irqs, ", ")
+		if u.ReceiveIRQCPUs() == nil {
+			l += " (not each on one core: IRQ core unknown, modes take --set " + plan.IRQKey + "=N)"
+		}
+		return l
 	}
 	return "softirq NAPI, no receive interrupt found (its IRQ core cannot be read: modes take --set " + plan.IRQKey + "=N)"
 }
