@@ -34,7 +34,11 @@ struct {
 	__type(value, __u32); /* ifindex of the wire end it leaves by */
 } peers SEC(".maps");
 
-/* Frames forwarded ([0]) and dropped for want of a peer ([1]), per CPU. */
+/*
+ * Frames forwarded ([0]) and dropped for want of a peer ([1]), per CPU:
+ * a frame the wire lost would otherwise count against the host being
+ * measured, so the one per-frame map update the wire does is kept.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 2);

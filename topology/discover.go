@@ -199,7 +199,7 @@ func (d *discovery) underlays(t *Topology) error {
 		if !seen[key] {
 			seen[key] = true
 			dev := us.device(l)
-			dev.IRQs = describeIRQs(us.irqs[dev.Name])
+			dev.IRQs = describeIRQs(deviceIRQs(us.ns, us.napiInst, dev.Index, dev.Name))
 			t.Underlays = append(t.Underlays, dev)
 		}
 	}
@@ -464,9 +464,11 @@ type nsScan struct {
 	// their thread pids (0 when not threaded); nil when the dump failed.
 	napi    map[int][]int
 	napiErr error
-	irqs    map[string]irqScan // device name -> its interrupts (scanIRQs)
-	nsids   map[int]string     // peer netns id (as this namespace numbers them) -> name
-	path    pathScan
+	// napiInst are the netdev family's NAPI instances, for the
+	// underlays' interrupts (deviceIRQs); nil when the dump failed.
+	napiInst []napi.Instance
+	nsids    map[int]string // peer netns id (as this namespace numbers them) -> name
+	path     pathScan
 }
 
 func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
@@ -521,14 +523,9 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 				wantIDs[a.NetNsID] = true
 			}
 		}
-		inst, err := napi.List("", 0)
-		s.napi, s.napiErr = napiThreadsOf(inst, err)
-		names, idx := make([]string, 0, len(links)), map[string]int{}
-		for _, l := range links {
-			names = append(names, l.Attrs().Name)
-			idx[l.Attrs().Name] = l.Attrs().Index
-		}
-		s.irqs = scanIRQs(inst, names, idx)
+		inst, nerr := napi.List("", 0)
+		s.napiInst = inst
+		s.napi, s.napiErr = napiThreadsOf(inst, nerr)
 		s.readPath()
 		s.resolveIDs(cat, wantIDs)
 		return nil

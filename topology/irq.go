@@ -40,35 +40,43 @@ type irqScan struct {
 	fromNAPI bool
 }
 
-// scanIRQs finds the interrupts of every device in the namespace it runs
-// in (inside knobs.DoSysfs, so sysfs is that namespace's): the IRQs the
-// netdev family gives each NAPI instance where the driver reports them
-// (netif_napi_set_irq), kept to the instances that poll a receive queue
-// where the driver names those (netif_queue_set_napi); otherwise the
-// vectors of the device's bus device. A device with neither (veth,
-// bridge, VXLAN) has none.
-func scanIRQs(inst []napi.Instance, links []string, byIndex map[string]int) map[string]irqScan {
-	rx, named, qerr := napi.RxNAPIs("")
-	fromNAPI := map[int][]int{}
-	for _, in := range inst {
-		if in.IRQ <= 0 || slices.Contains(fromNAPI[in.IfIndex], in.IRQ) {
-			continue
+// deviceIRQs finds the interrupts of the device dev (ifindex) in
+// namespace ns: the IRQs the netdev family gave its NAPI instances (inst,
+// dumped in ns) where the driver reports them (netif_napi_set_irq), kept
+// to the instances that poll a receive queue where the driver names those
+// (netif_queue_set_napi); otherwise the vectors of its bus device, read
+// from ns's sysfs. A device with neither (veth, bridge, VXLAN) has none.
+// Discovery asks it of the underlays only: it costs a sysfs mount, and a
+// queue dump where a driver reports IRQs.
+func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqScan {
+	var sc irqScan
+	knobs.DoSysfs(ns, func() error {
+		var own []napi.Instance
+		for _, in := range inst {
+			if in.IfIndex == ifindex && in.IRQ > 0 {
+				own = append(own, in)
+			}
 		}
-		if qerr == nil && named[in.IfIndex] && !rx[in.ID] {
-			continue // transmit completions only
+		if len(own) > 0 {
+			rx, named, qerr := napi.RxNAPIs("")
+			for _, in := range own {
+				if qerr == nil && named[ifindex] && !rx[in.ID] {
+					continue // transmit completions only
+				}
+				if !slices.Contains(sc.nums, in.IRQ) {
+					sc.nums = append(sc.nums, in.IRQ)
+				}
+			}
 		}
-		fromNAPI[in.IfIndex] = append(fromNAPI[in.IfIndex], in.IRQ)
-	}
-	out := map[string]irqScan{}
-	for _, dev := range links {
-		if nums := fromNAPI[byIndex[dev]]; len(nums) > 0 {
-			slices.Sort(nums)
-			out[dev] = irqScan{nums: nums, fromNAPI: true}
-		} else if nums := busIRQs(dev); len(nums) > 0 {
-			out[dev] = irqScan{nums: nums}
+		if len(sc.nums) > 0 {
+			slices.Sort(sc.nums)
+			sc.fromNAPI = true
+		} else {
+			sc.nums = busIRQs(dev)
 		}
-	}
-	return out
+		return nil
+	})
+	return sc
 }
 
 // busIRQs lists the MSI vectors of the bus device behind dev, else its
@@ -80,17 +88,17 @@ func busIRQs(dev string) []int {
 	if err != nil {
 		return nil
 	}
-	if nums := deviceIRQs(devDir); len(nums) > 0 {
+	if nums := busVectors(devDir); len(nums) > 0 {
 		return nums
 	}
 	if sub, err := filepath.EvalSymlinks(filepath.Join(devDir, "subsystem")); err == nil && filepath.Base(sub) == "virtio" {
-		return deviceIRQs(filepath.Dir(devDir))
+		return busVectors(filepath.Dir(devDir))
 	}
 	return nil
 }
 
-// deviceIRQs reads a bus device's MSI vectors, else its legacy line.
-func deviceIRQs(dir string) []int {
+// busVectors reads a bus device's MSI vectors, else its legacy line.
+func busVectors(dir string) []int {
 	var out []int
 	if ents, err := os.ReadDir(filepath.Join(dir, "msi_irqs")); err == nil {
 		for _, e := range ents {

@@ -62,10 +62,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, fmt.Errorf("no underlay device found: prism classifies at the underlay NIC and cannot run without it")
 	}
 	pl := &plan.Plan{Mode: p.mode}
+	// irqCPUs poll the underlay NIC (nil: unknown).
+	irqCPUs := plan.IRQCPUsOr(t, o.IRQCPUs)
 	core := o.CPU
 	if core < 0 {
-		if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) > 0 {
-			core = irq[0]
+		if len(irqCPUs) > 0 {
+			core = irqCPUs[0]
 		} else {
 			core = cfg.CPUs[len(cfg.CPUs)-1]
 			pl.Notes = append(pl.Notes, fmt.Sprintf("%s: receive core %d (or give --set cpu=N)", plan.IRQUnknown, core))
@@ -115,7 +117,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	bulkInline := o.Bulk == BulkInline
 	if bulkInline {
 		setup.CPUMap, setup.RTPriority = nil, 0
-	} else if irq := plan.IRQCPUsOr(t, o.IRQCPUs); !inline && slices.Equal(irq, []int{core}) && mergesUDP(t) != "" {
+	} else if !inline && slices.Equal(irqCPUs, []int{core}) && mergesUDP(t) != "" {
 		// GRO that merges inner UDP datagrams leaves the move out of the
 		// NIC poll no frame it knows ends a segment (see mergesUDP).
 		if o.Quiet != 0 {
@@ -123,7 +125,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		pl.Notes = append(pl.Notes, "bulk flows take the bulk queue even while no flow is marked: "+mergesUDP(t)+
 			", so a UDP datagram need not end a GRO segment and a flow could not leave the NIC poll in order without an idle gap")
-	} else if !inline && slices.Equal(irq, []int{core}) {
+	} else if !inline && slices.Equal(irqCPUs, []int{core}) {
 		// While no flow is marked, bulk keeps vanilla's path: the queue's
 		// hop buys nothing then, and it cost a bulk TCP stream 36-54% of
 		// its rate (2 cores, 2026-11-23). steer_xdp moves a flow between
@@ -141,7 +143,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
-		why := fastMoveBlocked(t, plan.IRQCPUsOr(t, o.IRQCPUs), core)
+		why := fastMoveBlocked(t, irqCPUs, core)
 		if !o.highDefault {
 			return nil, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", o.highBy, core, why)
 		}
@@ -155,7 +157,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		if !o.bulkDefault {
-			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, plan.IRQCPUsOr(t, o.IRQCPUs), core))
+			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, irqCPUs, core))
 		}
 		o.Bulk = BulkQueue // the default follows high back to queue
 	}
@@ -171,8 +173,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (give --set " + plan.IRQKey + "=N)"
-		if cpus := plan.IRQCPUsOr(t, o.IRQCPUs); len(cpus) > 0 {
-			irq = knobs.FormatCPUList(cpus)
+		if len(irqCPUs) > 0 {
+			irq = knobs.FormatCPUList(irqCPUs)
 		}
 		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core (%d) alone, and the underlay's IRQ core is %s: drop quiet, or receive on the one IRQ core (--set cpu=N)", o.Quiet, core, irq)
 	}
@@ -255,7 +257,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// core only when every frame is decapsulated there, that is when the
 	// underlay's NIC poll (bulk inline, quiet, no flow marked) runs there
 	// too.
-	pinCells := o.Pin && slices.Equal(plan.IRQCPUsOr(t, o.IRQCPUs), []int{core})
+	pinCells := o.Pin && slices.Equal(irqCPUs, []int{core})
 	for i := range t.VXLANs {
 		v := &t.VXLANs[i]
 		if len(v.NAPIThreads) > 0 && !pinCells {
