@@ -38,7 +38,7 @@ const onlineEvery = time.Second
 // where /proc/stat counts 10 ms ticks.
 //
 // It fills the fields the balancer uses: Busy, Idle, SoftIRQ, RxKthreads,
-// Rx and Yielding. User, System, IRQ and Steal are not measured (0):
+// Rx, Yielding and Tasks. User, System, IRQ and Steal are not measured (0):
 // interrupts and stolen time count as time of the task they interrupted,
 // busy unless that was the idle task. Close detaches the programs; nothing
 // is pinned, so a crashed agent leaves nothing behind.
@@ -154,6 +154,7 @@ func coreLoad(cpu int, a, b cpuTotals) Core {
 	c.RxKthreads = pct(d(sirq[clsRxK], wall[clsRxK]))
 	c.Rx = min(100, c.SoftIRQ+c.RxKthreads)
 	c.Yielding = min(c.Busy, pct(d(sirq[clsYield], wall[clsYield])))
+	c.Tasks = pct(d(sirq[clsOther], wall[clsOther]))
 	return c
 }
 

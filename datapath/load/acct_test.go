@@ -3,51 +3,22 @@ package load
 import (
 	"fmt"
 	"math"
-	"runtime"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/hog"
 )
 
-// spin runs a thread on core at policy until stop closes; ready says when
-// it runs there.
+// spin runs a thread on core at policy until stop is called.
 func spin(t *testing.T, core int, policy uint32) (stop func()) {
 	t.Helper()
-	ready, quit, done := make(chan error), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		// Never unlocked: the thread, its affinity and its policy die
-		// with the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(core)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			ready <- err
-			return
-		}
-		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}, 0); err != nil {
-			ready <- err
-			return
-		}
-		ready <- nil
-		x := 1.0
-		for {
-			select {
-			case <-quit:
-				_ = x
-				return
-			default:
-			}
-			for range 10000 {
-				x = x*1.0000001 + 1e-9
-			}
-		}
-	}()
-	if err := <-ready; err != nil {
+	stop, err := hog.Start(core, policy)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return func() { close(quit); <-done }
+	return stop
 }
 
 func newSchedSampler(t *testing.T) *SchedSampler {
@@ -66,15 +37,15 @@ func checkFigures(t *testing.T, sm Sample) {
 	t.Helper()
 	const eps = 1e-6
 	for _, c := range sm.Cores {
-		t.Logf("cpu%d busy %.1f%% softirq %.1f%% rx-kthreads %.1f%% rx %.1f%% yielding %.1f%% idle %.1f%%",
-			c.CPU, c.Busy, c.SoftIRQ, c.RxKthreads, c.Rx, c.Yielding, c.Idle)
-		for _, v := range []float64{c.Busy, c.SoftIRQ, c.Idle, c.RxKthreads, c.Rx, c.Yielding} {
+		t.Logf("cpu%d busy %.1f%% softirq %.1f%% rx-kthreads %.1f%% rx %.1f%% yielding %.1f%% tasks %.1f%% idle %.1f%%",
+			c.CPU, c.Busy, c.SoftIRQ, c.RxKthreads, c.Rx, c.Yielding, c.Tasks, c.Idle)
+		for _, v := range []float64{c.Busy, c.SoftIRQ, c.Idle, c.RxKthreads, c.Rx, c.Yielding, c.Tasks} {
 			if v < 0 || v > 100+eps || math.IsNaN(v) {
 				t.Errorf("cpu%d: figure %v outside 0..100 in %+v", c.CPU, v, c)
 			}
 		}
-		if math.Abs(c.Busy+c.Idle-100) > eps || c.Yielding > c.Busy+eps {
-			t.Errorf("cpu%d: busy %v, idle %v, yielding %v do not add up", c.CPU, c.Busy, c.Idle, c.Yielding)
+		if math.Abs(c.Busy+c.Idle-100) > eps || c.Yielding > c.Busy+eps || c.Tasks > c.Busy+eps {
+			t.Errorf("cpu%d: busy %v, idle %v, yielding %v, tasks %v do not add up", c.CPU, c.Busy, c.Idle, c.Yielding, c.Tasks)
 		}
 	}
 }
@@ -138,9 +109,15 @@ func spinAndSample(t *testing.T, s *SchedSampler, core int, policy uint32) strin
 		if c.Yielding <= 50 || c.Contended() >= c.Busy {
 			return fmt.Sprintf("core %d: yielding %.1f%% of busy %.1f%%: the SCHED_IDLE thread was not counted", core, c.Yielding, c.Busy)
 		}
+		if c.Tasks >= 50 {
+			return fmt.Sprintf("core %d: a SCHED_IDLE thread counted as a task (%.1f%%)", core, c.Tasks)
+		}
 	default:
 		if c.Yielding >= 50 {
 			return fmt.Sprintf("core %d: a normal thread counted as yielding (%.1f%%)", core, c.Yielding)
+		}
+		if c.Tasks <= 50 {
+			return fmt.Sprintf("core %d: a normal thread burning it counted as %.1f%% tasks", core, c.Tasks)
 		}
 	}
 	return ""
@@ -177,10 +154,12 @@ func TestCoreLoad(t *testing.T) {
 	b.sirq[clsIdle] = 5 * ms
 	b.sirq[clsYield] = 10 * ms
 	b.sirq[clsRxK] = 4 * ms
+	b.sirq[clsOther] = 3 * ms // ksoftirqd's, or on top of an application
 	c := coreLoad(3, a, b)
-	want := Core{CPU: 3, Busy: 65, Idle: 35, SoftIRQ: 19, RxKthreads: 16, Rx: 35, Yielding: 20}
+	want := Core{CPU: 3, Busy: 65, Idle: 35, SoftIRQ: 22, RxKthreads: 16, Rx: 38, Yielding: 20, Tasks: 7}
 	if math.Abs(c.Busy-want.Busy) > 1e-9 || math.Abs(c.Idle-want.Idle) > 1e-9 || math.Abs(c.SoftIRQ-want.SoftIRQ) > 1e-9 ||
-		math.Abs(c.RxKthreads-want.RxKthreads) > 1e-9 || math.Abs(c.Rx-want.Rx) > 1e-9 || math.Abs(c.Yielding-want.Yielding) > 1e-9 || c.CPU != 3 {
+		math.Abs(c.RxKthreads-want.RxKthreads) > 1e-9 || math.Abs(c.Rx-want.Rx) > 1e-9 || math.Abs(c.Yielding-want.Yielding) > 1e-9 ||
+		math.Abs(c.Tasks-want.Tasks) > 1e-9 || c.CPU != 3 {
 		t.Errorf("coreLoad = %+v, want %+v", c, want)
 	}
 	if got := c.Contended(); math.Abs(got-45) > 1e-9 {

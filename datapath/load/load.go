@@ -59,6 +59,13 @@ type Core struct {
 	// receive work (the benchmark's traffic generator is one, standing in
 	// for a sender on another machine; batch jobs are others).
 	Yielding float64
+	// Tasks is the run time of the core's other tasks - applications,
+	// and kernel threads that are not receive kthreads - as a percent of
+	// the interval: Busy less softirq, receive kthreads and SCHED_IDLE
+	// threads. It tells a busy application on a receive core (a CPU-bound
+	// server) from receive work that keeps the core (softirq, its
+	// ksoftirqd), which PRISM's starvation guard must tell apart.
+	Tasks float64
 }
 
 // Contended is the core's busy time that receive work would compete for:
@@ -197,6 +204,9 @@ func (s *Sampler) Sample() (Sample, error) {
 		c.RxKthreads = min(100, percentOf(rxNS[cpu], interval))
 		c.Rx = min(100, c.SoftIRQ+c.RxKthreads)
 		c.Yielding = min(c.Busy, percentOf(yieldNS[cpu], interval))
+		// /proc/stat books kthreads and SCHED_IDLE threads as user or
+		// system time, softirqs apart (with IRQ time accounting).
+		c.Tasks = max(0, min(c.User+c.System-c.RxKthreads-c.Yielding, c.Busy))
 		out.Cores = append(out.Cores, c)
 	}
 	slices.SortFunc(out.Cores, func(a, b Core) int { return a.CPU - b.CPU })

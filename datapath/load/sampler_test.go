@@ -146,7 +146,7 @@ func TestSampler(t *testing.T) {
 		g, w := tc.got, tc.want
 		if g.CPU != w.CPU || !near(g.Busy, w.Busy) || !near(g.User, w.User) || !near(g.System, w.System) ||
 			!near(g.IRQ, w.IRQ) || !near(g.SoftIRQ, w.SoftIRQ) || !near(g.Steal, w.Steal) || !near(g.Idle, w.Idle) ||
-			!near(g.RxKthreads, w.RxKthreads) || !near(g.Rx, w.Rx) {
+			!near(g.RxKthreads, w.RxKthreads) || !near(g.Rx, w.Rx) || !near(g.Tasks, w.Tasks) {
 			t.Errorf("core %d:\n got %+v\nwant %+v", w.CPU, g, w)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/hog"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -76,7 +77,9 @@ func TestPrismGuard(t *testing.T) {
 // TestPrismBulkGuard: with bulk-sched=idle the plan names the guard, which
 // gives the bulk queue's kthread normal scheduling (at guard-nice's nice
 // value) when its rule says the kthread is starved and SCHED_IDLE back when
-// it stops. The rule is forced as in TestPrismGuard.
+// it stops. The rule is forced as in TestPrismGuard, but for guard-tasks:
+// with guard-tasks=0 the guard acts at once; with guard-tasks=50 not while
+// the receive core runs no application, and once a normal task burns it.
 func TestPrismBulkGuard(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
@@ -84,7 +87,7 @@ func TestPrismBulkGuard(t *testing.T) {
 	defer prism.SetGuardRule(prism.GuardRule{Demote: 0, DemoteAfter: 1, Promote: 101, PromoteAfter: 1, Interval: 50 * time.Millisecond})()
 
 	for _, nice := range []int{0, 7} {
-		params := map[string]string{"bulk-sched": "idle"}
+		params := map[string]string{"bulk-sched": "idle", "guard-tasks": "0"}
 		if nice != 0 {
 			params["guard-nice"] = fmt.Sprint(nice)
 		}
@@ -130,6 +133,36 @@ func TestPrismBulkGuard(t *testing.T) {
 		}
 		a.ResetAndCheck(t, before)
 	}
+
+	t.Run("guard-tasks", func(t *testing.T) {
+		a := modetest.Apply(t, tb, "prism-batch", map[string]string{"guard-tasks": "50"})
+		ths, err := a.Open(t).BulkKthreads()
+		if err != nil || len(ths) != 1 {
+			t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
+		}
+		ag, stopAgent := a.StartAgent(t)
+		defer stopAgent()
+		time.Sleep(500 * time.Millisecond) // 10 samples, where one would do without the condition
+		st, _ := ag.Status().(prism.GuardStatus)
+		if st.Demoted || st.TasksMin != 50 || st.Tasks >= 50 {
+			t.Errorf("idle core: guard status %+v: want no demotion, other tasks under 50%%", st)
+		}
+		var core int
+		if _, err := fmt.Sscanf(ths[0].Comm, "cpumap/%d/", &core); err != nil {
+			t.Fatalf("bulk kthread %q: %v", ths[0].Comm, err)
+		}
+		stop, err := hog.Start(core, unix.SCHED_NORMAL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		if st := waitDemoted(ag); !st.Demoted || st.Tasks < 50 {
+			t.Errorf("core %d burned by a normal task: guard status %+v: want a demotion, other tasks from 50%%", core, st)
+		}
+		stop()
+		stopAgent()
+		a.ResetAndCheck(t, before)
+	})
 
 	// A state applied by a lanes from before idle was the default has no
 	// bulk-sched setting and a normally scheduled bulk kthread: the agent

@@ -160,6 +160,11 @@ type Options struct {
 	// smaller share (nice 19 weighs 15 against nice 0's 1024), enough to
 	// keep its queue moving while the service keeps most of the core.
 	GuardNice int
+	// GuardTasks is the share of the receive core (percent) that its
+	// other tasks - applications, the marked service's server among them
+	// - must take before bulk-sched=idle's guard gives a waiting bulk
+	// kthread normal scheduling (DefaultBulkGuardRule says why).
+	GuardTasks float64
 	// Quiet (0: off, the default) keeps bulk flows in the NIC poll also
 	// while rules exist, once no high-priority frame arrived for this
 	// long: the bulk queue's hop costs a bulk TCP stream a third or more
@@ -217,7 +222,7 @@ const BulkAutoWindow = 20 * time.Millisecond
 // High and Bulk are left empty: Parse resolves them (bulkSchedDefault,
 // highDefault, bulkDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, VethQueues: VethShared}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -318,6 +323,7 @@ var params = []plan.Param{
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
 	{Key: "bulk", Default: "auto with high=auto, else queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
+	{Key: "guard-tasks", Default: fmt.Sprint(DefaultGuardTasks), Help: "with bulk-sched=idle: the guard gives a waiting bulk queue normal scheduling only while the receive core's applications (and kernel threads that are not receive work) take at least this percent of it (0-100; 0: whenever bulk waits); below it bulk waits for softirq and the high-priority queue, which normal scheduling would not take the core from"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
@@ -332,6 +338,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	o := base
 	autoPPS := false   // high-auto-pps given
 	bulkQuiet := false // bulk-quiet given
+	guardTasks := false
 	for k, v := range m {
 		var err error
 		switch k {
@@ -415,6 +422,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s or %s", VethShared, VethClass)
 			}
 			o.VethQueues = v
+		case "guard-tasks":
+			o.GuardTasks, err = strconv.ParseFloat(v, 64)
+			if err == nil && !(o.GuardTasks >= 0 && o.GuardTasks <= 100) {
+				err = fmt.Errorf("want a percent from 0 to 100")
+			}
+			guardTasks = true
 		case "guard-nice":
 			o.GuardNice, err = strconv.Atoi(v)
 			if err == nil && (o.GuardNice < 0 || o.GuardNice > 19) {
@@ -483,6 +496,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.Quiet != 0 && (o.Bulk == BulkInline || o.High == HighInline) {
 		return o, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which needs bulk=queue or auto and high=queue or auto: drop quiet or the inline setting", o.Quiet)
+	}
+	if guardTasks && o.BulkSched != SchedIdle {
+		return o, fmt.Errorf("prism guard-tasks=%v is the guard's setting for bulk-sched=idle, but bulk-sched is %s: drop guard-tasks or set bulk-sched=idle", o.GuardTasks, o.BulkSched)
 	}
 	if o.GuardNice != 0 && o.BulkSched != SchedIdle {
 		return o, fmt.Errorf("prism guard-nice=%d is the guard's setting for bulk-sched=idle, but bulk-sched is %s: drop guard-nice or set bulk-sched=idle", o.GuardNice, o.BulkSched)

@@ -40,6 +40,29 @@ func TestBulkSchedDefault(t *testing.T) {
 	}
 }
 
+// guard-tasks: the default share, any percent with bulk-sched=idle, a
+// one-line error for anything else.
+func TestParseGuardTasks(t *testing.T) {
+	if o, err := prism.Parse(prism.Defaults(), nil); err != nil || o.GuardTasks != prism.DefaultGuardTasks {
+		t.Errorf("default guard-tasks %v (%v), want %v", o.GuardTasks, err, prism.DefaultGuardTasks)
+	}
+	for v, want := range map[string]float64{"0": 0, "12.5": 12.5, "100": 100} {
+		if o, err := prism.Parse(prism.Defaults(), map[string]string{"guard-tasks": v}); err != nil || o.GuardTasks != want {
+			t.Errorf("guard-tasks=%s: %v (%v), want %v", v, o.GuardTasks, err, want)
+		}
+	}
+	for msg, params := range map[string]map[string]string{
+		"want a percent from 0 to 100":            {"guard-tasks": "101"},
+		"bad prism setting guard-tasks":           {"guard-tasks": "-1"},
+		"want a percent":                          {"guard-tasks": "NaN"},
+		"drop guard-tasks or set bulk-sched=idle": {"guard-tasks": "10", "bulk-sched": "normal"},
+	} {
+		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
+		}
+	}
+}
+
 // sync-netfilter: check by default, trust only with sync, anything else a
 // one-line error saying what to set.
 func TestParseSyncNetfilter(t *testing.T) {
