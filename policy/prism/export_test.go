@@ -1,7 +1,9 @@
 package prism
 
 // SetGuardRule makes new guards (the ladder's and bulk-sched's) use r
-// until the returned undo.
+// until the returned undo. r.Tasks does not reach bulk-sched's guard: it
+// takes the plan's guard-tasks (give "guard-tasks": "0" to drop the
+// condition).
 func SetGuardRule(r GuardRule) (undo func()) {
 	old, oldBulk := guardRule, bulkGuardRule
 	guardRule, bulkGuardRule = r, r

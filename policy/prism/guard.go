@@ -48,9 +48,10 @@ import (
 // CPU-bound service on that core would then starve bulk traffic (measured:
 // memcached under a 65% background left the background 0.35x of what it
 // got under vanilla, 2026-11-23, 2 x Intel Xeon vCPU VM). The symptom is
-// the bulk kthread waiting, runnable, for most of the interval; the guard
-// then gives it normal scheduling (fair shares, as bulk-sched=normal) until
-// the receive core has idle time again.
+// the bulk kthread waiting, runnable, for most of the interval while the
+// core's other tasks (applications) take a share of it (guard-tasks); the
+// guard then gives it normal scheduling (fair shares, as
+// bulk-sched=normal) until the receive core has idle time again.
 
 // GuardAgentName is the plan.Plan.Agent of prism's batch mode with
 // streamlined order or with bulk-sched=idle.
@@ -75,8 +76,9 @@ func init() {
 
 // GuardRule is when the guard acts.
 type GuardRule struct {
-	// Demote: the NIC poll threads ran at least this percent of the
-	// interval for DemoteAfter samples in a row.
+	// Demote: the target's signal (the NIC poll threads' run time, the
+	// bulk kthread's wait) was at least this percent of the interval for
+	// DemoteAfter samples in a row.
 	Demote      float64
 	DemoteAfter int
 	// Promote: the receive core was idle at least this percent of the
@@ -96,22 +98,26 @@ type GuardRule struct {
 var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond}
 
 // DefaultBulkGuardRule: 0.3 s of the bulk kthread waiting for the core
-// more than half the time, while the core's other tasks take a share of it
-// (guard-tasks, DefaultGuardTasks), to step in; 1 s of slack to step back.
+// more than half the time to step in, 1 s of slack to step back. Its Tasks
+// is the plan's guard-tasks (default DefaultGuardTasks), set by
+// newTargetGuard whatever the rule says: the other tasks must also take
+// that share of the core.
 //
 // The wait alone does not tell who took the core. A CPU-bound marked
 // service on the receive core (memcached) takes it from bulk work for good:
 // bulk starves (0.31-0.32x of vanilla's background without the guard). But
 // the NIC poll and the high-priority queue take it too, and under a light
 // marked service they are most of what bulk waits for: with the NIC polled
-// in softirq the bulk kthread waited 52-84% of the time under the
-// ping-pong (against 67-96% beside memcached, 2026-11-26, AMD VM), and the
-// guard's demotion then cost the ping-pong its p99 (0.35-1.00x of
-// vanilla's at 80% with the guard, 0.07-0.38x without). Giving bulk
+// in softirq the bulk kthread waited 50-75% of the time under the
+// ping-pong when the guard acted, 65-100% beside memcached, with the
+// core's other tasks at 1-10% and 19-28% (2026-11-26, AMD VM,
+// docs/results/prism-guard-tasks-amd-2026-11-26), and the guard's
+// demotion cost the ping-pong its p99 (0.35-1.00x of vanilla's at 80%
+// with the guard, 0.19-0.23x without, in the sweeps before). Giving bulk
 // normal scheduling takes the core back from applications only; from
 // softirq and the real-time queue it takes nothing. So the guard acts
 // only while applications hold a share of the core.
-var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond, Tasks: DefaultGuardTasks}
+var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond}
 
 // guardOff is the NIC poll's scheduling while the guard holds it off the
 // ladder: normal, at the lowest weight. The poll is work-conserving there:
@@ -451,6 +457,21 @@ func (g *guard) openSampler() (load.Source, error) {
 		return nil, err
 	}
 	g.setSampler("proc")
+	if g.rule.Tasks > 0 && !g.target.needsThreads() {
+		// /proc/stat counts 10 ms ticks (10 in a 100 ms sample) and, on
+		// kernels without IRQ time accounting, books softirq on top of a
+		// receive kthread differently from its schedstat: the other
+		// tasks' share is not good to a few percent there. Guarding on
+		// the wait alone keeps bulk from starving; it may cost a light
+		// marked service its tail, as before guard-tasks.
+		if g.env.Logf != nil {
+			g.env.Logf("guard reads /proc, whose other-tasks share is too coarse for guard-tasks=%v: acting on the bulk kthread's wait alone", g.rule.Tasks)
+		}
+		g.rule.Tasks = 0
+		g.mu.Lock()
+		g.status.TasksMin = 0
+		g.mu.Unlock()
+	}
 	return p, nil
 }
 
