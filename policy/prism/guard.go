@@ -82,7 +82,9 @@ type GuardRule struct {
 	Demote      float64
 	DemoteAfter int
 	// Promote: the receive core was idle at least this percent of the
-	// interval for PromoteAfter samples in a row.
+	// interval for PromoteAfter samples in a row; with Tasks, also when
+	// the other tasks ran under half of Tasks for PromoteAfter samples in
+	// a row.
 	Promote      float64
 	PromoteAfter int
 	Interval     time.Duration
@@ -90,6 +92,13 @@ type GuardRule struct {
 	// the receive core's other tasks (Core.Tasks: applications and
 	// kernel threads that are not receive work) also ran at least this
 	// percent of the interval. 0: the signal alone decides.
+	//
+	// The application that made the guard act is also what ends it:
+	// once it is gone (under half of Tasks, hysteresis against a busy
+	// service whose share falls when bulk gets its own), bulk waits only
+	// for receive work again, and normal scheduling would only let it
+	// take the core from a light marked service. Idle time alone would
+	// never come on a core that receive work keeps busy.
 	Tasks float64
 }
 
@@ -179,7 +188,8 @@ type guardSample struct{ signal, idle, tasks float64 }
 
 // step takes one sample and says whether the state changed.
 func (s *guardState) step(r GuardRule, m guardSample) bool {
-	return s.latch.step(m.signal >= r.Demote && m.tasks >= r.Tasks, r.DemoteAfter, m.idle >= r.Promote, r.PromoteAfter)
+	gone := r.Tasks > 0 && m.tasks < r.Tasks/2
+	return s.latch.step(m.signal >= r.Demote && m.tasks >= r.Tasks, r.DemoteAfter, m.idle >= r.Promote || gone, r.PromoteAfter)
 }
 
 // demoted: the guard holds its target at the demoted value now.
@@ -223,9 +233,9 @@ type guardTarget interface {
 	// set switches the target: demoted or the plan's value.
 	set(demoted bool) error
 	names() []string
-	// watch names the target; demote and promote are log lines, each
-	// with the signal (or idle) and the core as arguments, demote also
-	// with the other tasks' share.
+	// watch names the target; demote and promote are log lines, demote
+	// with the signal, the core and the other tasks' share as arguments,
+	// promote with the core's idle time, the core and that share.
 	watch() string
 	demote() string
 	promote() string
@@ -418,7 +428,7 @@ func (g *guard) run(ctx context.Context) error {
 				if g.state.demoted() {
 					g.env.Logf(g.target.demote(), sig, g.core, c.Tasks)
 				} else {
-					g.env.Logf(g.target.promote(), c.Idle, g.core)
+					g.env.Logf(g.target.promote(), c.Idle, g.core, c.Tasks)
 				}
 			}
 		}
@@ -534,7 +544,7 @@ func (n *nicTarget) demote() string {
 	return "overload (NIC poll %.0f%% of core %d, other tasks %.0f%%): NIC poll off the ladder (" + n.off + ") so bulk work is not starved"
 }
 func (n *nicTarget) promote() string {
-	return "overload over (idle %.0f%% of core %d): NIC poll back on the ladder (" + n.onLadder + ")"
+	return "overload over (idle %.0f%% of core %d, other tasks %.0f%%): NIC poll back on the ladder (" + n.onLadder + ")"
 }
 
 // bulkTarget is bulk-sched=idle's bulk queue kthread on the receive core:
@@ -662,7 +672,7 @@ func (b *bulkTarget) demote() string {
 	return "bulk starved (its kthread waited %.0f%% of the time on core %d, other tasks ran %.0f%%): bulk queue at normal scheduling"
 }
 func (b *bulkTarget) promote() string {
-	return "starvation over (idle %.0f%% of core %d): bulk queue back at SCHED_IDLE"
+	return "starvation over (idle %.0f%% of core %d, other tasks %.0f%%): bulk queue back at SCHED_IDLE"
 }
 
 // guardAgent is the guard alone (batch mode).

@@ -79,7 +79,8 @@ func TestPrismGuard(t *testing.T) {
 // value) when its rule says the kthread is starved and SCHED_IDLE back when
 // it stops. The rule is forced as in TestPrismGuard, but for guard-tasks:
 // with guard-tasks=0 the guard acts at once; with guard-tasks=50 not while
-// the receive core runs no application, and once a normal task burns it.
+// the receive core runs no application, once a normal task burns it, and
+// no longer once that task stops.
 func TestPrismBulkGuard(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
@@ -159,7 +160,22 @@ func TestPrismBulkGuard(t *testing.T) {
 		if st := waitDemoted(ag); !st.Demoted || st.Tasks < 50 {
 			t.Errorf("core %d burned by a normal task: guard status %+v: want a demotion, other tasks from 50%%", core, st)
 		}
+		// The task gone, its share under half of guard-tasks ends the
+		// demotion (the forced rule never promotes on idle time).
 		stop()
+		st = prism.GuardStatus{}
+		for range 100 {
+			time.Sleep(20 * time.Millisecond)
+			if st, _ = ag.Status().(prism.GuardStatus); !st.Demoted {
+				break
+			}
+		}
+		if st.Demoted || st.Demotions != 1 {
+			t.Errorf("the task stopped: guard status %+v: want the demotion over", st)
+		}
+		if attr, err := unix.SchedGetAttr(ths[0].PID, 0); err != nil || attr.Policy != unix.SCHED_IDLE {
+			t.Errorf("bulk queue after the task stopped: %+v (%v), want SCHED_IDLE", attr, err)
+		}
 		stopAgent()
 		a.ResetAndCheck(t, before)
 	})

@@ -34,10 +34,22 @@ func TestGuardRule(t *testing.T) {
 		{"bulk waiting behind an application is", bulk, []s{
 			{70, 5, 40, false}, {60, 2, 25, false}, {90, 0, 5, false}, // broken run
 			{70, 5, 40, false}, {60, 2, 25, false}, {55, 0, 20, true},
-			// Once demoted the application's share no longer matters: only
-			// slack ends it.
-			{10, 5, 0, true}, {10, 12, 0, true}, {10, 12, 0, false},
+			// Demoted while the application keeps at least half of its
+			// share, whatever bulk's wait; slack ends it.
+			{10, 5, 12, true}, {10, 12, 11, true}, {10, 12, 11, false},
 		}},
+		// The application went away on a core receive work keeps busy:
+		// its share under half of Tasks ends it as slack would.
+		{"the application's going ends it", bulk, []s{
+			{70, 0, 40, false}, {70, 0, 40, false}, {70, 0, 40, true},
+			{90, 0, 12, true}, {90, 0, 9, true}, {90, 0, 10, true}, // at half: a blip resets the run
+			{90, 0, 5, true}, {90, 0, 4, false},
+			// Light service under load: stays where it is.
+			{90, 0, 4, false}, {90, 0, 4, false}, {90, 0, 4, false},
+		}},
+		// Without Tasks (the ladder's guard, or guard-tasks=0) only slack
+		// promotes.
+		{"no tasks condition, no early promotion", nic, []s{{95, 0, 0, false}, {95, 0, 0, false}, {95, 0, 0, true}, {50, 0, 0, true}, {50, 0, 0, true}, {50, 0, 0, true}}},
 	} {
 		var st guardState
 		for i, smp := range tc.trace {
