@@ -10,6 +10,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -457,6 +458,9 @@ type runner struct {
 	// agent runs the applied mode's run-time part (Falcon's balancer)
 	// while that mode is measured.
 	agentStop func()
+	// agent is the running agent (nil: none): its status tells what a
+	// guard did during each run.
+	agent plan.Agent
 	// xdpPassOff detaches vanilla:xdp-pass's program (xdppass.go).
 	xdpPassOff func() error
 	// agentLog receives the agents' decisions (agent.log in the output
@@ -617,7 +621,18 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	if p.workload == "udp_stress" {
 		work = startWork()
 	}
+	guard0, guarded := guardDemotions(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
+	if guard1, ok := guardDemotions(r.agent); ok && guarded && guard1 >= guard0 {
+		// What prism's guard did during the run: how often it stepped
+		// in, and whether it held its target demoted at the end (a
+		// demotion from an earlier run may still hold).
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["guard_demotions"] = float64(guard1 - guard0)
+		run.Extra["guard_demoted_at_end"] = b2f(guardDemoted(r.agent))
+	}
 	workNs, irqNs, window, workOK := work.stop(r.o.IRQCPU)
 	after, err := metrics.Take(mcfg)
 	if err == nil {
@@ -773,6 +788,7 @@ func (r *runner) apply(mode string) error {
 		done := make(chan struct{})
 		go func() { defer close(done); ag.Run(ctx) }()
 		r.agentStop = func() { cancel(); <-done }
+		r.agent = ag
 		// Measure the mode as it runs on a host, not its first second:
 		// an agent needs a few rounds to bring Falcon's stages home
 		// and parkAfter rounds (1 s) to park them. A reconciler alone
@@ -793,6 +809,7 @@ func (r *runner) stopAgent() {
 	if r.agentStop != nil {
 		r.agentStop()
 		r.agentStop = nil
+		r.agent = nil
 	}
 }
 
@@ -1000,4 +1017,47 @@ func lockBench(prefix string) (unlock func(), err error) {
 		f.Close()
 	}
 	return nil, fmt.Errorf("bench lock %s: keeps being removed and made again", path)
+}
+
+// guardDemotions reads prism's guard's demotion count from an agent's
+// status ("demotions" in its JSON, as `lanes status --json` shows it);
+// ok is false for an agent without a guard. Read through the JSON so the
+// benchmark needs no policy package.
+func guardDemotions(ag plan.Agent) (n uint64, ok bool) {
+	v, ok := guardStatus(ag)
+	if !ok || v.Demotions == nil {
+		return 0, false
+	}
+	return *v.Demotions, true
+}
+
+// guardDemoted says whether the guard holds its target demoted now.
+func guardDemoted(ag plan.Agent) bool {
+	v, _ := guardStatus(ag)
+	return v.Demoted
+}
+
+type guardFields struct {
+	Watch     string  `json:"watch"`
+	Demotions *uint64 `json:"demotions"`
+	Demoted   bool    `json:"demoted"`
+}
+
+func guardStatus(ag plan.Agent) (guardFields, bool) {
+	var v guardFields
+	if ag == nil {
+		return v, false
+	}
+	b, err := json.Marshal(ag.Status())
+	if err != nil || json.Unmarshal(b, &v) != nil || v.Watch == "" {
+		return guardFields{}, false
+	}
+	return v, true
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -489,5 +490,43 @@ func TestResetLeftoversRestores(t *testing.T) {
 	}
 	if _, err := os.Stat(control.Dir(stateDir, ns)); !os.IsNotExist(err) {
 		t.Errorf("state of %s still there: %v", ns, err)
+	}
+}
+
+// fakeAgent is an agent whose status is given.
+type fakeAgent struct{ st any }
+
+func (fakeAgent) Run(context.Context) error { return nil }
+func (f fakeAgent) Status() any             { return f.st }
+
+// The guard's figures are read from an agent's status through its JSON:
+// prism's guard status counts, an agent without a guard (or a guard with
+// nothing to watch) does not.
+func TestGuardDemotions(t *testing.T) {
+	type guardLike struct {
+		Watch     string `json:"watch"`
+		Demoted   bool   `json:"demoted"`
+		Demotions uint64 `json:"demotions"`
+	}
+	for _, tc := range []struct {
+		name    string
+		ag      plan.Agent
+		n       uint64
+		ok, end bool
+	}{
+		{"no agent", nil, 0, false, false},
+		{"falcon-like", fakeAgent{struct {
+			Moves int `json:"moves"`
+		}{3}}, 0, false, false},
+		{"nothing to guard", fakeAgent{guardLike{Demotions: 0}}, 0, false, false},
+		{"guard, demoted", fakeAgent{guardLike{Watch: "bulk queue", Demoted: true, Demotions: 2}}, 2, true, true},
+		{"guard, not acting", fakeAgent{guardLike{Watch: "bulk queue"}}, 0, true, false},
+		// prism's own status type: the JSON names the bench reads.
+		{"prism guard", fakeAgent{prism.GuardStatus{Watch: "bulk queue at SCHED_IDLE", Demoted: true, Demotions: 4}}, 4, true, true},
+	} {
+		n, ok := guardDemotions(tc.ag)
+		if n != tc.n || ok != tc.ok || guardDemoted(tc.ag) != tc.end {
+			t.Errorf("%s: %d, %v, demoted %v; want %d, %v, %v", tc.name, n, ok, guardDemoted(tc.ag), tc.n, tc.ok, tc.end)
+		}
 	}
 }

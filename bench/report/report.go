@@ -180,7 +180,8 @@ func Markdown(f *results.File, opt Options) string {
 			b.WriteString("\nLatency of the high-priority service and the low-priority background at every load " +
 				"(medians over repeats; background load in % of the receive core's capacity; " +
 				"offered % of asked below 100 means the generator could not keep the pace and the load was lighter than its label; " +
-				"received % of offered below 100 means the background lost packets):\n\n")
+				"received % of offered below 100 means the background lost packets; " +
+				"guard demotions: how often `lanes agent`'s starvation guard gave prism's bulk queue normal scheduling during a run, – where no guard ran):\n\n")
 			backgroundTable(a, wl).markdown(&b)
 		}
 		if hasWork(a, wl) {
@@ -443,7 +444,7 @@ func hasBackground(a *results.Agg, wl string) bool {
 // PRISM's Fig. 11 (min, average and tail latency against background load).
 var (
 	bgLatency = []results.Metric{results.LatMin, results.LatAvg, results.LatP50, results.LatP99, results.LatP999, results.Lost}
-	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundLate, results.BackgroundKpps, results.BackgroundShare}
+	bgTraffic = []results.Metric{results.BackgroundOffered, results.BackgroundAsked, results.BackgroundLate, results.BackgroundKpps, results.BackgroundShare, results.GuardDemotions}
 )
 
 // backgroundTable is the medians of every latency statistic and of the

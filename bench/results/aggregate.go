@@ -122,12 +122,17 @@ var BackgroundAsked = Metric{"background offered", "% of asked", func(r *Run) fl
 // spaced only to the extent this is small.
 var BackgroundLate = Metric{"background sent late", "%", func(r *Run) float64 { return 100 * r.Extra["bg_late_share"] }}
 
+// GuardDemotions is how often prism's starvation guard (in `lanes agent`)
+// stepped in during a run: recorded only for modes whose agent has one.
+var GuardDemotions = Metric{"guard demotions", "per run", func(r *Run) float64 { return r.Extra["guard_demotions"] }}
+
 // recordedBy names, for metrics runs record only since some build, the
 // Extra entry whose presence says a run did: older runs read 0 there,
 // where 0 is also a real value.
 var recordedBy = map[string]string{
 	BackgroundAsked.Name + "\x00" + BackgroundAsked.Unit: "bg_target_kpps",
 	BackgroundLate.Name + "\x00" + BackgroundLate.Unit:   "bg_late_share",
+	GuardDemotions.Name + "\x00" + GuardDemotions.Unit:   "guard_demotions",
 }
 
 // StatRecorded summarises m over the repeats that recorded it (recordedBy;
