@@ -51,7 +51,8 @@ import (
 // the bulk kthread waiting, runnable, for most of the interval while the
 // core's other tasks (applications) take a share of it (guard-tasks); the
 // guard then gives it normal scheduling (fair shares, as
-// bulk-sched=normal) until the receive core has idle time again.
+// bulk-sched=normal) until the receive core has idle time again or those
+// tasks are gone.
 
 // GuardAgentName is the plan.Plan.Agent of prism's batch mode with
 // streamlined order or with bulk-sched=idle.
