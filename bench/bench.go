@@ -621,17 +621,20 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	if p.workload == "udp_stress" {
 		work = startWork()
 	}
-	guard0, guarded := guardDemotions(r.agent)
+	guard0, guarded := guardStatus(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
-	if guard1, ok := guardDemotions(r.agent); ok && guarded && guard1 >= guard0 {
+	if guard1, ok := guardStatus(r.agent); ok && guarded && guard1.Demotions >= guard0.Demotions {
 		// What prism's guard did during the run: how often it stepped
 		// in, and whether it held its target demoted at the end (a
 		// demotion from an earlier run may still hold).
 		if run.Extra == nil {
 			run.Extra = map[string]float64{}
 		}
-		run.Extra["guard_demotions"] = float64(guard1 - guard0)
-		run.Extra["guard_demoted_at_end"] = b2f(guardDemoted(r.agent))
+		run.Extra["guard_demotions"] = float64(guard1.Demotions - guard0.Demotions)
+		run.Extra["guard_demoted_at_end"] = 0
+		if guard1.Demoted {
+			run.Extra["guard_demoted_at_end"] = 1
+		}
 	}
 	workNs, irqNs, window, workOK := work.stop(r.o.IRQCPU)
 	after, err := metrics.Take(mcfg)
@@ -1019,30 +1022,17 @@ func lockBench(prefix string) (unlock func(), err error) {
 	return nil, fmt.Errorf("bench lock %s: keeps being removed and made again", path)
 }
 
-// guardDemotions reads prism's guard's demotion count from an agent's
-// status ("demotions" in its JSON, as `lanes status --json` shows it);
-// ok is false for an agent without a guard. Read through the JSON so the
-// benchmark needs no policy package.
-func guardDemotions(ag plan.Agent) (n uint64, ok bool) {
-	v, ok := guardStatus(ag)
-	if !ok || v.Demotions == nil {
-		return 0, false
-	}
-	return *v.Demotions, true
-}
-
-// guardDemoted says whether the guard holds its target demoted now.
-func guardDemoted(ag plan.Agent) bool {
-	v, _ := guardStatus(ag)
-	return v.Demoted
-}
-
+// guardFields are what the benchmark reads of prism's guard's status.
 type guardFields struct {
-	Watch     string  `json:"watch"`
-	Demotions *uint64 `json:"demotions"`
-	Demoted   bool    `json:"demoted"`
+	Watch     string `json:"watch"`
+	Demotions uint64 `json:"demotions"`
+	Demoted   bool   `json:"demoted"`
 }
 
+// guardStatus reads prism's guard's status from an agent (its JSON, as
+// `lanes status --json` shows it, so the benchmark needs no policy
+// package); ok is false for an agent without a guard, or whose guard has
+// nothing to watch.
 func guardStatus(ag plan.Agent) (guardFields, bool) {
 	var v guardFields
 	if ag == nil {
@@ -1053,11 +1043,4 @@ func guardStatus(ag plan.Agent) (guardFields, bool) {
 		return guardFields{}, false
 	}
 	return v, true
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -502,7 +502,7 @@ func (f fakeAgent) Status() any             { return f.st }
 // The guard's figures are read from an agent's status through its JSON:
 // prism's guard status counts, an agent without a guard (or a guard with
 // nothing to watch) does not.
-func TestGuardDemotions(t *testing.T) {
+func TestGuardStatus(t *testing.T) {
 	type guardLike struct {
 		Watch     string `json:"watch"`
 		Demoted   bool   `json:"demoted"`
@@ -524,9 +524,9 @@ func TestGuardDemotions(t *testing.T) {
 		// prism's own status type: the JSON names the bench reads.
 		{"prism guard", fakeAgent{prism.GuardStatus{Watch: "bulk queue at SCHED_IDLE", Demoted: true, Demotions: 4}}, 4, true, true},
 	} {
-		n, ok := guardDemotions(tc.ag)
-		if n != tc.n || ok != tc.ok || guardDemoted(tc.ag) != tc.end {
-			t.Errorf("%s: %d, %v, demoted %v; want %d, %v, %v", tc.name, n, ok, guardDemoted(tc.ag), tc.n, tc.ok, tc.end)
+		v, ok := guardStatus(tc.ag)
+		if v.Demotions != tc.n || ok != tc.ok || v.Demoted != tc.end {
+			t.Errorf("%s: %d, %v, demoted %v; want %d, %v, %v", tc.name, v.Demotions, ok, v.Demoted, tc.n, tc.ok, tc.end)
 		}
 	}
 }
