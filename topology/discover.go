@@ -199,7 +199,9 @@ func (d *discovery) underlays(t *Topology) error {
 		if !seen[key] {
 			seen[key] = true
 			dev := us.device(l)
-			dev.IRQs = describeIRQs(deviceIRQs(us.ns, us.napiInst, dev.Index, dev.Name))
+			if mayHaveIRQs(l, us.napiInst) {
+				dev.IRQs = describeIRQs(deviceIRQs(us.ns, us.napiInst, dev.Index, dev.Name))
+			}
 			t.Underlays = append(t.Underlays, dev)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/vishvananda/netlink"
 )
 
 // IRQ is one interrupt of a NIC: where the kernel delivers it is where
@@ -46,8 +47,9 @@ type irqScan struct {
 // to the instances that poll a receive queue where the driver names those
 // (netif_queue_set_napi); otherwise the vectors of its bus device, read
 // from ns's sysfs. A device with neither (veth, bridge, VXLAN) has none.
-// Discovery asks it of the underlays only: it costs a sysfs mount, and a
-// queue dump where a driver reports IRQs.
+// Discovery asks it of the underlays that may have interrupts
+// (mayHaveIRQs) only: it costs a sysfs mount, and a queue dump where a
+// driver reports IRQs.
 func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqScan {
 	var sc irqScan
 	knobs.DoSysfs(ns, func() error {
@@ -77,6 +79,18 @@ func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqSca
 		return nil
 	})
 	return sc
+}
+
+// mayHaveIRQs says whether a device can have interrupts of its own: a bus
+// device behind it (the kernel names its bus, IFLA_PARENT_DEV_BUS_NAME) or
+// NAPI instances with an IRQ. A veth, bridge or VXLAN device has neither,
+// and discovery, which agents repeat every round, then skips the sysfs
+// mount deviceIRQs costs.
+func mayHaveIRQs(l netlink.Link, inst []napi.Instance) bool {
+	if l.Attrs().ParentDevBus != "" {
+		return true
+	}
+	return slices.ContainsFunc(inst, func(in napi.Instance) bool { return in.IfIndex == l.Attrs().Index && in.IRQ > 0 })
 }
 
 // busIRQs lists the MSI vectors of the bus device behind dev, else its

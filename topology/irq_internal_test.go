@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/vishvananda/netlink"
 )
 
 // fakeTree builds files (path -> content) and symlinks (path -> target,
@@ -204,5 +207,29 @@ func TestHostNICIRQs(t *testing.T) {
 	}
 	if !found {
 		t.Skip("no NIC with interrupts on this machine")
+	}
+}
+
+// Only a device with a bus device or NAPI instances with an IRQ is looked
+// at for interrupts: a veth is not.
+func TestMayHaveIRQs(t *testing.T) {
+	link := func(idx int, bus string) netlink.Link {
+		return &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: idx, ParentDevBus: bus}}
+	}
+	inst := []napi.Instance{{ID: 1, IfIndex: 7, IRQ: 40}, {ID: 2, IfIndex: 8}}
+	for _, tc := range []struct {
+		name string
+		l    netlink.Link
+		want bool
+	}{
+		{"PCI NIC", link(3, "pci"), true},
+		{"virtio NIC", link(3, "virtio"), true},
+		{"NAPI with an IRQ, no bus named", link(7, ""), true},
+		{"NAPI without an IRQ (veth)", link(8, ""), false},
+		{"nothing", link(9, ""), false},
+	} {
+		if got := mayHaveIRQs(tc.l, inst); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
