@@ -636,6 +636,9 @@ func Load(prefix string) (*Testbed, error) {
 	if err := json.Unmarshal(b, &tb); err != nil {
 		return nil, fmt.Errorf("reading testbed state %s: %w", statePath(prefix), err)
 	}
+	// A state saved before a setting existed reads as its default, so Up
+	// does not rebuild an unchanged testbed.
+	tb.Config = tb.Config.withDefaults()
 	return &tb, nil
 }
 

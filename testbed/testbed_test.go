@@ -265,6 +265,8 @@ func TestValidate(t *testing.T) {
 		{MTU: 100},
 		{VNI: 1 << 25},
 		{Prefix: "waytoolongprefix"},
+		{NIC: "polled"},
+		{NIC: NICSoftirq, MTU: 9000}, // the wire's XDP takes one page
 	}
 	for _, c := range bad {
 		c2 := c
@@ -283,6 +285,12 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (Config{}).withDefaults().Validate(2); err != nil {
 		t.Errorf("defaults invalid: %v", err)
+	}
+	if err := (Config{NIC: NICSoftirq, MTU: 9000}).withDefaults().Validate(2); err == nil || !strings.Contains(err.Error(), "--nic threaded") {
+		t.Errorf("softirq NIC at MTU 9000: %v, want a fix-it naming --nic threaded", err)
+	}
+	if err := (Config{NIC: NICSoftirq, MTU: 3000}).withDefaults().Validate(2); err != nil {
+		t.Errorf("softirq NIC at MTU 3000: %v", err)
 	}
 	_ = kthread.Thread{}
 }

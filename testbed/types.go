@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 )
 
 // Topology is the way a host wires containers to its VXLAN device.
@@ -120,8 +122,8 @@ func (c Config) Validate(ncpu int) error {
 	if c.Containers < 1 || c.Containers > c.maxContainer() {
 		return fmt.Errorf("containers per host must be 1..%d on the %s layout, got %d", c.maxContainer(), c.Topology, c.Containers)
 	}
-	if c.NIC != NICThreaded && c.NIC != NICSoftirq {
-		return fmt.Errorf("unknown NIC polling %q: use %s or %s", c.NIC, NICThreaded, NICSoftirq)
+	if !slices.Contains(NICModes, c.NIC) {
+		return fmt.Errorf("unknown NIC polling %q: use %s", c.NIC, strings.Join(NICModes, " or "))
 	}
 	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
 		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)
@@ -131,6 +133,9 @@ func (c Config) Validate(ncpu int) error {
 	}
 	if c.MTU < 1280 || c.MTU > 9000 {
 		return fmt.Errorf("underlay MTU must be 1280..9000, got %d", c.MTU)
+	}
+	if c.NIC == NICSoftirq && c.MTU > wireMaxMTU {
+		return fmt.Errorf("underlay MTU %d with the NIC polled in softirq: the wire's XDP program takes frames of one page only, MTU at most %d (or use --nic %s)", c.MTU, wireMaxMTU, NICThreaded)
 	}
 	if c.VNI > 1<<24-1 {
 		return fmt.Errorf("VNI must fit in 24 bits, got %d", c.VNI)

@@ -31,6 +31,12 @@ const (
 	NICSoftirq = "softirq"
 )
 
+// wireMaxMTU is the largest underlay MTU the wire carries: veth refuses
+// an XDP program without multi-buffer support when the peer's MTU exceeds
+// a page less XDP headroom and skb_shared_info (about 3.5 KB on 4 KB
+// pages), and the wire's program handles single buffers only.
+const wireMaxMTU = 3500
+
 // NICModes lists the values Config.NIC takes.
 var NICModes = []string{NICThreaded, NICSoftirq}
 
