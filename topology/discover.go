@@ -372,7 +372,7 @@ func (d *discovery) napiThreads(t *Topology) error {
 		// Fall back to names only for NAPI instances the netdev family
 		// does not list (VXLAN's GRO cells have no NAPI id) or when it
 		// could not be asked: a name can belong to another namespace.
-		if listed || dev.Threaded == "0" || dev.Threaded == "" {
+		if listed || !dev.ThreadedNAPI() {
 			continue
 		}
 		for _, th := range ths {

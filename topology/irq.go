@@ -250,6 +250,36 @@ func classifyIRQs(irqs []IRQ) {
 	}
 }
 
+// ThreadedNAPI says whether d's NAPI instances are polled by kthreads
+// (its "threaded" sysfs knob is set), not in softirq.
+func (d *Device) ThreadedNAPI() bool { return d.Threaded != "" && d.Threaded != "0" }
+
+// PollCPUs are the cores that poll d, when each poll runs on one known
+// core: its NAPI kthreads' where they are pinned, else (softirq) where its
+// receive interrupts are delivered; nil when unknown (a threaded device
+// whose threads were not found or are not pinned to one core each, a
+// virtual device with no interrupts, an interrupt delivered to several
+// cores).
+func (d *Device) PollCPUs() []int {
+	if len(d.NAPIThreads) > 0 {
+		var out []int
+		for _, th := range d.NAPIThreads {
+			if len(th.CPUs) != 1 {
+				return nil
+			}
+			if !slices.Contains(out, th.CPUs[0]) {
+				out = append(out, th.CPUs[0])
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if d.ThreadedNAPI() {
+		return nil
+	}
+	return d.ReceiveIRQCPUs()
+}
+
 // ReceiveIRQCPUs is where d's receive interrupts are delivered, when
 // each is delivered to one core; nil when d has none or one may go to
 // several cores.

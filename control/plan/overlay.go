@@ -19,18 +19,7 @@ import (
 func IRQCPUs(t *topology.Topology) []int {
 	var out []int
 	for _, u := range t.Underlays {
-		var cpus []int
-		switch {
-		case len(u.NAPIThreads) > 0:
-			for _, th := range u.NAPIThreads {
-				if len(th.CPUs) != 1 {
-					return nil
-				}
-				cpus = append(cpus, th.CPUs[0])
-			}
-		case u.Threaded == "" || u.Threaded == "0":
-			cpus = u.ReceiveIRQCPUs()
-		}
+		cpus := u.PollCPUs()
 		if len(cpus) == 0 {
 			return nil
 		}
@@ -93,7 +82,7 @@ const IRQUnknown = "the underlay's IRQ core is unknown (it is not polled on know
 func GROCellNotes(t *topology.Topology) []string {
 	var out []string
 	for _, v := range t.VXLANs {
-		if v.Threaded == "" || v.Threaded == "0" {
+		if !v.ThreadedNAPI() {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: threaded NAPI is on (threaded=%s), which is unsafe for a VXLAN device: its GRO cells are per-core queues without a lock, and a cell's thread running on another core than the one decapsulating into it corrupts the queue (on Linux 6.18 the overlay stopped receiving); write 0 to /sys/class/net/%s/threaded in its namespace",

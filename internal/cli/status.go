@@ -247,7 +247,7 @@ func ctlPollLabel(u topology.Device) string {
 		}
 		return "threaded NAPI: " + strings.Join(ths, ", ")
 	}
-	if u.Threaded != "" && u.Threaded != "0" {
+	if u.ThreadedNAPI() {
 		return "threaded NAPI (threaded=" + u.Threaded + "), no poller thread found: IRQ core unknown"
 	}
 	var irqs []string
@@ -258,7 +258,7 @@ func ctlPollLabel(u topology.Device) string {
 	}
 	if len(irqs) > 0 {
 		l := "softirq NAPI, receive interrupts: " + strings.Join(irqs, ", ")
-		if u.ReceiveIRQCPUs() == nil {
+		if u.PollCPUs() == nil {
 			l += " (not each on one core: IRQ core unknown, modes take --set " + plan.IRQKey + "=N)"
 		}
 		return l
