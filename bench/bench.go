@@ -724,22 +724,6 @@ func steerCounts(ns string) (steer.Counters, bool) {
 	return sum, true
 }
 
-// withIRQCPUs tells a steering mode the receiving NIC's IRQ core when
-// the testbed polls it in softirq: a veth has no interrupt lanes could
-// read it from (plan.IRQKey), as an operator would say it on a host whose
-// NIC is virtual. A core the mode spec gives stays.
-func (r *runner) withIRQCPUs(base string, params map[string]string) map[string]string {
-	if r.tb.Config.NIC != testbed.NICSoftirq || params[plan.IRQKey] != "" || !plan.Takes(base, plan.IRQKey) {
-		return params
-	}
-	out := maps.Clone(params)
-	if out == nil {
-		out = map[string]string{}
-	}
-	out[plan.IRQKey] = strconv.Itoa(r.tb.Config.PollCPU(1))
-	return out
-}
-
 // apply puts the receiving host into mode. native and vanilla both mean
 // "as the kernel does it": no lanes change on the receiver.
 func (r *runner) apply(mode string) error {
@@ -763,7 +747,7 @@ func (r *runner) apply(mode string) error {
 		return err
 	}
 	cpus, params := modeCPUs(params)
-	params = r.withIRQCPUs(base, params)
+	params = r.tb.ModeParams(base, params)
 	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
 	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)

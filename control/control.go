@@ -146,7 +146,7 @@ func (o Options) validate() (*validated, error) {
 		return nil, err
 	}
 	if v, ok := o.Params[plan.IRQKey]; ok {
-		irq, err := plan.ParseIRQCPUs(v)
+		irq, err := knobs.ParseCPUList(v)
 		if err == nil {
 			err = knobs.CheckCPUs(irq)
 		}

@@ -2,8 +2,6 @@ package control_test
 
 import (
 	"fmt"
-	"maps"
-	"strconv"
 	"testing"
 
 	"github.com/lanesnet/lanes/control"
@@ -83,14 +81,7 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 				for k, v := range ru.params {
 					name += fmt.Sprintf(":%s=%s", k, v)
 				}
-				params := ru.params
-				if lay.nic == testbed.NICSoftirq && plan.Takes(ru.mode, plan.IRQKey) {
-					params = maps.Clone(params)
-					if params == nil {
-						params = map[string]string{}
-					}
-					params[plan.IRQKey] = strconv.Itoa(tb.Config.IRQCPU)
-				}
+				params := tb.ModeParams(ru.mode, ru.params)
 				t.Run(name, func(t *testing.T) {
 					before := modetest.Snapshot(t, tb)
 					a := modetest.Apply(t, tb, ru.mode, params)

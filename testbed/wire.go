@@ -5,8 +5,11 @@ package testbed
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 
 	"github.com/cilium/ebpf"
+	modeplan "github.com/lanesnet/lanes/control/plan"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 
@@ -191,4 +194,22 @@ func (tb *Testbed) WireCounts() (WireCounts, error) {
 		return c, nil
 	}
 	return WireCounts{}, errors.New("the wire program has no counts map")
+}
+
+// ModeParams are a mode's settings on this testbed: with the NIC polled
+// in softirq, a steering mode is told the receiving NIC's IRQ core
+// (plan.IRQKey), which a veth has no interrupt to read it from, as an
+// operator would say it on a host whose NIC is virtual. A core params
+// gives stays; params itself is not changed. Modes are known to plan's
+// registry once their policy packages are linked (control links them).
+func (tb *Testbed) ModeParams(mode string, params map[string]string) map[string]string {
+	if tb.Config.NIC != NICSoftirq || params[modeplan.IRQKey] != "" || !modeplan.Takes(mode, modeplan.IRQKey) {
+		return params
+	}
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[modeplan.IRQKey] = strconv.Itoa(tb.Config.PollCPU(1))
+	return out
 }

@@ -42,15 +42,6 @@ const IRQKey = "irq-cpus"
 // IRQParam is IRQKey's entry in a mode's settings.
 var IRQParam = Param{Key: IRQKey, Default: "read from the NIC", Help: "cores that poll the underlay NIC, a list like 1 or 2-3 (default: where its threaded NAPI kthreads are pinned, else where its receive interrupts are delivered); give it where lanes cannot read them, and give it right: the modes that keep order by polling on the receive core alone count on it"}
 
-// ParseIRQCPUs reads an IRQKey value.
-func ParseIRQCPUs(v string) ([]int, error) {
-	cpus, err := knobs.ParseCPUList(v)
-	if err == nil && len(cpus) == 0 {
-		err = fmt.Errorf("want a list of cores like 1 or 2-3")
-	}
-	return cpus, err
-}
-
 // IRQCPUsOr is given when a mode was told its IRQ cores, else IRQCPUs(t).
 func IRQCPUsOr(t *topology.Topology, given []int) []int {
 	if len(given) > 0 {
@@ -62,7 +53,7 @@ func IRQCPUsOr(t *topology.Topology, given []int) []int {
 // IRQCPUsFor is IRQCPUsOr with the IRQKey setting of params (checked
 // by the planner: an unreadable value counts as not given).
 func IRQCPUsFor(t *topology.Topology, params map[string]string) []int {
-	given, _ := ParseIRQCPUs(params[IRQKey])
+	given, _ := knobs.ParseCPUList(params[IRQKey])
 	return IRQCPUsOr(t, given)
 }
 

@@ -52,7 +52,7 @@ func TestIRQCPUsGiven(t *testing.T) {
 		t.Errorf("none given: %v, want what was read, [1]", got)
 	}
 	for _, bad := range []string{"", "x", "1-", ","} {
-		if _, err := ParseIRQCPUs(bad); err == nil {
+		if _, err := knobs.ParseCPUList(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

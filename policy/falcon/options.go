@@ -264,7 +264,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
+			o.IRQCPUs, err = knobs.ParseCPUList(v)
 		case "pipeline":
 			o.Pipeline, err = strconv.ParseBool(v)
 		case "split":

@@ -82,7 +82,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
+			o.IRQCPUs, err = knobs.ParseCPUList(v)
 		case "batch":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 32)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 )
 
 // Options are a prism mode's settings.
@@ -343,7 +344,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = plan.ParseIRQCPUs(v)
+			o.IRQCPUs, err = knobs.ParseCPUList(v)
 		case "prio-mode":
 			if v != "batch" && v != "sync" {
 				err = fmt.Errorf("want batch or sync")
