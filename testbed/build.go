@@ -51,6 +51,7 @@ const (
 	roleUnderlay = 0x01
 	roleVTEP     = 0x02
 	roleCont     = 0x03
+	roleWire     = 0x04 // the wire's ends (wire.go)
 )
 
 // overlayMTU leaves room for the VXLAN headers (outer IPv4 20 + UDP 8 +
@@ -260,19 +261,7 @@ func (tb *Testbed) buildUnderlay() error {
 		return err
 	}
 	defer bfd.Close()
-	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: a.Underlay, MTU: tb.Config.MTU, HardwareAddr: a.UnderlayMAC, NumTxQueues: 1, NumRxQueues: 1},
-		PeerName:         b.Underlay,
-		PeerHardwareAddr: b.UnderlayMAC,
-		PeerNamespace:    netlink.NsFd(int(bfd)),
-		// One queue each way, like a single-queue NIC with one IRQ. It
-		// also matters for XDP: a veth offers ndo_xdp_xmit (the target of
-		// a devmap redirect) only while its peer has no more tx queues
-		// than it has rx queues; the kernel's default of one tx queue per
-		// CPU would silently drop every redirected frame.
-		PeerNumTxQueues: 1,
-		PeerNumRxQueues: 1,
-	}
+	veth := nicVeth(a.Underlay, a.UnderlayMAC, b.Underlay, b.UnderlayMAC, tb.Config.MTU, bfd)
 	if err := ha.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding underlay veth %s<->%s: %w", a.Underlay, b.Underlay, err)
 	}
@@ -701,4 +690,22 @@ func IsTestbedNS(prefix, ns string) bool {
 	}
 	n, _ := fmt.Sscanf(rest, "%d", &h)
 	return n == 1 && rest == fmt.Sprint(h)
+}
+
+// nicVeth is a veth pair that stands for a NIC and what it is wired to:
+// name in the namespace it is added in, peer in peerNS. One queue each
+// way, like a single-queue NIC with one IRQ. It also matters for XDP: a
+// veth offers ndo_xdp_xmit (the target of a devmap redirect) only while
+// its peer has no more tx queues than it has rx queues; the kernel's
+// default of one tx queue per CPU would silently drop every redirected
+// frame.
+func nicVeth(name string, hw net.HardwareAddr, peer string, peerHW net.HardwareAddr, mtu int, peerNS netns.NsHandle) *netlink.Veth {
+	return &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: name, MTU: mtu, HardwareAddr: hw, NumTxQueues: 1, NumRxQueues: 1},
+		PeerName:         peer,
+		PeerHardwareAddr: peerHW,
+		PeerNamespace:    netlink.NsFd(int(peerNS)),
+		PeerNumTxQueues:  1,
+		PeerNumRxQueues:  1,
+	}
 }

@@ -35,9 +35,18 @@ struct {
 } peers SEC(".maps");
 
 /*
- * Frames forwarded ([0]) and dropped for want of a peer ([1]), per CPU:
- * a frame the wire lost would otherwise count against the host being
- * measured, so the one per-frame map update the wire does is kept.
+ * Frames handed to the redirect ([0]) and dropped for want of a peer
+ * ([1]), per CPU: a frame the wire lost would otherwise count against the
+ * host being measured, so the one per-frame map update the wire does is
+ * kept. [0] counts redirects taken, not frames delivered: one the
+ * receiving veth then refuses (its ring full) is in [0], and in that
+ * veth's own XDP transmit-error statistics.
+ *
+ * The wire's cost lands on the IRQ core, for every mode alike: besides
+ * this program, the veth copies every skb-borne frame (TCP segments)
+ * into a page of its own before XDP runs, as it does for any XDP program
+ * (bench/xdppass.go measured it); so on this NIC vanilla already pays that
+ * copy, and vanilla:xdp-pass adds nothing to compare.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -51,8 +51,6 @@ func (c Config) WireNS() string { return c.Prefix + "-wire" }
 // sends, and its thread runs on the other host's IRQ core.
 func wireEnd(h int) string { return fmt.Sprintf("w%d", h) }
 
-const roleWire = 0x04
-
 // buildWire connects each host's underlay device to its end of the wire:
 // a veth pair per host, one queue each way (one IRQ per NIC).
 func (tb *Testbed) buildWire() error {
@@ -67,15 +65,7 @@ func (tb *Testbed) buildWire() error {
 		if err != nil {
 			return err
 		}
-		veth := &netlink.Veth{
-			LinkAttrs:        netlink.LinkAttrs{Name: wireEnd(i + 1), MTU: tb.Config.MTU, HardwareAddr: mac(roleWire, byte(i+1), 0), NumTxQueues: 1, NumRxQueues: 1},
-			PeerName:         h.Underlay,
-			PeerHardwareAddr: h.UnderlayMAC,
-			PeerNamespace:    netlink.NsFd(int(hfd)),
-			PeerNumTxQueues:  1,
-			PeerNumRxQueues:  1,
-		}
-		err = hw.LinkAdd(veth)
+		err = hw.LinkAdd(nicVeth(wireEnd(i+1), mac(roleWire, byte(i+1), 0), h.Underlay, h.UnderlayMAC, tb.Config.MTU, hfd))
 		hfd.Close()
 		if err != nil {
 			return fmt.Errorf("adding wire veth %s<->%s: %w", wireEnd(i+1), h.Underlay, err)
