@@ -262,17 +262,11 @@ func (d *Device) ThreadedNAPI() bool { return d.Threaded != "" && d.Threaded != 
 // cores).
 func (d *Device) PollCPUs() []int {
 	if len(d.NAPIThreads) > 0 {
-		var out []int
+		var each [][]int
 		for _, th := range d.NAPIThreads {
-			if len(th.CPUs) != 1 {
-				return nil
-			}
-			if !slices.Contains(out, th.CPUs[0]) {
-				out = append(out, th.CPUs[0])
-			}
+			each = append(each, th.CPUs)
 		}
-		slices.Sort(out)
-		return out
+		return singleCores(each)
 	}
 	if d.ThreadedNAPI() {
 		return nil
@@ -284,16 +278,25 @@ func (d *Device) PollCPUs() []int {
 // each is delivered to one core; nil when d has none or one may go to
 // several cores.
 func (d *Device) ReceiveIRQCPUs() []int {
-	var out []int
+	var each [][]int
 	for _, q := range d.IRQs {
-		if !q.Receive {
-			continue
+		if q.Receive {
+			each = append(each, q.CPUs)
 		}
-		if len(q.CPUs) != 1 {
+	}
+	return singleCores(each)
+}
+
+// singleCores are the cores of pollers that each run on one core, sorted
+// and once each; nil if any may run on several (or on none).
+func singleCores(each [][]int) []int {
+	var out []int
+	for _, cpus := range each {
+		if len(cpus) != 1 {
 			return nil
 		}
-		if !slices.Contains(out, q.CPUs[0]) {
-			out = append(out, q.CPUs[0])
+		if !slices.Contains(out, cpus[0]) {
+			out = append(out, cpus[0])
 		}
 	}
 	slices.Sort(out)
