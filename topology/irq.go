@@ -155,8 +155,10 @@ func describeIRQs(sc irqScan) []IRQ {
 	return out
 }
 
-// interruptNames maps each interrupt number to its handlers' name, the
-// last column of /proc/interrupts.
+// interruptNames maps each interrupt number to its handlers' names, the
+// last column of /proc/interrupts: a legacy line shared by several
+// devices lists each handler, comma-separated ("uhci_hcd:usb1, eth2"),
+// and is named by that whole list, not by its last handler only.
 func interruptNames() map[int]string {
 	f, err := os.Open(filepath.Join(irqRoot, "proc/interrupts"))
 	if err != nil {
@@ -175,7 +177,11 @@ func interruptNames() map[int]string {
 			continue // NMI, LOC, ...
 		}
 		if fs := strings.Fields(rest); len(fs) > 0 {
-			out[n] = fs[len(fs)-1]
+			i := len(fs) - 1
+			for i > 0 && strings.HasSuffix(fs[i-1], ",") {
+				i--
+			}
+			out[n] = strings.Join(fs[i:], " ")
 		}
 	}
 	return out
@@ -217,13 +223,20 @@ var (
 )
 
 // classifyIRQs marks the vectors of one device that serve receive
-// queues, from their names: those named as receive or combined queues;
+// queues. A device with one interrupt (a legacy line, perhaps shared with
+// other devices, or a single MSI vector) receives on it, whatever the
+// handlers' names say. Otherwise from their names: those named as
+// receive or combined queues;
 // failing any, the numbered ones (sfc's and tg3's channels; tg3's vector
 // 0 carries only link events under RSS and is counted too, so its core
 // may be one more IRQ core than polls); failing those too, the one vector
 // that is neither control nor transmit-only (e1000e, igb and tg3 with a
 // single vector name it after the device, "eno1").
 func classifyIRQs(irqs []IRQ) {
+	if len(irqs) == 1 && irqs[0].Name != "" {
+		irqs[0].Receive = true
+		return
+	}
 	isControl := func(name string) bool {
 		return name == "" || control.MatchString(name) || (mentionsTx.MatchString(name) && !mentionsRx.MatchString(name))
 	}
