@@ -34,6 +34,15 @@ func (t Thread) Pin(cpus ...int) error {
 	return nil
 }
 
+// SetFIFO gives t SCHED_FIFO at prio (1-99).
+func (t Thread) SetFIFO(prio int) error {
+	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(prio)}
+	if err := unix.SchedSetAttr(t.PID, a, 0); err != nil {
+		return fmt.Errorf("setting %s (pid %d) to SCHED_FIFO %d: %w", t.Comm, t.PID, prio, err)
+	}
+	return nil
+}
+
 // Affinity returns the cores t may run on.
 func (t Thread) Affinity() ([]int, error) {
 	var set unix.CPUSet
