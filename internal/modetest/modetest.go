@@ -255,6 +255,14 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			}
 		}
 	}
+	// Host-wide sysctls a mode may set (prism's netdev-budget).
+	for _, k := range []knobs.Knob{knobs.Sysctl("", "net.core.netdev_budget")} {
+		b, err := k.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[k.Key()] = string(b)
+	}
 	out["bpffs:"+plan.BPFFS] = strconv.FormatBool(BPFFSMounted(t))
 	dir := plan.PinDir(tb.Receiver().NetNS)
 	out["pindir:"+dir] = strconv.FormatBool(Exists(dir))

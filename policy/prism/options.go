@@ -191,6 +191,17 @@ type Options struct {
 	// 2026-11-23), a single TCP stream into the container fell from
 	// 8.2-8.7 to 3.6-5.7 Gbit/s. Batch mode only.
 	VethQueues string
+	// NetdevBudget (0: the kernel's, left alone) sets net.core.netdev_budget,
+	// the frames one NET_RX softirq round may poll before it yields. Why it
+	// matters here: a high-priority frame's real-time kthread is woken
+	// when the NIC poll hands the frame over, but it only gets the core
+	// once the softirq round ends, after up to netdev_budget (300) frames
+	// of the NIC poll and the later stages that share the poll list (the
+	// GRO cell, the backlog). A smaller budget ends the round sooner:
+	// batch-level preemption at the NIC poll's batch (64 frames) instead
+	// of the round's. It is host-wide (every NIC's softirq rounds), so
+	// an option.
+	NetdevBudget int
 }
 
 // High and Bulk values.
@@ -329,6 +340,7 @@ var params = []plan.Param{
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
 	{Key: "veth-queues", Default: "shared", Help: "container stage: shared (one queue per container veth, as the kernel runs it) or class (a second receive queue per container veth for high-priority frames, each polled by its own NAPI thread; turns TSO off on host-side veths, which costs bulk TCP)"},
+	{Key: "netdev-budget", Default: "0 (the kernel's, 300)", Help: "set the host's net.core.netdev_budget (frames per NET_RX softirq round, 1..100000): a high-priority queue's kthread gets the core only when the round ends, so a smaller budget (e.g. 64, one NIC poll) lets it preempt bulk sooner; host-wide, restored by lanes reset"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
@@ -429,6 +441,11 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want a percent from 0 to 100")
 			}
 			guardTasks = true
+		case "netdev-budget":
+			o.NetdevBudget, err = strconv.Atoi(v)
+			if err == nil && (o.NetdevBudget < 0 || o.NetdevBudget > 100000) {
+				err = fmt.Errorf("want 0 (leave the kernel's) or frames from 1 to 100000")
+			}
 		case "guard-nice":
 			o.GuardNice, err = strconv.Atoi(v)
 			if err == nil && (o.GuardNice < 0 || o.GuardNice > 19) {

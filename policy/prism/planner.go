@@ -3,6 +3,7 @@ package prism
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/lanesnet/lanes/control/plan"
@@ -203,6 +204,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.High == HighAuto {
 		what = fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s for the flows of a light rule and the NIC poll for those of a busy one (high=auto), on core %d", fifo(lad.Low), fifo(lad.High), core)
+	}
+	if o.NetdevBudget > 0 {
+		// The host's (init namespace's) sysctl: net.core.netdev_budget is
+		// global and shown there only.
+		pl.Add(knobs.Sysctl("", "net.core.netdev_budget"), strconv.Itoa(o.NetdevBudget), "host net.core.netdev_budget",
+			fmt.Sprintf("NET_RX softirq rounds of at most %d frames, so the high-priority queue's kthread takes the core sooner (host-wide)", o.NetdevBudget))
 	}
 	addVethQueues(pl, pairs)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)

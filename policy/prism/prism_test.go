@@ -613,6 +613,8 @@ func TestPrismRefuses(t *testing.T) {
 		"high-auto-pps=9000,cpu=0":         "the underlay's IRQ core is 1",
 		"high-auto-pps=9000,bulk=inline":   "bulk=inline leaves no such move",
 		"high=queue,high-auto-pps=100":     "set high=auto",
+		"netdev-budget=-1":                 "want 0 (leave the kernel's)",
+		"netdev-budget=200000":             "from 1 to 100000",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -627,6 +629,30 @@ func TestPrismRefuses(t *testing.T) {
 	modetest.SameSnapshot(t, "after refused applies", modetest.Snapshot(t, tb), before)
 	if modetest.Exists(plan.PinDir(tb.Receiver().NetNS)) {
 		t.Error("a refused apply left a pin directory")
+	}
+}
+
+// TestPrismNetdevBudget: netdev-budget sets the host's
+// net.core.netdev_budget while the mode is applied, both classes still
+// flow, and reset puts the kernel's value back (Snapshot reads it).
+func TestPrismNetdevBudget(t *testing.T) {
+	before, err := knobs.Sysctl("", "net.core.netdev_budget").Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "64"
+	if strings.TrimSpace(string(before)) == want {
+		want = "65" // a value that differs from the host's
+	}
+	c := newClassCase(t, map[string]string{"netdev-budget": want, "bulk-quiet": "0"})
+	got, err := knobs.Sysctl("", "net.core.netdev_budget").Read()
+	if err != nil || strings.TrimSpace(string(got)) != want {
+		t.Errorf("net.core.netdev_budget %q (%v) while applied, want %s", got, err, want)
+	}
+	c.checkClasses(t, true, true)
+	c.reset(t)
+	if got, _ := knobs.Sysctl("", "net.core.netdev_budget").Read(); string(got) != string(before) {
+		t.Errorf("net.core.netdev_budget %q after reset, want %q", got, before)
 	}
 }
 
