@@ -179,6 +179,9 @@ func Apply(opts Options) (*State, error) {
 	}
 
 	dir := Dir(v.StateDir, v.NetNS)
+	if err := hostSysctlsHeld(v.StateDir, dir, p); err != nil {
+		return nil, err
+	}
 	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
 	if err != nil {
 		return nil, err
@@ -387,6 +390,52 @@ func resetDir(dir string) (*ResetResult, error) {
 	removeState(dir)
 	os.Remove(dir) // only when empty; the lock is on the open directory, not in it
 	return res, nil
+}
+
+// hostSysctlsHeld refuses a plan that sets a sysctl of lanes' own (the
+// host's) namespace, such as prism's net.core.netdev_budget, while another
+// target's journal holds it: each target restores what it found at its
+// apply, so two targets sharing one host-wide value would put back each
+// other's setting, not the host's.
+func hostSysctlsHeld(stateDir, self string, p *plan.Plan) error {
+	want := map[string]bool{}
+	for _, c := range p.Changes {
+		if k, ok := c.Knob.(*knobs.ProcSysFile); ok && k.NetNS == "" {
+			want[k.Key()] = true
+		}
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir(stateDir)
+	if err != nil {
+		return nil // no state dir: no other target
+	}
+	for _, e := range ents {
+		other := filepath.Join(stateDir, e.Name())
+		if !e.IsDir() || other == self {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(other, knobs.JournalFile))
+		if err != nil {
+			continue
+		}
+		var doc struct {
+			Target  string `json:"target"`
+			Entries []struct {
+				Key string `json:"key"`
+			} `json:"entries"`
+		}
+		if json.Unmarshal(b, &doc) != nil {
+			continue
+		}
+		for _, en := range doc.Entries {
+			if want[en.Key] {
+				return fmt.Errorf("%s is host-wide and lanes already set it for target %s: reset that target first (lanes reset) or drop the setting here", strings.TrimPrefix(en.Key, "procsys:host:"), doc.Target)
+			}
+		}
+	}
+	return nil
 }
 
 func readJournalTarget(dir string) (string, error) {

@@ -219,9 +219,10 @@ func (tb *Testbed) build() error {
 // share; at normal scheduling it then waited there, runnable, for up to
 // 2.7 s while those switched in and out (traced with sched_switch on the
 // 2 x AMD EPYC VM, 2026-11-26, NIC polled in softirq), holding the
-// replies in its ring: the ping-pong lost every message in a third of its
-// runs. It stands for another machine's NIC and interrupt, which no task
-// of this host delays: FIFO 1, below every real-time thread lanes sets.
+// replies in its ring: the ping-pong lost every message for seconds in 20
+// of 84 repeats with a background. It stands for another machine's NIC
+// and interrupt, which no task of this host delays: FIFO 1, at or below
+// every real-time thread lanes sets.
 const senderPollFIFO = 1
 
 // handle opens a netlink handle bound to a named namespace; it works from

@@ -45,7 +45,8 @@ type Config struct {
 	Topology   Topology // Docker (default), Flannel or Calico
 	Containers int      // containers per host, default 2
 	IRQCPU     int      // core that polls each host's underlay NIC, default 1 (last core)
-	// SenderApart polls the sending host's underlay NIC on the first
+	// SenderApart polls the sending host's underlay NIC (its poller at
+	// SCHED_FIFO 1: senderPollFIFO) on the first
 	// core other than IRQCPU, as if the sender were another machine; by
 	// default both hosts' NICs are polled on IRQCPU, so the sender's
 	// receive work (ACKs, responses) shares the receiving host's IRQ core.

@@ -158,7 +158,9 @@ func describeIRQs(sc irqScan) []IRQ {
 // interruptNames maps each interrupt number to its handlers' names, the
 // last column of /proc/interrupts: a legacy line shared by several
 // devices lists each handler, comma-separated ("uhci_hcd:usb1, eth2"),
-// and is named by that whole list, not by its last handler only.
+// and is named by the list, not by its last handler only (a handler's
+// name with a space in it, "PCIe PME", keeps only its last word: a
+// label, nothing is decided on it).
 func interruptNames() map[int]string {
 	f, err := os.Open(filepath.Join(irqRoot, "proc/interrupts"))
 	if err != nil {
@@ -223,17 +225,16 @@ var (
 )
 
 // classifyIRQs marks the vectors of one device that serve receive
-// queues. A device with one interrupt (a legacy line, perhaps shared with
-// other devices, or a single MSI vector) receives on it, whatever the
-// handlers' names say. Otherwise from their names: those named as
-// receive or combined queues;
+// queues. A device whose one interrupt is a line shared with other
+// devices receives on it, whatever the other handlers' names say.
+// Otherwise from their names: those named as receive or combined queues;
 // failing any, the numbered ones (sfc's and tg3's channels; tg3's vector
 // 0 carries only link events under RSS and is counted too, so its core
 // may be one more IRQ core than polls); failing those too, the one vector
 // that is neither control nor transmit-only (e1000e, igb and tg3 with a
 // single vector name it after the device, "eno1").
 func classifyIRQs(irqs []IRQ) {
-	if len(irqs) == 1 && irqs[0].Name != "" {
+	if len(irqs) == 1 && strings.Contains(irqs[0].Name, ", ") {
 		irqs[0].Receive = true
 		return
 	}

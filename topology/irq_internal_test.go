@@ -172,7 +172,8 @@ func TestClassifyIRQs(t *testing.T) {
 		{"bnxt", []string{"eth0-TxRx-0", "eth0-TxRx-1"}, []string{"eth0-TxRx-0", "eth0-TxRx-1"}},
 		{"sfc", []string{"eth0-0", "eth0-1"}, []string{"eth0-0", "eth0-1"}},
 		{"unnamed", []string{""}, nil},
-		{"a single vector whatever its name", []string{"uhci_hcd:usb1, eth0-tx"}, []string{"uhci_hcd:usb1, eth0-tx"}},
+		{"a shared line whatever its other handlers", []string{"uhci_hcd:usb1, eth0-tx"}, []string{"uhci_hcd:usb1, eth0-tx"}},
+		{"a lone management vector (ena while down)", []string{"ena-mgmnt@pci:0000:00:05.0"}, nil},
 	} {
 		irqs := make([]IRQ, len(tc.names))
 		for i, n := range tc.names {

@@ -191,16 +191,23 @@ type Options struct {
 	// 2026-11-23), a single TCP stream into the container fell from
 	// 8.2-8.7 to 3.6-5.7 Gbit/s. Batch mode only.
 	VethQueues string
-	// NetdevBudget (0: the kernel's, left alone) sets net.core.netdev_budget,
-	// the frames one NET_RX softirq round may poll before it yields. Why it
+	// NetdevBudget (0: left as it is) sets net.core.netdev_budget, the
+	// frames one NET_RX softirq round may poll before it yields. Why it
 	// matters here: a high-priority frame's real-time kthread is woken
 	// when the NIC poll hands the frame over, but it only gets the core
-	// once the softirq round ends, after up to netdev_budget (300) frames
-	// of the NIC poll and the later stages that share the poll list (the
-	// GRO cell, the backlog). A smaller budget ends the round sooner:
-	// batch-level preemption at the NIC poll's batch (64 frames) instead
-	// of the round's. It is host-wide (every NIC's softirq rounds), so
-	// an option.
+	// once the softirq round ends, after up to netdev_budget (300 by
+	// default) frames of the NIC poll, where the NIC is polled in softirq,
+	// and of the later stages that share the poll list (the GRO cell, the
+	// backlog). A smaller budget ends the round sooner: batch-level
+	// preemption at the NIC poll's batch (64 frames) instead of the
+	// round's. A NIC polled by its own NAPI thread is not in the round;
+	// then only the later stages are cut. The sysctl is host-wide (every
+	// NIC's softirq rounds; only the host's initial network namespace
+	// has it), so an option, one target at a time (control refuses a
+	// second), and reset puts back the value it had before apply.
+	// Measured on 2 cores (AMD VM, NIC polled in softirq, 2026-11-26):
+	// 64 lowered the marked ping-pong's p99 in two runs of three and cost
+	// busy marked TCP services (docs/prism.md).
 	NetdevBudget int
 }
 
@@ -340,7 +347,7 @@ var params = []plan.Param{
 	{Key: "bulk-sched", Default: "idle (normal with bulk=inline, streamline=true or bulk-rt>0)", Help: "fair policy of the bulk queue's kthread: normal, batch (never preempts an application when woken) or idle (every normal task, the high-priority service's among them, takes the core from bulk receive work at once; bulk gets what applications leave)"},
 	{Key: "quiet", Default: "0 (off)", Help: "also keep bulk in the NIC poll (no queue hop) once no high-priority frame came for this long (1ms..1h, e.g. 1s); the first marked frame after such a pause is served as vanilla would, behind the NIC poll's bulk"},
 	{Key: "veth-queues", Default: "shared", Help: "container stage: shared (one queue per container veth, as the kernel runs it) or class (a second receive queue per container veth for high-priority frames, each polled by its own NAPI thread; turns TSO off on host-side veths, which costs bulk TCP)"},
-	{Key: "netdev-budget", Default: "0 (the kernel's, 300)", Help: "set the host's net.core.netdev_budget (frames per NET_RX softirq round, 1..100000): a high-priority queue's kthread gets the core only when the round ends, so a smaller budget (e.g. 64, one NIC poll) lets it preempt bulk sooner; host-wide, restored by lanes reset"},
+	{Key: "netdev-budget", Default: "0 (left as it is)", Help: "set the host's net.core.netdev_budget (frames per NET_RX softirq round, 1..100000): the high-priority queue's kthread gets the core only when the round ends, so a smaller budget (e.g. 64: one poll of a NIC polled in softirq) lets it preempt bulk sooner; host-wide (lanes must run in the host's network namespace; one target at a time), lanes reset puts back the value it had; costs busy TCP services"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
@@ -529,6 +536,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.HighRT >= 0 && o.High == HighInline {
 		return o, fmt.Errorf("prism high-rt=%d sets the high-priority queue's kthread, but high=inline has no such queue: drop one of them", o.HighRT)
+	}
+	if o.NetdevBudget > 0 && o.High == HighInline {
+		return o, fmt.Errorf("prism netdev-budget=%d lets the high-priority queue's kthread take the core sooner, but high=inline has no such queue: drop one of them", o.NetdevBudget)
 	}
 	if o.HighRT == 0 && o.BulkSched != SchedIdle {
 		return o, fmt.Errorf("prism high-rt=0 leaves the high-priority queue at normal scheduling, which preempts bulk work only when bulk runs SCHED_IDLE: add bulk-sched=idle")

@@ -206,10 +206,16 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		what = fmt.Sprintf("steering with priority classes: bulk queue at %s, high-priority queue at %s for the flows of a light rule and the NIC poll for those of a busy one (high=auto), on core %d", fifo(lad.Low), fifo(lad.High), core)
 	}
 	if o.NetdevBudget > 0 {
-		// The host's (init namespace's) sysctl: net.core.netdev_budget is
-		// global and shown there only.
-		pl.Add(knobs.Sysctl("", "net.core.netdev_budget"), strconv.Itoa(o.NetdevBudget), "host net.core.netdev_budget",
-			fmt.Sprintf("NET_RX softirq rounds of at most %d frames, so the high-priority queue's kthread takes the core sooner (host-wide)", o.NetdevBudget))
+		// net.core.netdev_budget is global and only the initial network
+		// namespace shows it; an empty namespace is lanes' own, so lanes
+		// must run there.
+		budget := knobs.Sysctl("", "net.core.netdev_budget")
+		if _, err := budget.Read(); err != nil {
+			return nil, fmt.Errorf("prism netdev-budget=%d sets net.core.netdev_budget, which only the host's initial network namespace has, and lanes cannot read it here (%v): run lanes in the host's namespace or drop netdev-budget", o.NetdevBudget, err)
+		}
+		pl.Add(budget, strconv.Itoa(o.NetdevBudget), "host net.core.netdev_budget",
+			fmt.Sprintf("NET_RX softirq rounds of at most %d frames, so the high-priority queue's kthread takes the core sooner", o.NetdevBudget))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("netdev-budget=%d: net.core.netdev_budget changes for the whole host (every NIC's softirq rounds), not only for this namespace; lanes reset puts back the value it had", o.NetdevBudget))
 	}
 	addVethQueues(pl, pairs)
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, what)

@@ -615,6 +615,7 @@ func TestPrismRefuses(t *testing.T) {
 		"high=queue,high-auto-pps=100":     "set high=auto",
 		"netdev-budget=-1":                 "want 0 (leave the kernel's)",
 		"netdev-budget=200000":             "from 1 to 100000",
+		"netdev-budget=64,high=inline":     "has no such queue",
 	} {
 		m := map[string]string{}
 		for _, kv := range strings.Split(params, ",") {
@@ -648,6 +649,17 @@ func TestPrismNetdevBudget(t *testing.T) {
 	got, err := knobs.Sysctl("", "net.core.netdev_budget").Read()
 	if err != nil || strings.TrimSpace(string(got)) != want {
 		t.Errorf("net.core.netdev_budget %q (%v) while applied, want %s", got, err, want)
+	}
+	// A second target may not set the host-wide value too: each would
+	// put back what the other set. Refused before anything is applied.
+	sender := c.bed.Sender().NetNS
+	_, err = control.Apply(control.Options{Mode: "prism-batch", NetNS: sender, StateDir: c.a.StateDir, Params: map[string]string{"netdev-budget": "32"}})
+	modetest.OneLine(t, "netdev-budget on a second target", err, "reset that target first")
+	if got, _ := knobs.Sysctl("", "net.core.netdev_budget").Read(); strings.TrimSpace(string(got)) != want {
+		t.Errorf("net.core.netdev_budget %q after the refused second apply, want %s", got, want)
+	}
+	if modetest.Exists(plan.PinDir(sender)) {
+		t.Error("the refused apply left a pin directory")
 	}
 	c.checkClasses(t, true, true)
 	c.reset(t)
