@@ -398,10 +398,10 @@ func resetDir(dir string) (*ResetResult, error) {
 // apply, so two targets sharing one host-wide value would put back each
 // other's setting, not the host's.
 func hostSysctlsHeld(stateDir, self string, p *plan.Plan) error {
-	want := map[string]bool{}
+	want := map[string]string{} // key -> what it is
 	for _, c := range p.Changes {
 		if k, ok := c.Knob.(*knobs.ProcSysFile); ok && k.NetNS == "" {
-			want[k.Key()] = true
+			want[k.Key()] = k.String()
 		}
 	}
 	if len(want) == 0 {
@@ -416,22 +416,11 @@ func hostSysctlsHeld(stateDir, self string, p *plan.Plan) error {
 		if !e.IsDir() || other == self {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(other, knobs.JournalFile))
-		if err != nil {
-			continue
-		}
-		var doc struct {
-			Target  string `json:"target"`
-			Entries []struct {
-				Key string `json:"key"`
-			} `json:"entries"`
-		}
-		if json.Unmarshal(b, &doc) != nil {
-			continue
-		}
-		for _, en := range doc.Entries {
-			if want[en.Key] {
-				return fmt.Errorf("%s is host-wide and lanes already set it for target %s: reset that target first (lanes reset) or drop the setting here", strings.TrimPrefix(en.Key, "procsys:host:"), doc.Target)
+		held, _ := knobs.ReadEntries(other) // unreadable: reset reports it
+		for _, en := range held {
+			if what, ok := want[en.Key]; ok {
+				target, _ := readJournalTarget(other)
+				return fmt.Errorf("%s is host-wide and lanes already set it for target %s: reset that target first (lanes reset) or drop the setting here", what, target)
 			}
 		}
 	}
