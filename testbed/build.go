@@ -202,11 +202,7 @@ func (tb *Testbed) build() error {
 			// the host's NIC softirq on the host's IRQ core.
 			ns, dev = tb.Config.WireNS(), wireEnd(2-i)
 		}
-		fifo := 0
-		if i == 0 && tb.Config.SenderApart {
-			fifo = senderPollFIFO
-		}
-		if err := pinNAPI(ns, dev, cpu, fifo); err != nil {
+		if err := pinNAPI(ns, dev, cpu, tb.Config.PollFIFO(i)); err != nil {
 			return err
 		}
 	}

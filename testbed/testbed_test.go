@@ -181,26 +181,31 @@ func TestSenderApart(t *testing.T) {
 			if aff, err := th.Affinity(); err != nil || len(aff) != 1 || aff[0] != want {
 				t.Errorf("%s affinity %v (%v), want [%d]", th.Comm, aff, err, want)
 			}
-			checkPollerSched(t, th, i == 0)
+			checkPollerSched(t, th, tb.Config.PollFIFO(i))
 		}
+	}
+	if c := tb.Config; c.PollFIFO(0) != senderPollFIFO || c.PollFIFO(1) != 0 {
+		t.Errorf("SenderApart: pollers at FIFO %d (sender) and %d (receiver), want %d and 0", c.PollFIFO(0), c.PollFIFO(1), senderPollFIFO)
+	}
+	if c := (Config{IRQCPU: 1}); c.PollFIFO(0) != 0 {
+		t.Errorf("both on the IRQ core: sender's poller at FIFO %d, want normal scheduling", c.PollFIFO(0))
 	}
 	if c := (Config{IRQCPU: 0, SenderApart: true}); c.PollCPU(0) != 1 || c.PollCPU(1) != 0 {
 		t.Errorf("IRQ core 0: sender polled on %d, receiver on %d; want 1 and 0", c.PollCPU(0), c.PollCPU(1))
 	}
 }
 
-// checkPollerSched: under SenderApart the sending host's NIC poller runs
-// SCHED_FIFO senderPollFIFO (it shares the generator's core), the
-// receiving host's keeps normal scheduling, which lanes' modes set.
-func checkPollerSched(t *testing.T, th kthread.Thread, sender bool) {
+// checkPollerSched: a NIC poller runs SCHED_FIFO at fifo (PollFIFO), or
+// normal scheduling for 0.
+func checkPollerSched(t *testing.T, th kthread.Thread, fifo int) {
 	t.Helper()
 	a, err := unix.SchedGetAttr(th.PID, 0)
 	if err != nil {
 		t.Fatalf("%s: %v", th.Comm, err)
 	}
 	want, prio := uint32(unix.SCHED_NORMAL), uint32(0)
-	if sender {
-		want, prio = unix.SCHED_FIFO, senderPollFIFO
+	if fifo > 0 {
+		want, prio = unix.SCHED_FIFO, uint32(fifo)
 	}
 	if a.Policy != want || a.Priority != prio {
 		t.Errorf("%s: policy %d priority %d, want %d %d", th.Comm, a.Policy, a.Priority, want, prio)
@@ -383,7 +388,7 @@ func TestSoftirqNIC(t *testing.T) {
 		if aff, _ := th[0].Affinity(); len(aff) != 1 || aff[0] != tb.Config.PollCPU(i) {
 			t.Errorf("%s: affinity %v, want [%d] (%s's IRQ core)", th[0].Comm, aff, tb.Config.PollCPU(i), h.Name)
 		}
-		checkPollerSched(t, th[0], i == 0)
+		checkPollerSched(t, th[0], tb.Config.PollFIFO(i))
 	}
 	polls := traceNAPIPolls(t, func() {
 		s, r := tb.Sender(), tb.Receiver()

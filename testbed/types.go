@@ -45,11 +45,11 @@ type Config struct {
 	Topology   Topology // Docker (default), Flannel or Calico
 	Containers int      // containers per host, default 2
 	IRQCPU     int      // core that polls each host's underlay NIC, default 1 (last core)
-	// SenderApart polls the sending host's underlay NIC (its poller at
-	// SCHED_FIFO 1: senderPollFIFO) on the first
-	// core other than IRQCPU, as if the sender were another machine; by
-	// default both hosts' NICs are polled on IRQCPU, so the sender's
-	// receive work (ACKs, responses) shares the receiving host's IRQ core.
+	// SenderApart polls the sending host's underlay NIC on the first
+	// core other than IRQCPU (its poller at SCHED_FIFO, PollFIFO), as if
+	// the sender were another machine; by default both hosts' NICs are
+	// polled on IRQCPU, so the sender's receive work (ACKs, responses)
+	// shares the receiving host's IRQ core.
 	SenderApart bool
 	// NIC is how each host's underlay NIC is polled on its IRQ core:
 	// NICThreaded (default) or NICSoftirq.
@@ -157,6 +157,16 @@ func (tb *Testbed) Receiver() *Host { return &tb.Hosts[1] }
 
 // Sender is the host that generates traffic.
 func (tb *Testbed) Sender() *Host { return &tb.Hosts[0] }
+
+// PollFIFO is the SCHED_FIFO priority of host h's NIC poller, 0 for
+// normal scheduling: senderPollFIFO for the sender with SenderApart,
+// whose poller shares the core of the benchmark's load (build.go says why).
+func (c Config) PollFIFO(h int) int {
+	if h == 0 && c.SenderApart {
+		return senderPollFIFO
+	}
+	return 0
+}
 
 // PollCPU is the core that polls host h's underlay NIC (h: index into
 // Hosts): IRQCPU, or with SenderApart the first other core for the sender.
