@@ -255,14 +255,13 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			}
 		}
 	}
-	// Host-wide sysctls a mode may set (prism's netdev-budget).
-	for _, k := range []knobs.Knob{knobs.Sysctl("", "net.core.netdev_budget")} {
-		b, err := k.Read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[k.Key()] = string(b)
+	// The host-wide sysctl a mode may set (prism's netdev-budget).
+	budget := knobs.Sysctl("", "net.core.netdev_budget")
+	b, err := budget.Read()
+	if err != nil {
+		t.Fatal(err)
 	}
+	out[budget.Key()] = string(b)
 	out["bpffs:"+plan.BPFFS] = strconv.FormatBool(BPFFSMounted(t))
 	dir := plan.PinDir(tb.Receiver().NetNS)
 	out["pindir:"+dir] = strconv.FormatBool(Exists(dir))

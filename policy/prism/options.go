@@ -451,7 +451,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		case "netdev-budget":
 			o.NetdevBudget, err = strconv.Atoi(v)
 			if err == nil && (o.NetdevBudget < 0 || o.NetdevBudget > 100000) {
-				err = fmt.Errorf("want 0 (leave the kernel's) or frames from 1 to 100000")
+				err = fmt.Errorf("want 0 (leave it as it is) or frames from 1 to 100000")
 			}
 		case "guard-nice":
 			o.GuardNice, err = strconv.Atoi(v)

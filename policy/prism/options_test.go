@@ -51,16 +51,12 @@ func TestParseGuardTasks(t *testing.T) {
 			t.Errorf("guard-tasks=%s: %v (%v), want %v", v, o.GuardTasks, err, want)
 		}
 	}
-	for msg, params := range map[string]map[string]string{
+	parseRefuses(t, map[string]map[string]string{
 		"want a percent from 0 to 100":            {"guard-tasks": "101"},
 		"bad prism setting guard-tasks":           {"guard-tasks": "-1"},
 		"want a percent":                          {"guard-tasks": "NaN"},
 		"drop guard-tasks or set bulk-sched=idle": {"guard-tasks": "10", "bulk-sched": "normal"},
-	} {
-		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
-			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
-		}
-	}
+	})
 }
 
 // sync-netfilter: check by default, trust only with sync, anything else a
@@ -72,14 +68,10 @@ func TestParseSyncNetfilter(t *testing.T) {
 	if o, err := prism.Parse(prism.Defaults(), map[string]string{"prio-mode": "sync", "sync-netfilter": "trust"}); err != nil || o.SyncNetfilter != prism.NetfilterTrust {
 		t.Errorf("sync-netfilter=trust: %q (%v)", o.SyncNetfilter, err)
 	}
-	for msg, params := range map[string]map[string]string{
+	parseRefuses(t, map[string]map[string]string{
 		"want check or trust":       {"prio-mode": "sync", "sync-netfilter": "yes"},
 		"drop it or use prism-sync": {"sync-netfilter": "trust"},
-	} {
-		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
-			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
-		}
-	}
+	})
 }
 
 // quiet: off by default, whole milliseconds up to an hour, and only where
@@ -93,17 +85,13 @@ func TestParseQuiet(t *testing.T) {
 			t.Errorf("quiet=%s: %v (%v), want %v", v, o.Quiet, err, want)
 		}
 	}
-	for msg, params := range map[string]map[string]string{
+	parseRefuses(t, map[string]map[string]string{
 		"whole milliseconds from 1ms to 1h": {"quiet": "500us"},
 		"from 1ms to 1h":                    {"quiet": "2h"},
 		"invalid duration":                  {"quiet": "soon"},
 		"needs bulk=queue or auto and high": {"quiet": "1s", "bulk": "inline"},
 		"drop quiet or the inline setting":  {"quiet": "1s", "high": "inline"},
-	} {
-		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
-			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
-		}
-	}
+	})
 }
 
 func TestParseHighAuto(t *testing.T) {
@@ -139,7 +127,7 @@ func TestParseHighAuto(t *testing.T) {
 	if o, err := prism.Parse(prism.Defaults(), map[string]string{"high": "queue", "bulk-quiet": "0"}); err != nil || o.High != prism.HighQueue {
 		t.Errorf("high=queue bulk-quiet=0: high %s (%v)", o.High, err)
 	}
-	for msg, params := range map[string]map[string]string{
+	parseRefuses(t, map[string]map[string]string{
 		"want queue, inline or auto":          {"high": "sometimes"},
 		"from 10 to 100000000":                {"high": "auto", "high-auto-pps": "5"},
 		"invalid syntax":                      {"high": "auto", "high-auto-pps": "lots"},
@@ -149,9 +137,32 @@ func TestParseHighAuto(t *testing.T) {
 		"drop bulk-quiet or set high=auto":    {"high": "queue", "bulk-quiet": "50ms"},
 		"whole milliseconds from 1ms to 1h":   {"bulk-quiet": "1500us"},
 		"high=auto (implied by bulk-quiet)":   {"bulk-quiet": "50ms", "bulk": "inline"},
-	} {
+	})
+}
+
+// parseRefuses: Parse refuses each params with an error saying msg.
+func parseRefuses(t *testing.T, cases map[string]map[string]string) {
+	t.Helper()
+	for msg, params := range cases {
 		if _, err := prism.Parse(prism.Defaults(), params); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%v: error %v, want one saying %q", params, err, msg)
 		}
 	}
+}
+
+// netdev-budget: off by default, frames up to 100000, and only with a
+// high-priority queue to take the core.
+func TestParseNetdevBudget(t *testing.T) {
+	if o, err := prism.Parse(prism.Defaults(), nil); err != nil || o.NetdevBudget != 0 {
+		t.Errorf("default netdev-budget %v (%v), want 0 (left as it is)", o.NetdevBudget, err)
+	}
+	if o, err := prism.Parse(prism.Defaults(), map[string]string{"netdev-budget": "64"}); err != nil || o.NetdevBudget != 64 {
+		t.Errorf("netdev-budget=64: %v (%v)", o.NetdevBudget, err)
+	}
+	parseRefuses(t, map[string]map[string]string{
+		"want 0 (leave it as it is) or frames from 1 to 100000": {"netdev-budget": "-1"},
+		"from 1 to 100000":  {"netdev-budget": "100001"},
+		"invalid syntax":    {"netdev-budget": "many"},
+		"has no such queue": {"netdev-budget": "64", "high": "inline"},
+	})
 }

@@ -613,7 +613,7 @@ func TestPrismRefuses(t *testing.T) {
 		"high-auto-pps=9000,cpu=0":         "the underlay's IRQ core is 1",
 		"high-auto-pps=9000,bulk=inline":   "bulk=inline leaves no such move",
 		"high=queue,high-auto-pps=100":     "set high=auto",
-		"netdev-budget=-1":                 "want 0 (leave the kernel's)",
+		"netdev-budget=-1":                 "want 0 (leave it as it is)",
 		"netdev-budget=200000":             "from 1 to 100000",
 		"netdev-budget=64,high=inline":     "has no such queue",
 	} {
