@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -36,9 +37,13 @@ type Entry struct {
 func (e Entry) Decode() (Knob, error) { return decode(e.Kind, e.Knob) }
 
 type journalDoc struct {
-	Version int     `json:"version"`
-	Target  string  `json:"target"`
-	Entries []Entry `json:"entries"`
+	Version int    `json:"version"`
+	Target  string `json:"target"`
+	// HostNetNS is the netns cookie of the namespace the journaling
+	// process ran in: what an entry's empty namespace ("host") stands
+	// for. 0 in journals written before it was kept.
+	HostNetNS uint64  `json:"host_netns,omitempty"`
+	Entries   []Entry `json:"entries"`
 }
 
 // ErrBusy is wrapped by Open when another process (or another part of this
@@ -113,13 +118,18 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 		}
 	}
 	j := &Journal{dir: dir, lock: lock, keys: map[string]bool{}}
+	here, err := hostCookie()
+	if err != nil {
+		j.Close()
+		return nil, err
+	}
 	// A temp file is what a process killed between write and rename leaves;
 	// the journal it was replacing is still the truth.
 	os.Remove(j.path() + ".tmp")
 	doc, err := readDoc(j.path())
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		j.doc = journalDoc{Version: journalVersion, Target: target}
+		j.doc = journalDoc{Version: journalVersion, Target: target, HostNetNS: here}
 	case err != nil:
 		j.Close()
 		return nil, err
@@ -128,12 +138,36 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 			j.Close()
 			return nil, fmt.Errorf("journal %s is for %q, not %q: use a state dir per target", j.path(), doc.Target, target)
 		}
+		// Entries name the namespace lanes ran in as "" (sysctls, the
+		// host's devices). Read from another namespace (a lanes run
+		// under `ip netns exec`) they would restore, or change, that
+		// namespace's files instead.
+		if doc.HostNetNS != 0 && doc.HostNetNS != here {
+			j.Close()
+			return nil, fmt.Errorf("journal %s was written by lanes running in another network namespace (cookie %d; this process runs in %d), and its host knobs belong to that one: run lanes from there, normally the host's own namespace, not under `ip netns exec`", j.path(), doc.HostNetNS, here)
+		}
+		if doc.HostNetNS == 0 {
+			doc.HostNetNS = here
+		}
 		j.doc = *doc
 		for _, e := range doc.Entries {
 			j.keys[e.Key] = true
 		}
 	}
 	return j, nil
+}
+
+// hostCookie is the netns cookie of the namespace this process runs in.
+// The calling goroutine's thread is locked while it asks, so it is not a
+// thread nsx.Do has placed in another namespace (those stay locked).
+func hostCookie() (uint64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c, err := cookieHere()
+	if err != nil {
+		return 0, fmt.Errorf("reading the namespace lanes runs in: %w", err)
+	}
+	return c, nil
 }
 
 // lockDir opens dir (making it when create) and takes its lock, trying

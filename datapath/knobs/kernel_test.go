@@ -481,3 +481,43 @@ func TestQueueThreadKnob(t *testing.T) {
 		t.Errorf("queue 1 (none): %v, want ErrGone", err)
 	}
 }
+
+// TestJournalFromAnotherNetNS: a journal's "host" entries belong to the
+// namespace the journaling lanes ran in. Opened by a lanes running in
+// another one (under `ip netns exec`), it is refused, so a reset there
+// never writes that namespace's sysctls with the host's originals; from
+// the namespace that wrote it, it opens and restores as before.
+func TestJournalFromAnotherNetNS(t *testing.T) {
+	topotest.RequireRoot(t)
+	other := topotest.Namespace(t, topotest.NewPrefix()+"-jns")
+	dir, ks := memKnobs(t, 1)
+	j, err := knobs.Open(filepath.Join(dir, "target"), "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Set(ks[0], []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	err = nsx.Do(other, func() error {
+		j, err := knobs.Open(filepath.Join(dir, "target"), "host")
+		if err == nil {
+			j.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "another network namespace") {
+		t.Fatalf("opening the journal from netns %s: %v, want a refusal naming the other namespace", other, err)
+	}
+	j, err = knobs.Open(filepath.Join(dir, "target"), "host")
+	if err != nil {
+		t.Fatalf("opening the journal from the namespace that wrote it: %v", err)
+	}
+	defer j.Close()
+	if rep, err := j.Restore(); err != nil || len(rep.Restored) != 1 {
+		t.Fatalf("restore: %+v, %v", rep, err)
+	}
+	if b, _ := ks[0].Read(); string(b) != "orig0\x00\n " {
+		t.Errorf("knob after restore = %q", b)
+	}
+}
