@@ -53,6 +53,11 @@ type Options struct {
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
+	// ServiceApart runs the priority workloads' marked server on the
+	// cores other than the IRQ core, beside their clients and the
+	// background's receiver, as PRISM's evaluation ran its servers on
+	// cores of their own; the default runs it on the receive core.
+	ServiceApart bool
 	// NIC is how the testbed polls each host's underlay NIC
 	// (testbed.Config.NIC): testbed.NICThreaded ("" too) or
 	// testbed.NICSoftirq.
@@ -818,14 +823,28 @@ func (r *runner) endpoints(mode string, p point) (srv, cli workload.Endpoint, er
 		srv = workload.Endpoint{NetNS: rc.Containers[0].NetNS, Addr: rc.Containers[0].Addr.Addr()}
 		cli = workload.Endpoint{NetNS: s.Containers[0].NetNS, Addr: s.Containers[0].Addr.Addr(), CPUs: sendCPUs}
 	}
-	if p.workload == "udp_stress" || isPrio(p.workload) {
-		// The sink reads on the receive core, so vanilla runs the whole
-		// receive path, application included, on one core (the papers'
-		// baseline); the generator keeps the other core busy with what
-		// receive work leaves it (stressGen).
-		srv.CPUs = []int{r.o.IRQCPU}
+	if cpus := appCPUs(p.workload, r.o.IRQCPU, sendCPUs, r.o.ServiceApart); cpus != nil {
+		srv.CPUs = cpus
 	}
 	return srv, cli, nil
+}
+
+// appCPUs is where the receiving application of a receive-path workload
+// runs (nil: wherever the workload puts it). udp_stress's sink and the
+// priority workloads' marked server read on the receive core, so vanilla
+// runs the whole receive path, application included, on one core (the
+// papers' baseline); the generator keeps the other cores busy with what
+// receive work leaves them (stressGen). serviceApart (--service-apart)
+// puts the marked server on those other cores instead, as PRISM's
+// evaluation gave its servers cores of their own.
+func appCPUs(workload string, irq int, others []int, serviceApart bool) []int {
+	switch {
+	case isPrio(workload) && serviceApart:
+		return others
+	case workload == "udp_stress" || isPrio(workload):
+		return []int{irq}
+	}
+	return nil
 }
 
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {

@@ -156,6 +156,30 @@ func TestProgressSaysLightBackground(t *testing.T) {
 	}
 }
 
+// TestAppCPUs: the receive-path workloads' application reads on the
+// receive core; --service-apart moves only the priority workloads' marked
+// server, to the other cores.
+func TestAppCPUs(t *testing.T) {
+	others := []int{0, 2}
+	for _, c := range []struct {
+		workload string
+		apart    bool
+		want     []int
+	}{
+		{"udp_stress", false, []int{1}},
+		{"udp_stress", true, []int{1}},
+		{prioLatencyWorkload, false, []int{1}},
+		{prioLatencyWorkload, true, others},
+		{prioMemcachedWorkload, true, others},
+		{"tcp_stream", false, nil},
+		{"tcp_stream", true, nil},
+	} {
+		if got := appCPUs(c.workload, 1, others, c.apart); !slices.Equal(got, c.want) {
+			t.Errorf("appCPUs(%s, apart=%v) = %v, want %v", c.workload, c.apart, got, c.want)
+		}
+	}
+}
+
 func TestPointsCoverPaperSizes(t *testing.T) {
 	sizes := map[int]bool{}
 	for _, p := range points([]string{"tcp_stream"}, false, nil) {

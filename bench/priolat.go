@@ -462,14 +462,22 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 	r.file.Notes = append(r.file.Notes, fmt.Sprintf("%s: background 100%% = %s, the receive core's capacity under vanilla at the start (64 B datagrams, %v per probe): "+
 		"the received rate over the receive core's busy share while the background ran paced (%s); "+
 		"the background is that share of it, offered by the stress generator to the high-priority server's container (native: host), low priority, "+
-		"its receiver on the generator's core; the service (%s) runs on the receive core, high priority in prism modes. %s",
-		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.prioServices(), r.bgShape()))
+		"its receiver on the generator's core; the service (%s) runs %s, high priority in prism modes. %s",
+		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.prioServices(), r.serviceWhere(), r.bgShape()))
 	if r.hasPath(true) {
 		r.file.Notes = append(r.file.Notes, "Native path (PRISM's Fig. 10): the priority workloads run host to host over the underlay, "+
 			"their background plain UDP (no VXLAN) to the receiving host. lanes' prism modes steer VXLAN frames only, so the native path "+
 			"is measured only as the kernel does it (mode native); the paper found no gain there: the host path has one stage, little to preempt.")
 	}
 	return nil
+}
+
+// serviceWhere says where the marked service's server runs.
+func (r *runner) serviceWhere() string {
+	if r.o.ServiceApart {
+		return "off the receive core (--service-apart), on the cores of its client and the background's receiver"
+	}
+	return "on the receive core"
 }
 
 // bgShape says how the background's datagrams are spaced.
