@@ -286,6 +286,9 @@ func (o *Options) Validate() error {
 	if o.IRQCPU < 0 {
 		o.IRQCPU = runtime.NumCPU() - 1
 	}
+	if o.ServiceApart && runtime.NumCPU() < 2 {
+		return fmt.Errorf("--service-apart needs a core besides the receive core; this machine has %d: leave it out", runtime.NumCPU())
+	}
 	if o.NIC == "" {
 		o.NIC = testbed.NICThreaded
 	}

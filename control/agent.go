@@ -35,6 +35,11 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	if st.Phase != Applied {
 		return nil, st, fmt.Errorf("the apply of %s to netns %s did not finish: run `lanes reset` and apply again", st.Mode, label(o.NetNS))
 	}
+	// The agent switches journaled knobs (the follower's adoptions,
+	// Falcon's parking): only from the namespace that journaled them.
+	if err := knobs.CheckHostNetNS(dir); err != nil {
+		return nil, st, err
+	}
 	f, err := newFollower(st, dir, o.Logf)
 	if err != nil {
 		return nil, st, err

@@ -138,16 +138,9 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 			j.Close()
 			return nil, fmt.Errorf("journal %s is for %q, not %q: use a state dir per target", j.path(), doc.Target, target)
 		}
-		// Entries name the namespace lanes ran in as "" (sysctls, the
-		// host's devices). Read from another namespace (a lanes run
-		// under `ip netns exec`) they would restore, or change, that
-		// namespace's files instead.
-		if doc.HostNetNS != 0 && doc.HostNetNS != here {
+		if err := checkHostNetNS(j.path(), doc, here); err != nil {
 			j.Close()
-			return nil, fmt.Errorf("journal %s was written by lanes running in another network namespace (cookie %d; this process runs in %d), and its host knobs belong to that one: run lanes from there, normally the host's own namespace, not under `ip netns exec`", j.path(), doc.HostNetNS, here)
-		}
-		if doc.HostNetNS == 0 {
-			doc.HostNetNS = here
+			return nil, err
 		}
 		j.doc = *doc
 		for _, e := range doc.Entries {
@@ -157,9 +150,45 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 	return j, nil
 }
 
-// hostCookie is the netns cookie of the namespace this process runs in.
-// The calling goroutine's thread is locked while it asks, so it is not a
-// thread nsx.Do has placed in another namespace (those stay locked).
+// checkHostNetNS refuses a journal written by lanes running in another
+// network namespace than here. Entries name the namespace lanes ran in as
+// "" (sysctls, the host's devices): read from another namespace (a lanes
+// run under `ip netns exec`) they would restore, or change, that
+// namespace's files instead. Every journal is held to it, also one whose
+// entries all name namespaces: the safe side. A journal written before
+// the cookie was kept (0) is accepted as before, and is not stamped with
+// the cookie of whoever opens it, which may be the wrong namespace.
+func checkHostNetNS(path string, doc *journalDoc, here uint64) error {
+	if doc.HostNetNS == 0 || doc.HostNetNS == here {
+		return nil
+	}
+	return fmt.Errorf("journal %s was written by lanes running in another network namespace (cookie %d; this process runs in %d), and its host knobs belong to that one: run lanes from there, normally the host's own namespace, not under `ip netns exec` (if that namespace is gone, its knobs went with it: remove %s)", path, doc.HostNetNS, here, filepath.Dir(path))
+}
+
+// CheckHostNetNS is the check Open makes, for a process that works from a
+// target's journal without opening it (lanes agent, whose Falcon parker
+// reads the entries and switches the knobs they name); nil when dir holds
+// no journal.
+func CheckHostNetNS(dir string) error {
+	path := filepath.Join(dir, JournalFile)
+	doc, err := readDoc(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	here, err := hostCookie()
+	if err != nil {
+		return err
+	}
+	return checkHostNetNS(path, doc, here)
+}
+
+// hostCookie is the netns cookie of the calling thread's namespace: the
+// namespace this process runs in on every thread but those nsx.Do has
+// placed in another one, so never call it (or Open) inside nsx.Do or
+// knobs.Do. The thread is locked so that one thread answers.
 func hostCookie() (uint64, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

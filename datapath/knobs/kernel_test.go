@@ -509,6 +509,13 @@ func TestJournalFromAnotherNetNS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "another network namespace") {
 		t.Fatalf("opening the journal from netns %s: %v, want a refusal naming the other namespace", other, err)
 	}
+	// lanes agent checks without opening it.
+	if err := nsx.Do(other, func() error { return knobs.CheckHostNetNS(filepath.Join(dir, "target")) }); err == nil {
+		t.Errorf("CheckHostNetNS from netns %s: no refusal", other)
+	}
+	if err := knobs.CheckHostNetNS(filepath.Join(dir, "target")); err != nil {
+		t.Errorf("CheckHostNetNS from the namespace that wrote it: %v", err)
+	}
 	j, err = knobs.Open(filepath.Join(dir, "target"), "host")
 	if err != nil {
 		t.Fatalf("opening the journal from the namespace that wrote it: %v", err)
@@ -521,3 +528,55 @@ func TestJournalFromAnotherNetNS(t *testing.T) {
 		t.Errorf("knob after restore = %q", b)
 	}
 }
+
+// TestJournalWithoutHostNetNS: a journal written before the cookie was
+// kept opens from any namespace, as before, and is not stamped with the
+// cookie of the namespace that happened to open it.
+func TestJournalWithoutHostNetNS(t *testing.T) {
+	topotest.RequireRoot(t)
+	other := topotest.Namespace(t, topotest.NewPrefix()+"-jold")
+	dir, ks := memKnobs(t, 2)
+	tdir := filepath.Join(dir, "target")
+	j, err := knobs.Open(tdir, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Set(ks[0], []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	path := filepath.Join(tdir, knobs.JournalFile)
+	var doc map[string]any
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := doc["host_netns"]; !ok {
+		t.Fatalf("journal has no host_netns: %s", b)
+	}
+	delete(doc, "host_netns")
+	if b, err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = nsx.Do(other, func() error {
+		j, err := knobs.Open(tdir, "host")
+		if err != nil {
+			return err
+		}
+		defer j.Close()
+		return j.Set(ks[1], []byte("new")) // saves the journal
+	})
+	if err != nil {
+		t.Fatalf("an old journal from netns %s: %v", other, err)
+	}
+	if b, _ := os.ReadFile(path); strings.Contains(string(b), "host_netns") {
+		t.Errorf("an old journal was stamped with the opener's namespace: %s", b)
+	}
+}
+
