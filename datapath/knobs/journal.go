@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -187,11 +186,10 @@ func CheckHostNetNS(dir string) error {
 
 // hostCookie is the netns cookie of the calling thread's namespace: the
 // namespace this process runs in on every thread but those nsx.Do has
-// placed in another one, so never call it (or Open) inside nsx.Do or
-// knobs.Do. The thread is locked so that one thread answers.
+// placed in another one (they stay locked to their goroutine), so never
+// call it (or Open) inside nsx.Do or knobs.Do. cookieHere asks a socket,
+// which keeps the namespace it was made in, so no thread lock is needed.
 func hostCookie() (uint64, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	c, err := cookieHere()
 	if err != nil {
 		return 0, fmt.Errorf("reading the namespace lanes runs in: %w", err)
