@@ -77,9 +77,24 @@ type Options struct {
 	// or "poisson", exponential gaps of the same mean, as the merged
 	// traffic of many independent senders arrives (stress.GenConfig.Arrivals).
 	Arrivals string
-	Progress io.Writer
-	Args     []string
+	// Background is the tool that offers the priority workloads'
+	// low-priority background: BackgroundStress ("" too: the stress
+	// generator's ready-made frames into the sending host's underlay) or
+	// BackgroundSockperf (sockperf's throughput client in the sending
+	// container, as PRISM's evaluation generated it: down the sender's
+	// whole stack).
+	Background string
+	Progress   io.Writer
+	Args       []string
 }
+
+// The tools that can offer the priority workloads' background (--background).
+const (
+	BackgroundStress   = "stress"
+	BackgroundSockperf = "sockperf"
+)
+
+var Backgrounds = []string{BackgroundStress, BackgroundSockperf}
 
 // ParseModeSpec splits a benchmark mode "falcon:load=busy:threshold=70"
 // into the lanes mode and its settings (see results.ParseModeSpec).
@@ -258,6 +273,17 @@ func (o *Options) Validate() error {
 	}
 	if shape != "" && !slices.ContainsFunc(o.Workloads, isPrio) && len(o.Rates) == 0 {
 		return fmt.Errorf("%s shapes paced generator traffic (udp_stress with --rates, the background of %s), and this run has none: add one", shape, strings.Join(prioNames, ", "))
+	}
+	if o.Background == "" {
+		o.Background = BackgroundStress
+	}
+	switch {
+	case !slices.Contains(Backgrounds, o.Background):
+		return fmt.Errorf("--background %q: use %s", o.Background, strings.Join(Backgrounds, " or "))
+	case o.Background == BackgroundSockperf && !slices.ContainsFunc(o.Workloads, isPrio):
+		return fmt.Errorf("--background offers the background of %s, and this run has none: add one or leave --background out", strings.Join(prioNames, ", "))
+	case o.Background == BackgroundSockperf && o.Arrivals == stress.ArrivalsPoisson:
+		return errors.New("--arrivals poisson needs --background stress: sockperf paces its messages evenly (or in --train bursts)")
 	}
 	if o.Repeats == 0 {
 		o.Repeats = 3
@@ -853,7 +879,7 @@ func appCPUs(workload string, irq int, others []int, serviceApart bool) []int {
 func (r *runner) workload(mode string, p point) (workload.Workload, error) {
 	native := mode == "native"
 	if s, ok := prioSpecs[p.workload]; ok {
-		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.stressGen(), rate: p.background * r.capacity[native]}, nil
+		return &prioWorkload{prioSpec: s, target: r.stressTarget(native), gen: r.stressGen(), rate: p.background * r.capacity[native], sockperf: r.o.Background == BackgroundSockperf}, nil
 	}
 	if p.workload == "udp_stress" {
 		return stress.NewUDPStress(r.stressTarget(native), r.stressGen()), nil

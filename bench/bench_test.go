@@ -38,6 +38,9 @@ func TestValidate(t *testing.T) {
 		{Workloads: []string{"prio_latency"}, Arrivals: "bursty", Out: "x"},
 		{Modes: []string{"prism-batch:agent=sometimes"}, Out: "x"},
 		{Workloads: []string{"udp_stress"}, Arrivals: "poisson", Out: "x"}, // unpaced: nothing to shape
+		{Workloads: []string{"prio_latency"}, Background: "iperf3", Out: "x"},
+		{Workloads: []string{"udp_stress"}, Background: BackgroundSockperf, Out: "x"}, // no background to offer
+		{Workloads: []string{"prio_latency"}, Background: BackgroundSockperf, Arrivals: "poisson", Out: "x"},
 	} {
 		err := o.Validate()
 		if err == nil {
@@ -66,6 +69,7 @@ func TestValidate(t *testing.T) {
 		{Workloads: []string{"udp_stress"}, Rates: []int{600_000}, Train: 64, Out: "x"},
 		{Workloads: []string{"prio_latency"}, Arrivals: "poisson", Out: "x"},
 		{Workloads: []string{"udp_stress"}, Rates: []int{600_000}, Train: 16, Arrivals: "poisson", Out: "x"},
+		{Workloads: []string{"prio_latency"}, Background: BackgroundSockperf, Train: 64, Out: "x"},
 	} {
 		if err := o.Validate(); err != nil {
 			t.Errorf("--train %d --arrivals %q with %v: %v", o.Train, o.Arrivals, o.Workloads, err)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/lanesnet/lanes/control/plan"
+	"math"
 	"strings"
 	"time"
 
@@ -12,11 +12,13 @@ import (
 	"github.com/lanesnet/lanes/bench/stress"
 	"github.com/lanesnet/lanes/bench/workload"
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
 )
 
 // PRISM's evaluation: a high-priority service between the containers while
-// the stress generator offers low-priority UDP to the same receiving
+// the stress generator (or, with --background sockperf, sockperf's
+// throughput client, the paper's tool) offers low-priority UDP to the same receiving
 // container (or, on the native path, host) at a fraction of what the
 // receive core can take (point.background). The service's latency (and,
 // for applications, its rate) is the result; the background's received
@@ -162,6 +164,9 @@ type prioWorkload struct {
 	gen    stress.GenConfig
 	// rate is the background's offered rate (packets/s); 0 = idle.
 	rate float64
+	// sockperf offers the background with sockperf's throughput client
+	// (--background sockperf) instead of the stress generator.
+	sockperf bool
 }
 
 func (w *prioWorkload) Name() string { return w.name }
@@ -233,6 +238,15 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	res.Extra["bg_offered_kpps"] = bg.SentPPS / 1e3
 	res.Extra["bg_received_kpps"] = bg.PPS / 1e3
 	res.Extra["bg_lost"] = bg.Extra["udp_lost"]
+	// Datagrams per train of the background (1: evenly spaced).
+	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
+	if w.sockperf {
+		// 1: sockperf's throughput client offered the background. It
+		// reports neither its pacing's lapses nor the order datagrams
+		// came in, so those stay unset rather than 0.
+		res.Extra["bg_sockperf"] = 1
+		return res, nil
+	}
 	// Times the background's pacer lost its core for longer than its burst
 	// allowance (stress.GenStats.Stalls): the spacing the background was
 	// calibrated with did not hold then, so modes compare unlike loads.
@@ -242,8 +256,6 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	if sent := bg.Extra["udp_sent"]; sent > 0 {
 		res.Extra["bg_late_share"] = bg.Extra["gen_late"] / sent
 	}
-	// Datagrams per train of the background (1: evenly spaced).
-	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
 	// 1: the background's datagrams (trains) came at Poisson times.
 	res.Extra["bg_poisson"] = bg.Extra["poisson"]
 	// The run's UDP reorder count is the background's: the service's own
@@ -276,8 +288,18 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 	// receive path and the high-priority server.
 	bgSrv := srv
 	bgSrv.CPUs = []int{g.CPU}
+	var bgw workload.Workload = stress.NewUDPStress(w.target, g)
+	bgCli := cli
+	if w.sockperf {
+		// sockperf's client sends from the service client's container on
+		// the generator's core, at SCHED_IDLE as the generator runs: it
+		// sends with what that core's other tasks leave.
+		bgw = workload.SockperfThroughput{Burst: max(g.Train, 1), Idle: true}
+		bgp.Proto, bgp.Rate = "udp", int(math.Round(w.rate))
+		bgCli.CPUs = []int{g.CPU}
+	}
 	go func() {
-		r, err := stress.NewUDPStress(w.target, g).Run(ctx, bgSrv, cli, bgp)
+		r, err := bgw.Run(ctx, bgSrv, bgCli, bgp)
 		done <- bgResult{r, err}
 	}()
 	wait = func() (workload.Result, error) { b := <-done; return b.res, b.err }
@@ -461,15 +483,23 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 	}
 	r.file.Notes = append(r.file.Notes, fmt.Sprintf("%s: background 100%% = %s, the receive core's capacity under vanilla at the start (64 B datagrams, %v per probe): "+
 		"the received rate over the receive core's busy share while the background ran paced (%s); "+
-		"the background is that share of it, offered by the stress generator to the high-priority server's container (native: host), low priority, "+
+		"the background is that share of it, offered by %s to the high-priority server's container (native: host), low priority, "+
 		"its receiver on the generator's core; the service (%s) runs %s, high priority in prism modes. %s",
-		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.prioServices(), r.serviceWhere(), r.bgShape()))
+		strings.Join(r.prioWorkloads(), ", "), strings.Join(caps, " and "), d, strings.Join(hows, "; "), r.bgTool(), r.prioServices(), r.serviceWhere(), r.bgShape()))
 	if r.hasPath(true) {
 		r.file.Notes = append(r.file.Notes, "Native path (PRISM's Fig. 10): the priority workloads run host to host over the underlay, "+
 			"their background plain UDP (no VXLAN) to the receiving host. lanes' prism modes steer VXLAN frames only, so the native path "+
 			"is measured only as the kernel does it (mode native); the paper found no gain there: the host path has one stage, little to preempt.")
 	}
 	return nil
+}
+
+// bgTool says what offered the background.
+func (r *runner) bgTool() string {
+	if r.o.Background == BackgroundSockperf {
+		return "sockperf's throughput client (--background sockperf) from the sending container, down its whole stack, at SCHED_IDLE on the generator's core"
+	}
+	return "the stress generator (ready-made frames into the sending host's underlay)"
 }
 
 // serviceWhere says where the marked service's server runs.
@@ -482,6 +512,13 @@ func (r *runner) serviceWhere() string {
 
 // bgShape says how the background's datagrams are spaced.
 func (r *runner) bgShape() string {
+	if r.o.Background == BackgroundSockperf {
+		shape := "evenly spaced at sockperf's pacing (--train 1)"
+		if r.o.Train > 1 {
+			shape = fmt.Sprintf("in bursts of %d back to back at the average rate (--train: sockperf --burst)", r.o.Train)
+		}
+		return "Background datagrams offered " + shape + "; the capacity was calibrated with the stress generator at the same spacing."
+	}
 	return "Background datagrams offered " + trainShape(r.o.Train, r.o.Arrivals) + "; the capacity was calibrated with the same spacing."
 }
 

@@ -470,3 +470,56 @@ func TestStartPinsAndNamespaces(t *testing.T) {
 		}
 	}
 }
+
+// sockperf's throughput client at a paced rate, in bursts, at SCHED_IDLE:
+// what it sent and what its server counted are there and consistent.
+func TestE2ESockperfThroughput(t *testing.T) {
+	requireTools(t, toolSockperf)
+	tn := newTestNet(t)
+	r := runW(t, SockperfThroughput{Burst: 4, Idle: true}, tn, Point{Proto: "udp", MsgSize: 64, Rate: 2000, Duration: e2eDuration})
+	positive(t, "SentPPS", r.SentPPS)
+	positive(t, "PPS", r.PPS)
+	sent, got, lost := r.Extra["udp_sent"], r.Extra["udp_received"], r.Extra["udp_lost"]
+	if got+lost < sent || lost < 0 {
+		t.Errorf("sent %v, received %v, lost %v: the counts do not add up", sent, got, lost)
+	}
+	if _, err := (SockperfThroughput{}).Run(context.Background(), tn.srv, tn.cli, Point{Proto: "udp", Duration: e2eDuration}); err == nil {
+		t.Error("no error without a rate")
+	}
+}
+
+// A process started idle runs at SCHED_IDLE, and no runtime thread of
+// ours is left at it.
+func TestStartIdle(t *testing.T) {
+	requireRoot(t)
+	tn := newTestNet(t)
+	s, err := newSession("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	sh := tool{names: []string{"sh"}, pkg: "dash"}
+	for _, ep := range []Endpoint{{idle: true}, {NetNS: tn.srv.NetNS, CPUs: []int{0}, idle: true}} {
+		// Field 41 of stat is the policy; sh's comm has no spaces.
+		p, err := s.start(ep, "sh", sh, []string{"-c", "cut -d' ' -f41 /proc/self/stat"}, "idle.out", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-p.exited
+		p.stop()
+		out, _ := os.ReadFile(p.outPath)
+		if got := strings.TrimSpace(string(out)); got != "5" {
+			t.Errorf("%+v: the child's policy is %q, want 5 (SCHED_IDLE)", ep, got)
+		}
+	}
+	tasks, _ := filepath.Glob("/proc/self/task/*/stat")
+	for _, ts := range tasks {
+		b, _ := os.ReadFile(ts)
+		// comm may hold spaces: count fields after its closing parenthesis.
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 38 && f[38] == "5" {
+				t.Errorf("%s: a runtime thread kept SCHED_IDLE", ts)
+			}
+		}
+	}
+}

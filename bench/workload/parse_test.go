@@ -467,3 +467,29 @@ func TestPacedSummaryAsSockperf(t *testing.T) {
 		t.Errorf("the log read back as %v, %v; want [30 1.5]", got, err)
 	}
 }
+
+// sockperf's throughput client and server, as sockperf 3.7 prints them
+// (colour escapes included, which the parsers strip).
+func TestParseSockperfTP(t *testing.T) {
+	client := "sockperf: Test end (interrupted by timer)\nsockperf: Test ended\n" +
+		"sockperf: Total of 200028 messages sent in 2.001 sec\n\n" +
+		"sockperf: \x1b[2;35mNOTE: test was performed, using msg-size=64, mps=100000.\x1b[0m\n" +
+		"sockperf: Summary: Message Rate is 99980 [msg/sec]\n"
+	sent, secs, err := parseSockperfTPClient(client)
+	if err != nil || sent != 200028 || secs != 2.001 {
+		t.Errorf("client: %d in %v s (%v), want 200028 in 2.001 s", sent, secs, err)
+	}
+	server := "sockperf: [tid 551] using recvfrom() to block on socket(s)\n" +
+		"sockperf: Test end (interrupted by user)\nsockperf: Total 49866 messages received and handled\n"
+	if got, err := parseSockperfTPServer(server); err != nil || got != 49866 {
+		t.Errorf("server: %d (%v), want 49866", got, err)
+	}
+	for _, bad := range []string{"", "sockperf: Test ended\n", "sockperf: Total of 5 messages sent in 0.000 sec\n"} {
+		if _, _, err := parseSockperfTPClient(bad); !errors.Is(err, errNoResult) {
+			t.Errorf("client %q: %v, want errNoResult", bad, err)
+		}
+	}
+	if _, err := parseSockperfTPServer("sockperf: [SERVER] listen on:\n"); !errors.Is(err, errNoResult) {
+		t.Errorf("server without a count: %v, want errNoResult", err)
+	}
+}

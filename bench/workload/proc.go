@@ -176,7 +176,7 @@ func (s *session) start(ep Endpoint, name string, t tool, args []string, stdout,
 	// and that thread is thrown away right after Start (see onThread).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd = cmd
-	if err := onThread(ep.NetNS, ep.CPUs, cmd.Start); err != nil {
+	if err := onThread(ep.NetNS, ep.CPUs, ep.idle, cmd.Start); err != nil {
 		return nil, fmt.Errorf("starting %s (%s): %w", name, strings.Join(cmd.Args, " "), err)
 	}
 	p.pid = cmd.Process.Pid
@@ -197,12 +197,13 @@ func (s *session) start(ep Endpoint, name string, t tool, args []string, stdout,
 }
 
 // onThread runs fn on a throwaway OS thread inside namespace ns whose CPU
-// affinity is cpus, so a process fn forks inherits both. The thread is
-// never handed back to the Go scheduler: its goroutine stays locked and
-// exits, and the runtime then ends the thread. With neither a namespace
-// nor CPUs there is nothing to change and fn runs where it is called.
-func onThread(ns string, cpus []int, fn func() error) error {
-	if len(cpus) == 0 {
+// affinity is cpus and, if idle, whose policy is SCHED_IDLE, so a process
+// fn forks inherits all three. The thread is never handed back to the Go
+// scheduler: its goroutine stays locked and exits, and the runtime then
+// ends the thread. With no namespace, no CPUs and not idle there is
+// nothing to change and fn runs where it is called.
+func onThread(ns string, cpus []int, idle bool, fn func() error) error {
+	if len(cpus) == 0 && !idle {
 		return nsx.Do(ns, fn)
 	}
 	var set unix.CPUSet
@@ -215,8 +216,15 @@ func onThread(ns string, cpus []int, fn func() error) error {
 	}
 	pinned := func() error {
 		// pid 0 = the calling thread, which nsx.Do (or we) locked.
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			return fmt.Errorf("pinning to cpus %v: %w", cpus, err)
+		if len(cpus) > 0 {
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				return fmt.Errorf("pinning to cpus %v: %w", cpus, err)
+			}
+		}
+		if idle {
+			if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+				return fmt.Errorf("SCHED_IDLE: %w", err)
+			}
 		}
 		return fn()
 	}

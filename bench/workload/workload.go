@@ -20,6 +20,8 @@ type Endpoint struct {
 	Addr  netip.Addr // address the server listens on / the client binds
 	// CPUs the process is pinned to (nil = no pinning).
 	CPUs []int
+	// idle starts the process at SCHED_IDLE (SockperfThroughput.Idle).
+	idle bool
 }
 
 // Point is what to measure.

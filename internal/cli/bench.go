@@ -72,6 +72,7 @@ also on Ctrl-C.`,
 	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")
 	fl.IntVar(&o.Train, "train", 1, "send paced generator traffic (udp_stress with --rates, the priority workloads' background) in trains of N datagrams back to back at the same average rate, as a NIC that coalesces interrupts delivers them (1: evenly spaced)")
 	fl.StringVar(&o.Arrivals, "arrivals", "even", "space that paced generator traffic (or its trains) evenly, or at Poisson times (poisson: exponential gaps of the same mean, as the merged traffic of many independent senders arrives)")
+	fl.StringVar(&o.Background, "background", bench.BackgroundStress, "what offers the priority workloads' low-priority background: stress (the stress generator's ready-made frames into the sending host's underlay) or sockperf (sockperf's throughput client in the sending container, as PRISM's evaluation did: down the sender's whole stack)")
 	fl.StringVar(&rates, "rates", "", "also run udp_stress paced at these offered rates, e.g. 300k,600k,900k: delivered against offered, whose peak is the receive capacity short of livelock")
 	return cmd
 }
