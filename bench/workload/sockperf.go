@@ -77,17 +77,7 @@ func (w PingPong) Run(ctx context.Context, srv, cli Endpoint, p Point) (Result, 
 		return w.runPaced(ctx, s, srv, cli, p, port, sp)
 	}
 	fullLog := s.path("sockperf-full.csv")
-	args := append([]string{"pp"}, common...)
-	args = append(args, "-t", itoa(wholeSeconds(p.Duration)), "--full-log", fullLog)
-	if p.MsgSize > 0 {
-		args = append(args, "-m", itoa(p.MsgSize))
-	}
-	if p.Rate > 0 {
-		args = append(args, "--mps", itoa(p.Rate))
-	}
-	if cli.Addr.IsValid() {
-		args = append(args, "--client_ip", cli.Addr.String())
-	}
+	args := sockperfClientArgs("pp", common, p, cli, "--full-log", fullLog)
 	out, err := s.runClient(ctx, cli, p.Duration, "sockperf-client", toolSockperf, args, sp)
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
@@ -112,6 +102,25 @@ func (w PingPong) Run(ctx context.Context, srv, cli Endpoint, p Point) (Result, 
 		}
 	}
 	return sum.result(proto, samples), nil
+}
+
+// sockperfClientArgs is a sockperf client's command line: the mode (pp,
+// tp), the server's address and port (common), the duration, the mode's
+// own options (extra), then the point's message size and rate and the
+// client's address where given.
+func sockperfClientArgs(mode string, common []string, p Point, cli Endpoint, extra ...string) []string {
+	args := append(append([]string{mode}, common...), "-t", itoa(wholeSeconds(p.Duration)))
+	args = append(args, extra...)
+	if p.MsgSize > 0 {
+		args = append(args, "-m", itoa(p.MsgSize))
+	}
+	if p.Rate > 0 {
+		args = append(args, "--mps", itoa(p.Rate))
+	}
+	if cli.Addr.IsValid() {
+		args = append(args, "--client_ip", cli.Addr.String())
+	}
+	return args
 }
 
 // sockperfSummary is what sockperf's client prints for one server.

@@ -70,21 +70,13 @@ func (w SockperfThroughput) Run(ctx context.Context, srv, cli Endpoint, p Point)
 	if err := sp.waitReady(ctx, readiness{proto: "udp", addr: srv.Addr, port: port, cliNS: cli.NetNS}); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
 	}
-	args := append([]string{"tp"}, common...)
-	args = append(args, "-t", itoa(wholeSeconds(p.Duration)), "--mps", itoa(p.Rate))
-	if p.MsgSize > 0 {
-		args = append(args, "-m", itoa(p.MsgSize))
-	}
+	var burst []string
 	if w.Burst > 1 {
-		args = append(args, "--burst", itoa(w.Burst))
+		burst = []string{"--burst", itoa(w.Burst)}
 	}
-	if cli.Addr.IsValid() {
-		args = append(args, "--client_ip", cli.Addr.String())
-	}
+	args := sockperfClientArgs("tp", common, p, cli, burst...)
 	c := cli
-	if w.Idle {
-		c.idle = true
-	}
+	c.idle = w.Idle
 	out, err := s.runClient(ctx, c, p.Duration, "sockperf-tp-client", toolSockperf, args, sp)
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", w.Name(), err)
