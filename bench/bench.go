@@ -281,7 +281,7 @@ func (o *Options) Validate() error {
 	case !slices.Contains(Backgrounds, o.Background):
 		return fmt.Errorf("--background %q: use %s", o.Background, strings.Join(Backgrounds, " or "))
 	case o.Background == BackgroundSockperf && !slices.ContainsFunc(o.Workloads, isPrio):
-		return fmt.Errorf("--background offers the background of %s, and this run has none: add one or leave --background out", strings.Join(prioNames, ", "))
+		return fmt.Errorf("--background sockperf offers the background of %s, and this run has none: add one or leave --background out", strings.Join(prioNames, ", "))
 	case o.Background == BackgroundSockperf && o.Arrivals == stress.ArrivalsPoisson:
 		return errors.New("--arrivals poisson needs --background stress: sockperf paces its messages evenly (or in --train bursts)")
 	}

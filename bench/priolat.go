@@ -67,7 +67,9 @@ const (
 	// receive path's per-packet cost, as the capacity was calibrated.
 	bgPayload = 64
 	// prioLead starts the background this long before the service's
-	// client, and it runs this much longer, so every request sees it.
+	// client (sockperf's: this long after its start wait,
+	// workload.SockperfTPStart), and it runs this much longer, so every
+	// request sees it.
 	prioLead = 700 * time.Millisecond
 )
 
@@ -241,10 +243,13 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 	// Datagrams per train of the background (1: evenly spaced).
 	res.Extra["bg_train"] = float64(max(w.gen.Train, 1))
 	if w.sockperf {
-		// 1: sockperf's throughput client offered the background. It
+		// 1: the run's background tool was sockperf's throughput client
+		// (a setting, recorded on idle points too, as bg_train). It
 		// reports neither its pacing's lapses nor the order datagrams
-		// came in, so those stay unset rather than 0.
+		// came in: those stay unset rather than 0, and the run's UDP
+		// reorder count, the background's, is 0, not the service's.
 		res.Extra["bg_sockperf"] = 1
+		res.UDPReorder = 0
 		return res, nil
 	}
 	// Times the background's pacer lost its core for longer than its burst
@@ -265,7 +270,8 @@ func (w *prioWorkload) Run(ctx context.Context, srv, cli workload.Endpoint, p wo
 }
 
 // background starts the low-priority load (none when idle) and returns
-// once it has run for prioLead; wait returns what its receiver got.
+// once it has run for prioLead (sockperf's: once it has started and run
+// for prioLead); wait returns what its receiver got.
 func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoint, p workload.Point) (wait func() (workload.Result, error), err error) {
 	if w.rate <= 0 {
 		return func() (workload.Result, error) { return workload.Result{}, nil }, nil
@@ -290,7 +296,11 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 	bgSrv.CPUs = []int{g.CPU}
 	var bgw workload.Workload = stress.NewUDPStress(w.target, g)
 	bgCli := cli
+	lead := prioLead
 	if w.sockperf {
+		// sockperf's client sends nothing for its first SockperfTPStart;
+		// its -t (bgp.Duration) counts from then.
+		lead += workload.SockperfTPStart
 		// sockperf's client sends from the service client's container on
 		// the generator's core, at SCHED_IDLE as the generator runs: it
 		// sends with what that core's other tasks leave.
@@ -304,7 +314,7 @@ func (w *prioWorkload) background(ctx context.Context, srv, cli workload.Endpoin
 	}()
 	wait = func() (workload.Result, error) { b := <-done; return b.res, b.err }
 	select {
-	case <-time.After(prioLead):
+	case <-time.After(lead):
 		return wait, nil
 	case b := <-done:
 		return nil, fmt.Errorf("background: ended before the service started: %v", b.err)
@@ -497,7 +507,7 @@ func (r *runner) prioCalibrate(ctx context.Context) error {
 // bgTool says what offered the background.
 func (r *runner) bgTool() string {
 	if r.o.Background == BackgroundSockperf {
-		return "sockperf's throughput client (--background sockperf) from the sending container, down its whole stack, at SCHED_IDLE on the generator's core"
+		return "sockperf's throughput client (--background sockperf) from the sending container (native: host), down its whole stack, at SCHED_IDLE on the generator's core"
 	}
 	return "the stress generator (ready-made frames into the sending host's underlay)"
 }

@@ -489,6 +489,9 @@ func TestParseSockperfTP(t *testing.T) {
 			t.Errorf("client %q: %v, want errNoResult", bad, err)
 		}
 	}
+	if got, err := parseSockperfTPServer("sockperf: Test end (interrupted by user)\nsockperf: No messages were received on the server.\n"); err != nil || got != 0 {
+		t.Errorf("server that got nothing: %d (%v), want 0", got, err)
+	}
 	if _, err := parseSockperfTPServer("sockperf: [SERVER] listen on:\n"); !errors.Is(err, errNoResult) {
 		t.Errorf("server without a count: %v, want errNoResult", err)
 	}

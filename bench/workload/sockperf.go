@@ -16,7 +16,7 @@ import (
 // Server: sockperf sr [--tcp] -i <srv addr> -p <port>
 // Client: sockperf pp [--tcp] -i <srv addr> -p <port> -t <secs>
 //
-//	[-m <msg size>] [--mps <rate>] [--client_ip <cli addr>] --full-log <file>
+//	--full-log <file> [-m <msg size>] [--mps <rate>] [--client_ip <cli addr>]
 //
 // Latency is sockperf's default, one-way = RTT/2, in µs. Point.Proto
 // selects udp (default, as in PRISM) or tcp.
