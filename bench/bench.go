@@ -1063,16 +1063,29 @@ type guardFields struct {
 
 // guardStatus reads prism's guard's status from an agent (its JSON, as
 // `lanes status --json` shows it, so the benchmark needs no policy
-// package); ok is false for an agent without a guard, or whose guard has
-// nothing to watch.
+// package): at the top (prism-batch's guard agent) or under "guard"
+// (prism-sync's agent, which runs the guard beside its own work); ok is
+// false for an agent without a guard, or whose guard has nothing to watch.
 func guardStatus(ag plan.Agent) (guardFields, bool) {
-	var v guardFields
 	if ag == nil {
-		return v, false
-	}
-	b, err := json.Marshal(ag.Status())
-	if err != nil || json.Unmarshal(b, &v) != nil || v.Watch == "" {
 		return guardFields{}, false
 	}
-	return v, true
+	b, err := json.Marshal(ag.Status())
+	if err != nil {
+		return guardFields{}, false
+	}
+	var v struct {
+		guardFields
+		Guard *guardFields `json:"guard"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return guardFields{}, false
+	}
+	switch {
+	case v.Watch != "":
+		return v.guardFields, true
+	case v.Guard != nil && v.Guard.Watch != "":
+		return *v.Guard, true
+	}
+	return guardFields{}, false
 }

@@ -551,6 +551,9 @@ func TestGuardStatus(t *testing.T) {
 		{"guard, not acting", fakeAgent{guardLike{Watch: "bulk queue"}}, 0, true, false},
 		// prism's own status type: the JSON names the bench reads.
 		{"prism guard", fakeAgent{prism.GuardStatus{Watch: "bulk queue at SCHED_IDLE", Demoted: true, Demotions: 4}}, 4, true, true},
+		// prism-sync's agent runs the guard beside its own work.
+		{"prism-sync's guard", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{Watch: "bulk queue at SCHED_IDLE", Demotions: 3}}}, 3, true, false},
+		{"prism-sync without a guard", fakeAgent{prism.SyncStatus{Refreshes: 2}}, 0, false, false},
 	} {
 		v, ok := guardStatus(tc.ag)
 		if v.Demotions != tc.n || ok != tc.ok || v.Demoted != tc.end {
