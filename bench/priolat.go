@@ -18,9 +18,9 @@ import (
 
 // PRISM's evaluation: a high-priority service between the containers while
 // the stress generator (or, with --background sockperf, sockperf's
-// throughput client, the paper's tool) offers low-priority UDP to the same receiving
-// container (or, on the native path, host) at a fraction of what the
-// receive core can take (point.background). The service's latency (and,
+// throughput client, the paper's tool) offers low-priority UDP to the same
+// receiving container (or, on the native path, host) at a fraction of what
+// the receive core can take (point.background). The service's latency (and,
 // for applications, its rate) is the result; the background's received
 // rate is the low-priority throughput, which must not collapse.
 //
