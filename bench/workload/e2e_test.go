@@ -442,9 +442,12 @@ func TestStartPinsAndNamespaces(t *testing.T) {
 	}
 	defer s.close()
 	sh := tool{names: []string{"sh"}, pkg: "dash"}
-	for _, ep := range []Endpoint{{CPUs: []int{1}}, {NetNS: tn.srv.NetNS, CPUs: []int{1}}} {
+	for _, ep := range []Endpoint{{CPUs: []int{1}}, {NetNS: tn.srv.NetNS, CPUs: []int{1}},
+		{CPUs: []int{1}, idle: true}, {NetNS: tn.srv.NetNS, CPUs: []int{1}, idle: true}} {
+		// Field 41 of stat is the scheduling policy (sh's comm has no
+		// spaces): 5 is SCHED_IDLE, 0 normal.
 		p, err := s.start(ep, "sh", sh, []string{"-c",
-			"grep Cpus_allowed_list /proc/self/status; cat /proc/net/dev | wc -l"}, "pin.out", "")
+			"grep Cpus_allowed_list /proc/self/status; cat /proc/net/dev | wc -l; cut -d' ' -f41 /proc/self/stat"}, "pin.out", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -452,20 +455,31 @@ func TestStartPinsAndNamespaces(t *testing.T) {
 		p.stop()
 		out, _ := os.ReadFile(p.outPath)
 		lines := strings.Fields(string(out))
-		if len(lines) != 3 || lines[1] != "1" {
-			t.Fatalf("netns %q: %q", ep.NetNS, out)
+		if len(lines) != 4 || lines[1] != "1" {
+			t.Fatalf("%+v: %q", ep, out)
 		}
 		// /proc/net/dev: 2 header lines + lo + the veth end in the test netns.
 		if ep.NetNS != "" && lines[2] != "4" {
 			t.Errorf("child sees %s lines of /proc/net/dev, not its namespace's", lines[2])
 		}
+		if want := map[bool]string{false: "0", true: "5"}[ep.idle]; lines[3] != want {
+			t.Errorf("%+v: the child's policy is %s, want %s", ep, lines[3], want)
+		}
 	}
-	tasks, _ := filepath.Glob("/proc/self/task/*/status")
+	// No runtime thread of ours kept a child's pinning or SCHED_IDLE.
+	tasks, _ := filepath.Glob("/proc/self/task/*")
 	for _, ts := range tasks {
-		b, _ := os.ReadFile(ts)
+		b, _ := os.ReadFile(ts + "/status")
 		for _, ln := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(ln, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) == "1" {
 				t.Errorf("%s: a runtime thread kept the child's pinning", ts)
+			}
+		}
+		b, _ = os.ReadFile(ts + "/stat")
+		// comm may hold spaces: count fields after its closing parenthesis.
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 38 && f[38] == "5" {
+				t.Errorf("%s: a runtime thread kept SCHED_IDLE", ts)
 			}
 		}
 	}
@@ -485,41 +499,5 @@ func TestE2ESockperfThroughput(t *testing.T) {
 	}
 	if _, err := (SockperfThroughput{}).Run(context.Background(), tn.srv, tn.cli, Point{Proto: "udp", Duration: e2eDuration}); err == nil {
 		t.Error("no error without a rate")
-	}
-}
-
-// A process started idle runs at SCHED_IDLE, and no runtime thread of
-// ours is left at it.
-func TestStartIdle(t *testing.T) {
-	requireRoot(t)
-	tn := newTestNet(t)
-	s, err := newSession("idle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
-	sh := tool{names: []string{"sh"}, pkg: "dash"}
-	for _, ep := range []Endpoint{{idle: true}, {NetNS: tn.srv.NetNS, CPUs: []int{0}, idle: true}} {
-		// Field 41 of stat is the policy; sh's comm has no spaces.
-		p, err := s.start(ep, "sh", sh, []string{"-c", "cut -d' ' -f41 /proc/self/stat"}, "idle.out", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-p.exited
-		p.stop()
-		out, _ := os.ReadFile(p.outPath)
-		if got := strings.TrimSpace(string(out)); got != "5" {
-			t.Errorf("%+v: the child's policy is %q, want 5 (SCHED_IDLE)", ep, got)
-		}
-	}
-	tasks, _ := filepath.Glob("/proc/self/task/*/stat")
-	for _, ts := range tasks {
-		b, _ := os.ReadFile(ts)
-		// comm may hold spaces: count fields after its closing parenthesis.
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-			if f := strings.Fields(string(b[i+1:])); len(f) > 38 && f[38] == "5" {
-				t.Errorf("%s: a runtime thread kept SCHED_IDLE", ts)
-			}
-		}
 	}
 }

@@ -258,6 +258,22 @@ func (p *proc) stop() {
 	})
 }
 
+// interrupt sends SIGINT to the leader and waits up to d for it to exit
+// (tools print their totals on SIGINT), then stops it for good.
+func (p *proc) interrupt(d time.Duration) error {
+	_ = unix.Kill(p.pid, unix.SIGINT)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		p.stop()
+		return nil
+	case <-t.C:
+		p.stop()
+		return fmt.Errorf("%s did not exit within %v of SIGINT, so its count is lost (its output is below); rerun", p.name, d)
+	}
+}
+
 // running reports whether the leader has not exited.
 func (p *proc) running() bool {
 	select {
