@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -146,12 +147,47 @@ func do(name string, sysfs bool, fn func() error) error {
 				if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
 					return fmt.Errorf("mounting sysfs for netns %s: %w", name, err)
 				}
+				return writableSysfs(name, fn)
 			}
 			return fn()
 		}()
 	}()
 	return <-errc
 }
+
+// writableSysfs runs fn with the sysfs just mounted on /sys writable.
+//
+// A namespace has one sysfs superblock, shared by every mount of it, and
+// its first mounter's flags stay with it: a container runtime that mounts
+// the container's /sys read-only (Docker, runc) makes the superblock
+// read-only, and lanes' own mount of it then refuses every write (EROFS).
+// For such a superblock fn runs with it reconfigured read-write and then
+// put back read-only. The runtime's mount keeps its own read-only mount
+// flag throughout, so the container never gets write access; only lanes'
+// private mount, which no other process sees, can write in between.
+// sysfsRW serialises these windows within the process, so one caller
+// never turns the superblock read-only under another's write.
+func writableSysfs(name string, fn func() error) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys", &st); err != nil {
+		return fmt.Errorf("statfs of sysfs for netns %s: %w", name, err)
+	}
+	if st.Flags&unix.ST_RDONLY == 0 {
+		return fn()
+	}
+	sysfsRW.Lock()
+	defer sysfsRW.Unlock()
+	if err := unix.Mount("", "/sys", "", unix.MS_REMOUNT, ""); err != nil {
+		return fmt.Errorf("sysfs of netns %s is read-only (a container runtime mounted it so) and could not be made writable: %w", name, err)
+	}
+	ferr := fn()
+	if err := unix.Mount("", "/sys", "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return errors.Join(ferr, fmt.Errorf("putting the sysfs of netns %s back read-only: %w", name, err))
+	}
+	return ferr
+}
+
+var sysfsRW sync.Mutex
 
 // ErrNoNetNS is wrapped by Do and DoSysfs when the namespace's file is
 // not there (a name no longer bound, a process that exited), as opposed

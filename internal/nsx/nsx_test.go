@@ -4,10 +4,12 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 func requireRoot(t *testing.T) {
@@ -92,5 +94,85 @@ func TestMissingNamespace(t *testing.T) {
 	defer inside.Close()
 	if !inside.Equal(h) {
 		t.Errorf("DoHandle ran in %s, want %s", inside, h)
+	}
+}
+
+// A container runtime that mounts a namespace's sysfs read-only first
+// makes its one superblock read-only; DoSysfs still writes (through its
+// own mount), puts the superblock back read-only, and the runtime's mount
+// never becomes writable.
+func TestDoSysfsWritesThroughReadOnlySuperblock(t *testing.T) {
+	requireRoot(t)
+	name := "lanes-nsx-test3"
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(name) })
+	const knob = "/class/net/lo/queues/rx-0/rps_cpus"
+
+	// The runtime: a thread in a mount namespace of its own that holds
+	// the namespace's sysfs mounted read-only until the test ends.
+	dir := t.TempDir()
+	type probe struct {
+		readOnly bool
+		writeErr error
+	}
+	ask, answers, ready := make(chan struct{}), make(chan probe), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with us
+		err := func() error {
+			if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+				return err
+			}
+			if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+				return err
+			}
+			h, err := netns.GetFromName(name)
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			if err := netns.Set(h); err != nil {
+				return err
+			}
+			return unix.Mount("sysfs", dir, "sysfs", unix.MS_RDONLY, "")
+		}()
+		ready <- err
+		if err != nil {
+			return
+		}
+		for range ask {
+			var st unix.Statfs_t
+			unix.Statfs(dir, &st)
+			err := os.WriteFile(dir+knob, []byte("0"), 0)
+			answers <- probe{readOnly: st.Flags&unix.ST_RDONLY != 0, writeErr: err}
+		}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("mounting the runtime's read-only sysfs: %v", err)
+	}
+	defer close(ask)
+	look := func() probe { ask <- struct{}{}; return <-answers }
+	if p := look(); !p.readOnly || !errors.Is(p.writeErr, unix.EROFS) {
+		t.Fatalf("the runtime's sysfs: read-only %v, write error %v; want a read-only superblock", p.readOnly, p.writeErr)
+	}
+
+	var got []byte
+	err := DoSysfs(name, func() error {
+		if err := os.WriteFile("/sys"+knob, []byte("1"), 0); err != nil {
+			return err
+		}
+		var err error
+		got, err = os.ReadFile("/sys" + knob)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("writing through DoSysfs: %v", err)
+	}
+	if strings.TrimSpace(string(got)) != "1" {
+		t.Fatalf("rps_cpus reads %q after writing 1", got)
+	}
+	if p := look(); !p.readOnly || !errors.Is(p.writeErr, unix.EROFS) {
+		t.Fatalf("after DoSysfs the runtime's sysfs: read-only %v, write error %v; want it read-only as before", p.readOnly, p.writeErr)
 	}
 }
