@@ -41,14 +41,26 @@ func Discover(ns string) (*Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Topology{NetNS: ns, VXLANs: []VXLAN{}, Underlays: []Device{}, Bridges: []Bridge{}, Veths: []Veth{}, Containers: []Container{}, Netfilter: host.path.netfilter}
+	var asked *string
+	if !hasVXLAN(host) {
+		over, err := d.overlayFor(ns)
+		if err != nil {
+			return nil, err
+		}
+		if over == nil {
+			return nil, &noOverlayError{ns: ns}
+		}
+		if host, err = d.scan(*over); err != nil {
+			return nil, err
+		}
+		host0 := ns
+		asked, ns = &host0, *over
+	}
+	t := &Topology{NetNS: ns, Host: asked, VXLANs: []VXLAN{}, Underlays: []Device{}, Bridges: []Bridge{}, Veths: []Veth{}, Containers: []Container{}, Netfilter: host.path.netfilter}
 	for _, l := range host.links {
 		if vx, ok := l.(*netlink.Vxlan); ok {
 			t.VXLANs = append(t.VXLANs, d.vxlan(host, vx))
 		}
-	}
-	if len(t.VXLANs) == 0 {
-		return nil, &noOverlayError{ns: ns}
 	}
 	if err := d.underlays(t); err != nil {
 		return nil, err
@@ -110,6 +122,97 @@ func Discover(ns string) (*Topology, error) {
 	}
 	return t, nil
 }
+
+func hasVXLAN(s *nsScan) bool {
+	for _, l := range s.links {
+		if _, ok := l.(*netlink.Vxlan); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// overlayFor finds the namespace of the overlay whose underlay is in ns,
+// for a namespace without a VXLAN device of its own: a Docker host keeps
+// each overlay network's VXLAN device and bridge in a namespace bound
+// under dockerd's exec-root, the device made in the host's namespace and
+// moved there, so its socket and underlay stay in the host's. It looks
+// through every bound namespace (the catalog) for VXLAN devices whose link
+// namespace is ns. Nil when there is none; an error naming them all when
+// several are (one per Docker overlay network).
+func (d *discovery) overlayFor(ns string) (*string, error) {
+	h, err := knobs.OpenNetNS(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	var self unix.Stat_t
+	if err := unix.Fstat(int(h), &self); err != nil {
+		return nil, err
+	}
+	var sboxes []*os.File
+	for _, n := range d.cat.named {
+		if filepath.Base(n.name) == dockerIngressSandbox {
+			sboxes = append(sboxes, n.f)
+		}
+	}
+	var found, ingress []string
+	for _, n := range d.cat.named {
+		if n.ino == self.Ino {
+			continue
+		}
+		var uses, isIngress bool
+		err := nsx.DoHandle(netns.NsHandle(n.f.Fd()), func() error {
+			links, err := netlink.LinkList()
+			if err != nil {
+				return err
+			}
+			host, err := netlink.GetNetNsIdByFd(int(h))
+			if err != nil {
+				return err
+			}
+			for _, l := range links {
+				id := l.Attrs().NetNsID
+				if _, ok := l.(*netlink.Vxlan); ok && id >= 0 && id == host {
+					uses = true
+				}
+				if l.Type() != "veth" || id < 0 {
+					continue
+				}
+				for _, f := range sboxes {
+					if sid, err := netlink.GetNetNsIdByFd(int(f.Fd())); err == nil && sid == id {
+						isIngress = true
+					}
+				}
+			}
+			return nil
+		})
+		switch {
+		case err != nil || !uses:
+		case isIngress:
+			ingress = append(ingress, n.name)
+		default:
+			found = append(found, n.name)
+		}
+	}
+	if len(found) == 0 {
+		found = ingress
+	}
+	switch len(found) {
+	case 0:
+		return nil, nil
+	case 1:
+		return &found[0], nil
+	}
+	return nil, &severalOverlaysError{ns: ns, nss: found}
+}
+
+// dockerIngressSandbox is the namespace file of a swarm node's ingress
+// sandbox (libnetwork's name), whose veth is the only port, besides the
+// VXLAN device, of the ingress network's bridge: the routing mesh's
+// overlay, which carries no container's traffic. Discovery passes it over
+// when the host has another overlay.
+const dockerIngressSandbox = "ingress_sbox"
 
 type discovery struct {
 	cat   *catalog
@@ -442,7 +545,71 @@ func openCatalog() (*catalog, error) {
 			add(filepath.Join(DockerNetNSDir, e.Name()), filepath.Join(DockerNetNSDir, e.Name()))
 		}
 	}
+	// Every other namespace bound to a file, wherever its owner keeps
+	// them: a dockerd with another exec-root, containerd's CNI
+	// namespaces, a second iproute2 directory. Bind mounts of a network
+	// namespace are nsfs mounts whose root is "net:[INODE]".
+	seen := map[uint64]bool{}
+	for _, n := range c.named {
+		seen[n.ino] = true
+	}
+	for _, p := range boundNetNS() {
+		var st unix.Stat_t
+		if unix.Stat(p, &st) != nil || seen[st.Ino] {
+			continue
+		}
+		seen[st.Ino] = true
+		add(p, p)
+	}
 	return c, nil
+}
+
+// boundNetNS lists the mount points of network namespace files in lanes'
+// mount namespace, from /proc/self/mountinfo, in mount order.
+func boundNetNS() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	return parseNetNSMounts(string(b))
+}
+
+// parseNetNSMounts picks the nsfs mounts of network namespaces out of a
+// mountinfo text: "ID PARENT MAJ:MIN ROOT POINT OPTS [TAGS] - FSTYPE
+// SOURCE SUPEROPTS", with octal escapes in paths.
+func parseNetNSMounts(info string) []string {
+	var out []string
+	for _, line := range strings.Split(info, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok || !strings.HasPrefix(post, "nsfs ") {
+			continue
+		}
+		f := strings.Fields(pre)
+		if len(f) < 5 || !strings.HasPrefix(f[3], "net:[") {
+			continue
+		}
+		out = append(out, unescapeMount(f[4]))
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 func (c *catalog) close() {

@@ -9,7 +9,9 @@ package topology
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 )
@@ -33,7 +35,14 @@ const (
 type Topology struct {
 	// NetNS is the namespace that holds the VXLAN device ("" = the one
 	// lanes runs in); see knobs.NetNSPath for the forms a name takes.
-	NetNS      string      `json:"netns"`
+	NetNS string `json:"netns"`
+	// Host is the namespace discovery was asked about, when the overlay
+	// lives in another one: a Docker host keeps each overlay network's
+	// VXLAN device and bridge in a namespace of its own under dockerd's
+	// exec-root, with the underlay in the host's. lanes acts for Host:
+	// its journal and pins carry Host's name (Target). Nil when the
+	// overlay is in NetNS itself.
+	Host       *string     `json:"host,omitempty"`
 	Kind       Kind        `json:"kind"`
 	VXLANs     []VXLAN     `json:"vxlans"`
 	Underlays  []Device    `json:"underlays"`
@@ -281,6 +290,29 @@ func (e *noOverlayError) Error() string {
 }
 
 func (e *noOverlayError) Is(target error) bool { return target == ErrNoOverlay }
+
+// Target is the namespace lanes acts for, which names its journal, state
+// and pins: Host when discovery followed the overlay into a namespace of
+// its own, else NetNS.
+func (t *Topology) Target() string {
+	if t.Host != nil {
+		return *t.Host
+	}
+	return t.NetNS
+}
+
+// severalOverlaysError says that several overlay namespaces use ns as their
+// underlay's namespace (one per Docker overlay network), so which one lanes
+// should act on is the operator's choice.
+type severalOverlaysError struct {
+	ns  string
+	nss []string
+}
+
+func (e *severalOverlaysError) Error() string {
+	return fmt.Sprintf("netns %s has no VXLAN device of its own, and %d overlay namespaces use it as their underlay (%s): lanes acts on one overlay per host; name it with --netns PATH",
+		label(e.ns), len(e.nss), strings.Join(e.nss, ", "))
+}
 
 func label(ns string) string {
 	if ns == "" {

@@ -186,7 +186,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if err != nil {
 		return nil, err
 	}
-	dir := plan.PinDir(t.NetNS)
+	dir := plan.PinDir(t.Target())
 	setup := steer.Setup{
 		// tc ingress on the underlay (steerStages) counts the split
 		// stage's frames seen; without it there is nothing to count for.

@@ -97,7 +97,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	if o.At == steer.SplitAtIRQ {
 		setup.CPUMap = split
 	}
-	dir := plan.PinDir(t.NetNS)
+	dir := plan.PinDir(t.Target())
 	val, err := setup.Encode()
 	if err != nil {
 		return nil, err

@@ -92,7 +92,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			return nil, err
 		}
 	}
-	dir := plan.PinDir(t.NetNS)
+	dir := plan.PinDir(t.Target())
 	setup := steer.Setup{
 		// CountSplit: a flow that changes class moves between the two
 		// queues (or onto sync's shortcut), so it waits for the old one to
