@@ -73,6 +73,14 @@ func plan(c Config) *Testbed {
 			UnderlayAddr: underlayAddr(h),
 			UnderlayMAC:  mac(roleUnderlay, byte(h), 0),
 			VXLANMAC:     mac(roleVTEP, byte(h), 0),
+			VNI:          c.VNI,
+			Port:         vxlanPort,
+		}
+		if c.Overlay != "" {
+			// The daemons choose the rest (buildOverlay reads it back).
+			host.VXLANMAC, host.VNI, host.Port = nil, 0, 0
+			tb.Hosts[i] = host
+			continue
 		}
 		switch c.Topology {
 		case Docker:
@@ -129,7 +137,7 @@ func Up(cfg Config) (*Testbed, error) {
 		return nil, err
 	}
 	if old, err := Load(cfg.Prefix); err == nil {
-		if old.Config == cfg && old.intact() {
+		if old.Config == cfg && old.intact() && old.overlayIntact() {
 			return old, nil
 		}
 	}
@@ -156,7 +164,7 @@ func (tb *Testbed) intact() bool {
 		return false
 	}
 	for _, h := range tb.Hosts {
-		if !nsx.Exists(h.NetNS) {
+		if !nsx.Exists(h.NetNS) || !nsx.Exists(h.OverlayNS()) {
 			return false
 		}
 		for _, c := range h.Containers {
@@ -187,7 +195,15 @@ func (tb *Testbed) build() error {
 	if err := tb.buildUnderlay(); err != nil {
 		return fmt.Errorf("building underlay: %w", err)
 	}
+	if tb.Config.Overlay != "" {
+		if err := tb.buildOverlay(); err != nil {
+			return fmt.Errorf("%s building the overlay: %w", tb.Config.Overlay, err)
+		}
+	}
 	for i := range tb.Hosts {
+		if tb.Config.Overlay != "" {
+			break
+		}
 		if err := tb.buildHost(i); err != nil {
 			return fmt.Errorf("building host %s: %w", tb.Hosts[i].Name, err)
 		}
@@ -224,7 +240,7 @@ const senderPollFIFO = 1
 // handle opens a netlink handle bound to a named namespace; it works from
 // any thread, so no namespace switching is needed for link configuration.
 func handle(ns string) (*netlink.Handle, func(), error) {
-	nh, err := netns.GetFromName(ns)
+	nh, err := netns.GetFromPath(nsx.Path(ns))
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening netns %s: %w", ns, err)
 	}
@@ -240,7 +256,7 @@ func handle(ns string) (*netlink.Handle, func(), error) {
 }
 
 func nsFd(ns string) (netns.NsHandle, error) {
-	nh, err := netns.GetFromName(ns)
+	nh, err := netns.GetFromPath(nsx.Path(ns))
 	if err != nil {
 		return 0, fmt.Errorf("opening netns %s: %w", ns, err)
 	}
@@ -656,7 +672,8 @@ func Down(prefix string) error {
 	if prefix == "" {
 		prefix = "lanes"
 	}
-	var errs []error
+	// The real daemons first, while their namespaces still exist.
+	errs := []error{downOverlay(prefix)}
 	var pollers []int
 	for _, ns := range nsx.List(prefix + "-") {
 		if !IsTestbedNS(prefix, ns) {

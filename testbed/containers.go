@@ -53,6 +53,14 @@ func AddContainer(prefix string, h int) (Container, error) {
 	if k > tb.Config.maxContainer() {
 		return Container{}, fmt.Errorf("host %d has %d containers: the %s layout addresses at most %d per host", h, len(host.Containers), tb.Config.Topology, tb.Config.maxContainer())
 	}
+	if tb.Config.Overlay != "" {
+		ct, err := tb.overlayAdd(h, k)
+		if err != nil {
+			return Container{}, fmt.Errorf("adding container c%d to %s: %w", k, host.NetNS, err)
+		}
+		host.Containers = append(host.Containers, ct)
+		return ct, tb.save()
+	}
 	ct := tb.Config.container(h, k)
 	if err := nsx.Create(ct.NetNS); err != nil {
 		return Container{}, err
@@ -104,6 +112,13 @@ func RemoveContainer(prefix string, h int, name string) error {
 		return fmt.Errorf("host %d has no container %q", h, name)
 	}
 	ct := host.Containers[i]
+	if tb.Config.Overlay != "" {
+		if err := tb.overlayRemove(h, ct); err != nil {
+			return fmt.Errorf("removing container %s from %s: %w", name, host.NetNS, err)
+		}
+		host.Containers = slices.Delete(host.Containers, i, i+1)
+		return tb.save()
+	}
 	if tb.Config.Topology == Docker {
 		if err := fdb(&tb.Hosts[2-h], host, ct.MAC, false); err != nil {
 			return err

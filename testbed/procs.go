@@ -29,12 +29,29 @@ func Strays(prefix string) []Stray {
 	if prefix == "" {
 		prefix = "lanes"
 	}
-	var out []Stray
-	for _, ns := range nsx.List(prefix + "-h") {
-		if !IsTestbedNS(prefix, ns) {
-			continue
+	// The daemons that build a real overlay (dockerd, flanneld, etcd)
+	// run in the hosts' namespaces too, and are the testbed's own.
+	own := map[int]bool{}
+	for _, pid := range ownedPIDs(prefix) {
+		own[pid] = true
+	}
+	nss := slices.DeleteFunc(nsx.List(prefix+"-h"), func(ns string) bool { return !IsTestbedNS(prefix, ns) })
+	// A runtime's containers are in namespaces it named (dockerd's).
+	if tb, err := Load(prefix); err == nil {
+		for _, h := range tb.Hosts {
+			for _, c := range h.Containers {
+				if !slices.Contains(nss, c.NetNS) {
+					nss = append(nss, c.NetNS)
+				}
+			}
 		}
+	}
+	var out []Stray
+	for _, ns := range nss {
 		for _, pid := range inside(ns) {
+			if own[pid] {
+				continue
+			}
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 			out = append(out, Stray{PID: pid, Comm: strings.TrimSpace(string(comm)), NetNS: ns})
 		}

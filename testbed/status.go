@@ -3,6 +3,7 @@ package testbed
 import (
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 )
 
@@ -61,14 +62,17 @@ func (tb *Testbed) Status() ([]DeviceStatus, error) {
 		}
 	}
 	for _, h := range tb.Hosts {
-		names := []string{h.Underlay, h.VXLAN}
+		names := []string{h.VXLAN}
 		if h.Bridge != "" { // calico has none
 			names = append(names, h.Bridge)
 		}
 		for _, c := range h.Containers {
 			names = append(names, c.HostVeth)
 		}
-		if err := add(h.NetNS, names...); err != nil {
+		if err := add(h.NetNS, h.Underlay); err != nil {
+			return nil, err
+		}
+		if err := add(h.OverlayNS(), names...); err != nil {
 			return nil, err
 		}
 		for _, c := range h.Containers {
@@ -87,8 +91,13 @@ func (tb *Testbed) WriteStatus(w io.Writer) error {
 		return err
 	}
 	c := tb.Config
-	fmt.Fprintf(w, "testbed %q: topology %s, %d containers per host, IRQ core %d (sender's NIC polled on %d), underlay MTU %d, VNI %d\n",
-		c.Prefix, c.Topology, c.Containers, c.IRQCPU, c.PollCPU(0), c.MTU, c.VNI)
+	built := "lanes"
+	if c.Overlay != "" {
+		built = c.Overlay
+	}
+	r := tb.Receiver()
+	fmt.Fprintf(w, "testbed %q: topology %s built by %s, %d containers per host, IRQ core %d (sender's NIC polled on %d), underlay MTU %d, VNI %d, UDP port %d\n",
+		c.Prefix, c.Topology, built, c.Containers, c.IRQCPU, c.PollCPU(0), c.MTU, r.VNI, r.Port)
 	fmt.Fprintf(w, "%-14s %-15s %-7s %-4s %-5s %-22s %s\n", "NETNS", "DEVICE", "KIND", "UP", "MTU", "ADDRESS", "NAPI (thread -> cores, last ran on)")
 	for _, d := range st {
 		var napi []string
@@ -99,7 +108,16 @@ func (tb *Testbed) WriteStatus(w io.Writer) error {
 		if d.Up {
 			up = "yes"
 		}
-		fmt.Fprintf(w, "%-14s %-15s %-7s %-4s %-5d %-22s %s\n", d.NetNS, d.Name, d.Kind, up, d.MTU, strings.Join(d.Addrs, ","), strings.Join(napi, "; "))
+		fmt.Fprintf(w, "%-14s %-15s %-7s %-4s %-5d %-22s %s\n", shortNS(d.NetNS), d.Name, d.Kind, up, d.MTU, strings.Join(d.Addrs, ","), strings.Join(napi, "; "))
 	}
 	return nil
+}
+
+// shortNS shortens a runtime's namespace path for the table: its file
+// name (dockerd's are unique).
+func shortNS(ns string) string {
+	if strings.HasPrefix(ns, "/") {
+		return filepath.Base(ns)
+	}
+	return ns
 }

@@ -55,7 +55,13 @@ type Config struct {
 	// NICThreaded (default) or NICSoftirq.
 	NIC string
 	MTU int    // underlay MTU, default 1500
-	VNI uint32 // VXLAN network identifier, default 42
+	VNI uint32 // VXLAN network identifier of lanes' own overlays, default 42
+	// Overlay names the daemons that build the overlay on the two hosts:
+	// "" (lanes builds it, in the layout Topology names), OverlayFlanneld
+	// or OverlayDockerd (overlay.go). With a daemon, Topology is its
+	// layout and the daemon chooses VNI, port, addresses and MACs; Host
+	// records what it chose.
+	Overlay string
 }
 
 // Testbed is what Up built (and what Load reads back).
@@ -78,13 +84,31 @@ type Host struct {
 	VTEPAddr     netip.Prefix // flannel, calico: the VXLAN device's own address; docker: invalid
 	Bridge       string       // bridge name inside NetNS; calico: none
 	PodSubnet    netip.Prefix // flannel, calico: this host's pod subnet (block); docker: the shared overlay subnet
+	VNI          uint32       // the VXLAN device's network identifier
+	Port         int          // the VXLAN device's UDP port
+	// OverlayNetNS holds the VXLAN device, the bridge and the host-side
+	// veths when they are not in NetNS: dockerd keeps each overlay
+	// network in a namespace of its own (a bound file under its
+	// exec-root), the underlay staying in NetNS. "" = NetNS.
+	OverlayNetNS string `json:",omitempty"`
 	Containers   []Container
+}
+
+// OverlayNS is the namespace that holds the host's VXLAN device, bridge
+// and host-side veths.
+func (h *Host) OverlayNS() string {
+	if h.OverlayNetNS != "" {
+		return h.OverlayNetNS
+	}
+	return h.NetNS
 }
 
 // Container is one container: a namespace with one veth into its host.
 type Container struct {
-	Name     string // e.g. "c1"
-	NetNS    string // e.g. "lanes-h1-c1"
+	Name string // e.g. "c1"
+	// NetNS is a name under /run/netns ("lanes-h1-c1"), or the absolute
+	// path of the namespace file a container runtime bound (dockerd).
+	NetNS    string
 	Addr     netip.Prefix
 	MAC      net.HardwareAddr
 	Veth     string // device name inside the container ("eth0")
@@ -94,9 +118,6 @@ type Container struct {
 func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = "lanes"
-	}
-	if c.Topology == "" {
-		c.Topology = Docker
 	}
 	if c.Containers == 0 {
 		c.Containers = 2
@@ -110,11 +131,23 @@ func (c Config) withDefaults() Config {
 	if c.VNI == 0 {
 		c.VNI = 42
 	}
+	switch {
+	case c.Overlay == OverlayFlanneld && c.Topology == "":
+		c.Topology = Flannel
+	case c.Overlay == OverlayDockerd && c.Topology == "":
+		c.Topology = Docker
+	}
+	if c.Topology == "" {
+		c.Topology = Docker
+	}
 	return c
 }
 
 // Validate reports the first thing wrong with c, as a one-line fix-it.
 func (c Config) Validate(ncpu int) error {
+	if err := c.validateOverlay(); err != nil {
+		return err
+	}
 	switch c.Topology {
 	case Docker, Flannel, Calico:
 	default:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/mountinfo"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -553,7 +554,8 @@ func openCatalog() (*catalog, error) {
 	for _, n := range c.named {
 		seen[n.ino] = true
 	}
-	for _, p := range boundNetNS() {
+	ms, _ := mountinfo.Read()
+	for _, p := range mountinfo.NetNS(ms) {
 		var st unix.Stat_t
 		if unix.Stat(p, &st) != nil || seen[st.Ino] {
 			continue
@@ -562,54 +564,6 @@ func openCatalog() (*catalog, error) {
 		add(p, p)
 	}
 	return c, nil
-}
-
-// boundNetNS lists the mount points of network namespace files in lanes'
-// mount namespace, from /proc/self/mountinfo, in mount order.
-func boundNetNS() []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	return parseNetNSMounts(string(b))
-}
-
-// parseNetNSMounts picks the nsfs mounts of network namespaces out of a
-// mountinfo text: "ID PARENT MAJ:MIN ROOT POINT OPTS [TAGS] - FSTYPE
-// SOURCE SUPEROPTS", with octal escapes in paths.
-func parseNetNSMounts(info string) []string {
-	var out []string
-	for _, line := range strings.Split(info, "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok || !strings.HasPrefix(post, "nsfs ") {
-			continue
-		}
-		f := strings.Fields(pre)
-		if len(f) < 5 || !strings.HasPrefix(f[3], "net:[") {
-			continue
-		}
-		out = append(out, unescapeMount(f[4]))
-	}
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func (c *catalog) close() {

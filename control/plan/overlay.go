@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
@@ -112,8 +113,13 @@ func VXLANIDs(t *topology.Topology, pl *Plan) (uint16, []uint32, error) {
 // LinkPin names a link's pin by kind, namespace and device, so every
 // attachment of a target has its own.
 func LinkPin(dir, kind, ns, dev string) string {
-	return dir + "/link_" + kind + "_" + Target(ns) + "_" + dev
+	return dir + "/" + BPFFSName("link_"+kind+"_"+Target(ns)+"_"+dev)
 }
+
+// BPFFSName makes name a valid bpffs file name: bpffs refuses names with
+// a dot (EPERM), which namespace paths ("/run/docker.d/netns/...") and
+// device names ("eth0.100", "flannel.1") may have.
+func BPFFSName(name string) string { return strings.ReplaceAll(name, ".", "_") }
 
 // DevLabel names a device for people, as DeviceTarget does.
 func DevLabel(ns, dev string) string { return Target(ns) + "/" + dev }

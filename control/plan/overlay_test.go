@@ -2,6 +2,7 @@ package plan
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -55,5 +56,26 @@ func TestIRQCPUsGiven(t *testing.T) {
 		if _, err := knobs.ParseCPUList(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// bpffs refuses file names with a dot; pins of a namespace bound under a
+// dotted path, or of a device with a dot in its name, must not have one.
+func TestPinNamesHaveNoDot(t *testing.T) {
+	for _, tc := range []struct{ ns, dev string }{
+		{"/run/lanes/testbed/dk.d/h2/docker/netns/lb_st8whrjdq", "eth0"},
+		{"lanes-h2", "flannel.1"},
+		{"", "eth0.100"},
+	} {
+		dir := PinDir(tc.ns)
+		pin := LinkPin(dir, "tcx-seen", tc.ns, tc.dev)
+		for _, name := range []string{dir[len(BPFFS)+1:], pin[len(dir)+1:]} {
+			if strings.ContainsRune(name, '.') {
+				t.Errorf("netns %q dev %q: pin name %q has a dot", tc.ns, tc.dev, name)
+			}
+		}
+	}
+	if PinDir("lanes-h2") != BPFFS+"/lanes/lanes-h2" {
+		t.Errorf("a plain target's pin directory changed: %s", PinDir("lanes-h2"))
 	}
 }

@@ -223,7 +223,7 @@ const BPFFS = attach.DefaultBPFFS
 // PinDir is where a namespace's BPF objects are pinned: one directory per
 // target, so reset removes exactly what lanes pinned for it.
 func PinDir(netns string) string {
-	return BPFFS + "/lanes/" + Target(netns)
+	return BPFFS + "/lanes/" + BPFFSName(Target(netns))
 }
 
 // RPSByHash adds the knobs that make RPS on receive queue q of d pick its

@@ -34,7 +34,8 @@ func newTestbedCmd() *cobra.Command {
 		},
 	}
 	up.Flags().StringVar(&cfg.Prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
-	up.Flags().StringVar(&topo, "topology", "docker", "docker (VXLAN in a bridge), flannel (L3 VXLAN + pod bridge) or calico (L3 VXLAN + a routed veth per pod)")
+	up.Flags().StringVar(&topo, "topology", "", "the layout lanes builds itself: docker (VXLAN in a bridge; the default), flannel (L3 VXLAN + pod bridge) or calico (L3 VXLAN + a routed veth per pod)")
+	up.Flags().StringVar(&cfg.Overlay, "overlay", "", "have real daemons build the overlay instead: flanneld (etcd + flanneld's vxlan backend, containers through the CNI bridge plugin) or dockerd (a dockerd per host, a swarm, an attachable overlay network)")
 	up.Flags().IntVar(&cfg.Containers, "containers", 2, "containers per host")
 	up.Flags().IntVar(&cfg.IRQCPU, "irq-cpu", runtime.NumCPU()-1, "core that polls the underlay NICs (like a NIC's IRQ affinity)")
 	up.Flags().BoolVar(&cfg.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than --irq-cpu, as if it were another machine, its poller at SCHED_FIFO 1 as hardware would take the core (default: both on --irq-cpu)")

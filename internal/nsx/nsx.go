@@ -6,7 +6,9 @@
 // a thread in a foreign namespace back to the scheduler.
 //
 // Named namespaces are the files under /run/netns that iproute2 and the
-// testbed create; the empty name means the namespace lanes was started in.
+// testbed create, or any bound namespace file given by its absolute path
+// (a container runtime's, such as dockerd's under its exec-root); the empty
+// name means the namespace lanes was started in.
 package nsx
 
 import (
@@ -34,15 +36,21 @@ func init() { runtime.LockOSThread() }
 // Dir is where named network namespaces are bound (iproute2's convention).
 const Dir = "/run/netns"
 
-// Path returns the bind-mount path of a named namespace.
-func Path(name string) string { return filepath.Join(Dir, name) }
+// Path returns the bind-mount path of a named namespace: an absolute name
+// is its own path.
+func Path(name string) string {
+	if filepath.IsAbs(name) {
+		return name
+	}
+	return filepath.Join(Dir, name)
+}
 
 // Exists reports whether a named namespace is present.
 func Exists(name string) bool {
 	if name == "" {
 		return true
 	}
-	h, err := netns.GetFromName(name)
+	h, err := netns.GetFromPath(Path(name))
 	if err != nil {
 		return false
 	}
@@ -130,7 +138,7 @@ func do(name string, sysfs bool, fn func() error) error {
 				}
 			}
 			if name != "" {
-				h, err := netns.GetFromName(name)
+				h, err := netns.GetFromPath(Path(name))
 				if err != nil {
 					if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 						return fmt.Errorf("opening netns %s: %w: %w", name, ErrNoNetNS, err)
