@@ -6,7 +6,11 @@
 # when everything is present, so `make test` can depend on it cheaply.
 set -euo pipefail
 
-pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk nftables)
+pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk nftables
+	# the real overlays' daemons (lanes testbed up --overlay flanneld|dockerd):
+	# flanneld's store, dockerd, the CNI plugins Flannel's delegates to, the
+	# containers' image, and iptables, which both daemons program
+	etcd-server docker.io containernetworking-plugins busybox-static iptables)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -23,7 +27,7 @@ if ((${#missing[@]})); then
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 	# Debian starts packaged daemons; the benchmark runs its own copies
 	# inside namespaces, so stop the system ones where an init system runs.
-	for svc in nginx memcached; do
+	for svc in nginx memcached etcd docker containerd; do
 		if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
 			systemctl disable --now "$svc" >/dev/null 2>&1 || true
 		fi
@@ -42,4 +46,7 @@ if [[ "$(printf '%s\n1.21\n' "$gov" | sort -V | head -1)" != "1.21" ]]; then
 	echo "deps: Go $gov is too old: install Go >= 1.24 from go.dev/dl" >&2
 	exit 1
 fi
+# Flannel is not in Debian: built from the Go module proxy (cached).
+"$(dirname "$0")/flanneld.sh"
+
 echo "deps: ok (go $gov, clang $(clang -dumpversion), $(iperf3 --version | head -1 | cut -d' ' -f1-2))"
