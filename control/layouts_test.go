@@ -55,23 +55,36 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 		runs = append(runs, run{v.mode, v.params})
 	}
 	type layout struct {
-		topo testbed.Topology
-		nic  string
+		topo    testbed.Topology
+		nic     string
+		overlay string
 	}
 	var layouts []layout
 	for _, topo := range testbed.Topologies {
-		layouts = append(layouts, layout{topo, testbed.NICThreaded})
+		layouts = append(layouts, layout{topo: topo, nic: testbed.NICThreaded})
 	}
 	// A NIC polled in softirq, as most physical NICs are, whose IRQ core
 	// the modes are told (a veth has no interrupt to read it from).
-	layouts = append(layouts, layout{testbed.Docker, testbed.NICSoftirq})
+	layouts = append(layouts, layout{topo: testbed.Docker, nic: testbed.NICSoftirq})
+	// The overlays the real daemons build: what operators run.
+	for _, o := range testbed.Overlays {
+		layouts = append(layouts, layout{overlay: o})
+	}
 	for _, lay := range layouts {
 		name := string(lay.topo)
-		if lay.nic != testbed.NICThreaded {
+		if lay.nic != testbed.NICThreaded && lay.overlay == "" {
 			name += "-" + lay.nic + "-nic"
 		}
+		if lay.overlay != "" {
+			name = lay.overlay
+		}
 		t.Run(name, func(t *testing.T) {
-			tb := modetest.UpTestbedNIC(t, lay.topo, lay.nic)
+			var tb *testbed.Testbed
+			if lay.overlay != "" {
+				tb = modetest.UpTestbedOverlay(t, lay.overlay)
+			} else {
+				tb = modetest.UpTestbedNIC(t, lay.topo, lay.nic)
+			}
 			r, s := tb.Receiver(), tb.Sender()
 			rc, sc := r.Containers[0], s.Containers[0]
 			rc2, sc2 := r.Containers[1], s.Containers[1]

@@ -136,6 +136,9 @@ func Up(cfg Config) (*Testbed, error) {
 	if err := cfg.Validate(runtime.NumCPU()); err != nil {
 		return nil, err
 	}
+	if err := CheckOverlay(cfg.Overlay); err != nil {
+		return nil, err
+	}
 	if old, err := Load(cfg.Prefix); err == nil {
 		if old.Config == cfg && old.intact() && old.overlayIntact() {
 			return old, nil

@@ -155,13 +155,22 @@ func isNotFound(err error) bool {
 	return errors.As(err, &de) && de.status == http.StatusNotFound
 }
 
-func (tb *Testbed) buildDocker() error {
+// dockerTools finds dockerd and checks for the image's busybox.
+func dockerTools() (string, error) {
 	dockerd, err := binary("LANES_DOCKERD", []string{"/usr/sbin/dockerd", "/usr/bin/dockerd"}, "dockerd", "install Debian's docker.io (make deps)")
 	if err != nil {
-		return err
+		return "", err
 	}
 	if _, err := os.Stat(BusyboxPath); err != nil {
-		return fmt.Errorf("%s not found: install Debian's busybox-static (make deps)", BusyboxPath)
+		return "", fmt.Errorf("%s not found: install Debian's busybox-static (make deps)", BusyboxPath)
+	}
+	return dockerd, nil
+}
+
+func (tb *Testbed) buildDocker() error {
+	dockerd, err := dockerTools()
+	if err != nil {
+		return err
 	}
 	prefix := tb.Config.Prefix
 	for i, h := range tb.Hosts {

@@ -66,17 +66,27 @@ func (tb *Testbed) etcdURL() string {
 	return fmt.Sprintf("http://%s:%d", tb.Hosts[0].UnderlayAddr.Addr(), etcdClientPort)
 }
 
+// flannelTools finds etcd and flanneld, and checks for the CNI plugins.
+func flannelTools() (etcd, flanneld string, err error) {
+	if etcd, err = binary("LANES_ETCD", []string{"/usr/bin/etcd"}, "etcd", "install Debian's etcd-server (make deps)"); err != nil {
+		return
+	}
+	if flanneld, err = binary("LANES_FLANNELD", []string{FlanneldPath}, "flanneld", "run `make deps`, which builds it from the Go module proxy, or set LANES_FLANNELD"); err != nil {
+		return
+	}
+	for _, p := range []string{"bridge", "host-local"} {
+		if _, err = os.Stat(filepath.Join(cniDir, p)); err != nil {
+			err = fmt.Errorf("CNI %s plugin not found in %s: install Debian's containernetworking-plugins (make deps)", p, cniDir)
+			return
+		}
+	}
+	return
+}
+
 func (tb *Testbed) buildFlannel() error {
-	etcd, err := binary("LANES_ETCD", []string{"/usr/bin/etcd"}, "etcd", "install Debian's etcd-server (make deps)")
+	etcd, flanneld, err := flannelTools()
 	if err != nil {
 		return err
-	}
-	flanneld, err := binary("LANES_FLANNELD", []string{FlanneldPath}, "flanneld", "run `make deps`, which builds it from the Go module proxy, or set LANES_FLANNELD")
-	if err != nil {
-		return err
-	}
-	if _, err := os.Stat(filepath.Join(cniDir, "bridge")); err != nil {
-		return fmt.Errorf("CNI bridge plugin not found in %s: install Debian's containernetworking-plugins (make deps)", cniDir)
 	}
 	prefix := tb.Config.Prefix
 	h1 := tb.Hosts[0]

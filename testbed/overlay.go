@@ -58,12 +58,18 @@ func (c Config) validateOverlay() error {
 }
 
 // DataDir holds the real daemons' persistent state (dockerd's data-root,
-// etcd's data, the CNI address store), one directory per testbed prefix;
-// their run state (sockets, pid files, dockerd's exec-root with its bound
-// namespaces) lives under StateDir. Down removes both.
-var DataDir = "/var/lib/lanes/testbed"
+// etcd's data, the CNI address store), RunDir their run state (sockets,
+// pid files, logs, dockerd's exec-root with its bound namespaces), one
+// directory per testbed prefix in each. Down removes both. RunDir is
+// short and fixed: containerd's socket paths under it must fit a unix
+// socket address (108 bytes), and bpffs refuses the pin names lanes
+// derives from namespace paths with a dot.
+var (
+	DataDir = "/var/lib/lanes/testbed"
+	RunDir  = "/run/lanes/tb"
+)
 
-func runDir(prefix string) string  { return filepath.Join(StateDir, prefix+".d") }
+func runDir(prefix string) string  { return filepath.Join(RunDir, prefix) }
 func dataDir(prefix string) string { return filepath.Join(DataDir, prefix) }
 
 func hostRunDir(prefix string, h int) string {
@@ -88,6 +94,26 @@ func (tb *Testbed) buildOverlay() error {
 		return tb.buildFlannel()
 	case OverlayDockerd:
 		return tb.buildDocker()
+	}
+	return nil
+}
+
+// ErrNoDaemon is matched (errors.Is) by the error of an Up whose overlay's
+// daemon or tool is not installed.
+var ErrNoDaemon = errors.New("overlay daemon not installed")
+
+// CheckOverlay says what of the overlay's daemons and tools is missing on
+// this machine (nil: nothing), with the fix, wrapping ErrNoDaemon.
+func CheckOverlay(overlay string) error {
+	var err error
+	switch overlay {
+	case OverlayFlanneld:
+		_, _, err = flannelTools()
+	case OverlayDockerd:
+		_, err = dockerTools()
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNoDaemon, err)
 	}
 	return nil
 }
@@ -305,8 +331,9 @@ func downOverlay(prefix string) error {
 			errs = append(errs, err)
 		}
 	}
-	os.Remove(DataDir)
-	os.Remove(filepath.Dir(DataDir))
+	for _, d := range []string{DataDir, filepath.Dir(DataDir), RunDir, filepath.Dir(RunDir)} {
+		os.Remove(d) // only when empty
+	}
 	return errors.Join(errs...)
 }
 
@@ -365,6 +392,12 @@ func ppid(pid int) (int, error) {
 		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
 	}
 	return strconv.Atoi(f[1])
+}
+
+// DaemonsLeft lists the processes of the testbed's real overlay still
+// running (none once Down is done).
+func DaemonsLeft(prefix string) []int {
+	return slices.DeleteFunc(ownedPIDs(prefix), zombie)
 }
 
 func killOwned(prefix string) {

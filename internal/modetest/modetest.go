@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -107,6 +108,26 @@ func UpTestbed(t *testing.T, topo testbed.Topology) *testbed.Testbed {
 // (testbed.Config.NIC).
 func UpTestbedNIC(t *testing.T, topo testbed.Topology, nic string) *testbed.Testbed {
 	t.Helper()
+	return UpTestbedConfig(t, testbed.Config{Topology: topo, NIC: nic})
+}
+
+// UpTestbedOverlay is UpTestbed with the overlay built by a real daemon
+// (testbed.Config.Overlay). Where the daemon is not installed the test is
+// skipped, saying why; anything else that fails fails it.
+func UpTestbedOverlay(t *testing.T, overlay string) *testbed.Testbed {
+	t.Helper()
+	if err := testbed.CheckOverlay(overlay); err != nil {
+		t.Skipf("%s overlay: %v", overlay, err)
+	}
+	return UpTestbedConfig(t, testbed.Config{Overlay: overlay})
+}
+
+// UpTestbedConfig builds the testbed cfg says (its prefix and IRQ core
+// the harness's) under a prefix of this process and tears it down when
+// the test ends, pass or fail, checking nothing is left: no namespace, no
+// pin directory, no daemon of a real overlay.
+func UpTestbedConfig(t *testing.T, cfg testbed.Config) *testbed.Testbed {
+	t.Helper()
 	topotest.RequireRoot(t)
 	prefix := fmt.Sprintf("%s%c", prefixBase(), 'a'+rune(tbSeq.Add(1)-1)%26)
 	old := testbed.StateDir
@@ -128,9 +149,18 @@ func UpTestbedNIC(t *testing.T, topo testbed.Topology, nic string) *testbed.Test
 		if left := nsx.List(prefix + "-"); len(left) > 0 {
 			t.Errorf("testbed down left namespaces behind: %v", left)
 		}
+		if left := testbed.DaemonsLeft(prefix); len(left) > 0 {
+			t.Errorf("testbed down left the overlay's daemons (or their containers) running: pids %v", left)
+		}
+		for _, d := range []string{filepath.Join(testbed.RunDir, prefix), filepath.Join(testbed.DataDir, prefix)} {
+			if Exists(d) {
+				t.Errorf("testbed down left %s behind", d)
+			}
+		}
 		testbed.StateDir = old
 	})
-	tb, err := testbed.Up(testbed.Config{Prefix: prefix, Topology: topo, IRQCPU: 1, NIC: nic})
+	cfg.Prefix, cfg.IRQCPU = prefix, 1
+	tb, err := testbed.Up(cfg)
 	if err != nil {
 		t.Fatalf("testbed up: %v", err)
 	}

@@ -50,12 +50,36 @@ func Exists(name string) bool {
 	if name == "" {
 		return true
 	}
-	h, err := netns.GetFromPath(Path(name))
+	h, err := open(name)
 	if err != nil {
 		return false
 	}
 	h.Close()
 	return true
+}
+
+// open opens a bound namespace file, and fails with ErrNoNetNS when the
+// file is not there or no longer holds a namespace: a runtime that
+// unmounts a namespace's bind mount may leave the empty file behind
+// (dockerd does, under its exec-root).
+func open(name string) (netns.NsHandle, error) {
+	h, err := netns.GetFromPath(Path(name))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return h, fmt.Errorf("opening netns %s: %w: %w", name, ErrNoNetNS, err)
+		}
+		return h, fmt.Errorf("opening netns %s: %w", name, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(h), &st); err != nil {
+		h.Close()
+		return netns.None(), fmt.Errorf("opening netns %s: %w", name, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		h.Close()
+		return netns.None(), fmt.Errorf("opening netns %s: %w: the file holds no namespace (its bind mount is gone)", name, ErrNoNetNS)
+	}
+	return h, nil
 }
 
 // Create makes a named namespace (no-op when it exists) without leaving the
@@ -138,12 +162,9 @@ func do(name string, sysfs bool, fn func() error) error {
 				}
 			}
 			if name != "" {
-				h, err := netns.GetFromPath(Path(name))
+				h, err := open(name)
 				if err != nil {
-					if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
-						return fmt.Errorf("opening netns %s: %w: %w", name, ErrNoNetNS, err)
-					}
-					return fmt.Errorf("opening netns %s: %w", name, err)
+					return err
 				}
 				defer h.Close()
 				if err := netns.Set(h); err != nil {

@@ -176,3 +176,21 @@ func TestDoSysfsWritesThroughReadOnlySuperblock(t *testing.T) {
 		t.Fatalf("after DoSysfs the runtime's sysfs: read-only %v, write error %v; want it read-only as before", p.readOnly, p.writeErr)
 	}
 }
+
+// A runtime that unmounts a namespace's bind mount may leave the empty
+// file: that namespace is gone (ErrNoNetNS), not an error of entering it.
+func TestUnboundFileIsNoNamespace(t *testing.T) {
+	requireRoot(t)
+	p := t.TempDir() + "/netns"
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if Exists(p) {
+		t.Errorf("Exists(%s) on an empty file", p)
+	}
+	ran := false
+	err := Do(p, func() error { ran = true; return nil })
+	if !errors.Is(err, ErrNoNetNS) || ran {
+		t.Errorf("Do on an empty file: %v (ran %v), want ErrNoNetNS", err, ran)
+	}
+}
