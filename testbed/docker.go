@@ -59,8 +59,12 @@ func dockerDaemon(prefix string, h int) daemon {
 	return daemon{name: fmt.Sprintf("dockerd h%d", h), pidFile: filepath.Join(d, "dockerd.pid"), log: filepath.Join(d, "dockerd.log")}
 }
 
-func dockerExecRoot(prefix string, h int) string { return filepath.Join(hostRunDir(prefix, h), "docker") }
-func dockerSocket(prefix string, h int) string   { return filepath.Join(hostRunDir(prefix, h), "docker.sock") }
+func dockerExecRoot(prefix string, h int) string {
+	return filepath.Join(hostRunDir(prefix, h), "docker")
+}
+func dockerSocket(prefix string, h int) string {
+	return filepath.Join(hostRunDir(prefix, h), "docker.sock")
+}
 
 // dockerConfig is host h's daemon.json.
 func dockerConfig(prefix string, h int) ([]byte, error) {
@@ -222,7 +226,9 @@ func (tb *Testbed) buildDocker() error {
 	}, nil); err != nil {
 		return err
 	}
-	var created struct{ ID string `json:"Id"` }
+	var created struct {
+		ID string `json:"Id"`
+	}
 	if err := clients[0].call("POST", "/networks/create", map[string]any{
 		"Name": dockerNetwork, "Driver": "overlay", "Attachable": true, "CheckDuplicate": true,
 		"IPAM": map[string]any{"Config": []map[string]string{{"Subnet": dockerSubnet.String()}}},
@@ -287,7 +293,9 @@ func dockerName(prefix string, h, k int) string { return fmt.Sprintf("%s-h%d-c%d
 func (tb *Testbed) dockerRun(h, k int) (Container, error) {
 	c := newDocker(tb.Config.Prefix, h)
 	name := dockerName(tb.Config.Prefix, h, k)
-	var created struct{ ID string `json:"Id"` }
+	var created struct {
+		ID string `json:"Id"`
+	}
 	if err := c.call("POST", "/containers/create?name="+url.QueryEscape(name), map[string]any{
 		"Image": dockerImage, "Cmd": []string{"sleep", "2147483647"}, "Hostname": name,
 		"StopTimeout": 1,
