@@ -47,9 +47,13 @@ type Options struct {
 	Repeats   int           // 0: 3
 	Duration  time.Duration // per measurement; 0: 2 s quick, 10 s full
 	Topology  testbed.Topology
-	Prefix    string // testbed prefix; default "lbench", apart from a user's testbed
-	IRQCPU    int    // -1: the last core
-	Keep      bool   // leave the testbed up afterwards
+	// Overlay has real daemons build the testbed's overlay
+	// (testbed.Config.Overlay: flanneld, dockerd); Topology is then
+	// theirs.
+	Overlay string
+	Prefix  string // testbed prefix; default "lbench", apart from a user's testbed
+	IRQCPU  int    // -1: the last core
+	Keep    bool   // leave the testbed up afterwards
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
@@ -306,6 +310,13 @@ func (o *Options) Validate() error {
 	if o.Prefix == "" {
 		o.Prefix = "lbench"
 	}
+	if o.Overlay != "" {
+		cfg := testbed.Config{Overlay: o.Overlay, Topology: o.Topology}.WithDefaults()
+		if err := cfg.ValidateOverlay(); err != nil {
+			return err
+		}
+		o.Topology = cfg.Topology
+	}
 	if o.Topology == "" {
 		o.Topology = testbed.Docker
 	}
@@ -431,8 +442,12 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if err := resetLeftovers(o.Progress, stateDir, o.Prefix); err != nil {
 		return nil, fmt.Errorf("restoring what an earlier bench left: %w (or run lanes reset --all --state-dir %s)", err, stateDir)
 	}
-	fmt.Fprintf(o.Progress, "bringing up the %s testbed (IRQ core %d, %s NAPI)...\n", o.Topology, o.IRQCPU, o.NIC)
-	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart, NIC: o.NIC})
+	built := "lanes"
+	if o.Overlay != "" {
+		built = o.Overlay
+	}
+	fmt.Fprintf(o.Progress, "bringing up the %s testbed built by %s (IRQ core %d, %s NAPI)...\n", o.Topology, built, o.IRQCPU, o.NIC)
+	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, Overlay: o.Overlay, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart, NIC: o.NIC})
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
 	}
@@ -898,7 +913,8 @@ func (r *runner) stressTarget(native bool) stress.Target {
 		DstMAC:      rc.UnderlayMAC,
 		SrcIP:       s.UnderlayAddr.Addr(),
 		DstIP:       rc.UnderlayAddr.Addr(),
-		VNI:         r.tb.Config.VNI,
+		VNI:         rc.VNI,
+		VXLANPort:   uint16(rc.Port),
 		Plain:       native,
 	}
 	if native {

@@ -20,6 +20,7 @@ func machine(tb *testbed.Testbed) results.Machine {
 	m := results.Machine{
 		CPUs:     runtime.NumCPU(),
 		Topology: string(tb.Config.Topology),
+		Overlay:  tb.Config.Overlay,
 		IRQCPU:   tb.Config.IRQCPU,
 		NIC:      tb.Config.NIC,
 		GoVer:    runtime.Version(),

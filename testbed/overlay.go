@@ -39,6 +39,10 @@ const (
 // Overlays lists the daemons Up can have build the overlay.
 var Overlays = []string{OverlayFlanneld, OverlayDockerd}
 
+// ValidateOverlay reports, as a one-line fix-it, an overlay the testbed
+// does not know or a topology it does not build (c with its defaults).
+func (c Config) ValidateOverlay() error { return c.validateOverlay() }
+
 func (c Config) validateOverlay() error {
 	switch c.Overlay {
 	case "":

@@ -115,6 +115,9 @@ type Container struct {
 	HostVeth string // peer name inside the host namespace
 }
 
+// WithDefaults is c with every setting left zero at its default.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
 func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = "lanes"

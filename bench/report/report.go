@@ -142,7 +142,11 @@ func Markdown(f *results.File, opt Options) string {
 	if m.MemGiB > 0 {
 		row("memory", fmt.Sprintf("%d GiB", m.MemGiB))
 	}
-	row("topology", m.Topology)
+	if m.Overlay != "" {
+		row("topology", m.Topology+", built by "+m.Overlay)
+	} else {
+		row("topology", m.Topology)
+	}
 	irq := fmt.Sprintf("cpu%d", m.IRQCPU)
 	if m.SenderPollCPU != nil {
 		irq += fmt.Sprintf(" (the sending host's NIC polled on cpu%d)", *m.SenderPollCPU)

@@ -37,8 +37,11 @@ type Machine struct {
 	CPUModel string `json:"cpu_model"`
 	CPUs     int    `json:"cpus"`
 	MemGiB   int    `json:"mem_gib"`
-	Topology string `json:"topology"` // testbed topology: docker or flannel
-	IRQCPU   int    `json:"irq_cpu"`  // core that polls the receiving underlay NIC
+	Topology string `json:"topology"` // testbed topology: docker, flannel or calico
+	// Overlay names the daemons that built the overlay (flanneld,
+	// dockerd); empty when lanes' testbed built it.
+	Overlay string `json:"overlay,omitempty"`
+	IRQCPU  int    `json:"irq_cpu"` // core that polls the receiving underlay NIC
 	// SenderPollCPU polls the sending host's underlay NIC: IRQCPU unless
 	// the run had --sender-apart (nil in files from before it existed).
 	SenderPollCPU *int `json:"sender_poll_cpu,omitempty"`
