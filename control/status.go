@@ -241,3 +241,24 @@ func readNetRX() ([]uint64, error) {
 	}
 	return nil, fmt.Errorf("no NET_RX line in /proc/softirqs")
 }
+
+// AgentDown says why the agent this target expects is not running, or ""
+// when none is expected or it runs. An agent is expected for an applied
+// mode with a run-time part (State.Plan.Agent), and for any mode whose
+// agent reported since the apply and stopped reporting (killed: one that
+// stops cleanly removes its report).
+func (s *StatusReport) AgentDown() string {
+	st := s.State
+	if st == nil || st.Phase != Applied {
+		return ""
+	}
+	switch a := s.Agent; {
+	case a != nil && a.Running:
+		return ""
+	case a != nil:
+		return fmt.Sprintf("the agent of %s on netns %s (pid %d) last reported at %s and is not running", st.Mode, label(s.NetNS), a.PID, a.At.Local().Format(time.DateTime))
+	case st.Plan.Agent != "":
+		return fmt.Sprintf("mode %s on netns %s has a run-time part (%s) and no agent runs it", st.Mode, label(s.NetNS), st.Plan.Agent)
+	}
+	return ""
+}

@@ -28,7 +28,11 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status [--netns NAME] [--json]",
 		Short: "Show the overlay, the applied mode and what each core is doing",
-		Args:  cobra.NoArgs,
+		Long: `status shows the overlay of a namespace, the mode applied to it, what each
+core is doing and what the mode's agent last reported. It exits with 1 when
+the applied mode expects an agent (one with a run-time part, or one whose agent
+reported since the apply) and none runs, so a health check can call it.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := control.Status(o)
 			if err != nil {
@@ -38,10 +42,13 @@ func newStatusCmd() *cobra.Command {
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(s)
+				if err := enc.Encode(s); err != nil {
+					return err
+				}
+			} else {
+				ctlPrintStatus(out, s)
 			}
-			ctlPrintStatus(out, s)
-			return nil
+			return ctlAgentErr(s)
 		},
 	}
 	f := cmd.Flags()
@@ -50,6 +57,16 @@ func newStatusCmd() *cobra.Command {
 	f.DurationVar(&o.Sample, "sample", 500*time.Millisecond, "how long to measure core load")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// ctlAgentErr is status's failure when the agent the target expects is
+// not running.
+func ctlAgentErr(s *control.StatusReport) error {
+	why := s.AgentDown()
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%s: start it (systemctl start lanes, or lanes agent%s)", why, ctlNSFlag(s.NetNS))
 }
 
 func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
