@@ -127,6 +127,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 					}
 					return err
 				}
+				ctlPrintCoexistence(out, control.Coexistence())
 			case apply.Mode != "":
 				params, err := ctlModeParams(cmd, sets)
 				if err != nil {

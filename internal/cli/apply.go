@@ -87,6 +87,7 @@ Modes:
 			for _, n := range st.Plan.Notes {
 				fmt.Fprintln(out, "note:", n)
 			}
+			ctlPrintCoexistence(out, control.Coexistence())
 			agentCmd := "lanes agent" + ctlNSFlag(st.NetNS)
 			if cfg != nil {
 				agentCmd = "lanes agent --config " + configPath

@@ -59,6 +59,21 @@ reported since the apply) and none runs, so a health check can call it.`,
 	return cmd
 }
 
+// ctlPrintCoexistence says which host tuning daemons write what lanes
+// writes, and what they would fight over.
+func ctlPrintCoexistence(out io.Writer, cs []control.Coexist) {
+	for _, c := range cs {
+		fmt.Fprintf(out, "coexistence: %s runs (pid %d", c.Name, c.PID)
+		if len(c.Config) > 0 {
+			fmt.Fprintf(out, ", %s", strings.Join(c.Config, ", "))
+		}
+		fmt.Fprintln(out, "):")
+		for _, f := range c.Fights {
+			fmt.Fprintf(out, "  %s\n", f)
+		}
+	}
+}
+
 // ctlAgentErr is status's failure when the agent the target expects is
 // not running.
 func ctlAgentErr(s *control.StatusReport) error {
@@ -129,6 +144,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		fmt.Fprintf(out, "\nagent NOT RUNNING: its queue reconciler, which books frames lost where the kernel does not report them, and its container follower run only in lanes agent%s\n", ctlNSFlag(s.NetNS))
 	} else if s.State != nil && s.State.Plan.Changes > 0 {
 		fmt.Fprintf(out, "\nagent NOT RUNNING: containers started after the apply are adopted only by lanes agent%s\n", ctlNSFlag(s.NetNS))
+	}
+
+	if len(s.Coexistence) > 0 {
+		fmt.Fprintln(out)
+		ctlPrintCoexistence(out, s.Coexistence)
 	}
 
 	if st := s.Steering; st != nil {

@@ -134,3 +134,15 @@ func TestStatusFailsWithoutTheAgent(t *testing.T) {
 		}
 	}
 }
+
+// status names the daemons that write what lanes writes, with their
+// fights, one a line.
+func TestStatusSaysWhatDaemonsFightOver(t *testing.T) {
+	var b strings.Builder
+	ctlPrintStatus(&b, &control.StatusReport{Mode: "rps", Coexistence: []control.Coexist{
+		{Name: "irqbalance", PID: 812, Config: []string{"/etc/default/irqbalance"}, Fights: []string{"IRQ affinity: x"}},
+	}})
+	if !strings.Contains(b.String(), "coexistence: irqbalance runs (pid 812, /etc/default/irqbalance):\n  IRQ affinity: x\n") {
+		t.Errorf("status:\n%s", b.String())
+	}
+}
