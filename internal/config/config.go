@@ -100,12 +100,29 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("%s:%d: %s", e.Path, e.Line, e.Msg) }
 
+// ExitConfig is the exit status of a command refused for its
+// configuration file (sysexits' EX_CONFIG): the systemd unit does not
+// restart the agent for it, since only an edit mends it.
+const ExitConfig = 78
+
+// ExitCode makes a command that fails on the file exit with ExitConfig.
+func (e *Error) ExitCode() int { return ExitConfig }
+
+// readError is a file that cannot be read.
+type readError struct{ err error }
+
+func (e readError) Error() string {
+	return fmt.Sprintf("reading config: %v (the example is deploy/lanes.yaml)", e.err)
+}
+func (e readError) Unwrap() error { return e.err }
+func (e readError) ExitCode() int { return ExitConfig }
+
 // Load reads and checks the file at path. Its error lists every problem
 // found, one *Error a line (errors.Join).
 func Load(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading config: %w (the example is deploy/lanes.yaml)", err)
+		return nil, readError{err}
 	}
 	return Parse(path, b)
 }

@@ -222,3 +222,17 @@ func TestPickOverlay(t *testing.T) {
 		t.Errorf("two overlays: %v", err)
 	}
 }
+
+// A refused file makes the command exit with ExitConfig, which the
+// systemd unit does not restart for.
+func TestExitCode(t *testing.T) {
+	_, err := Parse("lanes.yaml", []byte("mode: x\nmod: y\n"))
+	var c interface{ ExitCode() int }
+	if !errors.As(err, &c) || c.ExitCode() != ExitConfig {
+		t.Errorf("bad file: %v has no exit code %d", err, ExitConfig)
+	}
+	_, err = Load(filepath.Join(t.TempDir(), "none.yaml"))
+	if !errors.As(err, &c) || c.ExitCode() != ExitConfig || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
