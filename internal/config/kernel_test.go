@@ -217,7 +217,8 @@ func programs(snap map[string]string) map[string]string {
 // A lanes agent --config killed with SIGKILL leaves its apply in place;
 // lanes status fails for it; the restarted agent picks the journal up and
 // attaches nothing again (one program per hook, the same ones, one
-// journal); /healthz and /readyz answer; SIGTERM resets (on-exit's
+// journal); a third beside it is refused; /healthz and /readyz answer;
+// SIGTERM resets (on-exit's
 // default) and the testbed is as before.
 func TestAgentRestartPicksUp(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
@@ -282,6 +283,9 @@ func TestAgentRestartPicksUp(t *testing.T) {
 	}
 	if out, err := lanes("status", "--netns", ns, "--state-dir", stateDir, "--sample", "50ms"); err != nil {
 		t.Errorf("status with the agent running: %v\n%s", err, out)
+	}
+	if _, err := lanes("agent", "--config", path); err == nil || !strings.Contains(err.Error(), "already runs") {
+		t.Errorf("a second agent beside the running one: %v", err)
 	}
 
 	second.cmd.Process.Signal(syscall.SIGTERM)
