@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -147,25 +148,13 @@ func Ensure(o Options) (st *State, picked bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if cur != nil && cur.Phase == Applied && cur.Mode == o.Mode && sameParams(cur.Params, o.Params) && sameCPUs(cur.CPUs, o.CPUs) {
+	if cur != nil && cur.Phase == Applied && cur.Mode == o.Mode && maps.Equal(cur.Params, o.Params) && sameCPUs(cur.CPUs, o.CPUs) {
 		if r := CheckReady(dir); r.Ready {
 			return cur, true, nil
 		}
 	}
 	st, err = Apply(o)
 	return st, false, err
-}
-
-func sameParams(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // sameCPUs compares an applied core list (as the state file keeps it)

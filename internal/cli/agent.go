@@ -159,7 +159,13 @@ first); on-exit is keep unless --on-exit says reset.`,
 			}
 			ag, st, err := control.NewAgent(o)
 			if err != nil {
-				return err
+				// A file whose mode changes nothing (vanilla: lanes off)
+				// still gets an agent that serves health until it is
+				// stopped, so a service manager does not restart it.
+				if cfg == nil || st == nil || st.Phase != control.Applied || st.Plan.Changes != 0 || st.Plan.Agent != "" {
+					return err
+				}
+				ag = idleAgent{st.Mode}
 			}
 			dir := control.Dir(o.StateDir, o.NetNS)
 			health := control.NewHealth(dir, st.Mode)
@@ -241,3 +247,19 @@ func resetAfter(out io.Writer, netns, stateDir string, cause error) error {
 	}
 	return fmt.Errorf("%w (the mode was reset: nothing of the file is applied)", cause)
 }
+
+// idleAgent is the agent of a mode that changes nothing: it waits.
+type idleAgent struct{ mode string }
+
+func (a idleAgent) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (a idleAgent) Status() any { return idleStatus{a.mode + " changes nothing: nothing to run"} }
+
+type idleStatus struct {
+	Agent string `json:"agent"`
+}
+
+func (s idleStatus) Summary() []string { return []string{s.Agent} }

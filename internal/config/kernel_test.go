@@ -303,3 +303,29 @@ func TestAgentRestartPicksUp(t *testing.T) {
 	modetest.SameSnapshot(t, "after the agent's reset", modetest.Snapshot(t, tb), before)
 	modetest.NoState(t, stateDir)
 }
+
+// A file whose mode changes nothing (vanilla) still runs an agent that
+// serves health until SIGTERM, with on-exit keep leaving the state.
+func TestAgentVanilla(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	path := writeFile(t, fmt.Sprintf("netns: %s\nmode: vanilla\nagent:\n  metrics-addr: 127.0.0.1:0\n  on-exit: keep\nstate-dir: %s\n", ns, stateDir))
+	a := startAgent(t, path)
+	base := a.base(t)
+	waitReady(t, base)
+	if code, body := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %v", code, body)
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-a.done; err != nil {
+		t.Errorf("agent on SIGTERM: %v\n%s", err, a.output())
+	}
+	if !strings.Contains(a.output(), "mode still applied") {
+		t.Errorf("on-exit keep:\n%s", a.output())
+	}
+	if st, _ := control.ReadState(control.Dir(stateDir, ns)); st == nil || st.Mode != "vanilla" {
+		t.Errorf("state after on-exit keep: %+v", st)
+	}
+}
