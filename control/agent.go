@@ -2,13 +2,18 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 )
 
 // AgentOptions say which target's agent to build.
@@ -122,3 +127,94 @@ type staticStatus struct {
 }
 
 func (s staticStatus) Summary() []string { return []string{s.Agent} }
+
+// Ensure brings a target to what o asks for, as a restarted `lanes agent
+// --config` must: when the target's state says o's mode is applied with
+// o's settings and cores, and CheckReady finds everything it attached
+// still attached, the apply is picked up as it is (nothing is applied
+// again, so nothing is stacked); otherwise o is applied, which first
+// restores whatever the journal holds (a crashed apply, another mode).
+// picked says which. A namespace applied under another target name (the
+// same namespace by another path) is refused: two journals of one
+// namespace would each stack programs on its devices.
+func Ensure(o Options) (st *State, picked bool, err error) {
+	if other, err := OtherTarget(o.StateDir, o.NetNS); err != nil {
+		return nil, false, err
+	} else if other != "" {
+		return nil, false, fmt.Errorf("netns %s is already applied as target %s (the same namespace by another name): reset that target first (lanes reset --all resets every target)", label(o.NetNS), other)
+	}
+	dir := Dir(o.StateDir, o.NetNS)
+	cur, err := ReadState(dir)
+	if err != nil {
+		return nil, false, err
+	}
+	if cur != nil && cur.Phase == Applied && cur.Mode == o.Mode && maps.Equal(cur.Params, o.Params) && sameCPUs(cur.CPUs, o.CPUs) {
+		if r := CheckReady(dir); r.Ready {
+			return cur, true, nil
+		}
+	}
+	st, err = Apply(o)
+	return st, false, err
+}
+
+// sameCPUs compares an applied core list (as the state file keeps it)
+// with one as given ("" = all online).
+func sameCPUs(applied, given string) bool {
+	var cpus []int
+	var err error
+	if given == "" {
+		cpus, err = knobs.OnlineCPUs()
+	} else {
+		cpus, err = knobs.ParseCPUList(given)
+	}
+	return err == nil && knobs.FormatCPUList(cpus) == applied
+}
+
+// OtherTarget names a target under stateDir, other than netns's own, whose
+// applied namespace is netns's namespace ("" if none): one namespace
+// reached by two names (a name under /run/netns and its path, a pid form).
+func OtherTarget(stateDir, netns string) (string, error) {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	self := Dir(stateDir, netns)
+	ents, err := os.ReadDir(stateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("listing state dir: %w", err)
+	}
+	want, ok := netnsID(netns)
+	if !ok {
+		return "", nil
+	}
+	for _, e := range ents {
+		dir := filepath.Join(stateDir, e.Name())
+		if !e.IsDir() || dir == self {
+			continue
+		}
+		st, err := ReadState(dir)
+		if err != nil || st == nil {
+			continue
+		}
+		if id, ok := netnsID(st.NetNS); ok && id == want {
+			return e.Name(), nil
+		}
+	}
+	return "", nil
+}
+
+// netnsID identifies a namespace by its file's device and inode; false
+// when it cannot be reached.
+func netnsID(ns string) ([2]uint64, bool) {
+	p := knobs.NetNSPath(ns)
+	if p == "" {
+		p = "/proc/self/ns/net"
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return [2]uint64{}, false
+	}
+	return [2]uint64{st.Dev, st.Ino}, true
+}

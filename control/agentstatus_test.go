@@ -3,10 +3,17 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
 )
 
 type fakeStatus struct {
@@ -73,5 +80,135 @@ func TestAgentReport(t *testing.T) {
 	removeState(dir)
 	if _, err := os.Stat(filepath.Join(dir, AgentFile)); !os.IsNotExist(err) {
 		t.Errorf("removeState left %s (%v)", AgentFile, err)
+	}
+}
+
+// writeTestTarget writes a target directory as an apply leaves it: a state
+// file and a journal with the given tcx attachments.
+func writeTestTarget(t *testing.T, dir, mode, phase string, tcx ...attach.TCX) {
+	t.Helper()
+	if err := writeState(dir, &State{Mode: mode, Target: "host", Phase: phase, CPUs: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		Kind     string          `json:"kind"`
+		Key      string          `json:"key"`
+		Knob     json.RawMessage `json:"knob"`
+		Original []byte          `json:"original"`
+		At       time.Time       `json:"at"`
+	}
+	doc := struct {
+		Version int     `json:"version"`
+		Target  string  `json:"target"`
+		Entries []entry `json:"entries"`
+	}{Version: 1, Target: "host", Entries: []entry{}}
+	for _, k := range tcx {
+		b, _ := json.Marshal(k)
+		doc.Entries = append(doc.Entries, entry{Kind: k.Kind(), Key: k.Key(), Knob: b, Original: []byte{}, At: time.Now()})
+	}
+	b, _ := json.Marshal(doc)
+	if err := os.WriteFile(filepath.Join(dir, knobs.JournalFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// /readyz: not ready without a mode or with an apply that did not finish;
+// ready when every journaled program is attached or its device is gone;
+// not ready when one is detached, unless an agent parked it.
+func TestCheckReady(t *testing.T) {
+	dir := t.TempDir()
+	if r := CheckReady(dir); r.Ready || r.Reason != "no mode applied" {
+		t.Errorf("empty target: %+v", r)
+	}
+	gone := attach.TCX{Device: "lanesnodev0", Direction: "ingress", Prog: "/sys/fs/bpf/lanes/x/p", Link: "/sys/fs/bpf/lanes/x/l"}
+	writeTestTarget(t, dir, "falcon", Applying, gone)
+	if r := CheckReady(dir); r.Ready || r.Mode != "falcon" || !strings.Contains(r.Reason, "has not finished") {
+		t.Errorf("apply under way: %+v", r)
+	}
+	writeTestTarget(t, dir, "falcon", Applied, gone)
+	if r := CheckReady(dir); !r.Ready || r.Programs != 1 || r.Gone != 1 || r.Attached != 0 {
+		t.Errorf("a program whose device went: %+v; want ready, 1 program, gone", r)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("reading a device's tcx programs needs root")
+	}
+	detached := attach.TCX{Device: "lo", Direction: "ingress", Prog: "/sys/fs/bpf/lanes/x/p", Link: "/sys/fs/bpf/lanes/x/l"}
+	writeTestTarget(t, dir, "falcon", Applied, gone, detached)
+	r := CheckReady(dir)
+	if r.Ready || r.Programs != 2 || !strings.Contains(r.Reason, "1 of 2 programs not attached (tcx-link:host:lo:ingress)") {
+		t.Errorf("a detached program: %+v", r)
+	}
+	if err := os.WriteFile(filepath.Join(dir, plan.AgentStateFile), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := CheckReady(dir); !r.Ready || r.Parked != 1 {
+		t.Errorf("a program the agent parked: %+v; want ready, 1 parked", r)
+	}
+}
+
+// /healthz answers 200 while status rounds come, 503 with the reason once
+// they stop; /readyz 503 until the target is ready, and once it was
+// applied again after the agent started.
+func TestHealthEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	writeTestTarget(t, dir, "falcon", Applied, attach.TCX{Device: "lanesnodev0", Direction: "ingress", Prog: "/p", Link: "/l"})
+	h := NewHealth(dir, "falcon")
+	now := time.Now()
+	h.now = func() time.Time { return now }
+	get := func(handler http.HandlerFunc) (int, map[string]any) {
+		rec := httptest.NewRecorder()
+		handler(rec, httptest.NewRequest("GET", "/", nil))
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("body %q: %v", rec.Body.String(), err)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Errorf("content type %q", ct)
+		}
+		return rec.Code, body
+	}
+
+	// Before the first round: healthy while the start is recent.
+	if code, _ := get(h.ServeHealthz); code != 200 {
+		t.Errorf("at the start: %d", code)
+	}
+	b, _ := json.Marshal(struct {
+		At time.Time `json:"at"`
+	}{now.Add(-40 * time.Millisecond)})
+	h.round(AgentReport{At: now, Status: b})
+	now = now.Add(2 * time.Second)
+	code, body := get(h.ServeHealthz)
+	if code != 200 || body["ok"] != true || body["last_round_age_seconds"].(float64) != 2 {
+		t.Errorf("2 s after a round: %d %v", code, body)
+	}
+	if a, ok := body["agent_round_age_seconds"].(float64); !ok || a < 2.03 || a > 2.05 {
+		t.Errorf("agent's own round age %v, want 2.04", body["agent_round_age_seconds"])
+	}
+	now = now.Add(AgentStaleAfter)
+	code, body = get(h.ServeHealthz)
+	if code != 503 || body["ok"] != false || !strings.Contains(body["reason"].(string), "stuck") {
+		t.Errorf("stale: %d %v", code, body)
+	}
+
+	code, body = get(h.ServeReadyz)
+	if code != 200 || body["ready"] != true || body["mode"] != "falcon" {
+		t.Errorf("applied: %d %v", code, body)
+	}
+	// Applied again (a new journal generation): cached for readyCache,
+	// then not ready.
+	time.Sleep(5 * time.Millisecond)
+	writeTestTarget(t, dir, "falcon", Applied, attach.TCX{Device: "lanesnodev1", Direction: "ingress", Prog: "/p", Link: "/l"})
+	if code, _ := get(h.ServeReadyz); code != 200 {
+		t.Errorf("within the cache time: %d", code)
+	}
+	now = now.Add(readyCache)
+	code, body = get(h.ServeReadyz)
+	if code != 503 || !strings.Contains(body["reason"].(string), "applied again") {
+		t.Errorf("applied again: %d %v", code, body)
+	}
+	removeState(dir)
+	now = now.Add(readyCache)
+	if code, body = get(h.ServeReadyz); code != 503 || body["reason"] != "no mode applied" {
+		t.Errorf("after a reset: %d %v", code, body)
 	}
 }

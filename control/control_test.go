@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
+	"github.com/vishvananda/netlink"
 )
 
 // snapshot reads, byte for byte, every receive-side file of every device of
@@ -85,8 +86,10 @@ func TestApplyRPSThenReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Phase != Applied || st.Plan.Changes != len(rpsKeys(f, h)) {
-		t.Errorf("state %+v: want applied with %d changes", st, len(rpsKeys(f, h)))
+	// The RPS maps, and the namespace's default map for devices to come.
+	changes := len(rpsKeys(f, h)) + 1
+	if st.Phase != Applied || st.Plan.Changes != changes {
+		t.Errorf("state %+v: want applied with %d changes", st, changes)
 	}
 	online, _ := knobs.OnlineCPUs()
 	after := snapshot(t, h.NetNS)
@@ -109,7 +112,7 @@ func TestApplyRPSThenReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Mode != "rps" || rep.Journaled != len(rpsKeys(f, h)) || rep.Topology == nil || len(rep.Cores) != len(online) {
+	if rep.Mode != "rps" || rep.Journaled != changes || rep.Topology == nil || len(rep.Cores) != len(online) {
 		t.Errorf("status: mode %q journaled %d topology %v cores %d", rep.Mode, rep.Journaled, rep.Topology != nil, len(rep.Cores))
 	}
 	for _, c := range rep.Cores {
@@ -122,7 +125,7 @@ func TestApplyRPSThenReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Nothing || res.Mode != "rps" || len(res.Report.Restored) != len(rpsKeys(f, h)) {
+	if res.Nothing || res.Mode != "rps" || len(res.Report.Restored) != changes {
 		t.Errorf("reset result %+v", res)
 	}
 	sameSnapshot(t, "after reset", snapshot(t, h.NetNS), before)
@@ -132,6 +135,83 @@ func TestApplyRPSThenReset(t *testing.T) {
 	if err != nil || !res.Nothing {
 		t.Errorf("second reset: %+v, %v; want nothing to restore", res, err)
 	}
+}
+
+// rps sets net.core.rps_default_mask in the target namespace, journaled:
+// a veth made there while it is applied starts with the plan's RPS map,
+// and reset puts the namespace's default back, so a veth made after it
+// starts as before.
+func TestRPSDefaultMask(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	h := f.Hosts[1]
+	stateDir := t.TempDir()
+	knob := knobs.Sysctl(h.NetNS, "net.core.rps_default_mask")
+	orig, err := knob.Read()
+	if err != nil {
+		t.Skipf("no rps_default_mask in this kernel's namespaces: %v", err)
+	}
+	online, _ := knobs.OnlineCPUs()
+	mask := func(b []byte) string {
+		cpus, err := knobs.ParseCPUMask(string(b))
+		if err != nil {
+			t.Fatalf("mask %q: %v", b, err)
+		}
+		return knobs.FormatCPUList(cpus)
+	}
+	veth := func(name string) string {
+		t.Helper()
+		var rps []byte
+		err := knobs.DoSysfs(h.NetNS, func() error {
+			la := netlink.NewLinkAttrs()
+			la.Name = name
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: name + "p"}); err != nil {
+				return err
+			}
+			defer netlink.LinkDel(&netlink.Veth{LinkAttrs: la})
+			var err error
+			rps, err = os.ReadFile("/sys/class/net/" + name + "/queues/rx-0/rps_cpus")
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mask(rps)
+	}
+	before := veth("lnsdm0")
+
+	if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, StateDir: stateDir}); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := knobs.ReadEntries(Dir(stateDir, h.NetNS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	journaled := false
+	for _, e := range ents {
+		if e.Key == knob.Key() {
+			journaled = bytes.Equal(e.Original, orig)
+		}
+	}
+	if !journaled {
+		t.Errorf("%s not journaled with its original %q", knob.Key(), orig)
+	}
+	if got, _ := knob.Read(); mask(got) != knobs.FormatCPUList(online) {
+		t.Errorf("rps_default_mask while applied: %q, want cores %v", got, online)
+	}
+	if got := veth("lnsdm1"); got != knobs.FormatCPUList(online) {
+		t.Errorf("a veth made while rps is applied has RPS map %q, want the plan's %v", got, online)
+	}
+
+	if _, err := Reset(h.NetNS, stateDir); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := knob.Read(); !bytes.Equal(got, orig) {
+		t.Errorf("rps_default_mask after reset: %q, want %q", got, orig)
+	}
+	if got := veth("lnsdm2"); got != before {
+		t.Errorf("a veth made after reset has RPS map %q, want %q as before", got, before)
+	}
+	noState(t, stateDir)
 }
 
 func TestModeSwitchRestoresFirst(t *testing.T) {

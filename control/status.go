@@ -1,8 +1,10 @@
 package control
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,6 +42,9 @@ type StatusReport struct {
 	// Agent is the mode's agent's last report, when one ran since the
 	// apply.
 	Agent *AgentReport `json:"agent,omitempty"`
+	// Coexistence lists host tuning daemons (irqbalance, tuned) that
+	// write what lanes writes.
+	Coexistence []Coexist `json:"coexistence,omitempty"`
 }
 
 // Core is one online CPU over the sample.
@@ -113,6 +118,7 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 	if s.Agent, err = ReadAgentReport(dir); err != nil {
 		return nil, err
 	}
+	s.Coexistence = Coexistence()
 
 	// Sample first: discovery itself costs CPU and would show in the load.
 	cores, err := sampleCores(opts.Sample)
@@ -240,4 +246,233 @@ func readNetRX() ([]uint64, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("no NET_RX line in /proc/softirqs")
+}
+
+// AgentDown says why the agent this target expects is not running, or ""
+// when none is expected or it runs. An agent is expected for an applied
+// mode with a run-time part (State.Plan.Agent), and for any mode whose
+// agent reported since the apply and stopped reporting (killed: one that
+// stops cleanly removes its report).
+func (s *StatusReport) AgentDown() string {
+	st := s.State
+	if st == nil || st.Phase != Applied {
+		return ""
+	}
+	switch a := s.Agent; {
+	case a != nil && a.Running:
+		return ""
+	case a != nil:
+		return fmt.Sprintf("the agent of %s on netns %s (pid %d) last reported at %s and is not running", st.Mode, label(s.NetNS), a.PID, a.At.Local().Format(time.DateTime))
+	case st.Plan.Agent != "":
+		return fmt.Sprintf("mode %s on netns %s has a run-time part (%s) and no agent runs it", st.Mode, label(s.NetNS), st.Plan.Agent)
+	}
+	return ""
+}
+
+// Coexist is a host tuning daemon that writes what lanes writes, and what
+// the two would fight over.
+type Coexist struct {
+	Name string `json:"name"` // irqbalance, tuned
+	PID  int    `json:"pid"`
+	// Config is the file(s) the findings come from ("" = the daemon's
+	// defaults).
+	Config []string `json:"config,omitempty"`
+	// Fights says what each would set that the other sets too, and how to
+	// keep them apart, one line each.
+	Fights []string `json:"fights"`
+}
+
+// Coexistence finds irqbalance and tuned running on the host.
+func Coexistence() []Coexist { return coexistence("/proc", "/") }
+
+// coexistence reads processes under proc and configuration under root
+// (tests give their own trees).
+func coexistence(proc, root string) []Coexist {
+	var out []Coexist
+	pids := daemons(proc, "irqbalance", "tuned")
+	if pid := pids["irqbalance"]; pid > 0 {
+		out = append(out, irqbalance(pid, root))
+	}
+	if pid := pids["tuned"]; pid > 0 {
+		out = append(out, tuned(pid, root))
+	}
+	return out
+}
+
+// daemons finds the first process of each name (its comm) under proc.
+func daemons(proc string, names ...string) map[string]int {
+	out := map[string]int{}
+	ents, err := os.ReadDir(proc)
+	if err != nil {
+		return out
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(proc, e.Name(), "comm"))
+		if err != nil {
+			continue
+		}
+		comm := strings.TrimSpace(string(b))
+		if slices.Contains(names, comm) && (out[comm] == 0 || pid < out[comm]) {
+			out[comm] = pid
+		}
+	}
+	return out
+}
+
+// irqbalance moves interrupts between cores (every 10 s by default):
+// lanes reads the underlay NIC's IRQ core at apply and places its stages
+// around it, and its agent adopts no container once that core moved.
+func irqbalance(pid int, root string) Coexist {
+	c := Coexist{Name: "irqbalance", PID: pid}
+	var env map[string]string
+	for _, f := range []string{"etc/default/irqbalance", "etc/sysconfig/irqbalance"} {
+		if m, err := readEnvFile(filepath.Join(root, f)); err == nil {
+			env = m
+			c.Config = append(c.Config, "/"+f)
+			break
+		}
+	}
+	fight := "IRQ affinity: it moves the underlay NIC's interrupts between cores, while lanes places its stages around the IRQ core it read at apply (lanes agent adopts no container once that core moved)"
+	switch {
+	case strings.Contains(env["IRQBALANCE_ARGS"], "--banirq"):
+		fight += "; IRQBALANCE_ARGS has --banirq: check that every receive IRQ of the underlay NIC is banned, or stop irqbalance"
+	case env["IRQBALANCE_BANNED_CPULIST"] != "" || env["IRQBALANCE_BANNED_CPUS"] != "":
+		fight += fmt.Sprintf("; it keeps IRQs off banned cores (%s): pin the underlay NIC's IRQs with IRQBALANCE_ARGS=\"--banirq=N\" for each, or stop irqbalance", cmp.Or(env["IRQBALANCE_BANNED_CPULIST"], env["IRQBALANCE_BANNED_CPUS"]))
+	default:
+		fight += ": pin the underlay NIC's IRQs (IRQBALANCE_ARGS=\"--banirq=N\" for each receive IRQ), or stop irqbalance"
+	}
+	c.Fights = append(c.Fights, fight)
+	return c
+}
+
+// tuned applies a profile (with the profiles it includes) and, with
+// dynamic tuning or its scheduler plugin's runtime, keeps applying it.
+func tuned(pid int, root string) Coexist {
+	c := Coexist{Name: "tuned", PID: pid}
+	b, err := os.ReadFile(filepath.Join(root, "etc/tuned/active_profile"))
+	if err != nil {
+		c.Fights = append(c.Fights, "no active profile found (/etc/tuned/active_profile): check `tuned-adm active` for sysctl, sysfs and scheduler settings on what lanes sets")
+		return c
+	}
+	seen := map[string]bool{}
+	var visit func(profile string, depth int)
+	visit = func(profile string, depth int) {
+		if seen[profile] || depth > 10 || profile == "" {
+			return
+		}
+		seen[profile] = true
+		path, secs := readTunedProfile(root, profile)
+		if path == "" {
+			return
+		}
+		c.Config = append(c.Config, path)
+		for _, inc := range strings.Split(secs["main"]["include"], ",") {
+			visit(strings.TrimSpace(inc), depth+1)
+		}
+		c.Fights = append(c.Fights, tunedFights(profile, secs)...)
+	}
+	for _, p := range strings.Fields(string(b)) {
+		visit(p, 0)
+	}
+	if len(c.Fights) == 0 {
+		c.Fights = append(c.Fights, "its profiles set nothing lanes sets (no RPS maps, rps_default_mask, netdev_budget, scheduler or IRQ settings)")
+	}
+	return c
+}
+
+// tunedFights lists a profile's settings on what lanes sets.
+func tunedFights(profile string, secs map[string]map[string]string) []string {
+	var out []string
+	for _, key := range []string{"net.core.rps_default_mask", "net.core.netdev_budget", "net.core.rps_sock_flow_entries"} {
+		if v, ok := secs["sysctl"][key]; ok {
+			out = append(out, fmt.Sprintf("profile %s sets %s=%s, which lanes modes set too (rps, prism): the profile's value returns whenever tuned applies it again", profile, key, v))
+		}
+	}
+	for _, k := range sortedKeys(secs["sysfs"]) {
+		if strings.Contains(k, "rps_cpus") || strings.Contains(k, "rps_flow_cnt") || strings.HasSuffix(k, "/threaded") {
+			out = append(out, fmt.Sprintf("profile %s writes %s=%s: RPS maps or threaded NAPI of devices lanes steers", profile, k, secs["sysfs"][k]))
+		}
+	}
+	var sched []string
+	for _, k := range sortedKeys(secs["scheduler"]) {
+		if k == "isolated_cores" || k == "ps_blacklist" || k == "irq_process" || strings.HasPrefix(k, "group.") || strings.HasPrefix(k, "default_irq_smp_affinity") {
+			sched = append(sched, k+"="+secs["scheduler"][k])
+		}
+	}
+	if len(sched) > 0 {
+		out = append(out, fmt.Sprintf("profile %s moves threads and IRQs (%s): it can move the NAPI threads lanes pins and the NIC's interrupts lanes plans around; keep lanes' cores (cpus) out of isolated_cores, or drop those settings", profile, strings.Join(sched, ", ")))
+	}
+	if v, ok := secs["irqbalance"]["banned_cpus"]; ok {
+		out = append(out, fmt.Sprintf("profile %s sets irqbalance's banned cores (%s)", profile, v))
+	}
+	return out
+}
+
+// readTunedProfile finds a profile's tuned.conf (/etc/tuned overrides the
+// shipped ones) and reads its sections.
+func readTunedProfile(root, profile string) (string, map[string]map[string]string) {
+	for _, d := range []string{"etc/tuned", "etc/tuned/profiles", "usr/lib/tuned", "usr/lib/tuned/profiles"} {
+		p := filepath.Join(root, d, profile, "tuned.conf")
+		if b, err := os.ReadFile(p); err == nil {
+			return "/" + filepath.Join(d, profile, "tuned.conf"), parseINI(string(b))
+		}
+	}
+	return "", nil
+}
+
+// parseINI reads "[section]" and "key=value" lines (tuned's format).
+func parseINI(s string) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	sec := ""
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "" || strings.HasPrefix(l, "#") || strings.HasPrefix(l, ";"):
+		case strings.HasPrefix(l, "[") && strings.HasSuffix(l, "]"):
+			sec = strings.TrimSpace(l[1 : len(l)-1])
+		default:
+			k, v, ok := strings.Cut(l, "=")
+			if !ok {
+				continue
+			}
+			if out[sec] == nil {
+				out[sec] = map[string]string{}
+			}
+			out[sec][strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+// readEnvFile reads KEY=VALUE lines (quotes taken off), as irqbalance's
+// environment files hold them.
+func readEnvFile(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "export "))
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		if k, v, ok := strings.Cut(l, "="); ok {
+			out[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
+		}
+	}
+	return out, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }

@@ -4,6 +4,8 @@
 package baseline
 
 import (
+	"fmt"
+
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/topology"
@@ -69,5 +71,31 @@ func (rps) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	if len(p.Changes) == 0 {
 		p.Notes = append(p.Notes, "no overlay receive queues found: nothing to steer")
 	}
+	defaultMask(p, t.NetNS, mask)
 	return p, nil
+}
+
+// defaultMask sets net.core.rps_default_mask in the target's namespace to
+// the plan's mask: the kernel gives it to every device created there from
+// then on (per namespace, at creation; a device moved to another namespace
+// keeps its own), so a container's host-side veth made in the target
+// namespace starts with the plan's RPS map instead of none, or instead of
+// a default someone else set (tuned profiles set one), until lanes agent
+// adopts it. Set whether or not containers run now, so that the plan does
+// not change as they come and go. A kernel without the knob (before 6.3),
+// or without it in that namespace, gets a note and the plan without it.
+func defaultMask(p *plan.Plan, ns, mask string) {
+	k := knobs.Sysctl(ns, "net.core.rps_default_mask")
+	if _, err := k.Read(); err != nil {
+		p.Notes = append(p.Notes, fmt.Sprintf("net.core.rps_default_mask cannot be read in netns %s (%v): devices created there later get no RPS map until lanes agent adopts them", nsLabel(ns), err))
+		return
+	}
+	p.Add(k, mask, nsLabel(ns)+" net.core.rps_default_mask", "devices created here from now on start with the plan's RPS map")
+}
+
+func nsLabel(ns string) string {
+	if ns == "" {
+		return "host"
+	}
+	return ns
 }

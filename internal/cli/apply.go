@@ -3,11 +3,13 @@ package cli
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/config"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -16,31 +18,67 @@ func init() { register(newApplyCmd) }
 
 func newApplyCmd() *cobra.Command {
 	var (
-		o    control.Options
-		sets []string
+		o          control.Options
+		sets       []string
+		configPath string
 	)
 	cmd := &cobra.Command{
-		Use:   "apply --mode MODE [--netns NAME] [--cpus LIST]",
+		Use:   "apply --mode MODE [--netns NAME] [--cpus LIST] | apply --config FILE",
 		Short: "Apply a receive-processing mode to a namespace's overlay",
 		Long: `apply discovers the VXLAN overlay in a network namespace and applies a mode to
 it. The previous mode is undone first. Every kernel setting lanes changes is
 journaled under the state dir before it is written, so "lanes reset" restores
 the originals even after lanes was killed half way.
 
+With --config FILE it applies what the file says (netns, mode, settings, cpus,
+priority rules; docs/deploy.md, deploy/lanes.yaml), all of it checked first.
+
 Modes:
 ` + ctlModeList(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			params, err := ctlModeParams(cmd, sets)
-			if err != nil {
-				return err
+			var cfg *config.Config
+			if cmd.Flags().Changed("config") {
+				for _, f := range []string{"mode", "netns", "cpus", "state-dir", "set"} {
+					if cmd.Flags().Changed(f) {
+						return fmt.Errorf("--config and --%s exclude each other: put it in %s", f, configPath)
+					}
+				}
+				if err := noModeFlags(cmd); err != nil {
+					return err
+				}
+				var err error
+				if cfg, err = config.Load(configPath); err != nil {
+					return err
+				}
+				if o, err = cfg.Options(); err != nil {
+					return err
+				}
+				if other, err := control.OtherTarget(o.StateDir, o.NetNS); err != nil {
+					return err
+				} else if other != "" {
+					return fmt.Errorf("netns %s is already applied as target %s (the same namespace by another name): reset that target first (lanes reset --all resets every target)", ctlNSLabel(o.NetNS), other)
+				}
+			} else {
+				if o.Mode == "" {
+					return fmt.Errorf("give --mode MODE (one of %s) or --config FILE", strings.Join(plan.Modes(), ", "))
+				}
+				params, err := ctlModeParams(cmd, sets)
+				if err != nil {
+					return err
+				}
+				o.Params = params
 			}
-			o.Params = params
 			st, err := control.Apply(o)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			if cfg != nil {
+				if err := addPrioRules(out, st.NetNS, cfg.Prio); err != nil {
+					return resetAfter(out, st.NetNS, o.StateDir, err)
+				}
+			}
 			fmt.Fprintf(out, "applied %s to netns %s: %d changes", st.Mode, ctlNSLabel(st.NetNS), st.Plan.Changes)
 			if st.Plan.Changes > 0 {
 				fmt.Fprintf(out, " on cores %s", st.CPUs)
@@ -49,12 +87,17 @@ Modes:
 			for _, n := range st.Plan.Notes {
 				fmt.Fprintln(out, "note:", n)
 			}
+			ctlPrintCoexistence(out, control.Coexistence())
+			agentCmd := "lanes agent" + ctlNSFlag(st.NetNS)
+			if cfg != nil {
+				agentCmd = "lanes agent --config " + configPath
+			}
 			if st.Plan.Agent != "" {
-				fmt.Fprintf(out, "this mode has a run-time part (%s): run `lanes agent%s` as a service\n", st.Plan.Agent, ctlNSFlag(st.NetNS))
+				fmt.Fprintf(out, "this mode has a run-time part (%s): run `%s` as a service\n", st.Plan.Agent, agentCmd)
 			} else if steer.Pinned(plan.PinDir(st.NetNS)) {
-				fmt.Fprintf(out, "run `lanes agent%s` as a service too: its queue reconciler books frames lost where the kernel does not report them, which would otherwise keep flows from moving, and it adopts containers started later\n", ctlNSFlag(st.NetNS))
+				fmt.Fprintf(out, "run `%s` as a service too: its queue reconciler books frames lost where the kernel does not report them, which would otherwise keep flows from moving, and it adopts containers started later\n", agentCmd)
 			} else if st.Plan.Changes > 0 {
-				fmt.Fprintf(out, "run `lanes agent%s` as a service too: it adopts containers started later\n", ctlNSFlag(st.NetNS))
+				fmt.Fprintf(out, "run `%s` as a service too: it adopts containers started later\n", agentCmd)
 			}
 			if st.Plan.Changes > 0 {
 				fmt.Fprintf(out, "undo with: lanes reset%s\n", ctlNSFlag(st.NetNS))
@@ -67,9 +110,40 @@ Modes:
 	f.StringVar(&o.NetNS, "netns", "", "network namespace holding the VXLAN device (default: lanes' own)")
 	f.StringVar(&o.CPUs, "cpus", "", "cores the mode may use, as a list like 0-3,6 (default: all online)")
 	f.StringVar(&o.StateDir, "state-dir", control.DefaultStateDir, "where journals and state live")
+	f.StringVar(&configPath, "config", "", "apply what this file says ("+config.DefaultPath+" on a deployed host; example: deploy/lanes.yaml); excludes the other flags")
 	ctlAddModeFlags(f, &sets)
-	cmd.MarkFlagRequired("mode")
 	return cmd
+}
+
+// noModeFlags refuses mode flags beside --config.
+func noModeFlags(cmd *cobra.Command) error {
+	for _, m := range modeFlags {
+		if cmd.Flags().Changed(m.name) {
+			return fmt.Errorf("--config and --%s exclude each other: put the setting under settings: in the file", m.name)
+		}
+	}
+	return nil
+}
+
+// addPrioRules adds a file's priority rules to the applied mode's set
+// (adding a rule that is there changes nothing); rules added by hand with
+// lanes prio stay.
+func addPrioRules(out io.Writer, netns string, rules []steer.Rule) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	set, err := control.OpenPrio(netns)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	for _, r := range rules {
+		if err := set.Add(r); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "high priority: %s\n", r)
+	}
+	return nil
 }
 
 // modeFlags are the mode settings with flags of their own; --set KEY=VALUE

@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -42,10 +43,20 @@ micro-flows and PRISM's priorities, under one control plane.`,
 	return root
 }
 
-// Execute runs the CLI and exits with 1 and a one-line error on failure.
+// Execute runs the CLI and exits with 1 and a one-line error on failure
+// (a line per problem of a configuration file), or with the error's own
+// exit code where it has one (config.ExitConfig for a bad file).
 func Execute() {
 	if err := NewRoot().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "lanes:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+func exitCode(err error) int {
+	var c interface{ ExitCode() int }
+	if errors.As(err, &c) {
+		return c.ExitCode()
+	}
+	return 1
 }

@@ -28,7 +28,11 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status [--netns NAME] [--json]",
 		Short: "Show the overlay, the applied mode and what each core is doing",
-		Args:  cobra.NoArgs,
+		Long: `status shows the overlay of a namespace, the mode applied to it, what each
+core is doing and what the mode's agent last reported. It exits with 1 when
+the applied mode expects an agent (one with a run-time part, or one whose agent
+reported since the apply) and none runs, so a health check can call it.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := control.Status(o)
 			if err != nil {
@@ -38,10 +42,13 @@ func newStatusCmd() *cobra.Command {
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(s)
+				if err := enc.Encode(s); err != nil {
+					return err
+				}
+			} else {
+				ctlPrintStatus(out, s)
 			}
-			ctlPrintStatus(out, s)
-			return nil
+			return ctlAgentErr(s)
 		},
 	}
 	f := cmd.Flags()
@@ -50,6 +57,31 @@ func newStatusCmd() *cobra.Command {
 	f.DurationVar(&o.Sample, "sample", 500*time.Millisecond, "how long to measure core load")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// ctlPrintCoexistence says which host tuning daemons write what lanes
+// writes, and what they would fight over.
+func ctlPrintCoexistence(out io.Writer, cs []control.Coexist) {
+	for _, c := range cs {
+		fmt.Fprintf(out, "coexistence: %s runs (pid %d", c.Name, c.PID)
+		if len(c.Config) > 0 {
+			fmt.Fprintf(out, ", %s", strings.Join(c.Config, ", "))
+		}
+		fmt.Fprintln(out, "):")
+		for _, f := range c.Fights {
+			fmt.Fprintf(out, "  %s\n", f)
+		}
+	}
+}
+
+// ctlAgentErr is status's failure when the agent the target expects is
+// not running.
+func ctlAgentErr(s *control.StatusReport) error {
+	why := s.AgentDown()
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%s: start it (systemctl start lanes, or lanes agent%s)", why, ctlNSFlag(s.NetNS))
 }
 
 func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
@@ -112,6 +144,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		fmt.Fprintf(out, "\nagent NOT RUNNING: its queue reconciler, which books frames lost where the kernel does not report them, and its container follower run only in lanes agent%s\n", ctlNSFlag(s.NetNS))
 	} else if s.State != nil && s.State.Plan.Changes > 0 {
 		fmt.Fprintf(out, "\nagent NOT RUNNING: containers started after the apply are adopted only by lanes agent%s\n", ctlNSFlag(s.NetNS))
+	}
+
+	if len(s.Coexistence) > 0 {
+		fmt.Fprintln(out)
+		ctlPrintCoexistence(out, s.Coexistence)
 	}
 
 	if st := s.Steering; st != nil {

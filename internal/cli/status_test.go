@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +103,46 @@ func TestStatusSaysWhereTheNICIsPolled(t *testing.T) {
 		if !strings.Contains(b.String(), "underlay host/"+tc.dev.Name+": "+tc.want) {
 			t.Errorf("%s: status says\n%s\nwant %q", tc.dev.Name, b.String(), tc.want)
 		}
+	}
+}
+
+// lanes status fails (exit 1) when the applied mode expects an agent that
+// does not run: a mode with a run-time part and no report, or any mode
+// whose agent reported and stopped reporting.
+func TestStatusFailsWithoutTheAgent(t *testing.T) {
+	falcon := &control.State{Mode: "falcon", Phase: control.Applied, Plan: control.Summary{Agent: "falcon-balancer"}}
+	rps := &control.State{Mode: "rps", Phase: control.Applied, Plan: control.Summary{Changes: 4}}
+	for _, tc := range []struct {
+		name string
+		s    control.StatusReport
+		want string // "" = no error
+	}{
+		{"nothing applied", control.StatusReport{Mode: "vanilla"}, ""},
+		{"agent running", control.StatusReport{NetNS: "h2", State: falcon, Agent: &control.AgentReport{PID: 7, Running: true}}, ""},
+		{"agent never started", control.StatusReport{NetNS: "h2", State: falcon},
+			"mode falcon on netns h2 has a run-time part (falcon-balancer) and no agent runs it: start it (systemctl start lanes, or lanes agent --netns h2)"},
+		{"agent killed", control.StatusReport{State: falcon, Agent: &control.AgentReport{PID: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.Local)}},
+			"the agent of falcon on netns host (pid 7) last reported at 2026-01-02 03:04:05 and is not running: start it (systemctl start lanes, or lanes agent)"},
+		{"static mode, no agent", control.StatusReport{State: rps}, ""},
+		{"static mode, agent killed", control.StatusReport{State: rps, Agent: &control.AgentReport{PID: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.Local)}},
+			"the agent of rps on netns host (pid 7) last reported at 2026-01-02 03:04:05 and is not running: start it (systemctl start lanes, or lanes agent)"},
+		{"apply interrupted", control.StatusReport{State: &control.State{Mode: "falcon", Phase: control.Applying, Plan: control.Summary{Agent: "falcon-balancer"}}}, ""},
+	} {
+		err := ctlAgentErr(&tc.s)
+		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+			t.Errorf("%s: %v\nwant %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// status names the daemons that write what lanes writes, with their
+// fights, one a line.
+func TestStatusSaysWhatDaemonsFightOver(t *testing.T) {
+	var b strings.Builder
+	ctlPrintStatus(&b, &control.StatusReport{Mode: "rps", Coexistence: []control.Coexist{
+		{Name: "irqbalance", PID: 812, Config: []string{"/etc/default/irqbalance"}, Fights: []string{"IRQ affinity: x"}},
+	}})
+	if !strings.Contains(b.String(), "coexistence: irqbalance runs (pid 812, /etc/default/irqbalance):\n  IRQ affinity: x\n") {
+		t.Errorf("status:\n%s", b.String())
 	}
 }

@@ -1,0 +1,331 @@
+package config_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/internal/cli"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// lanesArgsEnv makes the test binary run lanes with these arguments
+// (separated by 0x1f: an environment variable holds no NUL) instead of
+// the tests: the agent the restart test kills.
+const lanesArgsEnv = "LANES_CONFIG_TEST_LANES_ARGS"
+
+func TestMain(m *testing.M) {
+	if args := os.Getenv(lanesArgsEnv); args != "" {
+		root := cli.NewRoot()
+		root.SetArgs(strings.Split(args, "\x1f"))
+		if err := root.Execute(); err != nil {
+			fmt.Fprintln(os.Stderr, "lanes:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	modetest.Main(m, "tcf")
+}
+
+// lanes runs a lanes command in this process.
+func lanes(args ...string) (string, error) {
+	var out strings.Builder
+	root := cli.NewRoot()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&out)
+	err := root.Execute()
+	return out.String(), err
+}
+
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "lanes.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// lanes apply --config applies the file's mode, settings and priority
+// rules to the testbed's receiver; a bad file applies nothing; reset
+// puts every knob back.
+func TestApplyFromConfig(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	modetest.Online(t)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	before := modetest.Snapshot(t, tb)
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	addr := tb.Receiver().Containers[0].Addr.Addr()
+
+	bad := writeFile(t, fmt.Sprintf("netns: %s\nmode: prism\nsettings:\n  prio-mode: batch\n  rt: 100\nprio:\n  - dst %s udp\nstate-dir: %s\n", ns, addr, stateDir))
+	_, err := lanes("apply", "--config", bad)
+	if err == nil || !strings.HasPrefix(err.Error(), bad+":5: bad prism setting rt=\"100\"") {
+		t.Errorf("bad file: %v", err)
+	}
+	modetest.SameSnapshot(t, "after a refused file", modetest.Snapshot(t, tb), before)
+	modetest.NoState(t, stateDir)
+
+	good := writeFile(t, fmt.Sprintf("netns: %s\nmode: prism\nsettings:\n  prio-mode: batch\nprio:\n  - dst %s udp\nstate-dir: %s\n", ns, addr, stateDir))
+	out, err := lanes("apply", "--config", good)
+	if err != nil {
+		t.Fatalf("apply --config: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "applied prism to netns "+ns) || !strings.Contains(out, "high priority: dst "+addr.String()+" udp") || !strings.Contains(out, "lanes agent --config "+good) {
+		t.Errorf("apply --config said:\n%s", out)
+	}
+	st, err := control.ReadState(control.Dir(stateDir, ns))
+	if err != nil || st == nil || st.Phase != control.Applied || st.Mode != "prism" || st.Params["prio-mode"] != "batch" {
+		t.Fatalf("state %+v, %v", st, err)
+	}
+	set := modetest.Prio(t, ns)
+	rules, err := set.List()
+	if err != nil || len(rules) != 1 || rules[0] != modetest.Rule(t, "dst "+addr.String()+" udp") {
+		t.Errorf("rules %v, %v", rules, err)
+	}
+	set.Close()
+
+	if out, err := lanes("reset", "--netns", ns, "--state-dir", stateDir); err != nil {
+		t.Fatalf("reset: %v\n%s", err, out)
+	}
+	modetest.SameSnapshot(t, "after reset", modetest.Snapshot(t, tb), before)
+	modetest.NoState(t, stateDir)
+}
+
+// agentProc is a lanes agent --config running in a child process.
+type agentProc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	addr chan string
+	done chan error
+}
+
+func startAgent(t *testing.T, path string) *agentProc {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agentProc{addr: make(chan string, 1), done: make(chan error, 1)}
+	a.cmd = exec.Command(self)
+	a.cmd.Env = append(os.Environ(), lanesArgsEnv+"="+strings.Join([]string{"agent", "--config", path}, "\x1f"))
+	pr, pw := io.Pipe()
+	a.cmd.Stdout, a.cmd.Stderr = pw, pw
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			l := sc.Text()
+			a.mu.Lock()
+			a.out.WriteString(l + "\n")
+			a.mu.Unlock()
+			if rest, ok := strings.CutPrefix(l, "metrics on http://"); ok {
+				a.addr <- strings.TrimSuffix(strings.Fields(rest)[0], ",")
+			}
+		}
+	}()
+	go func() {
+		err := a.cmd.Wait()
+		pw.Close()
+		a.done <- err
+	}()
+	t.Cleanup(func() {
+		if a.cmd.ProcessState == nil {
+			a.cmd.Process.Kill()
+			<-a.done
+		}
+	})
+	return a
+}
+
+func (a *agentProc) output() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.out.String()
+}
+
+// base waits for the agent's server and returns its URL.
+func (a *agentProc) base(t *testing.T) string {
+	t.Helper()
+	select {
+	case addr := <-a.addr:
+		return "http://" + strings.TrimSuffix(addr, "/metrics")
+	case err := <-a.done:
+		t.Fatalf("agent exited: %v\n%s", err, a.output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("agent's server not up after 60 s:\n%s", a.output())
+	}
+	return ""
+}
+
+// get returns an endpoint's status code and JSON body.
+func get(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, body
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	var body map[string]any
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var code int
+		if code, body = get(t, base+"/readyz"); code == 200 {
+			return
+		}
+	}
+	t.Fatalf("/readyz never 200: %v", body)
+}
+
+// programs is the XDP and tcx part of a snapshot: the program ids per
+// device and hook.
+func programs(snap map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range snap {
+		if strings.HasPrefix(k, "xdp:") || strings.HasPrefix(k, "tcx:") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// A lanes agent --config killed with SIGKILL leaves its apply in place;
+// lanes status fails for it; the restarted agent picks the journal up and
+// attaches nothing again (one program per hook, the same ones, one
+// journal); a third beside it is refused; /healthz and /readyz answer;
+// SIGTERM resets (on-exit's
+// default) and the testbed is as before.
+func TestAgentRestartPicksUp(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	modetest.Online(t)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	before := modetest.Snapshot(t, tb)
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	path := writeFile(t, fmt.Sprintf("netns: %s\nmode: prism\nprio:\n  - dst %s udp\nagent:\n  metrics-addr: 127.0.0.1:0\nstate-dir: %s\n",
+		ns, tb.Receiver().Containers[0].Addr.Addr(), stateDir))
+
+	first := startAgent(t, path)
+	base := first.base(t)
+	waitReady(t, base)
+	if !strings.Contains(first.output(), "applied prism to netns "+ns) {
+		t.Errorf("first agent:\n%s", first.output())
+	}
+	applied := modetest.Snapshot(t, tb)
+	progs := programs(applied)
+	xdp := progs["xdp:"+ns+":"+tb.Receiver().Underlay]
+	if xdp == "0" || xdp == "" {
+		t.Fatalf("no XDP program on the receiver's underlay: %v", progs)
+	}
+	for k, v := range progs {
+		if strings.Contains(v, ",") {
+			t.Errorf("%s: programs %s, want one at most", k, v)
+		}
+	}
+	journal := filepath.Join(control.Dir(stateDir, ns), "journal.json")
+	j1, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	first.cmd.Process.Signal(syscall.SIGKILL)
+	<-first.done
+	out, err := lanes("status", "--netns", ns, "--state-dir", stateDir, "--sample", "50ms")
+	if err == nil || !strings.Contains(err.Error(), "is not running") {
+		t.Errorf("status with the agent killed: %v\n%s", err, out)
+	}
+
+	second := startAgent(t, path)
+	base = second.base(t)
+	waitReady(t, base)
+	if !strings.Contains(second.output(), "picked up prism on netns "+ns) {
+		t.Errorf("second agent applied again:\n%s", second.output())
+	}
+	modetest.SameSnapshot(t, "programs after the restart", programs(modetest.Snapshot(t, tb)), progs)
+	if j2, err := os.ReadFile(journal); err != nil || string(j2) != string(j1) {
+		t.Errorf("journal changed across the restart (%v)", err)
+	}
+	if ents, _ := os.ReadDir(stateDir); len(ents) != 1 {
+		t.Errorf("state dir holds %d targets, want one", len(ents))
+	}
+	code, body := get(t, base+"/healthz")
+	if code != 200 || body["ok"] != true {
+		t.Errorf("/healthz: %d %v", code, body)
+	}
+	code, body = get(t, base+"/readyz")
+	if code != 200 || body["mode"] != "prism" || body["programs"].(float64) < 2 || body["programs"] != body["attached"] {
+		t.Errorf("/readyz: %d %v", code, body)
+	}
+	if out, err := lanes("status", "--netns", ns, "--state-dir", stateDir, "--sample", "50ms"); err != nil {
+		t.Errorf("status with the agent running: %v\n%s", err, out)
+	}
+	if _, err := lanes("agent", "--config", path); err == nil || !strings.Contains(err.Error(), "already runs") {
+		t.Errorf("a second agent beside the running one: %v", err)
+	}
+
+	second.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-second.done:
+		if err != nil {
+			t.Errorf("agent on SIGTERM: %v\n%s", err, second.output())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent still running 30 s after SIGTERM:\n%s", second.output())
+	}
+	if !strings.Contains(second.output(), "on exit: reset") {
+		t.Errorf("agent on SIGTERM said:\n%s", second.output())
+	}
+	modetest.SameSnapshot(t, "after the agent's reset", modetest.Snapshot(t, tb), before)
+	modetest.NoState(t, stateDir)
+}
+
+// A file whose mode changes nothing (vanilla) still runs an agent that
+// serves health until SIGTERM, with on-exit keep leaving the state.
+func TestAgentVanilla(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	path := writeFile(t, fmt.Sprintf("netns: %s\nmode: vanilla\nagent:\n  metrics-addr: 127.0.0.1:0\n  on-exit: keep\nstate-dir: %s\n", ns, stateDir))
+	a := startAgent(t, path)
+	base := a.base(t)
+	waitReady(t, base)
+	if code, body := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %v", code, body)
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-a.done; err != nil {
+		t.Errorf("agent on SIGTERM: %v\n%s", err, a.output())
+	}
+	if !strings.Contains(a.output(), "mode still applied") {
+		t.Errorf("on-exit keep:\n%s", a.output())
+	}
+	if st, _ := control.ReadState(control.Dir(stateDir, ns)); st == nil || st.Mode != "vanilla" {
+		t.Errorf("state after on-exit keep: %+v", st)
+	}
+}
