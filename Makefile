@@ -3,6 +3,8 @@
 #   make build   build the static binary bin/lanes
 #   make test    BPF objects regenerated, vet, unit + integration tests (root)
 #   make demo    quick benchmark: native vs vanilla vs rps, report + plots in out/quick
+#   make install binary, systemd unit and example config into place (root)
+#   make image   the container image (deploy/Dockerfile; needs a Docker engine)
 
 GO      ?= go
 BIN     := bin/lanes
@@ -10,7 +12,7 @@ OUT     ?= out/quick
 # Integration tests share one kernel: run packages one after another.
 TESTFLAGS ?= -p 1 -count=1 -timeout 20m
 
-.PHONY: all deps generate build test demo clean
+.PHONY: all deps generate build test demo install image clean
 
 all: build
 
@@ -36,6 +38,12 @@ test: deps generate build
 
 demo: deps build
 	./$(BIN) bench --quick --modes native,vanilla,rps --out $(OUT)
+
+install: build
+	./scripts/install.sh
+
+image: build
+	docker build -f deploy/Dockerfile -t lanes:dev .
 
 clean:
 	rm -rf bin out

@@ -18,7 +18,16 @@ import (
 // overlay's VXLAN lives in one of its own, 1-<network id>), and the
 // namespaces named under /run/netns. None, or more than one, is an error
 // that lists what to write instead.
+//
+// The namespace lanes runs in comes first, and counts as holding one when
+// discovery finds the host's overlay from it: on a Docker host that is
+// the overlay network whose VXLAN device dockerd moved into a namespace
+// of its own (topology.Discover follows it, passing over the swarm's
+// ingress network), so the host's namespace names the target.
 func AutoNetNS() (string, error) {
+	if _, err := topology.Discover(""); err == nil {
+		return "", nil
+	}
 	return pickOverlay(autoCandidates(), hasVXLAN)
 }
 
