@@ -215,6 +215,9 @@ func (tb *Testbed) build() error {
 	// its features change, so the pollers are threaded and pinned only
 	// once the underlay has settled.
 	for i, h := range tb.Hosts {
+		if tb.Config.NIC == NICVeth {
+			break
+		}
 		ns, dev, cpu := h.NetNS, h.Underlay, tb.Config.PollCPU(i)
 		if tb.Config.NIC == NICSoftirq {
 			// The wire end that delivers to host i, whose thread raises

@@ -52,7 +52,7 @@ type Config struct {
 	// shares the receiving host's IRQ core.
 	SenderApart bool
 	// NIC is how each host's underlay NIC is polled on its IRQ core:
-	// NICThreaded (default) or NICSoftirq.
+	// NICThreaded (default) or NICSoftirq; NICVeth: on no chosen core.
 	NIC string
 	MTU int    // underlay MTU, default 1500
 	VNI uint32 // VXLAN network identifier of lanes' own overlays, default 42
@@ -164,6 +164,9 @@ func (c Config) Validate(ncpu int) error {
 	}
 	if c.IRQCPU < 0 || c.IRQCPU >= ncpu {
 		return fmt.Errorf("irq core %d does not exist: this machine has cores 0..%d", c.IRQCPU, ncpu-1)
+	}
+	if c.SenderApart && c.NIC == NICVeth {
+		return fmt.Errorf("--sender-apart polls the sender's NIC on a core of its own, and --nic %s polls no NIC anywhere but where each sender runs: drop one", NICVeth)
 	}
 	if c.SenderApart && ncpu < 2 {
 		return fmt.Errorf("sender apart needs a second core besides the IRQ core; this machine has %d", ncpu)

@@ -32,6 +32,13 @@ const (
 	// veth then ends in a wire namespace whose pinned thread hands the
 	// frames on (wire.c).
 	NICSoftirq = "softirq"
+	// NICVeth leaves the underlay a plain veth pair, as two hosts'
+	// namespaces joined by one are: its NAPI is not threaded, and veth
+	// schedules a peer's NAPI on the core that transmitted, so each
+	// host's receive path starts on its sender's core. lanes cannot read
+	// an IRQ core there (there is none): the case its defaults must not
+	// make worse than vanilla.
+	NICVeth = "veth"
 )
 
 // wireMaxMTU is the largest underlay MTU the wire carries: veth refuses
@@ -41,7 +48,7 @@ const (
 const wireMaxMTU = 3500
 
 // NICModes lists the values Config.NIC takes.
-var NICModes = []string{NICThreaded, NICSoftirq}
+var NICModes = []string{NICThreaded, NICSoftirq, NICVeth}
 
 // WireNS is the namespace of the wire between the hosts' underlay veths
 // (NIC softirq only).

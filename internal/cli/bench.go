@@ -67,7 +67,7 @@ also on Ctrl-C.`,
 	fl.StringVar(&topo, "topology", "", "testbed topology lanes builds: docker (the default), flannel or calico")
 	fl.StringVar(&o.Overlay, "overlay", "", "have the real daemons build the testbed's overlay: flanneld or dockerd")
 	fl.IntVar(&o.IRQCPU, "irq-cpu", -1, "core polling the receiving underlay NIC (default: the last core)")
-	fl.StringVar(&o.NIC, "nic", testbed.NICThreaded, "how the testbed polls each host's underlay NIC on the IRQ core: threaded (a pinned NAPI kthread: each poll's frames reach their sockets before the next poll) or softirq (NET_RX softirq, one poll list with the later stages, as most physical NIC drivers poll)")
+	fl.StringVar(&o.NIC, "nic", testbed.NICThreaded, "how the testbed polls each host's underlay NIC on the IRQ core: threaded (a pinned NAPI kthread: each poll's frames reach their sockets before the next poll), softirq (NET_RX softirq, one poll list with the later stages, as most physical NIC drivers poll) or veth (a plain veth pair: each host's receive path starts on its sender's core, no IRQ core lanes can read)")
 	fl.BoolVar(&o.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than the IRQ core, as if it were another machine, its poller at SCHED_FIFO 1 as hardware would take the core (default: both on the IRQ core)")
 	fl.BoolVar(&o.ServiceApart, "service-apart", false, "run the priority workloads' marked server off the receive core, beside its client and the background's receiver, as PRISM's evaluation gave its servers cores of their own (default: on the receive core)")
 	fl.BoolVar(&o.Keep, "keep", false, "leave the testbed up afterwards")

@@ -94,10 +94,18 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintf(out, " since %s, %d changes on cores %s", st.Applied.Local().Format(time.DateTime), st.Plan.Changes, st.CPUs)
 			if len(st.IRQCPUs) > 0 {
 				fmt.Fprintf(out, ", IRQ core %s", knobs.FormatCPUList(st.IRQCPUs))
+			} else {
+				fmt.Fprint(out, ", IRQ core unknown")
 			}
 		}
 	}
 	fmt.Fprintf(out, ", %d knobs journaled\n", s.Journaled)
+	if st := s.State; st != nil {
+		// What the plan assumed and chose, as apply printed it.
+		for _, n := range st.Plan.Notes {
+			fmt.Fprintf(out, "  plan: %s\n", n)
+		}
+	}
 	if t := s.Topology; t != nil {
 		ctlPrintTopology(out, t)
 	} else {

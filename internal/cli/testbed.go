@@ -39,7 +39,7 @@ func newTestbedCmd() *cobra.Command {
 	up.Flags().IntVar(&cfg.Containers, "containers", 2, "containers per host")
 	up.Flags().IntVar(&cfg.IRQCPU, "irq-cpu", runtime.NumCPU()-1, "core that polls the underlay NICs (like a NIC's IRQ affinity)")
 	up.Flags().BoolVar(&cfg.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than --irq-cpu, as if it were another machine, its poller at SCHED_FIFO 1 as hardware would take the core (default: both on --irq-cpu)")
-	up.Flags().StringVar(&cfg.NIC, "nic", testbed.NICThreaded, "how each host polls its underlay NIC on the IRQ core: threaded (a pinned NAPI kthread, each poll's frames carried to their sockets before the next poll) or softirq (NET_RX softirq, in one poll list with the later stages, as most physical NIC drivers)")
+	up.Flags().StringVar(&cfg.NIC, "nic", testbed.NICThreaded, "how each host polls its underlay NIC on the IRQ core: threaded (a pinned NAPI kthread, each poll's frames carried to their sockets before the next poll), softirq (NET_RX softirq, in one poll list with the later stages, as most physical NIC drivers) or veth (a plain veth pair: each host's receive path starts on its sender's core, no IRQ core lanes can read)")
 	up.Flags().IntVar(&cfg.MTU, "mtu", 1500, "underlay MTU")
 	var vni uint
 	up.Flags().UintVar(&vni, "vni", 42, "VXLAN network identifier")

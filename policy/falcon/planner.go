@@ -152,6 +152,15 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 	if len(lay.IRQCPUs) == 0 {
+		if o.spreadBusy() && !o.SplitRPS && !o.Prio {
+			// Stages leave the IRQ core only once it is busy, and no
+			// core can be seen to be busy without knowing which it is:
+			// the plan would only add lanes' programs and RPS maps to a
+			// path that stays vanilla's. So it leaves the path alone.
+			return &plan.Plan{Mode: p.mode, Notes: []string{
+				plan.IRQUnknown + "; with spread=busy falcon moves stages off the IRQ core only once it is busy, so it leaves the receive path as vanilla's (no programs, no RPS maps, no agent): give irq-cpus=N to balance, or spread=always to place stages by hash from the start",
+			}}, nil
+		}
 		pl.Notes = append(pl.Notes, plan.IRQUnknown+": split cores may include it")
 	}
 	// PRISM-batch on top: both classes get a queue on every core the

@@ -472,3 +472,35 @@ func TestPlanSplitRPS(t *testing.T) {
 		}
 	}
 }
+
+// Where lanes cannot read the underlay's IRQ core (a veth without
+// threaded NAPI polls on its sender's core), falcon at its defaults
+// (spread=busy) could never see the IRQ core busy: it leaves the path as
+// vanilla's, no change and no agent, and says so; told the core, or
+// spread=always, it steers.
+func TestPlanIRQUnknownLeavesPathAlone(t *testing.T) {
+	top := fixture()
+	top.Underlays[0].NAPIThreads = nil
+	pl, _ := plan.Lookup("falcon")
+	cfg := plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}}
+	p, err := pl.Plan(top, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Changes) != 0 || p.Agent != "" {
+		t.Errorf("falcon with the IRQ core unknown: %d changes, agent %q; want none", len(p.Changes), p.Agent)
+	}
+	if notes := strings.Join(p.Notes, "\n"); !strings.Contains(notes, "IRQ core is unknown") || !strings.Contains(notes, "vanilla's") {
+		t.Errorf("notes %v: want the unknown IRQ core and vanilla's path said", p.Notes)
+	}
+	for _, params := range []map[string]string{{"irq-cpus": "1"}, {"spread": "always"}} {
+		cfg.Params = params
+		p, err := pl.Plan(top, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Changes) == 0 {
+			t.Errorf("falcon %v with the IRQ core unknown: no changes, want it to steer", params)
+		}
+	}
+}
