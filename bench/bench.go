@@ -88,8 +88,12 @@ type Options struct {
 	// container, as PRISM's evaluation generated it: down the sender's
 	// whole stack).
 	Background string
-	Progress   io.Writer
-	Args       []string
+	// Awake says how the priority workloads run with respect to idle
+	// states: AwakeBoth (default: every point as-is and with the cores
+	// kept awake), AwakeOn or AwakeOff (awake.go).
+	Awake    string
+	Progress io.Writer
+	Args     []string
 }
 
 // The tools that can offer the priority workloads' background (--background).
@@ -332,6 +336,17 @@ func (o *Options) Validate() error {
 	if !slices.Contains(testbed.NICModes, o.NIC) {
 		return fmt.Errorf("--nic %q: use %s", o.NIC, strings.Join(testbed.NICModes, " or "))
 	}
+	if o.Awake == "" {
+		o.Awake = AwakeBoth
+	}
+	if !slices.Contains(AwakeModes, o.Awake) {
+		return fmt.Errorf("--awake %q: use %s", o.Awake, strings.Join(AwakeModes, ", "))
+	}
+	if o.Awake != AwakeOff && slices.ContainsFunc(o.Workloads, isPrio) {
+		if err := awakeAvailable(); err != nil {
+			return fmt.Errorf("--awake %s: %w: use --awake off", o.Awake, err)
+		}
+	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
@@ -348,6 +363,8 @@ type point struct {
 	// background is a priority workload's low-priority load, a fraction
 	// of the receive core's capacity.
 	background float64
+	// awake keeps the cores out of idle states during the run (awake.go).
+	awake bool
 }
 
 func (p point) String() string {
@@ -364,6 +381,9 @@ func (p point) String() string {
 	if isPrio(p.workload) {
 		s += fmt.Sprintf(" bg%.0f%%", 100*p.background)
 	}
+	if p.awake {
+		s += " awake"
+	}
 	if p.workload == "udp_stress" && p.rate > 0 {
 		s += fmt.Sprintf(" @%dK", p.rate/1000)
 	}
@@ -372,7 +392,7 @@ func (p point) String() string {
 
 // points expands workloads into the points the seed papers measured:
 // message sizes 16 B / 4 KB / 64 KB for streams, 1..8 flows, 64 B ping-pong.
-func points(workloads []string, quick bool, rates []int) []point {
+func points(workloads []string, quick bool, rates []int, awake string) []point {
 	var out []point
 	for _, w := range workloads {
 		switch w {
@@ -408,7 +428,7 @@ func points(workloads []string, quick bool, rates []int) []point {
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 1024, flows: 4})
 		default:
 			if s, ok := prioSpecs[w]; ok {
-				out = append(out, s.points(quick)...)
+				out = append(out, awakePoints(s.points(quick), awake)...)
 			} else {
 				out = append(out, point{workload: w, flows: 1})
 			}
@@ -538,7 +558,7 @@ func (r *runner) write() error {
 }
 
 func (r *runner) all(ctx context.Context) error {
-	pts := points(r.o.Workloads, r.o.Quick, r.o.Rates)
+	pts := points(r.o.Workloads, r.o.Quick, r.o.Rates, r.o.Awake)
 	total := len(pts) * len(r.o.Modes) * r.o.Repeats
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
@@ -603,12 +623,12 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 		}
 	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
-		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background, rate: run.Rate}, run.Mode, what, strings.Join(cpus, ", "), eta)
+		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background, rate: run.Rate, awake: run.Awake}, run.Mode, what, strings.Join(cpus, ", "), eta)
 }
 
 // one measures one point under one mode.
 func (r *runner) one(ctx context.Context, mode string, p point, rep int) results.Run {
-	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Background: p.background, Repeat: rep}
+	run := results.Run{Mode: mode, Workload: p.workload, Proto: p.proto, MsgSize: p.msgSize, Flows: p.flows, Background: p.background, Awake: p.awake, Repeat: rep}
 	if p.workload == "udp_stress" {
 		// Elsewhere rate is a workload's own setting (the priority
 		// workloads' foreground), the same at every point.
@@ -620,6 +640,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	}
 	if r.agentStop != nil {
 		fmt.Fprintf(r.agentLog, "%s %s: measuring %s, repeat %d\n", time.Now().UTC().Format("15:04:05.000"), mode, p, rep+1)
+	}
+	if p.awake {
+		release, err := holdAwake()
+		if err != nil {
+			return fail(err)
+		}
+		defer release()
 	}
 	srv, cli, err := r.endpoints(mode, p)
 	if err != nil {

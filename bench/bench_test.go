@@ -116,7 +116,7 @@ func TestValidate(t *testing.T) {
 func TestPrioPoints(t *testing.T) {
 	loads := func(wl string, quick bool) []float64 {
 		var out []float64
-		for _, p := range points([]string{wl}, quick, nil) {
+		for _, p := range points([]string{wl}, quick, nil, AwakeOff) {
 			if p.workload != wl || p.proto != prioSpecs[wl].proto || p.flows < 1 {
 				t.Errorf("%s: point %+v", wl, p)
 			}
@@ -139,7 +139,7 @@ func TestPrioPoints(t *testing.T) {
 			t.Errorf("%s: in every full run, not in --quick's defaults", wl)
 		}
 	}
-	if p := points([]string{prioLatencyWorkload}, true, nil)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
+	if p := points([]string{prioLatencyWorkload}, true, nil, AwakeOff)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
 		t.Errorf("ping-pong point %+v %q", p, p)
 	}
 }
@@ -186,7 +186,7 @@ func TestAppCPUs(t *testing.T) {
 
 func TestPointsCoverPaperSizes(t *testing.T) {
 	sizes := map[int]bool{}
-	for _, p := range points([]string{"tcp_stream"}, false, nil) {
+	for _, p := range points([]string{"tcp_stream"}, false, nil, AwakeBoth) {
 		sizes[p.msgSize] = true
 	}
 	for _, s := range []int{16, 4096, 65536} {
@@ -384,7 +384,7 @@ func TestRates(t *testing.T) {
 	if err != nil || !slices.Equal(rates, []int{300000, 450000, 600000, 1200000}) {
 		t.Fatalf("ParseRates = %v, %v", rates, err)
 	}
-	pts := points([]string{"udp_stress", "tcp_stream"}, true, rates)
+	pts := points([]string{"udp_stress", "tcp_stream"}, true, rates, AwakeBoth)
 	var got []int
 	for _, p := range pts {
 		if p.workload == "udp_stress" {
@@ -559,5 +559,28 @@ func TestGuardStatus(t *testing.T) {
 		if v.Demotions != tc.n || ok != tc.ok || v.Demoted != tc.end {
 			t.Errorf("%s: %d, %v, demoted %v; want %d, %v, %v", tc.name, v.Demotions, ok, v.Demoted, tc.n, tc.ok, tc.end)
 		}
+	}
+}
+
+// The priority workloads' points come awake and as-is by default, the
+// awake one first (the baseline the targets use); the others never.
+func TestAwakePoints(t *testing.T) {
+	var got []string
+	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, true, nil, AwakeBoth) {
+		got = append(got, p.String())
+	}
+	want := []string{"prio_latency 64B bg0% awake", "prio_latency 64B bg0%", "prio_latency 64B bg65% awake", "prio_latency 64B bg65%", "pingpong/udp 64B"}
+	if !slices.Equal(got, want) {
+		t.Errorf("points %q, want %q", got, want)
+	}
+	for mode, n := range map[string]int{AwakeOn: 2, AwakeOff: 2} {
+		pts := points([]string{prioLatencyWorkload}, true, nil, mode)
+		if len(pts) != n || pts[0].awake != (mode == AwakeOn) {
+			t.Errorf("--awake %s: %+v", mode, pts)
+		}
+	}
+	o := Options{Modes: []string{"vanilla"}, Workloads: prioNames, Out: "x", Awake: "sometimes"}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--awake") {
+		t.Errorf("--awake sometimes: %v", err)
 	}
 }

@@ -810,6 +810,9 @@ func pointLabel(p results.Point) string {
 	if p.Rate > 0 {
 		parts = append(parts, results.OfferedLabel(p.Rate))
 	}
+	if p.Awake {
+		parts = append(parts, "cores awake")
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -830,6 +833,9 @@ func slug(p results.Point) string {
 	}
 	if p.Rate > 0 {
 		parts = append(parts, fmt.Sprintf("at%dk", p.Rate/1000))
+	}
+	if p.Awake {
+		parts = append(parts, "awake")
 	}
 	s := strings.Join(parts, "_")
 	return strings.Map(func(r rune) rune {

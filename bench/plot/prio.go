@@ -38,8 +38,10 @@ func loadPoints(a *results.Agg, wl string) []results.Point {
 	for _, p := range sel {
 		base.Flows, base.MsgSize = min(base.Flows, p.Flows), min(base.MsgSize, p.MsgSize)
 	}
+	// With both baselines measured, the awake one (what the targets use).
+	awake := slices.ContainsFunc(sel, func(p results.Point) bool { return p.Awake })
 	sel = slices.DeleteFunc(sel, func(p results.Point) bool {
-		return p.Flows != base.Flows || p.MsgSize != base.MsgSize || p.Proto != base.Proto
+		return p.Flows != base.Flows || p.MsgSize != base.MsgSize || p.Proto != base.Proto || p.Awake != awake
 	})
 	slices.SortFunc(sel, func(x, y results.Point) int { return cmpFloat(x.Background, y.Background) })
 	return sel

@@ -187,6 +187,12 @@ func Markdown(f *results.File, opt Options) string {
 				"received % of offered below 100 means the background lost packets; " +
 				"guard demotions: how often `lanes agent`'s starvation guard gave prism's bulk queue normal scheduling during a run, – where no guard ran):\n\n")
 			backgroundTable(a, wl).markdown(&b)
+			if t, ok := queueingTable(a, wl); ok {
+				b.WriteString("\nVanilla's queueing: its latency at each load over its latency idle with the same baseline " +
+					"(awake: the cores held out of idle states; as-is: they may sleep). PRISM can only remove the waiting behind bulk " +
+					"that vanilla shows here: where vanilla's loaded latency is not above its idle latency, it has nothing to remove.\n\n")
+				t.markdown(&b)
+			}
 		}
 		if hasWork(a, wl) {
 			fmt.Fprintf(&b, "\nWork per datagram: CPU time of the receive path and the sink per delivered datagram, "+
@@ -480,6 +486,44 @@ func backgroundTable(a *results.Agg, wl string) table {
 	return t
 }
 
+// queueingTable compares vanilla's latency at each background load with
+// its latency idle at the same baseline (awake or as-is): the queueing
+// behind bulk a priority mode can remove. False when vanilla did not run
+// both idle and loaded.
+func queueingTable(a *results.Agg, wl string) (table, bool) {
+	t := table{header: []string{"point", "p50 loaded / idle", "p99 loaded / idle", "vanilla waits behind bulk"}, right: []bool{false, true, true, false}}
+	for _, p := range a.Points(wl) {
+		if p.Background == 0 {
+			continue
+		}
+		idle := p
+		idle.Background = 0
+		g, g0 := a.Group(results.Key{Mode: "vanilla", Point: p}), a.Group(results.Key{Mode: "vanilla", Point: idle})
+		if g == nil || g0 == nil {
+			continue
+		}
+		p50, p99 := ratio(g, g0, results.LatP50), ratio(g, g0, results.LatP99)
+		if p50 == 0 || p99 == 0 {
+			continue
+		}
+		verdict := "yes"
+		if p50 <= 1 && p99 <= 1 {
+			verdict = "no: nothing for PRISM to remove"
+		}
+		t.rows = append(t.rows, cells(pointLabel(p, a.Points(wl)), fmt.Sprintf("%.2f", p50), fmt.Sprintf("%.2f", p99), verdict))
+	}
+	return t, len(t.rows) > 0
+}
+
+// ratio is g's median of m over g0's (0 when either has none).
+func ratio(g, g0 *results.Group, m results.Metric) float64 {
+	a, b := g.Stat(m), g0.Stat(m)
+	if a.N == 0 || b.N == 0 || b.Median == 0 {
+		return 0
+	}
+	return a.Median / b.Median
+}
+
 // batchSection is MFLOW's Fig. 7 as a table: for runs that compare a mode
 // at several micro-flow batch sizes (MODE:batch=N), the reordering counters
 // of each stream workload per batch size, with the stream's own rate, and
@@ -698,6 +742,11 @@ func pointLabel(p results.Point, pts []results.Point) string {
 	}
 	if p.Rate > 0 || (!all && varies(func(q results.Point) any { return q.Rate })) {
 		parts = append(parts, results.OfferedLabel(p.Rate))
+	}
+	if p.Awake {
+		parts = append(parts, "awake")
+	} else if !all && varies(func(q results.Point) any { return q.Awake }) {
+		parts = append(parts, "as-is")
 	}
 	return strings.Join(parts, ", ")
 }

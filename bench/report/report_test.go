@@ -227,3 +227,25 @@ func TestNICLikeColumn(t *testing.T) {
 	f.Modes[len(f.Modes)-1] = "vanilla:cpus=0-1:xdp-pass=1"
 	has(t, Markdown(f, Options{}), "|  | vanilla:cpus=0-1:xdp-pass=1 | 8.00 | 0.89 | 0.40 | 1.00 | 3 |")
 }
+
+// The report says whether vanilla waits behind bulk at each load, against
+// its idle latency at the same baseline: awake with awake, as-is with
+// as-is.
+func TestQueueingTable(t *testing.T) {
+	run := func(bg float64, awake bool, p50, p99 float64) results.Run {
+		return results.Run{Mode: "vanilla", Workload: "prio_latency", Proto: "udp", MsgSize: 64, Flows: 1, Background: bg, Awake: awake, LatP50Us: p50, LatP99Us: p99}
+	}
+	f := &results.File{Runs: []results.Run{
+		run(0, true, 40, 50), run(0.65, true, 80, 200),
+		run(0, false, 60, 150), run(0.65, false, 55, 120),
+	}}
+	md := Markdown(f, Options{})
+	for _, want := range []string{
+		"| 64 B, bg 65%, awake | 2.00 | 4.00 | yes |",
+		"| 64 B, bg 65%, as-is | 0.92 | 0.80 | no: nothing for PRISM to remove |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q\n%s", want, md)
+		}
+	}
+}

@@ -16,7 +16,8 @@ type Point struct {
 	MsgSize    int
 	Flows      int
 	Background float64
-	Rate       int // offered packets/s, 0 = unpaced
+	Rate       int  // offered packets/s, 0 = unpaced
+	Awake      bool // cores kept out of idle states (Run.Awake)
 }
 
 // Key identifies a group of repeats: one mode at one point.
@@ -27,7 +28,7 @@ type Key struct {
 
 // Point returns the run's workload point.
 func (r *Run) Point() Point {
-	return Point{Workload: r.Workload, Proto: r.Proto, MsgSize: r.MsgSize, Flows: r.Flows, Background: r.Background, Rate: r.Rate}
+	return Point{Workload: r.Workload, Proto: r.Proto, MsgSize: r.MsgSize, Flows: r.Flows, Background: r.Background, Rate: r.Rate, Awake: r.Awake}
 }
 
 // Key returns the run's group key.
@@ -356,7 +357,18 @@ func comparePoint(x, y Point) int {
 		cmp.Compare(x.Flows, y.Flows),
 		cmp.Compare(x.Background, y.Background),
 		cmp.Compare(x.Rate, y.Rate),
+		compareBool(y.Awake, x.Awake), // awake first: the baseline
 	)
+}
+
+func compareBool(x, y bool) int {
+	switch {
+	case x == y:
+		return 0
+	case !x:
+		return -1
+	}
+	return 1
 }
 
 // Group returns the group of k, or nil.

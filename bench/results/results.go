@@ -64,7 +64,12 @@ type Run struct {
 	Background float64 `json:"background"`
 	// Rate is the offered rate the generator was paced at, packets/s (0 =
 	// as fast as it can). Used by udp_stress's paced points (--rates).
-	Rate   int    `json:"rate,omitempty"`
+	Rate int `json:"rate,omitempty"`
+	// Awake says the machine's cores were kept out of idle states for
+	// the run (a zero CPU latency request, /dev/cpu_dma_latency): a
+	// priority workload's baseline where an idle core means no competing
+	// packets, not a sleeping core that first has to wake.
+	Awake  bool   `json:"awake,omitempty"`
 	Repeat int    `json:"repeat"` // 0-based repeat index
 	Error  string `json:"error,omitempty"`
 
