@@ -823,7 +823,9 @@ func (r *runner) apply(mode string) error {
 		return err
 	}
 	cpus, params := modeCPUs(params)
-	params = r.tb.ModeParams(base, params)
+	if cpu, ok := r.tb.GivenIRQCPU(); ok {
+		params = plan.WithIRQ(base, params, cpu)
+	}
 	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
 	if err != nil {
 		return fmt.Errorf("applying %s: %w", want, err)

@@ -94,7 +94,10 @@ func TestEveryModeOnEveryLayout(t *testing.T) {
 				for k, v := range ru.params {
 					name += fmt.Sprintf(":%s=%s", k, v)
 				}
-				params := tb.ModeParams(ru.mode, ru.params)
+				params := ru.params
+				if cpu, ok := tb.GivenIRQCPU(); ok {
+					params = plan.WithIRQ(ru.mode, params, cpu)
+				}
 				t.Run(name, func(t *testing.T) {
 					before := modetest.Snapshot(t, tb)
 					a := modetest.Apply(t, tb, ru.mode, params)

@@ -5,11 +5,8 @@ package testbed
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"strconv"
 
 	"github.com/cilium/ebpf"
-	modeplan "github.com/lanesnet/lanes/control/plan"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 
@@ -193,20 +190,14 @@ func (tb *Testbed) WireCounts() (WireCounts, error) {
 	return WireCounts{}, errors.New("the wire program has no counts map")
 }
 
-// ModeParams are a mode's settings on this testbed: with the NIC polled
-// in softirq, a steering mode is told the receiving NIC's IRQ core
-// (plan.IRQKey), which a veth has no interrupt to read it from, as an
-// operator would say it on a host whose NIC is virtual. A core params
-// gives stays; params itself is not changed. Modes are known to plan's
-// registry once their policy packages are linked (control links them).
-func (tb *Testbed) ModeParams(mode string, params map[string]string) map[string]string {
-	if tb.Config.NIC != NICSoftirq || params[modeplan.IRQKey] != "" || !modeplan.Takes(mode, modeplan.IRQKey) {
-		return params
+// GivenIRQCPU is the receiving NIC's IRQ core when the modes cannot read
+// it and must be told it (plan.IRQKey), as an operator would on a host
+// whose NIC is virtual: with the NIC polled in softirq (a veth has no
+// interrupt to read it from). False otherwise: the modes read it (a
+// pinned NAPI thread), or there is none (NICVeth).
+func (tb *Testbed) GivenIRQCPU() (int, bool) {
+	if tb.Config.NIC != NICSoftirq {
+		return 0, false
 	}
-	out := maps.Clone(params)
-	if out == nil {
-		out = map[string]string{}
-	}
-	out[modeplan.IRQKey] = strconv.Itoa(tb.Config.PollCPU(1))
-	return out
+	return tb.Config.PollCPU(1), true
 }

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/internal/stats"
 )
 
 // Point is a workload point: everything that identifies a measurement
@@ -86,7 +86,7 @@ var (
 		for i, c := range r.CPU {
 			busy[i] = 100 - c.Idle
 		}
-		return balancer.StdDev(busy)
+		return stats.StdDev(busy)
 	}}
 )
 

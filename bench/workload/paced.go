@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/internal/stats"
 )
 
 // The paced ping-pong client: sockperf's UDP ping-pong, with a client that
@@ -525,6 +525,6 @@ func (s pacedSummary) asSockperf(lat []float64) *sockperfSummary {
 		sum += v
 	}
 	out.AvgUs = sum / float64(len(lat))
-	out.StdDevUs = balancer.StdDev(lat)
+	out.StdDevUs = stats.StdDev(lat)
 	return out
 }

@@ -2,7 +2,9 @@ package plan
 
 import (
 	"fmt"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -42,6 +44,21 @@ const IRQKey = "irq-cpus"
 
 // IRQParam is IRQKey's entry in a mode's settings.
 var IRQParam = Param{Key: IRQKey, Default: "read from the NIC", Help: "cores that poll the underlay NIC, a list like 1 or 2-3 (default: where its threaded NAPI kthreads are pinned, else where its receive interrupts are delivered); give it where lanes cannot read them, and give it right: the modes that keep order by polling on the receive core alone count on it"}
+
+// WithIRQ is a mode's settings with IRQKey set to cpu, for a host whose
+// NIC's IRQ core the modes cannot read: unchanged when the mode takes no
+// such setting or params already gives it. params itself is not changed.
+func WithIRQ(mode string, params map[string]string, cpu int) map[string]string {
+	if params[IRQKey] != "" || !Takes(mode, IRQKey) {
+		return params
+	}
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[IRQKey] = strconv.Itoa(cpu)
+	return out
+}
 
 // IRQCPUsOr is given when a mode was told its IRQ cores, else IRQCPUs(t).
 func IRQCPUsOr(t *topology.Topology, given []int) []int {

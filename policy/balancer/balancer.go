@@ -594,24 +594,5 @@ func (b *Balancer) AssignHome(hashed, home, current []int, active []bool) (next 
 	return next, moves
 }
 
-// StdDev is the population standard deviation of per-core utilization, the
-// imbalance figure the MFLOW paper reports (Falcon 20.5 vs MFLOW 11.6 over
-// 10 cores). 0 for no cores.
-func StdDev(loads []float64) float64 {
-	if len(loads) == 0 {
-		return 0
-	}
-	var mean float64
-	for _, l := range loads {
-		mean += l
-	}
-	mean /= float64(len(loads))
-	var ss float64
-	for _, l := range loads {
-		ss += (l - mean) * (l - mean)
-	}
-	return math.Sqrt(ss / float64(len(loads)))
-}
-
 // pct formats a percentage for Reason strings.
 func pct(v float64) string { return fmt.Sprintf("%.0f%%", v) }

@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/stats"
 	"github.com/lanesnet/lanes/policy/balancer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/prometheus/client_golang/prometheus"
@@ -357,7 +358,7 @@ func (a *agent) step(s load.Sample) error {
 		load[c] = a.bal.Load(c)
 		vals = append(vals, load[c])
 	}
-	sd := balancer.StdDev(vals)
+	sd := stats.StdDev(vals)
 	bs := a.bal.Stats()
 	a.mu.Lock()
 	a.status.At = s.At
