@@ -56,12 +56,12 @@ func Load() (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
-	// steer_drops_skb reads struct sk_buff through CO-RE, which needs the
-	// kernel's BTF; every other program works without. Where it cannot
-	// load (no BTF, a relocation that fails), a stub that counts nothing
-	// takes its place, never attached (TrackQueues reports it), and the
-	// rest of the datapath works. Only vmlinux's types are searched, not
-	// every module's.
+	// steer_drops_skb and steer_sync_xmit read kernel structs through
+	// CO-RE, which needs the kernel's BTF; every other program works
+	// without. Where they cannot load (no BTF, a relocation that fails),
+	// stubs that count nothing take their place, never attached
+	// (TrackQueues reports it), and the rest of the datapath works. Only
+	// vmlinux's types are searched, not every module's.
 	var opts *ebpf.CollectionOptions
 	if kt, err := btf.LoadKernelSpec(); err != nil {
 		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
@@ -83,10 +83,13 @@ func Load() (*Datapath, error) {
 	return d, nil
 }
 
-// stubDropsSkb replaces steer_drops_skb by a program that returns at once.
+// stubDropsSkb replaces the CO-RE programs (steer_drops_skb,
+// steer_sync_xmit) by programs that return at once.
 func stubDropsSkb(spec *ebpf.CollectionSpec) {
-	if p := spec.Programs[steerProgSteerDropsSkb]; p != nil {
-		p.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}
+	for _, name := range []string{steerProgSteerDropsSkb, steerProgSteerSyncXmit} {
+		if p := spec.Programs[name]; p != nil {
+			p.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}
+		}
 	}
 }
 
@@ -145,6 +148,8 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerMfCores, &o.SteerMfCores},
 		{steerMapSteerSync, &o.SteerSync},
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
+		{steerMapSteerSyncSrc, &o.SteerSyncSrc},
+		{steerMapSteerSyncLocal, &o.SteerSyncLocal},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
@@ -167,6 +172,8 @@ var dropTraces = []struct{ pin, group, tracepoint string }{
 	{steerProgSteerDropsRing + "_link", "xdp", "xdp_cpumap_enqueue"},
 	{steerProgSteerDropsKthread + "_link", "xdp", "xdp_cpumap_kthread"},
 	{steerProgSteerDropsSkb + "_link", "skb", "kfree_skb"},
+	{steerProgSteerSyncXmit + "_link", "xdp", "xdp_devmap_xmit"},
+	{steerProgSteerSyncRedirectErr + "_link", "xdp", "xdp_redirect_err"},
 }
 
 // NoDropTracesError is TrackQueues failing to attach to a drop tracepoint
@@ -216,8 +223,24 @@ func (d *Datapath) TrackQueues(dir string) error {
 	if skbErr != nil && !errors.As(skbErr, &nt) {
 		return skbErr
 	}
+	// PRISM-sync's redirects that the devmap or the veth dropped
+	// (Counters.SyncDropped); without, they go uncounted. The devmap's
+	// trace reads the device through CO-RE, as steer_drops_skb does.
+	var syncErr error
+	for i, p := range map[int]*ebpf.Program{3: d.objs.SteerSyncXmit, 4: d.objs.SteerSyncRedirectErr} {
+		var e error = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
+		if i == 4 || d.dropsSkbErr == nil {
+			e = attachTrace(dir, i, p)
+		} else if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
+		}
+		if e != nil && !errors.As(e, &nt) {
+			return e
+		}
+		syncErr = errors.Join(syncErr, e)
+	}
 	// Only degradations (NoDropTracesError) from here.
-	return errors.Join(err, skbErr)
+	return errors.Join(err, skbErr, syncErr)
 }
 
 // trackCPUMaps is TrackQueues for the split stage's cpumap queues.

@@ -1022,6 +1022,17 @@ type Counters struct {
 	// destination (or because they were too long for it).
 	Sync     uint64
 	SyncMiss uint64
+	// SyncRefused is high-priority frames with a destination that the
+	// kernel's own path would not have delivered there (steer.c's
+	// sync_accept: a wrong checksum or length, another host's address, an
+	// unknown source, reserved VXLAN bits, outer CE on a Not-ECT packet):
+	// they took the normal path, where the kernel decides. SyncExpired is
+	// those whose destination's deadline had passed (no agent renewed it);
+	// SyncDropped is frames the shortcut redirected that the devmap or
+	// the veth then dropped (a full ring, a device going away).
+	SyncRefused uint64
+	SyncExpired uint64
+	SyncDropped uint64
 
 	// Home is frames that took the stage's at-home fast path (SetHome):
 	// vanilla placement without per-flow state; not in Stayed.
@@ -1060,7 +1071,7 @@ type Counters struct {
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

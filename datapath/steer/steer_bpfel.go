@@ -123,9 +123,10 @@ type steerSteerQueue struct {
 }
 
 type steerSyncDest struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Mtu     uint32
+	_        structs.HostLayout
+	Ifindex  uint32
+	Mtu      uint32
+	Deadline uint64
 }
 
 type steerSyncKey struct {
@@ -133,6 +134,25 @@ type steerSyncKey struct {
 	Vni uint32
 	Mac [6]uint8
 	Pad uint16
+}
+
+type steerSyncLocal struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
+type steerSyncLocalKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+}
+
+type steerSyncSrc struct {
+	_    structs.HostLayout
+	Vtep uint32
+	Pad  uint32
+	Seen uint64
 }
 
 type steerVethClassState struct {
@@ -147,38 +167,42 @@ type steerVethClassState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerAdopt         = "steer_adopt"
-	steerMapSteerBulkSeen      = "steer_bulk_seen"
-	steerMapSteerCfg           = "steer_cfg"
-	steerMapSteerCpumap        = "steer_cpumap"
-	steerMapSteerCpumapHi      = "steer_cpumap_hi"
-	steerMapSteerFlows         = "steer_flows"
-	steerMapSteerHighFrames    = "steer_high_frames"
-	steerMapSteerHighInline    = "steer_high_inline"
-	steerMapSteerHighSeen      = "steer_high_seen"
-	steerMapSteerMfCores       = "steer_mf_cores"
-	steerMapSteerPassedTick    = "steer_passed_tick"
-	steerMapSteerPrio          = "steer_prio"
-	steerMapSteerPrioSeen      = "steer_prio_seen"
-	steerMapSteerQmaps         = "steer_qmaps"
-	steerMapSteerQueueLost     = "steer_queue_lost"
-	steerMapSteerQueues        = "steer_queues"
-	steerMapSteerStats         = "steer_stats"
-	steerMapSteerSync          = "steer_sync"
-	steerMapSteerSyncDev       = "steer_sync_dev"
-	steerMapSteerTable         = "steer_table"
-	steerMapSteerVethClass     = "steer_veth_class"
-	steerMapSteerVni           = "steer_vni"
-	steerProgSteerDropsKthread = "steer_drops_kthread"
-	steerProgSteerDropsRing    = "steer_drops_ring"
-	steerProgSteerDropsSkb     = "steer_drops_skb"
-	steerProgSteerTcEgress     = "steer_tc_egress"
-	steerProgSteerTcIngress    = "steer_tc_ingress"
-	steerProgSteerTcSeen       = "steer_tc_seen"
-	steerProgSteerTcSplitSeen  = "steer_tc_split_seen"
-	steerProgSteerTcVethClass  = "steer_tc_veth_class"
-	steerProgSteerTcVethSeen   = "steer_tc_veth_seen"
-	steerProgSteerXdp          = "steer_xdp"
+	steerMapSteerAdopt            = "steer_adopt"
+	steerMapSteerBulkSeen         = "steer_bulk_seen"
+	steerMapSteerCfg              = "steer_cfg"
+	steerMapSteerCpumap           = "steer_cpumap"
+	steerMapSteerCpumapHi         = "steer_cpumap_hi"
+	steerMapSteerFlows            = "steer_flows"
+	steerMapSteerHighFrames       = "steer_high_frames"
+	steerMapSteerHighInline       = "steer_high_inline"
+	steerMapSteerHighSeen         = "steer_high_seen"
+	steerMapSteerMfCores          = "steer_mf_cores"
+	steerMapSteerPassedTick       = "steer_passed_tick"
+	steerMapSteerPrio             = "steer_prio"
+	steerMapSteerPrioSeen         = "steer_prio_seen"
+	steerMapSteerQmaps            = "steer_qmaps"
+	steerMapSteerQueueLost        = "steer_queue_lost"
+	steerMapSteerQueues           = "steer_queues"
+	steerMapSteerStats            = "steer_stats"
+	steerMapSteerSync             = "steer_sync"
+	steerMapSteerSyncDev          = "steer_sync_dev"
+	steerMapSteerSyncLocal        = "steer_sync_local"
+	steerMapSteerSyncSrc          = "steer_sync_src"
+	steerMapSteerTable            = "steer_table"
+	steerMapSteerVethClass        = "steer_veth_class"
+	steerMapSteerVni              = "steer_vni"
+	steerProgSteerDropsKthread    = "steer_drops_kthread"
+	steerProgSteerDropsRing       = "steer_drops_ring"
+	steerProgSteerDropsSkb        = "steer_drops_skb"
+	steerProgSteerSyncRedirectErr = "steer_sync_redirect_err"
+	steerProgSteerSyncXmit        = "steer_sync_xmit"
+	steerProgSteerTcEgress        = "steer_tc_egress"
+	steerProgSteerTcIngress       = "steer_tc_ingress"
+	steerProgSteerTcSeen          = "steer_tc_seen"
+	steerProgSteerTcSplitSeen     = "steer_tc_split_seen"
+	steerProgSteerTcVethClass     = "steer_tc_veth_class"
+	steerProgSteerTcVethSeen      = "steer_tc_veth_seen"
+	steerProgSteerXdp             = "steer_xdp"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -223,16 +247,18 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	SteerDropsKthread *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
-	SteerDropsRing    *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
-	SteerDropsSkb     *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
-	SteerTcEgress     *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
-	SteerTcIngress    *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
-	SteerTcSeen       *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen  *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
-	SteerTcVethClass  *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
-	SteerTcVethSeen   *ebpf.ProgramSpec `ebpf:"steer_tc_veth_seen"`
-	SteerXdp          *ebpf.ProgramSpec `ebpf:"steer_xdp"`
+	SteerDropsKthread    *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
+	SteerDropsRing       *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
+	SteerDropsSkb        *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
+	SteerSyncRedirectErr *ebpf.ProgramSpec `ebpf:"steer_sync_redirect_err"`
+	SteerSyncXmit        *ebpf.ProgramSpec `ebpf:"steer_sync_xmit"`
+	SteerTcEgress        *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
+	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcSeen          *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen     *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass     *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_veth_seen"`
+	SteerXdp             *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -258,6 +284,8 @@ type steerMapSpecs struct {
 	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
 	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
 	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.MapSpec `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.MapSpec `ebpf:"steer_sync_src"`
 	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
 	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
 	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
@@ -308,6 +336,8 @@ type steerMaps struct {
 	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
 	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
 	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.Map `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.Map `ebpf:"steer_sync_src"`
 	SteerTable      *ebpf.Map `ebpf:"steer_table"`
 	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
 	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
@@ -334,6 +364,8 @@ func (m *steerMaps) Close() error {
 		m.SteerStats,
 		m.SteerSync,
 		m.SteerSyncDev,
+		m.SteerSyncLocal,
+		m.SteerSyncSrc,
 		m.SteerTable,
 		m.SteerVethClass,
 		m.SteerVni,
@@ -350,16 +382,18 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	SteerDropsKthread *ebpf.Program `ebpf:"steer_drops_kthread"`
-	SteerDropsRing    *ebpf.Program `ebpf:"steer_drops_ring"`
-	SteerDropsSkb     *ebpf.Program `ebpf:"steer_drops_skb"`
-	SteerTcEgress     *ebpf.Program `ebpf:"steer_tc_egress"`
-	SteerTcIngress    *ebpf.Program `ebpf:"steer_tc_ingress"`
-	SteerTcSeen       *ebpf.Program `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen  *ebpf.Program `ebpf:"steer_tc_split_seen"`
-	SteerTcVethClass  *ebpf.Program `ebpf:"steer_tc_veth_class"`
-	SteerTcVethSeen   *ebpf.Program `ebpf:"steer_tc_veth_seen"`
-	SteerXdp          *ebpf.Program `ebpf:"steer_xdp"`
+	SteerDropsKthread    *ebpf.Program `ebpf:"steer_drops_kthread"`
+	SteerDropsRing       *ebpf.Program `ebpf:"steer_drops_ring"`
+	SteerDropsSkb        *ebpf.Program `ebpf:"steer_drops_skb"`
+	SteerSyncRedirectErr *ebpf.Program `ebpf:"steer_sync_redirect_err"`
+	SteerSyncXmit        *ebpf.Program `ebpf:"steer_sync_xmit"`
+	SteerTcEgress        *ebpf.Program `ebpf:"steer_tc_egress"`
+	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcSeen          *ebpf.Program `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen     *ebpf.Program `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass     *ebpf.Program `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen      *ebpf.Program `ebpf:"steer_tc_veth_seen"`
+	SteerXdp             *ebpf.Program `ebpf:"steer_xdp"`
 }
 
 func (p *steerPrograms) Close() error {
@@ -367,6 +401,8 @@ func (p *steerPrograms) Close() error {
 		p.SteerDropsKthread,
 		p.SteerDropsRing,
 		p.SteerDropsSkb,
+		p.SteerSyncRedirectErr,
+		p.SteerSyncXmit,
 		p.SteerTcEgress,
 		p.SteerTcIngress,
 		p.SteerTcSeen,
