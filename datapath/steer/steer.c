@@ -680,10 +680,15 @@ struct tuple {
 	__u8 seg_end;
 };
 
-/* A read position in a packet; every step is checked against end. */
+/* A read position in a packet; every step is checked against end, the
+ * bytes the program can read, and left, the bytes the headers read so far
+ * say lie ahead (an skb's length at first, then the IPv4 total length and
+ * the UDP length): a field lanes reads is one the kernel would read too,
+ * not a byte past what it trims. */
 struct cursor {
 	void *pos;
 	void *end;
+	__u32 left;
 };
 
 static __always_inline void count_n(__u32 stage, __u32 ctr, __u32 n)
@@ -704,28 +709,52 @@ static __always_inline void *take(struct cursor *c, __u32 len)
 {
 	void *p = c->pos;
 
-	if (p + len > c->end)
+	if (p + len > c->end || len > c->left)
 		return NULL;
 	c->pos = p + len;
+	c->left -= len;
 	return p;
 }
 
-/* IPv4 header including options; fragments are refused because only the
- * first carries ports, and steering the rest differently would split them. */
+/* IPv4 header including options, within its total length (as ip_rcv
+ * checks it: at least the header, at most what the frame holds; the rest
+ * is trimmed); fragments are refused because only the first carries
+ * ports, and steering the rest differently would split them. */
 static __always_inline struct iphdr *parse_ipv4(struct cursor *c)
 {
+	__u32 avail = c->left;
 	struct iphdr *ip = take(c, sizeof(*ip));
-	__u32 opts;
+	__u32 hlen, tot;
 
 	if (!ip || ip->version != 4 || ip->ihl < 5)
 		return NULL;
 	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return NULL;
-	opts = (ip->ihl - 5) * 4;
-	if (c->pos + opts > c->end)
+	hlen = ip->ihl * 4;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < hlen || tot > avail)
 		return NULL;
-	c->pos += opts;
+	c->left = tot - sizeof(*ip);
+	if (!take(c, hlen - sizeof(*ip)))
+		return NULL;
 	return ip;
+}
+
+/* A UDP header within the IP payload, whose length (at least the header)
+ * bounds what follows, as udp_rcv trims it. */
+static __always_inline struct udphdr *parse_udp(struct cursor *c)
+{
+	__u32 avail = c->left;
+	struct udphdr *uh = take(c, sizeof(*uh));
+	__u32 len;
+
+	if (!uh)
+		return NULL;
+	len = bpf_ntohs(uh->len);
+	if (len < sizeof(*uh) || len > avail)
+		return NULL;
+	c->left = len - sizeof(*uh);
+	return uh;
 }
 
 /* TCP flags (byte 13 of the header) that make tcp_gro_receive flush the
@@ -747,9 +776,11 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 	t->daddr = ip->daddr;
 	t->proto = ip->protocol;
 	if (ip->protocol == IPPROTO_TCP) {
+		__u32 avail = c->left;
 		struct tcphdr *th = take(c, sizeof(*th));
 
-		if (!th)
+		/* The whole header, options included, as tcp_v4_rcv pulls it. */
+		if (!th || th->doff < 5 || th->doff * 4 > avail)
 			return -1;
 		t->sport = th->source;
 		t->dport = th->dest;
@@ -759,7 +790,7 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = take(c, sizeof(*uh));
+		struct udphdr *uh = parse_udp(c);
 
 		if (!uh)
 			return -1;
@@ -805,7 +836,7 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 	ip = parse_ipv4(c);
 	if (!ip || ip->protocol != IPPROTO_UDP)
 		return -1;
-	uh = take(c, sizeof(*uh));
+	uh = parse_udp(c);
 	if (!uh || uh->dest != bpf_htons((__u16)cfg->vxlan_port))
 		return -1;
 	vx = take(c, sizeof(*vx));
@@ -2191,7 +2222,7 @@ int steer_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct cursor c = { .pos = data, .end = data_end };
+	struct cursor c = { .pos = data, .end = data_end, .left = data_end - data };
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
@@ -2548,6 +2579,7 @@ static __always_inline int skb_inner_tuple(struct __sk_buff *skb, struct tuple *
 		return -1;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	return parse_inner(&c, t);
 }
 
@@ -2628,6 +2660,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	ret = outer ? parse_outer(&c, cfg, &t, NULL) : parse_inner(&c, &t);
 	if (ret < 0) {
 		count(stage, CNT_PASSED);
@@ -2801,6 +2834,7 @@ static __always_inline void split_seen(struct __sk_buff *skb, const struct steer
 		return;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	if (parse_outer(&c, cfg, &t, NULL) < 0)
 		return;
 	if (flags & LANES_META_QUEUED)

@@ -303,9 +303,11 @@ func TestSyncRefusesWhatTheKernelDrops(t *testing.T) {
 			frame := vxlanFrame(s)
 			_, out := runXDP(t, d, frame)
 			sameBytes(t, name, frame, out)
+			// Refused by the shortcut, or not even parsed as the
+			// overlay's (lengths the kernel trims to, or drops for).
 			st := stats(t, d)[StageSplit].Sub(st0)
-			if st.Sync != 0 || st.SyncRefused != 1 {
-				t.Errorf("counters %+v: want one refused, no sync", st)
+			if st.Sync != 0 || st.SyncRefused+st.Passed != 1 {
+				t.Errorf("counters %+v: want one refused or passed, no sync", st)
 			}
 		})
 	}
