@@ -114,6 +114,9 @@ func (o Options) validate() (*validated, error) {
 	if o.Mode == "" {
 		return nil, fmt.Errorf("no mode given: use --mode with one of %s", strings.Join(plan.Modes(), ", "))
 	}
+	if err := knobs.CheckNetNSName(o.NetNS); err != nil {
+		return nil, err
+	}
 	p, err := plan.Lookup(o.Mode)
 	if err != nil {
 		return nil, err
@@ -303,6 +306,10 @@ type ResetResult struct {
 // Reset restores everything lanes changed for a namespace and removes its
 // state. Without a journal it does nothing and says so (Nothing).
 func Reset(netns, stateDir string) (*ResetResult, error) {
+	// The name reaches the state directory's path: ".." would reach out.
+	if err := knobs.CheckNetNSName(netns); err != nil {
+		return nil, err
+	}
 	res, err := resetDir(Dir(stateDir, netns))
 	removeDefaultDir(stateDir)
 	return res, err
@@ -428,7 +435,7 @@ func hostSysctlsHeld(stateDir, self string, p *plan.Plan) error {
 }
 
 func readJournalTarget(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, knobs.JournalFile))
+	b, err := knobs.ReadFileNoFollow(filepath.Join(dir, knobs.JournalFile))
 	if err != nil {
 		return "", err
 	}
@@ -448,7 +455,7 @@ func ReadState(dir string) (*State, error) {
 
 // readJSONFile parses the JSON file at path; nil, nil when there is none.
 func readJSONFile[T any](path string) (*T, error) {
-	b, err := os.ReadFile(path)
+	b, err := knobs.ReadFileNoFollow(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

@@ -52,7 +52,7 @@ type Datapath struct {
 // attached, and the config is disabled until SetConfig.
 func Load() (*Datapath, error) {
 	d := &Datapath{}
-	spec, err := loadSteer()
+	spec, err := hostSpec()
 	if err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
@@ -141,9 +141,11 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerVni, &o.SteerVni},
 		{steerMapSteerTable, &o.SteerTable},
 		{steerMapSteerFlows, &o.SteerFlows},
+		{steerMapSteerEpochs, &o.SteerEpochs},
 		{steerMapSteerCpumap, &o.SteerCpumap},
 		{steerMapSteerCpumapHi, &o.SteerCpumapHi},
 		{steerMapSteerPrio, &o.SteerPrio},
+		{steerMapSteerPrioShapes, &o.SteerPrioShapes},
 		{steerMapSteerStats, &o.SteerStats},
 		{steerMapSteerMfCores, &o.SteerMfCores},
 		{steerMapSteerSync, &o.SteerSync},
@@ -447,9 +449,40 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 	return d, spec, nil
 }
 
-// steerSpec is the embedded object's spec, parsed once: openMaps only
-// reads it (map layouts, program types), and scrapes open maps often.
-var steerSpec = sync.OnceValues(loadSteer)
+// steerSpec is the embedded object's spec as this host loads it, parsed
+// once: openMaps only reads it (map layouts, program types), and scrapes
+// open maps often.
+var steerSpec = sync.OnceValues(hostSpec)
+
+// hostSpec is the embedded object's spec with the maps sized for this host
+// (FlowEntries).
+func hostSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, err
+	}
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("counting possible CPUs: %w", err)
+	}
+	spec.Maps[steerMapSteerFlows].MaxEntries = FlowEntries(n)
+	return spec, nil
+}
+
+// FlowEntries is steer_flows' size on a host with cpus possible CPUs: the
+// three stages' states of every flow, with room for 4096 flows per CPU
+// (at least 16384 states, a power of two, at most 2^20). The kernel's LRU
+// keeps part of its free entries on each CPU's own list and evicts per
+// CPU, so a map of fixed size on a large host evicts busy flows long
+// before it is full; an evicted flow starts afresh at its next frame (and
+// in a new count epoch: steer.c's next_epoch).
+func FlowEntries(cpus int) uint32 {
+	n := uint32(16384)
+	for n < uint32(cpus)*4096 && n < 1<<20 {
+		n <<= 1
+	}
+	return n
+}
 
 // OtherVersionError is a pinned datapath whose maps this build cannot use:
 // one is missing or laid out differently, so another version of lanes

@@ -69,10 +69,6 @@ func (d *Datapath) SetConfig(c Config) error {
 	if err != nil {
 		return err
 	}
-	shapes, err := d.prioShapes()
-	if err != nil {
-		return err
-	}
 	var old []uint32
 	var vni uint32
 	var one uint8
@@ -89,7 +85,6 @@ func (d *Datapath) SetConfig(c Config) error {
 		}
 	}
 	k := encodeConfig(c)
-	k.PrioShapes = shapes
 	// Frames hashed for the core set before a change may still be queued:
 	// the programs decode their hashes with the previous set (steer.c,
 	// hash_of_count), so their counts still drain.
@@ -906,7 +901,7 @@ func (d *Datapath) leavingHome(stage int) error {
 	for _, e := range todo {
 		v := e.v
 		v.Inflight = 0
-		v.Epoch = (v.Epoch + 1) % HashEpochs
+		v.Epoch = d.nextEpoch(&e.k)
 		v.Stay = stayFresh
 		// Exist only: an entry evicted meanwhile stays gone, and the
 		// fast path runs that flow on as one without state.
@@ -916,6 +911,25 @@ func (d *Datapath) leavingHome(stage int) error {
 	}
 	return nil
 }
+
+// epochSlots is steer.c's EPOCH_SLOTS.
+const epochSlots = 65536
+
+// nextEpoch hands out the next count epoch of k's slot, as steer.c's
+// next_epoch does (with the same race, and the same harmlessness).
+func (d *Datapath) nextEpoch(k *steerSteerFlowKey) uint32 {
+	fh := FlowHash(addrOf(k.Saddr), addrOf(k.Daddr), htons16(k.Sport), htons16(k.Dport), k.Proto)
+	slot := uint32(k.Stage)*epochSlots + fh%epochSlots
+	var n uint32
+	if err := d.objs.SteerEpochs.Lookup(slot, &n); err != nil {
+		return 0
+	}
+	_ = d.objs.SteerEpochs.Put(slot, n+1)
+	return n % HashEpochs
+}
+
+// htons16 turns a __be16 field as Go reads it into the number it holds.
+func htons16(v uint16) uint16 { return v>>8 | v<<8 }
 
 // DeleteStageFlows removes every flow state of a stage.
 func (d *Datapath) DeleteStageFlows(stage int) error {

@@ -199,7 +199,6 @@ struct steer_cfg {
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
-	__u32 prio_shapes; /* bit SHAPE(dir, i): steer_prio holds a rule of that shape (see high_prio) */
 	__u32 prio_quiet_ms; /* CFG_PRIO_IDLE_INLINE: also while no high-priority frame came for this long; 0: only while no rule */
 	/* MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE) */
 	__u64 mf_window_ns; /* the elephant test's rate window */
@@ -310,12 +309,47 @@ struct steer_flow_state {
 	__u32 stay_cpu; /* STAY_DIRECT: the core whose GRO cell it runs on */
 };
 
+/* Sized per host at load (steer.FlowEntries): the LRU keeps part of its
+ * free entries on each CPU's own list, so a small map on many CPUs evicts
+ * long before it is full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct steer_flow_key);
 	__type(value, struct steer_flow_state);
 } steer_flows SEC(".maps");
+
+/*
+ * The count epochs handed out, per stage and slot of flows (flow hash
+ * modulo EPOCH_SLOTS). A flow state takes the next epoch of its slot when
+ * it is made and whenever it starts counting afresh, so a state made anew
+ * after the LRU evicted its flow's (frames of the old one may still be in
+ * flight, carrying its epoch in their hash) never takes the epoch the old
+ * one had last, unless seven other epochs were handed out in the slot in
+ * between: what a random epoch did one time in eight.
+ */
+#define EPOCH_SLOTS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_STAGES * EPOCH_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} steer_epochs SEC(".maps");
+
+static __always_inline __u32 next_epoch(__u32 stage, __u32 fh)
+{
+	__u32 key = stage * EPOCH_SLOTS + (fh % EPOCH_SLOTS);
+	__u32 *n = bpf_map_lookup_elem(&steer_epochs, &key);
+
+	if (!n)
+		return bpf_get_prandom_u32() % HASH_EPOCHS;
+	/* Not atomic: two cores handing out the same epoch at once do so for
+	 * two flows (one flow's states are made one at a time), which is no
+	 * reuse. */
+	*n += 1;
+	return (*n - 1) % HASH_EPOCHS;
+}
 
 /*
  * Container devices lanes adopted after apply (control/follow.go): a
@@ -374,6 +408,26 @@ struct {
 	__type(key, struct prio_rule);
 	__type(value, __u8); /* 1 */
 } steer_prio SEC(".maps");
+
+/* The rule shapes steer_prio holds: bit SHAPE(dir, i) (see high_prio).
+ * An entry of its own, apart from steer_cfg: its one writer is lanes prio,
+ * while the apply and lanes agent write the config (placement, home), and
+ * two writers that read, modify and write back one shared entry lose each
+ * other's changes (a rule lanes prio reported added, never looked up). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u32);
+} steer_prio_shapes SEC(".maps");
+
+static __always_inline __u32 prio_shapes(void)
+{
+	__u32 zero = 0;
+	__u32 *v = bpf_map_lookup_elem(&steer_prio_shapes, &zero);
+
+	return v ? *v : 0;
+}
 
 /*
  * PRISM-sync's destinations: a (VNI, inner destination MAC) the bridge
@@ -856,12 +910,13 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
  * Does a rule in steer_prio match the flow? A rule has one of eight shapes:
  * a side (dir), and port and protocol each given or "any" (i: 0 both, 1
  * port only, 2 protocol only, 3 neither). Only shapes the control plane
- * says exist are looked up (cfg->prio_shapes), so a bulk flow costs one
+ * says exist are looked up (steer_prio_shapes), so a bulk flow costs one
  * lookup per shape in use, not eight.
  */
 static __always_inline int high_prio(const struct steer_cfg *cfg, const struct tuple *t, struct prio_rule *hit)
 {
 	struct prio_rule r = {};
+	__u32 shapes = prio_shapes();
 
 #pragma unroll
 	for (int dir = 0; dir < 2; dir++) {
@@ -869,7 +924,7 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 		r.addr = dir ? t->saddr : t->daddr;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			if (!(cfg->prio_shapes & (1u << (dir * 4 + i))))
+			if (!(shapes & (1u << (dir * 4 + i))))
 				continue;
 			r.port = i < 2 ? (dir ? t->sport : t->dport) : 0;
 			r.proto = (i % 2) == 0 ? t->proto : 0;
@@ -1013,7 +1068,7 @@ static __always_inline void seen_high_placed(const struct steer_cfg *cfg, int bu
  * the bulk path, the busy one, need not read the clock for nobody. */
 static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 {
-	if (cfg->bulk_quiet_ms && cfg->prio_shapes)
+	if (cfg->bulk_quiet_ms && prio_shapes())
 		stamp_tick(&steer_bulk_seen);
 }
 
@@ -1044,7 +1099,7 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 	__u32 zero = 0;
 	__u64 now;
 
-	if (!cfg->bulk_quiet_ms || !cfg->prio_shapes)
+	if (!cfg->bulk_quiet_ms || !prio_shapes())
 		return;
 	p = bpf_map_lookup_elem(&steer_passed_tick, &zero);
 	if (!p)
@@ -1351,7 +1406,8 @@ static __always_inline int followers_out(const struct steer_cfg *cfg, const stru
  * which becomes the held one. A core outside the set cannot be named:
  * frames queued there went uncounted and the drain time rules.
  */
-static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now)
+static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now,
+					 __u32 fh)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 idx;
@@ -1362,7 +1418,7 @@ static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer
 		idx = st->stay_cpu < MAX_CPUS ? cfg->index_of[st->stay_cpu & (MAX_CPUS - 1)] : STAY;
 		if (cfg->drain_ns && idle_since(cfg, st->last_ns, now) >= cfg->drain_ns) {
 			st->inflight = 0;
-			st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+			st->epoch = next_epoch(STAGE_CONTAINER, fh);
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
 		} else if (idx < cfg->ncpus) {
 			count(STAGE_CONTAINER, CNT_HELD);
@@ -1441,8 +1497,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.packets = 1,
 			.bytes = len,
 			.inline_mark = INLINE_BOUNDARY,
-			/* Unknown to frames of an evicted state, 7 times in 8. */
-			.epoch = bpf_get_prandom_u32() % HASH_EPOCHS,
+			/* Not the epoch of an evicted state of the flow (next_epoch). */
+			.epoch = next_epoch(stage, fh),
 			/* A staying container stage queues here (stay_core). */
 			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
 			.stay_cpu = bpf_get_smp_processor_id(),
@@ -1519,7 +1575,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				if (cfg->drain_ns)
 					count(stage, CNT_UNDRAINED);
 				st->inflight = 0;
-				st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+				st->epoch = next_epoch(stage, fh);
 			}
 			st->cpu_idx = want;
 			/* An idle gap: the NIC poll's GRO holds nothing of it. */
@@ -1547,12 +1603,12 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		 * then overtaken by nothing, since the next counted frame
 		 * queues behind it. */
 		st->inflight = 0;
-		st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+		st->epoch = next_epoch(stage, fh);
 		st->stay = STAY_FRESH;
 		count(stage, CNT_UNDRAINED);
 	}
 	if (stage == STAGE_CONTAINER && st->cpu_idx == STAY)
-		held = stay_core(cfg, st, now);
+		held = stay_core(cfg, st, now, fh);
 	st->ifindex = ifindex;
 	st->bucket = bucket;
 	st->last_ns = now;
@@ -2264,7 +2320,7 @@ int steer_xdp(struct xdp_md *ctx)
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
-			if (!cfg->prio_shapes || prio_quiet(cfg)) {
+			if (!prio_shapes() || prio_quiet(cfg)) {
 				opts |= PLACE_STAY;
 			} else if (bulk_beside_busy(cfg)) {
 				opts |= PLACE_STAY;

@@ -54,8 +54,8 @@ type steerSteerCfg struct {
 	Cpus        [64]uint32
 	RpsLo       [64]uint32
 	IndexOf     [64]uint32
-	PrioShapes  uint32
 	PrioQuietMs uint32
+	_           [4]byte
 	MfWindowNs  uint64
 	MfThresh    uint32
 	MfBatch     uint32
@@ -172,6 +172,7 @@ const (
 	steerMapSteerCfg              = "steer_cfg"
 	steerMapSteerCpumap           = "steer_cpumap"
 	steerMapSteerCpumapHi         = "steer_cpumap_hi"
+	steerMapSteerEpochs           = "steer_epochs"
 	steerMapSteerFlows            = "steer_flows"
 	steerMapSteerHighFrames       = "steer_high_frames"
 	steerMapSteerHighInline       = "steer_high_inline"
@@ -180,6 +181,7 @@ const (
 	steerMapSteerPassedTick       = "steer_passed_tick"
 	steerMapSteerPrio             = "steer_prio"
 	steerMapSteerPrioSeen         = "steer_prio_seen"
+	steerMapSteerPrioShapes       = "steer_prio_shapes"
 	steerMapSteerQmaps            = "steer_qmaps"
 	steerMapSteerQueueLost        = "steer_queue_lost"
 	steerMapSteerQueues           = "steer_queues"
@@ -270,6 +272,7 @@ type steerMapSpecs struct {
 	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
 	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
 	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
@@ -278,6 +281,7 @@ type steerMapSpecs struct {
 	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
 	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
 	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
 	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
@@ -322,6 +326,7 @@ type steerMaps struct {
 	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
 	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
 	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
@@ -330,6 +335,7 @@ type steerMaps struct {
 	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.Map `ebpf:"steer_prio_shapes"`
 	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
 	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
 	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
@@ -350,6 +356,7 @@ func (m *steerMaps) Close() error {
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,
+		m.SteerEpochs,
 		m.SteerFlows,
 		m.SteerHighFrames,
 		m.SteerHighInline,
@@ -358,6 +365,7 @@ func (m *steerMaps) Close() error {
 		m.SteerPassedTick,
 		m.SteerPrio,
 		m.SteerPrioSeen,
+		m.SteerPrioShapes,
 		m.SteerQmaps,
 		m.SteerQueueLost,
 		m.SteerQueues,
