@@ -185,6 +185,9 @@ func Apply(opts Options) (*State, error) {
 	if err := hostSysctlsHeld(v.StateDir, dir, p); err != nil {
 		return nil, err
 	}
+	if err := agentRunning(dir, "apply"); err != nil {
+		return nil, err
+	}
 	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
 	if err != nil {
 		return nil, err
@@ -310,9 +313,26 @@ func Reset(netns, stateDir string) (*ResetResult, error) {
 	if err := knobs.CheckNetNSName(netns); err != nil {
 		return nil, err
 	}
+	if err := agentRunning(Dir(stateDir, netns), "reset"); err != nil {
+		return nil, err
+	}
 	res, err := resetDir(Dir(stateDir, netns))
 	removeDefaultDir(stateDir)
 	return res, err
+}
+
+// agentRunning refuses an apply or reset of a target whose agent runs
+// (its report is fresh and its process alive): the agent works for the
+// applied plan, and would go on placing flows and switching knobs for
+// one that is gone. Its runtime writes check the journal's generation
+// (knobs.RuntimeWrite) and so change nothing after, but its maps and
+// placement would still follow the old plan's.
+func agentRunning(dir, what string) error {
+	r, err := ReadAgentReport(dir)
+	if err != nil || r == nil || !r.Running || r.PID == os.Getpid() {
+		return nil
+	}
+	return fmt.Errorf("lanes agent (pid %d, %s) runs for %s: stop it first (kill %d), then %s again", r.PID, r.Mode, filepath.Base(dir), r.PID, what)
 }
 
 // removeDefaultDir removes /run/lanes once no target is left in it; a

@@ -78,6 +78,10 @@ type SyncStatus struct {
 	// ("" while netlink notifications arrive).
 	Watch string `json:"watch,omitempty"`
 	Err   string `json:"error,omitempty"`
+	// Errors counts the rounds that failed; each left the shortcut
+	// withdrawn (batch mode for every high-priority flow) until a round
+	// could vouch for its destinations again.
+	Errors uint64 `json:"errors,omitempty"`
 	// Guard is the overload guard's state, when the NIC poll is on the
 	// ladder.
 	Guard *GuardStatus `json:"guard,omitempty"`
@@ -89,7 +93,7 @@ func (s SyncStatus) Summary() []string {
 	if len(s.Targets) > 0 {
 		t = strings.Join(s.Targets, "; ")
 	}
-	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes): %s", s.Refreshes, s.Changes, t)}
+	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes, %d failed): %s", s.Refreshes, s.Changes, s.Errors, t)}
 	if s.Withdrawals > 0 {
 		out = append(out, fmt.Sprintf("withdrawn at once %d times, last: %s", s.Withdrawals, s.Withdrawn))
 	}
@@ -112,6 +116,7 @@ type syncMetrics struct {
 	targets     prometheus.Gauge
 	changes     prometheus.Counter
 	withdrawals prometheus.Counter
+	errors      prometheus.Counter
 }
 
 // syncAgentOptions are the options of the plan a sync agent serves: the
@@ -144,8 +149,9 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 			targets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
 			changes:     prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_changes_total", Help: "Times the sync destinations were rewritten."}),
 			withdrawals: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_withdrawals_total", Help: "Times a change on the shortcut's path withdrew every sync destination at once."}),
+			errors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_errors_total", Help: "Rounds of the PRISM-sync agent that failed (the destinations were withdrawn until one succeeded)."}),
 		}
-		env.Metrics.MustRegister(a.m.targets, a.m.changes, a.m.withdrawals, steer.NewCollector(plan.PinDir(env.NetNS)))
+		env.Metrics.MustRegister(a.m.targets, a.m.changes, a.m.withdrawals, a.m.errors, steer.NewCollector(plan.PinDir(env.NetNS)))
 	}
 	return a, nil
 }
@@ -280,9 +286,27 @@ func (a *syncAgent) withdraw(why string) {
 func (a *syncAgent) refresh() (namespaces []string) {
 	st := SyncStatus{At: time.Now()}
 	defer func() {
+		if st.Err != "" {
+			// A round that failed vouches for nothing: the shortcut is
+			// withdrawn (fail closed) until one succeeds; the agent goes
+			// on (a device or namespace gone, a full map, a netlink
+			// error are the host changing, not the end).
+			if werr := knobs.Do(a.env.NetNS, a.dp.WithdrawSync); werr != nil {
+				st.Err += "; withdrawing: " + werr.Error()
+			}
+			st.Targets = nil
+			if a.m != nil {
+				a.m.errors.Inc()
+				a.m.targets.Set(0)
+			}
+		}
 		a.mu.Lock()
 		st.Refreshes = a.status.Refreshes + 1
 		st.Changes += a.status.Changes
+		st.Errors = a.status.Errors
+		if st.Err != "" {
+			st.Errors++
+		}
 		st.Withdrawals, st.Withdrawn, st.Watch = a.status.Withdrawals, a.status.Withdrawn, a.status.Watch
 		a.status = st
 		a.mu.Unlock()
@@ -290,10 +314,6 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	t, err := topology.Discover(a.env.NetNS)
 	if err != nil {
 		st.Err = err.Error()
-		// Nothing can be vouched for: the destinations lapse.
-		if werr := knobs.Do(a.env.NetNS, a.dp.WithdrawSync); werr != nil {
-			st.Err += "; " + werr.Error()
-		}
 		return nil
 	}
 	namespaces = append(namespaces, t.NetNS)

@@ -507,3 +507,55 @@ func TestPrismSyncKeepsBridgeFDB(t *testing.T) {
 		t.Errorf("the bridge forgot %s (the sender) %d times while its frames took the shortcut for 7 s (ageing time 3 s)", src.MAC, deleted)
 	}
 }
+
+// The sync agent degrades instead of dying: a container's device removed
+// under it, or its namespace, ends nothing; the agent goes on, with the
+// shortcut to what is left.
+func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src := s.Containers[0]
+	var cs []testbed.Container
+	for range 2 {
+		c, err := testbed.AddContainer(tb.Config.Prefix, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { testbed.RemoveContainer(tb.Config.Prefix, 2, c.Name) })
+		overlaytest.UDPMost(t, c.NetNS, src.NetNS, src.Addr.Addr(), 100)
+		cs = append(cs, c)
+	}
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	dp := a.Open(t)
+	ag, stop := a.StartAgent(t)
+	defer stop()
+	has := func(c testbed.Container) bool {
+		ts, err := dp.Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(steer.FormatSync(ts), "/"+c.MAC.String()+">")
+	}
+	waitFor(t, "both containers on the shortcut", func() bool { return has(cs[0]) && has(cs[1]) })
+	rounds := func() uint64 { return ag.Status().(prism.SyncStatus).Refreshes }
+
+	// The device, under the agent.
+	if err := knobs.Do(r.NetNS, func() error {
+		l, err := netlink.LinkByName(cs[0].HostVeth)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed device's destination to go", func() bool { return !has(cs[0]) })
+	// The namespace, under the agent.
+	if err := testbed.RemoveContainer(tb.Config.Prefix, 2, cs[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed namespace's destination to go", func() bool { return !has(cs[1]) })
+	n := rounds()
+	waitFor(t, "the agent to go on", func() bool { return rounds() > n+2 })
+}
