@@ -901,7 +901,7 @@ func (d *Datapath) leavingHome(stage int) error {
 	for _, e := range todo {
 		v := e.v
 		v.Inflight = 0
-		v.Epoch = d.nextEpoch(&e.k)
+		v.Epoch = d.nextEpoch(&e.k, v.Epoch)
 		v.Stay = stayFresh
 		// Exist only: an entry evicted meanwhile stays gone, and the
 		// fast path runs that flow on as one without state.
@@ -915,14 +915,18 @@ func (d *Datapath) leavingHome(stage int) error {
 // epochSlots is steer.c's EPOCH_SLOTS.
 const epochSlots = 65536
 
-// nextEpoch hands out the next count epoch of k's slot, as steer.c's
-// next_epoch does (with the same race, and the same harmlessness).
-func (d *Datapath) nextEpoch(k *steerSteerFlowKey) uint32 {
+// nextEpoch hands out the next count epoch of k's slot other than cur,
+// as steer.c's next_epoch_after does (with the same race, and the same
+// harmlessness).
+func (d *Datapath) nextEpoch(k *steerSteerFlowKey, cur uint32) uint32 {
 	fh := FlowHash(addrOf(k.Saddr), addrOf(k.Daddr), htons16(k.Sport), htons16(k.Dport), k.Proto)
 	slot := uint32(k.Stage)*epochSlots + fh%epochSlots
 	var n uint32
 	if err := d.objs.SteerEpochs.Lookup(slot, &n); err != nil {
-		return 0
+		return (cur + 1) % HashEpochs
+	}
+	if n%HashEpochs == cur {
+		n++
 	}
 	_ = d.objs.SteerEpochs.Put(slot, n+1)
 	return n % HashEpochs

@@ -351,6 +351,15 @@ static __always_inline __u32 next_epoch(__u32 stage, __u32 fh)
 	return (*n - 1) % HASH_EPOCHS;
 }
 
+/* A state's next count epoch when it starts counting afresh: the slot's
+ * next, never the one it counts in now. */
+static __always_inline __u32 next_epoch_after(__u32 stage, __u32 fh, __u32 cur)
+{
+	__u32 e = next_epoch(stage, fh);
+
+	return e != cur ? e : next_epoch(stage, fh);
+}
+
 /*
  * Container devices lanes adopted after apply (control/follow.go): a
  * container started later gets its programs and RPS maps while its flows
@@ -1418,7 +1427,7 @@ static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer
 		idx = st->stay_cpu < MAX_CPUS ? cfg->index_of[st->stay_cpu & (MAX_CPUS - 1)] : STAY;
 		if (cfg->drain_ns && idle_since(cfg, st->last_ns, now) >= cfg->drain_ns) {
 			st->inflight = 0;
-			st->epoch = next_epoch(STAGE_CONTAINER, fh);
+			st->epoch = next_epoch_after(STAGE_CONTAINER, fh, st->epoch);
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
 		} else if (idx < cfg->ncpus) {
 			count(STAGE_CONTAINER, CNT_HELD);
@@ -1575,7 +1584,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				if (cfg->drain_ns)
 					count(stage, CNT_UNDRAINED);
 				st->inflight = 0;
-				st->epoch = next_epoch(stage, fh);
+				st->epoch = next_epoch_after(stage, fh, st->epoch);
 			}
 			st->cpu_idx = want;
 			/* An idle gap: the NIC poll's GRO holds nothing of it. */
@@ -1603,7 +1612,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		 * then overtaken by nothing, since the next counted frame
 		 * queues behind it. */
 		st->inflight = 0;
-		st->epoch = next_epoch(stage, fh);
+		st->epoch = next_epoch_after(stage, fh, st->epoch);
 		st->stay = STAY_FRESH;
 		count(stage, CNT_UNDRAINED);
 	}
