@@ -478,3 +478,23 @@ func TestSyncDevmapDropsCounted(t *testing.T) {
 		t.Errorf("counters %+v: want %d redirected and %d dropped (the peer takes no redirected frames)", st, n, n)
 	}
 }
+
+// A set larger than the maps is refused before anything is written: the
+// shortcut keeps the set it had (the agent then withdraws it, as for any
+// failed round), never half of a new one.
+func TestSyncSetTooLarge(t *testing.T) {
+	d, _ := newDatapath(t)
+	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var big SyncSet
+	for i := range maxSync + 1 {
+		big.Targets = append(big.Targets, SyncTarget{VNI: testVNI, MAC: net.HardwareAddr{2, 0, 0, 1, byte(i >> 8), byte(i)}, Ifindex: loIfindex, MTU: 1500})
+	}
+	if err := d.SetSync(big, time.Hour); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("a set of %d targets: %v", len(big.Targets), err)
+	}
+	if got, _ := d.SyncSet(); FormatSyncSet(got) != FormatSyncSet(testSyncSet(1500)) {
+		t.Errorf("after the refused set: %s", FormatSyncSet(got))
+	}
+}
