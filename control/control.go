@@ -114,6 +114,9 @@ func (o Options) validate() (*validated, error) {
 	if o.Mode == "" {
 		return nil, fmt.Errorf("no mode given: use --mode with one of %s", strings.Join(plan.Modes(), ", "))
 	}
+	if err := knobs.CheckNetNSName(o.NetNS); err != nil {
+		return nil, err
+	}
 	p, err := plan.Lookup(o.Mode)
 	if err != nil {
 		return nil, err
@@ -180,6 +183,9 @@ func Apply(opts Options) (*State, error) {
 
 	dir := Dir(v.StateDir, v.NetNS)
 	if err := hostSysctlsHeld(v.StateDir, dir, p); err != nil {
+		return nil, err
+	}
+	if err := agentRunning(dir, "apply"); err != nil {
 		return nil, err
 	}
 	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
@@ -303,9 +309,30 @@ type ResetResult struct {
 // Reset restores everything lanes changed for a namespace and removes its
 // state. Without a journal it does nothing and says so (Nothing).
 func Reset(netns, stateDir string) (*ResetResult, error) {
+	// The name reaches the state directory's path: ".." would reach out.
+	if err := knobs.CheckNetNSName(netns); err != nil {
+		return nil, err
+	}
+	if err := agentRunning(Dir(stateDir, netns), "reset"); err != nil {
+		return nil, err
+	}
 	res, err := resetDir(Dir(stateDir, netns))
 	removeDefaultDir(stateDir)
 	return res, err
+}
+
+// agentRunning refuses an apply or reset of a target whose agent runs
+// (its report is fresh and its process alive): the agent works for the
+// applied plan, and would go on placing flows and switching knobs for
+// one that is gone. Its runtime writes check the journal's generation
+// (knobs.RuntimeWrite) and so change nothing after, but its maps and
+// placement would still follow the old plan's.
+func agentRunning(dir, what string) error {
+	r, err := ReadAgentReport(dir)
+	if err != nil || r == nil || !r.Running || r.PID == os.Getpid() {
+		return nil
+	}
+	return fmt.Errorf("lanes agent (pid %d, %s) runs for %s: stop it first (kill %d), then %s again", r.PID, r.Mode, filepath.Base(dir), r.PID, what)
 }
 
 // removeDefaultDir removes /run/lanes once no target is left in it; a
@@ -428,7 +455,7 @@ func hostSysctlsHeld(stateDir, self string, p *plan.Plan) error {
 }
 
 func readJournalTarget(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, knobs.JournalFile))
+	b, err := knobs.ReadFileNoFollow(filepath.Join(dir, knobs.JournalFile))
 	if err != nil {
 		return "", err
 	}
@@ -448,7 +475,7 @@ func ReadState(dir string) (*State, error) {
 
 // readJSONFile parses the JSON file at path; nil, nil when there is none.
 func readJSONFile[T any](path string) (*T, error) {
-	b, err := os.ReadFile(path)
+	b, err := knobs.ReadFileNoFollow(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

@@ -164,6 +164,30 @@ func (k *PinDir) create() error {
 	if err := os.MkdirAll(k.Path, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", k, err)
 	}
+	return checkOwned(k.Path, filepath.Dir(k.Path))
+}
+
+// checkOwned refuses directories lanes would pin into (or hold pins
+// under) that another user owns or may write: whoever can write there can
+// swap lanes' pins (a map the datapath trusts) for their own. A directory
+// lanes made passes (owner root or lanes' own user, not writable by group
+// or others); one someone else made, or opened up, does not.
+func checkOwned(dirs ...string) error {
+	for _, d := range dirs {
+		var st unix.Stat_t
+		if err := unix.Lstat(d, &st); err != nil {
+			return fmt.Errorf("bpf pin dir %s: %w", d, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return fmt.Errorf("bpf pin dir %s: not a directory (a link?): remove it", d)
+		}
+		if uid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != uid {
+			return fmt.Errorf("bpf pin dir %s is owned by uid %d, not by lanes' user: someone else made it; remove it and apply again", d, st.Uid)
+		}
+		if st.Mode&0o022 != 0 {
+			return fmt.Errorf("bpf pin dir %s has mode %#o: others may write in it; remove it (or chmod go-w) and apply again", d, st.Mode&0o7777)
+		}
+	}
 	return nil
 }
 

@@ -122,6 +122,36 @@ func TestPinDir(t *testing.T) {
 	gone(t, k.Path)
 }
 
+// A pin dir lanes did not make (another owner), or one others may write
+// in, is refused: whoever can write there can swap lanes' pins.
+func TestPinDirOwnerAndMode(t *testing.T) {
+	topotest.RequireRoot(t)
+	fs := testBPFFS(t)
+	k := &attach.PinDir{Path: filepath.Join(fs, "lanes", "host")}
+	write(t, k, attach.ValuePresent)
+	for _, c := range []struct {
+		name string
+		dir  string
+		edit func(string) error
+		want string
+	}{
+		{"world-writable pin dir", k.Path, func(p string) error { return os.Chmod(p, 0o777) }, "others may write"},
+		{"group-writable parent", filepath.Dir(k.Path), func(p string) error { return os.Chmod(p, 0o770) }, "others may write"},
+		{"another owner", k.Path, func(p string) error { return os.Chown(p, 1000, 1000) }, "owned by uid 1000"},
+	} {
+		if err := c.edit(c.dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Write([]byte(attach.ValuePresent)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
+		}
+		os.Chmod(c.dir, 0o700)
+		os.Chown(c.dir, 0, 0)
+	}
+	write(t, k, attach.ValuePresent)
+	write(t, k, "")
+}
+
 func TestPinDirRefusesOutsideBPFFS(t *testing.T) {
 	topotest.RequireRoot(t)
 	dir := t.TempDir()

@@ -1,11 +1,14 @@
 package knobs
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -30,6 +33,11 @@ type Entry struct {
 	// Restore writes.
 	Text string    `json:"text,omitempty"`
 	At   time.Time `json:"at"`
+	// Wrote is the value lanes last wrote (nil: none recorded, as in
+	// journals of older builds). Restore compares it with what it finds:
+	// anything else was written by someone else after lanes (irqbalance,
+	// tuned, an operator), which it reports as drift.
+	Wrote []byte `json:"wrote,omitempty"`
 }
 
 // Decode rebuilds the journaled knob, as Restore does.
@@ -205,9 +213,11 @@ func lockDir(dir string, create bool, deadline time.Time) (*os.File, error) {
 			return nil, fmt.Errorf("creating state dir: %w", err)
 		}
 	}
-	lock, err := os.Open(dir)
+	// Not through a symlink: the state directory is where reset removes
+	// files, and a link could point it anywhere.
+	lock, err := os.OpenFile(dir, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return nil, fmt.Errorf("opening state dir: %w", err)
+		return nil, fmt.Errorf("opening state dir (not a symlink): %w", err)
 	}
 	for {
 		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
@@ -237,7 +247,7 @@ func sameDir(f *os.File, path string) bool {
 }
 
 func readDoc(path string) (*journalDoc, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFileNoFollow(path)
 	if err != nil {
 		return nil, err
 	}
@@ -323,15 +333,112 @@ func (j *Journal) Record(k Knob) error {
 }
 
 // Set writes value to k, journaling k's original value first (once: a knob
-// already in the journal keeps its first original).
+// already in the journal keeps its first original) and the value written.
+// A write that fails leaves the journal as it found it: a knob lanes never
+// changed has nothing to restore (a read-only file would otherwise fail
+// every reset after a failed apply), and a knob changed before keeps the
+// value it was changed to.
 func (j *Journal) Set(k Knob, value []byte) error {
+	had := j.keys[k.Key()]
 	if err := j.Record(k); err != nil {
 		return err
+	}
+	i := j.index(k.Key())
+	prev := j.doc.Entries[i].Wrote
+	if !bytes.Equal(prev, value) {
+		j.doc.Entries[i].Wrote = slices.Clone(value)
+		if err := j.save(); err != nil {
+			j.doc.Entries[i].Wrote = prev
+			return err
+		}
 	}
 	if testAfterRecord != nil {
 		testAfterRecord(k)
 	}
-	return k.Write(value)
+	werr := k.Write(value)
+	if werr == nil {
+		return nil
+	}
+	if had {
+		j.doc.Entries[i].Wrote = prev
+	} else {
+		j.doc.Entries = slices.Delete(j.doc.Entries, i, i+1)
+		delete(j.keys, k.Key())
+	}
+	if err := j.save(); err != nil {
+		return fmt.Errorf("%w (and the journal could not drop the write that never happened: %v)", werr, err)
+	}
+	return werr
+}
+
+// index is the position of key's entry (which must exist).
+func (j *Journal) index(key string) int {
+	return slices.IndexFunc(j.doc.Entries, func(e Entry) bool { return e.Key == key })
+}
+
+// Wrote records that value was written to k's journaled entry by other
+// means than Set (a runtime writer that checked the journal's generation
+// first); false when k is not journaled.
+func (j *Journal) Wrote(k Knob, value []byte) (bool, error) {
+	if j.lock == nil {
+		return false, errors.New("journal is closed")
+	}
+	i := j.index(k.Key())
+	if i < 0 {
+		return false, nil
+	}
+	if bytes.Equal(j.doc.Entries[i].Wrote, value) {
+		return true, nil
+	}
+	prev := j.doc.Entries[i].Wrote
+	j.doc.Entries[i].Wrote = slices.Clone(value)
+	if err := j.save(); err != nil {
+		j.doc.Entries[i].Wrote = prev
+		return true, err
+	}
+	return true, nil
+}
+
+// ErrStale is wrapped by RuntimeWrite when the journal is no longer the
+// one the writer worked for: a reset removed it, or another apply made a
+// new one.
+var ErrStale = errors.New("the apply this process worked for is gone")
+
+// RuntimeWrite writes value to k for a process working for an apply (an
+// agent), as the one writer of the journal's knobs: under the journal's
+// lock (no apply or reset runs meanwhile), only while the journal in dir
+// still is generation gen's (Generation; else ErrStale: a reset or a newer
+// apply came, and their values stand) and holds k (the plan set k, so its
+// original is kept: an agent never touches a knob the plan did not), and
+// it records value as what lanes wrote. A journal another lanes process
+// holds at the moment is ErrBusy: the caller tries again later.
+func RuntimeWrite(dir, gen string, k Knob, value []byte) error {
+	doc, err := readDoc(filepath.Join(dir, JournalFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s: %w (no journal in %s: reset)", k.Key(), ErrStale, dir)
+	}
+	if err != nil {
+		return err
+	}
+	j, err := open(dir, doc.Target, false, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s: %w (%s removed: reset)", k.Key(), ErrStale, dir)
+	}
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	if g := Generation(j.doc.Entries); gen == "" || g != gen {
+		return fmt.Errorf("%s: %w (journal generation %q, not %q: reset or applied again)", k.Key(), ErrStale, g, gen)
+	}
+	if !j.keys[k.Key()] {
+		return fmt.Errorf("%s: not set by the applied plan (not journaled): a runtime writer changes only knobs the plan set", k.Key())
+	}
+	if err := k.Write(value); err != nil {
+		return err
+	}
+	_, err = j.Wrote(k, value)
+	return err
 }
 
 // testAfterRecord lets crash tests die between a durable record and the
@@ -356,11 +463,24 @@ func (j *Journal) save() error {
 	return nil
 }
 
+// ReadFileNoFollow reads a state file, refusing a symlink in its place
+// (ELOOP): lanes' state files are its own, and a link someone put there
+// could make it read, and act on, any file.
+func ReadFileNoFollow(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
 // WriteFileAtomic replaces path with b: temp file, fsync, rename. A crash
-// leaves the old or the new content, never a torn file.
+// leaves the old or the new content, never a torn file. The temp file is
+// not opened through a symlink (the rename replaces one at path itself).
 func WriteFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return err
 	}
@@ -390,6 +510,9 @@ type Skip struct {
 // Report says what Restore did.
 type Report struct {
 	Restored []string `json:"restored"`
+	// Drift are knobs someone changed after lanes wrote them: what
+	// Restore found, against what lanes wrote (restored all the same).
+	Drift []Skip `json:"drift,omitempty"`
 	// Skipped knobs live on something that is gone (a deleted device or
 	// namespace, an exited kernel thread): nothing to restore.
 	Skipped []Skip `json:"skipped,omitempty"`
@@ -518,10 +641,23 @@ func joinLine(errs []error) error {
 
 // restoreEntry writes e's original value back and records the outcome in
 // rep: restored, skipped (what it lives on is gone) or failed. It returns
-// the error only for a failure, the case where the entry must stay.
+// the error only for a failure, the case where the entry must stay. A knob
+// that already holds its original is not written (restoring it is done:
+// a read-only knob lanes never changed must not fail a reset), and one
+// that holds neither its original nor what lanes wrote is reported as
+// drift, then restored.
 func restoreEntry(e Entry, rep *Report) error {
 	k, err := decode(e.Kind, e.Knob)
 	if err == nil {
+		cur, rerr := k.Read()
+		switch {
+		case rerr == nil && bytes.Equal(cur, e.Original):
+			rep.Restored = append(rep.Restored, e.Key)
+			return nil
+		case rerr == nil && e.Wrote != nil && !bytes.Equal(cur, e.Wrote):
+			rep.Drift = append(rep.Drift, Skip{Key: e.Key, Reason: fmt.Sprintf("found %q where lanes wrote %q: changed by someone else since; put back to %q",
+				strings.TrimSpace(string(cur)), strings.TrimSpace(string(e.Wrote)), strings.TrimSpace(string(e.Original)))})
+		}
 		err = k.Write(e.Original)
 	}
 	switch {

@@ -312,3 +312,243 @@ func TestUnpinnedKey(t *testing.T) {
 		}
 	}
 }
+
+// A write that fails never happened: the journal does not keep its knob
+// to restore (after a failed apply, a read-only knob lanes never changed
+// would fail every reset), and a knob written before keeps its entry and
+// the value lanes wrote then.
+func TestJournalFailedWriteNotKept(t *testing.T) {
+	dir, ks := memKnobs(t, 2)
+	j, err := knobs.Open(filepath.Join(dir, "state"), "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if err := j.Set(ks[1], []byte("new1")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(ks[0].Path+".fail", nil, 0o644)
+	os.WriteFile(ks[1].Path+".fail", nil, 0o644)
+	if err := j.Set(ks[0], []byte("new0")); err == nil {
+		t.Fatal("a failing write succeeded")
+	}
+	if err := j.Set(ks[1], []byte("newer1")); err == nil {
+		t.Fatal("a failing write succeeded")
+	}
+	ents, err := knobs.ReadEntries(filepath.Join(dir, "state"))
+	if err != nil || len(ents) != 1 || ents[0].Key != ks[1].Key() || string(ents[0].Wrote) != "new1" {
+		t.Fatalf("journal %+v (%v): want only %s, wrote new1", ents, err, ks[1].Key())
+	}
+	os.Remove(ks[1].Path + ".fail")
+	if _, err := j.Restore(); err != nil {
+		t.Fatalf("restore after the failed writes: %v", err)
+	}
+}
+
+// Restoring a knob that already holds its original writes nothing, so a
+// knob recorded but never written (a crash between the two) restores
+// even when it cannot be written.
+func TestJournalRestoreAtOriginalWritesNothing(t *testing.T) {
+	dir, ks := memKnobs(t, 1)
+	state := filepath.Join(dir, "state")
+	j, err := knobs.Open(state, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if err := j.Record(ks[0]); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(ks[0].Path+".fail", nil, 0o644)
+	rep, err := j.Restore()
+	if err != nil || len(rep.Restored) != 1 {
+		t.Fatalf("restore %+v: %v", rep, err)
+	}
+	if log, _ := os.ReadFile(ks[0].Log); len(log) != 0 {
+		t.Errorf("restore wrote %q to a knob at its original", log)
+	}
+	if knobs.Exists(state) {
+		t.Error("journal left behind")
+	}
+}
+
+// The journal keeps what lanes wrote; a knob someone changed after that
+// (irqbalance, tuned, an operator) is reported at restore, and restored.
+func TestJournalReportsDrift(t *testing.T) {
+	dir, ks := memKnobs(t, 2)
+	j, err := knobs.Open(filepath.Join(dir, "state"), "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for _, k := range ks {
+		if err := j.Set(k, []byte("lanes")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents := j.Entries(); string(ents[0].Wrote) != "lanes" {
+		t.Fatalf("entry %+v does not keep the value written", ents[0])
+	}
+	os.WriteFile(ks[1].Path, []byte("operator"), 0o644)
+	rep, err := j.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Drift) != 1 || rep.Drift[0].Key != ks[1].Key() || !strings.Contains(rep.Drift[0].Reason, `found "operator" where lanes wrote "lanes"`) {
+		t.Errorf("drift %+v: want %s found operator", rep.Drift, ks[1].Key())
+	}
+	if b, _ := os.ReadFile(ks[1].Path); string(b) != "orig1\x00\n " {
+		t.Errorf("drifted knob restored to %q", b)
+	}
+}
+
+// Namespace names reach file paths (state and pin directories, namespace
+// files): only the documented forms are taken.
+func TestCheckNetNSName(t *testing.T) {
+	for _, ok := range []string{"", "lanes-h1", "h2.x", "pid:12", "pid:12@99", "/run/netns/lanes-h1", "/var/run/netns/x",
+		"/var/run/docker/netns/1-abc", "/run/docker/netns/c0ffee", "/proc/42/ns/net", "/proc/42/task/43/ns/net"} {
+		if err := knobs.CheckNetNSName(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"..", ".", "../etc", "a/b", "/etc", "/run/netns/../../etc", "/run/netns/", "/proc/self/ns/net",
+		"/proc/42/ns/mnt", "pid:x", "pid:-1", "pid:1@0", "-flag", "/var/run/docker/../../../etc/x"} {
+		if err := knobs.CheckNetNSName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		} else if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q: error on more than one line: %q", bad, err)
+		}
+	}
+}
+
+// State files and the state directory are not opened through symlinks:
+// a link someone put there would make lanes read, write or remove files
+// anywhere.
+func TestStateFilesNoFollow(t *testing.T) {
+	dir := t.TempDir()
+	elsewhere := filepath.Join(dir, "elsewhere")
+	os.WriteFile(elsewhere, []byte(`{"version":1,"target":"host","entries":[]}`), 0o644)
+
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o755)
+	os.Symlink(elsewhere, filepath.Join(state, knobs.JournalFile))
+	if j, err := knobs.Open(state, "host"); err == nil {
+		j.Close()
+		t.Error("a journal symlinked in was opened")
+	}
+
+	link := filepath.Join(dir, "link")
+	os.Symlink(state, link)
+	if j, err := knobs.Open(link, "host"); err == nil {
+		j.Close()
+		t.Error("a state dir that is a symlink was opened")
+	}
+
+	target := filepath.Join(dir, "victim")
+	os.WriteFile(target, []byte("keep"), 0o644)
+	path := filepath.Join(dir, "file")
+	os.Symlink(target, path+".tmp")
+	if err := knobs.WriteFileAtomic(path, []byte("x")); err == nil {
+		t.Error("wrote through a symlinked temp file")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep" {
+		t.Errorf("the symlink's target was overwritten: %q", b)
+	}
+	if _, err := knobs.ReadFileNoFollow(filepath.Join(state, knobs.JournalFile)); err == nil {
+		t.Error("read through a symlink")
+	}
+}
+
+// A kernel thread knob keeps the start time of the thread it first read:
+// a thread that took its name or index since (a NAPI switched off and on,
+// CPUs gone and back) is another thread, whose knob restores nothing.
+func TestKthreadIdentity(t *testing.T) {
+	k := knobs.Sched("kthreadd", 0)
+	if _, err := k.Read(); err != nil {
+		t.Skipf("no kthreadd here: %v", err)
+	}
+	if k.Started == 0 {
+		t.Fatal("the first read noted no start time")
+	}
+	raw, _ := json.Marshal(k)
+	var back knobs.KthreadSched
+	if err := json.Unmarshal(raw, &back); err != nil || back.Started != k.Started {
+		t.Fatalf("journal round trip: %+v (%v)", back, err)
+	}
+	if _, err := back.Read(); err != nil {
+		t.Errorf("the same thread: %v", err)
+	}
+	back.Started++ // the thread lanes changed, replaced by another
+	if err := back.Write([]byte("policy=other prio=0 nice=0")); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("write to a replaced thread: %v, want ErrGone", err)
+	}
+	if _, err := back.Read(); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("read of a replaced thread: %v, want ErrGone", err)
+	}
+}
+
+// A runtime writer (an agent) writes a knob only while the journal is the
+// one of the apply it works for, and only a knob that apply set: after a
+// reset, or a newer apply, its write is refused and changes nothing, so a
+// reset is never undone behind its back (the guard once left SCHED_FIFO
+// after a reset, and a later apply journaled it as the original).
+func TestRuntimeWriteChecksGeneration(t *testing.T) {
+	dir, ks := memKnobs(t, 3)
+	state := filepath.Join(dir, "state")
+	j, err := knobs.Open(state, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ks[:2] {
+		if err := j.Set(k, []byte("plan")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen := knobs.Generation(j.Entries())
+	j.Close()
+
+	if err := knobs.RuntimeWrite(state, gen, ks[1], []byte("agent")); err != nil {
+		t.Fatalf("write for the current apply: %v", err)
+	}
+	if ents, _ := knobs.ReadEntries(state); string(ents[1].Wrote) != "agent" {
+		t.Errorf("journal does not keep the agent's write: %+v", ents[1])
+	}
+	if err := knobs.RuntimeWrite(state, gen, ks[2], []byte("agent")); err == nil {
+		t.Error("wrote a knob the plan did not set")
+	}
+	// A concurrent reset: the writer is refused while it runs (busy),
+	// and after it (stale).
+	j, err = knobs.Open(state, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := knobs.RuntimeWrite(state, gen, ks[1], []byte("agent")); !errors.Is(err, knobs.ErrBusy) {
+		t.Errorf("write during a reset: %v, want busy", err)
+	}
+	if _, err := j.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if err := knobs.RuntimeWrite(state, gen, ks[1], []byte("agent")); !errors.Is(err, knobs.ErrStale) {
+		t.Errorf("write after the reset: %v, want stale", err)
+	}
+	if b, _ := os.ReadFile(ks[1].Path); string(b) != "orig1\x00\n " {
+		t.Errorf("after reset and a stale write: %q, want the original", b)
+	}
+	// A newer apply: another generation.
+	j, err = knobs.Open(state, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond)
+	if err := j.Set(ks[1], []byte("plan2")); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if err := knobs.RuntimeWrite(state, gen, ks[1], []byte("agent")); !errors.Is(err, knobs.ErrStale) {
+		t.Errorf("write for an older apply: %v, want stale", err)
+	}
+	if b, _ := os.ReadFile(ks[1].Path); string(b) != "plan2" {
+		t.Errorf("the newer apply's value was overwritten: %q", b)
+	}
+}

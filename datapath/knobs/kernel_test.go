@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
@@ -580,3 +583,64 @@ func TestJournalWithoutHostNetNS(t *testing.T) {
 	}
 }
 
+// A user's apply failed writing a read-only knob, its rollback failed on
+// the same knob, and every reset after failed on it, though lanes never
+// changed it. Here the knob is a /proc/sys file bind-mounted read-only
+// in a private mount namespace of the test's thread: the failed write
+// leaves nothing journaled, and a knob recorded but never written (a
+// crash between the two) restores without a write.
+func TestResetConvergesReadOnlyKnob(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	const path = "/proc/sys/net/core/somaxconn"
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with its mount namespace
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+				return err
+			}
+			if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+				return err
+			}
+			if err := unix.Mount(path, path, "", unix.MS_BIND, ""); err != nil {
+				return err
+			}
+			if err := unix.Mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+				return err
+			}
+			k := knobs.ProcSys("", path)
+			orig, err := k.Read()
+			if err != nil {
+				return err
+			}
+			state := filepath.Join(t.TempDir(), "state")
+			j, err := knobs.Open(state, "host")
+			if err != nil {
+				return err
+			}
+			defer j.Close()
+			if err := j.Set(k, []byte("4095")); !errors.Is(err, unix.EROFS) {
+				return fmt.Errorf("writing the read-only knob: %v, want EROFS", err)
+			}
+			if j.Len() != 0 {
+				return fmt.Errorf("the journal keeps %d entries for a write that never happened", j.Len())
+			}
+			if err := j.Record(k); err != nil {
+				return err
+			}
+			rep, err := j.Restore()
+			if err != nil {
+				return fmt.Errorf("reset of a recorded, never written read-only knob: %v (%+v)", err, rep)
+			}
+			if b, _ := k.Read(); !bytes.Equal(b, orig) || knobs.Exists(state) {
+				return fmt.Errorf("after reset: %q (was %q), journal left %v", b, orig, knobs.Exists(state))
+			}
+			return nil
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}

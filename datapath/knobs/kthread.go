@@ -35,6 +35,14 @@ type Kthread struct {
 	Comm  string     `json:"comm,omitempty"`
 	Index int        `json:"index,omitempty"`
 	NAPI  *NAPIQueue `json:"napi_queue,omitempty"`
+	// Started is the thread's start time (boot-relative ticks) when a
+	// knob first read it, which the journal keeps: a name, an index
+	// among same-named threads, even a queue can come to stand for another
+	// thread (a device's NAPI switched off and on, threads of one name
+	// created or gone, CPUs taken offline and back); the thread lanes
+	// changed is gone then, and its knob restores nothing onto the new
+	// one. 0: not known (knobs built to write, journals of older builds).
+	Started uint64 `json:"started,omitempty"`
 }
 
 // NAPIQueue is receive queue Queue of Device in NetNS.
@@ -67,6 +75,30 @@ func (t Kthread) PID() (int, error) {
 		return 0, fmt.Errorf("kernel thread %s: %w (%d threads with that name)", t, ErrGone, len(ths))
 	}
 	return ths[t.Index].PID, nil
+}
+
+// resolve finds the thread now and checks it is the one first read
+// (Started); a first read (record) notes its start time.
+func (t *Kthread) resolve(record bool) (int, error) {
+	pid, err := t.PID()
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("kernel thread %s (pid %d): %w", t, pid, gone(err))
+	}
+	ps, err := kthread.ParseProcStat(string(b))
+	if err != nil {
+		return 0, fmt.Errorf("kernel thread %s (pid %d): %w", t, pid, err)
+	}
+	switch {
+	case t.Started == 0 && record:
+		t.Started = ps.StartTime
+	case t.Started != 0 && ps.StartTime != t.Started:
+		return 0, fmt.Errorf("kernel thread %s: %w: the thread lanes changed (started at tick %d) was replaced by pid %d (started at tick %d)", t, ErrGone, t.Started, pid, ps.StartTime)
+	}
+	return pid, nil
 }
 
 // KthreadInfo is a kernel thread as /proc and the scheduler show it.
@@ -161,7 +193,7 @@ func (k *KthreadAffinity) Kind() string { return kindKthreadAffinity }
 func (k *KthreadAffinity) Key() string  { return kindKthreadAffinity + ":" + k.Kthread.String() }
 
 func (k *KthreadAffinity) Read() ([]byte, error) {
-	pid, err := k.PID()
+	pid, err := k.resolve(true)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +209,7 @@ func (k *KthreadAffinity) Write(v []byte) error {
 	if err != nil {
 		return fmt.Errorf("affinity of %s: %w", k.Kthread, err)
 	}
-	pid, err := k.PID()
+	pid, err := k.resolve(false)
 	if err != nil {
 		return err
 	}
@@ -206,7 +238,7 @@ func (k *KthreadSched) Kind() string { return kindKthreadSched }
 func (k *KthreadSched) Key() string  { return kindKthreadSched + ":" + k.Kthread.String() }
 
 func (k *KthreadSched) Read() ([]byte, error) {
-	pid, err := k.PID()
+	pid, err := k.resolve(true)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +254,7 @@ func (k *KthreadSched) Write(v []byte) error {
 	if err != nil {
 		return fmt.Errorf("scheduling of %s: %w", k.Kthread, err)
 	}
-	pid, err := k.PID()
+	pid, err := k.resolve(false)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,41 @@ func pidForm(ns string) (pid string, cookie uint64, ok bool) {
 		cookie = v
 	}
 	return pid, cookie, true
+}
+
+// netnsDirs are the directories whose namespace files a namespace may be
+// named by path: iproute2's and Docker's.
+var netnsDirs = []string{"/run/netns/", "/var/run/netns/", "/run/docker/", "/var/run/docker/"}
+
+var (
+	netnsName    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$`)
+	procNetNSRe  = regexp.MustCompile(`^/proc/[0-9]+/(task/[0-9]+/)?ns/net$`)
+	errBadNetNS  = errors.New("not a network namespace name")
+	netnsFormsOK = "a name under /run/netns, a path under /run/netns, /var/run/netns, /run/docker or /var/run/docker, /proc/N/ns/net, or pid:N"
+)
+
+// CheckNetNSName refuses a namespace given in none of the forms above: a
+// name with a slash or a dot-dot, a path outside the namespace
+// directories. A name reaches file paths (the state directory, the pin
+// directory, the namespace file), so ".." would reach outside them.
+func CheckNetNSName(ns string) error {
+	switch {
+	case ns == "":
+		return nil
+	case strings.HasPrefix(ns, "pid:"):
+		if _, _, ok := pidForm(ns); ok {
+			return nil
+		}
+	case filepath.IsAbs(ns):
+		if filepath.Clean(ns) == ns && (procNetNSRe.MatchString(ns) || slices.ContainsFunc(netnsDirs, func(d string) bool {
+			return strings.HasPrefix(ns, d) && len(ns) > len(d)
+		})) {
+			return nil
+		}
+	case netnsName.MatchString(ns) && ns != "." && ns != "..":
+		return nil
+	}
+	return fmt.Errorf("netns %q: %w: give %s", ns, errBadNetNS, netnsFormsOK)
 }
 
 // NetNSPath returns the file that holds a namespace, or "" for lanes' own.
@@ -118,6 +154,9 @@ func nsxName(ns string) string {
 // PID reused in the microseconds between it and their entry would need
 // the whole PID space to wrap in between.
 func checkNetNS(ns string) error {
+	if err := CheckNetNSName(ns); err != nil {
+		return err
+	}
 	_, err := entryName(ns)
 	return err
 }
@@ -367,6 +406,9 @@ func DoSysfs(ns string, fn func() error) error {
 }
 
 func do(ns string, sysfs bool, fn func() error) error {
+	if err := CheckNetNSName(ns); err != nil {
+		return err
+	}
 	run := func(name string, fn func() error) error { return goneNS(ns, nsx.Do(name, fn)) }
 	if sysfs {
 		run = func(name string, fn func() error) error { return goneNS(ns, nsx.DoSysfs(name, fn)) }

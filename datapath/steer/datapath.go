@@ -52,16 +52,16 @@ type Datapath struct {
 // attached, and the config is disabled until SetConfig.
 func Load() (*Datapath, error) {
 	d := &Datapath{}
-	spec, err := loadSteer()
+	spec, err := hostSpec()
 	if err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
-	// steer_drops_skb reads struct sk_buff through CO-RE, which needs the
-	// kernel's BTF; every other program works without. Where it cannot
-	// load (no BTF, a relocation that fails), a stub that counts nothing
-	// takes its place, never attached (TrackQueues reports it), and the
-	// rest of the datapath works. Only vmlinux's types are searched, not
-	// every module's.
+	// steer_drops_skb and steer_sync_xmit read kernel structs through
+	// CO-RE, which needs the kernel's BTF; every other program works
+	// without. Where they cannot load (no BTF, a relocation that fails),
+	// stubs that count nothing take their place, never attached
+	// (TrackQueues reports it), and the rest of the datapath works. Only
+	// vmlinux's types are searched, not every module's.
 	var opts *ebpf.CollectionOptions
 	if kt, err := btf.LoadKernelSpec(); err != nil {
 		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
@@ -83,10 +83,13 @@ func Load() (*Datapath, error) {
 	return d, nil
 }
 
-// stubDropsSkb replaces steer_drops_skb by a program that returns at once.
+// stubDropsSkb replaces the CO-RE programs (steer_drops_skb,
+// steer_sync_xmit) by programs that return at once.
 func stubDropsSkb(spec *ebpf.CollectionSpec) {
-	if p := spec.Programs[steerProgSteerDropsSkb]; p != nil {
-		p.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}
+	for _, name := range []string{steerProgSteerDropsSkb, steerProgSteerSyncXmit} {
+		if p := spec.Programs[name]; p != nil {
+			p.Instructions = asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}
+		}
 	}
 }
 
@@ -138,13 +141,17 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerVni, &o.SteerVni},
 		{steerMapSteerTable, &o.SteerTable},
 		{steerMapSteerFlows, &o.SteerFlows},
+		{steerMapSteerEpochs, &o.SteerEpochs},
 		{steerMapSteerCpumap, &o.SteerCpumap},
 		{steerMapSteerCpumapHi, &o.SteerCpumapHi},
 		{steerMapSteerPrio, &o.SteerPrio},
+		{steerMapSteerPrioShapes, &o.SteerPrioShapes},
 		{steerMapSteerStats, &o.SteerStats},
 		{steerMapSteerMfCores, &o.SteerMfCores},
 		{steerMapSteerSync, &o.SteerSync},
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
+		{steerMapSteerSyncSrc, &o.SteerSyncSrc},
+		{steerMapSteerSyncLocal, &o.SteerSyncLocal},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
@@ -167,6 +174,8 @@ var dropTraces = []struct{ pin, group, tracepoint string }{
 	{steerProgSteerDropsRing + "_link", "xdp", "xdp_cpumap_enqueue"},
 	{steerProgSteerDropsKthread + "_link", "xdp", "xdp_cpumap_kthread"},
 	{steerProgSteerDropsSkb + "_link", "skb", "kfree_skb"},
+	{steerProgSteerSyncXmit + "_link", "xdp", "xdp_devmap_xmit"},
+	{steerProgSteerSyncRedirectErr + "_link", "xdp", "xdp_redirect_err"},
 }
 
 // NoDropTracesError is TrackQueues failing to attach to a drop tracepoint
@@ -216,8 +225,24 @@ func (d *Datapath) TrackQueues(dir string) error {
 	if skbErr != nil && !errors.As(skbErr, &nt) {
 		return skbErr
 	}
+	// PRISM-sync's redirects that the devmap or the veth dropped
+	// (Counters.SyncDropped); without, they go uncounted. The devmap's
+	// trace reads the device through CO-RE, as steer_drops_skb does.
+	var syncErr error
+	for i, p := range map[int]*ebpf.Program{3: d.objs.SteerSyncXmit, 4: d.objs.SteerSyncRedirectErr} {
+		var e error = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
+		if i == 4 || d.dropsSkbErr == nil {
+			e = attachTrace(dir, i, p)
+		} else if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
+		}
+		if e != nil && !errors.As(e, &nt) {
+			return e
+		}
+		syncErr = errors.Join(syncErr, e)
+	}
 	// Only degradations (NoDropTracesError) from here.
-	return errors.Join(err, skbErr)
+	return errors.Join(err, skbErr, syncErr)
 }
 
 // trackCPUMaps is TrackQueues for the split stage's cpumap queues.
@@ -424,9 +449,40 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 	return d, spec, nil
 }
 
-// steerSpec is the embedded object's spec, parsed once: openMaps only
-// reads it (map layouts, program types), and scrapes open maps often.
-var steerSpec = sync.OnceValues(loadSteer)
+// steerSpec is the embedded object's spec as this host loads it, parsed
+// once: openMaps only reads it (map layouts, program types), and scrapes
+// open maps often.
+var steerSpec = sync.OnceValues(hostSpec)
+
+// hostSpec is the embedded object's spec with the maps sized for this host
+// (FlowEntries).
+func hostSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, err
+	}
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("counting possible CPUs: %w", err)
+	}
+	spec.Maps[steerMapSteerFlows].MaxEntries = FlowEntries(n)
+	return spec, nil
+}
+
+// FlowEntries is steer_flows' size on a host with cpus possible CPUs: the
+// three stages' states of every flow, with room for 4096 flows per CPU
+// (at least 16384 states, a power of two, at most 2^20). The kernel's LRU
+// keeps part of its free entries on each CPU's own list and evicts per
+// CPU, so a map of fixed size on a large host evicts busy flows long
+// before it is full; an evicted flow starts afresh at its next frame (and
+// in a new count epoch: steer.c's next_epoch).
+func FlowEntries(cpus int) uint32 {
+	n := uint32(16384)
+	for n < uint32(cpus)*4096 && n < 1<<20 {
+		n <<= 1
+	}
+	return n
+}
 
 // OtherVersionError is a pinned datapath whose maps this build cannot use:
 // one is missing or laid out differently, so another version of lanes

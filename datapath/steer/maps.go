@@ -69,10 +69,6 @@ func (d *Datapath) SetConfig(c Config) error {
 	if err != nil {
 		return err
 	}
-	shapes, err := d.prioShapes()
-	if err != nil {
-		return err
-	}
 	var old []uint32
 	var vni uint32
 	var one uint8
@@ -89,7 +85,6 @@ func (d *Datapath) SetConfig(c Config) error {
 		}
 	}
 	k := encodeConfig(c)
-	k.PrioShapes = shapes
 	// Frames hashed for the core set before a change may still be queued:
 	// the programs decode their hashes with the previous set (steer.c,
 	// hash_of_count), so their counts still drain.
@@ -906,7 +901,7 @@ func (d *Datapath) leavingHome(stage int) error {
 	for _, e := range todo {
 		v := e.v
 		v.Inflight = 0
-		v.Epoch = (v.Epoch + 1) % HashEpochs
+		v.Epoch = d.nextEpoch(&e.k, v.Epoch)
 		v.Stay = stayFresh
 		// Exist only: an entry evicted meanwhile stays gone, and the
 		// fast path runs that flow on as one without state.
@@ -916,6 +911,29 @@ func (d *Datapath) leavingHome(stage int) error {
 	}
 	return nil
 }
+
+// epochSlots is steer.c's EPOCH_SLOTS.
+const epochSlots = 65536
+
+// nextEpoch hands out the next count epoch of k's slot other than cur,
+// as steer.c's next_epoch_after does (with the same race, and the same
+// harmlessness).
+func (d *Datapath) nextEpoch(k *steerSteerFlowKey, cur uint32) uint32 {
+	fh := FlowHash(addrOf(k.Saddr), addrOf(k.Daddr), htons16(k.Sport), htons16(k.Dport), k.Proto)
+	slot := uint32(k.Stage)*epochSlots + fh%epochSlots
+	var n uint32
+	if err := d.objs.SteerEpochs.Lookup(slot, &n); err != nil {
+		return (cur + 1) % HashEpochs
+	}
+	if n%HashEpochs == cur {
+		n++
+	}
+	_ = d.objs.SteerEpochs.Put(slot, n+1)
+	return n % HashEpochs
+}
+
+// htons16 turns a __be16 field as Go reads it into the number it holds.
+func htons16(v uint16) uint16 { return v>>8 | v<<8 }
 
 // DeleteStageFlows removes every flow state of a stage.
 func (d *Datapath) DeleteStageFlows(stage int) error {
@@ -1022,6 +1040,17 @@ type Counters struct {
 	// destination (or because they were too long for it).
 	Sync     uint64
 	SyncMiss uint64
+	// SyncRefused is high-priority frames with a destination that the
+	// kernel's own path would not have delivered there (steer.c's
+	// sync_accept: a wrong checksum or length, another host's address, an
+	// unknown source, reserved VXLAN bits, outer CE on a Not-ECT packet):
+	// they took the normal path, where the kernel decides. SyncExpired is
+	// those whose destination's deadline had passed (no agent renewed it);
+	// SyncDropped is frames the shortcut redirected that the devmap or
+	// the veth then dropped (a full ring, a device going away).
+	SyncRefused uint64
+	SyncExpired uint64
+	SyncDropped uint64
 
 	// Home is frames that took the stage's at-home fast path (SetHome):
 	// vanilla placement without per-flow state; not in Stayed.
@@ -1060,7 +1089,7 @@ type Counters struct {
 // fields lists c's counters in steer.c's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

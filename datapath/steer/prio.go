@@ -163,27 +163,28 @@ func (d *Datapath) prioShapes() (uint32, error) {
 	return m, nil
 }
 
-// syncPrioShapes writes the rules' shape mask into the config, so the
-// programs look up only shapes that exist. After an add, the new shape is
-// in the mask once this returns; after a delete, a stale bit only costs a
-// lookup.
+// syncPrioShapes writes the rules' shape mask (steer.c's
+// steer_prio_shapes, whose one writer this is), so the programs look up
+// only shapes that exist. After an add, the new shape is in the mask once
+// this returns; after a delete, a stale bit only costs a lookup.
 func (d *Datapath) syncPrioShapes() error {
 	shapes, err := d.prioShapes()
 	if err != nil {
 		return err
 	}
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return fmt.Errorf("reading steer config: %w", err)
-	}
-	if k.PrioShapes == shapes {
-		return nil
-	}
-	k.PrioShapes = shapes
-	if err := d.objs.SteerCfg.Put(uint32(0), k); err != nil {
-		return fmt.Errorf("writing steer config: %w", err)
+	if err := d.objs.SteerPrioShapes.Put(uint32(0), shapes); err != nil {
+		return fmt.Errorf("writing the rule shapes: %w", err)
 	}
 	return nil
+}
+
+// PrioShapes reads the rule shapes the programs look up.
+func (d *Datapath) PrioShapes() (uint32, error) {
+	var v uint32
+	if err := d.objs.SteerPrioShapes.Lookup(uint32(0), &v); err != nil {
+		return 0, fmt.Errorf("reading the rule shapes: %w", err)
+	}
+	return v, nil
 }
 
 func (r Rule) key() steerPrioRule {

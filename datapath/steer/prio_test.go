@@ -3,6 +3,7 @@
 package steer
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -216,11 +217,11 @@ func TestPrioShapes(t *testing.T) {
 	d := prioDatapath(t, true, 0)
 	shapes := func() uint32 {
 		t.Helper()
-		var k steerSteerCfg
-		if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
+		m, err := d.PrioShapes()
+		if err != nil {
 			t.Fatal(err)
 		}
-		return k.PrioShapes
+		return m
 	}
 	if m := shapes(); m != 0 {
 		t.Fatalf("shapes %#x with no rule", m)
@@ -857,4 +858,54 @@ func knobRoundTrip(t *testing.T, c Config) (string, Setup) {
 		t.Fatal(err)
 	}
 	return v, s
+}
+
+// lanes prio and lanes agent write the datapath at the same time: the
+// rules' shapes (lanes prio's) live apart from the config (the agent's
+// home switches), so neither write loses the other's. When the shapes
+// lived in the config, each read, changed and wrote back the whole entry,
+// and an agent's write could drop a shape lanes prio had just reported
+// added: that rule's flows were then never classified high.
+func TestPrioShapesSurviveConfigWriters(t *testing.T) {
+	d := prioDatapath(t, false, 0)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		on := false
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			on = !on
+			if err := d.SetHome(StageContainer, on); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	lost := 0
+	for i := range 2000 {
+		port := uint16(20000 + i)
+		r := addRule(t, d, fmt.Sprintf("dst %s port %d udp", innerDst, port))
+		f := udpFlow(40000)
+		f.dport = port
+		st0 := stats(t, d)[StageSplit]
+		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+		if stats(t, d)[StageSplit].Sub(st0).High != 1 {
+			lost++
+		}
+		if err := d.DelRule(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if lost > 0 {
+		t.Errorf("%d of 2000 flows of a rule just added were not classified high while the agent wrote the config", lost)
+	}
 }

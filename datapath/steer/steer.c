@@ -50,11 +50,14 @@
  * PRISM-sync (CFG_SYNC, with CFG_PRIO): a high-priority frame whose
  * container the control plane vouches for (steer_sync) is decapsulated
  * here and redirected to that container's host-side veth: it reaches the
- * socket in one pass of the receive core. See sync_dest().
+ * socket in one pass of the receive core, and only where the kernel's own
+ * path would have delivered the same inner frame there. See sync_dest()
+ * and sync_accept().
  *
  * Nothing here rewrites a packet byte, drops or consumes a frame, with one
  * exception: PRISM-sync strips the outer headers of the frames it hands to
- * a container, exactly as the VXLAN device would. Whatever is not
+ * a container, and copies the outer ECN mark inward, exactly as the VXLAN
+ * device would. Whatever is not
  * understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the worst a
  * bug can do is place a stage on the wrong core. place.go mirrors
  * the hashing so the control plane can predict every decision.
@@ -179,6 +182,9 @@ enum counter {
 	CNT_DIRECT,      /* bridge stage: frames that stayed without a pass through the RPS backlog (stay_direct) */
 	CNT_BULK_BESIDE, /* bulk frames bulk=auto kept in the NIC poll beside busy marked flows (bulk_beside_busy) */
 	CNT_UNMARKED,    /* frames sent to a core's queue without lanes' metadata (no room left): that queue's counts no longer balance */
+	CNT_SYNC_REFUSED, /* high-priority frames with a destination that the kernel's own path would not deliver (sync_accept): batch path, where the kernel decides */
+	CNT_SYNC_EXPIRED, /* high-priority frames whose destination's deadline passed (no agent renewed it): batch path */
+	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
 	NUM_COUNTERS,
 };
 
@@ -193,7 +199,6 @@ struct steer_cfg {
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
-	__u32 prio_shapes; /* bit SHAPE(dir, i): steer_prio holds a rule of that shape (see high_prio) */
 	__u32 prio_quiet_ms; /* CFG_PRIO_IDLE_INLINE: also while no high-priority frame came for this long; 0: only while no rule */
 	/* MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE) */
 	__u64 mf_window_ns; /* the elephant test's rate window */
@@ -304,12 +309,56 @@ struct steer_flow_state {
 	__u32 stay_cpu; /* STAY_DIRECT: the core whose GRO cell it runs on */
 };
 
+/* Sized per host at load (steer.FlowEntries): the LRU keeps part of its
+ * free entries on each CPU's own list, so a small map on many CPUs evicts
+ * long before it is full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct steer_flow_key);
 	__type(value, struct steer_flow_state);
 } steer_flows SEC(".maps");
+
+/*
+ * The count epochs handed out, per stage and slot of flows (flow hash
+ * modulo EPOCH_SLOTS). A flow state takes the next epoch of its slot when
+ * it is made and whenever it starts counting afresh, so a state made anew
+ * after the LRU evicted its flow's (frames of the old one may still be in
+ * flight, carrying its epoch in their hash) never takes the epoch the old
+ * one had last, unless seven other epochs were handed out in the slot in
+ * between: what a random epoch did one time in eight.
+ */
+#define EPOCH_SLOTS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_STAGES * EPOCH_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} steer_epochs SEC(".maps");
+
+static __always_inline __u32 next_epoch(__u32 stage, __u32 fh)
+{
+	__u32 key = stage * EPOCH_SLOTS + (fh % EPOCH_SLOTS);
+	__u32 *n = bpf_map_lookup_elem(&steer_epochs, &key);
+
+	if (!n)
+		return bpf_get_prandom_u32() % HASH_EPOCHS;
+	/* Not atomic: two cores handing out the same epoch at once do so for
+	 * two flows (one flow's states are made one at a time), which is no
+	 * reuse. */
+	*n += 1;
+	return (*n - 1) % HASH_EPOCHS;
+}
+
+/* A state's next count epoch when it starts counting afresh: the slot's
+ * next, never the one it counts in now. */
+static __always_inline __u32 next_epoch_after(__u32 stage, __u32 fh, __u32 cur)
+{
+	__u32 e = next_epoch(stage, fh);
+
+	return e != cur ? e : next_epoch(stage, fh);
+}
 
 /*
  * Container devices lanes adopted after apply (control/follow.go): a
@@ -369,22 +418,46 @@ struct {
 	__type(value, __u8); /* 1 */
 } steer_prio SEC(".maps");
 
+/* The rule shapes steer_prio holds: bit SHAPE(dir, i) (see high_prio).
+ * An entry of its own, apart from steer_cfg: its one writer is lanes prio,
+ * while the apply and lanes agent write the config (placement, home), and
+ * two writers that read, modify and write back one shared entry lose each
+ * other's changes (a rule lanes prio reported added, never looked up). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);   /* always 0 */
+	__type(value, __u32);
+} steer_prio_shapes SEC(".maps");
+
+static __always_inline __u32 prio_shapes(void)
+{
+	__u32 zero = 0;
+	__u32 *v = bpf_map_lookup_elem(&steer_prio_shapes, &zero);
+
+	return v ? *v : 0;
+}
+
 /*
  * PRISM-sync's destinations: a (VNI, inner destination MAC) the bridge
  * forwards to a container's host-side veth, on a path where nothing but
  * the forward happens (policy/prism/sync.go decides, lanes agent keeps it
  * fresh). The devmap holds the veths the redirect may use; an entry
- * vanishes with its device.
+ * vanishes with its device. A destination holds only until its deadline,
+ * which the agent pushes on at every round: an agent that died, or never
+ * started, leaves the shortcut closed (fail closed), and every frame on
+ * the kernel's path.
  */
 struct sync_key {
 	__u32 vni;   /* host byte order */
-	__u8 mac[6]; /* inner destination MAC */
+	__u8 mac[6]; /* inner MAC: the destination's (steer_sync), the source's (steer_sync_src) */
 	__u16 pad;   /* 0: the key is hashed as bytes */
 };
 
 struct sync_dest {
-	__u32 ifindex; /* host-side veth, key of steer_sync_dev */
-	__u32 mtu;     /* the container interface's MTU: longer inner frames take the batch path */
+	__u32 ifindex;   /* host-side veth, key of steer_sync_dev */
+	__u32 mtu;       /* the smaller of the two veth ends' MTUs: longer inner frames take the batch path */
+	__u64 deadline;  /* bpf_ktime_get_ns(): from then on the destination is void */
 };
 
 struct {
@@ -400,6 +473,54 @@ struct {
 	__type(key, __u32);   /* ifindex */
 	__type(value, __u32); /* the same ifindex (struct bpf_devmap_val without a program) */
 } steer_sync_dev SEC(".maps");
+
+/*
+ * PRISM-sync's local VTEPs: a frame takes the shortcut only if its outer
+ * destination is one of this host's VTEP addresses on the device it came
+ * in on, with that device's MAC as its Ethernet destination: what ip_rcv
+ * (PACKET_OTHERHOST) and the route lookup (local delivery) let through
+ * to the VXLAN socket. Narrower than the kernel (which takes any local
+ * address), never wider.
+ */
+struct sync_local_key {
+	__u32 ifindex; /* the underlay device (the frame's ingress) */
+	__be32 addr;   /* a local VTEP address */
+};
+
+struct sync_local {
+	__u8 mac[6]; /* the underlay device's MAC */
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct sync_local_key);
+	__type(value, struct sync_local);
+} steer_sync_local SEC(".maps");
+
+/*
+ * PRISM-sync's sources: the inner source MACs whose frames may take the
+ * shortcut, each from the one VTEP a static forwarding entry of the VXLAN
+ * device sends it to. With such an entry the kernel takes the frame from
+ * that VTEP alone (vxlan_snoop drops it from any other, and learns
+ * nothing), and a known remote MAC is a valid unicast address that is not
+ * the VXLAN device's own (vxlan_set_mac). The bridge's forwarding entry
+ * for the source, which the frames the shortcut takes no longer refresh
+ * by learning, lanes agent refreshes from seen (see policy/prism).
+ */
+struct sync_src {
+	__be32 vtep; /* the outer source address the frames must come from */
+	__u32 pad;
+	__u64 seen;  /* coarse clock of the last frame the shortcut took from this source (0: none) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct sync_key);
+	__type(value, struct sync_src);
+} steer_sync_src SEC(".maps");
 
 /* MFLOW: micro-flows sent to each core. Written once per micro-flow, not
  * per frame, so one shared counter per core costs nothing that matters. */
@@ -622,10 +743,15 @@ struct tuple {
 	__u8 seg_end;
 };
 
-/* A read position in a packet; every step is checked against end. */
+/* A read position in a packet; every step is checked against end, the
+ * bytes the program can read, and left, the bytes the headers read so far
+ * say lie ahead (an skb's length at first, then the IPv4 total length and
+ * the UDP length): a field lanes reads is one the kernel would read too,
+ * not a byte past what it trims. */
 struct cursor {
 	void *pos;
 	void *end;
+	__u32 left;
 };
 
 static __always_inline void count_n(__u32 stage, __u32 ctr, __u32 n)
@@ -646,28 +772,52 @@ static __always_inline void *take(struct cursor *c, __u32 len)
 {
 	void *p = c->pos;
 
-	if (p + len > c->end)
+	if (p + len > c->end || len > c->left)
 		return NULL;
 	c->pos = p + len;
+	c->left -= len;
 	return p;
 }
 
-/* IPv4 header including options; fragments are refused because only the
- * first carries ports, and steering the rest differently would split them. */
+/* IPv4 header including options, within its total length (as ip_rcv
+ * checks it: at least the header, at most what the frame holds; the rest
+ * is trimmed); fragments are refused because only the first carries
+ * ports, and steering the rest differently would split them. */
 static __always_inline struct iphdr *parse_ipv4(struct cursor *c)
 {
+	__u32 avail = c->left;
 	struct iphdr *ip = take(c, sizeof(*ip));
-	__u32 opts;
+	__u32 hlen, tot;
 
 	if (!ip || ip->version != 4 || ip->ihl < 5)
 		return NULL;
 	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return NULL;
-	opts = (ip->ihl - 5) * 4;
-	if (c->pos + opts > c->end)
+	hlen = ip->ihl * 4;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < hlen || tot > avail)
 		return NULL;
-	c->pos += opts;
+	c->left = tot - sizeof(*ip);
+	if (!take(c, hlen - sizeof(*ip)))
+		return NULL;
 	return ip;
+}
+
+/* A UDP header within the IP payload, whose length (at least the header)
+ * bounds what follows, as udp_rcv trims it. */
+static __always_inline struct udphdr *parse_udp(struct cursor *c)
+{
+	__u32 avail = c->left;
+	struct udphdr *uh = take(c, sizeof(*uh));
+	__u32 len;
+
+	if (!uh)
+		return NULL;
+	len = bpf_ntohs(uh->len);
+	if (len < sizeof(*uh) || len > avail)
+		return NULL;
+	c->left = len - sizeof(*uh);
+	return uh;
 }
 
 /* TCP flags (byte 13 of the header) that make tcp_gro_receive flush the
@@ -689,9 +839,11 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 	t->daddr = ip->daddr;
 	t->proto = ip->protocol;
 	if (ip->protocol == IPPROTO_TCP) {
+		__u32 avail = c->left;
 		struct tcphdr *th = take(c, sizeof(*th));
 
-		if (!th)
+		/* The whole header, options included, as tcp_v4_rcv pulls it. */
+		if (!th || th->doff < 5 || th->doff * 4 > avail)
 			return -1;
 		t->sport = th->source;
 		t->dport = th->dest;
@@ -701,7 +853,7 @@ static __always_inline int parse_inner(struct cursor *c, struct tuple *t)
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = take(c, sizeof(*uh));
+		struct udphdr *uh = parse_udp(c);
 
 		if (!uh)
 			return -1;
@@ -747,7 +899,7 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
 	ip = parse_ipv4(c);
 	if (!ip || ip->protocol != IPPROTO_UDP)
 		return -1;
-	uh = take(c, sizeof(*uh));
+	uh = parse_udp(c);
 	if (!uh || uh->dest != bpf_htons((__u16)cfg->vxlan_port))
 		return -1;
 	vx = take(c, sizeof(*vx));
@@ -767,12 +919,13 @@ static __always_inline int parse_outer(struct cursor *c, const struct steer_cfg 
  * Does a rule in steer_prio match the flow? A rule has one of eight shapes:
  * a side (dir), and port and protocol each given or "any" (i: 0 both, 1
  * port only, 2 protocol only, 3 neither). Only shapes the control plane
- * says exist are looked up (cfg->prio_shapes), so a bulk flow costs one
+ * says exist are looked up (steer_prio_shapes), so a bulk flow costs one
  * lookup per shape in use, not eight.
  */
 static __always_inline int high_prio(const struct steer_cfg *cfg, const struct tuple *t, struct prio_rule *hit)
 {
 	struct prio_rule r = {};
+	__u32 shapes = prio_shapes();
 
 #pragma unroll
 	for (int dir = 0; dir < 2; dir++) {
@@ -780,7 +933,7 @@ static __always_inline int high_prio(const struct steer_cfg *cfg, const struct t
 		r.addr = dir ? t->saddr : t->daddr;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			if (!(cfg->prio_shapes & (1u << (dir * 4 + i))))
+			if (!(shapes & (1u << (dir * 4 + i))))
 				continue;
 			r.port = i < 2 ? (dir ? t->sport : t->dport) : 0;
 			r.proto = (i % 2) == 0 ? t->proto : 0;
@@ -924,7 +1077,7 @@ static __always_inline void seen_high_placed(const struct steer_cfg *cfg, int bu
  * the bulk path, the busy one, need not read the clock for nobody. */
 static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 {
-	if (cfg->bulk_quiet_ms && cfg->prio_shapes)
+	if (cfg->bulk_quiet_ms && prio_shapes())
 		stamp_tick(&steer_bulk_seen);
 }
 
@@ -955,7 +1108,7 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 	__u32 zero = 0;
 	__u64 now;
 
-	if (!cfg->bulk_quiet_ms || !cfg->prio_shapes)
+	if (!cfg->bulk_quiet_ms || !prio_shapes())
 		return;
 	p = bpf_map_lookup_elem(&steer_passed_tick, &zero);
 	if (!p)
@@ -1262,7 +1415,8 @@ static __always_inline int followers_out(const struct steer_cfg *cfg, const stru
  * which becomes the held one. A core outside the set cannot be named:
  * frames queued there went uncounted and the drain time rules.
  */
-static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now)
+static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now,
+					 __u32 fh)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 idx;
@@ -1273,7 +1427,7 @@ static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer
 		idx = st->stay_cpu < MAX_CPUS ? cfg->index_of[st->stay_cpu & (MAX_CPUS - 1)] : STAY;
 		if (cfg->drain_ns && idle_since(cfg, st->last_ns, now) >= cfg->drain_ns) {
 			st->inflight = 0;
-			st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+			st->epoch = next_epoch_after(STAGE_CONTAINER, fh, st->epoch);
 			count(STAGE_CONTAINER, CNT_UNDRAINED);
 		} else if (idx < cfg->ncpus) {
 			count(STAGE_CONTAINER, CNT_HELD);
@@ -1352,8 +1506,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.packets = 1,
 			.bytes = len,
 			.inline_mark = INLINE_BOUNDARY,
-			/* Unknown to frames of an evicted state, 7 times in 8. */
-			.epoch = bpf_get_prandom_u32() % HASH_EPOCHS,
+			/* Not the epoch of an evicted state of the flow (next_epoch). */
+			.epoch = next_epoch(stage, fh),
 			/* A staying container stage queues here (stay_core). */
 			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
 			.stay_cpu = bpf_get_smp_processor_id(),
@@ -1430,7 +1584,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 				if (cfg->drain_ns)
 					count(stage, CNT_UNDRAINED);
 				st->inflight = 0;
-				st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+				st->epoch = next_epoch_after(stage, fh, st->epoch);
 			}
 			st->cpu_idx = want;
 			/* An idle gap: the NIC poll's GRO holds nothing of it. */
@@ -1458,12 +1612,12 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		 * then overtaken by nothing, since the next counted frame
 		 * queues behind it. */
 		st->inflight = 0;
-		st->epoch = (st->epoch + 1) % HASH_EPOCHS;
+		st->epoch = next_epoch_after(stage, fh, st->epoch);
 		st->stay = STAY_FRESH;
 		count(stage, CNT_UNDRAINED);
 	}
 	if (stage == STAGE_CONTAINER && st->cpu_idx == STAY)
-		held = stay_core(cfg, st, now);
+		held = stay_core(cfg, st, now, fh);
 	st->ifindex = ifindex;
 	st->bucket = bucket;
 	st->last_ns = now;
@@ -1826,14 +1980,224 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 	return ret;
 }
 
+/* The outer headers the shortcut strips: Ethernet, IPv4 without options,
+ * UDP, VXLAN. A frame with outer IPv4 options takes the normal path
+ * (ip_rcv_options may act on them). */
+#define SYNC_OUTER_LEN (ETH_HLEN + sizeof(struct iphdr) + sizeof(struct udphdr) + sizeof(struct vxlanhdr))
+
+/* What decapsulation does to the inner ECN field (sync_accept). */
+#define SYNC_ECN_KEEP 0
+#define SYNC_ECN_CE 1   /* outer CE onto an ECN-capable inner packet */
+#define SYNC_ECN_ECT1 2 /* outer ECT(1) onto an inner ECT(0) */
+
+#define ECN_NOT_ECT 0
+#define ECN_ECT_1 1
+#define ECN_ECT_0 2
+#define ECN_CE 3
+
+/* The kernel's csum16_add: a one's complement sum of two 16-bit words as
+ * they lie in memory. */
+static __always_inline __u16 csum16_add(__u16 csum, __u16 addend)
+{
+	__u16 res = csum + addend;
+
+	return res + (res < addend);
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
+}
+
+/* ip_fast_csum()'s test: the header's words sum to 0xffff (ones'
+ * complement), its checksum field included. */
+static __always_inline int ipv4_csum_ok(const struct iphdr *ip)
+{
+	const __u16 *w = (const void *)ip;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
+}
+
+/* Fold a ones' complement sum to 16 bits. */
+static __always_inline __u32 csum_fold64(__u64 sum)
+{
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u32)sum;
+}
+
+/* Frames longer than this many bytes after the outer IPv4 header are not
+ * checksummed here (and take the normal path): more than a non-frags
+ * XDP frame holds. */
+#define SYNC_CSUM_CHUNK 256
+#define SYNC_CSUM_CHUNKS 16
+
+/* Add the bytes [*p, *p + n) to *sum if they lie within the frame. */
+#define CSUM_STEP(n)                                                        \
+	do {                                                                \
+		if (p + (n) <= data_end) {                                  \
+			r = bpf_csum_diff(NULL, 0, p, (n), 0);              \
+			if (r < 0)                                          \
+				return 0;                                   \
+			sum += (__u32)r;                                    \
+			p += (n);                                           \
+		}                                                           \
+	} while (0)
+
+/*
+ * Is the outer UDP checksum (which sync_accept requires set: 0 is none) right?
+ * As udp_lib_checksum_complete verifies it before the VXLAN socket sees
+ * the datagram: the ones' complement sum of the pseudo-header, the UDP
+ * header and the payload is 0xffff. The datagram runs to the end of the
+ * frame (sync_accept has checked the lengths). bpf_csum_diff returns the
+ * sum of its bytes as they lie in memory (folded or not, by kernel
+ * version: the final fold makes both the same), and so are the
+ * pseudo-header's words taken here. A global function, so the verifier
+ * checks its branches once, not once per path of steer_xdp; the outer
+ * headers lie at sync_accept's fixed offsets.
+ */
+__noinline int sync_udp_csum_ok(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct udphdr *uh = (void *)(ip + 1);
+	void *p = uh;
+	const __u16 *a;
+	__u64 sum;
+	long r;
+
+	if ((void *)(uh + 1) > data_end)
+		return 0;
+	a = (const void *)&ip->saddr;
+	sum = (__u64)a[0] + a[1] + a[2] + a[3] + bpf_htons(IPPROTO_UDP) + uh->len;
+
+#pragma unroll
+	for (int i = 0; i < SYNC_CSUM_CHUNKS; i++) {
+		if (p + SYNC_CSUM_CHUNK > data_end)
+			break;
+		r = bpf_csum_diff(NULL, 0, p, SYNC_CSUM_CHUNK, 0);
+		if (r < 0)
+			return 0;
+		sum += (__u32)r;
+		p += SYNC_CSUM_CHUNK;
+	}
+	CSUM_STEP(128);
+	CSUM_STEP(64);
+	CSUM_STEP(32);
+	CSUM_STEP(16);
+	CSUM_STEP(8);
+	CSUM_STEP(4);
+	if (p + 2 <= data_end) {
+		sum += *(__u16 *)p;
+		p += 2;
+	}
+	if (p + 1 <= data_end) {
+		sum += *(__u8 *)p; /* the odd last byte, padded with a zero byte after it */
+		p += 1;
+	}
+	if (p != data_end)
+		return 0; /* longer than SYNC_CSUM_CHUNKS chunks */
+	return csum_fold64(sum) == 0xffff;
+}
+
+/*
+ * Would the kernel's own path deliver this frame, decapsulated, to the
+ * container its inner destination MAC names? sync_dest has found the
+ * destination; this checks the rest of what the kernel checks on the way,
+ * from ip_rcv to the bridge, on the frame as it lies (the outer headers
+ * at SYNC_OUTER_LEN fixed offsets):
+ *
+ *   ip_rcv_core     IPv4, no options, header checksum right, total length
+ *                   the frame's (the kernel trims what lies beyond; the
+ *                   shortcut would hand it on), Ethernet destination the
+ *                   underlay's own MAC (else PACKET_OTHERHOST: dropped)
+ *   route lookup    outer destination a local VTEP address (steer_sync_local)
+ *   udp_rcv         UDP length the datagram's (trimmed otherwise); checksum
+ *                   0 (none) or right (verified before the VXLAN socket
+ *                   sees the datagram: udp_csum_ok)
+ *   vxlan_rcv       flags exactly I, the VNI's reserved byte 0 (anything
+ *                   else is dropped on a device without GBP or GPE, which
+ *                   the planner requires); the inner source a remote MAC
+ *                   of a static forwarding entry, from its own VTEP
+ *                   (steer_sync_src: vxlan_snoop, vxlan_set_mac)
+ *   ECN (RFC 6040)  outer CE on a Not-ECT inner packet is dropped; outer
+ *                   CE marks an ECN-capable inner packet CE, outer ECT(1)
+ *                   turns an inner ECT(0) into ECT(1) (*ecn, applied by
+ *                   sync_redirect once the shortcut is taken)
+ *
+ * The rest of the path (netfilter, tc, the bridge's port states and
+ * filters, the VXLAN device up) is the control plane's to vouch for before
+ * it lists a destination. Returns the source's entry, or NULL: the frame
+ * takes the normal path, whole, where the kernel decides.
+ */
+static __always_inline struct sync_src *sync_accept(struct xdp_md *ctx, const struct overlay *ov, __u32 *ecn)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct udphdr *uh = (void *)(ip + 1);
+	struct vxlanhdr *vx = (void *)(uh + 1);
+	struct ethhdr *ieth = (void *)(vx + 1);
+	struct iphdr *iip = (void *)(ieth + 1);
+	struct sync_local_key lk = {};
+	struct sync_key sk = { .vni = ov->vni };
+	struct sync_local *loc;
+	struct sync_src *src;
+	__u32 otos, itos;
+
+	if (ov->inner_off != SYNC_OUTER_LEN || (void *)(iip + 1) > data_end)
+		return NULL;
+	if (ip->ihl != 5 || !ipv4_csum_ok(ip) || bpf_ntohs(ip->tot_len) != data_end - (void *)ip)
+		return NULL;
+	lk.ifindex = ctx->ingress_ifindex;
+	lk.addr = ip->daddr;
+	loc = bpf_map_lookup_elem(&steer_sync_local, &lk);
+	if (!loc || !mac_eq(eth->h_dest, loc->mac))
+		return NULL;
+	if (bpf_ntohs(uh->len) != bpf_ntohs(ip->tot_len) - sizeof(*ip) || (uh->check && !sync_udp_csum_ok(ctx)))
+		return NULL;
+	if (vx->vx_flags != bpf_htonl(VXLAN_FLAG_VNI) || (vx->vx_vni & bpf_htonl(0xff)))
+		return NULL;
+	__builtin_memcpy(sk.mac, ieth->h_source, sizeof(sk.mac));
+	src = bpf_map_lookup_elem(&steer_sync_src, &sk);
+	if (!src || src->vtep != ip->saddr)
+		return NULL;
+	otos = ip->tos & ECN_CE;
+	itos = iip->tos & ECN_CE;
+	*ecn = SYNC_ECN_KEEP;
+	if (itos == ECN_NOT_ECT) {
+		if (otos == ECN_CE)
+			return NULL;
+	} else if (otos == ECN_CE) {
+		if (itos != ECN_CE)
+			*ecn = SYNC_ECN_CE;
+	} else if (otos == ECN_ECT_1 && itos == ECN_ECT_0) {
+		*ecn = SYNC_ECN_ECT1;
+	}
+	return src;
+}
+
 /*
  * PRISM-sync: the host-side veth a high-priority frame may go to directly,
  * or 0. The control plane lists a (VNI, inner destination MAC) only where
  * the bridge forwards that MAC to that veth and nothing on the way could
- * act on the frame; a frame longer than the container's MTU would be
- * dropped by the veth, so it takes the batch path (CNT_SYNC_MISS).
+ * act on the frame, until the deadline it renews; a frame longer than the
+ * container's MTU would be dropped by the veth, so it takes the batch
+ * path (CNT_SYNC_MISS), and so does one the kernel would not deliver
+ * (sync_accept, CNT_SYNC_REFUSED). *src and *ecn are sync_accept's.
  */
-static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay *ov)
+static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay *ov, struct sync_src **src,
+				       __u32 *ecn)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -1849,7 +2213,37 @@ static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay 
 		count(STAGE_SPLIT, CNT_SYNC_MISS);
 		return 0;
 	}
+	if (bpf_ktime_get_ns() >= d->deadline) {
+		count(STAGE_SPLIT, CNT_SYNC_EXPIRED);
+		return 0;
+	}
+	*src = sync_accept(ctx, ov, ecn);
+	if (!*src) {
+		count(STAGE_SPLIT, CNT_SYNC_REFUSED);
+		return 0;
+	}
 	return d->ifindex;
+}
+
+/* The inner IPv4 header's ECN as decapsulation leaves it (the kernel's
+ * IP_ECN_set_ce and IP_ECN_set_ect1, checksum updated in place). */
+static __always_inline void sync_ecn(struct xdp_md *ctx, __u32 ecn)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *iip = data + SYNC_OUTER_LEN + ETH_HLEN;
+
+	if (ecn == SYNC_ECN_KEEP || (void *)(iip + 1) > data_end)
+		return;
+	if (ecn == SYNC_ECN_CE) {
+		__u32 e = (iip->tos + 1) & ECN_CE; /* ECT(1): 2, ECT(0): 3 */
+
+		iip->check = csum16_add(iip->check, (__u16)(bpf_htons(0xFFFB) + bpf_htons((__u16)e)));
+		iip->tos |= ECN_CE;
+	} else {
+		iip->check = csum16_add(iip->check, bpf_htons(0x1));
+		iip->tos ^= ECN_CE;
+	}
 }
 
 /*
@@ -1859,17 +2253,33 @@ static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay 
  * this core and takes it through inner IP and UDP/TCP to the socket.
  * The devmap is checked first, so a vanished veth leaves the frame whole
  * on the normal path; a redirect that still fails (the device went in
- * between) drops the frame, which then no longer is a valid overlay frame.
+ * between) drops the frame, which then no longer is a valid overlay frame
+ * (CNT_SYNC_DROPPED, as the drops after the redirect: steer_sync_xmit).
+ * The source's seen stamp tells lanes agent which bridge forwarding
+ * entries the shortcut keeps from being refreshed by learning.
  */
-static __always_inline int sync_redirect(struct xdp_md *ctx, const struct overlay *ov, __u32 ifindex)
+static __always_inline int sync_redirect(struct xdp_md *ctx, const struct overlay *ov, __u32 ifindex,
+					 struct sync_src *src, __u32 ecn)
 {
-	if (!bpf_map_lookup_elem(&steer_sync_dev, &ifindex) ||
-	    bpf_xdp_adjust_head(ctx, (int)(ov->inner_off & 0xff))) {
+	long ret;
+
+	if (!bpf_map_lookup_elem(&steer_sync_dev, &ifindex)) {
 		count(STAGE_SPLIT, CNT_SYNC_MISS);
 		return XDP_PASS;
 	}
-	count(STAGE_SPLIT, CNT_SYNC);
-	return bpf_redirect_map(&steer_sync_dev, ifindex, XDP_DROP);
+	sync_ecn(ctx, ecn);
+	if (bpf_xdp_adjust_head(ctx, (int)(ov->inner_off & 0xff))) {
+		/* Cannot fail for a frame sync_accept took (SYNC_OUTER_LEN
+		 * before at least an inner IPv4 header); were it to, the
+		 * frame would be whole but its ECN already set: dropped. */
+		count(STAGE_SPLIT, CNT_SYNC_DROPPED);
+		return XDP_DROP;
+	}
+	if (src)
+		stamp_at(&src->seen);
+	ret = bpf_redirect_map(&steer_sync_dev, ifindex, XDP_DROP);
+	count(STAGE_SPLIT, ret == XDP_REDIRECT ? CNT_SYNC : CNT_SYNC_DROPPED);
+	return ret;
 }
 
 SEC("xdp")
@@ -1877,13 +2287,14 @@ int steer_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct cursor c = { .pos = data, .end = data_end };
+	struct cursor c = { .pos = data, .end = data_end, .left = data_end - data };
 	struct steer_cfg *cfg = get_cfg();
 	struct tuple t = {};
 	struct steer_flow_state *st = NULL;
 	struct overlay ov = {};
 	struct prio_rule rule = {};
-	__u32 idx, core, dest = 0, opts = 0;
+	struct sync_src *src = NULL;
+	__u32 idx, core, dest = 0, opts = 0, ecn = SYNC_ECN_KEEP;
 	__u64 cpu;
 	long ret;
 	int hi, busy = 0, beside = 0;
@@ -1908,7 +2319,7 @@ int steer_xdp(struct xdp_md *ctx)
 	if (hi) {
 		count(STAGE_SPLIT, CNT_HIGH);
 		if (cfg->flags & CFG_SYNC)
-			dest = sync_dest(ctx, &ov);
+			dest = sync_dest(ctx, &ov, &src, &ecn);
 	}
 	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
 		if (hi) {
@@ -1918,7 +2329,7 @@ int steer_xdp(struct xdp_md *ctx)
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
-			if (!cfg->prio_shapes || prio_quiet(cfg)) {
+			if (!prio_shapes() || prio_quiet(cfg)) {
 				opts |= PLACE_STAY;
 			} else if (bulk_beside_busy(cfg)) {
 				opts |= PLACE_STAY;
@@ -1937,7 +2348,7 @@ int steer_xdp(struct xdp_md *ctx)
 	else if (beside && idx == STAY)
 		count(STAGE_SPLIT, CNT_BULK_BESIDE); /* not while its move waits */
 	if (idx == SYNC_IDX)
-		return sync_redirect(ctx, &ov, dest);
+		return sync_redirect(ctx, &ov, dest, src, ecn);
 	/* High-priority flows are PRISM's: never split. */
 	if ((cfg->flags & CFG_MFLOW) && st && !hi) {
 		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT);
@@ -2233,6 +2644,7 @@ static __always_inline int skb_inner_tuple(struct __sk_buff *skb, struct tuple *
 		return -1;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	return parse_inner(&c, t);
 }
 
@@ -2313,6 +2725,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	ret = outer ? parse_outer(&c, cfg, &t, NULL) : parse_inner(&c, &t);
 	if (ret < 0) {
 		count(stage, CNT_PASSED);
@@ -2486,6 +2899,7 @@ static __always_inline void split_seen(struct __sk_buff *skb, const struct steer
 		return;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
 	if (parse_outer(&c, cfg, &t, NULL) < 0)
 		return;
 	if (flags & LANES_META_QUEUED)
@@ -2861,5 +3275,47 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 		count_out(&st->inflight, n);
 		count_n(stage, CNT_DROPPED, n);
 	}
+	return 0;
+}
+
+/*
+ * PRISM-sync's redirects that did not reach their container: the devmap
+ * flush hands the frames to the veth (veth_xdp_xmit), which drops what its
+ * peer's ring cannot take (or everything, while the peer polls without
+ * NAPI); a redirect that fails before (the device down, too long a frame)
+ * is reported as a redirect error. Only frames for a device of
+ * steer_sync_dev count: lanes' shortcut is the one writer of that map.
+ */
+struct net_device___lanes {
+	int ifindex;
+} __attribute__((preserve_access_index));
+
+/* TP_PROTO(const struct net_device *from_dev, const struct net_device *to_dev,
+ *          int sent, int drops, int err) */
+SEC("raw_tracepoint/xdp_devmap_xmit")
+int steer_sync_xmit(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct net_device___lanes *to = (void *)ctx->args[1];
+	int drops = (int)ctx->args[3];
+	__u32 ifindex;
+
+	if (drops <= 0)
+		return 0;
+	ifindex = BPF_CORE_READ(to, ifindex);
+	if (bpf_map_lookup_elem(&steer_sync_dev, &ifindex))
+		count_n(STAGE_SPLIT, CNT_SYNC_DROPPED, drops);
+	return 0;
+}
+
+/* TP_PROTO(const struct net_device *dev, const struct bpf_prog *xdp,
+ *          const void *tgt, int err, enum bpf_map_type map_type,
+ *          u32 map_id, u32 index) */
+SEC("raw_tracepoint/xdp_redirect_err")
+int steer_sync_redirect_err(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 index = (__u32)ctx->args[6];
+
+	if ((__u32)ctx->args[4] == BPF_MAP_TYPE_DEVMAP_HASH && bpf_map_lookup_elem(&steer_sync_dev, &index))
+		count(STAGE_SPLIT, CNT_SYNC_DROPPED);
 	return 0;
 }

@@ -54,8 +54,8 @@ type steerSteerCfg struct {
 	Cpus        [64]uint32
 	RpsLo       [64]uint32
 	IndexOf     [64]uint32
-	PrioShapes  uint32
 	PrioQuietMs uint32
+	_           [4]byte
 	MfWindowNs  uint64
 	MfThresh    uint32
 	MfBatch     uint32
@@ -123,9 +123,10 @@ type steerSteerQueue struct {
 }
 
 type steerSyncDest struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Mtu     uint32
+	_        structs.HostLayout
+	Ifindex  uint32
+	Mtu      uint32
+	Deadline uint64
 }
 
 type steerSyncKey struct {
@@ -133,6 +134,25 @@ type steerSyncKey struct {
 	Vni uint32
 	Mac [6]uint8
 	Pad uint16
+}
+
+type steerSyncLocal struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
+type steerSyncLocalKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+}
+
+type steerSyncSrc struct {
+	_    structs.HostLayout
+	Vtep uint32
+	Pad  uint32
+	Seen uint64
 }
 
 type steerVethClassState struct {
@@ -147,38 +167,44 @@ type steerVethClassState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapSteerAdopt         = "steer_adopt"
-	steerMapSteerBulkSeen      = "steer_bulk_seen"
-	steerMapSteerCfg           = "steer_cfg"
-	steerMapSteerCpumap        = "steer_cpumap"
-	steerMapSteerCpumapHi      = "steer_cpumap_hi"
-	steerMapSteerFlows         = "steer_flows"
-	steerMapSteerHighFrames    = "steer_high_frames"
-	steerMapSteerHighInline    = "steer_high_inline"
-	steerMapSteerHighSeen      = "steer_high_seen"
-	steerMapSteerMfCores       = "steer_mf_cores"
-	steerMapSteerPassedTick    = "steer_passed_tick"
-	steerMapSteerPrio          = "steer_prio"
-	steerMapSteerPrioSeen      = "steer_prio_seen"
-	steerMapSteerQmaps         = "steer_qmaps"
-	steerMapSteerQueueLost     = "steer_queue_lost"
-	steerMapSteerQueues        = "steer_queues"
-	steerMapSteerStats         = "steer_stats"
-	steerMapSteerSync          = "steer_sync"
-	steerMapSteerSyncDev       = "steer_sync_dev"
-	steerMapSteerTable         = "steer_table"
-	steerMapSteerVethClass     = "steer_veth_class"
-	steerMapSteerVni           = "steer_vni"
-	steerProgSteerDropsKthread = "steer_drops_kthread"
-	steerProgSteerDropsRing    = "steer_drops_ring"
-	steerProgSteerDropsSkb     = "steer_drops_skb"
-	steerProgSteerTcEgress     = "steer_tc_egress"
-	steerProgSteerTcIngress    = "steer_tc_ingress"
-	steerProgSteerTcSeen       = "steer_tc_seen"
-	steerProgSteerTcSplitSeen  = "steer_tc_split_seen"
-	steerProgSteerTcVethClass  = "steer_tc_veth_class"
-	steerProgSteerTcVethSeen   = "steer_tc_veth_seen"
-	steerProgSteerXdp          = "steer_xdp"
+	steerMapSteerAdopt            = "steer_adopt"
+	steerMapSteerBulkSeen         = "steer_bulk_seen"
+	steerMapSteerCfg              = "steer_cfg"
+	steerMapSteerCpumap           = "steer_cpumap"
+	steerMapSteerCpumapHi         = "steer_cpumap_hi"
+	steerMapSteerEpochs           = "steer_epochs"
+	steerMapSteerFlows            = "steer_flows"
+	steerMapSteerHighFrames       = "steer_high_frames"
+	steerMapSteerHighInline       = "steer_high_inline"
+	steerMapSteerHighSeen         = "steer_high_seen"
+	steerMapSteerMfCores          = "steer_mf_cores"
+	steerMapSteerPassedTick       = "steer_passed_tick"
+	steerMapSteerPrio             = "steer_prio"
+	steerMapSteerPrioSeen         = "steer_prio_seen"
+	steerMapSteerPrioShapes       = "steer_prio_shapes"
+	steerMapSteerQmaps            = "steer_qmaps"
+	steerMapSteerQueueLost        = "steer_queue_lost"
+	steerMapSteerQueues           = "steer_queues"
+	steerMapSteerStats            = "steer_stats"
+	steerMapSteerSync             = "steer_sync"
+	steerMapSteerSyncDev          = "steer_sync_dev"
+	steerMapSteerSyncLocal        = "steer_sync_local"
+	steerMapSteerSyncSrc          = "steer_sync_src"
+	steerMapSteerTable            = "steer_table"
+	steerMapSteerVethClass        = "steer_veth_class"
+	steerMapSteerVni              = "steer_vni"
+	steerProgSteerDropsKthread    = "steer_drops_kthread"
+	steerProgSteerDropsRing       = "steer_drops_ring"
+	steerProgSteerDropsSkb        = "steer_drops_skb"
+	steerProgSteerSyncRedirectErr = "steer_sync_redirect_err"
+	steerProgSteerSyncXmit        = "steer_sync_xmit"
+	steerProgSteerTcEgress        = "steer_tc_egress"
+	steerProgSteerTcIngress       = "steer_tc_ingress"
+	steerProgSteerTcSeen          = "steer_tc_seen"
+	steerProgSteerTcSplitSeen     = "steer_tc_split_seen"
+	steerProgSteerTcVethClass     = "steer_tc_veth_class"
+	steerProgSteerTcVethSeen      = "steer_tc_veth_seen"
+	steerProgSteerXdp             = "steer_xdp"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -223,16 +249,18 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	SteerDropsKthread *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
-	SteerDropsRing    *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
-	SteerDropsSkb     *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
-	SteerTcEgress     *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
-	SteerTcIngress    *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
-	SteerTcSeen       *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen  *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
-	SteerTcVethClass  *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
-	SteerTcVethSeen   *ebpf.ProgramSpec `ebpf:"steer_tc_veth_seen"`
-	SteerXdp          *ebpf.ProgramSpec `ebpf:"steer_xdp"`
+	SteerDropsKthread    *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
+	SteerDropsRing       *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
+	SteerDropsSkb        *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
+	SteerSyncRedirectErr *ebpf.ProgramSpec `ebpf:"steer_sync_redirect_err"`
+	SteerSyncXmit        *ebpf.ProgramSpec `ebpf:"steer_sync_xmit"`
+	SteerTcEgress        *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
+	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcSeen          *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen     *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass     *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_veth_seen"`
+	SteerXdp             *ebpf.ProgramSpec `ebpf:"steer_xdp"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -244,6 +272,7 @@ type steerMapSpecs struct {
 	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
 	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
 	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
@@ -252,12 +281,15 @@ type steerMapSpecs struct {
 	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
 	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
 	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
 	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
 	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
 	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
 	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.MapSpec `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.MapSpec `ebpf:"steer_sync_src"`
 	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
 	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
 	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
@@ -294,6 +326,7 @@ type steerMaps struct {
 	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
 	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
 	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
 	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
 	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
@@ -302,12 +335,15 @@ type steerMaps struct {
 	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
 	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
 	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.Map `ebpf:"steer_prio_shapes"`
 	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
 	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
 	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
 	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
 	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
 	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.Map `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.Map `ebpf:"steer_sync_src"`
 	SteerTable      *ebpf.Map `ebpf:"steer_table"`
 	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
 	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
@@ -320,6 +356,7 @@ func (m *steerMaps) Close() error {
 		m.SteerCfg,
 		m.SteerCpumap,
 		m.SteerCpumapHi,
+		m.SteerEpochs,
 		m.SteerFlows,
 		m.SteerHighFrames,
 		m.SteerHighInline,
@@ -328,12 +365,15 @@ func (m *steerMaps) Close() error {
 		m.SteerPassedTick,
 		m.SteerPrio,
 		m.SteerPrioSeen,
+		m.SteerPrioShapes,
 		m.SteerQmaps,
 		m.SteerQueueLost,
 		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,
 		m.SteerSyncDev,
+		m.SteerSyncLocal,
+		m.SteerSyncSrc,
 		m.SteerTable,
 		m.SteerVethClass,
 		m.SteerVni,
@@ -350,16 +390,18 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	SteerDropsKthread *ebpf.Program `ebpf:"steer_drops_kthread"`
-	SteerDropsRing    *ebpf.Program `ebpf:"steer_drops_ring"`
-	SteerDropsSkb     *ebpf.Program `ebpf:"steer_drops_skb"`
-	SteerTcEgress     *ebpf.Program `ebpf:"steer_tc_egress"`
-	SteerTcIngress    *ebpf.Program `ebpf:"steer_tc_ingress"`
-	SteerTcSeen       *ebpf.Program `ebpf:"steer_tc_seen"`
-	SteerTcSplitSeen  *ebpf.Program `ebpf:"steer_tc_split_seen"`
-	SteerTcVethClass  *ebpf.Program `ebpf:"steer_tc_veth_class"`
-	SteerTcVethSeen   *ebpf.Program `ebpf:"steer_tc_veth_seen"`
-	SteerXdp          *ebpf.Program `ebpf:"steer_xdp"`
+	SteerDropsKthread    *ebpf.Program `ebpf:"steer_drops_kthread"`
+	SteerDropsRing       *ebpf.Program `ebpf:"steer_drops_ring"`
+	SteerDropsSkb        *ebpf.Program `ebpf:"steer_drops_skb"`
+	SteerSyncRedirectErr *ebpf.Program `ebpf:"steer_sync_redirect_err"`
+	SteerSyncXmit        *ebpf.Program `ebpf:"steer_sync_xmit"`
+	SteerTcEgress        *ebpf.Program `ebpf:"steer_tc_egress"`
+	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcSeen          *ebpf.Program `ebpf:"steer_tc_seen"`
+	SteerTcSplitSeen     *ebpf.Program `ebpf:"steer_tc_split_seen"`
+	SteerTcVethClass     *ebpf.Program `ebpf:"steer_tc_veth_class"`
+	SteerTcVethSeen      *ebpf.Program `ebpf:"steer_tc_veth_seen"`
+	SteerXdp             *ebpf.Program `ebpf:"steer_xdp"`
 }
 
 func (p *steerPrograms) Close() error {
@@ -367,6 +409,8 @@ func (p *steerPrograms) Close() error {
 		p.SteerDropsKthread,
 		p.SteerDropsRing,
 		p.SteerDropsSkb,
+		p.SteerSyncRedirectErr,
+		p.SteerSyncXmit,
 		p.SteerTcEgress,
 		p.SteerTcIngress,
 		p.SteerTcSeen,

@@ -5,14 +5,18 @@ package steer
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 )
@@ -29,8 +33,12 @@ type SyncTarget struct {
 	MTU     uint32
 }
 
-// maxSync is steer_sync's size.
-const maxSync = 4096
+// maxSync is steer_sync's size, and steer_sync_src's; maxSyncLocal is
+// steer_sync_local's.
+const (
+	maxSync      = 4096
+	maxSyncLocal = 256
+)
 
 // String is the target as FormatSync writes it: "VNI/MAC>IFINDEX@MTU".
 func (s SyncTarget) String() string {
@@ -51,10 +59,97 @@ func (s SyncTarget) check() error {
 	return nil
 }
 
-func (s SyncTarget) key() steerSyncKey {
-	k := steerSyncKey{Vni: s.VNI}
-	copy(k.Mac[:], s.MAC)
+func syncKey(vni uint32, mac net.HardwareAddr) steerSyncKey {
+	k := steerSyncKey{Vni: vni}
+	copy(k.Mac[:], mac)
 	return k
+}
+
+func (s SyncTarget) key() steerSyncKey { return syncKey(s.VNI, s.MAC) }
+
+// SyncSource is an inner source MAC whose frames of overlay VNI may take
+// the shortcut, from the VTEP address alone: a remote container behind a
+// static forwarding entry of the VXLAN device (steer.c's steer_sync_src).
+type SyncSource struct {
+	VNI  uint32
+	MAC  net.HardwareAddr
+	VTEP netip.Addr
+}
+
+// String is the source as FormatSync writes it: "VNI/MAC<VTEP".
+func (s SyncSource) String() string { return fmt.Sprintf("%d/%s<%s", s.VNI, s.MAC, s.VTEP) }
+
+func (s SyncSource) check() error {
+	switch {
+	case len(s.MAC) != 6 || s.MAC[0]&1 != 0 || bytes.Equal(s.MAC, make([]byte, 6)):
+		return fmt.Errorf("sync source %s: MAC is not a unicast Ethernet address", s)
+	case s.VNI >= 1<<24:
+		return fmt.Errorf("sync source %s: VNI does not fit in 24 bits", s)
+	case !s.VTEP.Is4() || s.VTEP.IsUnspecified() || s.VTEP.IsMulticast() || s.VTEP.IsLoopback() || s.VTEP == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("sync source %s: the VTEP must be a unicast IPv4 address", s)
+	}
+	return nil
+}
+
+// SyncLocal is one of this host's VTEP addresses on an underlay device,
+// with that device's MAC: the outer destination a frame must have to take
+// the shortcut (steer.c's steer_sync_local).
+type SyncLocal struct {
+	Ifindex uint32
+	Addr    netip.Addr
+	MAC     net.HardwareAddr
+}
+
+// String is the local address as FormatSync writes it: "IFINDEX/ADDR=MAC".
+func (l SyncLocal) String() string { return fmt.Sprintf("%d/%s=%s", l.Ifindex, l.Addr, l.MAC) }
+
+func (l SyncLocal) check() error {
+	if l.Ifindex == 0 || !l.Addr.Is4() || len(l.MAC) != 6 || l.MAC[0]&1 != 0 {
+		return fmt.Errorf("sync local address %s: needs a device, an IPv4 address and the device's unicast MAC", l)
+	}
+	return nil
+}
+
+// SyncSet is everything the shortcut goes by: the destinations and what a
+// frame must come from and to (steer.c's sync_accept).
+type SyncSet struct {
+	Targets []SyncTarget
+	Sources []SyncSource
+	Locals  []SyncLocal
+}
+
+func (s SyncSet) check() error {
+	if len(s.Targets) > maxSync || len(s.Sources) > maxSync || len(s.Locals) > maxSyncLocal {
+		return fmt.Errorf("sync set of %d targets, %d sources, %d local addresses: at most %d, %d and %d", len(s.Targets), len(s.Sources), len(s.Locals), maxSync, maxSync, maxSyncLocal)
+	}
+	seen := map[string]bool{}
+	for _, t := range s.Targets {
+		if err := t.check(); err != nil {
+			return err
+		}
+		if k := fmt.Sprint(t.key()); seen[k] {
+			return fmt.Errorf("sync target %s listed twice", t)
+		} else {
+			seen[k] = true
+		}
+	}
+	clear(seen)
+	for _, src := range s.Sources {
+		if err := src.check(); err != nil {
+			return err
+		}
+		if k := fmt.Sprint(syncKey(src.VNI, src.MAC)); seen[k] {
+			return fmt.Errorf("sync source %d/%s listed twice", src.VNI, src.MAC)
+		} else {
+			seen[k] = true
+		}
+	}
+	for _, l := range s.Locals {
+		if err := l.check(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func sortSync(ts []SyncTarget) {
@@ -63,27 +158,59 @@ func sortSync(ts []SyncTarget) {
 	})
 }
 
-// SetSync makes targets the shortcut's destinations, replacing the previous
-// ones. It must run in the network namespace of the targets' devices: the
-// devmap resolves an ifindex in the namespace of whoever writes it. New
-// devices go into the devmap before any destination names them, and stale
-// ones leave it only after no destination does, so a frame never finds a
-// destination whose device the redirect cannot reach.
-func (d *Datapath) SetSync(targets []SyncTarget) error {
-	if len(targets) > maxSync {
-		return fmt.Errorf("%d sync targets, at most %d", len(targets), maxSync)
+func (s *SyncSet) sort() {
+	sortSync(s.Targets)
+	slices.SortFunc(s.Sources, func(a, b SyncSource) int {
+		return cmp.Or(cmp.Compare(a.VNI, b.VNI), bytes.Compare(a.MAC, b.MAC))
+	})
+	slices.SortFunc(s.Locals, func(a, b SyncLocal) int {
+		return cmp.Or(cmp.Compare(a.Ifindex, b.Ifindex), a.Addr.Compare(b.Addr))
+	})
+}
+
+// be32 is an IPv4 address as a __be32 field holds it.
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addrOf(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// monoNow is CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock.
+func monoNow() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic("CLOCK_MONOTONIC: " + err.Error()) // never fails on Linux
 	}
+	return time.Duration(ts.Nano())
+}
+
+// SetSync makes s the shortcut's set, replacing the previous one, with
+// every destination valid for ttl from now: the datapath voids a
+// destination at its deadline unless a later SetSync renews it, so a set
+// nobody renews closes the shortcut by itself. It must run in the network
+// namespace of the targets' devices: the devmap resolves an ifindex in the
+// namespace of whoever writes it. New devices go into the devmap before
+// any destination names them, and stale ones leave it only after no
+// destination does, so a frame never finds a destination whose device the
+// redirect cannot reach; sources and local addresses go in before the
+// destinations and leave after them.
+func (d *Datapath) SetSync(s SyncSet, ttl time.Duration) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("sync set: a lifetime of %v", ttl)
+	}
+	deadline := uint64(monoNow() + ttl)
 	want := map[steerSyncKey]steerSyncDest{}
 	devs := map[uint32]bool{}
-	for _, t := range targets {
-		if err := t.check(); err != nil {
-			return err
-		}
-		k := t.key()
-		if _, dup := want[k]; dup {
-			return fmt.Errorf("sync target %s listed twice", t)
-		}
-		want[k] = steerSyncDest{Ifindex: t.Ifindex, Mtu: t.MTU}
+	for _, t := range s.Targets {
+		want[t.key()] = steerSyncDest{Ifindex: t.Ifindex, Mtu: t.MTU, Deadline: deadline}
 		devs[t.Ifindex] = true
 	}
 	for ifi := range devs {
@@ -91,22 +218,32 @@ func (d *Datapath) SetSync(targets []SyncTarget) error {
 			return fmt.Errorf("adding device %d to the sync devmap (is it in this namespace?): %w", ifi, err)
 		}
 	}
-	have, err := d.syncEntries()
-	if err != nil {
-		return err
+	srcs := map[steerSyncKey]steerSyncSrc{}
+	for _, src := range s.Sources {
+		srcs[syncKey(src.VNI, src.MAC)] = steerSyncSrc{Vtep: be32(src.VTEP)}
 	}
-	for k, v := range want {
-		if err := d.objs.SteerSync.Put(k, v); err != nil {
-			return fmt.Errorf("adding sync target: %w", err)
+	locals := map[steerSyncLocalKey]steerSyncLocal{}
+	for _, l := range s.Locals {
+		v := steerSyncLocal{}
+		copy(v.Mac[:], l.MAC)
+		locals[steerSyncLocalKey{Ifindex: l.Ifindex, Addr: be32(l.Addr)}] = v
+	}
+	if err := replaceMap(d.objs.SteerSyncLocal, locals, nil); err != nil {
+		return fmt.Errorf("sync local addresses: %w", err)
+	}
+	// A source keeps its seen stamp across rewrites (the agent's refresh
+	// of the bridge's forwarding entry reads it).
+	keepSeen := func(k steerSyncKey, v *steerSyncSrc) {
+		var old steerSyncSrc
+		if d.objs.SteerSyncSrc.Lookup(k, &old) == nil && old.Vtep == v.Vtep {
+			v.Seen = old.Seen
 		}
 	}
-	for k := range have {
-		if _, keep := want[k]; keep {
-			continue
-		}
-		if err := d.objs.SteerSync.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("removing sync target: %w", err)
-		}
+	if err := replaceMap(d.objs.SteerSyncSrc, srcs, keepSeen); err != nil {
+		return fmt.Errorf("sync sources: %w", err)
+	}
+	if err := replaceMap(d.objs.SteerSync, want, nil); err != nil {
+		return fmt.Errorf("sync targets: %w", err)
 	}
 	var ifi, val uint32
 	var stale []uint32
@@ -127,42 +264,140 @@ func (d *Datapath) SetSync(targets []SyncTarget) error {
 	return nil
 }
 
-func (d *Datapath) syncEntries() (map[steerSyncKey]steerSyncDest, error) {
-	out := map[steerSyncKey]steerSyncDest{}
+// WithdrawSync voids every destination at once, leaving sources and local
+// addresses (which deliver nothing by themselves): what the agent does the
+// moment something on the path changes, before it looks again.
+func (d *Datapath) WithdrawSync() error {
 	var k steerSyncKey
 	var v steerSyncDest
+	var keys []steerSyncKey
 	it := d.objs.SteerSync.Iterate()
 	for it.Next(&k, &v) {
-		out[k] = v
+		keys = append(keys, k)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading sync targets: %w", err)
+		return fmt.Errorf("reading sync targets: %w", err)
 	}
-	return out, nil
+	var errs []error
+	for _, k := range keys {
+		if err := d.objs.SteerSync.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("withdrawing sync targets: %w", err)
+	}
+	return nil
 }
 
-// Sync reads the shortcut's destinations, sorted by VNI and MAC. A
-// destination whose device left the devmap (the device is gone) is left
-// out: the programs no longer use it.
-func (d *Datapath) Sync() ([]SyncTarget, error) {
-	m, err := d.syncEntries()
-	if err != nil {
-		return nil, err
+// replaceMap makes m hold exactly want: new and changed entries first,
+// then the stale ones deleted. adjust (may be nil) edits a value before
+// it is written.
+func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *V)) error {
+	var have []K
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		have = append(have, k)
 	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading: %w", err)
+	}
+	for k, v := range want {
+		if adjust != nil {
+			adjust(k, &v)
+		}
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("adding: %w", err)
+		}
+	}
+	for _, k := range have {
+		if _, keep := want[k]; keep {
+			continue
+		}
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("removing: %w", err)
+		}
+	}
+	return nil
+}
+
+// Sync reads the shortcut's live destinations, sorted by VNI and MAC. A
+// destination whose device left the devmap (the device is gone) or whose
+// deadline passed is left out: the programs no longer use it.
+func (d *Datapath) Sync() ([]SyncTarget, error) {
+	var k steerSyncKey
+	var v steerSyncDest
 	var out []SyncTarget
-	for k, v := range m {
+	now := uint64(monoNow())
+	it := d.objs.SteerSync.Iterate()
+	for it.Next(&k, &v) {
 		var dev uint32
-		if err := d.objs.SteerSyncDev.Lookup(v.Ifindex, &dev); err != nil {
+		if v.Deadline <= now || d.objs.SteerSyncDev.Lookup(v.Ifindex, &dev) != nil {
 			continue
 		}
 		out = append(out, SyncTarget{VNI: k.Vni, MAC: net.HardwareAddr(append([]byte(nil), k.Mac[:]...)), Ifindex: v.Ifindex, MTU: v.Mtu})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading sync targets: %w", err)
 	}
 	sortSync(out)
 	return out, nil
 }
 
-// FormatSync writes targets as SyncKnob's value: the SyncTarget strings,
-// sorted by VNI and MAC, comma-separated; "" for none.
+// SourceSeen is a sync source and when the shortcut last took one of its
+// frames (CLOCK_MONOTONIC; 0: never).
+type SourceSeen struct {
+	SyncSource
+	Seen time.Duration
+}
+
+// SyncSet reads the whole set: the live destinations (Sync), the sources
+// and the local addresses, sorted.
+func (d *Datapath) SyncSet() (SyncSet, error) {
+	ts, err := d.Sync()
+	if err != nil {
+		return SyncSet{}, err
+	}
+	s := SyncSet{Targets: ts}
+	srcs, err := d.SyncSources()
+	if err != nil {
+		return SyncSet{}, err
+	}
+	for _, src := range srcs {
+		s.Sources = append(s.Sources, src.SyncSource)
+	}
+	var lk steerSyncLocalKey
+	var lv steerSyncLocal
+	it := d.objs.SteerSyncLocal.Iterate()
+	for it.Next(&lk, &lv) {
+		s.Locals = append(s.Locals, SyncLocal{Ifindex: lk.Ifindex, Addr: addrOf(lk.Addr), MAC: net.HardwareAddr(append([]byte(nil), lv.Mac[:]...))})
+	}
+	if err := it.Err(); err != nil {
+		return SyncSet{}, fmt.Errorf("reading sync local addresses: %w", err)
+	}
+	s.sort()
+	return s, nil
+}
+
+// SyncSources reads the sources with their seen stamps.
+func (d *Datapath) SyncSources() ([]SourceSeen, error) {
+	var k steerSyncKey
+	var v steerSyncSrc
+	var out []SourceSeen
+	it := d.objs.SteerSyncSrc.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, SourceSeen{SyncSource{VNI: k.Vni, MAC: net.HardwareAddr(append([]byte(nil), k.Mac[:]...)), VTEP: addrOf(v.Vtep)}, time.Duration(v.Seen)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading sync sources: %w", err)
+	}
+	return out, nil
+}
+
+// FormatSync writes targets as the knob value's first part: the
+// SyncTarget strings, sorted by VNI and MAC, comma-separated; "" for none.
 func FormatSync(targets []SyncTarget) string {
 	ts := slices.Clone(targets)
 	sortSync(ts)
@@ -171,6 +406,26 @@ func FormatSync(targets []SyncTarget) string {
 		parts[i] = t.String()
 	}
 	return strings.Join(parts, ",")
+}
+
+// FormatSyncSet writes s as SyncKnob's value: FormatSync's targets, then,
+// after ";", the sources and, after another ";", the local addresses,
+// each sorted and comma-separated; "" for an empty set.
+func FormatSyncSet(s SyncSet) string {
+	if len(s.Sources) == 0 && len(s.Locals) == 0 {
+		return FormatSync(s.Targets)
+	}
+	c := SyncSet{Targets: slices.Clone(s.Targets), Sources: slices.Clone(s.Sources), Locals: slices.Clone(s.Locals)}
+	c.sort()
+	src := make([]string, len(c.Sources))
+	for i, x := range c.Sources {
+		src[i] = x.String()
+	}
+	loc := make([]string, len(c.Locals))
+	for i, x := range c.Locals {
+		loc[i] = x.String()
+	}
+	return FormatSync(c.Targets) + ";" + strings.Join(src, ",") + ";" + strings.Join(loc, ",")
 }
 
 // ParseSync reads FormatSync's text.
@@ -203,28 +458,88 @@ func ParseSync(s string) ([]SyncTarget, error) {
 	return out, nil
 }
 
+// ParseSyncSet reads FormatSyncSet's text (a value of FormatSync's alone,
+// as an earlier lanes journaled it, is targets only).
+func ParseSyncSet(s string) (SyncSet, error) {
+	parts := strings.Split(s, ";")
+	if len(parts) != 1 && len(parts) != 3 {
+		return SyncSet{}, fmt.Errorf("sync set %q: want TARGETS;SOURCES;LOCALS", s)
+	}
+	ts, err := ParseSync(parts[0])
+	if err != nil {
+		return SyncSet{}, err
+	}
+	out := SyncSet{Targets: ts}
+	if len(parts) == 1 {
+		return out, nil
+	}
+	for _, p := range splitList(parts[1]) {
+		bad := fmt.Errorf("sync source %q: want VNI/MAC<VTEP", p)
+		vni, rest, ok1 := strings.Cut(p, "/")
+		mac, vtep, ok2 := strings.Cut(rest, "<")
+		if !ok1 || !ok2 {
+			return SyncSet{}, bad
+		}
+		v, e1 := strconv.ParseUint(vni, 10, 32)
+		hw, e2 := net.ParseMAC(mac)
+		a, e3 := netip.ParseAddr(vtep)
+		if err := errors.Join(e1, e2, e3); err != nil {
+			return SyncSet{}, fmt.Errorf("%w: %w", bad, err)
+		}
+		out.Sources = append(out.Sources, SyncSource{VNI: uint32(v), MAC: hw, VTEP: a})
+	}
+	for _, p := range splitList(parts[2]) {
+		bad := fmt.Errorf("sync local address %q: want IFINDEX/ADDR=MAC", p)
+		ifi, rest, ok1 := strings.Cut(p, "/")
+		addr, mac, ok2 := strings.Cut(rest, "=")
+		if !ok1 || !ok2 {
+			return SyncSet{}, bad
+		}
+		i, e1 := strconv.ParseUint(ifi, 10, 32)
+		a, e2 := netip.ParseAddr(addr)
+		hw, e3 := net.ParseMAC(mac)
+		if err := errors.Join(e1, e2, e3); err != nil {
+			return SyncSet{}, fmt.Errorf("%w: %w", bad, err)
+		}
+		out.Locals = append(out.Locals, SyncLocal{Ifindex: uint32(i), Addr: a, MAC: hw})
+	}
+	return out, out.check()
+}
+
+func splitList(s string) []string {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
 // KindSync is SyncKnob's journal kind.
 const KindSync = "steer-sync"
 
 func init() { knobs.Register(KindSync, func() knobs.Knob { return &SyncKnob{} }) }
 
-// SyncKnob is the shortcut's destinations in the datapath pinned in Dir,
-// whose devices live in NetNS. Its value is FormatSync's text; with the
-// datapath gone there is nothing to restore (knobs.ErrGone). An agent
-// (lanes agent) may change the set after the apply; reset puts back what
-// was there before the apply, normally nothing, and removing the datapath
-// removes the rest.
+// SyncKnob is the shortcut's set in the datapath pinned in Dir, whose
+// devices live in NetNS. Its value is FormatSyncSet's text; with the
+// datapath gone there is nothing to restore (knobs.ErrGone). Written
+// destinations hold for TTL (DefaultSyncTTL when 0), so a set written at
+// apply closes by itself unless lanes agent renews it. An agent changes
+// the set after the apply; reset puts back what was there before the
+// apply, normally nothing, and removing the datapath removes the rest.
 type SyncKnob struct {
-	Dir   string `json:"dir"`
-	NetNS string `json:"netns"`
+	Dir   string        `json:"dir"`
+	NetNS string        `json:"netns"`
+	TTL   time.Duration `json:"ttl,omitempty"`
 }
+
+// DefaultSyncTTL is how long destinations written without a lifetime hold.
+const DefaultSyncTTL = 5 * time.Second
 
 func (k *SyncKnob) Kind() string { return KindSync }
 func (k *SyncKnob) Key() string  { return KindSync + ":" + k.Dir }
 
 // open opens the sync maps alone (see openForRestore).
 func (k *SyncKnob) open() (*Datapath, error) {
-	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev)
+	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev, steerMapSteerSyncSrc, steerMapSteerSyncLocal)
 }
 
 func (k *SyncKnob) Read() ([]byte, error) {
@@ -233,15 +548,15 @@ func (k *SyncKnob) Read() ([]byte, error) {
 		return nil, err
 	}
 	defer d.Close()
-	ts, err := d.Sync()
+	s, err := d.SyncSet()
 	if err != nil {
 		return nil, err
 	}
-	return []byte(FormatSync(ts)), nil
+	return []byte(FormatSyncSet(s)), nil
 }
 
 func (k *SyncKnob) Write(v []byte) error {
-	ts, err := ParseSync(string(v))
+	s, err := ParseSyncSet(string(v))
 	if err != nil {
 		return err
 	}
@@ -250,5 +565,9 @@ func (k *SyncKnob) Write(v []byte) error {
 		return err
 	}
 	defer d.Close()
-	return knobs.Do(k.NetNS, func() error { return d.SetSync(ts) })
+	ttl := k.TTL
+	if ttl <= 0 {
+		ttl = DefaultSyncTTL
+	}
+	return knobs.Do(k.NetNS, func() error { return d.SetSync(s, ttl) })
 }

@@ -3,14 +3,48 @@
 package steer
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/nsx"
 )
 
-// innerMAC is the inner destination MAC of the test frames (appendEth).
-var innerMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
+// innerMAC is the inner destination MAC of the test frames (appendEth),
+// and underlayMAC the outer one: the same bytes, one per header.
+var (
+	innerMAC    = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
+	underlayMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
+	// remoteMAC is the inner source MAC of the test frames: a remote
+	// container behind the VTEP outerSrc.
+	remoteMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
+)
+
+// testSyncSet is the shortcut's set for the test frames: the destination
+// given (none if mtu is 0), their inner source as a static VXLAN
+// forwarding entry of the VTEP outerSrc, and outerDst as the address of
+// lo, whose MAC is underlayMAC.
+func testSyncSet(mtu uint32) SyncSet {
+	s := SyncSet{
+		Sources: []SyncSource{{VNI: testVNI, MAC: remoteMAC, VTEP: outerSrc}},
+		Locals:  []SyncLocal{{Ifindex: loIfindex, Addr: outerDst, MAC: underlayMAC}},
+	}
+	if mtu > 0 {
+		s.Targets = []SyncTarget{{VNI: testVNI, MAC: innerMAC, Ifindex: loIfindex, MTU: mtu}}
+	}
+	return s
+}
 
 // syncDatapath is prioDatapath with PRISM-sync on and, with target, one
 // destination for the test frames' inner MAC on lo (the test namespace's
@@ -27,7 +61,7 @@ func syncDatapath(t *testing.T, drain time.Duration, mtu uint32) *Datapath {
 		t.Fatalf("config %+v does not read back Sync", got)
 	}
 	if mtu > 0 {
-		if err := d.SetSync([]SyncTarget{{VNI: testVNI, MAC: innerMAC, Ifindex: loIfindex, MTU: mtu}}); err != nil {
+		if err := d.SetSync(testSyncSet(mtu), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,7 +175,7 @@ func TestSyncWaitsForQueue(t *testing.T) {
 	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High || fl.InFlight != 1 {
 		t.Fatalf("flow %+v, want the high-priority queue with 1 frame in flight", fl)
 	}
-	if err := d.SetSync([]SyncTarget{{VNI: testVNI, MAC: innerMAC, Ifindex: loIfindex, MTU: 1500}}); err != nil {
+	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	ret, out := runXDP(t, d, frame)
@@ -165,7 +199,7 @@ func TestSyncWaitsForQueue(t *testing.T) {
 		t.Errorf("flow %+v not on the shortcut after its queue drained", fl)
 	}
 	// No destination any more: back to the queue at once.
-	if err := d.SetSync(nil); err != nil {
+	if err := d.SetSync(SyncSet{}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	runXDP(t, d, frame)
@@ -178,7 +212,7 @@ func TestSyncTargetsAPI(t *testing.T) {
 	d, _ := newDatapath(t)
 	a := SyncTarget{VNI: 42, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 9}, Ifindex: loIfindex, MTU: 1450}
 	b := SyncTarget{VNI: 7, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ifindex: loIfindex, MTU: 9000}
-	if err := d.SetSync([]SyncTarget{a, b}); err != nil {
+	if err := d.SetSync(SyncSet{Targets: []SyncTarget{a, b}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	got, err := d.Sync()
@@ -189,7 +223,7 @@ func TestSyncTargetsAPI(t *testing.T) {
 	if err != nil || FormatSync(back) != FormatSync(got) {
 		t.Errorf("ParseSync round trip: %v (%v)", back, err)
 	}
-	if err := d.SetSync([]SyncTarget{b}); err != nil {
+	if err := d.SetSync(SyncSet{Targets: []SyncTarget{b}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := d.Sync(); FormatSync(got) != b.String() {
@@ -204,7 +238,7 @@ func TestSyncTargetsAPI(t *testing.T) {
 		{[]SyncTarget{{VNI: 1, MAC: innerMAC, Ifindex: 1, MTU: 1500}, {VNI: 1, MAC: innerMAC, Ifindex: 1, MTU: 1400}}, "twice"},
 		{[]SyncTarget{{VNI: 1, MAC: innerMAC, Ifindex: 9999, MTU: 1500}}, "namespace"},
 	} {
-		if err := d.SetSync(c.ts); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := d.SetSync(SyncSet{Targets: c.ts}, time.Hour); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("SetSync(%v) = %v, want an error saying %q", c.ts, err, c.want)
 		}
 	}
@@ -212,5 +246,255 @@ func TestSyncTargetsAPI(t *testing.T) {
 		if _, err := ParseSync(s); err == nil {
 			t.Errorf("ParseSync(%q) accepted", s)
 		}
+	}
+}
+
+// ecnOf is the ECN field of an IPv4 TOS byte.
+const (
+	ecnNotECT = 0
+	ecnECT1   = 1
+	ecnECT0   = 2
+	ecnCE     = 3
+)
+
+// PRISM-sync delivers only what the kernel's own path would deliver to
+// that container: every frame the kernel drops on the way (ip_rcv,
+// the route lookup, udp_rcv, vxlan_rcv, the bridge) takes the normal
+// path untouched, where the kernel drops it, and is counted refused.
+func TestSyncRefusesWhatTheKernelDrops(t *testing.T) {
+	hi := frameSpec{flow: udpFlow(40000), payload: 64}
+	other := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x77}
+	cases := map[string]frameSpec{}
+	add := func(name string, mod func(s *frameSpec)) {
+		s := hi
+		mod(&s)
+		cases[name] = s
+	}
+	add("outer destination MAC another host's (PACKET_OTHERHOST)", func(s *frameSpec) { s.outerDstMAC = other })
+	add("outer header checksum wrong", func(s *frameSpec) { s.outerIP.badCsum = true })
+	add("outer total length beyond the frame", func(s *frameSpec) { s.outerIP.lenAdj = 4 })
+	add("outer total length short of the frame (trailing bytes the kernel trims)", func(s *frameSpec) { s.trailer = 4 })
+	add("outer IPv4 options", func(s *frameSpec) { s.outerIP.ihl = 6 })
+	add("UDP length beyond the datagram", func(s *frameSpec) { s.udpLenAdj = 4 })
+	add("UDP length short of the datagram", func(s *frameSpec) { s.udpLenAdj = -4 })
+	add("UDP checksum wrong (udp_rcv verifies it)", func(s *frameSpec) { s.udpCsumRight, s.udpCsum = true, 1 })
+	add("UDP checksum wrong on a long datagram", func(s *frameSpec) { s.udpCsumRight, s.udpCsum, s.payload = true, 1, 1001 })
+	add("reserved VXLAN flag", func(s *frameSpec) { s.vxFlags = 0x00000100 })
+	add("GBP flag on a device without GBP", func(s *frameSpec) { s.vxFlags = 0x80000000 })
+	add("reserved VNI byte", func(s *frameSpec) { s.vniLow = 1 })
+	add("inner source not a known remote MAC", func(s *frameSpec) { s.innerSrcMAC = other })
+	add("outer CE on a Not-ECT inner packet (RFC 6040: drop)", func(s *frameSpec) { s.outerIP.tos = ecnCE })
+	cases["outer source not the source MAC's VTEP"] = hi // with another VTEP below
+
+	d := syncDatapath(t, 0, 1500)
+	addRule(t, d, "dst "+innerDst.String()+" udp")
+	for name, s := range cases {
+		t.Run(name, func(t *testing.T) {
+			set := testSyncSet(1500)
+			if strings.HasPrefix(name, "outer source") {
+				set.Sources[0].VTEP = netip.MustParseAddr("192.0.2.9")
+			}
+			if err := d.SetSync(set, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			st0 := stats(t, d)[StageSplit]
+			// The normal path's redirect (the high-priority queue) keeps
+			// the frame whole; the shortcut's strips the outer headers.
+			frame := vxlanFrame(s)
+			_, out := runXDP(t, d, frame)
+			sameBytes(t, name, frame, out)
+			// Refused by the shortcut, or not even parsed as the
+			// overlay's (lengths the kernel trims to, or drops for).
+			st := stats(t, d)[StageSplit].Sub(st0)
+			if st.Sync != 0 || st.SyncRefused+st.Passed != 1 {
+				t.Errorf("counters %+v: want one refused or passed, no sync", st)
+			}
+		})
+	}
+	// The same frame, well formed, takes the shortcut: the cases above
+	// differ from it in their one defect only. So does one with a right
+	// UDP checksum, of any length a frame has.
+	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{64, 0, 1, 2, 3, 255, 256, 257, 1001, 1400} {
+		ok := hi
+		ok.payload = n
+		ok.udpCsumRight = n != 64
+		if ret, out := runXDP(t, d, vxlanFrame(ok)); ret != xdpRedirect || !bytes.Equal(out, innerFrame(ok)) {
+			t.Errorf("a well-formed frame (payload %d, UDP checksum %v): verdict %d, %x: want it decapsulated and redirected", n, ok.udpCsumRight, ret, out)
+		}
+	}
+}
+
+// The shortcut decapsulates as vxlan_rcv does, ECN included (RFC 6040,
+// the kernel's INET_ECN_decapsulate): an outer CE marks an ECN-capable
+// inner packet CE, an outer ECT(1) turns an inner ECT(0) into ECT(1), and
+// the inner header checksum follows.
+func TestSyncECN(t *testing.T) {
+	d := syncDatapath(t, 0, 1500)
+	addRule(t, d, "dst "+innerDst.String()+" udp")
+	for _, c := range []struct {
+		outer, inner, want uint8
+	}{
+		{ecnNotECT, ecnNotECT, ecnNotECT},
+		{ecnECT0, ecnNotECT, ecnNotECT}, // the kernel logs it and delivers
+		{ecnECT1, ecnNotECT, ecnNotECT},
+		{ecnCE, ecnECT0, ecnCE},
+		{ecnCE, ecnECT1, ecnCE},
+		{ecnCE, ecnCE, ecnCE},
+		{ecnECT1, ecnECT0, ecnECT1},
+		{ecnECT1, ecnECT1, ecnECT1},
+		{ecnECT0, ecnECT1, ecnECT1},
+		{ecnNotECT, ecnCE, ecnCE},
+	} {
+		t.Run(fmt.Sprintf("outer %d inner %d", c.outer, c.inner), func(t *testing.T) {
+			s := frameSpec{flow: udpFlow(40000), payload: 32}
+			s.outerIP.tos = 0xb8 | c.outer // DSCP bits stay the inner's business
+			s.innerIP.tos = 0x20 | c.inner
+			ret, out := runXDP(t, d, vxlanFrame(s))
+			if ret != xdpRedirect {
+				t.Fatalf("verdict %d, want XDP_REDIRECT", ret)
+			}
+			w := s
+			w.innerIP.tos = 0x20 | c.want
+			want := innerFrame(w)
+			sameBytes(t, "decapsulated frame", want, out)
+			if got := ipv4Checksum(out[14:34]); got != binary.BigEndian.Uint16(out[24:]) {
+				t.Errorf("inner header checksum %#04x, want %#04x", binary.BigEndian.Uint16(out[24:]), got)
+			}
+		})
+	}
+}
+
+// A destination the agent stops renewing lapses: a dead agent leaves
+// the shortcut closed, and its frames take the batch path.
+func TestSyncDestinationsExpire(t *testing.T) {
+	d := syncDatapath(t, 0, 0)
+	addRule(t, d, "dst "+innerDst.String()+" udp")
+	if err := d.SetSync(testSyncSet(1500), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	frame := vxlanFrame(frameSpec{flow: udpFlow(40000)})
+	if ret, _ := runXDP(t, d, frame); ret != xdpRedirect {
+		t.Fatalf("verdict %d while the destination is fresh, want XDP_REDIRECT", ret)
+	}
+	time.Sleep(100 * time.Millisecond)
+	st0 := stats(t, d)[StageSplit]
+	_, out := runXDP(t, d, frame)
+	sameBytes(t, "expired", frame, out) // whole: the batch path
+	if st := stats(t, d)[StageSplit].Sub(st0); st.Sync != 0 || st.SyncExpired != 1 {
+		t.Errorf("counters %+v: want the batch path and one expired", st)
+	}
+	if ts, _ := d.Sync(); len(ts) != 0 {
+		t.Errorf("Sync lists %v past its deadline", ts)
+	}
+	// Renewed, it opens again.
+	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := runXDP(t, d, frame); ret != xdpRedirect {
+		t.Errorf("verdict %d after renewal, want XDP_REDIRECT", ret)
+	}
+}
+
+// Frames the shortcut redirected that the veth then dropped (its peer
+// polls without NAPI here, as a full ring would) are counted.
+func TestSyncDevmapDropsCounted(t *testing.T) {
+	d := syncDatapath(t, 0, 0)
+	addRule(t, d, "dst "+innerDst.String()+" udp")
+	name := fmt.Sprintf("lanes-sync-%d", os.Getpid())
+	if err := nsx.Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := nsx.Delete(name); err != nil {
+			t.Error(err)
+		}
+	})
+	dir := t.TempDir()
+	var links []link.Link
+	t.Cleanup(func() {
+		for _, l := range links {
+			l.Close()
+		}
+	})
+	for _, tp := range []struct {
+		name string
+		p    *ebpf.Program
+	}{{"xdp_devmap_xmit", d.objs.SteerSyncXmit}, {"xdp_redirect_err", d.objs.SteerSyncRedirectErr}} {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp.name, Program: tp.p})
+		if err != nil {
+			t.Fatalf("attaching %s: %v", tp.name, err)
+		}
+		links = append(links, l)
+	}
+	_ = dir
+	const n = 8
+	err := nsx.Do(name, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vsync0"}, PeerName: "vsync1"}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		for _, n := range []string{"vsync0", "vsync1"} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		host, err := netlink.LinkByName("vsync0")
+		if err != nil {
+			return err
+		}
+		set := testSyncSet(1500)
+		set.Targets[0].Ifindex = uint32(host.Attrs().Index)
+		if err := d.SetSync(set, time.Hour); err != nil {
+			return err
+		}
+		frame := vxlanFrame(frameSpec{flow: udpFlow(40000)})
+		for range n {
+			if _, err := d.XDP().Run(&ebpf.RunOptions{Data: frame, Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+				Context: xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: uint32(lo.Attrs().Index)}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stats(t, d)[StageSplit]
+	if st.Sync != n || st.SyncDropped != n {
+		t.Errorf("counters %+v: want %d redirected and %d dropped (the peer takes no redirected frames)", st, n, n)
+	}
+}
+
+// A set larger than the maps is refused before anything is written: the
+// shortcut keeps the set it had (the agent then withdraws it, as for any
+// failed round), never half of a new one.
+func TestSyncSetTooLarge(t *testing.T) {
+	d, _ := newDatapath(t)
+	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var big SyncSet
+	for i := range maxSync + 1 {
+		big.Targets = append(big.Targets, SyncTarget{VNI: testVNI, MAC: net.HardwareAddr{2, 0, 0, 1, byte(i >> 8), byte(i)}, Ifindex: loIfindex, MTU: 1500})
+	}
+	if err := d.SetSync(big, time.Hour); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("a set of %d targets: %v", len(big.Targets), err)
+	}
+	if got, _ := d.SyncSet(); FormatSyncSet(got) != FormatSyncSet(testSyncSet(1500)) {
+		t.Errorf("after the refused set: %s", FormatSyncSet(got))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/spf13/cobra"
 )
@@ -53,6 +54,9 @@ or source address, and on that side its port and protocol when given.
 				if rule, err = steer.ParseRule(strings.Join(args[1:], " ")); err != nil {
 					return err
 				}
+			}
+			if err := knobs.CheckNetNSName(netns); err != nil {
+				return err
 			}
 			set, err := control.OpenPrio(netns)
 			if err != nil {

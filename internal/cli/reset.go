@@ -68,10 +68,16 @@ func ctlPrintReset(out io.Writer, r *control.ResetResult) {
 		return
 	}
 	fmt.Fprintf(out, "%s%s: restored %d knobs", r.Target, mode, len(r.Report.Restored))
+	if n := len(r.Report.Drift); n > 0 {
+		fmt.Fprintf(out, ", %d of them changed by someone else since lanes wrote them", n)
+	}
 	if n := len(r.Report.Skipped); n > 0 {
 		fmt.Fprintf(out, ", skipped %d whose device is gone", n)
 	}
 	fmt.Fprintln(out)
+	for _, s := range r.Report.Drift {
+		fmt.Fprintf(out, "  changed by someone else %s: %s\n", s.Key, s.Reason)
+	}
 	for _, s := range r.Report.Skipped {
 		fmt.Fprintf(out, "  skipped %s: %s\n", s.Key, s.Reason)
 	}

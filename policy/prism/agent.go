@@ -2,6 +2,7 @@ package prism
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -24,12 +26,18 @@ func init() { plan.RegisterAgent(SyncAgentName, newSyncAgent) }
 
 // syncAgent keeps PRISM-sync's destinations true while the host changes:
 // containers come and go, the bridge learns and forgets MACs, someone adds
-// a filter. It rediscovers the topology when the bridge's forwarding
-// table or a link changes (netlink events) and every Interval in any case
-// (netfilter rules send no events), and rewrites the destinations when
-// they differ. It never turns a container's GRO on (agents change maps,
-// not knobs): a container that came after the apply and lacks it is left
-// to batch mode until the next apply.
+// a filter. A change on the path that may make a destination unsafe
+// (netlink notifications: watch.go) withdraws every destination at once;
+// the agent then rediscovers the topology and writes the destinations
+// that still hold. It does so every Interval in any case (legacy iptables
+// sends no notification), and every write gives the destinations a
+// deadline a few intervals on (syncTTL): an agent that dies leaves the
+// shortcut to close by itself. It refreshes the bridge's forwarding
+// entries of the remote MACs whose frames took the shortcut, as the
+// bridge's own learning would have (refreshFDB). It never turns a
+// container's GRO on (agents change maps, not knobs): a container that
+// came after the apply and lacks it is left to batch mode until the next
+// apply.
 type syncAgent struct {
 	env      plan.AgentEnv
 	interval time.Duration
@@ -38,9 +46,21 @@ type syncAgent struct {
 	dp             *steer.Datapath
 	guard          *guard // the overload guard (guard.go); nil without one
 
+	// lastFDB is when refreshFDB last ran (CLOCK_MONOTONIC, as the
+	// datapath's seen stamps); bridge and vxlan name the bridge port of
+	// each VNI's VXLAN device, for the refresh.
+	lastFDB time.Duration
+	ports   map[uint32]string
+
 	mu     sync.Mutex
 	status SyncStatus
 	m      *syncMetrics
+}
+
+// syncTTL is how long the destinations an agent writes hold without it:
+// a few of its rounds, and never less than a second.
+func syncTTL(interval time.Duration) time.Duration {
+	return 3*interval + time.Second
 }
 
 // SyncStatus is what `lanes status` shows of a running sync agent.
@@ -50,7 +70,18 @@ type SyncStatus struct {
 	Notes     []string  `json:"notes,omitempty"`
 	Refreshes uint64    `json:"refreshes"`
 	Changes   uint64    `json:"changes"`
-	Err       string    `json:"error,omitempty"`
+	// Withdrawals counts the times a change on the path withdrew every
+	// destination at once; Withdrawn says why the last time.
+	Withdrawals uint64 `json:"withdrawals,omitempty"`
+	Withdrawn   string `json:"withdrawn,omitempty"`
+	// Watch says why the agent follows changes by its interval alone
+	// ("" while netlink notifications arrive).
+	Watch string `json:"watch,omitempty"`
+	Err   string `json:"error,omitempty"`
+	// Errors counts the rounds that failed; each left the shortcut
+	// withdrawn (batch mode for every high-priority flow) until a round
+	// could vouch for its destinations again.
+	Errors uint64 `json:"errors,omitempty"`
 	// Guard is the overload guard's state, when the NIC poll is on the
 	// ladder.
 	Guard *GuardStatus `json:"guard,omitempty"`
@@ -62,7 +93,13 @@ func (s SyncStatus) Summary() []string {
 	if len(s.Targets) > 0 {
 		t = strings.Join(s.Targets, "; ")
 	}
-	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes): %s", s.Refreshes, s.Changes, t)}
+	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes, %d failed): %s", s.Refreshes, s.Changes, s.Errors, t)}
+	if s.Withdrawals > 0 {
+		out = append(out, fmt.Sprintf("withdrawn at once %d times, last: %s", s.Withdrawals, s.Withdrawn))
+	}
+	if s.Watch != "" {
+		out = append(out, "watch: "+s.Watch)
+	}
 	for _, n := range s.Notes {
 		out = append(out, "note: "+n)
 	}
@@ -76,12 +113,24 @@ func (s SyncStatus) Summary() []string {
 }
 
 type syncMetrics struct {
-	targets prometheus.Gauge
-	changes prometheus.Counter
+	targets     prometheus.Gauge
+	changes     prometheus.Counter
+	withdrawals prometheus.Counter
+	errors      prometheus.Counter
+}
+
+// syncAgentOptions are the options of the plan a sync agent serves: the
+// journaled settings over prism-sync's base, whatever mode name applied
+// it (prism-sync, or prism with prio-mode=sync), since only a sync plan
+// names this agent.
+func syncAgentOptions(env plan.AgentEnv) (Options, error) {
+	base := Defaults()
+	base.PrioMode = "sync"
+	return Parse(base, env.Params)
 }
 
 func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
-	o, err := Parse(Defaults(), env.Params)
+	o, err := syncAgentOptions(env)
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +146,12 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 	a := &syncAgent{env: env, interval: o.SyncInterval, trustNetfilter: o.SyncNetfilter == NetfilterTrust, dp: dp, guard: g}
 	if env.Metrics != nil {
 		a.m = &syncMetrics{
-			targets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
-			changes: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_changes_total", Help: "Times the sync destinations were rewritten."}),
+			targets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
+			changes:     prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_changes_total", Help: "Times the sync destinations were rewritten."}),
+			withdrawals: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_withdrawals_total", Help: "Times a change on the shortcut's path withdrew every sync destination at once."}),
+			errors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_sync_errors_total", Help: "Rounds of the PRISM-sync agent that failed (the destinations were withdrawn until one succeeded)."}),
 		}
-		env.Metrics.MustRegister(a.m.targets, a.m.changes, steer.NewCollector(plan.PinDir(env.NetNS)))
+		env.Metrics.MustRegister(a.m.targets, a.m.changes, a.m.withdrawals, a.m.errors, steer.NewCollector(plan.PinDir(env.NetNS)))
 	}
 	return a, nil
 }
@@ -118,8 +169,8 @@ func (a *syncAgent) Status() any {
 	return s
 }
 
-// Run refreshes until ctx ends. The destinations it leaves behind are the
-// last true ones; reset removes them with the datapath.
+// Run refreshes until ctx ends. The destinations it leaves behind hold
+// until their deadline; reset removes them with the datapath.
 func (a *syncAgent) Run(ctx context.Context) (err error) {
 	defer a.dp.Close()
 	if a.guard != nil {
@@ -133,107 +184,172 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			}
 		}()
 	}
-	events := a.subscribe(ctx)
+	var w *watcher
+	var events <-chan watchEvent
+	watchNS := ""
+	defer func() {
+		if w != nil {
+			w.close()
+		}
+	}()
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
 	for {
-		a.refresh()
+		namespaces := a.refresh()
+		// (Re)subscribe where the path runs: the namespaces can change
+		// with the topology (an underlay found late).
+		if key := strings.Join(namespaces, "\x00"); key != watchNS && len(namespaces) > 0 {
+			if w != nil {
+				w.close()
+			}
+			var err error
+			if w, err = watch(ctx, namespaces); err != nil {
+				w, events = nil, nil
+				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only", err, a.interval))
+			} else {
+				events, watchNS = w.events, key
+				a.setWatch("")
+				w.setMACs(a.macs())
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-		case <-events:
+		case ev := <-events:
+			if ev.withdraw {
+				a.withdraw(ev.why)
+			}
 			// Let a burst of changes (a container starting) settle.
 			time.Sleep(20 * time.Millisecond)
-			drain(events)
+			for drained := false; !drained; {
+				select {
+				case ev := <-events:
+					if ev.withdraw {
+						a.withdraw(ev.why)
+					}
+				default:
+					drained = true
+				}
+			}
+		}
+		if w != nil {
+			w.setMACs(a.macs())
 		}
 	}
 }
 
-// subscribe delivers a value whenever the namespace's links or forwarding
-// entries change; nil (never ready) if it cannot subscribe, and the ticker
-// alone refreshes.
-func (a *syncAgent) subscribe(ctx context.Context) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	ns, err := knobs.OpenNetNS(a.env.NetNS)
+func (a *syncAgent) setWatch(why string) {
+	a.mu.Lock()
+	a.status.Watch = why
+	a.mu.Unlock()
+}
+
+// macs are the destination and source MACs the datapath holds now.
+func (a *syncAgent) macs() shortcutMACs {
+	out := shortcutMACs{targets: map[string]bool{}, sources: map[string]bool{}}
+	s, err := a.dp.SyncSet()
 	if err != nil {
-		return nil
+		return out
 	}
-	neigh := make(chan netlink.NeighUpdate, 64)
-	link := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer ns.Close() // the subscriptions keep their own sockets in the namespace
-	go func() { <-ctx.Done(); close(done) }()
-	if err := netlink.NeighSubscribeWithOptions(neigh, done, netlink.NeighSubscribeOptions{Namespace: &ns}); err != nil {
-		return nil
+	for _, t := range s.Targets {
+		out.targets[t.MAC.String()] = true
 	}
-	if err := netlink.LinkSubscribeWithOptions(link, done, netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
-		return nil
+	for _, src := range s.Sources {
+		out.sources[src.MAC.String()] = true
 	}
-	go func() {
-		for {
-			select {
-			case _, ok := <-neigh:
-				if !ok {
-					return
-				}
-			case _, ok := <-link:
-				if !ok {
-					return
-				}
-			}
-			select {
-			case out <- struct{}{}:
-			default:
-			}
-		}
-	}()
 	return out
 }
 
-func drain(c <-chan struct{}) {
-	for {
-		select {
-		case <-c:
-		default:
-			return
-		}
+// withdraw voids every destination at once.
+func (a *syncAgent) withdraw(why string) {
+	err := knobs.Do(a.env.NetNS, a.dp.WithdrawSync)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.status.Withdrawals++
+	a.status.Withdrawn = why
+	a.status.Targets = nil
+	if err != nil {
+		a.status.Err = err.Error()
+	}
+	if a.m != nil {
+		a.m.withdrawals.Inc()
+		a.m.targets.Set(0)
+	}
+	if a.env.Logf != nil {
+		a.env.Logf("prism-sync: %s: every destination withdrawn until the path is read again", why)
 	}
 }
 
-func (a *syncAgent) refresh() {
+// refresh rediscovers the path and writes the destinations that hold,
+// with a new deadline; it returns the namespaces the path runs through.
+func (a *syncAgent) refresh() (namespaces []string) {
 	st := SyncStatus{At: time.Now()}
 	defer func() {
+		if st.Err != "" {
+			// A round that failed vouches for nothing: the shortcut is
+			// withdrawn (fail closed) until one succeeds; the agent goes
+			// on (a device or namespace gone, a full map, a netlink
+			// error are the host changing, not the end).
+			if werr := knobs.Do(a.env.NetNS, a.dp.WithdrawSync); werr != nil {
+				st.Err += "; withdrawing: " + werr.Error()
+			}
+			st.Targets = nil
+			if a.m != nil {
+				a.m.errors.Inc()
+				a.m.targets.Set(0)
+			}
+		}
 		a.mu.Lock()
 		st.Refreshes = a.status.Refreshes + 1
 		st.Changes += a.status.Changes
+		st.Errors = a.status.Errors
+		if st.Err != "" {
+			st.Errors++
+		}
+		st.Withdrawals, st.Withdrawn, st.Watch = a.status.Withdrawals, a.status.Withdrawn, a.status.Watch
 		a.status = st
 		a.mu.Unlock()
 	}()
 	t, err := topology.Discover(a.env.NetNS)
 	if err != nil {
 		st.Err = err.Error()
-		return
+		return nil
 	}
-	sp := Sync(t, a.trustNetfilter)
+	namespaces = append(namespaces, t.NetNS)
+	for _, v := range t.VXLANs {
+		if v.UnderlayNetNS != "unknown" {
+			namespaces = append(namespaces, v.UnderlayNetNS)
+		}
+	}
+	sp := Sync(t, a.trustNetfilter, ReadSyncFacts(t))
 	st.Notes = sp.Notes
 	targets := runnable(sp)
-	have, err := a.dp.Sync()
+	have, err := a.dp.SyncSet()
 	if err != nil {
 		st.Err = err.Error()
-		return
+		return namespaces
 	}
-	want := toSteer(targets)
-	if steer.FormatSync(have) != steer.FormatSync(want) {
-		err := knobs.Do(a.env.NetNS, func() error { return a.dp.SetSync(want) })
-		if err != nil {
-			st.Err = err.Error()
-			return
-		}
+	set := sp.Set()
+	set.Targets = toSteer(targets)
+	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
+	// Written every round, changed or not: the write is the renewal.
+	if err := knobs.Do(a.env.NetNS, func() error { return a.dp.SetSync(set, syncTTL(a.interval)) }); err != nil {
+		st.Err = err.Error()
+		return namespaces
+	}
+	if changed {
 		st.Changes = 1
 		if a.m != nil {
 			a.m.changes.Inc()
 		}
+	}
+	a.ports = map[uint32]string{}
+	for _, v := range t.VXLANs {
+		a.ports[uint32(v.VNI)] = v.Name
+	}
+	if err := a.refreshFDB(t.NetNS); err != nil {
+		st.Err = err.Error()
 	}
 	for _, tg := range targets {
 		st.Targets = append(st.Targets, fmt.Sprintf("%d/%s -> %s (%s)", tg.VNI, tg.MAC, tg.Veth, tg.Container))
@@ -241,6 +357,58 @@ func (a *syncAgent) refresh() {
 	if a.m != nil {
 		a.m.targets.Set(float64(len(targets)))
 	}
+	return namespaces
+}
+
+// refreshFDB does for the bridge what its learning would have done for
+// the frames the shortcut took since the last refresh: for each source
+// the datapath stamped, it asks the bridge to refresh its forwarding
+// entry on the VXLAN port (NTF_USE: br_fdb_update, as on a received
+// frame). Without it, the entry would age out while the shortcut carries
+// the source's frames, and the bridge would flood the replies to every
+// port. (Limiting the shortcut to sources with a static bridge entry was
+// the alternative; no overlay daemon writes such entries, so the
+// shortcut would never run.)
+func (a *syncAgent) refreshFDB(ns string) error {
+	srcs, err := a.dp.SyncSources()
+	if err != nil {
+		return err
+	}
+	since := a.lastFDB
+	a.lastFDB = monoNow()
+	var errs []error
+	err = knobs.Do(ns, func() error {
+		for _, s := range srcs {
+			if s.Seen == 0 || s.Seen < since {
+				continue
+			}
+			port, ok := a.ports[s.VNI]
+			if !ok {
+				continue
+			}
+			l, err := netlink.LinkByName(port)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			n := &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_BRIDGE, State: netlink.NUD_REACHABLE,
+				Flags: netlink.NTF_USE | netlink.NTF_MASTER, HardwareAddr: s.MAC}
+			if err := netlink.NeighSet(n); err != nil {
+				errs = append(errs, fmt.Errorf("refreshing the bridge's entry of %s on %s: %w", s.MAC, port, err))
+			}
+		}
+		return nil
+	})
+	return errors.Join(err, errors.Join(errs...))
+}
+
+// monoNow is CLOCK_MONOTONIC, the clock of the datapath's stamps.
+func monoNow() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // runnable are the targets the datapath can use now: those whose container

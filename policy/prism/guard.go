@@ -2,7 +2,9 @@ package prism
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"os"
 	"slices"
 	"strings"
@@ -215,6 +217,14 @@ type GuardStatus struct {
 	TasksMin  float64 `json:"tasks_min_percent,omitempty"`
 	Demotions uint64  `json:"demotions"`
 	Err       string  `json:"error,omitempty"`
+	// SampleErrors counts the rounds skipped because the load could not
+	// be sampled; Fallback says why the guard holds the safe placement
+	// (demoted) regardless of the load, "" while it follows it.
+	SampleErrors uint64 `json:"sample_errors,omitempty"`
+	Fallback     string `json:"fallback,omitempty"`
+	// Stopped says why the guard no longer acts (the apply it worked
+	// for was reset or replaced).
+	Stopped string `json:"stopped,omitempty"`
 	// Sampler is where the load comes from: "sched" (the scheduler's
 	// events) or "proc".
 	Sampler string `json:"sampler,omitempty"`
@@ -248,6 +258,14 @@ type guard struct {
 	core   int
 	target guardTarget // nil: only high=auto's switch runs
 	high   *highSwitch // nil unless high=auto
+	// newSource opens the load sampler (openSampler; a test's fake).
+	newSource func() (load.Source, error)
+	metrics   *guardMetrics // nil without a registry
+	// failed counts the samples failed in a row; set is what the
+	// target was last switched to (demoted), which a write that failed
+	// (another lanes process held the journal) leaves for the next round.
+	failed int
+	set    *bool
 
 	mu     sync.Mutex
 	state  guardState
@@ -292,7 +310,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	}
 	g := &guard{env: env, rule: guardRule, core: core}
 	if o.Streamline {
-		nt := &nicTarget{onLadder: fmt.Sprintf("policy=fifo prio=%d nice=0", o.Ladder().NIC), off: guardOff}
+		nt := &nicTarget{onLadder: fmt.Sprintf("policy=fifo prio=%d nice=0", o.Ladder().NIC), off: guardOff, dir: env.StateDir, gen: journalGeneration(env.StateDir)}
 		for _, u := range t.Underlays {
 			nt.threads = append(nt.threads, u.NAPIThreads...)
 		}
@@ -305,6 +323,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		if err != nil {
 			return nil, err
 		}
+		bt.stateDir, bt.gen = env.StateDir, journalGeneration(env.StateDir)
 		if !bt.idle() {
 			// The plan resolved bulk-sched to idle, but the kthread is not
 			// SCHED_IDLE: the state was applied by a lanes from before idle
@@ -322,7 +341,20 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	}
 	g.status.Core, g.status.Watch, g.status.Threads = core, g.target.watch(), g.target.names()
 	g.status.TasksMin = g.rule.Tasks
+	if env.Metrics != nil {
+		g.metrics = &guardMetrics{sampleErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_guard_sample_errors_total", Help: "Rounds the PRISM guard skipped because the load could not be sampled."})}
+		env.Metrics.MustRegister(g.metrics.sampleErrors)
+	}
 	return g, nil
+}
+
+// journalGeneration is the generation of the journal in dir ("" for none).
+func journalGeneration(dir string) string {
+	ents, err := knobs.ReadEntries(dir)
+	if err != nil {
+		return ""
+	}
+	return knobs.Generation(ents)
 }
 
 // Summary is what `lanes status` shows of the guard.
@@ -370,8 +402,60 @@ func (g *guard) Status() GuardStatus {
 	return s
 }
 
-// run samples until ctx ends and leaves the plan's scheduling behind (and
-// every rule's flows in the high-priority queue, high=auto's start).
+// guardFailLimit is how many samples in a row may fail before the guard
+// stops trusting the load it last saw and holds the safe placement.
+const guardFailLimit = 5
+
+// switchTarget switches the target to demoted, unless it is there: a
+// write a busy journal refused is tried again at the next round. It
+// returns ErrStale when the apply the guard works for is gone.
+func (g *guard) switchTarget(demoted bool) error {
+	if g.set != nil && *g.set == demoted {
+		return nil
+	}
+	err := g.target.set(demoted)
+	if err == nil || errors.Is(err, knobs.ErrGone) {
+		// A thread that is gone has nothing left to switch.
+		g.set = &demoted
+	}
+	return err
+}
+
+// sampleFailed skips a round whose load could not be sampled; after
+// guardFailLimit in a row the guard holds the safe placement, demoted
+// (under overload the ladder starves bulk work, off it nothing
+// collapses), until sampling works again.
+func (g *guard) sampleFailed(err error) {
+	g.failed++
+	g.mu.Lock()
+	g.status.SampleErrors++
+	g.status.Err = "sampling load: " + err.Error()
+	fallback := g.failed >= guardFailLimit && g.status.Fallback == ""
+	if fallback {
+		g.status.Fallback = fmt.Sprintf("the load could not be sampled %d times in a row (%v): holding the safe placement (demoted) until it can", g.failed, err)
+		g.status.Demoted = true
+	}
+	g.mu.Unlock()
+	if m := g.metrics; m != nil {
+		m.sampleErrors.Inc()
+	}
+	if fallback {
+		g.state = guardState{latch{on: true}}
+		if serr := g.switchTarget(true); serr != nil && g.env.Logf != nil {
+			g.env.Logf("prism guard: falling back to the safe placement: %v", serr)
+		}
+		if g.env.Logf != nil {
+			g.env.Logf("prism guard: %s", g.status.Fallback)
+		}
+	}
+}
+
+// run samples until ctx ends (or the apply it works for is gone). It
+// leaves the target as the load last said: demoted under overload (the
+// plan's value there is what collapses: the NIC poll above bulk work,
+// bulk at SCHED_IDLE under a busy service), the plan's value otherwise;
+// and every rule's flows in the high-priority queue, high=auto's start.
+// A round whose load cannot be sampled is skipped, not the end.
 func (g *guard) run(ctx context.Context) error {
 	if g.high != nil {
 		defer func() {
@@ -382,14 +466,18 @@ func (g *guard) run(ctx context.Context) error {
 	}
 	var src load.Source
 	if g.target != nil {
+		open := g.openSampler
+		if g.newSource != nil {
+			open = g.newSource
+		}
 		var err error
-		if src, err = g.openSampler(); err != nil {
+		if src, err = open(); err != nil {
 			return fmt.Errorf("prism guard: %w", err)
 		}
 		defer src.Close()
 		defer func() {
-			if g.state.demoted() {
-				g.target.set(false)
+			if g.state.demoted() && g.env.Logf != nil && g.status.Stopped == "" {
+				g.env.Logf("prism guard: stopping while demoted: left demoted, the safe placement under overload (lanes reset restores the original)")
 			}
 		}()
 	}
@@ -409,7 +497,17 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		s, err := src.Sample()
 		if err != nil {
-			return fmt.Errorf("prism guard: sampling load: %w", err)
+			g.sampleFailed(err)
+			continue
+		}
+		if g.failed > 0 {
+			g.failed = 0
+			g.mu.Lock()
+			if g.status.Fallback != "" && g.env.Logf != nil {
+				g.env.Logf("prism guard: sampling works again: following the load")
+			}
+			g.status.Fallback = ""
+			g.mu.Unlock()
 		}
 		var errText string
 		var threads []load.Thread
@@ -421,10 +519,20 @@ func (g *guard) run(ctx context.Context) error {
 			errText = err.Error()
 		}
 		c, _ := s.Core(g.core)
-		if g.state.step(g.rule, guardSample{signal: sig, idle: c.Idle, tasks: c.Tasks}) {
-			if err := g.target.set(g.state.demoted()); err != nil {
-				errText = err.Error()
+		changed := g.state.step(g.rule, guardSample{signal: sig, idle: c.Idle, tasks: c.Tasks})
+		if err := g.switchTarget(g.state.demoted()); err != nil {
+			errText = err.Error()
+			if errors.Is(err, knobs.ErrStale) {
+				g.mu.Lock()
+				g.status.Stopped = err.Error()
+				g.mu.Unlock()
+				if g.env.Logf != nil {
+					g.env.Logf("prism guard: %v: the guard stops, leaving what the reset or the new apply set", err)
+				}
+				return nil
 			}
+		}
+		if changed {
 			if g.env.Logf != nil {
 				if g.state.demoted() {
 					g.env.Logf(g.target.demote(), sig, g.core, c.Tasks)
@@ -503,11 +611,18 @@ func (g *guard) setSampler(v string) {
 	g.mu.Unlock()
 }
 
+type guardMetrics struct {
+	sampleErrors prometheus.Counter
+}
+
 // nicTarget is the NIC poll on the streamlined ladder: its signal is its
-// threads' run time; demoted, it runs at guardOff.
+// threads' run time; demoted, it runs at guardOff. The threads'
+// scheduling is a knob the plan set: the guard writes it through the
+// journal of dir, as generation gen's runtime writer (knobs.RuntimeWrite).
 type nicTarget struct {
 	threads       []knobs.KthreadInfo // the underlay's NAPI threads
 	onLadder, off string
+	dir, gen      string
 }
 
 func (n *nicTarget) needsThreads() bool { return true }
@@ -531,7 +646,11 @@ func (n *nicTarget) set(demoted bool) error {
 	}
 	var first error
 	for _, th := range n.threads {
-		if err := knobs.Sched(th.Comm, th.Index).Write([]byte(v)); err != nil && first == nil {
+		err := knobs.RuntimeWrite(n.dir, n.gen, knobs.Sched(th.Comm, th.Index), []byte(v))
+		if errors.Is(err, knobs.ErrStale) {
+			return err
+		}
+		if err != nil && first == nil {
 			first = err
 		}
 	}
@@ -569,6 +688,10 @@ type bulkTarget struct {
 	readWait func(pid int) (uint64, error)
 	// nice is the bulk kthread's nice value while demoted (guard-nice).
 	nice int
+	// stateDir and gen: the journal of the apply the guard works for,
+	// whose generation set checks (the kthread is lanes' own, not a
+	// journaled knob, but a reset or a new apply ends the guard's say).
+	stateDir, gen string
 }
 
 func newBulkTarget(netns string, core int) (*bulkTarget, error) {
@@ -650,6 +773,11 @@ func schedstatWait(pid int) (uint64, error) {
 }
 
 func (b *bulkTarget) set(demoted bool) error {
+	if b.stateDir != "" {
+		if g := journalGeneration(b.stateDir); g == "" || g != b.gen {
+			return fmt.Errorf("bulk queue of core %d: %w (journal generation %q, not %q)", b.core, knobs.ErrStale, g, b.gen)
+		}
+	}
 	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
 	if demoted {
 		a.Policy, a.Nice = unix.SCHED_NORMAL, int32(b.nice)

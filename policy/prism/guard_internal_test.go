@@ -1,10 +1,17 @@
 package prism
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/load"
 )
 
 // TestBulkWaitShare: the bulk kthread's wait is a share of the time between
@@ -44,5 +51,110 @@ func TestBulkWaitShare(t *testing.T) {
 		if got != step.want {
 			t.Errorf("read %d: %.1f%%, want %.1f%%", i, got, step.want)
 		}
+	}
+}
+
+// fakeSource is a load sampler whose samples a test scripts: each call
+// takes the next error (nil: a sample with core 0 at the given signal).
+type fakeSource struct {
+	mu   sync.Mutex
+	errs []error
+	idle float64
+}
+
+func (f *fakeSource) Sample() (load.Sample, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.errs) > 0 {
+		err := f.errs[0]
+		f.errs = f.errs[1:]
+		if err != nil {
+			return load.Sample{}, err
+		}
+	}
+	return load.Sample{At: time.Now(), Interval: time.Millisecond, Cores: []load.Core{{CPU: 0, Idle: f.idle}}}, nil
+}
+
+func (f *fakeSource) Close() error { return nil }
+
+// fakeTarget records what the guard switches it to; err is what set
+// returns.
+type fakeTarget struct {
+	mu   sync.Mutex
+	sets []bool
+	err  error
+}
+
+func (f *fakeTarget) signal([]load.Thread, time.Duration) (float64, error) { return 0, nil }
+func (f *fakeTarget) needsThreads() bool                                   { return false }
+func (f *fakeTarget) set(d bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sets = append(f.sets, d)
+	return f.err
+}
+func (f *fakeTarget) names() []string { return nil }
+func (f *fakeTarget) watch() string   { return "fake" }
+func (f *fakeTarget) demote() string  { return "demote %v %v %v" }
+func (f *fakeTarget) promote() string { return "promote %v %v %v" }
+func (f *fakeTarget) calls() []bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.sets)
+}
+
+func runGuard(t *testing.T, g *guard, d time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return g.run(ctx)
+}
+
+// A sampling error skips the round (it once ended the agent, and the
+// guard's exit put the NIC poll back on the ladder under overload); many
+// in a row hold the safe placement, demoted, and say so, until sampling
+// works again.
+func TestGuardSurvivesSamplerFailures(t *testing.T) {
+	fail := errors.New("sampler broke")
+	src := &fakeSource{errs: []error{nil, fail, fail, fail, fail, fail, fail}, idle: 100}
+	tg := &fakeTarget{}
+	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 1000, Interval: time.Millisecond}, target: tg,
+		newSource: func() (load.Source, error) { return src, nil }}
+	if err := runGuard(t, g, 200*time.Millisecond); err != nil {
+		t.Fatalf("the guard ended: %v", err)
+	}
+	st := g.Status()
+	if st.SampleErrors != 6 || !strings.Contains(st.Err, "sampler broke") {
+		t.Errorf("status %+v: want 6 sample errors shown", st)
+	}
+	if !slices.Contains(tg.calls(), true) {
+		t.Errorf("target switched %v: want the safe placement (demoted) after %d failures in a row", tg.calls(), guardFailLimit)
+	}
+	if st.Fallback != "" {
+		t.Errorf("fallback %q still held once sampling worked again", st.Fallback)
+	}
+	// Stopped while demoted: left demoted, the last switch is to demoted.
+	if c := tg.calls(); c[len(c)-1] != true {
+		t.Errorf("switches %v: the guard put the plan's value back on its way out", c)
+	}
+}
+
+// A kernel thread that is gone is skipped; a reset, or a newer apply,
+// ends the guard without another write.
+func TestGuardKthreadGoneAndStale(t *testing.T) {
+	rule := GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}
+	gone := &fakeTarget{err: fmt.Errorf("thread: %w", knobs.ErrGone)}
+	g := &guard{rule: rule, target: gone, newSource: func() (load.Source, error) { return &fakeSource{idle: 100}, nil }}
+	if err := runGuard(t, g, 50*time.Millisecond); err != nil {
+		t.Fatalf("the guard ended on a gone thread: %v", err)
+	}
+	stale := &fakeTarget{err: fmt.Errorf("x: %w", knobs.ErrStale)}
+	g = &guard{rule: rule, target: stale, newSource: func() (load.Source, error) { return &fakeSource{idle: 100}, nil }}
+	start := time.Now()
+	if err := runGuard(t, g, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > 4*time.Second || len(stale.calls()) != 1 || g.Status().Stopped == "" {
+		t.Errorf("after a stale write: %d writes, status %+v: want the guard stopped at once", len(stale.calls()), g.Status())
 	}
 }

@@ -187,7 +187,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
 	var sp SyncPlan
 	if setup.Config.Sync {
-		sp = Sync(t, o.SyncNetfilter == NetfilterTrust)
+		sp = Sync(t, o.SyncNetfilter == NetfilterTrust, ReadSyncFacts(t))
 		// GRO gives a container's veth its NAPI, without which its host
 		// side drops every redirected frame; before anything redirects.
 		for _, g := range sp.GRO {
@@ -235,10 +235,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if setup.Config.Sync {
 		pl.Agent = SyncAgentName
-		pl.Add(&steer.SyncKnob{Dir: dir, NetNS: t.NetNS}, steer.FormatSync(toSteer(sp.Targets)), dir+" sync",
+		pl.Add(&steer.SyncKnob{Dir: dir, NetNS: t.NetNS, TTL: syncTTL(o.SyncInterval)}, steer.FormatSyncSet(sp.Set()), dir+" sync",
 			fmt.Sprintf("sync: %d destinations the bridge forwards to plainly", len(sp.Targets)))
 		pl.Notes = append(pl.Notes, sp.Notes...)
-		pl.Notes = append(pl.Notes, fmt.Sprintf("sync: %d destinations now; run `lanes agent` to follow containers and filters as they change (every %v and on each change)", len(sp.Targets), o.SyncInterval))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("sync: %d destinations now, which lapse %v after the apply unless `lanes agent` runs: it renews them, and follows containers and filters as they change (every %v and on each change)", len(sp.Targets), syncTTL(o.SyncInterval), o.SyncInterval))
 	}
 
 	// The ladder, from the end of the path to its start.

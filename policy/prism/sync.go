@@ -40,12 +40,19 @@ type ContainerGRO struct {
 // SyncPlan is what sync mode can do on a topology.
 type SyncPlan struct {
 	Targets []SyncTarget
+	// Sources and Locals are what a frame must come from and to for the
+	// datapath to take it (steer.SyncSet): the remote MACs of static
+	// forwarding entries the bridge forwards from the VXLAN port, each
+	// from its VTEP, and this host's VTEP addresses on the underlay.
+	Sources []steer.SyncSource
+	Locals  []steer.SyncLocal
 	// GRO are the container interfaces whose GRO the plan turns on.
 	GRO []ContainerGRO
 	// Notes say, for people, why destinations were left to batch mode.
 	Notes []string
 
 	trustNetfilter bool
+	facts          SyncFacts
 }
 
 // netfilterMayAct says why netfilter in namespace ns may act on an IPv4
@@ -84,21 +91,68 @@ func ownHook(entry string) bool {
 	return (strings.HasPrefix(entry, "tcx:") || strings.HasPrefix(entry, "xdp:")) && strings.HasPrefix(name, "steer_")
 }
 
+// SyncFacts is what Sync reads beyond the topology: each bridged VXLAN
+// device's receive path (by device name) and the packet filters of the
+// namespaces on the way (by namespace).
+type SyncFacts struct {
+	Paths   map[string]topology.SyncPath
+	Filters map[string]topology.Filters
+}
+
+// ReadSyncFacts reads t's SyncFacts.
+func ReadSyncFacts(t *topology.Topology) SyncFacts {
+	f := SyncFacts{Paths: map[string]topology.SyncPath{}, Filters: map[string]topology.Filters{t.NetNS: topology.ReadFilters(t.NetNS)}}
+	for i := range t.VXLANs {
+		v := &t.VXLANs[i]
+		if v.Underlay == "" || v.Master == "" {
+			continue
+		}
+		f.Paths[v.Name] = topology.ReadSyncPath(t, v)
+		if _, ok := f.Filters[v.UnderlayNetNS]; !ok {
+			f.Filters[v.UnderlayNetNS] = topology.ReadFilters(v.UnderlayNetNS)
+		}
+	}
+	return f
+}
+
+// Set is the plan as the datapath takes it.
+func (sp SyncPlan) Set() steer.SyncSet {
+	return steer.SyncSet{Targets: toSteer(sp.Targets), Sources: sp.Sources, Locals: sp.Locals}
+}
+
 // Sync computes the shortcut's targets on t. It is conservative: whatever
 // it cannot show to be a plain L2 forward to a container's veth (a filter
 // that might act, state it could not read, a routed overlay) is left out.
 // trustNetfilter (sync-netfilter=trust) is the operator's word that no
 // netfilter rule on the path acts on the overlay's frames: netfilter tables
-// then no longer turn the shortcut off, and the plan says which it skips.
-func Sync(t *topology.Topology, trustNetfilter bool) SyncPlan {
-	sp := SyncPlan{trustNetfilter: trustNetfilter}
+// then no longer turn the shortcut off, and the plan says which it skips;
+// but a rule lanes can see acting on the overlay's datagrams before they
+// reach the VXLAN socket (one that tests the VXLAN port, drops or rewrites
+// what may be one, a dropping policy), or IPsec (an encrypted overlay,
+// whose plaintext datagrams such a rule drops), refuses the trust.
+func Sync(t *topology.Topology, trustNetfilter bool, facts SyncFacts) SyncPlan {
+	sp := SyncPlan{trustNetfilter: trustNetfilter, facts: facts}
 	note := func(format string, args ...any) { sp.Notes = append(sp.Notes, fmt.Sprintf(format, args...)) }
 	if t.Netfilter.Err != "" {
 		// Trust is for rules the operator knows; not for what nobody read.
 		note("sync off: %s; high-priority flows use batch mode", netfilterMayAct(t.Netfilter, t.NetNS))
 		return sp
 	}
-	if why := netfilterMayAct(t.Netfilter, t.NetNS); why != "" {
+	hostFilters := facts.Filters[t.NetNS]
+	if hostFilters.Err != "" {
+		note("sync off: the packet filters of %s could not be read (%s); high-priority flows use batch mode", label(t.NetNS), hostFilters.Err)
+		return sp
+	}
+	why := netfilterMayAct(t.Netfilter, t.NetNS)
+	if len(hostFilters.Ebtables) > 0 {
+		e := fmt.Sprintf("legacy ebtables tables %s exist in %s and may filter the bridged frames", strings.Join(hostFilters.Ebtables, ", "), label(t.NetNS))
+		if why == "" {
+			why = e
+		} else {
+			why += "; " + e
+		}
+	}
+	if why != "" {
 		if !trustNetfilter {
 			note("sync off: %s; high-priority flows use batch mode (sync-netfilter=trust overrides this if no rule acts on the overlay's frames)", why)
 			return sp
@@ -138,6 +192,9 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	case len(v.Hooks.Others(ownHook)) > 0:
 		note("has programs or filters (%s); batch mode", strings.Join(v.Hooks.Others(ownHook), ", "))
 		return
+	case !v.Up:
+		note("is down (vxlan_rcv drops what it receives); batch mode")
+		return
 	}
 	// The outer datagram's own path, which XDP's redirect skips: the
 	// underlay's tc ingress, and, when the underlay lives in another
@@ -170,6 +227,43 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 			note("its datagrams arrive through %s: %s; trusted (sync-netfilter=trust)", label(v.UnderlayNetNS), why)
 		}
 	}
+	p, ok := sp.facts.Paths[v.Name]
+	switch {
+	case !ok:
+		note("its receive path was not read; batch mode")
+		return
+	case p.Err != "":
+		note("its receive path could not be read (%s); batch mode", p.Err)
+		return
+	}
+	srcs, locals, why := sp.sourcesAndLocals(t, v, p)
+	if why != "" {
+		note("%s; batch mode", why)
+		return
+	}
+	if sp.trustNetfilter {
+		uf := sp.facts.Filters[v.UnderlayNetNS]
+		m := outerModel{Port: uint16(v.Port), Dev: v.Underlay, Ifindex: p.UnderlayIndex}
+		for _, s := range srcs {
+			if !slices.Contains(m.VTEPs, s.VTEP) {
+				m.VTEPs = append(m.VTEPs, s.VTEP)
+			}
+		}
+		for _, l := range locals {
+			m.Locals = append(m.Locals, l.Addr)
+		}
+		switch acts := outerActors(uf, m); {
+		case uf.Err != "":
+			note("sync-netfilter=trust refused: the packet filters of %s could not be read (%s); batch mode", label(v.UnderlayNetNS), uf.Err)
+			return
+		case len(uf.XFRM) > 0:
+			note("sync-netfilter=trust refused: %s has IPsec policies or states (%s), as an encrypted overlay does, whose plaintext datagrams a rule must drop; batch mode", label(v.UnderlayNetNS), strings.Join(uf.XFRM, "; "))
+			return
+		case len(acts) > 0:
+			note("sync-netfilter=trust refused: on the way from %s to the VXLAN socket, %s; batch mode", v.Underlay, strings.Join(acts, "; "))
+			return
+		}
+	}
 	br := bridgeNamed(t, v.Master)
 	if br == nil {
 		note("bridge %s not found; batch mode", v.Master)
@@ -184,6 +278,8 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 		note("its bridge port is not forwarding freely (%+v); batch mode", in)
 		return
 	}
+	sp.Sources = append(sp.Sources, srcs...)
+	sp.Locals = append(sp.Locals, locals...)
 	skipped := map[string]string{}
 	for _, e := range br.FDB {
 		if e.Local || e.Port == v.Name {
@@ -244,8 +340,65 @@ func (sp *SyncPlan) target(t *topology.Topology, v *topology.VXLAN, br *topology
 	if err != nil {
 		return "bad MAC " + e.MAC
 	}
-	sp.Targets = append(sp.Targets, SyncTarget{VNI: uint32(v.VNI), MAC: mac, Veth: veth.Name, Ifindex: veth.Index, MTU: c.MTU, Container: c.NetNS + "/" + c.Name})
+	// The bridge's transmit checks the host side's MTU, the veth's the
+	// container side's: the smaller holds.
+	sp.Targets = append(sp.Targets, SyncTarget{VNI: uint32(v.VNI), MAC: mac, Veth: veth.Name, Ifindex: veth.Index, MTU: min(c.MTU, veth.MTU), Container: c.NetNS + "/" + c.Name})
 	return ""
+}
+
+// sourcesAndLocals are what v's frames must come from and to for the
+// datapath to take them, or why there is nothing (steer.c's sync_accept).
+//
+// Sources: the VXLAN device's static forwarding entries (their remote MAC
+// and VTEP), which the kernel takes a frame from only from that VTEP; the
+// bridge must have the MAC on the VXLAN port, so it forwards replies there
+// rather than flooding them. Frames the shortcut takes skip the bridge's
+// learning, which would refresh that entry: lanes agent refreshes it for
+// every source the shortcut took a frame from (syncAgent.refreshFDB), and
+// a source whose entry aged out anyway leaves the set until the kernel's
+// path learns it again. With rp_filter on, a VTEP whose route back does
+// not leave by the underlay (strict) or does not exist (loose) is left
+// out: the kernel drops its datagrams.
+//
+// Locals: the device's local address (else the underlay's IPv4
+// addresses), each only if the underlay has it, with the underlay's MAC.
+func (sp *SyncPlan) sourcesAndLocals(t *topology.Topology, v *topology.VXLAN, p topology.SyncPath) ([]steer.SyncSource, []steer.SyncLocal, string) {
+	mac, err := net.ParseMAC(p.UnderlayMAC)
+	if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+		return nil, nil, fmt.Sprintf("underlay %s has no unicast MAC (%q)", v.Underlay, p.UnderlayMAC)
+	}
+	var locals []steer.SyncLocal
+	for _, a := range p.UnderlayAddrs {
+		if !v.Local.IsValid() || a == v.Local {
+			locals = append(locals, steer.SyncLocal{Ifindex: uint32(p.UnderlayIndex), Addr: a, MAC: mac})
+		}
+	}
+	if len(locals) == 0 {
+		return nil, nil, fmt.Sprintf("underlay %s has no IPv4 address the device receives on (local %v)", v.Underlay, v.Local)
+	}
+	br := bridgeNamed(t, v.Master)
+	var srcs []steer.SyncSource
+	for _, s := range p.Sources {
+		hw, err := net.ParseMAC(s.MAC)
+		if err != nil || !s.VTEP.Is4() {
+			continue
+		}
+		onPort := br != nil && slices.ContainsFunc(br.FDB, func(e topology.FDBEntry) bool {
+			return e.MAC == s.MAC && e.Port == v.Name && !e.Local && e.VLAN == 0
+		})
+		dev, routed := p.VTEPRoutes[s.VTEP]
+		switch {
+		case !onPort:
+			continue
+		case p.RPFilter == 1 && (!routed || dev != p.UnderlayIndex), p.RPFilter == 2 && !routed:
+			continue
+		}
+		srcs = append(srcs, steer.SyncSource{VNI: uint32(v.VNI), MAC: hw, VTEP: s.VTEP})
+	}
+	if len(srcs) == 0 {
+		return nil, nil, "no remote MAC has a static forwarding entry the bridge forwards from its port (the shortcut takes frames only from those)"
+	}
+	return srcs, locals, ""
 }
 
 // egressHooks are the hooks of a veth's transmit side the shortcut skips.

@@ -2,9 +2,12 @@ package prism_test
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +20,8 @@ import (
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // TestPrismSync applies prism-sync to the docker testbed's receiver and
@@ -97,7 +102,8 @@ func TestPrismSync(t *testing.T) {
 	overlaytest.InOrder(t, "high-priority stream on the shortcut", res)
 	st1 := counters()
 	if d := st1.Sync - st0.Sync; d < uint64(res.Received) {
-		t.Errorf("%d frames took the shortcut, %d datagrams arrived", d, res.Received)
+		set, _ := dp.SyncSet()
+		t.Errorf("%d frames took the shortcut, %d datagrams arrived (counters %+v, set %s)", d, res.Received, st1.Sub(st0), steer.FormatSyncSet(set))
 	}
 	// A leak would be most of the stream; the slack is for what the
 	// other container gets anyway (IPv6 neighbour discovery, multicast:
@@ -131,18 +137,12 @@ func TestPrismSync(t *testing.T) {
 	}
 
 	// A container the shortcut does not list: high priority, batch path.
-	only0, err := steer.ParseSync(applied)
+	only0, err := dp.SyncSet()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < len(only0); {
-		if only0[i].MAC.String() == c1.MAC.String() {
-			only0 = append(only0[:i], only0[i+1:]...)
-			continue
-		}
-		i++
-	}
-	if err := knobs.Do(r.NetNS, func() error { return dp.SetSync(only0) }); err != nil {
+	only0.Targets = slices.DeleteFunc(only0.Targets, func(tg steer.SyncTarget) bool { return tg.MAC.String() == c1.MAC.String() })
+	if err := knobs.Do(r.NetNS, func() error { return dp.SetSync(only0, time.Hour) }); err != nil {
 		t.Fatal(err)
 	}
 	st2 := counters()
@@ -285,4 +285,277 @@ func TestPrismSyncTrustNetfilter(t *testing.T) {
 		t.Errorf("%d frames took the shortcut, %d datagrams arrived", d, res.Received)
 	}
 	a.ResetAndCheck(t, before)
+}
+
+// nftIn runs nft in namespace ns.
+func nftIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"--net=" + nsx.Path(ns), "nft"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft %v: %v: %s", args, err, out)
+	}
+}
+
+// firewallVXLAN adds to ns a host firewall rule that drops every VXLAN
+// datagram from peer, removed when the test ends.
+func firewallVXLAN(t *testing.T, ns string, peer netip.Addr) {
+	t.Helper()
+	nftIn(t, ns, "add", "table", "inet", "lanes_fw")
+	t.Cleanup(func() {
+		exec.Command("nsenter", "--net="+nsx.Path(ns), "nft", "delete", "table", "inet", "lanes_fw").Run()
+	})
+	nftIn(t, ns, "add", "chain", "inet", "lanes_fw", "input", "{ type filter hook input priority 0 ; policy accept ; }")
+	nftIn(t, ns, "add", "rule", "inet", "lanes_fw", "input", "ip", "saddr", peer.String(), "udp", "dport", "4789", "drop")
+}
+
+// The user's scenario: a host firewall rule in the receiving host drops
+// all VXLAN from the other host. Vanilla delivers none of a stream to a
+// marked container; prism-sync with sync-netfilter=trust must not deliver
+// any either (it refuses the trust, and says why), and its agent starts.
+func TestPrismSyncHostFirewall(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	before := modetest.Snapshot(t, tb)
+	firewallVXLAN(t, r.NetNS, s.UnderlayAddr.Addr())
+	const n = 200
+	stream := overlaytest.Stream{Count: n, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}
+	if res := stream.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr()); res.Received != 0 {
+		t.Fatalf("vanilla delivered %d of %d datagrams past the firewall: the test's rule does not hold", res.Received, n)
+	}
+
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust"})
+	notes := strings.Join(a.State.Plan.Notes, "\n")
+	if !strings.Contains(notes, "trust refused") || !strings.Contains(notes, "tests the VXLAN port") {
+		t.Errorf("plan notes %q do not say the firewall rule refused the trust", a.State.Plan.Notes)
+	}
+	dp := a.Open(t)
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	st0, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := stream.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	st1, _ := dp.Stats()
+	if res.Received != 0 {
+		t.Errorf("prism-sync with sync-netfilter=trust delivered %d of %d datagrams the firewall drops (%d on the shortcut)", res.Received, n, st1[steer.StageSplit].Sync-st0[steer.StageSplit].Sync)
+	}
+
+	// The agent starts for this apply and keeps the shortcut closed.
+	ag, stop := a.StartAgent(t)
+	waitFor(t, "the agent's first round", func() bool {
+		st, ok := ag.Status().(prism.SyncStatus)
+		return ok && st.Refreshes > 0
+	})
+	if ts, _ := dp.Sync(); len(ts) != 0 {
+		t.Errorf("the agent opened destinations %v past the firewall", ts)
+	}
+	stop()
+	a.ResetAndCheck(t, before)
+}
+
+// A filter appearing on the path withdraws the destinations at once (the
+// nftables notification, not the agent's interval, which is a minute
+// here), and they come back when it goes.
+func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	before := modetest.Snapshot(t, tb)
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust", "sync-interval": "1m"})
+	dp := a.Open(t)
+	targets := func() string {
+		ts, err := dp.Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return steer.FormatSync(ts)
+	}
+	applied := targets()
+	if !strings.Contains(applied, c0.MAC.String()) {
+		t.Fatalf("destinations %q lack %s", applied, c0.MAC)
+	}
+	ag, stop := a.StartAgent(t)
+	waitFor(t, "the agent's first round", func() bool {
+		st, ok := ag.Status().(prism.SyncStatus)
+		return ok && st.Refreshes > 0 && st.Watch == ""
+	})
+	at := time.Now()
+	firewallVXLAN(t, r.NetNS, s.UnderlayAddr.Addr())
+	waitFor(t, "the destinations to be withdrawn", func() bool { return targets() == "" })
+	if d := time.Since(at); d > 5*time.Second {
+		t.Errorf("withdrawn after %v", d)
+	}
+	if st := ag.Status().(prism.SyncStatus); st.Withdrawals == 0 || !strings.Contains(st.Withdrawn, "nftables") {
+		t.Errorf("status %+v: want a withdrawal for an nftables change", st)
+	}
+	nftIn(t, r.NetNS, "delete", "table", "inet", "lanes_fw")
+	waitFor(t, "the destinations to come back", func() bool { return targets() == applied })
+	stop()
+	a.ResetAndCheck(t, before)
+}
+
+// A dead agent leaves the shortcut closed: once the agent stops renewing
+// them, the destinations lapse, and high-priority frames take the batch
+// path.
+func TestPrismSyncFailsClosed(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	dp := a.Open(t)
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	ag, stop := a.StartAgent(t)
+	waitFor(t, "the agent's first round", func() bool {
+		st, ok := ag.Status().(prism.SyncStatus)
+		return ok && st.Refreshes > 1
+	})
+	stop()                              // as a crash would: nothing renews the destinations from here
+	time.Sleep(1500 * time.Millisecond) // the lifetime: 3 rounds + 1 s
+	if ts, _ := dp.Sync(); len(ts) != 0 {
+		t.Errorf("destinations %v outlived their agent", ts)
+	}
+	st0, _ := dp.Stats()
+	res := overlaytest.Stream{Count: 200, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	st1, _ := dp.Stats()
+	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Sync != 0 || d.SyncExpired < uint64(res.Received) {
+		t.Errorf("after the agent stopped: %d on the shortcut, %d expired, %d received", d.Sync, d.SyncExpired, res.Received)
+	}
+}
+
+// The frames the shortcut takes skip the bridge, whose learning would
+// have kept the sender's forwarding entry fresh; the agent refreshes it
+// in their stead, so the entry outlives the bridge's ageing time while
+// the sender's frames arrive on the shortcut (else the replies would
+// flood every port).
+func TestPrismSyncKeepsBridgeFDB(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	ageing := knobs.Sysfs(r.NetNS, "/sys/class/net/"+r.Bridge+"/bridge/ageing_time")
+	old, err := ageing.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ageing.Write(old) })
+	if err := ageing.Write([]byte("300")); err != nil { // 3 s
+		t.Fatal(err)
+	}
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	// The receiving container only receives here, so its own entry would
+	// age too (and the shortcut rightly stop): a static one keeps it.
+	c0Entry := &netlink.Neigh{Family: unix.AF_BRIDGE, State: netlink.NUD_NOARP, Flags: netlink.NTF_MASTER, HardwareAddr: c0.MAC}
+	if err := knobs.Do(r.NetNS, func() error {
+		veth, err := netlink.LinkByName(c0.HostVeth)
+		if err != nil {
+			return err
+		}
+		c0Entry.LinkIndex = veth.Attrs().Index
+		return netlink.NeighSet(c0Entry)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { knobs.Do(r.NetNS, func() error { return netlink.NeighDel(c0Entry) }) })
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "200ms"})
+	dp := a.Open(t)
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	a.StartAgent(t)
+	// Every deletion of the sender's entry while the stream runs.
+	ns, err := knobs.OpenNetNS(r.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	updates, done := make(chan netlink.NeighUpdate, 256), make(chan struct{})
+	if err := netlink.NeighSubscribeWithOptions(updates, done, netlink.NeighSubscribeOptions{Namespace: &ns}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	deleted := 0
+	go func() {
+		for u := range updates {
+			if u.Type == unix.RTM_DELNEIGH && u.Family == unix.AF_BRIDGE && u.Flags&netlink.NTF_SELF == 0 && u.HardwareAddr.String() == src.MAC.String() {
+				mu.Lock()
+				deleted++
+				mu.Unlock()
+			}
+		}
+	}()
+	st0, _ := dp.Stats()
+	res := overlaytest.Stream{Count: 700, Size: 100, Burst: 1, Pause: 10 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, c0.NetNS, c0.Addr.Addr())
+	st1, _ := dp.Stats()
+	close(done)
+	if d := st1[steer.StageSplit].Sync - st0[steer.StageSplit].Sync; d < uint64(res.Received)*9/10 {
+		t.Errorf("%d of %d datagrams on the shortcut: the test needs the sender's frames there", d, res.Received)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if deleted > 0 {
+		t.Errorf("the bridge forgot %s (the sender) %d times while its frames took the shortcut for 7 s (ageing time 3 s)", src.MAC, deleted)
+	}
+}
+
+// The sync agent degrades instead of dying: a container's device removed
+// under it, or its namespace, ends nothing; the agent goes on, with the
+// shortcut to what is left.
+func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src := s.Containers[0]
+	var cs []testbed.Container
+	for range 2 {
+		c, err := testbed.AddContainer(tb.Config.Prefix, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { testbed.RemoveContainer(tb.Config.Prefix, 2, c.Name) })
+		overlaytest.UDPMost(t, c.NetNS, src.NetNS, src.Addr.Addr(), 100)
+		cs = append(cs, c)
+	}
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	dp := a.Open(t)
+	ag, stop := a.StartAgent(t)
+	defer stop()
+	has := func(c testbed.Container) bool {
+		ts, err := dp.Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(steer.FormatSync(ts), "/"+c.MAC.String()+">")
+	}
+	waitFor(t, "both containers on the shortcut", func() bool { return has(cs[0]) && has(cs[1]) })
+	rounds := func() uint64 { return ag.Status().(prism.SyncStatus).Refreshes }
+
+	// The device, under the agent.
+	if err := knobs.Do(r.NetNS, func() error {
+		l, err := netlink.LinkByName(cs[0].HostVeth)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed device's destination to go", func() bool { return !has(cs[0]) })
+	// The namespace, under the agent.
+	if err := testbed.RemoveContainer(tb.Config.Prefix, 2, cs[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed namespace's destination to go", func() bool { return !has(cs[1]) })
+	n := rounds()
+	waitFor(t, "the agent to go on", func() bool { return rounds() > n+2 })
 }

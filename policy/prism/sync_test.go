@@ -1,6 +1,7 @@
 package prism
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -45,6 +46,29 @@ func dockerTopo() *topology.Topology {
 	return t
 }
 
+// dockerFacts are dockerTopo's facts: vxlan0 has a static forwarding
+// entry for the remote container 02:00:00:00:01:01 behind VTEP
+// 198.18.0.1, the underlay ul2 (index 7) has 198.18.0.2, and no namespace
+// has packet filters.
+func dockerFacts(t *topology.Topology) SyncFacts {
+	f := SyncFacts{
+		Paths: map[string]topology.SyncPath{"vxlan0": {
+			Sources:       []topology.VXLANSource{{MAC: "02:00:00:00:01:01", VTEP: netip.MustParseAddr("198.18.0.1")}},
+			UnderlayIndex: 7, UnderlayMAC: "02:00:00:00:00:07",
+			UnderlayAddrs: []netip.Addr{netip.MustParseAddr("198.18.0.2")},
+			VTEPRoutes:    map[netip.Addr]int{netip.MustParseAddr("198.18.0.1"): 7},
+		}},
+		Filters: map[string]topology.Filters{t.NetNS: {}},
+	}
+	for _, v := range t.VXLANs {
+		f.Filters[v.UnderlayNetNS] = topology.Filters{}
+	}
+	return f
+}
+
+// syncOn is Sync with dockerFacts.
+func syncOn(t *topology.Topology, trust bool) SyncPlan { return Sync(t, trust, dockerFacts(t)) }
+
 func macs(sp SyncPlan) string {
 	var out []string
 	for _, tg := range sp.Targets {
@@ -54,7 +78,7 @@ func macs(sp SyncPlan) string {
 }
 
 func TestSyncTargets(t *testing.T) {
-	sp := Sync(dockerTopo(), false)
+	sp := syncOn(dockerTopo(), false)
 	if got, want := macs(sp), "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2"; got != want {
 		t.Fatalf("targets %q, want %q (notes %v)", got, want, sp.Notes)
 	}
@@ -71,7 +95,7 @@ func TestSyncTargets(t *testing.T) {
 	// GRO already on: nothing to turn on.
 	topo := dockerTopo()
 	topo.Containers[0].Interfaces[0].GRO = true
-	if sp := Sync(topo, false); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
+	if sp := syncOn(topo, false); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
 		t.Errorf("GRO to turn on with c1's on already: %+v", sp.GRO)
 	}
 }
@@ -117,7 +141,7 @@ func TestSyncFallsBack(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			topo := dockerTopo()
 			c.edit(topo)
-			sp := Sync(topo, false)
+			sp := syncOn(topo, false)
 			if got := macs(sp); got != c.want {
 				t.Errorf("targets %q, want %q", got, c.want)
 			}
@@ -143,10 +167,10 @@ func TestSyncTrustNetfilter(t *testing.T) {
 	topo := dockerTopo()
 	topo.Netfilter = topology.Netfilter{IPTables: []string{"filter", "nat"}, NFTables: []string{"ip6 filter"}}
 	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"inet docker"}})
-	if sp := Sync(topo, false); len(sp.Targets) != 0 {
+	if sp := syncOn(topo, false); len(sp.Targets) != 0 {
 		t.Errorf("targets %q past iptables tables without trust", macs(sp))
 	}
-	sp := Sync(topo, true)
+	sp := syncOn(topo, true)
 	if got := macs(sp); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
 		t.Errorf("targets %q with trust (notes %q)", got, sp.Notes)
 	}
@@ -161,21 +185,21 @@ func TestSyncTrustNetfilter(t *testing.T) {
 	}
 	// Trust covers rules the operator knows, not what nobody could read.
 	topo.Netfilter = topology.Netfilter{Err: "EPERM"}
-	if got := macs(Sync(topo, true)); got != "" {
+	if got := macs(syncOn(topo, true)); got != "" {
 		t.Errorf("targets %q with trust when netfilter could not be read", got)
 	}
 	topo.Netfilter = topology.Netfilter{}
 	movedUnderlay(topo, topology.Netfilter{Err: "EPERM"})
-	if got := macs(Sync(topo, true)); got != "" {
+	if got := macs(syncOn(topo, true)); got != "" {
 		t.Errorf("targets %q with trust when the underlay namespace's netfilter could not be read", got)
 	}
 	topo.VXLANs[0].UnderlayNetfilter = nil
-	if got := macs(Sync(topo, true)); got != "" {
+	if got := macs(syncOn(topo, true)); got != "" {
 		t.Errorf("targets %q with the underlay in another namespace whose netfilter was not read", got)
 	}
 	movedUnderlay(topo, topology.Netfilter{})
 	topo.Underlays[0].Hooks = &topology.Hooks{Ingress: []string{"tc:u32"}}
-	if got := macs(Sync(topo, true)); got != "" {
+	if got := macs(syncOn(topo, true)); got != "" {
 		t.Errorf("targets %q past a tc filter on the underlay: trust covers netfilter only", got)
 	}
 }
@@ -188,7 +212,7 @@ func TestSyncIgnoresHarmless(t *testing.T) {
 	topo.Veths[0].Hooks = &topology.Hooks{XDP: "some_prog", Ingress: []string{"tc:bpf:x"}, Egress: []string{"tcx:steer_tc_egres"}}
 	topo.Underlays[0].Hooks = &topology.Hooks{XDP: "steer_xdp", Ingress: []string{"tcx:steer_tc_split"}, Egress: []string{"qdisc:mq"}}
 	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"ip6 filter"}})
-	if got := macs(Sync(topo, false)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
+	if got := macs(syncOn(topo, false)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
 		t.Errorf("targets %q", got)
 	}
 }
