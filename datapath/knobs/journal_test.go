@@ -7,11 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/nsx"
 )
 
 // memKnob is a knob on a plain file, for testing the journal's logic without
@@ -417,6 +421,37 @@ func TestCheckNetNSName(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		} else if strings.Contains(err.Error(), "\n") {
 			t.Errorf("%q: error on more than one line: %q", bad, err)
+		}
+	}
+	// Any path naming a bound namespace file, wherever a runtime keeps
+	// it (dockerd under its exec-root), or the empty file left where it
+	// unbound one; never a directory or a symlink.
+	dir := t.TempDir()
+	file, link := filepath.Join(dir, "netns"), filepath.Join(dir, "link")
+	os.WriteFile(file, nil, 0o600)
+	os.Symlink(file, link)
+	if err := knobs.CheckNetNSName(file); err != nil {
+		t.Errorf("an unbound namespace file %s refused: %v", file, err)
+	}
+	for _, bad := range []string{dir, link} {
+		if err := knobs.CheckNetNSName(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	if os.Geteuid() == 0 {
+		name := "lanes-cnn-" + strconv.Itoa(os.Getpid())
+		if err := nsx.Create(name); err != nil {
+			t.Fatal(err)
+		}
+		defer nsx.Delete(name)
+		bound := filepath.Join(t.TempDir(), "exec-root-netns")
+		os.WriteFile(bound, nil, 0o600)
+		if err := unix.Mount(nsx.Path(name), bound, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Unmount(bound, unix.MNT_DETACH)
+		if err := knobs.CheckNetNSName(bound); err != nil {
+			t.Errorf("a namespace bound at %s refused: %v", bound, err)
 		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,20 +54,33 @@ func pidForm(ns string) (pid string, cookie uint64, ok bool) {
 	return pid, cookie, true
 }
 
-// netnsDirs are the directories whose namespace files a namespace may be
-// named by path: iproute2's and Docker's.
-var netnsDirs = []string{"/run/netns/", "/var/run/netns/", "/run/docker/", "/var/run/docker/"}
-
 var (
 	netnsName    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$`)
 	procNetNSRe  = regexp.MustCompile(`^/proc/[0-9]+/(task/[0-9]+/)?ns/net$`)
 	errBadNetNS  = errors.New("not a network namespace name")
-	netnsFormsOK = "a name under /run/netns, a path under /run/netns, /var/run/netns, /run/docker or /var/run/docker, /proc/N/ns/net, or pid:N"
+	netnsFormsOK = "a name under /run/netns, the path of a bound namespace file (iproute2's, or a runtime's such as dockerd's under its exec-root), /proc/N/ns/net, or pid:N"
 )
 
+// boundPath says whether an absolute, clean path may name a namespace: a
+// file that holds one (a bind mount of a namespace, an nsfs file), a
+// regular file (where a runtime unmounted a namespace it had bound there:
+// dockerd leaves the empty file when a container goes), or no file at
+// all (a namespace that is gone, as a journal of a removed container
+// names it). Entering the last two says the namespace is gone. Never a
+// directory, a symlink or a device. Runtimes bind namespaces wherever
+// their state lives (dockerd under its exec-root), so the test is what
+// the file is, not where.
+func boundPath(p string) bool {
+	st, err := os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && st.Mode().IsRegular()
+}
+
 // CheckNetNSName refuses a namespace given in none of the forms above: a
-// name with a slash or a dot-dot, a path outside the namespace
-// directories. A name reaches file paths (the state directory, the pin
+// name with a slash or a dot-dot, an unclean path, a path to a file that
+// holds no namespace (a directory, a symlink, /sys/fs/bpf). A name reaches file paths (the state directory, the pin
 // directory, the namespace file), so ".." would reach outside them.
 func CheckNetNSName(ns string) error {
 	switch {
@@ -79,9 +91,7 @@ func CheckNetNSName(ns string) error {
 			return nil
 		}
 	case filepath.IsAbs(ns):
-		if filepath.Clean(ns) == ns && (procNetNSRe.MatchString(ns) || slices.ContainsFunc(netnsDirs, func(d string) bool {
-			return strings.HasPrefix(ns, d) && len(ns) > len(d)
-		})) {
+		if filepath.Clean(ns) == ns && (procNetNSRe.MatchString(ns) || boundPath(ns)) {
 			return nil
 		}
 	case netnsName.MatchString(ns) && ns != "." && ns != "..":
