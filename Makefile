@@ -1,7 +1,9 @@
 # lanes: one entry point for setting up, building, testing and demoing.
 #   make deps    install Debian packages (idempotent)
 #   make build   build the static binary bin/lanes
-#   make test    BPF objects regenerated, vet, unit + integration tests (root)
+#   make test    BPF objects regenerated, vet, unit + integration tests (root),
+#                and a short run of each differential fuzzer
+#   make fuzz    the fuzzers for FUZZTIME each (default 10m)
 #   make demo    quick benchmark: native vs vanilla vs rps, report + plots in out/quick
 #   make install binary, systemd unit and example config into place (root)
 #   make image   the container image (deploy/Dockerfile; needs a Docker engine)
@@ -11,8 +13,12 @@ BIN     := bin/lanes
 OUT     ?= out/quick
 # Integration tests share one kernel: run packages one after another.
 TESTFLAGS ?= -p 1 -count=1 -timeout 20m
+# Differential fuzzers (datapath/steer): the BPF programs against a Go
+# model of the kernel's VXLAN receive and bridge forward.
+FUZZERS   := FuzzSteerXDP FuzzSteerTC
+FUZZTIME  ?= 10m
 
-.PHONY: all deps generate build test demo install image clean
+.PHONY: all deps generate build test fuzz demo install image clean
 
 all: build
 
@@ -35,6 +41,10 @@ build:
 test: deps generate build
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
+	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./datapath/steer/ || exit 1; done
+
+fuzz: generate
+	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./datapath/steer/ || exit 1; done
 
 demo: deps build
 	./$(BIN) bench --quick --modes native,vanilla,rps --out $(OUT)
