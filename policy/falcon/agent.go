@@ -37,12 +37,13 @@ const activeWindow = time.Second
 // bucket value to a running flow only after an idle gap (flowlet), so no
 // decision here can reorder packets.
 type agent struct {
-	env    plan.AgentEnv
-	o      Options
-	dir    string
-	dp     *steer.Datapath
-	cfg    steer.Config
-	static [steer.NumStages][steer.Buckets]uint32 // Falcon's hashed placement
+	env        plan.AgentEnv
+	failStreak int // rounds failed in a row (roundDone); under mu
+	o          Options
+	dir        string
+	dp         *steer.Datapath
+	cfg        steer.Config
+	static     [steer.NumStages][steer.Buckets]uint32 // Falcon's hashed placement
 	// initial is what apply wrote and where idle buckets rest: static, or
 	// with spread=busy "stay" for the stages in homeFirst.
 	initial   [steer.NumStages][steer.Buckets]uint32
@@ -118,6 +119,12 @@ type AgentStatus struct {
 	// parks.
 	Parked  bool   `json:"parked,omitempty"`
 	ParkOff string `json:"park_off,omitempty"`
+	// FailedRounds counts rounds skipped for an error (LastError, the
+	// latest); Degraded is set after degradeAfter in a row, while every
+	// stage is held at home.
+	FailedRounds uint64 `json:"failed_rounds,omitempty"`
+	LastError    string `json:"last_error,omitempty"`
+	Degraded     bool   `json:"degraded,omitempty"`
 }
 
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
@@ -254,11 +261,62 @@ func (a *agent) loop(ctx context.Context, sampler load.Source) error {
 		}
 		s, err := sampler.Sample()
 		if err != nil {
-			return fmt.Errorf("falcon agent: sampling load: %w", err)
+			err = fmt.Errorf("sampling load: %w", err)
+		} else {
+			err = a.step(s)
 		}
-		if err := a.step(s); err != nil {
-			return fmt.Errorf("falcon agent: %w", err)
+		a.roundDone(err)
+	}
+}
+
+// degradeAfter is how many rounds in a row may fail before the agent
+// stops trusting its view and puts every stage at home.
+const degradeAfter = 25
+
+// roundDone books a round's outcome. A failed round (a sample that could
+// not be read, a map that could not be written, a device gone under the
+// agent) is skipped: counted in the status and the metrics, logged when
+// a streak starts. After degradeAfter failures in a row the agent puts
+// every stage's table at "stay", vanilla placement, which is safe at any
+// load and needs no sample to stay so, and says so; it keeps trying, and
+// the first round that succeeds places again.
+func (a *agent) roundDone(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err == nil {
+		if a.status.Degraded && a.env.Logf != nil {
+			a.env.Logf("recovered after %d failed rounds: balancing again", a.failStreak)
 		}
+		a.failStreak, a.status.Degraded, a.status.LastError = 0, false, ""
+		return
+	}
+	a.failStreak++
+	a.status.FailedRounds++
+	a.status.LastError = err.Error()
+	if a.m != nil {
+		a.m.failed.Inc()
+	}
+	if a.failStreak == 1 && a.env.Logf != nil {
+		a.env.Logf("round failed, skipped: %v", err)
+	}
+	if a.failStreak < degradeAfter || a.status.Degraded {
+		return
+	}
+	a.status.Degraded = true
+	for _, st := range a.stages {
+		var stay [steer.Buckets]uint32
+		for b := range stay {
+			stay[b] = uint32(steer.Stay)
+		}
+		if werr := a.dp.SetTable(st, stay); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	if a.m != nil {
+		a.m.degraded.Set(1)
+	}
+	if a.env.Logf != nil {
+		a.env.Logf("degraded: %d rounds failed in a row (last: %v): every stage at home, vanilla placement, until a round succeeds", a.failStreak, err)
 	}
 }
 
@@ -844,6 +902,8 @@ type agentMetrics struct {
 	damped   prometheus.Counter
 	active   prometheus.Gauge
 	parked   prometheus.Gauge
+	failed   prometheus.Counter
+	degraded prometheus.Gauge
 	lastFall uint64
 	lastDamp uint64
 }
@@ -866,8 +926,12 @@ func newAgentMetrics(r prometheus.Registerer, dir string) *agentMetrics {
 			Help: "(flow, stage) pairs that saw traffic in the last second."}),
 		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_parked",
 			Help: "1 while every stage rests at home and lanes' programs and RPS maps are off the path."}),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_falcon_failed_rounds_total",
+			Help: "Balancing rounds skipped for an error (a sample or a map operation that failed)."}),
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_falcon_degraded",
+			Help: "1 while rounds keep failing and every stage is held at home (vanilla placement)."}),
 	}
-	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, m.parked, steer.NewCollector(dir))
+	r.MustRegister(m.load, m.stddev, m.moves, m.fallback, m.fallsTot, m.damped, m.active, m.parked, m.failed, m.degraded, steer.NewCollector(dir))
 	return m
 }
 
@@ -904,7 +968,13 @@ func (s AgentStatus) Summary() []string {
 	if s.FallenBack {
 		state = "fallen back: vanilla placement while the core set is busy"
 	}
+	if s.Degraded {
+		state = "DEGRADED: rounds keep failing (" + s.LastError + "); every stage held at home, vanilla placement"
+	}
 	out := []string{"balancer: " + state}
+	if s.FailedRounds > 0 && !s.Degraded {
+		out = append(out, fmt.Sprintf("failed rounds: %d (last: %s)", s.FailedRounds, orDash(s.LastError)))
+	}
 	var loads []string
 	for _, c := range slices.Sorted(maps.Keys(s.Load)) {
 		loads = append(loads, fmt.Sprintf("cpu%d %.0f%%", c, s.Load[c]))

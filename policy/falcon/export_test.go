@@ -1,6 +1,12 @@
 package falcon
 
-import "errors"
+import (
+	"context"
+	"errors"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/load"
+)
 
 // ParkLikeAKilledAgent parks the target's path as an agent does and leaves
 // it so, as an agent killed while parked would.
@@ -15,4 +21,21 @@ func ParkLikeAKilledAgent(stateDir string) error {
 		return errors.New("cannot park: " + p.off)
 	}
 	return p.park()
+}
+
+// RunOn runs a falcon agent (from newAgent's env) with src as its load
+// source until ctx ends, for fault tests; status reads its status.
+func RunOn(ctx context.Context, env plan.AgentEnv, src load.Source) (status func() AgentStatus, done <-chan error, err error) {
+	ag, err := newAgent(env)
+	if err != nil {
+		return nil, nil, err
+	}
+	a := ag.(*agent)
+	ch := make(chan error, 1)
+	go func() {
+		defer a.dp.Close()
+		defer a.restore()
+		ch <- a.loop(ctx, src)
+	}()
+	return func() AgentStatus { return a.Status().(AgentStatus) }, ch, nil
 }
