@@ -719,7 +719,8 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		return fmt.Errorf("%w (nothing of this round stays; the next link event tries again, or run %s)", err, f.apply)
 	}
 	journaled := map[string]bool{}
-	for _, e := range j.Entries() {
+	entries := j.Entries()
+	for _, e := range entries {
 		journaled[e.Key] = true
 	}
 	set := func(c plan.Change) error {
@@ -728,7 +729,13 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		if !journaled[c.Knob.Key()] {
 			done = append(done, c.Knob.Key())
 		}
-		if err := j.Set(c.Knob, c.Value); err != nil {
+		var err error
+		if orig := defaultMaskOriginal(entries, c.Knob); orig != nil {
+			err = j.SetFrom(c.Knob, c.Value, orig)
+		} else {
+			err = j.Set(c.Knob, c.Value)
+		}
+		if err != nil {
 			return undo(fmt.Errorf("adopting %s: %w", c.Target, err))
 		}
 		return nil
@@ -754,6 +761,39 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 	}
 	return open(adoptWindow)
 }
+
+// defaultMaskOriginal is what an RPS map would hold without lanes when the
+// kernel filled it from lanes' net.core.rps_default_mask: a device made
+// while the plan's default mask is set starts with that map, and
+// journaling it as the device's original would leave lanes' map behind
+// at reset. So when k is an RPS map holding exactly the mask lanes wrote
+// as the default, its original is the default's original; nil otherwise.
+func defaultMaskOriginal(entries []knobs.Entry, k knobs.Knob) []byte {
+	f, ok := k.(*knobs.SysfsFile)
+	if !ok || !strings.HasSuffix(f.Path, "/rps_cpus") {
+		return nil
+	}
+	cur, err := f.Read()
+	if err != nil {
+		return nil
+	}
+	have, err := knobs.ParseCPUMask(string(cur))
+	if err != nil {
+		return nil
+	}
+	kind := knobs.Sysctl("", defaultMaskSysctl).Kind()
+	for _, e := range entries {
+		if e.Kind != kind || !strings.HasSuffix(e.Key, "/"+strings.ReplaceAll(defaultMaskSysctl, ".", "/")) || e.Wrote == nil {
+			continue
+		}
+		if wrote, err := knobs.ParseCPUMask(string(e.Wrote)); err == nil && slices.Equal(wrote, have) {
+			return e.Original
+		}
+	}
+	return nil
+}
+
+const defaultMaskSysctl = "net.core.rps_default_mask"
 
 // followableKnob: the knobs the follower sets and lets go of on
 // container devices. TCX programs and RPS maps change no device state a

@@ -304,16 +304,21 @@ func (j *Journal) Close() error {
 // Record journals k's current value unless k is journaled already, and
 // makes the record durable before returning. Use it before changing k by
 // other means than Set.
-func (j *Journal) Record(k Knob) error {
+func (j *Journal) Record(k Knob) error { return j.record(k, nil) }
+
+// record is Record with the original given (nil: read from the knob).
+func (j *Journal) record(k Knob, orig []byte) error {
 	if j.lock == nil {
 		return errors.New("journal is closed")
 	}
 	if j.keys[k.Key()] {
 		return nil
 	}
-	orig, err := k.Read()
-	if err != nil {
-		return fmt.Errorf("recording original of %s: %w", k.Key(), err)
+	if orig == nil {
+		var err error
+		if orig, err = k.Read(); err != nil {
+			return fmt.Errorf("recording original of %s: %w", k.Key(), err)
+		}
 	}
 	raw, err := json.Marshal(k)
 	if err != nil {
@@ -338,9 +343,21 @@ func (j *Journal) Record(k Knob) error {
 // changed has nothing to restore (a read-only file would otherwise fail
 // every reset after a failed apply), and a knob changed before keeps the
 // value it was changed to.
-func (j *Journal) Set(k Knob, value []byte) error {
+func (j *Journal) Set(k Knob, value []byte) error { return j.set(k, value, nil) }
+
+// SetFrom is Set for a knob whose value now came from lanes, not from
+// what it had before: original is what it would hold without lanes. A
+// device made while lanes' net.core.rps_default_mask is set starts with
+// lanes' RPS map, and restoring that would leave lanes' map behind; its
+// original is the default mask's original. A knob already journaled keeps
+// its first original, as with Set.
+func (j *Journal) SetFrom(k Knob, value, original []byte) error {
+	return j.set(k, value, slices.Clone(original))
+}
+
+func (j *Journal) set(k Knob, value, original []byte) error {
 	had := j.keys[k.Key()]
-	if err := j.Record(k); err != nil {
+	if err := j.record(k, original); err != nil {
 		return err
 	}
 	i := j.index(k.Key())
