@@ -25,10 +25,9 @@ import (
 // (more frames than the receive core can process) that thread never runs
 // out of work, and a real-time thread that never sleeps keeps the core:
 // the bulk kthread gets what real-time throttling leaves (5%), and bulk
-// throughput collapses (measured: udp_stress at full rate received 7 Kpps
-// under prism-batch against 276 Kpps under vanilla, 2026-11-22, 2 x AMD
-// EPYC vCPU VM). The kernel's own softirq path degrades gracefully there
-// because polling and processing share one budget.
+// throughput collapses to a small fraction of vanilla's. The kernel's own
+// softirq path degrades gracefully there because polling and processing
+// share one budget.
 //
 // The guard watches for that state and takes the NIC poll off the ladder
 // (normal scheduling, sharing the core fairly with the bulk kthread) while
@@ -47,9 +46,8 @@ import (
 // queue (bulkTarget below): SCHED_IDLE lets every normal task take the
 // receive core from bulk receive work, which is what a light high-priority
 // service wants (its server gets the core the moment it wakes), but a
-// CPU-bound service on that core would then starve bulk traffic (measured:
-// memcached under a 65% background left the background 0.35x of what it
-// got under vanilla, 2026-11-23, 2 x Intel Xeon vCPU VM). The symptom is
+// CPU-bound service on that core would then starve bulk traffic (a marked
+// memcached under background does). The symptom is
 // the bulk kthread waiting, runnable, for most of the interval while the
 // core's other tasks (applications) take a share of it (guard-tasks); the
 // guard then gives it normal scheduling (fair shares, as
@@ -117,15 +115,13 @@ var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, Promot
 //
 // The wait alone does not tell who took the core. A CPU-bound marked
 // service on the receive core (memcached) takes it from bulk work for good:
-// bulk starves (0.31-0.32x of vanilla's background without the guard). But
-// the NIC poll and the high-priority queue take it too, and under a light
-// marked service they are most of what bulk waits for: with the NIC polled
-// in softirq the bulk kthread waited 50-75% of the time under the
-// ping-pong when the guard acted, 65-100% beside memcached, with the
-// core's other tasks at 1-10% and 19-28% (2026-11-26, AMD VM,
-// docs/results/prism-guard-tasks-amd-2026-11-26), and the guard's
-// demotion cost the ping-pong its p99 (0.35-1.00x of vanilla's at 80%
-// with the guard, 0.19-0.23x without, in the sweeps before). Giving bulk
+// without the guard bulk starves. But the NIC poll and the high-priority
+// queue take it too, and under a light marked service they are most of
+// what bulk waits for: with the NIC polled in softirq the bulk kthread
+// waited for the core more than half the time under a light ping-pong as
+// well as beside memcached, while the core's other tasks took well under
+// DefaultGuardTasks under the ping-pong and well over it beside memcached;
+// a guard acting on the wait alone cost the ping-pong its p99. Giving bulk
 // normal scheduling takes the core back from applications only; from
 // softirq and the real-time queue it takes nothing. So the guard acts
 // only while applications hold a share of the core.
@@ -135,8 +131,8 @@ var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, Pr
 // ladder: normal, at the lowest weight. The poll is work-conserving there:
 // it runs whenever the bulk kthread has drained its queue and sleeps, and
 // otherwise yields the core to it instead of polling frames the full
-// queue would drop. Measured at full rate (quick udp_stress, 2026-11-22,
-// 2 x AMD EPYC vCPU VM): nice 0 gave 0.42x vanilla, nice 19 0.55-0.57x.
+// queue would drop. At full rate nice 19 leaves bulk more of the core's
+// throughput than nice 0 does.
 const guardOff = "policy=other prio=0 nice=19"
 
 // guardRule and bulkGuardRule are the rules new guards use (tests

@@ -13,21 +13,19 @@ import (
 )
 
 // high=auto's switch. Where a high-priority frame should run its first
-// stage depends on the marked traffic, measured on 2 cores under a 65%
-// background:
+// stage depends on the marked traffic, as measured under background on
+// the 2-core testbed:
 //
 //   - A light marked flow (PRISM's ping-pong, 1000 messages/s) waits for
 //     the core; the class's real-time queue takes it at the bulk kthread's
-//     batch boundary. In the NIC poll instead its p99 was worse: 0.94x of
-//     vanilla's at 95% background against 0.49x (AMD VM, 2026-11-25), 1.21x
-//     and 0.63x against 0.46x at 65% (Intel VM, 2026-11-23).
+//     batch boundary. In the NIC poll instead its p99 is worse, most of
+//     all under the heaviest background.
 //   - A busy marked service (memcached, nginx: thousands of requests/s on
 //     the receive core) pays the queue's kthread hop on every request: a
 //     scheduler trace showed memcached's worker waiting behind that
-//     real-time kthread as often as behind bulk work. In the NIC poll it
-//     got most of its lost rate back (memcached 0.91-0.92x of vanilla's
-//     rate instead of 0.75-0.81x, nginx 0.91-0.97x instead of 0.78-0.82x,
-//     AMD VM, two runs).
+//     real-time kthread as often as behind bulk work. In the NIC poll
+//     memcached and nginx get most of the rate they lose in the queue
+//     back.
 //
 // So the agent counts each rule's frames (steer_xdp's steer_high_frames)
 // and runs the flows a rule marks in the NIC poll while they are busy, in

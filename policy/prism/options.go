@@ -14,7 +14,8 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 )
 
-// Options are a prism mode's settings.
+// Options are a prism mode's settings. What was measured for the
+// defaults is in docs/decisions/README.md (PRISM).
 type Options struct {
 	// IRQCPUs are the underlay NIC's IRQ cores as the user gave them
 	// (plan.IRQKey); nil: read from the NIC (plan.IRQCPUs).
@@ -50,50 +51,41 @@ type Options struct {
 	// default) puts it at the top of the ladder (RT+3); 0 runs it at
 	// normal scheduling, which with bulk-sched=idle still takes the core
 	// from bulk work at once (a normal task preempts a SCHED_IDLE one on
-	// wake-up), but no longer from the applications on the core. Why:
-	// traced on 2 cores (2026-11-23, Intel VM, 65% background), memcached's
-	// worker waited for the core after the real-time high-priority kthread
-	// as often as after bulk work. Measured (two quick runs, 65%
-	// background): memcached 0.70-0.83x of vanilla's rate instead of
-	// 0.55-0.75x, but ping-pong p99 0.52-0.54x instead of 0.39-0.55x and
-	// nginx 6-10 points lower, so it is an option.
+	// wake-up), but no longer from the applications on the core. Why: a
+	// busy marked service's worker waits for the core after the real-time
+	// high-priority kthread as often as after bulk work. At normal
+	// scheduling memcached gains request rate, but the ping-pong loses some
+	// of its tail and nginx some of its rate, so it is an option.
 	HighRT int
 	// QueueSize is the length of each cpumap queue (frames).
 	QueueSize uint32
 	// Streamline puts the later stages' NAPI threads (GRO cells,
 	// container veths) and the NIC poll on the real-time ladder too;
 	// without it (the default) only the high-priority queue is real-time.
-	// Measured on 2 cores (2026-11-22, Intel VM, 65% background): with
-	// the ladder, memcached as the high-priority service got 0.33x of
-	// vanilla's requests/s and nginx 0.57x, against 0.67x and 0.81x
-	// without it; ping-pong p99 was 1.15x vs 1.05x. The real-time NIC
-	// poll takes the receive core from the services' own threads.
+	// The real-time NIC poll takes the receive core from the services' own
+	// threads: with the ladder the marked TCP services lose much of their
+	// request rate under background, and the ping-pong's tail gains
+	// nothing.
 	Streamline bool
 	// Pin pins the later stages' NAPI threads (VXLAN GRO cells, container
 	// veths) to the receive core: priorities only order work that shares
 	// a core.
 	Pin bool
 	// High is where high-priority frames run their first stage (skb
-	// allocation, GRO, decap): "queue", their own cpumap queue and
-	// kthread at the top of the ladder, or "inline", the NIC poll that
-	// classified them, which then hands only bulk frames to a queue. Both
-	// are PRISM's high queue first; inline saves the kthread hop (measured
-	// on 2 cores: about 10 us of median latency) and makes a high-priority
-	// frame wait only for the XDP verdicts of the bulk frames polled with
-	// it. Or "auto": for each rule, the queue while the flows it marks are
-	// light, the NIC poll while they are busy (HighAutoPPS), switched at
-	// runtime by lanes agent.
-	// Why: on 2 cores the inline first stage gave busy request/response
-	// TCP services under a 65% background most of their lost rate back on
-	// the AMD VM (2026-11-25: memcached 0.91-0.92x of vanilla's instead of
-	// 0.75-0.81x, nginx 0.91-0.97x instead of 0.78-0.82x) and some of it on
-	// the Intel VM (2026-11-23: memcached 0.75x and 0.86x instead of 0.64x
-	// and 0.75x), while a light ping-pong kept its p99 better with the
-	// real-time queue on the Intel VM (at 65%: 0.46x of vanilla's against
-	// 0.63x and 1.21x inline; on the AMD VM the two were even in a sweep
-	// of 5 repeats). The decision is each rule's (since 2026-11-25 11:50
-	// UTC; the whole class's before): a light marked flow keeps its queue
-	// beside a busy one marked by another rule.
+	// allocation, GRO, decap): "queue", their own cpumap queue and kthread
+	// at the top of the ladder, or "inline", the NIC poll that classified
+	// them, which then hands only bulk frames to a queue. Both are PRISM's
+	// high queue first; inline saves the kthread hop (a wake-up per frame,
+	// in the median latency) and makes a high-priority frame wait only for
+	// the XDP verdicts of the bulk frames polled with it. Or "auto": for
+	// each rule, the queue while the flows it marks are light, the NIC poll
+	// while they are busy (HighAutoPPS), switched at runtime by lanes
+	// agent.
+	// Why: the inline first stage gives busy request/response TCP services
+	// under background much of the rate they lose in the queue back, while
+	// a light ping-pong keeps its p99 better in the real-time queue (see
+	// highswitch.go). The decision is each rule's, not the class's: a light
+	// marked flow keeps its queue beside a busy one marked by another rule.
 	High string
 	// highDefault: High was not given and resolved to auto, which the
 	// planner takes back to queue (with a note) where auto cannot run.
@@ -107,17 +99,15 @@ type Options struct {
 	// HighAutoPPS is high=auto's threshold: a rule's flows run inline
 	// once steer_xdp classified at least this many frames per second under
 	// the rule for 0.3 s, and go back to their queue after 1 s below half
-	// of it. A ping-pong at PRISM's 1000 messages/s is 1000 frames/s;
-	// the marked memcached and nginx carried 6.6-38 thousand frames/s
-	// (AMD VM, 2026-11-25).
+	// of it. The default lies between a light and a busy marked flow: a
+	// ping-pong at PRISM's 1000 messages/s is 1000 frames/s, and the
+	// benchmark's marked memcached and nginx carry more than the default.
 	HighAutoPPS int
-	// BulkQuiet (with high=auto; 0: off) also runs every high-priority
-	// flow in the NIC poll while no bulk frame came for this long: with
-	// no bulk work to preempt, a light flow alone in its real-time queue
-	// only pays the kthread's wake-up on every frame (measured beside a
-	// marked memcached with no background, 2026-11-25: the ping-pong's p50
-	// 1.17-1.20x vanilla's in its queue, 1.03-1.05x inline). The first
-	// bulk frame ends it, in steer_xdp, before the next high-priority
+	// BulkQuiet (with high=auto; 0: off) also runs every high-priority flow
+	// in the NIC poll while no bulk frame came for this long: with no bulk
+	// work to preempt, a light flow alone in its real-time queue only pays
+	// the kthread's wake-up on every frame, in its median latency. The
+	// first bulk frame ends it, in steer_xdp, before the next high-priority
 	// frame is classified.
 	BulkQuiet time.Duration
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
@@ -127,18 +117,16 @@ type Options struct {
 	// itself, as vanilla runs them: no cpumap hop and no second skb build
 	// per bulk frame, and the high-priority kthread preempts the NIC poll
 	// at its batch boundary instead of the bulk kthread's. The hop is
-	// what the queue costs: measured on 2 cores (2026-11-23, Intel VM,
-	// 65% background) the receive kthreads took 1175 ms of the receive
-	// core in 2 s against vanilla's 973 ms, and memcached on that core got
-	// 322 ms against 469. Or "auto" (with high=auto): the queue, and the
+	// what the queue costs: the receive kthreads take more of the receive
+	// core than vanilla's receive path does, and a service on that core
+	// gets less of it. Or "auto" (with high=auto): the queue, and the
 	// NIC poll while every high-priority frame of the last BulkAutoWindow
 	// ran there as a busy rule's (steer_xdp decides frame by frame, see
 	// steer.Config.BulkAuto): with no marked frame queued, bulk's hop
-	// preempts nothing. Why: on 2 cores (Intel VM, 2026-11-25 14:48-15:05
-	// UTC, 65% background) a marked memcached got 0.58x and 0.65x of
-	// vanilla's request rate with bulk queued beside it (its p99 3.9x and
-	// 2.3x), 0.77x with bulk=inline (p99 1.11x), which also gave the
-	// background 1.00x instead of 0.80-0.92x.
+	// preempts nothing. Why: beside a busy marked service (memcached) under
+	// background, bulk queued cost the service much of its request rate and
+	// its tail; bulk in the NIC poll gave most of them back, and the
+	// background its rate.
 	Bulk string
 	// BulkSched is the fair scheduling policy of the bulk queue's
 	// kthread, which does all of a bulk frame's receive work after XDP
@@ -146,14 +134,13 @@ type Options struct {
 	// makes it), "batch" (when woken it never preempts an application) or
 	// "idle" (SCHED_IDLE: any normal task, the high-priority service's
 	// among them, takes the core from bulk receive work at once, and bulk
-	// gets what the applications leave of the core). Why: traced on 2
-	// cores (2026-11-23, Intel VM, 65% background), the ping-pong's p99
-	// was not spent in a receive stage but in the server waiting for the
-	// core after its wake-up, behind a bulk receive kthread that kept the
-	// core for up to its fair-scheduling slice (0.4-2.5 ms). The NIC poll
-	// keeps its policy: it classifies both classes, and with it idle a
-	// busy high-priority service starved its own frames in the NIC's
-	// ring (nginx p99 170 ms, measured). Needs bulk=queue.
+	// gets what the applications leave of the core). Why: under background
+	// the ping-pong's p99 is not spent in a receive stage but in the server
+	// waiting for the core after its wake-up, behind a bulk receive kthread
+	// that keeps the core for up to its fair-scheduling slice (traced). The
+	// NIC poll keeps its policy: it classifies both classes, and with it
+	// idle a busy high-priority service starves its own frames in the NIC's
+	// ring. Needs bulk=queue.
 	BulkSched string
 	// GuardNice is the nice value bulk-sched=idle's guard gives the bulk
 	// queue's kthread when it finds it starved (normal scheduling): 0
@@ -168,9 +155,8 @@ type Options struct {
 	GuardTasks float64
 	// Quiet (0: off, the default) keeps bulk flows in the NIC poll also
 	// while rules exist, once no high-priority frame arrived for this
-	// long: the bulk queue's hop costs a bulk TCP stream a third or more
-	// of its rate on 2 cores (0.56-0.64x of vanilla with a rule in place,
-	// 2026-11-23), and buys nothing while there is nothing to preempt
+	// long: the bulk queue's hop costs a bulk TCP stream a large part of
+	// its rate, and buys nothing while there is nothing to preempt
 	// for. The first high-priority frame ends the quiet; bulk flows then
 	// take their queue as after a rule's arrival, but that frame, and
 	// those right behind it, find bulk still in the NIC poll, as vanilla
@@ -187,9 +173,8 @@ type Options struct {
 	// its queue. A veth hands a forwarded frame to its peer's NAPI only
 	// while it has TSO off, so "class" turns TSO off on the host-side
 	// veths, and the kernel then segments merged TCP before the veth in
-	// software: measured on the testbed without prism (2 cores,
-	// 2026-11-23), a single TCP stream into the container fell from
-	// 8.2-8.7 to 3.6-5.7 Gbit/s. Batch mode only.
+	// software, which costs a single TCP stream into the container much
+	// of its rate. Batch mode only.
 	VethQueues string
 	// NetdevBudget (0: left as it is) sets net.core.netdev_budget, the
 	// frames one NET_RX softirq round may poll before it yields. Why it
@@ -204,10 +189,10 @@ type Options struct {
 	// then only the later stages are cut. The sysctl is host-wide (every
 	// NIC's softirq rounds; only the host's initial network namespace
 	// has it), so an option, one target at a time (control refuses a
-	// second), and reset puts back the value it had before apply.
-	// Measured on 2 cores (AMD VM, NIC polled in softirq, 2026-11-26):
-	// 64 lowered the marked ping-pong's p99 in two runs of three and cost
-	// busy marked TCP services (docs/prism.md).
+	// second), and reset puts back the value it had before apply. Off by
+	// default: a round of one NIC poll (64) mostly lowers the marked
+	// ping-pong's p99 but defers the rest of the receive work to ksoftirqd
+	// sooner, which costs busy marked TCP services.
 	NetdevBudget int
 }
 
@@ -261,9 +246,9 @@ func Defaults() Options {
 // processing so a high-priority frame is classified without waiting for
 // the bulk queue. The bulk queue's kthread stays at normal scheduling by
 // default: at a real-time priority, bulk traffic starved the applications
-// on the receive core (measured: the background's receiver got 15% of
-// what it got under vanilla); at normal priority it shares the core with
-// them, and the real-time rungs above it only carry what it handed on.
+// on the receive core, the background's own receiver among them; at
+// normal priority it shares the core with them, and the real-time rungs
+// above it only carry what it handed on.
 type Ladder struct{ Low, NIC, GRO, Container, High int }
 
 // Ladder returns o's priorities.
@@ -275,23 +260,19 @@ func (o Options) Ladder() Ladder {
 	return l
 }
 
-// bulkSchedDefault is bulk-sched when not given: idle, the policy that met
-// PRISM's p99 target best here (ping-pong p99 0.24-0.64x vanilla's from 50%
-// to 95% background in four sweeps on 2 cores, 2026-11-23, against
-// 0.47-1.04x with normal, though 0.84-1.07x in a fifth where the guard
-// demoted bulk early; background 0.89-1.00x of vanilla's when evenly
-// spaced; the TCP services 3-5 points of vanilla's request rate below
-// normal), unless the other settings leave it nothing to set (bulk=inline:
+// bulkSchedDefault is bulk-sched when not given: idle, the policy that
+// came closest to PRISM's p99 target on the testbed (against normal: a
+// lower ping-pong p99 under background, the background kept when evenly
+// spaced, the TCP services a few points of request rate lower), unless
+// the other settings leave it nothing to set (bulk=inline:
 // no bulk queue; bulk-rt > 0: a real-time one) or would put bulk work
 // below a real-time NIC poll as well (streamline=true). Then normal, as
 // the kernel makes the kthread. idle needs lanes agent's starvation guard,
 // which the plan names.
 // highDefault is high when not given: auto, which takes for each kind of
-// marked traffic the better of queue and inline as measured on 2 cores
-// (see Options.High; the services run of 2026-11-25 09:40-09:53 UTC on
-// the AMD VM: memcached 0.83x of vanilla's rate under a 65% background
-// with auto, 0.84x inline, 0.65x queue; the ping-pong's p99 0.45x, 0.47x
-// and 0.46x), unless bulk=inline leaves it no move to make: queue then.
+// marked traffic the better of queue and inline (see Options.High: a
+// busy service's rate near inline's, a light flow's tail as in its
+// queue), unless bulk=inline leaves it no move to make: queue then.
 // The planner also takes it back to queue, saying so, where the NIC is
 // not polled on the receive core alone.
 func highDefault(o Options) string {
@@ -303,16 +284,14 @@ func highDefault(o Options) string {
 
 // bulkDefault is bulk when not given: auto with high=auto (bulk runs in
 // the NIC poll only beside busy marked flows, while no marked frame takes
-// its queue), queue otherwise. Measured on 2 cores under a 65% background
-// (Intel VM, 2026-11-25, see Options.Bulk): beside a marked memcached,
-// auto kept the background at 0.96-0.99x of vanilla's (queue 0.94-0.98x)
-// and memcached at 0.75-0.87x (queue 0.67-0.76x); a light marked flow
-// sending every millisecond keeps bulk queued, as under queue (traced: its
-// queued clock never older than 23 ms while it ran). The price: the first
-// frame of a light marked flow after a pause of more than BulkAutoWindow,
-// beside a busy marked one, finds bulk in the NIC poll. The planner takes
-// it back to queue with High where high=auto cannot run; streamline=true
-// keeps it at queue.
+// its queue), queue otherwise. Beside a busy marked service under
+// background auto leaves the service more of its request rate than queue
+// does, and the background at least as much (see Options.Bulk); a light
+// marked flow sending every millisecond keeps bulk queued, as under queue
+// (traced while it ran). The price: the first frame of a light marked flow
+// after a pause of more than BulkAutoWindow, beside a busy marked one,
+// finds bulk in the NIC poll. The planner takes it back to queue with High
+// where high=auto cannot run; streamline=true keeps it at queue.
 func bulkDefault(o Options) string {
 	// Not under streamline=true: its NIC poll is real-time, and bulk
 	// work there would starve the busy services (as bulk=inline would).

@@ -128,8 +128,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			", so a UDP datagram need not end a GRO segment and a flow could not leave the NIC poll in order without an idle gap")
 	} else if !inline && slices.Equal(irqCPUs, []int{core}) {
 		// While no flow is marked, bulk keeps vanilla's path: the queue's
-		// hop buys nothing then, and it cost a bulk TCP stream 36-54% of
-		// its rate (2 cores, 2026-11-23). steer_xdp moves a flow between
+		// hop buys nothing then, and it costs a bulk TCP stream a large part
+		// of its rate. steer_xdp moves a flow between
 		// the NIC poll and the queues without an idle gap, which is
 		// order-safe only where the NIC is polled on the receive core
 		// alone: elsewhere a busy flow would wait for an idle gap to
