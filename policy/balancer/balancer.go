@@ -20,8 +20,8 @@
 //     and falls back only a hysteresis margin above the level of the last
 //     fallback (see Observe). On two cores the work Falcon moves off a
 //     saturated IRQ core is half the set's average, so Falcon's rule alone
-//     falls back, resumes and falls back again about once a second for as
-//     long as the load lasts (measured, lanes' agent.log, 2026-11-23).
+//     falls back, resumes and falls back again, over and over, for as long
+//     as the load lasts.
 package balancer
 
 import (
@@ -49,13 +49,13 @@ const (
 	// CycleRounds is how soon, in samples, a fallback after a resume counts
 	// as a cycle of the set's own making: 50 samples, 2 s at the default
 	// 40 ms interval. The moving average takes about 5 samples to follow a
-	// step, and a cycle measured on the 2-core testbed took 15-25 samples
-	// from resume to the next fallback.
+	// step (HistoryWeight), and the cycles damping is for take well under
+	// this from a resume to the next fallback.
 	CycleRounds = 50
 
 	// maxBar caps the damped fallback bar: a chain of damped cycles, each
-	// falling back a little past the last, had raised it to 102%, which a
-	// set can never reach (seen in agent.log, 2026-11-24).
+	// falling back a little past the last, can raise it past 100%, which a
+	// set can never reach.
 	maxBar = 99
 )
 
@@ -284,8 +284,8 @@ func (b *Balancer) Observe(sample map[int]float64) {
 // a resume, that puts the set's own receive work on the other cores, so
 // a climb to the fallback level within CycleRounds is damped (see
 // Observe) rather than taken once before damping learns it: on two cores
-// every unpaced udp_stress run fell back within a second of its stages
-// leaving home and resumed 0.5-0.6 s later (lanes' agent.log, 2026-11-24).
+// a saturating stream falls back within a second of its stages leaving
+// home otherwise.
 func (b *Balancer) Spreading() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -36,9 +36,9 @@ type Options struct {
 	// SplitAuto (split=auto, the default) leaves splitting off where its
 	// XDP hook costs more than splitting gains: on a veth underlay. There
 	// the kernel runs XDP on skbs, copying every frame into a fresh page
-	// first (veth lacks the headroom XDP needs); measured on the testbed,
-	// single-flow TCP fell to 0.82x vanilla with the hook and stayed at
-	// 1.02x without it, while UDP gained the same either way. A real NIC
+	// first (veth lacks the headroom XDP needs): on the testbed the hook
+	// costs single-flow TCP part of its rate, while UDP gains the same
+	// either way. A real NIC
 	// runs XDP on its own buffers, before any skb exists. With Prio the
 	// hook classifies anyway, so auto keeps splitting on.
 	SplitAuto bool
@@ -67,7 +67,7 @@ type Options struct {
 	// "average" (Falcon's rule: the set's average load reaches Threshold)
 	// or "all" (every core of the set is at Threshold: nowhere left to
 	// dispatch to). On a few cores the average counts the receive work
-	// Falcon itself spread: see docs/falcon.md, Falcon's receive capacity.
+	// Falcon itself spread: see Damp, and docs/falcon.md, Balancing.
 	Fallback string
 	// Damp keeps the set spread when it climbs back to the fallback level
 	// within balancer.CycleRounds of resuming: its own spread work, not
@@ -75,11 +75,9 @@ type Options struct {
 	Damp bool
 	// HomeRoom is the load another core of the set must be under for
 	// stages at home to leave it (spread=busy); 0 means Threshold, Falcon's
-	// own dispatch rule. Lower asks for headroom for the stages. Measured
-	// on 2 cores (2026-11-23, 5 x 5 s): home-room=70 left home 6 times in
-	// tcp_multi instead of 9, with tcp_multi at 0.95-1.01x vanilla against
-	// 0.96-0.99x and udp_stress 1.29x / 1.82x (unpaced / 900 Kpps) against
-	// 1.32x / 1.92x: no gain, so the default stays the threshold.
+	// own dispatch rule. Lower asks for headroom for the stages; it made
+	// stages leave home less often without a measurable gain, so the
+	// default is the threshold.
 	HomeRoom float64
 	// Mice (packets/s; 0 = off, Falcon's rule) keeps a (flow, stage)
 	// bucket carrying fewer packets per second than this at home when its
@@ -119,12 +117,11 @@ type Options struct {
 	// round that wakes up never preempts the task running on its core,
 	// the NIC poll's thread on the IRQ core among them; it waits for the
 	// next scheduling point, well under a millisecond on a busy core, and
-	// gets its fair share as before). Measured on 2 cores (2026-11-23,
-	// two runs of 5 x 5 s): no difference beyond the noise (TCP within
-	// 5 points either way, udp_stress 1.58x against 1.54x vanilla); batch
-	// is the default because it takes the rounds out of the NIC poll's way
-	// by construction, which a 40 ms interval showed to matter (TCP 64 KB
-	// 0.88x with the rounds on the IRQ core, 1.00x at 400 ms).
+	// gets its fair share as before). Batch against normal made no
+	// difference beyond the noise; batch is the default because it takes
+	// the rounds out of the NIC poll's way by construction, which matters:
+	// rounds at the default interval on the IRQ core cost bulk TCP
+	// throughput that rounds ten times rarer did not.
 	AgentSched string
 	// QueueSize is the cpumap queue length per split core (frames).
 	QueueSize uint32
@@ -145,8 +142,8 @@ type Options struct {
 	// Balance) keeps them there until that core passes the threshold and
 	// only then dispatches them to their hashed core, or the least-loaded
 	// one. Pipelining costs a cross-core hop per stage, which only pays
-	// when the IRQ core is the bottleneck: measured on 2 cores, "always"
-	// doubled ping-pong latency and halved single-flow TCP.
+	// when the IRQ core is the bottleneck: where it is not, "always" costs
+	// ping-pong latency and single-flow TCP throughput.
 	Spread string
 	// Stay is how a flow that stays at the bridge stage stays: "direct"
 	// (the GRO cell's poll runs the stage on, as in vanilla, once none of

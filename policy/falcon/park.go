@@ -27,8 +27,8 @@ import (
 // frame's hash up. That is a few hundred nanoseconds a frame (TestSteerCost)
 // on a core that, under bulk traffic, is the bottleneck: it raises the
 // core's utilization, and queueing delay grows much faster than
-// utilization near saturation (a ping-pong's p99 under a 65% background
-// was 1.15-1.52x vanilla's with every stage at home, 2026-11-24, docs/falcon.md).
+// utilization near saturation: with every stage at home, a ping-pong's
+// p99 under background was above vanilla's.
 //
 // So once every stage has been at home for parkAfter rounds, with the
 // bridge stage on its bare path (no flow there has a frame queued where
