@@ -46,14 +46,14 @@ import (
 //	                only when asked for; give it a long --duration)
 //	prio_latency_sockperf  prio_latency with sockperf's own client, which
 //	                busy-waits between messages on the generator's core
-//	                (only when asked for; how every priority ping-pong ran
-//	                before 2026-11-25 19:49 UTC, commit 44a37ca)
+//	                (only when asked for: to compare with the client the
+//	                papers ran)
 //
 // The ping-pongs run lanes' paced client (workload.PingPong.Paced)
 // against the sockperf server: sockperf's client busy-waits for its next
-// send on the one core the generator has, and the background then came in
+// send on the one core the generator has, and the background then comes in
 // bursts in step with the ping-pong rather than evenly spaced
-// (bench/workload/paced.go has the figures).
+// (bench/workload/paced.go says why).
 const (
 	prioLatencyWorkload   = "prio_latency"
 	prioMemcachedWorkload = "prio_memcached"

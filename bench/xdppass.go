@@ -17,8 +17,8 @@ import (
 // headroom: every TCP segment) into a buffer of its own, as a NIC's DMA
 // would have filled one. So every mode that attaches XDP to the underlay
 // (prism, falcon's split, mflow) pays a copy on the receive core that
-// vanilla does not and that a real NIC does in hardware: 13-16% of that
-// core under bulk TCP (profiled 2026-11-23). The bench setting
+// vanilla does not and that a real NIC does in hardware: a noticeable
+// share of that core under bulk TCP (profiled). The bench setting
 // vanilla:xdp-pass=true measures vanilla with a program that only passes
 // every frame attached there, so the copy is paid alike: the testbed's
 // NIC-like reference for the XDP modes.

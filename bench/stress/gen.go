@@ -216,48 +216,40 @@ func (e *UnsupportedError) Is(target error) bool { return target == ebpf.ErrNotS
 // Generator injects VXLAN frames (plain UDP for a Plain target) into
 // Target.SenderDev from one pinned thread. It is not safe for concurrent Runs.
 //
-// Pacing. Measured on the 2-core development VM (kernel 6.18, 156-byte
-// frames, batch 64, receiving veth's NAPI threaded on the other core; see
-// TestMeasure; the VM was shared with other builds, so rates are rough):
-//   - a BPF_PROG_RUN call that leaves frames in flight costs 16-25 ms of
-//     wall time however few frames it sends (repeat=64 and repeat=16384
-//     both took 16-30 ms; repeat=1 only 6-9 us): about 10 ms passes
-//     between entering the call and the first frame, and the page-pool
-//     teardown at its end waits for the frames still in flight. Calls of
-//     repeat=262144 take 40-50 ms, repeat=4194304 310-385 ms (11-12 Mpps).
-//     So a rate cannot be held by short calls with sleeps between them,
-//     and long calls become line-rate bursts of thousands of frames that
-//     overflow the receiving veth's 256-frame ring.
+// Pacing (TestMeasure measures what follows on the machine it runs on):
+//   - a BPF_PROG_RUN call that leaves frames in flight costs tens of
+//     milliseconds of wall time however few frames it sends (a call of one
+//     frame costs microseconds): milliseconds pass between entering the
+//     call and the first frame, and the page-pool teardown at its end
+//     waits for the frames still in flight. So a rate cannot be held by
+//     short calls with sleeps between them, and long calls become
+//     line-rate bursts of thousands of frames that overflow the receiving
+//     veth's 256-frame ring.
 //   - so a Run is one open-ended call (repeat = 2^32-1) that Run ends by
 //     signalling the thread: the kernel checks for signals between batches
 //     and returns EINTR. The fixed cost is paid once, and the rate is
 //     measured from the program's first frame (bpf_ktime_get_ns), not
-//     from the syscall. As fast as possible, one core injects 11-13 Mpps
-//     (BatchSize 256: 12-14.5 Mpps, not consistently faster), 9-11.5 Mpps
-//     while a saturated receiver drops most of it at the veth ring.
+//     from the syscall. As fast as possible, one core injects far more
+//     than one core's receive path can take.
 //   - with Rate set, the program paces itself: a token bucket on
 //     bpf_ktime_get_ns (ns<<8 fixed point) that drops, rather than
 //     redirects, each copy that is not due yet (a dropped live frame goes
-//     straight back to the page pool: 7-16 M held runs/s, 60-140 ns each),
-//     and after a stall lets at most Burst packets through back to back.
-//     Packets leave on an absolute schedule, so the rate does not drift:
-//     sent/target was 1.0000 from 10 Kpps to 1 Mpps whenever the thread
-//     kept its core (Stalls = 0), and within 1.5% up to 4 Mpps on a
-//     lightly shared VM. When something else takes the core for
-//     longer than Burst packets' worth (other tasks on a shared core:
-//     0.25-6 ms here), the backlog beyond Burst is forgiven, not sent in
-//     one burst: the run falls short (-0.5% to -20% on the shared VM) and
-//     GenStats.Stalls says so. Whatever happens, GenStats.Sent is the
+//     straight back to the page pool, far cheaper than a sent one), and
+//     after a stall lets at most Burst packets through back to back.
+//     Packets leave on an absolute schedule, so the rate does not drift
+//     while the thread keeps its core (Stalls = 0). When something else
+//     takes the core for longer than Burst packets' worth, the backlog
+//     beyond Burst is forgiven, not sent in one burst: the run falls short
+//     and GenStats.Stalls says so. Whatever happens, GenStats.Sent is the
 //     count actually offered.
 //
 // The cost of that precision is that the generator's core is busy all the
 // time (PREEMPT_NONE: other tasks there run only when the loop's
 // cond_resched lets them), so keep the generator off the cores whose
 // receive path is being measured, or run it with GenConfig.Yield: at
-// SCHED_IDLE every other task on its core preempts it at the next batch
-// (measured on the 2-core VM, 2026-11-22: Falcon's split stage, whose
-// cpumap kthread shares the generator's core, went from 0.68x to 0.96x of
-// vanilla's receive rate at maximal offered rate).
+// SCHED_IDLE every other task on its core preempts it at the next batch,
+// so a receive stage that shares the generator's core (Falcon's split
+// stage's cpumap kthread) is hardly held back by it.
 type Generator struct {
 	t     Target
 	cfg   GenConfig

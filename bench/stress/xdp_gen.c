@@ -260,8 +260,8 @@ int xdp_gen(struct xdp_md *ctx)
 	 * the kernel reuses the frame head stored in it as is unless this run
 	 * changed the frame's bounds: a receiver's writes there (its own
 	 * redirect rebuilds that head) then leave with the next frame. lanes'
-	 * steer_xdp saw 216 bytes of metadata on such frames (2026-11-25, 6.18),
-	 * could add none of its own and stopped trusting its queue counts.
+	 * steer_xdp found a receiver's stale metadata on such frames, could
+	 * add none of its own and stopped trusting its queue counts.
 	 * Setting the metadata changes the bounds, so the head is rebuilt from
 	 * this run's frame every time.
 	 */

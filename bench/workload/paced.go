@@ -23,22 +23,21 @@ import (
 // The paced ping-pong client: sockperf's UDP ping-pong, with a client that
 // waits for its next send by sleeping rather than spinning.
 //
-// Why. sockperf's client paces --mps by busy-waiting on the clock between
-// a reply and the next send (SwitchOnCycleDuration in its switches.h):
-// at 1000 messages/s it keeps its core about 90% busy. The papers ran it on
-// a client machine of its own. On a 2-core testbed it shares the sending
-// core with the stress generator, whose thread runs SCHED_IDLE so that
-// nothing it shares a core with waits for it (stress.GenConfig.Yield): it
-// then got the core only while sockperf waited in epoll for a reply. The
-// background PRISM's evaluation calls evenly spaced came in catch-up bursts
-// once a millisecond, in step with the ping-pong: measured on the 2 x Intel
-// Xeon vCPU VM (2026-11-25), 47% of a 30 Kpps background was sent late and
-// the generator dropped its backlog 470-2250 times in a 5 s run at 50-95%
-// (`bg_late_share`, `bg_gen_stalls`), against 0.3% late and no drop for the
-// same generator with nothing spinning beside it. This client sends at the
-// same rate, sleeping in between (clock_nanosleep to an absolute time,
-// timer slack 1 ns), so the generator keeps its pace and the receive core
-// sees the load the run is labelled with.
+// Why. sockperf's client paces --mps by busy-waiting on the clock between a
+// reply and the next send (SwitchOnCycleDuration in its switches.h): at
+// 1000 messages/s it keeps its core busy nearly all the time. The papers
+// ran it on a client machine of its own. On a 2-core testbed it shares the
+// sending core with the stress generator, whose thread runs SCHED_IDLE so
+// that nothing it shares a core with waits for it (stress.GenConfig.Yield):
+// it then gets the core only while sockperf waits in epoll for a reply. The
+// background PRISM's evaluation calls evenly spaced comes in catch-up
+// bursts once a millisecond, in step with the ping-pong: much of it is sent
+// late and the generator drops its backlog again and again (`bg_late_share`
+// and `bg_gen_stalls` say how much), where the same generator with nothing
+// spinning beside it keeps its schedule. This client sends at the same
+// rate, sleeping in between (clock_nanosleep to an absolute time, timer
+// slack 1 ns), so the generator keeps its pace and the receive core sees
+// the load the run is labelled with.
 //
 // What stays sockperf's: the server (sockperf sr, unchanged, on the
 // receive core), the message (sockperf's 14-byte header: sequence number,
@@ -78,17 +77,17 @@ const pacedArgv0 = "lanes-paced-pingpong"
 const spinArgv0 = "lanes-idle-spin"
 
 // pacedReplyTimeout is how long the client waits for one reply before it
-// counts the message lost: four times the longest round trip measured
-// here (under 95% background in trains of 64, about 5 ms), so only a real
-// loss times out, and a loss costs a run at 1000/s 20 slots.
+// counts the message lost: four times the longest round trip seen on the
+// testbed (under 95% background in trains of 64), so only a real loss
+// times out, and a loss costs a run at 1000/s 20 slots.
 const pacedReplyTimeout = 20 * time.Millisecond
 
-// pacedCatchUp is how far behind its schedule the client may fall and
-// still send at once, catching up (at least two intervals): a slow reply
-// or a stall of the VM (up to 4 ms seen on an idle testbed) costs no slot
-// and at most ten sends back to back at 1000/s, while a wait for a lost
-// one (pacedReplyTimeout) skips its slots rather than sending them back
-// to back.
+// pacedCatchUp is how far behind its schedule the client may fall and still
+// send at once, catching up (at least two intervals): a slow reply or a
+// stall of the VM (a few milliseconds, even on an idle testbed) costs no
+// slot and at most ten sends back to back at 1000/s, while a wait for a
+// lost one (pacedReplyTimeout) skips its slots rather than sending them
+// back to back.
 const pacedCatchUp = 10 * time.Millisecond
 
 // pacedWarmup is excluded from the figures at the start of a run, as
@@ -236,8 +235,7 @@ func pacedMain(argv []string, stdout io.Writer) error {
 // spinIdle is the idle spinner's process: it busy-loops at SCHED_IDLE
 // until killed. A process of its own, not a thread of the client's: in
 // the client's runtime a spinning goroutine held a P the client's thread
-// then waited for after its sleeps (replies 10 ms late and more, measured
-// 2026-11-25).
+// then waited for after its sleeps, and replies came milliseconds late.
 func spinIdle() error {
 	runtime.GOMAXPROCS(1)
 	runtime.LockOSThread()
@@ -492,9 +490,9 @@ func b2f(b bool) float64 {
 // than half the messages the rate asked for were answered (the client was
 // held off its core, or the path broke). Lost replies alone do not fail a
 // run: under a heavy background the receive ring drops some of the
-// ping-pong's datagrams too (8% of them in trains of 64 at 80-95%,
-// measured 2026-11-25), which is a result (`dropped`, and the report's
-// loss column), with the latency of the answered ones beside it.
+// ping-pong's datagrams too (in trains of 64 at 80-95%), which is a
+// result (`dropped`, and the report's loss column), with the latency of
+// the answered ones beside it.
 func (s pacedSummary) short(rate int) error {
 	want := float64(rate) * s.MeasuredS
 	if float64(s.Received) >= 0.5*want {

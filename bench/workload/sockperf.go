@@ -197,10 +197,9 @@ func parseSockperf(text string) (*sockperfSummary, error) {
 // stalled says whether a ping-pong paced at rate messages/s stopped part of
 // the way through its measured time: one lost message or reply stops it
 // (it never resends), and sockperf then reports the messages before the
-// loss as if they were the whole run. Measured on 2 cores under
-// background (2026-11-25): runs of 5 s at 1000/s with 307-2474
-// observations instead of about 4550, whose percentiles then describe
-// their first second or two only. A paced ping-pong keeps its rate while
+// loss as if they were the whole run. Under background such runs occur,
+// and their percentiles then describe their first second or two only. A
+// paced ping-pong keeps its rate while
 // its round trips are shorter than the interval; under 80% of it is a
 // stall. Unpaced (rate 0) runs have no expected count.
 func (s *sockperfSummary) stalled(rate int) error {

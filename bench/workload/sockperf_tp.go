@@ -22,7 +22,7 @@ import (
 // underlay ready-made, sockperf's datagrams go down the sender's whole
 // stack (container socket, veth, bridge, VXLAN), so they leave it spaced
 // as a real sender's do. The client sleeps until its next message (or
-// burst) is due (measured: hrtimer_nanosleep); Idle runs it at SCHED_IDLE
+// burst) is due (in hrtimer_nanosleep); Idle runs it at SCHED_IDLE
 // so that it sends with what the other tasks of its cores leave, as the
 // stress generator does. It sends nothing for its first
 // SockperfTPStart.
@@ -39,7 +39,7 @@ func (SockperfThroughput) Name() string { return "sockperf_tp" }
 
 // SockperfTPStart is how long sockperf's client waits after it starts
 // before its first message: sockperf 3.7 sleeps 2 s before it sends
-// (client.cpp; measured: 3.2 s for `-t 1`), whatever its options. Its -t
+// (client.cpp; a run of `-t 1` lasts over 3 s), whatever its options. Its -t
 // counts from the end of that wait. Whoever needs the load running must
 // wait this long after Run starts, plus its own margin.
 const SockperfTPStart = 2 * time.Second
