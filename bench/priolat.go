@@ -358,17 +358,16 @@ func (r *runner) addRule(rule steer.Rule) (undo func(), err error) {
 	}, nil
 }
 
-// calibrate finds what the receive core can take under vanilla, the 100%
-// of the priority workloads' background loads, on the overlay or the
-// native path. udp_stress at full rate is the first guess, but at full
-// rate the receive core may be in livelock and deliver far less than it
-// could (on the 2-core VMs: 350 Kpps in one run, 560 in the next), and a
-// background sized from that took only about a third of the core. So the
-// background itself is then offered, paced, at half and at 65% of the
-// estimate, as the priority runs offer it (its receiver on the
-// generator's core), and the receive core's busy share is measured: the
-// capacity is the received rate over that share, from the second probe,
-// which sits at the paper's operating point.
+// calibrate finds what the receive core can take under vanilla, the 100% of
+// the priority workloads' background loads, on the overlay or the native
+// path. udp_stress at full rate is the first guess, but at full rate the
+// receive core may be in livelock and deliver far less than it could, and
+// differently from run to run, and a background sized from that takes only a
+// fraction of the core. So the background itself is then offered, paced, at
+// half and at 65% of the estimate, as the priority runs offer it (its
+// receiver on the generator's core), and the receive core's busy share is
+// measured: the capacity is the received rate over that share, from the
+// second probe, which sits at the paper's operating point.
 func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) error {
 	if err := r.apply("vanilla"); err != nil {
 		return err

@@ -77,9 +77,9 @@ const pacedArgv0 = "lanes-paced-pingpong"
 const spinArgv0 = "lanes-idle-spin"
 
 // pacedReplyTimeout is how long the client waits for one reply before it
-// counts the message lost: four times the longest round trip seen on the
-// testbed (under 95% background in trains of 64), so only a real loss
-// times out, and a loss costs a run at 1000/s 20 slots.
+// counts the message lost: four times the longest round trip under the
+// heaviest background the bench offers (95%, in trains of 64), so only a
+// real loss times out, and a loss costs a run at 1000/s 20 slots.
 const pacedReplyTimeout = 20 * time.Millisecond
 
 // pacedCatchUp is how far behind its schedule the client may fall and still
