@@ -234,11 +234,10 @@ func (tb *Testbed) build() error {
 // senderPollFIFO is the real-time priority of the sending host's NIC
 // poller under SenderApart. Apart, it polls on the core the benchmark's
 // load generator, the background's receiver and the ping-pong's client
-// share; at normal scheduling it then waited there, runnable, for up to
-// 2.7 s while those switched in and out (traced with sched_switch on the
-// 2 x AMD EPYC VM, 2026-11-26, NIC polled in softirq), holding the
-// replies in its ring: the ping-pong lost every message for seconds in 20
-// of 84 repeats with a background. It stands for another machine's NIC
+// share; at normal scheduling it then waits there, runnable, for seconds
+// at a time while those switch in and out (traced with sched_switch),
+// holding the replies in its ring, and a ping-pong under background loses
+// every message while it waits. It stands for another machine's NIC
 // and interrupt, which no task of this host delays: FIFO 1, at or below
 // every real-time thread lanes sets.
 const senderPollFIFO = 1
@@ -251,8 +250,8 @@ func handle(ns string) (*netlink.Handle, func(), error) {
 		return nil, nil, fmt.Errorf("opening netns %s: %w", ns, err)
 	}
 	// Route sockets only: the default also opens XFRM and netfilter
-	// ones, and fails on a kernel built without them (seen on a 6.12
-	// kernel without XFRM_USER), though the testbed needs neither.
+	// ones, and fails on a kernel built without them (a 6.12 kernel
+	// without XFRM_USER), though the testbed needs neither.
 	h, err := netlink.NewHandleAt(nh, unix.NETLINK_ROUTE)
 	if err != nil {
 		nh.Close()

@@ -417,8 +417,8 @@ func (d *discovery) containers(t *Topology) error {
 // once a tunnel driver is loaded or built in (sit0 with IPv6's SIT, tunl0
 // with IPIP, as on hosts of Calico's IPIP mode, ...), by link type. They
 // carry nothing until configured, so they are not a container's
-// interfaces (seen on a 6.12 kernel with SIT built in: every container
-// listed sit0 first).
+// interfaces (on a kernel with SIT built in every container has sit0,
+// listed first).
 var fallbackTunnels = map[string]string{
 	"sit": "sit0", "ipip": "tunl0", "ip6tnl": "ip6tnl0", "gre": "gre0", "gretap": "gretap0",
 	"erspan": "erspan0", "vti": "ip_vti0", "vti6": "ip6_vti0", "ip6gre": "ip6gre0",

@@ -84,10 +84,10 @@ const IRQUnknown = "the underlay's IRQ core is unknown (it is not polled on know
 // a lock, counting on both running on that core (softirq). Threaded NAPI
 // gives each cell a kernel thread, by default free to run on any core:
 // once one empties its cell from another core while the cell's own core
-// fills it, the queue is corrupted. Measured on Linux 6.18 (2026-11-23,
-// the 2-core VM): with the cells' threads on the other core the overlay
-// delivered 23 of 3000 datagrams and then nothing, until the device was
-// recreated; with them on the decapsulating core, all of 6 x 3000.
+// fills it, the queue is corrupted: on Linux 6.18 the overlay then
+// delivers a few datagrams and then nothing, until the device is
+// recreated. With the threads on the decapsulating core it delivers
+// everything.
 func GROCellNotes(t *topology.Topology) []string {
 	var out []string
 	for _, v := range t.VXLANs {

@@ -24,7 +24,7 @@ import (
 //	"pid:N@C"               the namespace of process N, which must be the one
 //	                        whose netns cookie is C (unnamed, e.g. a container
 //	                        runtime's); "pid:N" unchecked, as a person types it
-//	                        and as journals of builds before 2026-11-25 hold it
+//	                        and as journals of builds without the cookie hold it
 //
 // The cookie is why the pid form is safe to keep in a journal: a PID is
 // reused once its process is gone, possibly by a process of another
@@ -463,7 +463,7 @@ func OpenNetNS(ns string) (netns.NsHandle, error) {
 var pinnedPID = regexp.MustCompile(`\bpid:([0-9]+)@[0-9]+`)
 
 // UnpinnedKey is a knob key with its pid forms' cookies removed: the key a
-// journal of a build before 2026-11-25 holds for the same knob ("pid:N"),
+// journal of a build without the cookie holds for the same knob ("pid:N"),
 // so that a follower started by a newer build over such an apply knows
 // those knobs as journaled.
 func UnpinnedKey(key string) string { return pinnedPID.ReplaceAllString(key, "pid:$1") }

@@ -602,11 +602,10 @@ func (d *Dropper) Detach() { d.close.Do(func() { d.l.Close() }) }
 
 // Reported is how many of its drops the kernel reported through
 // skb:kfree_skb, the tracepoint lanes counts drops out with. Not every
-// drop is: in about one run of ten of TestFalconDroppedFramesCountedOut,
-// 24 to 50 of 2000 frames the dropper dropped (never more than one burst
-// of the stream) produced no skb:kfree_skb event at all (seen with perf
-// on 2026-11-24), which happens when the skb still has another user as
-// the dropper's verdict frees it; the frame is then freed later without a
+// drop is: now and then some frames the dropper dropped (never more than
+// one burst of the stream) produce no skb:kfree_skb event at all (perf
+// shows none), which happens when the skb still has another user as the
+// dropper's verdict frees it; the frame is then freed later without a
 // drop event. Such a drop is the kernel's to report; lanes leaves its flow
 // on the drain time.
 func (d *Dropper) Reported(t *testing.T) uint64 { return SumPerCPU(t, d.reported) }
