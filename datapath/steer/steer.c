@@ -72,6 +72,8 @@
 
 #include "vxlan.h"
 #include "lanes_meta.h"
+#define MFLOW_TAG_SKB
+#include "mflow_tag.h"
 
 char __license[] SEC("license") = "Dual MIT/GPL";
 
@@ -2259,6 +2261,8 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 	if (idx == STAY)
 		return 0;
 	split_sent(st, n, STAGE_BRIDGE);
+	/* For the reassembler at the container's veth (mflow_tag.h). */
+	mflow_tag_skb(skb, fh, cfg->meta_gen, st->mf_started - 1);
 	rps_to(skb, cfg, idx, fh, STAGE_BRIDGE, 0, 0);
 	return 1;
 }
@@ -2347,6 +2351,9 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		 * rest of the path (MFLOW's full-path parallelism), outside
 		 * the table and the in-flight counts, like at the split. */
 		arrived(&t, seq, skb_frames(skb));
+		/* The sequence number leaves the metadata for skb->priority,
+		 * which reaches the container's veth (mflow_tag.h). */
+		mflow_tag_skb(skb, fh, cfg->meta_gen, seq);
 		count(stage, CNT_STAYED);
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
 	}
@@ -2490,8 +2497,12 @@ static __always_inline void split_seen(struct __sk_buff *skb, const struct steer
 		return;
 	if (flags & LANES_META_QUEUED)
 		seen(&t, STAGE_SPLIT, skb_frames(skb));
-	if (flags & LANES_META_MFLOW)
+	if (flags & LANES_META_MFLOW) {
 		arrived(&t, seq, skb_frames(skb));
+		/* The sequence number leaves the metadata for skb->priority,
+		 * which reaches the container's veth (mflow_tag.h). */
+		mflow_tag_skb(skb, flow_hash(&t), cfg->meta_gen, seq);
+	}
 }
 
 SEC("tc")
