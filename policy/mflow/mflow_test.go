@@ -48,7 +48,9 @@ func TestMflowIRQ(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	r := tb.Receiver()
 	before := modetest.Snapshot(t, tb)
-	a := modetest.Apply(t, tb, "mflow", nil)
+	// Without reassembly: this test is about the split, micro-flows
+	// delivered by both cores (TestReassembly* are about order).
+	a := modetest.Apply(t, tb, "mflow", map[string]string{"reorder": "off"})
 	dp := a.Open(t)
 	if id, err := attach.Attached(r.NetNS, r.Underlay); err != nil || id == 0 || id != progID(t, dp.XDP()) {
 		t.Errorf("XDP on %s: program %d (%v), want the pinned steer_xdp", r.Underlay, id, err)
@@ -140,7 +142,7 @@ func TestMflowBridge(t *testing.T) {
 	modetest.NoState(t, stateDir)
 	modetest.SameSnapshot(t, "after the refused apply", modetest.Snapshot(t, tb), before)
 
-	a := modetest.Apply(t, tb, "mflow", map[string]string{"at": "bridge"})
+	a := modetest.Apply(t, tb, "mflow", map[string]string{"at": "bridge", "reorder": "off"})
 	dp := a.Open(t)
 	if id, _ := attach.Attached(r.NetNS, r.Underlay); id != 0 {
 		t.Errorf("XDP program %d on %s: the bridge split needs none", id, r.Underlay)
