@@ -17,6 +17,7 @@ struct sk_buff {
 	char cb[48];
 	unsigned char *head;
 	unsigned int end;
+	__u16 network_header;
 } __attribute__((preserve_access_index));
 
 struct skb_shared_info {

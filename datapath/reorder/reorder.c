@@ -18,11 +18,20 @@
  *     extra work); a frame of a later micro-flow is held in that
  *     micro-flow's window (WINDOWS per flow, a ring by sequence number).
  *   - m is complete when `batch` frames of it were counted (GRO segments:
- *     an skb counts gso_segs), or, MFLOW's own rule, when the one core
- *     that carried m has since enqueued a later micro-flow (each core keeps
- *     its micro-flows in order, so nothing more of m can come from it).
+ *     an skb counts gso_segs), or, MFLOW's own rule, when the split core
+ *     that carried m has since delivered one of its later micro-flows
+ *     (each split core runs its micro-flows in order, so nothing more of m
+ *     can come; the splitter deals them round robin, so m's core is
+ *     m % ncores: the core the qdisc runs on is not it, when a GRO cell's
+ *     NAPI thread runs elsewhere).
  *     Then m advances and the next micro-flow's held frames are released,
- *     in the order they came.
+ *     in the order they came. The per-core rule holds only for flows GRO
+ *     does not hold back: for TCP, GRO on a split core passes a segment it
+ *     must not hold (PSH, say) up at once, ahead of one of the previous
+ *     micro-flow's it still holds (their metadata differs, so they are
+ *     not one GRO flow). So it applies to UDP flows none of whose frames
+ *     came merged (UDP GRO off, the default); the others complete by
+ *     count, or by the watchdog after a loss.
  *   - A watchdog skips a gap: when m has not completed within timeout of
  *     the flow starting to hold (or of its last progress), m jumps to the
  *     next micro-flow with held frames (counted in gaps). Frames of a
@@ -40,6 +49,11 @@
  * lockless), so the state needs no atomics; the counters are plain adds.
  * Held skbs live as referenced kptrs in array-map slots (a FIFO ring, and
  * per flow WINDOWS rings of win_slots); reset frees whatever is left.
+ *
+ * Flows (the tag's flow and generation bits, so a reloaded splitter's flow
+ * is a new one) take slots by their flow bits, the next free slot when
+ * that one is another flow's; a slot is free again once its flow stored
+ * nothing for a second.
  *
  * One loaded copy serves one device: its maps are the one qdisc's state,
  * and init refuses a second instance.
@@ -84,8 +98,8 @@ struct mf_counters {
 	__u64 overflows;  /* gaps skipped because a limit was reached */
 	__u64 late;       /* frames of a micro-flow already skipped or gone: passed as they came */
 	__u64 drops;      /* frames dropped: the FIFO full */
-	__u64 collisions; /* tagged frames passed untagged: their flow's slot is another flow's */
-	__u64 restarts;   /* flows started over (a new datapath generation, a far sequence jump) */
+	__u64 collisions; /* tagged frames passed untagged: every flow slot is another flow's, in use */
+	__u64 restarts;   /* flow slots started over (a far sequence jump, or taken from an idle flow) */
 	__u64 held_max;   /* the most frames held at once */
 	__u64 by_count;   /* micro-flows completed by their frame count */
 	__u64 by_core;    /* micro-flows completed because their core moved on */
@@ -95,8 +109,7 @@ struct window {
 	__u32 head; /* frames taken out (ring position) */
 	__u32 tail; /* frames put in */
 	__u32 segs; /* frames counted, stored or not (GRO segments) */
-	__u16 core; /* the core that enqueued its first frame, plus one (0: none yet) */
-	__u16 multi; /* frames came from more than one core */
+	__u32 pad;
 };
 
 /*
@@ -112,9 +125,11 @@ struct flow {
 	__u32 held;   /* frames in windows after m */
 	__u64 deadline; /* the watchdog's, while held */
 	__u64 last_ns;
-	__u64 cores_seen; /* cores whose last[] is set */
+	__u64 cores_seen; /* split cores whose last[] is set */
+	__u32 merged;     /* GRO merged some of its frames: the per-core rule is off */
+	__u32 udp;        /* a UDP flow: the per-core rule may apply */
 	struct window win[WINDOWS];
-	__u16 last[MAX_CORES]; /* per core: the latest micro-flow it enqueued */
+	__u16 last[MAX_CORES]; /* per split core: the latest micro-flow of its that came */
 };
 
 #define FLOW_USED 1u
@@ -202,17 +217,26 @@ static __always_inline __u32 skb_segs(const struct sk_buff *skb)
 	return segs > 1 ? segs : 1;
 }
 
+/* Whether an skb (data at its Ethernet header, network header set: an
+ * IPv4 frame of a split flow) carries UDP. */
+static __always_inline __u32 skb_udp(const struct sk_buff *skb)
+{
+	__u8 proto = 0;
+
+	bpf_probe_read_kernel(&proto, sizeof(proto), skb->head + skb->network_header + 9);
+	return proto == 17; /* IPPROTO_UDP */
+}
+
 static __always_inline void zero_window(struct window *w)
 {
 	w->head = 0;
 	w->tail = 0;
 	w->segs = 0;
-	w->core = 0;
-	w->multi = 0;
 }
 
 /* Start flow f over at micro-flow seq with nothing stored. */
-static __always_inline void flow_start(struct flow *f, __u32 id, __u16 seq, const struct mf_config *c, __u64 now)
+static __always_inline void flow_start(struct flow *f, __u32 id, __u16 seq, __u32 udp, const struct mf_config *c,
+				       __u64 now)
 {
 	int i;
 
@@ -226,11 +250,28 @@ static __always_inline void flow_start(struct flow *f, __u32 id, __u16 seq, cons
 	f->deadline = 0;
 	f->last_ns = now;
 	f->cores_seen = 0;
+	f->merged = 0;
+	f->udp = udp;
 	mf_for(i, 0, WINDOWS)
 		zero_window(&f->win[i & (WINDOWS - 1)]);
 }
 
-/* Is micro-flow m complete: all its frames counted, or its one core has
+/*
+ * The split core that carries micro-flow seq, as an index into the split
+ * cores: the splitter deals micro-flows round robin (steer.c's
+ * next_microflow), so it is seq % ncores. Only while ncores is a power of
+ * 2, so that the tag's 16-bit sequence keeps the rotation across its wrap;
+ * NO_CORE otherwise.
+ */
+#define NO_CORE 0xffffffffu
+static __always_inline __u32 split_core(__u16 seq, const struct mf_config *c)
+{
+	if (!c->ncores || c->ncores > MAX_CORES || (c->ncores & (c->ncores - 1)))
+		return NO_CORE;
+	return seq & (c->ncores - 1) & (MAX_CORES - 1);
+}
+
+/* Is micro-flow m complete: all its frames counted, or its split core has
  * gone on to a later micro-flow? */
 static __always_inline int complete(struct flow *f, const struct mf_config *c, struct mf_counters *st)
 {
@@ -241,12 +282,10 @@ static __always_inline int complete(struct flow *f, const struct mf_config *c, s
 		st->by_count++;
 		return 1;
 	}
-	if (!w->core || w->multi)
+	core = split_core(f->m, c);
+	if (!f->udp || f->merged || core == NO_CORE || !(f->cores_seen & (1ull << core)))
 		return 0;
-	core = w->core - 1;
-	if (core >= MAX_CORES || !(f->cores_seen & (1ull << core)))
-		return 0;
-	if (sdiff(f->last[core], f->m) <= 0)
+	if (sdiff(f->last[core & (MAX_CORES - 1)], f->m) <= 0)
 		return 0;
 	st->by_core++;
 	return 1;
@@ -346,19 +385,51 @@ static __always_inline void flush(struct flow *f, __u32 fi, struct mf_qstate *q,
 	settle(f);
 }
 
-static __always_inline void note_core(struct flow *f, struct window *w, __u16 seq, __u32 cpu)
+/* A frame of micro-flow seq came: its split core has got that far. */
+static __always_inline void note_core(struct flow *f, __u16 seq, const struct mf_config *c)
 {
-	if (cpu >= MAX_CORES) {
-		w->multi = 1;
+	__u32 core = split_core(seq, c);
+
+	if (core == NO_CORE)
 		return;
+	core &= MAX_CORES - 1;
+	if (!(f->cores_seen & (1ull << core)) || sdiff(seq, f->last[core]) > 0)
+		f->last[core] = seq;
+	f->cores_seen |= 1ull << core;
+}
+
+/* A flow slot is free once nothing is stored in it and its flow sent
+ * nothing for IDLE_NS. */
+static __always_inline int slot_free(const struct flow *f, __u64 now)
+{
+	return !f->id || (!f->stored && now - f->last_ns >= IDLE_NS);
+}
+
+/*
+ * The slot of the flow with tag id id whose home slot (by its flow bits)
+ * home is another flow's: the slot that holds it, else the first free one
+ * from home on, else NO_SLOT. Two flows whose bits share a home both get a
+ * slot of their own while there are slots.
+ */
+#define NO_SLOT 0xffffffffu
+static __always_inline __u32 find_slot(__u32 home, __u32 id, __u64 now)
+{
+	__u32 free = NO_SLOT, fi;
+	struct flow *f;
+	int i;
+
+	mf_for(i, 0, flow_slots)
+	{
+		fi = (home + i) & (flow_slots - 1) & (MAX_FLOWS - 1);
+		f = bpf_map_lookup_elem(&mf_flows, &fi);
+		if (!f)
+			continue;
+		if (f->id == id)
+			return fi;
+		if (free == NO_SLOT && slot_free(f, now))
+			free = fi;
 	}
-	if (!w->core)
-		w->core = cpu + 1;
-	else if (w->core != cpu + 1)
-		w->multi = 1;
-	if (!(f->cores_seen & (1ull << cpu)) || sdiff(seq, f->last[cpu]) > 0)
-		f->last[cpu] = seq;
-	f->cores_seen |= 1ull << cpu;
+	return free;
 }
 
 enum dest {
@@ -370,9 +441,10 @@ enum dest {
  * Where a tagged frame goes, with the flow's state updated for it; for
  * TO_WINDOW *slot is its index in mf_held.
  */
-static __always_inline enum dest place_tagged(__u32 tag, __u32 segs, struct mf_qstate *q, struct mf_counters *st,
-					      const struct mf_config *c, __u32 *slot)
+static __always_inline enum dest place_tagged(const struct sk_buff *skb, __u32 tag, struct mf_qstate *q,
+					      struct mf_counters *st, const struct mf_config *c, __u32 *slot)
 {
+	__u32 segs = skb_segs(skb);
 	__u32 id = mflow_tag_id(tag) | FLOW_USED;
 	__u32 fi = (tag >> MFLOW_TAG_FLOW_SHIFT) & (flow_slots - 1) & (MAX_FLOWS - 1);
 	__u16 seq = mflow_tag_seq(tag);
@@ -385,22 +457,18 @@ static __always_inline enum dest place_tagged(__u32 tag, __u32 segs, struct mf_q
 	if (!f)
 		return TO_FIFO;
 	if (f->id != id) {
-		if (f->id && (f->stored || now - f->last_ns < IDLE_NS) &&
-		    (f->id & MFLOW_TAG_FLOW_MASK << MFLOW_TAG_FLOW_SHIFT) != (id & MFLOW_TAG_FLOW_MASK << MFLOW_TAG_FLOW_SHIFT)) {
-			/* Another flow's slot, in use. */
+		fi = find_slot(fi, id, now);
+		f = bpf_map_lookup_elem(&mf_flows, &fi);
+		if (!f) {
+			/* Every slot is another flow's, in use. */
 			st->collisions++;
 			return TO_FIFO;
 		}
-		if (f->stored) {
-			/* The same flow from a new datapath generation: let
-			 * the old one's frames out first. */
-			flush(f, fi, q, st, c, now);
-			st->late++;
-			return TO_FIFO;
+		if (f->id != id) {
+			if (f->id)
+				st->restarts++;
+			flow_start(f, id, seq, skb_udp(skb), c, now);
 		}
-		if (f->id)
-			st->restarts++;
-		flow_start(f, id, seq, c, now);
 	}
 	f->last_ns = now;
 
@@ -413,7 +481,7 @@ static __always_inline enum dest place_tagged(__u32 tag, __u32 segs, struct mf_q
 			return TO_FIFO;
 		}
 		st->restarts++;
-		flow_start(f, id, seq, c, now);
+		flow_start(f, id, seq, skb_udp(skb), c, now);
 		d = 0;
 	}
 	if (d < 0) {
@@ -441,8 +509,10 @@ static __always_inline enum dest place_tagged(__u32 tag, __u32 segs, struct mf_q
 		}
 	}
 
-	note_core(f, w, seq, bpf_get_smp_processor_id());
+	note_core(f, seq, c);
 	w->segs += segs;
+	if (segs > 1)
+		f->merged = 1;
 	if (!f->stored && seq == f->m) {
 		/* In order, nothing of the flow waiting: straight through. */
 		st->in_order++;
@@ -490,7 +560,7 @@ int BPF_PROG(mf_enqueue, struct sk_buff *skb, struct Qdisc *sch, struct bpf_sk_b
 	if (!q || !st || !c)
 		goto drop;
 	if (mflow_tagged(tag))
-		to = place_tagged(tag, skb_segs(skb), q, st, c, &idx);
+		to = place_tagged(skb, tag, q, st, c, &idx);
 	else
 		st->passed++;
 	if (to == TO_FIFO) {
@@ -617,13 +687,13 @@ struct sk_buff *BPF_PROG(mf_dequeue, struct Qdisc *sch)
 {
 	__u32 zero = 0, idx;
 	struct mf_qstate *q = bpf_map_lookup_elem(&mf_queue, &zero);
-	struct mf_counters *st = bpf_map_lookup_elem(&mf_stats, &zero);
-	struct mf_config *c = bpf_map_lookup_elem(&mf_cfg, &zero);
+	struct mf_counters *st;
+	struct mf_config *c;
 	struct sk_buff *skb = NULL;
 	struct skb_slot *slot;
 	__u64 next;
 
-	if (!q || !st || !c)
+	if (!q)
 		return NULL;
 	if (q->fifo_head != q->fifo_tail) {
 		idx = q->fifo_head & (fifo_slots - 1);
@@ -635,6 +705,10 @@ struct sk_buff *BPF_PROG(mf_dequeue, struct Qdisc *sch)
 			goto out;
 	}
 	if (!q->ready && q->held) {
+		st = bpf_map_lookup_elem(&mf_stats, &zero);
+		c = bpf_map_lookup_elem(&mf_cfg, &zero);
+		if (!st || !c)
+			return NULL;
 		next = expire(q, st, c, bpf_ktime_get_ns());
 		if (!q->ready) {
 			if (next)

@@ -108,6 +108,7 @@ const (
 	FIFOSlots = 1024
 	// maxWindowSlots caps what one micro-flow may hold.
 	maxWindowSlots = 8192
+	minFlowLimit   = 512
 )
 
 // DefaultTimeout is the watchdog's default: about 15 times the time a core
@@ -117,12 +118,14 @@ const (
 const DefaultTimeout = 10 * time.Millisecond
 
 // DefaultConfig is the merge for a splitter's batch over cores: up to four
-// micro-flows held per flow, four flows' worth in all.
+// micro-flows held per flow (at least minFlowLimit frames, so small
+// batches ride out a core's stall of a few micro-flows), four flows' worth
+// in all.
 func DefaultConfig(batch uint32, cores int) Config {
 	c := Config{Batch: batch, Cores: cores, Timeout: DefaultTimeout}
-	c.FlowLimit = 4 * batch
-	if max := uint32(Windows-1) * windowSlots(batch); c.FlowLimit > max {
-		c.FlowLimit = max
+	c.FlowLimit = max(4*batch, minFlowLimit)
+	if most := uint32(Windows-1) * windowSlots(batch); c.FlowLimit > most {
+		c.FlowLimit = most
 	}
 	c.TotalLimit = 4 * c.FlowLimit
 	return c
@@ -187,10 +190,11 @@ type Stats struct {
 	Late uint64 `json:"late"`
 	// Drops: frames dropped because the FIFO was full.
 	Drops uint64 `json:"drops"`
-	// Collisions: tagged frames passed unordered because another flow
-	// held their flow's slot.
+	// Collisions: tagged frames passed unordered because every flow
+	// slot was another flow's, in use.
 	Collisions uint64 `json:"collisions"`
-	// Restarts: flows started over (a reloaded splitter, a sequence jump).
+	// Restarts: flow slots started over (a sequence jump, a slot taken
+	// from a flow idle for a second).
 	Restarts uint64 `json:"restarts"`
 	// HeldMax is the most frames held at once; HeldNow what is held now.
 	HeldMax uint64 `json:"held_max"`

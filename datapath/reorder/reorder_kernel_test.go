@@ -125,12 +125,14 @@ func TestLoss(t *testing.T) {
 
 // TestLimit: micro-flow 0 withheld entirely, the later ones pile up until
 // the flow's limit: held never exceeds it; the overflow gives micro-flow 0
-// up and releases what was held, in order.
+// up and releases what was held, in order. Three split cores: the
+// per-core rule is off (it would see micro-flow 0's core move on to
+// micro-flow 2 and give 0 up at once, see TestCoreMovesOn).
 func TestLimit(t *testing.T) {
 	requireQdisc(t)
 	const batch, n = 32, 8
 	pr := newPair(t)
-	cfg := DefaultConfig(batch, 2)
+	cfg := DefaultConfig(batch, 3)
 	cfg.FlowLimit = 2 * batch
 	cfg.Timeout = 60 * time.Second // never the watchdog
 	l := pr.withQdisc(t, cfg)
@@ -156,10 +158,10 @@ func TestLimit(t *testing.T) {
 }
 
 // TestCoreMovesOn: MFLOW's own completeness rule. Micro-flow 2 loses a
-// frame, so its count never reaches the batch; once its core enqueues a
-// later micro-flow (4), nothing more of 2 can come (each core keeps its
-// micro-flows in order) and 3, held behind it, is released at once, with
-// no watchdog.
+// frame, so its count never reaches the batch; once its split core (2 % 2)
+// delivers a later micro-flow of its own (4), nothing more of 2 can come
+// (each split core keeps its micro-flows in order) and 3, held behind it,
+// is released at once, with no watchdog.
 func TestCoreMovesOn(t *testing.T) {
 	requireQdisc(t)
 	const batch, n = 32, 6
