@@ -1,7 +1,10 @@
 package mflow
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 
 	"github.com/lanesnet/lanes/control/plan"
@@ -13,11 +16,50 @@ import (
 // reorderSupported is reorder.Supported, replaceable by tests.
 var reorderSupported = reorder.Supported
 
-// ReorderDir is where the reassembler of host-side veth dev of namespace
-// netns is pinned: under the target's pin directory, which a reset removes
-// whatever a crash left in it.
+// ReorderDir is where the reassembler of host-side veth dev of target
+// namespace netns is pinned: under the target's pin directory, from which a
+// reset removes whatever a crash left.
 func ReorderDir(netns, dev string) string {
-	return plan.PinDir(netns) + "/reorder/" + reorder.Kind(netns, dev)
+	return reorderRoot(netns) + "/" + dev
+}
+
+func reorderRoot(netns string) string { return plan.PinDir(netns) + "/reorder" }
+
+// DeviceReorder is one container veth's reassembler.
+type DeviceReorder struct {
+	Device string `json:"device"`
+	reorder.Stats
+}
+
+// ReorderStatus reads the counters of every reassembler lanes pinned for
+// target namespace netns (none: nil), by device name: what `lanes status`
+// and the metrics show.
+func ReorderStatus(netns string) ([]DeviceReorder, error) {
+	ents, err := os.ReadDir(reorderRoot(netns))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []DeviceReorder
+	for _, e := range ents {
+		dir := ReorderDir(netns, e.Name())
+		if !e.IsDir() || !reorder.Present(dir) {
+			continue
+		}
+		p, err := reorder.Open(dir)
+		if err != nil {
+			return nil, err
+		}
+		st, err := p.Stats()
+		p.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, DeviceReorder{Device: e.Name(), Stats: st})
+	}
+	return out, nil
 }
 
 // addReassembly puts MFLOW's in-order merge where every split core's path
