@@ -292,7 +292,7 @@ func TestPlanReorder(t *testing.T) {
 	if got := p.rps["h2-c1/eth0 rx-0"]; got != "1" {
 		t.Errorf("container-side RPS %v, want eth0 rx-0 on core 0 alone (mask 1)", p.rps)
 	}
-	notesSay(t, p, "reassembly at the root of 1 container veths", "held, released, gaps skipped, overflows")
+	notesSay(t, p, "reassembly at the root of 1 container veths", "held, released, gaps skipped, overflows", plan.PinDir("h2")+"/reorder")
 	for _, n := range p.Notes {
 		if strings.Contains(n, "reorders") {
 			t.Errorf("note %q: with the reassembler mflow does not reorder", n)

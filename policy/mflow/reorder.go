@@ -126,8 +126,8 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 			}
 		}
 	}
-	note := fmt.Sprintf("order: MFLOW's reassembly at the root of %d container veths (a BPF qdisc): micro-flow k+1 is held until k is complete (%d frames, or its core moved on), a gap is skipped after %v, at most %d frames held per flow; `lanes status --json` shows held, released, gaps skipped, overflows",
-		n, cfg.Batch, cfg.Timeout, cfg.FlowLimit)
+	note := fmt.Sprintf("order: MFLOW's reassembly at the root of %d container veths (a BPF qdisc): micro-flow k+1 is held until k is complete (%d frames, or its core moved on), a gap is skipped after %v, at most %d frames held per flow; its counters (held, released, gaps skipped, overflows) are pinned per veth in %s",
+		n, cfg.Batch, cfg.Timeout, cfg.FlowLimit, reorderRoot(t.NetNS))
 	if len(skipped) > 0 {
 		note += "; not on " + strings.Join(skipped, ", ") + ": their split flows may arrive out of order"
 	}
