@@ -1,9 +1,10 @@
 // Package mflow is MFLOW (packet-level parallelism for overlay receive,
 // Lei et al.) on stock kernels: it plans where the steering datapath
 // (datapath/steer) cuts elephant flows into micro-flows of consecutive
-// frames and which cores process those micro-flows in parallel. MFLOW's
-// in-order reassembly before TCP/UDP has no stock-kernel equivalent, so
-// the mode reorders and stays opt-in.
+// frames, which cores process those micro-flows in parallel, and, where
+// the kernel has the BPF qdisc (Linux 6.16 and newer built with
+// CONFIG_NET_SCH_BPF), MFLOW's in-order reassembly before each container
+// (datapath/reorder). Without it the mode reorders and stays opt-in.
 //
 // Planners only: they never touch the kernel and return a plan.Plan the
 // engine journals and applies.
@@ -17,6 +18,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
 )
 
@@ -40,6 +42,10 @@ type Options struct {
 	At steer.SplitAt
 	// QueueSize is the cpumap queue length per split core (at=irq).
 	QueueSize uint32
+	// Reorder puts the reassembler before each container where the
+	// kernel has the BPF qdisc; ReorderTimeout is its watchdog.
+	Reorder        bool
+	ReorderTimeout time.Duration
 }
 
 // Defaults are MFLOW's where it has them. The threshold is lanes' own (the
@@ -51,7 +57,7 @@ type Options struct {
 // while bulk streams (tens to hundreds of Kpps) are far above. A flow at
 // the threshold fills a 256-frame micro-flow every 25 ms.
 func Defaults() Options {
-	return Options{Batch: 256, Threshold: 10000, At: steer.SplitAtIRQ, QueueSize: 2048}
+	return Options{Batch: 256, Threshold: 10000, At: steer.SplitAtIRQ, QueueSize: 2048, Reorder: true, ReorderTimeout: reorder.DefaultTimeout}
 }
 
 // Limits of the settings.
@@ -72,6 +78,8 @@ var params = []plan.Param{
 	{Key: "threshold", Default: "10000", Help: "packets/s from which a flow is an elephant and split; 0 splits every flow"},
 	{Key: "at", Default: "irq", Help: "split point: irq (XDP + cpumap, before skb allocation: everything after the NIC poll runs per micro-flow) or bridge (RPS on the VXLAN device: everything after its GRO cell)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core (at=irq)"},
+	{Key: "reorder", Default: "on", Help: "on: reassemble split flows in order before each container where the kernel has the BPF qdisc (Linux >= 6.16, CONFIG_NET_SCH_BPF); off: never"},
+	{Key: "reorder-timeout", Default: "10ms", Help: "how long the reassembler waits for a micro-flow after a loss before it skips the gap, 1ms..10s"},
 }
 
 // Parse reads params over base. Every error is one line saying what to
@@ -101,6 +109,20 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.At, err = parseAt(v)
 		case "queue-size":
 			o.QueueSize, err = plan.ParseQueueSize(v)
+		case "reorder":
+			switch v {
+			case "on":
+				o.Reorder = true
+			case "off":
+				o.Reorder = false
+			default:
+				err = fmt.Errorf("want on or off")
+			}
+		case "reorder-timeout":
+			o.ReorderTimeout, err = time.ParseDuration(v)
+			if err != nil || o.ReorderTimeout < time.Millisecond || o.ReorderTimeout > 10*time.Second {
+				err = fmt.Errorf("want a duration from 1ms to 10s")
+			}
 		default:
 			return o, fmt.Errorf("unknown mflow setting %q", k)
 		}
@@ -127,6 +149,10 @@ func (o Options) Params() map[string]string {
 		"threshold":  strconv.FormatUint(o.Threshold, 10),
 		"at":         o.At.String(),
 		"queue-size": strconv.FormatUint(uint64(o.QueueSize), 10),
+		"reorder":    map[bool]string{true: "on", false: "off"}[o.Reorder],
+	}
+	if o.ReorderTimeout > 0 {
+		m["reorder-timeout"] = o.ReorderTimeout.String()
 	}
 	if len(o.SplitCPUs) > 0 {
 		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)

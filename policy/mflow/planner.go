@@ -22,7 +22,7 @@ type planner struct{}
 
 func (planner) Mode() string { return Mode }
 func (planner) Summary() string {
-	return "MFLOW: elephant flows cut into micro-flows of --batch frames, processed in parallel on --split-cores (reorders: no stock-kernel reassembly)"
+	return "MFLOW: elephant flows cut into micro-flows of --batch frames, processed in parallel on --split-cores, reassembled in order before each container where the kernel has the BPF qdisc (>= 6.16)"
 }
 func (planner) Params() []plan.Param { return params }
 
@@ -112,7 +112,8 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	} else {
 		addBridgeSplit(pl, t, dir, cpus)
 	}
-	addNotes(pl, o, split, irq, frames, w)
+	order := addReassembly(pl, t, o, split)
+	addNotes(pl, o, split, irq, frames, w, order)
 	return pl, nil
 }
 
@@ -186,7 +187,7 @@ func DefaultSplitCPUs(set, irq []int) []int {
 	return out
 }
 
-func addNotes(pl *plan.Plan, o Options, split, irq []int, frames uint32, w time.Duration) {
+func addNotes(pl *plan.Plan, o Options, split, irq []int, frames uint32, w time.Duration, order string) {
 	elephants := fmt.Sprintf("flows from %d packets/s (%d frames within %v)", o.Threshold, frames, w)
 	if o.Threshold == 0 {
 		elephants = "every flow"
@@ -198,7 +199,7 @@ func addNotes(pl *plan.Plan, o Options, split, irq []int, frames uint32, w time.
 	pl.Notes = append(pl.Notes,
 		fmt.Sprintf("elephants: %s; each is cut into micro-flows of %d frames, round robin over cores %s, split %s; mice keep the vanilla path",
 			elephants, o.Batch, knobs.FormatCPUList(split), where),
-		"order: micro-flows of one flow run in parallel and overtake each other; a stock kernel cannot reassemble them before TCP/UDP (MFLOW's reassembly needs the kernel backend), so mflow reorders; `lanes status --json` counts late micro-flow frames (at=irq)")
+		order)
 	if len(split) == 1 {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("one split core (%d): elephants move there whole, nothing runs in parallel", split[0]))
 	}

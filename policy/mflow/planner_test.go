@@ -9,8 +9,10 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
+	"github.com/lanesnet/lanes/topology/topotest"
 )
 
 // host is a receiving host as discovery reports one: an underlay whose
@@ -89,11 +91,25 @@ func notesSay(t *testing.T, p planned, want ...string) {
 	}
 }
 
+// kernelReorders makes the planner see a kernel with the BPF qdisc (ok) or
+// this host's kind, without it, for the rest of t.
+func kernelReorders(t *testing.T, ok bool) {
+	old := reorderSupported
+	t.Cleanup(func() { reorderSupported = old })
+	reorderSupported = func() error {
+		if ok {
+			return nil
+		}
+		return &reorder.UnsupportedError{Release: "6.18.44", Why: "this kernel (6.18.44) was built without it"}
+	}
+}
+
 // TestPlanDefaults: at the NIC poll, elephants from 10000 packets/s (100
 // frames per 10 ms), batches of 256 over both cores of a 2-core host, the
 // IRQ core included; the datapath and its pins first, the program that
 // reads micro-flows back before the one that makes them.
 func TestPlanDefaults(t *testing.T) {
+	kernelReorders(t, false)
 	p := mustPlan(t, host(1), []int{0, 1}, nil)
 	want := steer.MFlow{At: steer.SplitAtIRQ, Batch: 256, Cores: []int{0, 1}, Threshold: 100, Window: 10 * time.Millisecond}
 	m := p.setup.Config.MFlow
@@ -211,15 +227,18 @@ func TestPlanOldKernel(t *testing.T) {
 // TestPlanBadSettings: every bad setting is one line saying what to fix.
 func TestPlanBadSettings(t *testing.T) {
 	for want, params := range map[string]map[string]string{
-		`batch="0": want 1..65536`:      {"batch": "0"},
-		`batch="65537"`:                 {"batch": "65537"},
-		`batch="many"`:                  {"batch": "many"},
-		`threshold="5": want packets/s`: {"threshold": "5"},
-		`threshold="-1"`:                {"threshold": "-1"},
-		`at="nic": want irq or bridge`:  {"at": "nic"},
-		"split core 7 is not online":    {"split-cpus": "7"},
-		`queue-size="3": want 8..16384`: {"queue-size": "3"},
-		`has no setting "batches"`:      {"batches": "8"},
+		`batch="0": want 1..65536`:                              {"batch": "0"},
+		`batch="65537"`:                                         {"batch": "65537"},
+		`batch="many"`:                                          {"batch": "many"},
+		`threshold="5": want packets/s`:                         {"threshold": "5"},
+		`threshold="-1"`:                                        {"threshold": "-1"},
+		`at="nic": want irq or bridge`:                          {"at": "nic"},
+		"split core 7 is not online":                            {"split-cpus": "7"},
+		`queue-size="3": want 8..16384`:                         {"queue-size": "3"},
+		`has no setting "batches"`:                              {"batches": "8"},
+		`reorder="maybe": want on or off`:                       {"reorder": "maybe"},
+		`reorder-timeout="0s": want a duration from 1ms to 10s`: {"reorder-timeout": "0s"},
+		`reorder-timeout="1h"`:                                  {"reorder-timeout": "1h"},
 	} {
 		_, err := planOn(t, host(1), []int{0, 1}, params)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
@@ -234,12 +253,112 @@ func TestPlanBadSettings(t *testing.T) {
 }
 
 func TestParamsRoundTrip(t *testing.T) {
-	o := Options{Batch: 64, SplitCPUs: []int{1, 3}, Threshold: 0, At: steer.SplitAtBridge, QueueSize: 4096}
+	o := Options{Batch: 64, SplitCPUs: []int{1, 3}, Threshold: 0, At: steer.SplitAtBridge, QueueSize: 4096, ReorderTimeout: 50 * time.Millisecond}
 	back, err := Parse(Defaults(), o.Params())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if back.Batch != 64 || !slices.Equal(back.SplitCPUs, o.SplitCPUs) || back.Threshold != 0 || back.At != o.At || back.QueueSize != 4096 {
+	if back.Batch != 64 || !slices.Equal(back.SplitCPUs, o.SplitCPUs) || back.Threshold != 0 || back.At != o.At || back.QueueSize != 4096 ||
+		back.Reorder || back.ReorderTimeout != o.ReorderTimeout {
 		t.Errorf("round trip %+v, want %+v", back, o)
 	}
+}
+
+// TestPlanReorder: on a kernel with the BPF qdisc every container's
+// host-side veth gets the reassembler (after the datapath and its
+// programs), configured for the split, and the container side of each
+// gets RPS onto one core, so nothing spreads the merged flow again.
+func TestPlanReorder(t *testing.T) {
+	kernelReorders(t, true)
+	top := topotest.Receiver()
+	p := mustPlan(t, top, []int{0, 1}, map[string]string{"batch": "64", "reorder-timeout": "50ms"})
+	var qk *reorder.QdiscKnob
+	var val string
+	for i, c := range p.Changes {
+		if k, ok := c.Knob.(*reorder.QdiscKnob); ok {
+			qk, val = k, string(c.Value)
+			if i < 4 {
+				t.Errorf("the reassembler is change %d: want it after the datapath and its programs", i)
+			}
+		}
+	}
+	if qk == nil || qk.Device != "veth1" || qk.NetNS != "h2" || qk.Dir != ReorderDir("h2", "veth1") || !strings.HasPrefix(qk.Dir, plan.PinDir("h2")+"/") {
+		t.Fatalf("reassembler knob %+v: want veth1 of h2, pinned under the target's directory", qk)
+	}
+	cfg, err := reorder.DecodeConfig(val)
+	if err != nil || cfg.Batch != 64 || cfg.Cores != 2 || cfg.Timeout != 50*time.Millisecond {
+		t.Errorf("reassembler config %+v (%v), want batch 64 over 2 cores, 50ms", cfg, err)
+	}
+	if got := p.rps["h2-c1/eth0 rx-0"]; got != "1" {
+		t.Errorf("container-side RPS %v, want eth0 rx-0 on core 0 alone (mask 1)", p.rps)
+	}
+	notesSay(t, p, "reassembly at the root of 1 container veths", "held, released, gaps skipped, overflows", plan.PinDir("h2")+"/reorder")
+	for _, n := range p.Notes {
+		if strings.Contains(n, "reorders") {
+			t.Errorf("note %q: with the reassembler mflow does not reorder", n)
+		}
+	}
+
+	// Off by request; and not on a veth someone gave a qdisc, or with
+	// several transmit queues.
+	p = mustPlan(t, top, []int{0, 1}, map[string]string{"reorder": "off"})
+	if len(p.rps) != 0 || hasQdisc(p) {
+		t.Errorf("reorder=off: changes %v", p.progs)
+	}
+	notesSay(t, p, "reassembly off")
+	top.Veths[0].Hooks = &topology.Hooks{Egress: []string{"qdisc:htb"}}
+	p = mustPlan(t, top, []int{0, 1}, nil)
+	if hasQdisc(p) {
+		t.Error("the reassembler replaces htb")
+	}
+	notesSay(t, p, "not on veth1 (root qdisc htb)")
+	top.Veths[0].Hooks, top.Veths[0].TxQueues = nil, 2
+	p = mustPlan(t, top, []int{0, 1}, nil)
+	if hasQdisc(p) {
+		t.Error("the reassembler on a veth with 2 transmit queues")
+	}
+	notesSay(t, p, "not on veth1 (2 transmit queues)")
+
+	// A routed overlay forwards: IPv4 forwarding must keep skb->priority.
+	top = topotest.Receiver()
+	top.Kind = topology.Flannel
+	p = mustPlan(t, top, []int{0, 1}, nil)
+	found := false
+	for _, c := range p.Changes {
+		if c.Knob.Key() == knobs.Sysctl("h2", "net.ipv4.ip_forward_update_priority").Key() && string(c.Value) == "0" {
+			found = true
+		}
+	}
+	if !found || !hasQdisc(p) {
+		t.Errorf("flannel: want ip_forward_update_priority 0 and the reassembler")
+	}
+}
+
+// TestPlanNoReorder: without the BPF qdisc the plan says so in one line,
+// naming the kernel it needs, and mflow reorders.
+func TestPlanNoReorder(t *testing.T) {
+	kernelReorders(t, false)
+	p := mustPlan(t, topotest.Receiver(), []int{0, 1}, nil)
+	if hasQdisc(p) || len(p.rps) != 0 {
+		t.Errorf("changes %v: want no reassembler and no container-side RPS", p.progs)
+	}
+	var lines []string
+	for _, n := range p.Notes {
+		if strings.Contains(n, "reassembly") {
+			lines = append(lines, n)
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "unavailable") || !strings.Contains(lines[0], "6.16") ||
+		!strings.Contains(lines[0], "CONFIG_NET_SCH_BPF") || !strings.Contains(lines[0], "reorders") {
+		t.Errorf("notes on reassembly %q: want one line saying it is unavailable and why", lines)
+	}
+}
+
+func hasQdisc(p planned) bool {
+	for _, c := range p.Changes {
+		if _, ok := c.Knob.(*reorder.QdiscKnob); ok {
+			return true
+		}
+	}
+	return false
 }

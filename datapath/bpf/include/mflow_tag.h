@@ -21,12 +21,12 @@
  *               priorities (TC_PRIO_*, 0-15, or a class id major:minor
  *               with a major below 0xa000) never carry it.
  *   bits 27-28  generation: the low bits of the splitting datapath's
- *               metadata generation, so a reloaded datapath, whose
- *               sequences restart at 0, starts the flow over.
+ *               metadata generation, so the flow of a reloaded datapath,
+ *               whose sequences restart at 0, is a new one.
  *   bits 16-26  flow: 11 bits of the inner flow's hash (steer's
- *               flow_hash). Two split flows to one container collide with
- *               probability 1/2048; they then share one sequence space,
- *               which the reassembler handles as late or skipped frames.
+ *               flow_hash). Two split flows to one container share them
+ *               with probability 1/2048, and then one sequence space,
+ *               which the reassembler sees as late or skipped frames.
  *   bits 0-15   the micro-flow's sequence number within its flow, in
  *               serial-number order (it wraps).
  *
