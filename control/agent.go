@@ -49,6 +49,11 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	if err != nil {
 		return nil, st, err
 	}
+	if src, ok := plan.StatusOf(st.Mode); ok && src.Collector != nil && o.Metrics != nil {
+		if err := o.Metrics.Register(src.Collector(st.NetNS)); err != nil {
+			return nil, st, fmt.Errorf("%s's metrics: %w", st.Mode, err)
+		}
+	}
 	pins := plan.PinDir(st.NetNS)
 	var r *steer.Reconciler
 	if steer.Pinned(pins) {

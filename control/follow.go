@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/vishvananda/netlink"
@@ -801,7 +802,7 @@ const defaultMaskSysctl = "net.core.rps_default_mask"
 // counts and the adoption window keep in order.
 func followableKnob(k knobs.Knob) bool {
 	switch k := k.(type) {
-	case *attach.TCX:
+	case *attach.TCX, *reorder.QdiscKnob:
 		return true
 	case *knobs.SysfsFile:
 		return strings.HasPrefix(k.Path, "/sys/class/net/") &&
@@ -895,6 +896,8 @@ func entryDevice(k knobs.Knob) (string, bool) {
 	case *attach.TCX:
 		return plan.DevLabel(k.NetNS, k.Device), true
 	case *attach.XDP:
+		return plan.DevLabel(k.NetNS, k.Device), true
+	case *reorder.QdiscKnob:
 		return plan.DevLabel(k.NetNS, k.Device), true
 	case *knobs.SysfsFile:
 		rest, ok := strings.CutPrefix(k.Path, "/sys/class/net/")

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/topology"
@@ -45,6 +46,11 @@ type StatusReport struct {
 	// Coexistence lists host tuning daemons (irqbalance, tuned) that
 	// write what lanes writes.
 	Coexistence []Coexist `json:"coexistence,omitempty"`
+	// ModeStatus is what the applied mode's policy reports of its own
+	// datapath parts (plan.RegisterStatus: mflow's reassemblers);
+	// ModeStatusError why it could not be read.
+	ModeStatus      *plan.ModeStatus `json:"mode_status,omitempty"`
+	ModeStatusError string           `json:"mode_status_error,omitempty"`
 }
 
 // Core is one online CPU over the sample.
@@ -119,6 +125,13 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 		return nil, err
 	}
 	s.Coexistence = Coexistence()
+	if src, ok := plan.StatusOf(s.Mode); ok && st != nil && src.Read != nil {
+		if ms, err := src.Read(opts.NetNS); err != nil {
+			s.ModeStatusError = err.Error()
+		} else {
+			s.ModeStatus = &ms
+		}
+	}
 
 	// Sample first: discovery itself costs CPU and would show in the load.
 	cores, err := sampleCores(opts.Sample)

@@ -671,7 +671,7 @@ func restoreEntry(e Entry, rep *Report) error {
 		case rerr == nil && bytes.Equal(cur, e.Original):
 			rep.Restored = append(rep.Restored, e.Key)
 			return nil
-		case rerr == nil && e.Wrote != nil && !bytes.Equal(cur, e.Wrote):
+		case rerr == nil && e.Wrote != nil && !Same(k, cur, e.Wrote):
 			rep.Drift = append(rep.Drift, Skip{Key: e.Key, Reason: fmt.Sprintf("found %q where lanes wrote %q: changed by someone else since; put back to %q",
 				strings.TrimSpace(string(cur)), strings.TrimSpace(string(e.Wrote)), strings.TrimSpace(string(e.Original)))})
 		}

@@ -8,6 +8,7 @@
 package knobs
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +31,21 @@ type Knob interface {
 	Read() ([]byte, error)
 	// Write sets the value; writing what Read returned restores it.
 	Write(value []byte) error
+}
+
+// A Comparer says whether a value Read returned is the one Write was
+// given, for a knob whose Read does not return it byte for byte (fields
+// the kernel does not show back). Others are compared as text, trimmed.
+type Comparer interface {
+	Same(read, wrote []byte) bool
+}
+
+// Same reports whether read, a value k's Read returned, is wrote.
+func Same(k Knob, read, wrote []byte) bool {
+	if c, ok := k.(Comparer); ok {
+		return c.Same(read, wrote)
+	}
+	return bytes.Equal(bytes.TrimSpace(read), bytes.TrimSpace(wrote))
 }
 
 // ErrGone is wrapped by Read and Write when what the knob lives on (a

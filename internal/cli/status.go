@@ -106,6 +106,13 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintf(out, "  plan: %s\n", n)
 		}
 	}
+	if ms := s.ModeStatus; ms != nil {
+		for _, l := range ms.Lines {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
+	} else if s.ModeStatusError != "" {
+		fmt.Fprintf(out, "  %s's own status could not be read: %s\n", s.Mode, s.ModeStatusError)
+	}
 	if t := s.Topology; t != nil {
 		ctlPrintTopology(out, t)
 	} else {

@@ -28,6 +28,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/control"
@@ -283,6 +284,8 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 			for dir, at := range map[string]ebpf.AttachType{"ingress": ebpf.AttachTCXIngress, "egress": ebpf.AttachTCXEgress} {
 				out["tcx:"+d.NetNS+":"+d.Name+":"+dir] = TCXProgs(t, d.NetNS, d.Name, at)
 			}
+			// The root qdisc: mflow's reassembler replaces it.
+			out["qdisc:"+d.NetNS+":"+d.Name] = RootQdisc(t, d.NetNS, d.Name)
 		}
 	}
 	// The host-wide sysctl a mode may set (prism's netdev-budget).
@@ -296,6 +299,32 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 	dir := plan.PinDir(tb.Receiver().NetNS)
 	out["pindir:"+dir] = strconv.FormatBool(Exists(dir))
 	return out
+}
+
+// RootQdisc names the kind of a device's root qdisc ("" for none).
+func RootQdisc(t *testing.T, ns, dev string) string {
+	t.Helper()
+	var kind string
+	err := knobs.Do(ns, func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		qs, err := netlink.QdiscList(l)
+		if err != nil {
+			return err
+		}
+		for _, q := range qs {
+			if q.Attrs().Parent == netlink.HANDLE_ROOT {
+				kind = q.Type()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("root qdisc of %s in %s: %v", dev, ns, err)
+	}
+	return kind
 }
 
 // TCXProgs lists the ids of the tcx programs on a device, "" for none.

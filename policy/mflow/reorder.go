@@ -109,7 +109,7 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 			skipped = append(skipped, fmt.Sprintf("%s (%d transmit queues)", v.Name, v.TxQueues))
 			continue
 		}
-		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.NetNS, v.Name)}, val,
+		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.Target(), v.Name)}, val,
 			plan.DevLabel(v.NetNS, v.Name)+" root qdisc", "reassemble split flows in order before the container (MFLOW's merge)")
 		core := split[n%len(split)]
 		n++
