@@ -15,8 +15,9 @@
 # writable overlays (in guest memory) on /etc, /tmp, /usr, /var, /home and
 # /opt; only the output directory writes through to the host. The guest
 # has no network device. CMD runs in the current directory with
-# LANES_VM_OUT (the output directory) and LANES_VM_KERNEL (the --kernel
-# given) set and the host's PATH.
+# LANES_VM_OUT (the output directory), LANES_VM_KERNEL (the --kernel
+# given) and LANES_VM_KCONFIG (the kernel's build configuration, when found
+# beside its image) set and the host's PATH (internal/vmtest reads them).
 #
 # One guest at a time: TCG keeps a host core busy per vCPU, and the
 # machine is shared, so a second run.sh waits for the first (a lock file
@@ -68,9 +69,16 @@ fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
+# The kernel's build configuration, beside its image in Debian's layouts
+# (usr/lib/modules/V/{vmlinuz,config} or boot/{vmlinuz,config}-V).
+kconfig=
+for c in "$(dirname "$vmlinuz")/config" "$(dirname "$vmlinuz")/$(basename "$vmlinuz" | sed 's/^vmlinuz/config/')"; do
+	[[ -f $c && $c != "$vmlinuz" ]] && { kconfig=$c; break; }
+done
+
 # The guest's command line: the environment, the directory, then CMD with
 # each argument quoted for the guest's shell.
-guestcmd="export LANES_VM_OUT=$(printf %q "$out") LANES_VM_KERNEL=$(printf %q "$kernel") PATH=$(printf %q "$PATH");"
+guestcmd="export LANES_VM_OUT=$(printf %q "$out") LANES_VM_KERNEL=$(printf %q "$kernel") LANES_VM_KCONFIG=$(printf %q "$kconfig") PATH=$(printf %q "$PATH");"
 guestcmd+=" cd $(printf %q "$PWD") &&"
 for a in "$@"; do guestcmd+=" $(printf %q "$a")"; done
 
