@@ -28,7 +28,9 @@ type item struct {
 	Dir     string // the package's directory (the binary's working directory)
 	Bin     string
 	Run     string
+	Skip    string
 	Timeout time.Duration
+	Known   bool // its failures on this kernel are known
 }
 
 func (it item) outFile(dir string) string { return filepath.Join(dir, it.Name+".out") }
@@ -67,8 +69,11 @@ func runItem(it item, out string) int {
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), it.Timeout+hardMargin)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, it.Bin, "-test.v=test2json", "-test.count=1",
-		"-test.run", it.Run, "-test.timeout", it.Timeout.String())
+	args := []string{"-test.v=test2json", "-test.count=1", "-test.run", it.Run, "-test.timeout", it.Timeout.String()}
+	if it.Skip != "" {
+		args = append(args, "-test.skip", it.Skip)
+	}
+	cmd := exec.CommandContext(ctx, it.Bin, args...)
 	cmd.Dir = it.Dir
 	cmd.Stdout, cmd.Stderr = f, f
 	rc := 0

@@ -21,9 +21,11 @@ const defaultTimeout = 10 * time.Minute
 type entry struct {
 	Pkg     string
 	Run     string
+	Skip    string // -test.skip pattern: tests that cannot run in a guest
 	Kernels []string
 	Timeout time.Duration
 	Quick   bool
+	Known   []string // kernels on which its failures are known (reported, not counted as failures)
 	Line    int
 }
 
@@ -43,7 +45,7 @@ func parseSuite(r io.Reader, name string) ([]entry, error) {
 			return fmt.Errorf("%s:%d: %s", name, n, fmt.Sprintf(format, a...))
 		}
 		if len(f) < 2 {
-			return nil, bad("want PACKAGE RUN-PATTERN [kernels=..] [timeout=..] [quick]")
+			return nil, bad("want PACKAGE RUN-PATTERN [kernels=..] [timeout=..] [skip=..] [known=..] [quick]")
 		}
 		e := entry{Pkg: f[0], Run: f[1], Kernels: matrix, Timeout: defaultTimeout, Line: n}
 		if !strings.HasPrefix(e.Pkg, "./") {
@@ -68,10 +70,22 @@ func parseSuite(r io.Reader, name string) ([]entry, error) {
 					return nil, bad("timeout %q: give a duration like 10m", v)
 				}
 				e.Timeout = d
+			case "skip":
+				if _, err := regexp.Compile(v); err != nil || v == "" {
+					return nil, bad("skip pattern %q: want a regular expression", v)
+				}
+				e.Skip = v
+			case "known":
+				e.Known = strings.Split(v, ",")
+				for _, kk := range e.Known {
+					if !slices.Contains(matrix, kk) {
+						return nil, bad("kernel %q: the matrix has %s", kk, strings.Join(matrix, ", "))
+					}
+				}
 			case "quick":
 				e.Quick = true
 			default:
-				return nil, bad("unknown option %q (kernels=, timeout=, quick)", o)
+				return nil, bad("unknown option %q (kernels=, timeout=, skip=, known=, quick)", o)
 			}
 		}
 		es = append(es, e)

@@ -10,9 +10,9 @@ import (
 
 func TestParseSuite(t *testing.T) {
 	in := `# comment
-./control  ^TestEvery$/^docker$  kernels=6.12,newest  timeout=15m  quick
+./control  ^TestEvery$/^docker$  kernels=6.12,newest  timeout=15m  known=6.12  quick
 
-./datapath/steer  .   # every test
+./datapath/steer  .  skip=^TestPrioBulkQuiet$  # every test but one
 `
 	es, err := parseSuite(strings.NewReader(in), "suite")
 	if err != nil {
@@ -23,11 +23,12 @@ func TestParseSuite(t *testing.T) {
 	}
 	e := es[0]
 	if e.Pkg != "./control" || e.Run != "^TestEvery$/^docker$" || !slices.Equal(e.Kernels, []string{"6.12", "newest"}) ||
-		e.Timeout != 15*time.Minute || !e.Quick || e.Line != 2 || e.on("host") || !e.on("6.12") {
+		e.Timeout != 15*time.Minute || !e.Quick || e.Line != 2 || e.on("host") || !e.on("6.12") ||
+		!slices.Equal(e.Known, []string{"6.12"}) {
 		t.Errorf("first entry %+v", e)
 	}
 	e = es[1]
-	if e.Pkg != "./datapath/steer" || e.Run != "." || !slices.Equal(e.Kernels, matrix) || e.Timeout != defaultTimeout || e.Quick {
+	if e.Pkg != "./datapath/steer" || e.Run != "." || e.Skip != "^TestPrioBulkQuiet$" || !slices.Equal(e.Kernels, matrix) || e.Timeout != defaultTimeout || e.Quick {
 		t.Errorf("second entry %+v", e)
 	}
 	for _, bad := range []string{
@@ -37,6 +38,8 @@ func TestParseSuite(t *testing.T) {
 		"./control . kernels=5.10",
 		"./control . timeout=soon",
 		"./control . fast",
+		"./control . known=4.19",
+		"./control . skip=(",
 	} {
 		if _, err := parseSuite(strings.NewReader(bad), "suite"); err == nil {
 			t.Errorf("%q: no error", bad)
