@@ -14,6 +14,8 @@
 # after LANES_VM_ALIAS_DAYS days (default 7), or at once with --refresh, and
 # when the lookup fails the cached kernel is used and a note says so.
 #
+# LANES_VM_MIRROR names another Debian mirror.
+#
 # Cache: $LANES_VM_CACHE (default /var/cache/lanes-vm):
 #   apt/         the private apt state
 #   <version>/   the unpacked packages (usr/lib/modules/<version>/ or boot/)
@@ -34,6 +36,7 @@ esac
 
 cache=${LANES_VM_CACHE:-/var/cache/lanes-vm}
 days=${LANES_VM_ALIAS_DAYS:-7}
+mirror=${LANES_VM_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$cache"
 # One fetch at a time (two sessions may share the cache).
 exec 9>"$cache/.lock"
@@ -97,8 +100,8 @@ apt_setup() {
 	local key=/usr/share/keyrings/debian-archive-keyring.gpg
 	[[ -f $key ]] || { echo "fetch: $key missing: apt-get install debian-archive-keyring" >&2; return 1; }
 	cat >"$aptdir/sources.list" <<-EOF
-		deb [signed-by=$key] http://deb.debian.org/debian trixie main
-		deb [signed-by=$key] http://deb.debian.org/debian trixie-backports main
+		deb [signed-by=$key] $mirror trixie main
+		deb [signed-by=$key] $mirror trixie-backports main
 	EOF
 	apt-get "${aptopts[@]}" update >&2
 }

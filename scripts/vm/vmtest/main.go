@@ -182,7 +182,13 @@ func (r *runner) matrix(ks []string, es []entry, require bool) int {
 		note = " (under TCG only counts are evidence, never times)"
 	}
 	fmt.Printf("vm-test: done in %s%s\n", time.Since(start).Round(time.Second), note)
-	fmt.Printf("vm-test: %s\n", total)
+	if total == (counts{}) {
+		// No count line of zeros: it would read as a run that tested
+		// nothing and passed.
+		fmt.Println("vm-test: no test ran")
+	} else {
+		fmt.Printf("vm-test: %s\n", total)
+	}
 	if total.fail > 0 || (require && len(skipped) > 0) {
 		return 1
 	}
@@ -326,7 +332,7 @@ func (r *runner) fetch(k string) (string, error) {
 		if why == "" {
 			why = err.Error()
 		}
-		return "", skip{"cannot fetch it: " + why}
+		return "", skip{"cannot fetch it: " + strings.TrimPrefix(why, "fetch: ")}
 	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		return "", skip{"no qemu-system-x86_64: run make deps (scripts/vm/deps.sh)"}
