@@ -10,6 +10,8 @@
 #                 /tmp/lanes-vm.XXXXXX); the same path inside and outside
 #   --cpus N      vCPUs (default 2)
 #   --memory M    guest memory (default 3G)
+#   --console     the guest kernel's messages of warning level and above
+#                 (an Oops, a panic) on stderr as well
 #
 # Inside the guest the host's filesystem is the root, read-only, with
 # writable overlays (in guest memory) on /etc, /tmp, /usr, /var, /home and
@@ -28,7 +30,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-kernel=newest timeout=1200 out=${LANES_VM_OUT:-} cpus=2 memory=3G
+kernel=newest timeout=1200 out=${LANES_VM_OUT:-} cpus=2 memory=3G console=0
 usage() { sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2; }
 while (($#)); do
 	case "$1" in
@@ -37,6 +39,7 @@ while (($#)); do
 	--out) out=$2; shift 2 ;;
 	--cpus) cpus=$2; shift 2 ;;
 	--memory) memory=$2; shift 2 ;;
+	--console) console=1; shift ;;
 	--) shift; break ;;
 	-h | --help) usage ;;
 	*) echo "run: unknown option $1 (the command goes after --)" >&2; exit 2 ;;
@@ -98,6 +101,12 @@ fi
 args=(--run "$vmlinuz" --disable-kvm --cpus "$cpus" --memory "$memory"
 	--rwdir "$out" --cwd / --user root --exec "$guestcmd")
 case "$vmlinuz" in "$cache"/*) args+=(--rodir "$cache") ;; esac
+# vng --verbose sends the kernel console to stderr at loglevel 7; 5 keeps
+# warnings, Oopses and panics and leaves out the info-level chatter of
+# devices coming and going.
+if ((console)); then
+	args+=(--verbose --append loglevel=5)
+fi
 # Multi-threaded TCG (one host thread per vCPU) is QEMU's default here;
 # LANES_VM_TCG=single runs every vCPU on one host thread.
 if [[ ${LANES_VM_TCG:-} == single ]]; then

@@ -254,7 +254,7 @@ func (r *runner) kernel(k string, es []entry) (counts, error) {
 		}
 	} else {
 		fmt.Printf("vm-test: kernel %s: booting %s under TCG for %d test binaries\n", k, vmlinuz, len(p.Items))
-		cmd := exec.Command(filepath.Join(r.root, "scripts/vm/run.sh"), "--kernel", k, "--out", dir,
+		cmd := exec.Command(filepath.Join(r.root, "scripts/vm/run.sh"), "--kernel", k, "--out", dir, "--console",
 			"--timeout", fmt.Sprint(int((wall + bootMargin).Seconds())), "--", r.self, "-guest", planFile)
 		if err := r.logged(console, cmd); err != nil {
 			var ee *exec.ExitError
@@ -279,13 +279,16 @@ func (r *runner) kernel(k string, es []entry) (counts, error) {
 		if !ended && len(res) == 1 && len(res[0].Output) == 0 {
 			res[0].Output = tail(console, keepLines)
 		}
+		// A binary the guest never ran or never finished is no known
+		// failure, whatever its line says.
+		known := it.Known && ended
 		for _, x := range res {
-			c.add(x.Action, it.Known)
+			c.add(x.Action, known)
 			line := fmt.Sprintf("--- %s: %s (kernel %s)", strings.ToUpper(x.Action), x.Test, rel)
 			if x.Reason != "" {
 				line += ": " + x.Reason
 			}
-			if x.Action == "fail" && it.Known {
+			if x.Action == "fail" && known {
 				line += " [known on " + k + "]"
 			}
 			fmt.Println(line)
