@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"errors"
 	"net"
 	"os/exec"
 	"slices"
@@ -94,12 +95,20 @@ func TestDiscoverPath(t *testing.T) {
 		}
 		return touchIPTable("filter")
 	})
+	// A kernel with legacy iptables as a module that nobody loaded (a
+	// Debian kernel in a harness guest) has no IPT_SO_GET_INFO: no legacy
+	// table can exist there, and the check of one is left out.
+	legacy := true
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		t.Logf("no legacy iptables here (ip_tables not loaded): the legacy table is not checked")
+		legacy, err = false, nil
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	topo = discover(t, h.NetNS)
-	if got := topo.Netfilter; !slices.Contains(got.NFTables, "inet lanes_test") || !slices.Contains(got.IPTables, "filter") || got.None() {
-		t.Errorf("netfilter %+v, want the inet table and the legacy filter table", got)
+	if got := topo.Netfilter; !slices.Contains(got.NFTables, "inet lanes_test") || legacy && !slices.Contains(got.IPTables, "filter") || got.None() {
+		t.Errorf("netfilter %+v, want the inet table and (legacy iptables: %v) the legacy filter table", got, legacy)
 	}
 	if h := vethOf(t, topo, c.HostVeth).Hooks; h == nil || !slices.Contains(h.Egress, "qdisc:tbf") {
 		t.Errorf("hooks %+v, want the tbf qdisc on egress", h)
