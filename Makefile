@@ -4,6 +4,7 @@
 #   make test    BPF objects regenerated, vet, unit + integration tests (root),
 #                and a short run of each differential fuzzer
 #   make fuzz    the fuzzers for FUZZTIME each (default 10m)
+#   make vm-test the guest-kernel tests: this host, Debian 6.12 and newest under QEMU TCG (docs/vm.md)
 #   make demo    quick benchmark: native vs vanilla vs rps, report + plots in out/quick
 #   make install binary, systemd unit and example config into place (root)
 #   make image   the container image (deploy/Dockerfile; needs a Docker engine)
@@ -18,7 +19,7 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 20m
 FUZZERS   := FuzzSteerXDP FuzzSteerTC
 FUZZTIME  ?= 10m
 
-.PHONY: all deps generate build test fuzz demo install image clean
+.PHONY: all deps generate build test fuzz vm-test demo install image clean
 
 all: build
 
@@ -42,6 +43,12 @@ test: deps generate build
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./datapath/steer/ || exit 1; done
+	$(GO) run ./scripts/vm/vmtest -quick -kernels 6.12,newest
+
+# The guest-kernel tests (docs/vm.md): scripts/vm/suite on this host's
+# kernel and on Debian's 6.12 and newest kernels under QEMU's TCG.
+vm-test: deps generate
+	$(GO) run ./scripts/vm/vmtest
 
 fuzz: generate
 	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./datapath/steer/ || exit 1; done

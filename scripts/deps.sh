@@ -48,6 +48,10 @@ if [[ "$(printf '%s\n1.21\n' "$gov" | sort -V | head -1)" != "1.21" ]]; then
 	echo "deps: Go $gov is too old: install Go >= 1.24 from go.dev/dl" >&2
 	exit 1
 fi
+# The guest-kernel harness (make vm-test, make test's guest part): QEMU,
+# kmod, udev, file, python3-venv from Debian; virtme-ng in /opt/lanes-vng.
+"$(dirname "$0")/vm/deps.sh"
+
 # Flannel is not in Debian: built from the Go module proxy (cached).
 "$(dirname "$0")/flanneld.sh"
 
