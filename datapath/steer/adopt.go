@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Adopting containers after apply (steer.c, steer_adopt): while a
+// Adopting containers after apply (bpf/maps.h, steer_adopt): while a
 // container device's window is open, a flow whose container stage has no
 // state yet starts where the kernel runs it (Stay), counted, and leaves
 // for the table's core only through the move rule. The window covers the

@@ -47,7 +47,7 @@ type Config struct {
 	NoBridgeCount bool
 	// StayQueued keeps a flow staying at the bridge stage on the RPS
 	// backlog of its own core, as lanes did before that stage ran such
-	// flows on (steer.c's stay_direct): one more pass through the backlog
+	// flows on (bpf/place.h's stay_direct): one more pass through the backlog
 	// than vanilla makes, for measuring what running on changes.
 	StayQueued bool
 	// MFlow splits elephant flows into micro-flows; the zero value is off.
@@ -61,7 +61,7 @@ type Config struct {
 	// the bulk queue's hop only costs. With the first rule each flow
 	// takes the queue as soon as none of its frames is left behind in
 	// the NIC poll (whose frames are counted in flight only while such a
-	// move waits), without an idle gap; see steer.c's place() and
+	// move waits), without an idle gap; see bpf/place.h's place() and
 	// mark_inline.
 	PrioIdleInline bool
 	// PrioQuiet (with PrioIdleInline; 0: off) keeps bulk flows in the NIC

@@ -200,7 +200,7 @@ func (e *NoDropTracesError) Unwrap() error { return e.Err }
 // which, which turns the queues' accounting on: from then on a flow whose
 // frames are counted in flight on a cpumap queue moves only once they came
 // out or were dropped, however long the queue waits for its core, instead
-// of after the drain time (steer.c, struct steer_queue). Last it attaches
+// of after the drain time (bpf/maps.h, struct steer_queue). Last it attaches
 // steer_drops_skb (skb:kfree_skb), which counts the later stages' frames
 // the kernel drops out of their flows' counts; if only that one fails, the
 // cpumap queues stay tracked and the error says which is missing. Only a
@@ -475,7 +475,7 @@ func hostSpec() (*ebpf.CollectionSpec, error) {
 // keeps part of its free entries on each CPU's own list and evicts per
 // CPU, so a map of fixed size on a large host evicts busy flows long
 // before it is full; an evicted flow starts afresh at its next frame (and
-// in a new count epoch: steer.c's next_epoch).
+// in a new count epoch: bpf/flow.h's next_epoch).
 func FlowEntries(cpus int) uint32 {
 	n := uint32(16384)
 	for n < uint32(cpus)*4096 && n < 1<<20 {

@@ -11,7 +11,7 @@ import (
 
 // A stage that stays runs where the stage before it ran: these tests move
 // the earlier stage's core under a staying later stage and check that the
-// later one's frames in flight are never overtaken (steer.c's
+// later one's frames in flight are never overtaken (bpf/order.h's
 // followers_out and stay_core).
 
 func needTwoCores(t *testing.T) {

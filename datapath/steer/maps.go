@@ -35,14 +35,14 @@ const (
 var mflowFlag = map[SplitAt]uint32{SplitAtIRQ: cfgMFlow, SplitAtBridge: cfgMFlowBridge}
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
-// high-priority queue (steer.c's CLASS_HI); syncIdx is the cpu_idx of a
+// high-priority queue (bpf/consts.h's CLASS_HI); syncIdx is the cpu_idx of a
 // flow on PRISM-sync's shortcut (SYNC_IDX).
 const (
 	classHi = 0x40000000
 	syncIdx = 0x20000000
 )
 
-// stayFresh, stayQueued and stayDirect are steer.c's STAY_FRESH,
+// stayFresh, stayQueued and stayDirect are bpf/consts.h's STAY_FRESH,
 // STAY_QUEUED and STAY_DIRECT: a bridge-stage flow that has to queue a
 // counted frame before it may run on, one queuing counted (at the
 // container stage: on the core in stay_cpu, stay_core), and one staying
@@ -55,7 +55,7 @@ const (
 )
 
 // directOff is the steer_cfg flags under which the bridge stage never
-// runs on (steer.c's direct_ok).
+// runs on (bpf/place.h's direct_ok).
 const directOff = cfgMFlow | cfgMFlowBridge | cfgNoBridgeCount | cfgStayQueued
 
 // SetConfig validates c and makes the programs use it. CPUs are stored
@@ -86,7 +86,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	}
 	k := encodeConfig(c)
 	// Frames hashed for the core set before a change may still be queued:
-	// the programs decode their hashes with the previous set (steer.c,
+	// the programs decode their hashes with the previous set (bpf/flow.h,
 	// hash_of_count), so their counts still drain.
 	var cur steerSteerCfg
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &cur); err != nil {
@@ -441,15 +441,15 @@ type Flow struct {
 	LastSeen         time.Duration // CLOCK_MONOTONIC (ktime) of the last packet
 	Packets, Bytes   uint64
 	// InFlight is frames this stage queued that the next stage's program
-	// has not seen yet (may dip below 0 briefly; see steer.c's seen()).
+	// has not seen yet (may dip below 0 briefly; see bpf/order.h's seen()).
 	InFlight int64
 	// Direct (bridge stage): the flow stays without a pass through the
-	// RPS backlog (steer.c's stay_direct); its frames in flight are then
+	// RPS backlog (bpf/place.h's stay_direct); its frames in flight are then
 	// on their way through the GRO cell, not queued.
 	Direct bool
 	// StayCore (container stage, staying): the core whose RPS backlog its
 	// counted frames were queued on, which it holds while any is in
-	// flight however the bridge stage's core changes (steer.c's
+	// flight however the bridge stage's core changes (bpf/order.h's
 	// stay_core); -1: none yet, or not staying.
 	StayCore int
 	// MicroFlow is the flow's MFLOW state at the stage that splits it.
@@ -475,7 +475,7 @@ type MicroFlowState struct {
 	SeenAny bool
 }
 
-// mfSeen is steer.c's MF_SEEN: the flow's mf_seen holds a sequence number.
+// mfSeen is bpf/mflow.h's MF_SEEN: the flow's mf_seen holds a sequence number.
 const mfSeen = 1 << 32
 
 func microFlowState(s *steerSteerFlowState) MicroFlowState {
@@ -810,7 +810,7 @@ func (d *Datapath) HomeBare() (bool, error) {
 
 // SetHomeBare switches the bridge stage's bare path at home on: every
 // overlay frame runs on through the GRO cell's poll without a flow lookup
-// (steer.c's steer_tc; frames it does not understand still pass
+// (bpf/tc.c's steer_tc; frames it does not understand still pass
 // untouched). Switch it on only while the stage is at home and
 // HomeQueues says no flow there would queue; SetHome(StageBridge, false)
 // switches it off with home.
@@ -833,7 +833,7 @@ func (d *Datapath) SetHomeBare() error {
 // queue through the RPS backlog rather than run on: its state does not run
 // on, on core home, and it saw a frame within the drain time (the careful
 // path at home stamps such a flow each frame, and runs on one idle for
-// longer, its queued frames presumed out; steer.c's home_idle). Until it
+// longer, its queued frames presumed out; bpf/place.h's home_idle). Until it
 // says no, the bare path would let such a flow's next frames overtake
 // those it queued. Always yes without a drain time (no presumption).
 func (d *Datapath) HomeQueues(home int) (bool, error) {
@@ -853,7 +853,7 @@ func (d *Datapath) HomeQueues(home int) (bool, error) {
 		if s.CpuIdx == Stay && s.Stay&stayMode == stayDirect && int(s.StayCpu) == home {
 			return
 		}
-		// A coarse stamp may be up to the coarse lag early (steer.c's
+		// A coarse stamp may be up to the coarse lag early (bpf/flow.h's
 		// now_ns): count the lag as activity, never as idleness.
 		if s.LastNs >= now || now-s.LastNs < cfg.DrainNs+cfg.CoarseLagNs {
 			queues = true
@@ -870,7 +870,7 @@ func (d *Datapath) HomeQueues(home int) (bool, error) {
 // fresh count (a new epoch, so marked frames from before home do not
 // lower it) where that stage runs flows on: at home it runs a flow on
 // without the RPS backlog only if it has no state or one that ran on
-// already (steer.c's stay_direct), and queues the others' frames,
+// already (bpf/place.h's stay_direct), and queues the others' frames,
 // uncounted. Deleting the state of a flow whose frames are so queued
 // would let its next frame, at home still or just after, run on past
 // them; kept and set back to STAY_FRESH, the flow queues its next frame
@@ -912,11 +912,11 @@ func (d *Datapath) leavingHome(stage int) error {
 	return nil
 }
 
-// epochSlots is steer.c's EPOCH_SLOTS.
+// epochSlots is bpf/maps.h's EPOCH_SLOTS.
 const epochSlots = 65536
 
 // nextEpoch hands out the next count epoch of k's slot other than cur,
-// as steer.c's next_epoch_after does (with the same race, and the same
+// as bpf/flow.h's next_epoch_after does (with the same race, and the same
 // harmlessness).
 func (d *Datapath) nextEpoch(k *steerSteerFlowKey, cur uint32) uint32 {
 	fh := FlowHash(addrOf(k.Saddr), addrOf(k.Daddr), htons16(k.Sport), htons16(k.Dport), k.Proto)
@@ -1041,7 +1041,7 @@ type Counters struct {
 	Sync     uint64
 	SyncMiss uint64
 	// SyncRefused is high-priority frames with a destination that the
-	// kernel's own path would not have delivered there (steer.c's
+	// kernel's own path would not have delivered there (bpf/sync.h's
 	// sync_accept: a wrong checksum or length, another host's address, an
 	// unknown source, reserved VXLAN bits, outer CE on a Not-ECT packet):
 	// they took the normal path, where the kernel decides. SyncExpired is
@@ -1069,7 +1069,7 @@ type Counters struct {
 	Dropped uint64
 
 	// Direct (bridge stage) is frames that stayed without a pass through
-	// the RPS backlog, as in vanilla (steer.c's stay_direct); they count
+	// the RPS backlog, as in vanilla (bpf/place.h's stay_direct); they count
 	// in Stayed too or, at home, in Home.
 	Direct uint64
 
@@ -1086,7 +1086,7 @@ type Counters struct {
 	Unmarked uint64
 }
 
-// fields lists c's counters in steer.c's enum counter order.
+// fields lists c's counters in bpf/counters.h's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
 		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped}
@@ -1113,7 +1113,7 @@ func (c Counters) Add(other Counters) Counters {
 	return out
 }
 
-// numCounters is steer.c's NUM_COUNTERS.
+// numCounters is bpf/counters.h's NUM_COUNTERS.
 var numCounters = len((&Counters{}).fields())
 
 // Stats reads every stage's counters, summed over cores.
@@ -1199,7 +1199,7 @@ func Now() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// Queue is one core's split-stage queue accounting (steer.c, struct
+// Queue is one core's split-stage queue accounting (bpf/maps.h, struct
 // steer_queue): the frames steer_xdp marked for the core's cpumap queues
 // (both classes) and, under prism's PLACE_LOCAL, for its NIC poll, and
 // where they went.
@@ -1287,7 +1287,7 @@ func (d *Datapath) setLost(core int, n uint64) error {
 }
 
 // metaGen is the datapath's mark in the metadata's generation bits
-// (steer.c, steer_cfg.meta_gen): the low 16 bits of its bulk cpumap's map
+// (bpf/maps.h, steer_cfg.meta_gen): the low 16 bits of its bulk cpumap's map
 // id, which differ from the datapath loaded before it unless 65536 maps
 // were created in between.
 func (d *Datapath) metaGen() (uint32, error) {
@@ -1303,5 +1303,5 @@ func (d *Datapath) metaGen() (uint32, error) {
 }
 
 // Uncounted is what a flow's in-flight count (Flow.InFlight) carries on
-// top of its frames once one of them went unmarked (steer.c, UNCOUNTED).
+// top of its frames once one of them went unmarked (bpf/order.h, UNCOUNTED).
 const Uncounted = 1 << 40

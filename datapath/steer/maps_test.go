@@ -32,7 +32,7 @@ func TestConfigRoundTrip(t *testing.T) {
 }
 
 // TestEncodeConfigMatchesRPSHash: the ranges SetConfig writes for the tc
-// programs (with steer.c's arithmetic) give what RPSHash predicts.
+// programs (with bpf/flow.h's arithmetic) give what RPSHash predicts.
 func TestEncodeConfigMatchesRPSHash(t *testing.T) {
 	for n := 1; n <= MaxCPUs; n++ {
 		c := Config{CPUs: make([]int, n)}
@@ -44,7 +44,7 @@ func TestEncodeConfigMatchesRPSHash(t *testing.T) {
 			for _, fh := range []uint32{0, 1, 12345, 0xdeadbeef, ^uint32(0)} {
 				for _, counted := range []uint32{0, 1} {
 					for _, epoch := range []uint32{0, 3, HashEpochs - 1} {
-						// steer.c's rps_hash arithmetic, on the config's fields (bridge stage).
+						// bpf/flow.h's rps_hash arithmetic, on the config's fields (bridge stage).
 						v := (k.RpsLo[i]+1)&^1 + (fh%((k.RpsSpan-1)/2/HashEpochs)*HashEpochs+epoch)*2 + counted
 						if v == 0 { // "0 is no hash"
 							v = 2

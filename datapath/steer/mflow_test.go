@@ -15,7 +15,7 @@ import (
 // round robin over the split cores, each frame marked with its micro-flow's
 // sequence number; mice and foreign frames keep their path.
 
-// microModel mirrors steer.c's batching of one elephant: the micro-flow n
+// microModel mirrors bpf/mflow.h's batching of one elephant: the micro-flow n
 // more frames belong to (a GRO skb counts its segments and stays whole in
 // the micro-flow it starts in), and whether they start it.
 type microModel struct{ batch, left, started uint32 }

@@ -132,7 +132,7 @@ func ParseRule(s string) (Rule, error) {
 	return r, nil
 }
 
-// shape is the rule's bit in steer_cfg.prio_shapes (steer.c's high_prio):
+// shape is the rule's bit in steer_cfg.prio_shapes (bpf/prio.h's high_prio):
 // side, then port and protocol given or not.
 func (r Rule) shape() uint32 {
 	i := 3
@@ -163,7 +163,7 @@ func (d *Datapath) prioShapes() (uint32, error) {
 	return m, nil
 }
 
-// syncPrioShapes writes the rules' shape mask (steer.c's
+// syncPrioShapes writes the rules' shape mask (bpf/maps.h's
 // steer_prio_shapes, whose one writer this is), so the programs look up
 // only shapes that exist. After an add, the new shape is in the mask once
 // this returns; after a delete, a stale bit only costs a lookup.
@@ -327,7 +327,7 @@ func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
 }
 
 // quietSince says whether a coarse-clock stamp (0: none yet) is more than
-// after old at now, as steer.c's gap_over does.
+// after old at now, as bpf/prio.h's gap_over does.
 func quietSince(stamp uint64, now, after time.Duration) bool {
 	return stamp == 0 || now-time.Duration(stamp) > after
 }

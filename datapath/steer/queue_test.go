@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Queue accounting (steer.c, struct steer_queue): a flow counted in flight
+// Queue accounting (bpf/maps.h, struct steer_queue): a flow counted in flight
 // on a cpumap queue moves once that queue has been seen empty since its
 // last frame went in, never on the drain timeout, however long the
 // queue's kthread waits for its core.

@@ -18,7 +18,7 @@ import (
 // pinned (control.NewAgent; a mode without an agent of its own gets one
 // that runs only this). A flow whose frames are counted in flight on a
 // core's split-stage queues leaves them only once they were seen empty
-// (steer.c, struct steer_queue): every frame counted in came out or was
+// (bpf/maps.h, struct steer_queue): every frame counted in came out or was
 // reported dropped by the kernel. A frame lost where nothing reports it
 // (a redirect that fails after the verdict, a program ahead of lanes' tc
 // program that takes the skb) would hold that core's waiting flows for

@@ -25,7 +25,7 @@ import (
 // frames of overlay VNI whose inner destination is MAC are decapsulated in
 // XDP and redirected to the host-side veth Ifindex, when their inner frame
 // (Ethernet header excluded) is no longer than MTU. Which destinations are
-// safe is policy's business (policy/prism); see steer.c's sync_dest.
+// safe is policy's business (policy/prism); see bpf/sync.h's sync_dest.
 type SyncTarget struct {
 	VNI     uint32
 	MAC     net.HardwareAddr
@@ -69,7 +69,7 @@ func (s SyncTarget) key() steerSyncKey { return syncKey(s.VNI, s.MAC) }
 
 // SyncSource is an inner source MAC whose frames of overlay VNI may take
 // the shortcut, from the VTEP address alone: a remote container behind a
-// static forwarding entry of the VXLAN device (steer.c's steer_sync_src).
+// static forwarding entry of the VXLAN device (bpf/maps.h's steer_sync_src).
 type SyncSource struct {
 	VNI  uint32
 	MAC  net.HardwareAddr
@@ -93,7 +93,7 @@ func (s SyncSource) check() error {
 
 // SyncLocal is one of this host's VTEP addresses on an underlay device,
 // with that device's MAC: the outer destination a frame must have to take
-// the shortcut (steer.c's steer_sync_local).
+// the shortcut (bpf/maps.h's steer_sync_local).
 type SyncLocal struct {
 	Ifindex uint32
 	Addr    netip.Addr
@@ -111,7 +111,7 @@ func (l SyncLocal) check() error {
 }
 
 // SyncSet is everything the shortcut goes by: the destinations and what a
-// frame must come from and to (steer.c's sync_accept).
+// frame must come from and to (bpf/sync.h's sync_accept).
 type SyncSet struct {
 	Targets []SyncTarget
 	Sources []SyncSource

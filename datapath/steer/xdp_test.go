@@ -61,7 +61,7 @@ func TestXDPSteers(t *testing.T) {
 	}
 }
 
-// TestXDPBucketMirror holds Bucket and FlowHash to steer.c: only the bucket
+// TestXDPBucketMirror holds Bucket and FlowHash to bpf/flow.h: only the bucket
 // the Go mirror predicts points at a core.
 func TestXDPBucketMirror(t *testing.T) {
 	d, _ := newDatapath(t)

@@ -139,8 +139,8 @@ struct steer_flow_state {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct steer_flow_key);
-	__type(value, struct steer_flow_state);
+	__type(key, struct steer_flow_key); /* a flow (its 5-tuple) at one stage */
+	__type(value, struct steer_flow_state); /* where that stage runs, its in-flight count, MFLOW state */
 } steer_flows SEC(".maps");
 
 /*
@@ -157,8 +157,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, NUM_STAGES * EPOCH_SLOTS);
-	__type(key, __u32);
-	__type(value, __u32);
+	__type(key, __u32); /* stage * EPOCH_SLOTS + flow hash % EPOCH_SLOTS */
+	__type(value, __u32); /* count epochs handed out in that slot */
 } steer_epochs SEC(".maps");
 
 /*
@@ -185,7 +185,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_CPUMAP);
 	__uint(max_entries, MAX_CPUS);
 	__type(key, __u32); /* core number */
-	__type(value, struct bpf_cpumap_val);
+	__type(value, struct bpf_cpumap_val); /* the queue size, no program */
 } steer_cpumap SEC(".maps");
 
 /*
@@ -199,7 +199,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_CPUMAP);
 	__uint(max_entries, MAX_CPUS);
 	__type(key, __u32); /* core number */
-	__type(value, struct bpf_cpumap_val);
+	__type(value, struct bpf_cpumap_val); /* the queue size, no program */
 } steer_cpumap_hi SEC(".maps");
 
 /* PRISM's IP/port database: which inner flows are high priority. A flow
@@ -228,7 +228,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);   /* always 0 */
-	__type(value, __u32);
+	__type(value, __u32); /* the rule shapes in use: bit dir * 4 + i */
 } steer_prio_shapes SEC(".maps");
 
 /*
@@ -256,8 +256,8 @@ struct sync_dest {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
-	__type(key, struct sync_key);
-	__type(value, struct sync_dest);
+	__type(key, struct sync_key); /* (VNI, inner destination MAC) */
+	__type(value, struct sync_dest); /* the container's host-side veth, its MTU, the deadline */
 } steer_sync SEC(".maps");
 
 struct {
@@ -288,8 +288,8 @@ struct sync_local {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 256);
-	__type(key, struct sync_local_key);
-	__type(value, struct sync_local);
+	__type(key, struct sync_local_key); /* (underlay device, local VTEP address) */
+	__type(value, struct sync_local); /* that device's MAC */
 } steer_sync_local SEC(".maps");
 
 /*
@@ -311,8 +311,8 @@ struct sync_src {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
-	__type(key, struct sync_key);
-	__type(value, struct sync_src);
+	__type(key, struct sync_key); /* (VNI, inner source MAC) */
+	__type(value, struct sync_src); /* its VTEP, when the shortcut last took a frame of it */
 } steer_sync_src SEC(".maps");
 
 /* MFLOW: micro-flows sent to each core. Written once per micro-flow, not
@@ -394,7 +394,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_CPUS);
 	__type(key, __u32);   /* core number */
-	__type(value, __u64);
+	__type(value, __u64); /* frames the control plane booked lost */
 } steer_queue_lost SEC(".maps");
 
 /* The kernel ids of steer_cpumap (0) and steer_cpumap_hi (1), which the
@@ -404,8 +404,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, __u32);
+	__type(key, __u32); /* 0: steer_cpumap, 1: steer_cpumap_hi */
+	__type(value, __u32); /* its kernel map id (0: drops not tracked) */
 } steer_qmaps SEC(".maps");
 
 /* PRISM high=auto, rule by rule: 1 while the high-priority flows a rule
@@ -434,8 +434,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 1024);
-	__type(key, struct prio_rule);
-	__type(value, __u64);
+	__type(key, struct prio_rule); /* a rule */
+	__type(value, __u64); /* frames it marked, this core's */
 } steer_high_frames SEC(".maps");
 
 /* PRISM high=auto: when the last bulk frame arrived (coarse clock, ns; 0:
@@ -445,7 +445,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);   /* always 0 */
-	__type(value, __u64);
+	__type(value, __u64); /* coarse clock of the last bulk frame, 0: none */
 } steer_bulk_seen SEC(".maps");
 
 /* PRISM bulk=auto: when the last high-priority frame of a busy rule ran
@@ -462,7 +462,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);   /* always 0 */
-	__type(value, struct high_seen);
+	__type(value, struct high_seen); /* coarse clocks of the last busy and queued high-priority frames */
 } steer_high_seen SEC(".maps");
 
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
@@ -472,7 +472,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);   /* always 0 */
-	__type(value, __u64);
+	__type(value, __u64); /* coarse clock of the last high-priority frame, 0: none */
 } steer_prio_seen SEC(".maps");
 
 /* Frames steer_xdp passed without steering them, this core's in the
@@ -487,8 +487,8 @@ struct passed_tick {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct passed_tick);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct passed_tick); /* this core's tick and its frames passed */
 } steer_passed_tick SEC(".maps");
 
 struct {
