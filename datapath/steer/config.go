@@ -7,7 +7,11 @@ import (
 	"time"
 )
 
-// Config is what every steer program reads on every packet.
+// Config is the steer programs' configuration. Its mode (every setting
+// but the core set, the move rules, the port and the VNIs) is fixed when
+// the programs are loaded (LoadFor; SetConfig loads them again for another
+// one), so the verifier drops the code of what it leaves out; the rest
+// they read on every packet.
 type Config struct {
 	// Enabled off makes every program pass everything untouched.
 	Enabled bool

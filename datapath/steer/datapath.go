@@ -13,7 +13,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
@@ -43,41 +42,32 @@ const (
 // use.
 type Datapath struct {
 	objs steerObjects
-	// dropsSkbErr: why steer_drops_skb could not load (Load put a stub in
-	// its place), or nil.
+	// modeMap holds the load-time constants the programs run (their
+	// .rodata, pinned as PinMode), and mode its value (bpf/mode.h).
+	modeMap *ebpf.Map
+	mode    steerSteerMode
+	// loaded: this process loaded the programs, so SetConfig may load
+	// them again for another mode; reopened ones may run anywhere.
+	loaded bool
+	// pinDir is where the datapath is pinned ("": nowhere), and tracked
+	// says TrackQueues attached its drop tracepoints there.
+	pinDir  string
+	tracked bool
+	// dropsSkbErr: why steer_drops_skb could not load (a stub took its
+	// place), or nil.
 	dropsSkbErr error
 }
 
-// Load loads the embedded object into the kernel. Nothing is pinned or
-// attached, and the config is disabled until SetConfig.
+// Load loads the embedded object for Falcon's placement alone (the zero
+// Config's mode; SetConfig loads the programs again for another). Nothing
+// is pinned or attached, and the config is disabled until SetConfig.
 func Load() (*Datapath, error) {
-	d := &Datapath{}
-	spec, err := hostSpec()
-	if err != nil {
-		return nil, fmt.Errorf("loading steer datapath: %w", err)
-	}
-	// steer_drops_skb and steer_sync_xmit read kernel structs through
-	// CO-RE, which needs the kernel's BTF; every other program works
-	// without. Where they cannot load (no BTF, a relocation that fails),
-	// stubs that count nothing take their place, never attached
-	// (TrackQueues reports it), and the rest of the datapath works. Only
-	// vmlinux's types are searched, not every module's.
-	var opts *ebpf.CollectionOptions
-	if kt, err := btf.LoadKernelSpec(); err != nil {
-		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
-		stubDropsSkb(spec)
-	} else {
-		opts = &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{KernelTypes: kt}}
-	}
-	err = spec.LoadAndAssign(&d.objs, opts)
-	if err != nil && d.dropsSkbErr == nil {
-		first := err
-		stubDropsSkb(spec)
-		if err = spec.LoadAndAssign(&d.objs, opts); err == nil {
-			d.dropsSkbErr = first
-		}
-	}
-	if err != nil {
+	return load(steerSteerMode{})
+}
+
+func load(m steerSteerMode) (*Datapath, error) {
+	d := &Datapath{loaded: true}
+	if err := d.loadObjects(m); err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
 	return d, nil
@@ -95,7 +85,13 @@ func stubDropsSkb(spec *ebpf.CollectionSpec) {
 
 // Close releases this process's handles. Pinned or attached objects stay
 // in the kernel.
-func (d *Datapath) Close() error { return d.objs.Close() }
+func (d *Datapath) Close() error {
+	err := d.objs.Close()
+	if d.modeMap != nil {
+		err = errors.Join(err, d.modeMap.Close())
+	}
+	return err
+}
 
 // XDP is the STAGE_SPLIT program, for the underlay NIC's XDP hook.
 func (d *Datapath) XDP() *ebpf.Program { return d.objs.SteerXdp }
@@ -127,6 +123,14 @@ func (d *Datapath) TCVethSeen() *ebpf.Program { return d.objs.SteerTcVethSeen }
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
+}
+
+// spec is the map's name in the object: the pin's, but for the mode's.
+func (m pinnedMap) spec() string {
+	if m.name == PinMode {
+		return ".rodata"
+	}
+	return m.name
 }
 
 type pinnedProg struct {
@@ -163,6 +167,7 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
 		{steerMapSteerVethClass, &o.SteerVethClass},
 		{steerMapSteerAdopt, &o.SteerAdopt},
+		{PinMode, &d.modeMap},
 	}
 }
 
@@ -242,6 +247,7 @@ func (d *Datapath) TrackQueues(dir string) error {
 		syncErr = errors.Join(syncErr, e)
 	}
 	// Only degradations (NoDropTracesError) from here.
+	d.tracked = true
 	return errors.Join(err, skbErr, syncErr)
 }
 
@@ -362,6 +368,7 @@ func (d *Datapath) Pin(dir string) error {
 		}
 		done = append(done, *p.p)
 	}
+	d.pinDir = dir
 	return nil
 }
 
@@ -413,6 +420,7 @@ func Open(dir string) (*Datapath, error) {
 			return fail(fmt.Errorf("pinned program %s is %s, want %s", path, pp.Type(), want))
 		}
 	}
+	d.pinDir = dir
 	return d, nil
 }
 
@@ -427,7 +435,11 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 	if err != nil {
 		return nil, nil, err
 	}
-	d := &Datapath{}
+	d := &Datapath{pinDir: dir}
+	// The config is read with the mode the programs run (configOnly).
+	if slices.Contains(only, steerMapSteerCfg) && !slices.Contains(only, PinMode) {
+		only = append(slices.Clone(only), PinMode)
+	}
 	for _, m := range d.pinnedMaps() {
 		if only != nil && !slices.Contains(only, m.name) {
 			continue
@@ -436,7 +448,7 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 		pm, err := ebpf.LoadPinnedMap(path, nil)
 		if err == nil {
 			*m.m = pm
-			err = spec.Maps[m.name].Compatible(pm)
+			err = compatible(spec.Maps[m.spec()], pm)
 		}
 		if err != nil {
 			d.Close()
@@ -444,6 +456,12 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 				return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err}
 			}
 			return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err, Layout: true}
+		}
+	}
+	if d.modeMap != nil {
+		if err := d.readMode(spec); err != nil {
+			d.Close()
+			return nil, nil, err
 		}
 	}
 	return d, spec, nil

@@ -204,7 +204,7 @@ func (k *DatapathKnob) Write(v []byte) error {
 	if Pinned(k.Dir) {
 		d, err = Open(k.Dir)
 	} else {
-		if d, err = Load(); err == nil {
+		if d, err = LoadFor(s.Config); err == nil {
 			if err = d.Pin(k.Dir); err == nil {
 				// Without the drop tracepoints the queues stay
 				// untracked (drain time), which status reports.

@@ -15,24 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// steer_cfg.flags bits.
+// steer_cfg.flags bits: the runtime switches (the mode's are in mode.go).
 const (
-	cfgEnabled        = 1
-	cfgPrio           = 2
-	cfgCountSplit     = 4
-	cfgMFlow          = 8
-	cfgMFlowBridge    = 0x10
-	cfgNoBridgeCount  = 0x20
-	cfgSync           = 0x40
-	cfgHome           = 0x80 // << stage: the stage is at home (SetHome)
-	cfgPrioIdleInline = 0x400
-	cfgVethClass      = 0x800
-	cfgStayQueued     = 0x1000
-	cfgHomeBare       = 0x2000 // the bridge stage's bare path at home (SetHomeBare)
+	cfgEnabled  = 1
+	cfgHome     = 0x80   // << stage: the stage is at home (SetHome)
+	cfgHomeBare = 0x2000 // the bridge stage's bare path at home (SetHomeBare)
 )
-
-// mflowFlag is the steer_cfg flag of each split point.
-var mflowFlag = map[SplitAt]uint32{SplitAtIRQ: cfgMFlow, SplitAtBridge: cfgMFlowBridge}
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
 // high-priority queue (bpf/consts.h's CLASS_HI); syncIdx is the cpu_idx of a
@@ -54,12 +42,10 @@ const (
 	stayMode   = 3
 )
 
-// directOff is the steer_cfg flags under which the bridge stage never
-// runs on (bpf/place.h's direct_ok).
-const directOff = cfgMFlow | cfgMFlowBridge | cfgNoBridgeCount | cfgStayQueued
-
 // SetConfig validates c and makes the programs use it. CPUs are stored
-// ascending; the VNI set replaces the previous one.
+// ascending; the VNI set replaces the previous one. A config of another
+// mode than the programs were loaded for has them loaded again for it
+// (setMode), which only a datapath this process loaded can do.
 //
 // The write is not atomic for a packet being placed at that moment: one
 // packet may see the old core set with the new count. It can be placed on
@@ -67,6 +53,10 @@ const directOff = cfgMFlow | cfgMFlowBridge | cfgNoBridgeCount | cfgStayQueued
 func (d *Datapath) SetConfig(c Config) error {
 	c, err := c.normalized()
 	if err != nil {
+		return err
+	}
+	was := d.mode
+	if err := d.setMode(modeOf(c)); err != nil {
 		return err
 	}
 	var old []uint32
@@ -117,7 +107,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	}
 	// Bulk frames are stamped only while bulk quiet is on: a stamp left
 	// from before it was off would date the last bulk frame wrongly.
-	if k.BulkQuietMs != 0 && cur.BulkQuietMs == 0 {
+	if d.mode.BulkQuietMs != 0 && was.BulkQuietMs == 0 {
 		if err := d.objs.SteerBulkSeen.Put(uint32(0), uint64(0)); err != nil {
 			return fmt.Errorf("resetting the last bulk frame's time: %w", err)
 		}
@@ -125,7 +115,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	// The same for bulk=auto's two clocks, and on every new config with
 	// it: the switches were just cleared, so a busy stamp from before
 	// would send bulk into the NIC poll beside no busy rule.
-	if k.BulkAutoMs != 0 {
+	if d.mode.BulkAutoMs != 0 {
 		if err := d.objs.SteerHighSeen.Put(uint32(0), steerHighSeen{}); err != nil {
 			return fmt.Errorf("resetting the last high-priority frames' times: %w", err)
 		}
@@ -156,31 +146,6 @@ func encodeConfig(c Config) steerSteerCfg {
 	if c.Enabled {
 		k.Flags |= cfgEnabled
 	}
-	if c.Prio {
-		k.Flags |= cfgPrio
-	}
-	if c.CountSplit {
-		k.Flags |= cfgCountSplit
-	}
-	if c.NoBridgeCount {
-		k.Flags |= cfgNoBridgeCount
-	}
-	if c.StayQueued {
-		k.Flags |= cfgStayQueued
-	}
-	if c.Sync {
-		k.Flags |= cfgSync
-	}
-	if c.PrioIdleInline {
-		k.Flags |= cfgPrioIdleInline
-	}
-	if c.VethClass {
-		k.Flags |= cfgVethClass
-	}
-	k.PrioQuietMs = uint32(c.PrioQuiet / time.Millisecond)
-	k.HighAutoPps = c.HighAutoPPS
-	k.BulkQuietMs = uint32(c.BulkQuiet / time.Millisecond)
-	k.BulkAutoMs = uint32(c.BulkAuto / time.Millisecond)
 	for i := range k.IndexOf {
 		k.IndexOf[i] = Stay
 	}
@@ -190,7 +155,6 @@ func encodeConfig(c Config) steerSteerCfg {
 		k.IndexOf[cpu] = uint32(i)
 	}
 	if m := c.MFlow; m.At != SplitOff {
-		k.Flags |= mflowFlag[m.At]
 		k.MfWindowNs = uint64(m.Window)
 		k.MfThresh = m.Threshold
 		k.MfBatch = m.Batch
@@ -202,11 +166,11 @@ func encodeConfig(c Config) steerSteerCfg {
 	return k
 }
 
-// decodeMFlow reads MFlow back from the programs' config.
-func decodeMFlow(k *steerSteerCfg) MFlow {
+// decodeMFlow reads MFlow back from the programs' config and mode flags.
+func decodeMFlow(k *steerSteerCfg, flags uint32) MFlow {
 	var m MFlow
 	for at, flag := range mflowFlag {
-		if k.Flags&flag != 0 {
+		if flags&flag != 0 {
 			m.At = at
 		}
 	}
@@ -247,23 +211,24 @@ func (d *Datapath) configOnly() (Config, error) {
 	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
 		return Config{}, fmt.Errorf("reading steer config: %w", err)
 	}
+	m := d.mode
 	c := Config{
 		Enabled:        k.Flags&cfgEnabled != 0,
-		Prio:           k.Flags&cfgPrio != 0,
-		CountSplit:     k.Flags&cfgCountSplit != 0,
-		NoBridgeCount:  k.Flags&cfgNoBridgeCount != 0,
-		StayQueued:     k.Flags&cfgStayQueued != 0,
-		Sync:           k.Flags&cfgSync != 0,
-		PrioIdleInline: k.Flags&cfgPrioIdleInline != 0,
-		VethClass:      k.Flags&cfgVethClass != 0,
-		PrioQuiet:      time.Duration(k.PrioQuietMs) * time.Millisecond,
-		HighAutoPPS:    k.HighAutoPps,
-		BulkQuiet:      time.Duration(k.BulkQuietMs) * time.Millisecond,
-		BulkAuto:       time.Duration(k.BulkAutoMs) * time.Millisecond,
+		Prio:           m.Flags&modePrio != 0,
+		CountSplit:     m.Flags&modeCountSplit != 0,
+		NoBridgeCount:  m.Flags&modeNoBridgeCount != 0,
+		StayQueued:     m.Flags&modeStayQueued != 0,
+		Sync:           m.Flags&modeSync != 0,
+		PrioIdleInline: m.Flags&modePrioIdleInline != 0,
+		VethClass:      m.Flags&modeVethClass != 0,
+		PrioQuiet:      time.Duration(m.PrioQuietMs) * time.Millisecond,
+		HighAutoPPS:    m.HighAutoPps,
+		BulkQuiet:      time.Duration(m.BulkQuietMs) * time.Millisecond,
+		BulkAuto:       time.Duration(m.BulkAutoMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),
-		MFlow:          decodeMFlow(&k),
+		MFlow:          decodeMFlow(&k, m.Flags),
 	}
 	for _, cpu := range k.Cpus[:min(k.Ncpus, MaxCPUs)] {
 		c.CPUs = append(c.CPUs, int(cpu))
@@ -587,11 +552,7 @@ type Activity struct {
 // (flow, stage) active.
 func (d *Datapath) Activity(window time.Duration) (Activity, error) {
 	var a Activity
-	var cfg steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &cfg); err != nil {
-		return a, fmt.Errorf("reading steer config: %w", err)
-	}
-	direct := cfg.Flags&directOff == 0
+	direct := d.mode.Flags&directOff == 0
 	now := uint64(Now())
 	err := d.eachFlow(func(k *steerSteerFlowKey, s *steerSteerFlowState) {
 		if int(k.Stage) >= NumStages {
@@ -686,15 +647,12 @@ func (d *Datapath) HighInline() ([]Rule, error) {
 // HighAuto reads high=auto's threshold from the config (0: off) and the
 // rules whose flows run in the NIC poll now (HighInline).
 func (d *Datapath) HighAuto() (pps uint32, inline []Rule, err error) {
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return 0, nil, fmt.Errorf("reading steer config: %w", err)
-	}
+	pps = d.mode.HighAutoPps
 	on, err := d.highSwitches()
-	if err != nil || k.HighAutoPps == 0 {
-		return k.HighAutoPps, nil, err
+	if err != nil || pps == 0 {
+		return pps, nil, err
 	}
-	return k.HighAutoPps, on, nil
+	return pps, on, nil
 }
 
 // highSwitches reads steer_high_inline alone: the rules SetHighInline
@@ -726,11 +684,7 @@ func (d *Datapath) SetHighInline(r Rule, on bool) error {
 		}
 		return nil
 	}
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return fmt.Errorf("reading steer config: %w", err)
-	}
-	if k.HighAutoPps == 0 {
+	if d.mode.HighAutoPps == 0 {
 		return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
 	}
 	if err := d.objs.SteerHighInline.Put(r.key(), uint32(1)); err != nil {
@@ -879,11 +833,7 @@ func (d *Datapath) HomeQueues(home int) (bool, error) {
 // count out). Where nothing runs on (MFLOW: its programs also write
 // states at home) they are deleted, as before running on existed.
 func (d *Datapath) leavingHome(stage int) error {
-	var cfg steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("reading steer config: %w", err)
-	}
-	if stage != StageBridge || cfg.Flags&directOff != 0 {
+	if stage != StageBridge || d.mode.Flags&directOff != 0 {
 		return d.DeleteStageFlows(stage)
 	}
 	type entry struct {

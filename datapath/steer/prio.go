@@ -302,14 +302,11 @@ func (d *Datapath) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, 
 // now for want of bulk: the config has high=auto with a bulk quiet time,
 // and no bulk frame came for it.
 func (d *Datapath) BulkQuietNow() (bool, error) {
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return false, fmt.Errorf("reading steer config: %w", err)
-	}
-	if k.BulkQuietMs == 0 || k.HighAutoPps == 0 {
+	m := d.mode
+	if m.BulkQuietMs == 0 || m.HighAutoPps == 0 {
 		return false, nil
 	}
-	quiet, _, _, err := d.BulkQuiet(time.Duration(k.BulkQuietMs) * time.Millisecond)
+	quiet, _, _, err := d.BulkQuiet(time.Duration(m.BulkQuietMs) * time.Millisecond)
 	return quiet, err
 }
 

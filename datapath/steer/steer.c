@@ -27,13 +27,13 @@
  * counts them seen (steer_xdp's frames are marked in XDP metadata, which
  * reaches the skb), so a flow moves only when its old queue is empty.
  *
- * MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE): a flow above a rate threshold (an
+ * MFLOW (MODE_MFLOW, MODE_MFLOW_BRIDGE): a flow above a rate threshold (an
  * elephant) is cut into micro-flows of mf_batch consecutive frames, and
  * each micro-flow goes to the next split core, round robin, so the stages
  * after the split run for several micro-flows of one flow in parallel.
- * CFG_MFLOW splits in steer_xdp, before any skb exists (MFLOW's IRQ
+ * MODE_MFLOW splits in steer_xdp, before any skb exists (MFLOW's IRQ
  * splitting: cpumap), and marks each frame with its micro-flow's sequence
- * number in XDP metadata; CFG_MFLOW_BRIDGE splits in steer_tc_ingress, by
+ * number in XDP metadata; MODE_MFLOW_BRIDGE splits in steer_tc_ingress, by
  * the RPS hash of the VXLAN device (the stages after VXLAN's GRO cell).
  * Micro-flows overtake each other by design: a stock kernel has no
  * reassembly before TCP/UDP, so they bypass the in-flight accounting (never
@@ -47,7 +47,7 @@
  * next frames may overtake the last micro-flow's. Neither waits for a
  * drain: an elephant is already reordering.
  *
- * PRISM-sync (CFG_SYNC, with CFG_PRIO): a high-priority frame whose
+ * PRISM-sync (MODE_SYNC, with MODE_PRIO): a high-priority frame whose
  * container the control plane vouches for (steer_sync) is decapsulated
  * here and redirected to that container's host-side veth: it reaches the
  * socket in one pass of the receive core, and only where the kernel's own

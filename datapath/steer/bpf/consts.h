@@ -27,24 +27,14 @@
 #define MAX_CPUS 64
 #define STAY 0xffffffffu /* table/flow value: leave the stage where the kernel puts it */
 
-/* steer_cfg.flags */
+/*
+ * steer_cfg.flags: what the control plane switches while the programs run.
+ * What a mode fixes when it is applied is not here but in the load-time
+ * constants (mode.h), so the verifier drops the code a mode does not use.
+ */
+/* The config is written (SetConfig): off, every program passes every frame
+ * untouched. */
 #define CFG_ENABLED 0x1
-#define CFG_PRIO 0x2 /* classify flows against steer_prio (PRISM) */
-/* steer_xdp marks and counts its frames in flight: set only while a program
- * that counts them seen (steer_tc_ingress, steer_tc_split_seen) is attached
- * to the underlay's tc ingress, or the counts would never drain. */
-#define CFG_COUNT_SPLIT 0x4
-/* MFLOW: split elephants into micro-flows in steer_xdp (cpumap, before skb
- * allocation), or in steer_tc_ingress (the RPS hash of the VXLAN device). */
-#define CFG_MFLOW 0x8
-#define CFG_MFLOW_BRIDGE 0x10
-/* steer_tc_ingress does not count the bridge stage's frames in flight: set
- * while nothing (steer_tc_egress) counts them seen, or the counts would
- * only grow. */
-#define CFG_NO_BRIDGE_COUNT 0x20
-/* PRISM-sync: high-priority frames for a destination in steer_sync skip
- * every queue (see sync_dest). Only with CFG_PRIO. */
-#define CFG_SYNC 0x40
 /* The stage is at home: every flow's stage runs where the kernel runs it
  * and stays there, so its program skips the per-flow state (lookups, clock,
  * in-flight counts) and only keeps vanilla placement. Runtime state, set
@@ -54,21 +44,6 @@
  * nothing in flight), so counting starts afresh. PRISM's classification and
  * MFLOW's splitting need the full path: steer_xdp ignores the bit then. */
 #define CFG_HOME(stage) (0x80u << (stage))
-/* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
- * (prio_shapes 0) there is nothing to preempt for, so bulk flows stay in
- * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
- * with the first rule each goes to the queue as soon as none of its frames
- * is left behind (place(), PLACE_LOCAL). Set by the planner only where the
- * NIC is polled on the receive core alone, the one the queues are on.
- * With prio_quiet_ms set, also while the high class is quiet: no
- * high-priority frame for that long (see prio_quiet). */
-#define CFG_PRIO_IDLE_INLINE 0x400u
-/* PRISM's per-class queue at the container veth (steer_tc_veth_class):
- * each class goes to its own receive queue of the container-side veth. */
-#define CFG_VETH_CLASS 0x800u
-/* The bridge stage stays through the RPS backlog, as before stay_direct:
- * for measuring what running on changes. */
-#define CFG_STAY_QUEUED 0x1000u
 /* The bridge stage at home runs every frame on without looking its flow up
  * (steer_tc): no flow there can have frames queued in an RPS backlog.
  * Runtime state, set by lanes agent only while the stage is at home and

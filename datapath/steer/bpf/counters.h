@@ -14,7 +14,7 @@ enum counter {
 	CNT_MOVED,    /* a flow moved at a flowlet boundary */
 	CNT_DISABLED, /* cfg not enabled */
 	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
-	CNT_HIGH,     /* frame of a high-priority flow (CFG_PRIO) */
+	CNT_HIGH,     /* frame of a high-priority flow (MODE_PRIO) */
 	CNT_MF_FRAMES,   /* frames of elephants sent to their micro-flow's core */
 	CNT_MF_STARTED,  /* micro-flows started */
 	CNT_MF_ELEPHANT, /* a flow became an elephant */
@@ -22,7 +22,7 @@ enum counter {
 	CNT_MF_ARRIVED,  /* micro-flow frames whose metadata a tc program read back (per core: where they ran) */
 	CNT_MF_LATE,     /* of those, frames of a micro-flow older than one already seen: batch-level reordering */
 	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
-	CNT_SYNC_MISS,   /* high-priority frames (CFG_SYNC) with no vouched-for destination, or too long: batch path */
+	CNT_SYNC_MISS,   /* high-priority frames (MODE_SYNC) with no vouched-for destination, or too long: batch path */
 	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
 	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
 	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */

@@ -11,6 +11,7 @@
 
 #include "consts.h"
 #include "counters.h"
+#include "mode.h"
 
 struct steer_cfg {
 	__u32 ncpus;      /* entries used in cpus and rps_lo; 0 = not configured */
@@ -19,12 +20,11 @@ struct steer_cfg {
 	__u64 drain_ns;   /* idle gap after which a flow may move with frames still
 			   * counted in flight (they were dropped); 0: do not wait */
 	__u32 vxlan_port; /* outer UDP destination port, host byte order */
-	__u32 flags;      /* CFG_* */
+	__u32 flags;      /* CFG_*: the runtime switches (mode.h has the rest) */
 	__u32 cpus[MAX_CPUS];   /* core numbers, ascending: the order of the RPS mask */
 	__u32 rps_lo[MAX_CPUS]; /* ceil(i * 2^32 / ncpus): lowest hash RPS maps to cpus[i] */
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
-	__u32 prio_quiet_ms; /* CFG_PRIO_IDLE_INLINE: also while no high-priority frame came for this long; 0: only while no rule */
-	/* MFLOW (CFG_MFLOW, CFG_MFLOW_BRIDGE) */
+	/* MFLOW (MODE_MFLOW, MODE_MFLOW_BRIDGE) */
 	__u64 mf_window_ns; /* the elephant test's rate window */
 	__u32 mf_thresh;    /* frames within a window from which a flow is an elephant; 0: every flow */
 	__u32 mf_batch;     /* frames per micro-flow */
@@ -46,19 +46,6 @@ struct steer_cfg {
 	__u32 prev_ncpus;
 	__u32 prev_span;
 	__u32 prev_rps_lo[MAX_CPUS];
-	/* PRISM high=auto (with CFG_PRIO_IDLE_INLINE): the frame rate of a
-	 * rule's flows from which lanes agent runs them in the NIC poll
-	 * (steer_high_inline); read by the agent only. 0: high=auto is off,
-	 * and steer_high_inline is ignored. */
-	__u32 high_auto_pps;
-	/* PRISM high=auto: high-priority frames also run in the NIC poll
-	 * while no bulk frame came for this long (bulk_quiet): with no bulk
-	 * work to preempt, their queue's kthread hop is pure cost. 0: off. */
-	__u32 bulk_quiet_ms;
-	/* PRISM bulk=auto (with high=auto): bulk frames also run in the NIC
-	 * poll while every high-priority frame of the last bulk_auto_ms ran
-	 * there as a busy rule's (bulk_beside_busy). 0: off. */
-	__u32 bulk_auto_ms;
 };
 
 struct {
@@ -410,13 +397,13 @@ struct {
 
 /* PRISM high=auto, rule by rule: 1 while the high-priority flows a rule
  * marks run their first stage in the NIC poll that classified them, as
- * bulk does under CFG_PRIO_IDLE_INLINE while no rule exists, instead of
+ * bulk does under MODE_PRIO_IDLE_INLINE while no rule exists, instead of
  * taking the high-priority queue. Runtime state of lanes agent, which
  * switches each rule by its frame rate (steer_high_frames): a busy marked
  * service pays the queue's kthread hop on every request; a light one gains
  * from the queue's real-time preemption, also while another rule's service
- * is busy. Heeded only while cfg->high_auto_pps is set, which the planner
- * does only with CFG_PRIO_IDLE_INLINE, whose fast moves (place(),
+ * is busy. Heeded only while steer_mode.high_auto_pps is set, which the planner
+ * does only with MODE_PRIO_IDLE_INLINE, whose fast moves (place(),
  * PLACE_LOCAL) take each flow between the queue and the NIC poll in order,
  * without an idle gap. Maps of their own, not a cfg flag nor steer_prio's
  * value: the agent writes them without rewriting what other writers (lanes
@@ -429,7 +416,7 @@ struct {
 	__type(value, __u32); /* 1: inline */
 } steer_high_inline SEC(".maps");
 
-/* Frames each rule marked (while cfg->high_auto_pps is set), per core: the
+/* Frames each rule marked (while steer_mode.high_auto_pps is set), per core: the
  * agent's rate of the rule. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -439,7 +426,7 @@ struct {
 } steer_high_frames SEC(".maps");
 
 /* PRISM high=auto: when the last bulk frame arrived (coarse clock, ns; 0:
- * none yet), for cfg->bulk_quiet_ms; written only when the tick changed,
+ * none yet), for steer_mode.bulk_quiet_ms; written only when the tick changed,
  * so busy bulk costs one store per tick. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -451,7 +438,7 @@ struct {
 /* PRISM bulk=auto: when the last high-priority frame of a busy rule ran
  * in the NIC poll (high=auto's switch), and when the last one took its
  * queue (coarse clock, ns; 0: none yet). Stamped only while
- * cfg->bulk_auto_ms is set, once per tick. One entry with both, so a bulk
+ * steer_mode.bulk_auto_ms is set, once per tick. One entry with both, so a bulk
  * frame's question (bulk_beside_busy) costs one lookup and one clock read. */
 struct high_seen {
 	__u64 busy;
@@ -466,7 +453,7 @@ struct {
 } steer_high_seen SEC(".maps");
 
 /* PRISM: when the last high-priority frame arrived (coarse clock, ns; 0:
- * none yet), for cfg->prio_quiet_ms. Written only when the tick changed,
+ * none yet), for steer_mode.prio_quiet_ms. Written only when the tick changed,
  * so a busy high-priority flow costs one store per tick. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -499,7 +486,7 @@ struct {
 } steer_stats SEC(".maps");
 
 /*
- * PRISM's two queues at the container veth (CFG_VETH_CLASS): the queue a
+ * PRISM's two queues at the container veth (MODE_VETH_CLASS): the queue a
  * flow's frames take into the container, and how many of them the
  * container side has not seen yet. A flow changes queue (its class
  * changed) only once none is left in the old one, or after drain_ns idle

@@ -176,7 +176,7 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
 }
 
 /*
- * MFLOW's later split (CFG_MFLOW_BRIDGE), in tc ingress on the underlay:
+ * MFLOW's later split (MODE_MFLOW_BRIDGE), in tc ingress on the underlay:
  * an elephant's micro-flow gets the hash RPS on the VXLAN device maps to
  * its core, so the GRO cell's output (bridge, veth, container stage,
  * socket) runs there; a GRO skb counts gso_segs frames of the batch.
@@ -187,7 +187,7 @@ static __always_inline int split_microflow(struct xdp_md *ctx, const struct stee
  * it, RPS on the underlay (get_rps_cpu in netif_receive_skb_internal and
  * friends), has already chosen a core by the time tc ingress runs (in
  * __netif_receive_skb_core); XDP, which runs before it, cannot set
- * skb->hash. Splitting before decap is CFG_MFLOW's job, before the skb.
+ * skb->hash. Splitting before decap is MODE_MFLOW's job, before the skb.
  */
 static __always_inline int split_bridge(struct __sk_buff *skb, const struct steer_cfg *cfg,
 					struct steer_flow_state *st, __u32 fh)

@@ -10,7 +10,7 @@
 
 #include "order.h"
 
-/* place()'s opts, for PRISM's classes under CFG_PRIO_IDLE_INLINE (bulk's
+/* place()'s opts, for PRISM's classes under MODE_PRIO_IDLE_INLINE (bulk's
  * while no rule exists or the high class is quiet, high's while
  * steer_high_inline says so for the rule that marked them). */
 #define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
@@ -293,7 +293,7 @@ static __always_inline int stay_direct(struct steer_flow_state *st)
  * counts. */
 static __always_inline int direct_ok(const struct steer_cfg *cfg)
 {
-	return !(cfg->flags & (CFG_MFLOW | CFG_MFLOW_BRIDGE | CFG_NO_BRIDGE_COUNT | CFG_STAY_QUEUED));
+	return !mode(MODE_MFLOW | MODE_MFLOW_BRIDGE | MODE_NO_BRIDGE_COUNT | MODE_STAY_QUEUED);
 }
 
 /* Hand the frame on without an RPS pass (see stay_direct). */

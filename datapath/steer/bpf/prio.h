@@ -24,7 +24,7 @@ static __always_inline int high_inline(const struct steer_cfg *cfg, const struct
 	__u64 one = 1, *n;
 	__u32 *on;
 
-	if (!cfg->high_auto_pps)
+	if (!steer_mode.high_auto_pps)
 		return 0;
 	n = bpf_map_lookup_elem(&steer_high_frames, r);
 	if (n)
@@ -108,7 +108,7 @@ static __always_inline void stamp_tick(void *seen)
 }
 
 /*
- * Is the high class quiet (cfg->prio_quiet_ms set and no high-priority
+ * Is the high class quiet (steer_mode.prio_quiet_ms set and no high-priority
  * frame for that long)? Then bulk keeps the NIC poll as while no rule
  * exists: the bulk queue's hop only pays off when there is something to
  * preempt for. A high-priority frame ends the quiet at once (seen_high), and
@@ -117,11 +117,11 @@ static __always_inline void stamp_tick(void *seen)
  */
 static __always_inline int prio_quiet(const struct steer_cfg *cfg)
 {
-	return quiet_for(cfg, &steer_prio_seen, cfg->prio_quiet_ms);
+	return quiet_for(cfg, &steer_prio_seen, steer_mode.prio_quiet_ms);
 }
 
 /*
- * Is bulk quiet (cfg->bulk_quiet_ms set and no bulk frame for that long)?
+ * Is bulk quiet (steer_mode.bulk_quiet_ms set and no bulk frame for that long)?
  * Then high-priority flows run in the NIC poll, as under high=auto's
  * switch: there is nothing to preempt, and their queue's kthread would
  * have to wake for every frame of a light flow. A bulk frame ends the
@@ -137,7 +137,7 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
  */
 static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
 {
-	return quiet_for(cfg, &steer_bulk_seen, cfg->bulk_quiet_ms);
+	return quiet_for(cfg, &steer_bulk_seen, steer_mode.bulk_quiet_ms);
 }
 
 /*
@@ -156,7 +156,7 @@ static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
  */
 static __always_inline int bulk_beside_busy(const struct steer_cfg *cfg)
 {
-	__u32 zero = 0, ms = cfg->bulk_auto_ms;
+	__u32 zero = 0, ms = steer_mode.bulk_auto_ms;
 	struct high_seen *seen;
 	__u64 now;
 
@@ -178,7 +178,7 @@ static __always_inline void seen_high_placed(const struct steer_cfg *cfg, int bu
 	__u32 zero = 0;
 	struct high_seen *seen;
 
-	if (!cfg->bulk_auto_ms)
+	if (!steer_mode.bulk_auto_ms)
 		return;
 	seen = bpf_map_lookup_elem(&steer_high_seen, &zero);
 	if (seen)
@@ -189,7 +189,7 @@ static __always_inline void seen_high_placed(const struct steer_cfg *cfg, int bu
  * the bulk path, the busy one, need not read the clock for nobody. */
 static __always_inline void seen_bulk(const struct steer_cfg *cfg)
 {
-	if (cfg->bulk_quiet_ms && prio_shapes())
+	if (steer_mode.bulk_quiet_ms && prio_shapes())
 		stamp_tick(&steer_bulk_seen);
 }
 
@@ -207,7 +207,7 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 	__u32 zero = 0;
 	__u64 now;
 
-	if (!cfg->bulk_quiet_ms || !prio_shapes())
+	if (!steer_mode.bulk_quiet_ms || !prio_shapes())
 		return;
 	p = bpf_map_lookup_elem(&steer_passed_tick, &zero);
 	if (!p)
@@ -223,7 +223,7 @@ static __always_inline void seen_passed(const struct steer_cfg *cfg)
 
 static __always_inline void seen_high(const struct steer_cfg *cfg)
 {
-	if (cfg->prio_quiet_ms)
+	if (steer_mode.prio_quiet_ms)
 		stamp_tick(&steer_prio_seen);
 }
 

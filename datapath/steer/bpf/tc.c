@@ -78,7 +78,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		count(stage, CNT_STAYED);
 		return rps_to(skb, cfg, this_cpu_index(cfg), fh, stage, 0, 0);
 	}
-	if ((cfg->flags & CFG_HOME(stage)) && !(outer && (cfg->flags & CFG_MFLOW_BRIDGE))) {
+	if ((cfg->flags & CFG_HOME(stage)) && !(outer && mode(MODE_MFLOW_BRIDGE))) {
 		count(stage, CNT_HOME);
 		/* At home the bridge stage runs on as in vanilla. The agent
 		 * comes home only when every active flow runs on already
@@ -92,7 +92,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 			/* On the bare path no flow would queue (lanes agent's
 			 * word, CFG_HOME_BARE): no lookup. Not for frames a
 			 * queue of the split stage marked. */
-			if ((cfg->flags & CFG_HOME_BARE) && !flags && !(cfg->flags & CFG_PRIO)) {
+			if ((cfg->flags & CFG_HOME_BARE) && !flags && !mode(MODE_PRIO)) {
 				count(stage, CNT_DIRECT);
 				return run_on(skb);
 			}
@@ -109,13 +109,13 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 		goto out;
 	}
 	idx = place(cfg, &t, fh, stage, skb->ifindex, skb->len, 0, 0, 0, &st);
-	if (outer && (cfg->flags & CFG_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
+	if (outer && mode(MODE_MFLOW_BRIDGE) && st && split_bridge(skb, cfg, st, fh))
 		return TC_ACT_UNSPEC;
 	/* RPS on the next device queues every skb, even to the core it runs
 	 * on and whether or not we set the hash: count it before any return.
 	 * A frame that cannot carry the mark (no hash for that core) goes on
 	 * uncounted, which leaves the flow on the drain time. */
-	counted = st && !(outer && (cfg->flags & CFG_NO_BRIDGE_COUNT));
+	counted = st && !(outer && mode(MODE_NO_BRIDGE_COUNT));
 	if (idx == STAY) {
 		/* Vanilla placement for a tc stage is the core we run on. */
 		count(stage, CNT_STAYED);

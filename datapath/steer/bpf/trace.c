@@ -83,7 +83,7 @@ int steer_drops_skb(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	}
 	fh = flow_hash(&t);
-	if (cfg->flags & CFG_VETH_CLASS) {
+	if (mode(MODE_VETH_CLASS)) {
 		key = flow_key(&t, STAGE_CONTAINER);
 		vst = bpf_map_lookup_elem(&steer_veth_class, &key);
 		if (vst && hash == veth_mark(fh, vst->epoch)) {

@@ -4,7 +4,7 @@
 #include "prio.h"
 
 /*
- * PRISM's second stage per class (CFG_VETH_CLASS), on tc egress of a
+ * PRISM's second stage per class (MODE_VETH_CLASS), on tc egress of a
  * container's host-side veth: high-priority frames take receive queue 1 of
  * the container-side veth, every other frame queue 0, each polled by its
  * own threaded NAPI (the high one real-time), so a high-priority frame
@@ -49,7 +49,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	__u32 n = skb_frames(skb), want, fh, epoch;
 	__u64 now;
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_VETH_CLASS))
 		return TC_ACT_UNSPEC;
 	/* BPF_PROG_RUN's skbs carry a dummy socket made without a struct
 	 * socket (type 0), which no real sender has. */
@@ -62,7 +62,7 @@ int steer_tc_veth_class(struct __sk_buff *skb)
 	}
 	if (skb_inner_tuple(skb, &t) < 0)
 		goto bulk;
-	want = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t, NULL);
+	want = mode(MODE_PRIO) && high_prio(cfg, &t, NULL);
 	key = flow_key(&t, STAGE_CONTAINER);
 	fh = flow_hash(&t);
 	now = bpf_ktime_get_ns();
@@ -121,7 +121,7 @@ int steer_tc_veth_seen(struct __sk_buff *skb)
 	struct tuple t = {};
 	__s64 n = skb_frames(skb);
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED) || !(cfg->flags & CFG_VETH_CLASS))
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_VETH_CLASS))
 		return TC_ACT_UNSPEC;
 	if (skb_inner_tuple(skb, &t) < 0)
 		return TC_ACT_UNSPEC;

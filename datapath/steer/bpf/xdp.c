@@ -29,7 +29,7 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_DISABLED);
 		return XDP_PASS;
 	}
-	if ((cfg->flags & CFG_HOME(STAGE_SPLIT)) && !(cfg->flags & (CFG_PRIO | CFG_MFLOW))) {
+	if ((cfg->flags & CFG_HOME(STAGE_SPLIT)) && !mode(MODE_PRIO | MODE_MFLOW)) {
 		count(STAGE_SPLIT, CNT_HOME);
 		return XDP_PASS;
 	}
@@ -41,13 +41,13 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_PASSED);
 		return XDP_PASS;
 	}
-	hi = (cfg->flags & CFG_PRIO) && high_prio(cfg, &t, &rule);
+	hi = mode(MODE_PRIO) && high_prio(cfg, &t, &rule);
 	if (hi) {
 		count(STAGE_SPLIT, CNT_HIGH);
-		if (cfg->flags & CFG_SYNC)
+		if (mode(MODE_SYNC))
 			dest = sync_dest(ctx, &ov, &src, &ecn);
 	}
-	if (cfg->flags & CFG_PRIO_IDLE_INLINE) {
+	if (mode(MODE_PRIO_IDLE_INLINE)) {
 		if (hi) {
 			busy = high_inline(cfg, &rule); /* counts the rule's frame too */
 			seen_high(cfg);
@@ -63,7 +63,7 @@ int steer_xdp(struct xdp_md *ctx)
 			}
 		}
 		/* The fast move needs every frame counted, inline ones too. */
-		if ((cfg->flags & CFG_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
+		if (mode(MODE_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
 			opts |= PLACE_LOCAL;
 	}
 	/* data_end - data subtracts packet pointers, which the verifier
@@ -76,7 +76,7 @@ int steer_xdp(struct xdp_md *ctx)
 	if (idx == SYNC_IDX)
 		return sync_redirect(ctx, &ov, dest, src, ecn);
 	/* High-priority flows are PRISM's: never split. */
-	if ((cfg->flags & CFG_MFLOW) && st && !hi) {
+	if (mode(MODE_MFLOW) && st && !hi) {
 		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT);
 
 		if (mf != STAY)
@@ -114,7 +114,7 @@ int steer_xdp(struct xdp_md *ctx)
 	 * drivers) the frame goes uncounted, the queue can no longer be told
 	 * empty, and moves of this flow fall back to the idle gap alone (and,
 	 * under PLACE_LOCAL, to the drain time). */
-	if (!(cfg->flags & CFG_COUNT_SPLIT))
+	if (!mode(MODE_COUNT_SPLIT))
 		queue_untrack(core_queue(core));
 	else if (!mark_counted(ctx, cfg, st, core, 1) && (opts & PLACE_LOCAL))
 		uncounted(st);
