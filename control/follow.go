@@ -703,7 +703,7 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		if len(windows) == 0 {
 			return nil
 		}
-		return dp.SetAdopting(d, windows...)
+		return dp.Order().SetAdopting(d, windows...)
 	}
 	// Open until the maps are on; closed adoptWindow after.
 	if err := open(time.Hour); err != nil {

@@ -41,7 +41,7 @@ type Config struct {
 	CountSplit bool
 	// Prio classifies every flow at the split stage against the priority
 	// rules (AddRule): high-priority flows go to the chosen core's
-	// high-priority queue (SetHiCPUMapEntry), PRISM's second class.
+	// high-priority queue (Datapath.HiCPUMap), PRISM's second class.
 	Prio bool
 	// NoBridgeCount stops steer_tc_ingress from counting the bridge
 	// stage's frames in flight. Set it while steer_tc_egress, which counts
@@ -57,7 +57,7 @@ type Config struct {
 	// MFlow splits elephant flows into micro-flows; the zero value is off.
 	MFlow MFlow
 	// Sync (with Prio) hands high-priority frames whose destination is in
-	// the sync set (SetSync) straight to the container's veth: PRISM-sync.
+	// the sync set (Sync.Set) straight to the container's veth: PRISM-sync.
 	Sync bool
 	// PrioIdleInline (with Prio, CountSplit and a single core, the one the
 	// NIC is polled on) keeps bulk flows in the NIC poll, vanilla's path,

@@ -68,7 +68,7 @@ func fuzzDatapaths(t *testing.T) (*Datapath, *Datapath) {
 		if fuzzSync, fuzzErr = fuzzDatapath(c); fuzzErr != nil {
 			return
 		}
-		if fuzzErr = fuzzSync.SetSync(testSyncSet(1500), 24*time.Hour); fuzzErr != nil {
+		if fuzzErr = fuzzSync.Sync().Set(testSyncSet(1500), 24*time.Hour); fuzzErr != nil {
 			return
 		}
 		c = base
@@ -90,14 +90,14 @@ func fuzzDatapath(c Config) (*Datapath, error) {
 		return nil, err
 	}
 	if err := d.SetConfig(c); err == nil {
-		err = d.SetCPUMapEntry(0, 64)
+		err = d.CPUMap().Set(0, 64)
 	}
 	if err == nil {
-		err = d.SetHiCPUMapEntry(0, 64)
+		err = d.HiCPUMap().Set(0, 64)
 	}
 	for s := 0; err == nil && s < NumStages; s++ {
 		var tab [Buckets]uint32
-		err = d.SetTable(s, tab) // every bucket core index 0
+		err = d.Placement().SetTable(s, tab) // every bucket core index 0
 	}
 	for _, r := range fuzzRules {
 		if err != nil || !c.Prio {
@@ -105,7 +105,7 @@ func fuzzDatapath(c Config) (*Datapath, error) {
 		}
 		var rule Rule
 		if rule, err = ParseRule(r); err == nil {
-			err = d.AddRule(rule)
+			err = d.Prio().AddRule(rule)
 		}
 	}
 	if err != nil {

@@ -129,7 +129,7 @@ type loadTargetMaps struct {
 // count nothing take their place, never attached (TrackQueues reports
 // it), and the rest of the datapath works. Only vmlinux's types are
 // searched, not every module's.
-func (d *Datapath) loadObjects(m steerSteerMode) error {
+func (d *core) loadObjects(m steerSteerMode) error {
 	spec, err := hostSpec()
 	if err != nil {
 		return err
@@ -193,7 +193,7 @@ func (d *Datapath) loadObjects(m steerSteerMode) error {
 // (XDP, TCIngress, ...), and links that run them elsewhere, keep the old
 // mode: attach them after the last SetConfig. A reopened datapath (Open)
 // refuses, since links anywhere may run its programs.
-func (d *Datapath) setMode(m steerSteerMode) error {
+func (d *core) setMode(m steerSteerMode) error {
 	if m == d.mode {
 		return nil
 	}
@@ -227,7 +227,7 @@ func (d *Datapath) setMode(m steerSteerMode) error {
 	}
 	if d.tracked {
 		var nt *NoDropTracesError
-		if err := d.TrackQueues(d.pinDir); err != nil && !errors.As(err, &nt) {
+		if err := (Order{d}).TrackQueues(d.pinDir); err != nil && !errors.As(err, &nt) {
 			return err
 		}
 	}
@@ -236,7 +236,7 @@ func (d *Datapath) setMode(m steerSteerMode) error {
 
 // readMode reads the load-time constants from the mode map (the value of
 // .rodata, at steer_mode's place in it).
-func (d *Datapath) readMode(spec *ebpf.CollectionSpec) error {
+func (d *core) readMode(spec *ebpf.CollectionSpec) error {
 	v := spec.Variables[steerVarSteerMode]
 	buf := make([]byte, d.modeMap.ValueSize())
 	if err := d.modeMap.Lookup(uint32(0), buf); err != nil {

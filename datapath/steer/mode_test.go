@@ -105,7 +105,7 @@ func TestModeObjects(t *testing.T) {
 				t.Fatalf("loaded for %s, want %s", modeString(d.mode), modeString(modeOf(m.cfg)))
 			}
 			if m.sync {
-				if err := d.SetSync(testSyncSet(1500), 24*time.Hour); err != nil {
+				if err := d.Sync().Set(testSyncSet(1500), 24*time.Hour); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -71,7 +71,7 @@ func TestBridgeStayRunsOn(t *testing.T) {
 				stay[b] = steer.Stay
 			}
 			for _, st := range []int{steer.StageBridge, steer.StageContainer} {
-				if err := dp.SetTable(st, stay); err != nil {
+				if err := dp.Placement().SetTable(st, stay); err != nil {
 					t.Fatal(err)
 				}
 			}

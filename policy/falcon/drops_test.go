@@ -125,7 +125,7 @@ func TestFalconDroppedDirectFramesCountedOut(t *testing.T) {
 	for b := range stay {
 		stay[b] = steer.Stay
 	}
-	if err := dp.SetTable(steer.StageBridge, stay); err != nil {
+	if err := dp.Placement().SetTable(steer.StageBridge, stay); err != nil {
 		t.Fatal(err)
 	}
 	src, dst := s.Containers[0], r.Containers[0]

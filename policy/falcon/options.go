@@ -155,7 +155,7 @@ type Options struct {
 	// lanes did before direct: for measuring it).
 	Stay string
 	// Bare: at home the bridge stage's program may skip the flow lookup
-	// once no flow there would queue (steer.Datapath.SetHomeBare); off,
+	// once no flow there would queue (steer.Placement.SetHomeBare); off,
 	// for measuring what that saves.
 	Bare bool
 	// Park: once every stage has rested at home for a while, the agent

@@ -48,7 +48,7 @@
  * (steer_tc): no flow there can have frames queued in an RPS backlog.
  * Runtime state, set by lanes agent only while the stage is at home and
  * no bridge-stage state that would queue (not running on, on this core)
- * saw a frame within drain_ns (steer.Datapath.HomeQueues); cleared with CFG_HOME. */
+ * saw a frame within drain_ns (steer.Placement.HomeQueues); cleared with CFG_HOME. */
 #define CFG_HOME_BARE 0x2000u
 
 /* In a flow's cpu_idx: the core's high-priority queue (steer_cpumap_hi)

@@ -309,7 +309,7 @@ static __always_inline int run_on(struct __sk_buff *skb)
  * it was idle for drain_ns: its frames queued before are presumed out
  * then, as for a move (place()), and it runs on like a flow without state.
  * A flow that queues is stamped, so that lanes agent sees it queuing
- * (steer.Datapath.HomeQueues) and keeps the stage off its bare path (CFG_HOME_BARE).
+ * (steer.Placement.HomeQueues) and keeps the stage off its bare path (CFG_HOME_BARE).
  */
 static __always_inline int home_idle(const struct steer_cfg *cfg, struct steer_flow_state *st)
 {
