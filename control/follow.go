@@ -32,7 +32,7 @@ import (
 //     first, then, once frames that passed the hooks before the programs
 //     were there are out (drainWait), the RPS maps. Where a steering
 //     datapath places the container stage, the host-side veth gets an
-//     adoption window first (steer.c, steer_adopt): flows already running
+//     adoption window first (datapath/steer/bpf/maps.h, steer_adopt): flows already running
 //     start where the kernel runs them, counted, and move to the table's
 //     core only through the move rule, as every flow did when the plan was
 //     applied. Only devices that are up: a runtime names a container's

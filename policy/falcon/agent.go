@@ -594,7 +594,7 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 // that stays runs where the one before it ran: when an earlier stage
 // changes a flow's core, the later stages that stay change core with it.
 // A stage counts its frames in flight, and so keeps its order across that
-// change (steer.c's followers_out, stay_core), only off its at-home fast
+// change (datapath/steer/bpf/order.h's followers_out, stay_core), only off its at-home fast
 // path. So a later stage goes home only behind the earlier ones, and
 // leaves home no later than they do.
 

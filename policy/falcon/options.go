@@ -150,7 +150,7 @@ type Options struct {
 	Spread string
 	// Stay is how a flow that stays at the bridge stage stays: "direct"
 	// (the GRO cell's poll runs the stage on, as in vanilla, once none of
-	// the flow's frames can be queued; steer.c's stay_direct) or "queued"
+	// the flow's frames can be queued; datapath/steer/bpf/place.h's stay_direct) or "queued"
 	// (through its own core's RPS backlog, one pass more than vanilla, as
 	// lanes did before direct: for measuring it).
 	Stay string
