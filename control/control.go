@@ -23,9 +23,6 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and its single-mechanism modes
-	_ "github.com/lanesnet/lanes/policy/mflow"  // mflow
-	_ "github.com/lanesnet/lanes/policy/prism"  // prism, prism-batch
 	"github.com/lanesnet/lanes/topology"
 )
 
