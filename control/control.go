@@ -23,9 +23,6 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and its single-mechanism modes
-	_ "github.com/lanesnet/lanes/policy/mflow"  // mflow
-	_ "github.com/lanesnet/lanes/policy/prism"  // prism, prism-batch
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -287,7 +284,7 @@ func untrackedNote(netns string) string {
 	}
 	defer d.Close()
 	var notes []string
-	if _, tracked, err := d.Queues(); err == nil && !tracked {
+	if _, tracked, err := d.Order().Queues(); err == nil && !tracked {
 		notes = append(notes, "the kernel's cpumap drop tracepoints (xdp:xdp_cpumap_enqueue, xdp:xdp_cpumap_kthread) could not be attached: flows leave a split-stage queue after the drain time, and a kthread starved longer than that can see a flow reordered")
 	}
 	if !steer.LaterDropsTracked(dir) {

@@ -33,7 +33,7 @@ import (
 //     first, then, once frames that passed the hooks before the programs
 //     were there are out (drainWait), the RPS maps. Where a steering
 //     datapath places the container stage, the host-side veth gets an
-//     adoption window first (steer.c, steer_adopt): flows already running
+//     adoption window first (datapath/steer/bpf/maps.h, steer_adopt): flows already running
 //     start where the kernel runs them, counted, and move to the table's
 //     core only through the move rule, as every flow did when the plan was
 //     applied. Only devices that are up: a runtime names a container's
@@ -704,7 +704,7 @@ func (f *follower) adopt(j *knobs.Journal, todo []plan.Change, devs containerDev
 		if len(windows) == 0 {
 			return nil
 		}
-		return dp.SetAdopting(d, windows...)
+		return dp.Order().SetAdopting(d, windows...)
 	}
 	// Open until the maps are on; closed adoptWindow after.
 	if err := open(time.Hour); err != nil {

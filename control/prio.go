@@ -40,7 +40,7 @@ func OpenPrio(netns string) (*PrioSet, error) {
 	return &PrioSet{d: d, target: target}, nil
 }
 
-func (p *PrioSet) Add(r steer.Rule) error      { return p.d.AddRule(r) }
-func (p *PrioSet) Del(r steer.Rule) error      { return p.d.DelRule(r) }
-func (p *PrioSet) List() ([]steer.Rule, error) { return p.d.Rules() }
+func (p *PrioSet) Add(r steer.Rule) error      { return p.d.Prio().AddRule(r) }
+func (p *PrioSet) Del(r steer.Rule) error      { return p.d.Prio().DelRule(r) }
+func (p *PrioSet) List() ([]steer.Rule, error) { return p.d.Prio().Rules() }
 func (p *PrioSet) Close() error                { return p.d.Close() }

@@ -163,7 +163,7 @@ func steering(s *StatusReport, netns string) error {
 		return err
 	}
 	out := &Steering{PinDir: dir, Stages: map[string]steer.Counters{}, Prio: cfg.Prio, StayQueued: cfg.StayQueued}
-	if home, err := d.Home(); err == nil {
+	if home, err := d.Placement().Home(); err == nil {
 		for st, h := range home {
 			if h {
 				out.Home = append(out.Home, steer.StageName(st))
@@ -173,29 +173,29 @@ func steering(s *StatusReport, netns string) error {
 	var rules, inline []steer.Rule // the priority rules, for the flows they mark; those high=auto runs inline
 	if cfg.Prio {
 		out.BulkInlineIdle = cfg.PrioIdleInline
-		if inline, err = d.HighInline(); err != nil {
+		if inline, err = d.Prio().HighInline(); err != nil {
 			return err
 		}
 		for _, r := range inline {
 			out.HighInline = append(out.HighInline, r.String())
 		}
 		if cfg.BulkQuiet > 0 && cfg.HighAutoPPS > 0 {
-			if out.BulkQuietMs, out.BulkQuiet, out.SinceBulkMs, err = quietState(cfg.BulkQuiet, d.BulkQuiet); err != nil {
+			if out.BulkQuietMs, out.BulkQuiet, out.SinceBulkMs, err = quietState(cfg.BulkQuiet, d.Prio().BulkQuiet); err != nil {
 				return err
 			}
 		}
 		if cfg.BulkAuto > 0 && cfg.HighAutoPPS > 0 {
 			out.BulkAutoMs = cfg.BulkAuto.Milliseconds()
-			if out.BulkBesideBusy, err = d.BulkBesideBusy(cfg.BulkAuto); err != nil {
+			if out.BulkBesideBusy, err = d.Prio().BulkBesideBusy(cfg.BulkAuto); err != nil {
 				return err
 			}
 		}
 		if cfg.PrioQuiet > 0 {
-			if out.QuietMs, out.Quiet, out.SinceHighMs, err = quietState(cfg.PrioQuiet, d.HighQuiet); err != nil {
+			if out.QuietMs, out.Quiet, out.SinceHighMs, err = quietState(cfg.PrioQuiet, d.Prio().HighQuiet); err != nil {
 				return err
 			}
 		}
-		rules, err = d.Rules()
+		rules, err = d.Prio().Rules()
 		if err != nil {
 			return err
 		}
@@ -206,12 +206,12 @@ func steering(s *StatusReport, netns string) error {
 	for i, c := range st {
 		out.Stages[steer.StageName(i)] = c
 	}
-	if out.Queues, out.QueuesTracked, err = d.Queues(); err != nil {
+	if out.Queues, out.QueuesTracked, err = d.Order().Queues(); err != nil {
 		return err
 	}
 	out.LaterDropsTracked = steer.LaterDropsTracked(dir)
 	if out.VethClass = cfg.VethClass; cfg.VethClass {
-		vf, err := d.VethFlows()
+		vf, err := d.Prio().VethFlows()
 		if err != nil {
 			return err
 		}
@@ -224,7 +224,7 @@ func steering(s *StatusReport, netns string) error {
 		}
 	}
 	if out.Sync = cfg.Sync; cfg.Sync {
-		ts, err := d.Sync()
+		ts, err := d.Sync().Targets()
 		if err != nil {
 			return err
 		}
@@ -306,7 +306,7 @@ func devName(t *topology.Topology, ifindex int) string {
 
 // microFlowsPerCore reads the micro-flows sent to each of cpus.
 func microFlowsPerCore(d *steer.Datapath, cpus []int) (map[int]uint64, error) {
-	per, err := d.MicroFlowsPerCore()
+	per, err := d.Micro().PerCore()
 	if err != nil {
 		return nil, err
 	}

@@ -17,14 +17,14 @@ import (
 func TestContainerAdoptWindow(t *testing.T) {
 	d, cores := newDatapath(t)
 	for _, st := range []int{StageBridge, StageContainer} {
-		if err := d.SetTable(st, spreadTable(len(cores))); err != nil {
+		if err := d.Placement().SetTable(st, spreadTable(len(cores))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := d.SetAdopting(time.Minute, loIfindex); err != nil {
+	if err := d.Order().SetAdopting(time.Minute, loIfindex); err != nil {
 		t.Fatal(err)
 	}
-	if w, err := d.Adopting(); err != nil || w[loIfindex] <= 0 {
+	if w, err := d.Order().Adopting(); err != nil || w[loIfindex] <= 0 {
 		t.Fatalf("adoption windows %v (%v): want one open on ifindex %d", w, err, loIfindex)
 	}
 	running := udpFlow(40000)
@@ -42,10 +42,10 @@ func TestContainerAdoptWindow(t *testing.T) {
 
 	// Closed: the next new flow is placed by the table; the one seen in
 	// the window stays while its frames are in flight.
-	if err := d.SetAdopting(0, loIfindex); err != nil {
+	if err := d.Order().SetAdopting(0, loIfindex); err != nil {
 		t.Fatal(err)
 	}
-	if w, err := d.Adopting(); err != nil || len(w) != 0 {
+	if w, err := d.Order().Adopting(); err != nil || len(w) != 0 {
 		t.Fatalf("adoption windows %v (%v) after closing", w, err)
 	}
 	fresh := udpFlow(40002)
@@ -57,7 +57,7 @@ func TestContainerAdoptWindow(t *testing.T) {
 	if fl := mustFlow(t, d, running, StageContainer); fl.CPUIndex != Stay {
 		t.Errorf("flow with frames in flight moved when the window closed: index %d", fl.CPUIndex)
 	}
-	if err := d.SetAdopting(time.Second, 0); err == nil {
+	if err := d.Order().SetAdopting(time.Second, 0); err == nil {
 		t.Error("a window for ifindex 0 was accepted")
 	}
 }

@@ -7,7 +7,11 @@ import (
 	"time"
 )
 
-// Config is what every steer program reads on every packet.
+// Config is the steer programs' configuration. Its mode (every setting
+// but the core set, the move rules, the port and the VNIs) is fixed when
+// the programs are loaded (LoadFor; SetConfig loads them again for another
+// one), so the verifier drops the code of what it leaves out; the rest
+// they read on every packet.
 type Config struct {
 	// Enabled off makes every program pass everything untouched.
 	Enabled bool
@@ -37,7 +41,7 @@ type Config struct {
 	CountSplit bool
 	// Prio classifies every flow at the split stage against the priority
 	// rules (AddRule): high-priority flows go to the chosen core's
-	// high-priority queue (SetHiCPUMapEntry), PRISM's second class.
+	// high-priority queue (Datapath.HiCPUMap), PRISM's second class.
 	Prio bool
 	// NoBridgeCount stops steer_tc_ingress from counting the bridge
 	// stage's frames in flight. Set it while steer_tc_egress, which counts
@@ -47,13 +51,13 @@ type Config struct {
 	NoBridgeCount bool
 	// StayQueued keeps a flow staying at the bridge stage on the RPS
 	// backlog of its own core, as lanes did before that stage ran such
-	// flows on (steer.c's stay_direct): one more pass through the backlog
+	// flows on (bpf/place.h's stay_direct): one more pass through the backlog
 	// than vanilla makes, for measuring what running on changes.
 	StayQueued bool
 	// MFlow splits elephant flows into micro-flows; the zero value is off.
 	MFlow MFlow
 	// Sync (with Prio) hands high-priority frames whose destination is in
-	// the sync set (SetSync) straight to the container's veth: PRISM-sync.
+	// the sync set (Sync.Set) straight to the container's veth: PRISM-sync.
 	Sync bool
 	// PrioIdleInline (with Prio, CountSplit and a single core, the one the
 	// NIC is polled on) keeps bulk flows in the NIC poll, vanilla's path,
@@ -61,7 +65,7 @@ type Config struct {
 	// the bulk queue's hop only costs. With the first rule each flow
 	// takes the queue as soon as none of its frames is left behind in
 	// the NIC poll (whose frames are counted in flight only while such a
-	// move waits), without an idle gap; see steer.c's place() and
+	// move waits), without an idle gap; see bpf/place.h's place() and
 	// mark_inline.
 	PrioIdleInline bool
 	// PrioQuiet (with PrioIdleInline; 0: off) keeps bulk flows in the NIC

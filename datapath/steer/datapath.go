@@ -13,8 +13,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
@@ -38,46 +36,45 @@ const (
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
-// their maps. Attaching the programs is the caller's business; the pins are
-// how a restarted control plane finds the same maps the attached programs
-// use.
-type Datapath struct {
+// their maps: a small core (loading, pinning, the config, the programs,
+// the flows and counters) and one facet per concern of the programs,
+// each in the file named after its header under bpf/: Placement
+// (place.h), Order (order.h), Prio (prio.h, veth.c), Sync (sync.h), Micro
+// (mflow.h), and the split stage's cpumap queues (CPUMap, HiCPUMap).
+// Attaching the programs is the caller's business; the pins are how a
+// restarted control plane finds the same maps the attached programs use.
+type Datapath struct{ *core }
+
+// core is what the facets share: the loaded objects and what they were
+// loaded for.
+type core struct {
 	objs steerObjects
-	// dropsSkbErr: why steer_drops_skb could not load (Load put a stub in
-	// its place), or nil.
+	// modeMap holds the load-time constants the programs run (their
+	// .rodata, pinned as PinMode), and mode its value (bpf/mode.h).
+	modeMap *ebpf.Map
+	mode    steerSteerMode
+	// loaded: this process loaded the programs, so SetConfig may load
+	// them again for another mode; reopened ones may run anywhere.
+	loaded bool
+	// pinDir is where the datapath is pinned ("": nowhere), and tracked
+	// says TrackQueues attached its drop tracepoints there.
+	pinDir  string
+	tracked bool
+	// dropsSkbErr: why steer_drops_skb could not load (a stub took its
+	// place), or nil.
 	dropsSkbErr error
 }
 
-// Load loads the embedded object into the kernel. Nothing is pinned or
-// attached, and the config is disabled until SetConfig.
+// Load loads the embedded object for Falcon's placement alone (the zero
+// Config's mode; SetConfig loads the programs again for another). Nothing
+// is pinned or attached, and the config is disabled until SetConfig.
 func Load() (*Datapath, error) {
-	d := &Datapath{}
-	spec, err := hostSpec()
-	if err != nil {
-		return nil, fmt.Errorf("loading steer datapath: %w", err)
-	}
-	// steer_drops_skb and steer_sync_xmit read kernel structs through
-	// CO-RE, which needs the kernel's BTF; every other program works
-	// without. Where they cannot load (no BTF, a relocation that fails),
-	// stubs that count nothing take their place, never attached
-	// (TrackQueues reports it), and the rest of the datapath works. Only
-	// vmlinux's types are searched, not every module's.
-	var opts *ebpf.CollectionOptions
-	if kt, err := btf.LoadKernelSpec(); err != nil {
-		d.dropsSkbErr = fmt.Errorf("no kernel BTF: %w", err)
-		stubDropsSkb(spec)
-	} else {
-		opts = &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{KernelTypes: kt}}
-	}
-	err = spec.LoadAndAssign(&d.objs, opts)
-	if err != nil && d.dropsSkbErr == nil {
-		first := err
-		stubDropsSkb(spec)
-		if err = spec.LoadAndAssign(&d.objs, opts); err == nil {
-			d.dropsSkbErr = first
-		}
-	}
-	if err != nil {
+	return load(steerSteerMode{})
+}
+
+func load(m steerSteerMode) (*Datapath, error) {
+	d := &Datapath{&core{loaded: true}}
+	if err := d.loadObjects(m); err != nil {
 		return nil, fmt.Errorf("loading steer datapath: %w", err)
 	}
 	return d, nil
@@ -95,7 +92,13 @@ func stubDropsSkb(spec *ebpf.CollectionSpec) {
 
 // Close releases this process's handles. Pinned or attached objects stay
 // in the kernel.
-func (d *Datapath) Close() error { return d.objs.Close() }
+func (d *Datapath) Close() error {
+	err := d.objs.Close()
+	if d.modeMap != nil {
+		err = errors.Join(err, d.modeMap.Close())
+	}
+	return err
+}
 
 // XDP is the STAGE_SPLIT program, for the underlay NIC's XDP hook.
 func (d *Datapath) XDP() *ebpf.Program { return d.objs.SteerXdp }
@@ -129,12 +132,20 @@ type pinnedMap struct {
 	m    **ebpf.Map
 }
 
+// spec is the map's name in the object: the pin's, but for the mode's.
+func (m pinnedMap) spec() string {
+	if m.name == PinMode {
+		return ".rodata"
+	}
+	return m.name
+}
+
 type pinnedProg struct {
 	name string
 	p    **ebpf.Program
 }
 
-func (d *Datapath) pinnedMaps() []pinnedMap {
+func (d *core) pinnedMaps() []pinnedMap {
 	o := &d.objs
 	return []pinnedMap{
 		{steerMapSteerCfg, &o.SteerCfg},
@@ -163,146 +174,11 @@ func (d *Datapath) pinnedMaps() []pinnedMap {
 		{steerMapSteerQueueLost, &o.SteerQueueLost},
 		{steerMapSteerVethClass, &o.SteerVethClass},
 		{steerMapSteerAdopt, &o.SteerAdopt},
+		{PinMode, &d.modeMap},
 	}
 }
 
-// The drop tracepoints' links (TrackQueues), pinned beside the maps so
-// they outlive the process that attached them and go with Unpin. The
-// first two report the split stage's cpumap drops, the last every skb
-// drop, of which steer_drops_skb counts the later stages' own.
-var dropTraces = []struct{ pin, group, tracepoint string }{
-	{steerProgSteerDropsRing + "_link", "xdp", "xdp_cpumap_enqueue"},
-	{steerProgSteerDropsKthread + "_link", "xdp", "xdp_cpumap_kthread"},
-	{steerProgSteerDropsSkb + "_link", "skb", "kfree_skb"},
-	{steerProgSteerSyncXmit + "_link", "xdp", "xdp_devmap_xmit"},
-	{steerProgSteerSyncRedirectErr + "_link", "xdp", "xdp_redirect_err"},
-}
-
-// NoDropTracesError is TrackQueues failing to attach to a drop tracepoint
-// (a kernel built without BPF raw tracepoints, or one that renamed them).
-// The datapath works without: the flows of what it would have tracked
-// (the cpumap queues; the later stages' frames, for skb:kfree_skb) fall
-// back to the drain time when frames are dropped, and `lanes status` says
-// so.
-type NoDropTracesError struct {
-	Tracepoint string // group:name
-	Err        error
-}
-
-func (e *NoDropTracesError) Error() string {
-	return fmt.Sprintf("attaching to tracepoint %s to count drops: %v", e.Tracepoint, e.Err)
-}
-
-func (e *NoDropTracesError) Unwrap() error { return e.Err }
-
-// TrackQueues attaches the programs that count frames the kernel drops,
-// pins their links in dir, and then tells the datapath which cpumap is
-// which, which turns the queues' accounting on: from then on a flow whose
-// frames are counted in flight on a cpumap queue moves only once they came
-// out or were dropped, however long the queue waits for its core, instead
-// of after the drain time (steer.c, struct steer_queue). Last it attaches
-// steer_drops_skb (skb:kfree_skb), which counts the later stages' frames
-// the kernel drops out of their flows' counts; if only that one fails, the
-// cpumap queues stay tracked and the error says which is missing. Only a
-// freshly loaded Datapath can attach; links pinned in dir before are
-// replaced.
-func (d *Datapath) TrackQueues(dir string) error {
-	err := d.trackCPUMaps(dir)
-	var nt *NoDropTracesError
-	if err != nil && !errors.As(err, &nt) {
-		return err
-	}
-	// The later stages' drops are tracked (or not) whatever became of
-	// the cpumap's; the first degradation is the one reported.
-	var skbErr error = &NoDropTracesError{Tracepoint: "skb:kfree_skb", Err: d.dropsSkbErr}
-	if d.dropsSkbErr == nil {
-		skbErr = attachTrace(dir, 2, d.objs.SteerDropsSkb)
-	} else if rerr := os.Remove(filepath.Join(dir, dropTraces[2].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-		// A stale link there would say tracked, counting into another
-		// datapath's maps.
-		return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
-	}
-	if skbErr != nil && !errors.As(skbErr, &nt) {
-		return skbErr
-	}
-	// PRISM-sync's redirects that the devmap or the veth dropped
-	// (Counters.SyncDropped); without, they go uncounted. The devmap's
-	// trace reads the device through CO-RE, as steer_drops_skb does.
-	var syncErr error
-	for i, p := range map[int]*ebpf.Program{3: d.objs.SteerSyncXmit, 4: d.objs.SteerSyncRedirectErr} {
-		var e error = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
-		if i == 4 || d.dropsSkbErr == nil {
-			e = attachTrace(dir, i, p)
-		} else if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-			return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
-		}
-		if e != nil && !errors.As(e, &nt) {
-			return e
-		}
-		syncErr = errors.Join(syncErr, e)
-	}
-	// Only degradations (NoDropTracesError) from here.
-	return errors.Join(err, skbErr, syncErr)
-}
-
-// trackCPUMaps is TrackQueues for the split stage's cpumap queues.
-func (d *Datapath) trackCPUMaps(dir string) error {
-	progs := []*ebpf.Program{d.objs.SteerDropsRing, d.objs.SteerDropsKthread}
-	for i := range progs {
-		if err := attachTrace(dir, i, progs[i]); err != nil {
-			return err
-		}
-	}
-	for class, m := range []*ebpf.Map{d.objs.SteerCpumap, d.objs.SteerCpumapHi} {
-		info, err := m.Info()
-		if err != nil {
-			return fmt.Errorf("tracking cpumap queues: %w", err)
-		}
-		id, ok := info.ID()
-		if !ok {
-			return errors.New("tracking cpumap queues: this kernel reports no map ids")
-		}
-		if err := d.objs.SteerQmaps.Put(uint32(class), uint32(id)); err != nil {
-			return fmt.Errorf("tracking cpumap queues: %w", err)
-		}
-	}
-	return nil
-}
-
-// attachTrace attaches prog to dropTraces[i] and pins the link in dir.
-func attachTrace(dir string, i int, prog *ebpf.Program) error {
-	tr := dropTraces[i]
-	path := filepath.Join(dir, tr.pin)
-	if prog == nil {
-		return fmt.Errorf("tracking drops: no program loaded to attach at %s (reopened datapath)", path)
-	}
-	// A link pinned there is a stale one, whose program counts into
-	// another datapath's maps: this one's drops would go uncounted.
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("tracking drops: removing the stale link %s: %w", path, err)
-	}
-	l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tr.tracepoint, Program: prog})
-	if err != nil {
-		return &NoDropTracesError{Tracepoint: tr.group + ":" + tr.tracepoint, Err: err}
-	}
-	err = l.Pin(path)
-	l.Close()
-	if err != nil {
-		return fmt.Errorf("pinning the %s:%s link: %w", tr.group, tr.tracepoint, err)
-	}
-	return nil
-}
-
-// LaterDropsTracked says whether the datapath pinned in dir counts the
-// later stages' dropped frames out (steer_drops_skb attached by
-// TrackQueues); without, a flow there with a dropped frame moves only
-// after the drain time.
-func LaterDropsTracked(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, dropTraces[2].pin))
-	return err == nil
-}
-
-func (d *Datapath) pinnedProgs() []pinnedProg {
+func (d *core) pinnedProgs() []pinnedProg {
 	o := &d.objs
 	return []pinnedProg{
 		{PinXDP, &o.SteerXdp},
@@ -317,7 +193,7 @@ func (d *Datapath) pinnedProgs() []pinnedProg {
 
 // pinNames lists every pin this package creates in a directory.
 func pinNames() []string {
-	var d Datapath
+	d := Datapath{&core{}}
 	var names []string
 	for _, m := range d.pinnedMaps() {
 		names = append(names, m.name)
@@ -362,6 +238,7 @@ func (d *Datapath) Pin(dir string) error {
 		}
 		done = append(done, *p.p)
 	}
+	d.pinDir = dir
 	return nil
 }
 
@@ -413,6 +290,7 @@ func Open(dir string) (*Datapath, error) {
 			return fail(fmt.Errorf("pinned program %s is %s, want %s", path, pp.Type(), want))
 		}
 	}
+	d.pinDir = dir
 	return d, nil
 }
 
@@ -427,7 +305,11 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 	if err != nil {
 		return nil, nil, err
 	}
-	d := &Datapath{}
+	d := &Datapath{&core{pinDir: dir}}
+	// The config is read with the mode the programs run (configOnly).
+	if slices.Contains(only, steerMapSteerCfg) && !slices.Contains(only, PinMode) {
+		only = append(slices.Clone(only), PinMode)
+	}
 	for _, m := range d.pinnedMaps() {
 		if only != nil && !slices.Contains(only, m.name) {
 			continue
@@ -436,7 +318,7 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 		pm, err := ebpf.LoadPinnedMap(path, nil)
 		if err == nil {
 			*m.m = pm
-			err = spec.Maps[m.name].Compatible(pm)
+			err = compatible(spec.Maps[m.spec()], pm)
 		}
 		if err != nil {
 			d.Close()
@@ -444,6 +326,12 @@ func openMaps(dir string, only []string) (*Datapath, *ebpf.CollectionSpec, error
 				return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err}
 			}
 			return nil, nil, &OtherVersionError{Dir: dir, Map: m.name, Err: err, Layout: true}
+		}
+	}
+	if d.modeMap != nil {
+		if err := d.readMode(spec); err != nil {
+			d.Close()
+			return nil, nil, err
 		}
 	}
 	return d, spec, nil
@@ -475,7 +363,7 @@ func hostSpec() (*ebpf.CollectionSpec, error) {
 // keeps part of its free entries on each CPU's own list and evicts per
 // CPU, so a map of fixed size on a large host evicts busy flows long
 // before it is full; an evicted flow starts afresh at its next frame (and
-// in a new count epoch: steer.c's next_epoch).
+// in a new count epoch: bpf/flow.h's next_epoch).
 func FlowEntries(cpus int) uint32 {
 	n := uint32(16384)
 	for n < uint32(cpus)*4096 && n < 1<<20 {
@@ -540,26 +428,4 @@ func Unpin(dir string) error {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// OpenQueues reopens only what the queue reconciler reads and writes: the
-// queue accounting, the booked-lost counts and the cpumaps (whose
-// kthreads it looks at).
-func OpenQueues(dir string) (*Datapath, error) {
-	if !Pinned(dir) {
-		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
-	}
-	d, _, err := openMaps(dir, []string{steerMapSteerQueues, steerMapSteerQueueLost, steerMapSteerQmaps, steerMapSteerCpumap, steerMapSteerCpumapHi})
-	return d, err
-}
-
-// OpenHighAuto reopens only what high=auto's switch reads and writes: the
-// config, the rules, their frame counts and their switches. Cheap enough
-// to reopen at every sample, so a re-apply's new pins are followed.
-func OpenHighAuto(dir string) (*Datapath, error) {
-	if !Pinned(dir) {
-		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
-	}
-	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerBulkSeen})
-	return d, err
 }

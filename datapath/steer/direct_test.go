@@ -66,7 +66,7 @@ func TestBridgeStaysDirect(t *testing.T) {
 	direct := func() uint64 { return stats(t, d)[StageBridge].Direct }
 	away := func() bool {
 		t.Helper()
-		a, err := d.Activity(time.Hour)
+		a, err := d.Placement().Activity(time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +116,7 @@ func TestBridgeStaysDirect(t *testing.T) {
 
 	// A move away and back starts over from queued.
 	b := Bucket(f.hash(), loIfindex, StageBridge)
-	if err := d.SetBucket(StageBridge, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCIngress(), outer)
@@ -124,7 +124,7 @@ func TestBridgeStaysDirect(t *testing.T) {
 		t.Fatalf("after the move: %+v", fl)
 	}
 	runTC(t, d.TCEgress(), inner)
-	if err := d.SetBucket(StageBridge, b, Stay); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, Stay); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCIngress(), outer)
@@ -134,7 +134,7 @@ func TestBridgeStaysDirect(t *testing.T) {
 	before := direct()
 
 	// At home: the queuing flow keeps queuing; a flow without state runs on.
-	if err := d.SetHome(StageBridge, true); err != nil {
+	if err := d.Placement().SetHome(StageBridge, true); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCIngress(), outer)
@@ -186,7 +186,7 @@ func TestBridgeLeavingHomeRestarts(t *testing.T) {
 	if !mustFlow(t, d, r, StageBridge).Direct || mustFlow(t, d, q, StageBridge).Direct {
 		t.Fatal("setup: want r direct, q queued")
 	}
-	if err := d.SetHome(StageBridge, true); err != nil {
+	if err := d.Placement().SetHome(StageBridge, true); err != nil {
 		t.Fatal(err)
 	}
 	before := stats(t, d)[StageBridge].Direct
@@ -195,7 +195,7 @@ func TestBridgeLeavingHomeRestarts(t *testing.T) {
 	if got := stats(t, d)[StageBridge].Direct - before; got != 1 {
 		t.Errorf("at home: %d frames ran on, want 1 (r's)", got)
 	}
-	if err := d.SetHome(StageBridge, false); err != nil {
+	if err := d.Placement().SetHome(StageBridge, false); err != nil {
 		t.Fatal(err)
 	}
 	fq, fr := mustFlow(t, d, q, StageBridge), mustFlow(t, d, r, StageBridge)
@@ -275,10 +275,10 @@ func TestBridgeStayQueued(t *testing.T) {
 	if s := stats(t, d)[StageBridge]; s.Direct != 0 || s.Stayed != 4 {
 		t.Errorf("counters %+v, want 4 stayed, none run on", s)
 	}
-	if a, err := d.Activity(time.Hour); err != nil || a.Away[StageBridge] {
+	if a, err := d.Placement().Activity(time.Hour); err != nil || a.Away[StageBridge] {
 		t.Errorf("away %v, %v: a queued flow keeps the stage from home although nothing runs on", a.Away, err)
 	}
-	if err := d.SetHome(StageBridge, true); err != nil {
+	if err := d.Placement().SetHome(StageBridge, true); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCIngress(), vxlanFrame(frameSpec{flow: udpFlow(40001)}))
@@ -329,10 +329,10 @@ func TestBridgeHomeBare(t *testing.T) {
 	q, r := udpFlow(40000), udpFlow(40001)
 	qOuter, rOuter := vxlanFrame(frameSpec{flow: q}), vxlanFrame(frameSpec{flow: r})
 	runTC(t, d.TCIngress(), qOuter) // q: queued, 1 in flight
-	if err := d.SetHomeBare(); err == nil {
+	if err := d.Placement().SetHomeBare(); err == nil {
 		t.Error("the bare path was switched on with the stage away")
 	}
-	if err := d.SetHome(StageBridge, true); err != nil {
+	if err := d.Placement().SetHome(StageBridge, true); err != nil {
 		t.Fatal(err)
 	}
 	direct := func() uint64 { return stats(t, d)[StageBridge].Direct }
@@ -341,21 +341,21 @@ func TestBridgeHomeBare(t *testing.T) {
 	if got := direct() - before; got != 0 {
 		t.Errorf("at home, a queued flow's frame ran on (%d)", got)
 	}
-	if busy, err := d.HomeQueues(0); err != nil || !busy {
+	if busy, err := d.Placement().HomeQueues(0); err != nil || !busy {
 		t.Errorf("HomeQueues %v, %v; want a flow queuing", busy, err)
 	}
 	time.Sleep(2 * drain)
-	if busy, err := d.HomeQueues(0); err != nil || busy {
+	if busy, err := d.Placement().HomeQueues(0); err != nil || busy {
 		t.Errorf("HomeQueues %v, %v after the drain time; want none queuing", busy, err)
 	}
 	runTC(t, d.TCIngress(), qOuter) // idle for the drain time: runs on
 	if got := direct() - before; got != 1 {
 		t.Errorf("after the drain time idle: %d ran on, want 1", got)
 	}
-	if err := d.SetHomeBare(); err != nil {
+	if err := d.Placement().SetHomeBare(); err != nil {
 		t.Fatal(err)
 	}
-	if bare, err := d.HomeBare(); err != nil || !bare {
+	if bare, err := d.Placement().HomeBare(); err != nil || !bare {
 		t.Fatalf("HomeBare %v, %v", bare, err)
 	}
 	flows, _ := d.Flows()
@@ -378,10 +378,10 @@ func TestBridgeHomeBare(t *testing.T) {
 	if got := direct() - before; got != 3 {
 		t.Errorf("malformed frames counted as run on: %d, want 3", got)
 	}
-	if err := d.SetHome(StageBridge, false); err != nil {
+	if err := d.Placement().SetHome(StageBridge, false); err != nil {
 		t.Fatal(err)
 	}
-	if bare, err := d.HomeBare(); err != nil || bare {
+	if bare, err := d.Placement().HomeBare(); err != nil || bare {
 		t.Errorf("HomeBare %v, %v after leaving home; want off", bare, err)
 	}
 }

@@ -67,7 +67,7 @@ func TestXDPMarksQueuedFrames(t *testing.T) {
 		t.Errorf("stayed frame counted in flight: %d", n)
 	}
 
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 3; i++ {
@@ -115,7 +115,7 @@ func TestMoveWaitsForDrain(t *testing.T) {
 	f := tcpFlow(40000)
 	outer, inner := vxlanFrame(frameSpec{flow: f}), innerFrame(frameSpec{flow: f})
 	b := Bucket(f.hash(), loIfindex, StageBridge)
-	if err := d.SetBucket(StageBridge, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	runTCSegs(t, d.TCIngress(), outer, 0)
@@ -124,7 +124,7 @@ func TestMoveWaitsForDrain(t *testing.T) {
 		t.Fatalf("%d in flight after 1 + 5 frames, want 6", n)
 	}
 
-	if err := d.SetBucket(StageBridge, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	runTCSegs(t, d.TCIngress(), outer, 0)
@@ -176,11 +176,11 @@ func TestDrainTimeout(t *testing.T) {
 	f := tcpFlow(40000)
 	outer := vxlanFrame(frameSpec{flow: f})
 	b := Bucket(f.hash(), loIfindex, StageBridge)
-	if err := d.SetBucket(StageBridge, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	runTCSegs(t, d.TCIngress(), outer, 0)
-	if err := d.SetBucket(StageBridge, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageBridge, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * drain)

@@ -11,7 +11,7 @@ import (
 
 // A stage that stays runs where the stage before it ran: these tests move
 // the earlier stage's core under a staying later stage and check that the
-// later one's frames in flight are never overtaken (steer.c's
+// later one's frames in flight are never overtaken (bpf/order.h's
 // followers_out and stay_core).
 
 func needTwoCores(t *testing.T) {
@@ -61,7 +61,7 @@ func TestContainerStayHoldsCore(t *testing.T) {
 	}
 	// The flow's activity reports the held core only while frames are in
 	// flight.
-	a, err := d.Activity(time.Hour)
+	a, err := d.Placement().Activity(time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestSplitMoveWaitsForStayingBridge(t *testing.T) {
 		t.Fatalf("stay: verdict %d, want XDP_PASS", ret)
 	}
 	runTC(t, d.TCIngress(), outer) // the bridge stage stays, 1 in flight
-	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, outer); ret != xdpPass {
@@ -157,7 +157,7 @@ func TestSplitMoveIgnoresPlacedBridge(t *testing.T) {
 	if n := inFlight(t, d, f, StageBridge); n != 1 {
 		t.Fatalf("bridge stage: %d in flight, want 1", n)
 	}
-	if err := d.SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, Bucket(f.hash(), loIfindex, StageSplit), 1); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, outer); ret != xdpRedirect {

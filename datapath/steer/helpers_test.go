@@ -56,7 +56,7 @@ func newDatapath(t *testing.T) (*Datapath, []int) {
 		t.Fatal(err)
 	}
 	for _, c := range cores {
-		if err := d.SetCPUMapEntry(c, 64); err != nil {
+		if err := d.CPUMap().Set(c, 64); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,7 +72,7 @@ func setAll(t *testing.T, d *Datapath, stage int, idx uint32) {
 	for b := range tab {
 		tab[b] = idx
 	}
-	if err := d.SetTable(stage, tab); err != nil {
+	if err := d.Placement().SetTable(stage, tab); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -16,11 +16,11 @@ import (
 func TestHomeFastPath(t *testing.T) {
 	d, _ := newDatapath(t)
 	for st := range NumStages {
-		if err := d.SetHome(st, true); err != nil {
+		if err := d.Placement().SetHome(st, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if h, err := d.Home(); err != nil || h != [NumStages]bool{true, true, true} {
+	if h, err := d.Placement().Home(); err != nil || h != [NumStages]bool{true, true, true} {
 		t.Fatalf("Home = %v, %v", h, err)
 	}
 	f := udpFlow(40000)
@@ -65,20 +65,20 @@ func TestHomeFastPath(t *testing.T) {
 	}
 
 	// Leaving home: the full path again.
-	if err := d.SetHome(StageBridge, false); err != nil {
+	if err := d.Placement().SetHome(StageBridge, false); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCIngress(), outer)
 	if fl := mustFlow(t, d, f, StageBridge); fl.CPUIndex != Stay || fl.Packets != 1 {
 		t.Errorf("bridge flow after leaving home: %+v", fl)
 	}
-	if err := d.DeleteStageFlows(StageBridge); err != nil {
+	if err := d.Placement().DeleteStageFlows(StageBridge); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := flowState(t, d, f, StageBridge); ok {
 		t.Error("DeleteStageFlows left the bridge state")
 	}
-	if act, err := d.Activity(time.Second); err != nil || act.Away[StageBridge] {
+	if act, err := d.Placement().Activity(time.Second); err != nil || act.Away[StageBridge] {
 		t.Errorf("after DeleteStageFlows: away %v, %v", act.Away, err)
 	}
 
@@ -91,18 +91,18 @@ func TestHomeFastPath(t *testing.T) {
 	if err := d.SetConfig(c); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := d.Home(); h != [NumStages]bool{} {
+	if h, _ := d.Placement().Home(); h != [NumStages]bool{} {
 		t.Errorf("Home after SetConfig = %v, want all off", h)
 	}
 	// With prio the split stage is classified whatever the bit says.
-	if err := d.SetHome(StageSplit, true); err != nil {
+	if err := d.Placement().SetHome(StageSplit, true); err != nil {
 		t.Fatal(err)
 	}
 	runXDP(t, d, outer)
 	if _, ok := flowState(t, d, f, StageSplit); !ok {
 		t.Error("prio: steer_xdp took the fast path")
 	}
-	if err := d.SetHome(NumStages, true); err == nil {
+	if err := d.Placement().SetHome(NumStages, true); err == nil {
 		t.Error("SetHome accepted a stage out of range")
 	}
 }
@@ -114,7 +114,7 @@ func TestActivityAway(t *testing.T) {
 	setAll(t, d, StageContainer, uint32(len(cores)-1))
 	f := tcpFlow(40001)
 	runTC(t, d.TCEgress(), innerFrame(frameSpec{flow: f}))
-	act, err := d.Activity(time.Second)
+	act, err := d.Placement().Activity(time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestActivityAway(t *testing.T) {
 	// the stage away: otherwise a stage never came home after the flow
 	// that moved it ended.
 	time.Sleep(5 * time.Millisecond)
-	if act, err = d.Activity(time.Millisecond); err != nil || act.Away[StageContainer] || act.Flows != 0 {
+	if act, err = d.Placement().Activity(time.Millisecond); err != nil || act.Away[StageContainer] || act.Flows != 0 {
 		t.Errorf("idle past the window: away %v, %d flows (%v); want not away, 0", act.Away, act.Flows, err)
 	}
 }
@@ -149,7 +149,7 @@ func TestActivityBusyFlow(t *testing.T) {
 	if n := stampFlows(t, d, Now()+50*time.Millisecond); n != 1 {
 		t.Fatalf("%d flow states, want 1", n)
 	}
-	act, err := d.Activity(time.Millisecond)
+	act, err := d.Placement().Activity(time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,11 +180,11 @@ func (k *DatapathKnob) Read() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cm, err := d.CPUMapEntries()
+	cm, err := d.CPUMap().Entries()
 	if err != nil {
 		return nil, err
 	}
-	hi, err := d.HiCPUMapEntries()
+	hi, err := d.HiCPUMap().Entries()
 	if err != nil {
 		return nil, err
 	}
@@ -204,12 +204,12 @@ func (k *DatapathKnob) Write(v []byte) error {
 	if Pinned(k.Dir) {
 		d, err = Open(k.Dir)
 	} else {
-		if d, err = Load(); err == nil {
+		if d, err = LoadFor(s.Config); err == nil {
 			if err = d.Pin(k.Dir); err == nil {
 				// Without the drop tracepoints the queues stay
 				// untracked (drain time), which status reports.
 				var nt *NoDropTracesError
-				if err = d.TrackQueues(k.Dir); errors.As(err, &nt) {
+				if err = d.Order().TrackQueues(k.Dir); errors.As(err, &nt) {
 					err = nil
 				} else if err != nil {
 					_ = Unpin(k.Dir)
@@ -229,7 +229,7 @@ func (k *DatapathKnob) Write(v []byte) error {
 		stay[i] = Stay
 	}
 	for st := 0; st < NumStages; st++ {
-		if err := d.SetTable(st, stay); err != nil {
+		if err := d.Placement().SetTable(st, stay); err != nil {
 			return err
 		}
 	}
@@ -286,47 +286,6 @@ func (k *DatapathKnob) Write(v []byte) error {
 	return nil
 }
 
-// setCPUMapSched gives the kthreads of a cpumap ("cpumap/<cpu>/map:<id>")
-// the scheduling policy a.
-func setCPUMapSched(m *ebpf.Map, a *unix.SchedAttr) error {
-	ths, err := cpuMapKthreads(m)
-	if err != nil {
-		return err
-	}
-	a.Size = unix.SizeofSchedAttr
-	for _, th := range ths {
-		if err := unix.SchedSetAttr(th.PID, a, 0); err != nil {
-			return fmt.Errorf("setting the scheduling policy of %s: %w", th.Comm, err)
-		}
-	}
-	return nil
-}
-
-// cpuMapKthreads are the kthreads of a cpumap's entries.
-func cpuMapKthreads(m *ebpf.Map) ([]knobs.KthreadInfo, error) {
-	info, err := m.Info()
-	if err != nil {
-		return nil, err
-	}
-	id, ok := info.ID()
-	if !ok {
-		return nil, fmt.Errorf("cpumap has no id on this kernel")
-	}
-	suffix := fmt.Sprintf("/map:%d", id)
-	return knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
-}
-
-// BulkKthreads are the kthreads of the (bulk) cpumap's entries, one per
-// core with an entry ("cpumap/<cpu>/map:<id>").
-func (d *Datapath) BulkKthreads() ([]knobs.KthreadInfo, error) {
-	return cpuMapKthreads(d.objs.SteerCpumap)
-}
-
-// HiKthreads are the kthreads of the high-priority cpumap's entries.
-func (d *Datapath) HiKthreads() ([]knobs.KthreadInfo, error) {
-	return cpuMapKthreads(d.objs.SteerCpumapHi)
-}
-
 // Pinned says whether dir holds a pinned steering datapath (its config
 // map's pin), so callers can tell "nothing applied" from a broken pin.
 func Pinned(dir string) bool {
@@ -355,7 +314,7 @@ func (k *TableKnob) Read() ([]byte, error) {
 		return nil, err
 	}
 	defer d.Close()
-	t, err := d.Table(k.Stage)
+	t, err := d.Placement().Table(k.Stage)
 	if err != nil {
 		return nil, err
 	}
@@ -372,7 +331,7 @@ func (k *TableKnob) Write(v []byte) error {
 		return err
 	}
 	defer d.Close()
-	return d.SetTable(k.Stage, t)
+	return d.Placement().SetTable(k.Stage, t)
 }
 
 // FormatTable writes a table as Buckets comma-separated entries, "s" for

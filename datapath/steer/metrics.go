@@ -116,7 +116,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if cfg.BulkQuiet != 0 && cfg.HighAutoPPS != 0 {
 		if bs, _, err := openMaps(c.dir, []string{steerMapSteerBulkSeen}); err == nil {
-			if quiet, _, _, err := bs.BulkQuiet(cfg.BulkQuiet); err == nil {
+			if quiet, _, _, err := bs.Prio().BulkQuiet(cfg.BulkQuiet); err == nil {
 				ch <- prometheus.MustNewConstMetric(c.bulkQuiet, prometheus.GaugeValue, b2f(quiet))
 			}
 			bs.Close()
@@ -124,7 +124,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if cfg.BulkAuto != 0 && cfg.HighAutoPPS != 0 {
 		if bs, _, err := openMaps(c.dir, []string{steerMapSteerHighSeen}); err == nil {
-			if on, err := bs.BulkBesideBusy(cfg.BulkAuto); err == nil {
+			if on, err := bs.Prio().BulkBesideBusy(cfg.BulkAuto); err == nil {
 				ch <- prometheus.MustNewConstMetric(c.besideBusy, prometheus.GaugeValue, b2f(on))
 			}
 			bs.Close()
@@ -138,7 +138,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	defer seen.Close()
-	quiet, since, ok, err := seen.HighQuiet(cfg.PrioQuiet)
+	quiet, since, ok, err := seen.Prio().HighQuiet(cfg.PrioQuiet)
 	if err != nil {
 		return
 	}
@@ -161,7 +161,7 @@ func (c *Collector) collectQueues(ch chan<- prometheus.Metric) {
 		return
 	}
 	defer d.Close()
-	qs, _, err := d.Queues()
+	qs, _, err := d.Order().Queues()
 	if err != nil {
 		return
 	}

@@ -84,10 +84,10 @@ func TestCollector(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := d.AddRule(r); err != nil {
+		if err := d.Prio().AddRule(r); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.SetHighInline(r, true); err != nil {
+		if err := d.Prio().SetHighInline(r, true); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -15,7 +15,7 @@ import (
 // round robin over the split cores, each frame marked with its micro-flow's
 // sequence number; mice and foreign frames keep their path.
 
-// microModel mirrors steer.c's batching of one elephant: the micro-flow n
+// microModel mirrors bpf/mflow.h's batching of one elephant: the micro-flow n
 // more frames belong to (a GRO skb counts its segments and stays whole in
 // the micro-flow it starts in), and whether they start it.
 type microModel struct{ batch, left, started uint32 }
@@ -89,7 +89,7 @@ func TestMflowSplitsInBatches(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("batch %d over cores %v", c.batch, c.cores), func(t *testing.T) {
 			d := mflowDatapath(t, cpus, everyFlow(SplitAtIRQ, c.batch, c.cores...))
-			entries, err := d.CPUMapEntries()
+			entries, err := d.CPUMap().Entries()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,7 +132,7 @@ func TestMflowSplitsInBatches(t *testing.T) {
 			if st := stats(t, d)[StageSplit]; st != want {
 				t.Errorf("counters %+v, want %+v", st, want)
 			}
-			if got, err := d.MicroFlowsPerCore(); err != nil || got != perCore {
+			if got, err := d.Micro().PerCore(); err != nil || got != perCore {
 				t.Errorf("micro-flows per core %v (%v), want %v", got[:3], err, perCore[:3])
 			}
 		})

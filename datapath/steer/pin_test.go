@@ -48,7 +48,7 @@ func TestPinOpenUnpin(t *testing.T) {
 	if err := d.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.TrackQueues(dir); err != nil {
+	if err := d.Order().TrackQueues(dir); err != nil {
 		t.Fatal(err)
 	}
 	entries, err := os.ReadDir(dir)

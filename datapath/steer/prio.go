@@ -13,8 +13,142 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
+
+// Prio is PRISM's classification (bpf/prio.h, veth.c): the rules,
+// high=auto's switches, the quiet clocks, the per-class container queues.
+type Prio struct{ *core }
+
+func (d *Datapath) Prio() Prio { return Prio{d.core} }
+
+// HighInline lists the rules whose flows run their first stage in the NIC
+// poll now (SetHighInline), empty unless the config has high=auto
+// (Config.HighAutoPPS), without which the programs ignore the switches.
+func (d Prio) HighInline() ([]Rule, error) {
+	_, on, err := d.HighAuto()
+	return on, err
+}
+
+// HighAuto reads high=auto's threshold from the config (0: off) and the
+// rules whose flows run in the NIC poll now (HighInline).
+func (d Prio) HighAuto() (pps uint32, inline []Rule, err error) {
+	pps = d.mode.HighAutoPps
+	on, err := d.highSwitches()
+	if err != nil || pps == 0 {
+		return pps, nil, err
+	}
+	return pps, on, nil
+}
+
+// highSwitches reads steer_high_inline alone: the rules SetHighInline
+// turned on (heeded only under a config with high=auto), in Rules' order.
+func (d *core) highSwitches() ([]Rule, error) {
+	return rulesIn(d.objs.SteerHighInline, "the high-priority switches", func(on uint32) bool { return on != 0 })
+}
+
+// SetHighInline switches where the flows rule r marks run their first
+// stage: on, in the NIC poll that classified them (PRISM's high=inline);
+// off, in the receive core's high-priority queue (high=queue). It is
+// runtime state of PRISM's high=auto (lanes agent), in a map of its own,
+// so that writing it never rewrites what lanes prio and apply write; the
+// programs heed it only while the config has Config.HighAutoPPS, which
+// needs Config.PrioIdleInline: there steer_xdp moves each flow between the
+// queue and the NIC poll as soon as none of its frames is left on the old
+// path (place()'s PLACE_LOCAL), so the switch never reorders a flow;
+// without it a busy flow would wait for an idle gap. A flow marked by
+// several rules goes by the first that steer_xdp finds (MarkingRule).
+// Switching on is refused without high=auto in the config; off always
+// works.
+func (d Prio) SetHighInline(r Rule, on bool) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if !on {
+		if err := d.objs.SteerHighInline.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clearing the high-priority switch of %s: %w", r, err)
+		}
+		return nil
+	}
+	if d.mode.HighAutoPps == 0 {
+		return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
+	}
+	if err := d.objs.SteerHighInline.Put(r.key(), uint32(1)); err != nil {
+		return fmt.Errorf("writing the high-priority switch of %s: %w", r, err)
+	}
+	// A rule deleted meanwhile (lanes prio del drops its switch, maybe
+	// just before this Put) must not keep one: added again, it would
+	// start inline.
+	var one uint8
+	if err := d.objs.SteerPrio.Lookup(r.key(), &one); errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := d.SetHighInline(r, false); err != nil {
+			return err
+		}
+		return fmt.Errorf("priority rule %s: deleted while its high-priority switch was set", r)
+	}
+	return nil
+}
+
+// clearHighInline puts every rule's flows back in the high-priority queue.
+func (d *core) clearHighInline() error {
+	on, err := d.highSwitches()
+	if err != nil {
+		return err
+	}
+	for _, r := range on {
+		if err := (Prio{d}).SetHighInline(r, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ForgetHigh drops what high=auto keeps for rule r (its switch and its
+// frame count), for a rule that is gone.
+func (d Prio) ForgetHigh(r Rule) error {
+	if err := d.SetHighInline(r, false); err != nil {
+		return err
+	}
+	if err := d.objs.SteerHighFrames.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("dropping the frame count of %s: %w", r, err)
+	}
+	return nil
+}
+
+// HighRuleFrames is the number of frames each rule marked, summed over
+// cores, counted by steer_xdp only while the config has high=auto: lanes
+// agent's rate of each rule. A rule appears with its first frame.
+func (d Prio) HighRuleFrames() (map[Rule]uint64, error) {
+	out := map[Rule]uint64{}
+	var (
+		k   steerPrioRule
+		per []uint64
+	)
+	it := d.objs.SteerHighFrames.Iterate()
+	for it.Next(&k, &per) {
+		var n uint64
+		for _, v := range per {
+			n += v
+		}
+		out[ruleOf(k)] = n
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the high-priority frame counts: %w", err)
+	}
+	return out, nil
+}
+
+// OpenHighAuto reopens only what high=auto's switch reads and writes: the
+// config, the rules, their frame counts and their switches. Cheap enough
+// to reopen at every sample, so a re-apply's new pins are followed.
+func OpenHighAuto(dir string) (*Datapath, error) {
+	if !Pinned(dir) {
+		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
+	}
+	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerBulkSeen})
+	return d, err
+}
 
 // Rule marks inner flows high priority (PRISM's IP/port database): those
 // whose destination (or, with Src, source) address is Addr, and whose port
@@ -59,7 +193,7 @@ func (r Rule) Matches(src, dst netip.Addr, sport, dport uint16, proto uint8) boo
 // the rules that match it, the first in the program's order (destination
 // rules before source rules; port and protocol given, port only, protocol
 // only, neither). ok is false when none matches. high=auto switches flows
-// by this rule (Datapath.SetHighInline).
+// by this rule (Prio.SetHighInline).
 func MarkingRule(rules []Rule, src, dst netip.Addr, sport, dport uint16, proto uint8) (r Rule, ok bool) {
 	for _, c := range rules {
 		if c.Matches(src, dst, sport, dport, proto) && (!ok || c.shape() < r.shape()) {
@@ -132,7 +266,7 @@ func ParseRule(s string) (Rule, error) {
 	return r, nil
 }
 
-// shape is the rule's bit in steer_cfg.prio_shapes (steer.c's high_prio):
+// shape is the rule's bit in steer_cfg.prio_shapes (bpf/prio.h's high_prio):
 // side, then port and protocol given or not.
 func (r Rule) shape() uint32 {
 	i := 3
@@ -151,8 +285,8 @@ func (r Rule) shape() uint32 {
 }
 
 // prioShapes is the shape mask of the rules in the map.
-func (d *Datapath) prioShapes() (uint32, error) {
-	rules, err := d.Rules()
+func (d *core) prioShapes() (uint32, error) {
+	rules, err := Prio{d}.Rules()
 	if err != nil {
 		return 0, err
 	}
@@ -163,11 +297,11 @@ func (d *Datapath) prioShapes() (uint32, error) {
 	return m, nil
 }
 
-// syncPrioShapes writes the rules' shape mask (steer.c's
+// syncPrioShapes writes the rules' shape mask (bpf/maps.h's
 // steer_prio_shapes, whose one writer this is), so the programs look up
 // only shapes that exist. After an add, the new shape is in the mask once
 // this returns; after a delete, a stale bit only costs a lookup.
-func (d *Datapath) syncPrioShapes() error {
+func (d *core) syncPrioShapes() error {
 	shapes, err := d.prioShapes()
 	if err != nil {
 		return err
@@ -178,8 +312,8 @@ func (d *Datapath) syncPrioShapes() error {
 	return nil
 }
 
-// PrioShapes reads the rule shapes the programs look up.
-func (d *Datapath) PrioShapes() (uint32, error) {
+// Shapes reads the rule shapes the programs look up.
+func (d Prio) Shapes() (uint32, error) {
 	var v uint32
 	if err := d.objs.SteerPrioShapes.Lookup(uint32(0), &v); err != nil {
 		return 0, fmt.Errorf("reading the rule shapes: %w", err)
@@ -198,7 +332,7 @@ func (r Rule) key() steerPrioRule {
 // AddRule marks r's flows high priority from their next packet on (a flow
 // changes class like any move: once its old queue has drained). Adding a
 // rule that is there is not an error.
-func (d *Datapath) AddRule(r Rule) error {
+func (d Prio) AddRule(r Rule) error {
 	if err := r.check(); err != nil {
 		return err
 	}
@@ -212,7 +346,7 @@ func (d *Datapath) AddRule(r Rule) error {
 }
 
 // DelRule removes r; it is an error if r is not there.
-func (d *Datapath) DelRule(r Rule) error {
+func (d Prio) DelRule(r Rule) error {
 	if err := r.check(); err != nil {
 		return err
 	}
@@ -233,7 +367,7 @@ func (d *Datapath) DelRule(r Rule) error {
 
 // Rules lists the priority rules, destination rules first, then by
 // address, port and protocol.
-func (d *Datapath) Rules() ([]Rule, error) {
+func (d Prio) Rules() ([]Rule, error) {
 	return rulesIn(d.objs.SteerPrio, "priority rules", func(uint8) bool { return true })
 }
 
@@ -281,35 +415,32 @@ func sortRules(out []Rule) {
 // stamps them for Config.PrioQuiet (the coarse monotonic clock: a tick or
 // two late); ok is false before the first one. Only stamped while
 // PrioQuiet is set.
-func (d *Datapath) SinceHigh() (since time.Duration, ok bool, err error) {
+func (d Prio) SinceHigh() (since time.Duration, ok bool, err error) {
 	return sinceStamp(d.objs.SteerPrioSeen, "high-priority")
 }
 
 // SinceBulk is SinceHigh for bulk frames, as steer_xdp stamps them for
 // Config.BulkQuiet (only while it is set).
-func (d *Datapath) SinceBulk() (since time.Duration, ok bool, err error) {
+func (d Prio) SinceBulk() (since time.Duration, ok bool, err error) {
 	return sinceStamp(d.objs.SteerBulkSeen, "bulk")
 }
 
 // BulkQuiet says whether steer_xdp takes bulk for quiet under the bulk
 // quiet time q (no bulk frame yet, or none for QuietAfter(q)): then
 // high-priority flows run in the NIC poll.
-func (d *Datapath) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
+func (d Prio) BulkQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
 	return quietOf(d.objs.SteerBulkSeen, "bulk", q)
 }
 
 // BulkQuietNow says whether every high-priority flow runs in the NIC poll
 // now for want of bulk: the config has high=auto with a bulk quiet time,
 // and no bulk frame came for it.
-func (d *Datapath) BulkQuietNow() (bool, error) {
-	var k steerSteerCfg
-	if err := d.objs.SteerCfg.Lookup(uint32(0), &k); err != nil {
-		return false, fmt.Errorf("reading steer config: %w", err)
-	}
-	if k.BulkQuietMs == 0 || k.HighAutoPps == 0 {
+func (d Prio) BulkQuietNow() (bool, error) {
+	m := d.mode
+	if m.BulkQuietMs == 0 || m.HighAutoPps == 0 {
 		return false, nil
 	}
-	quiet, _, _, err := d.BulkQuiet(time.Duration(k.BulkQuietMs) * time.Millisecond)
+	quiet, _, _, err := d.BulkQuiet(time.Duration(m.BulkQuietMs) * time.Millisecond)
 	return quiet, err
 }
 
@@ -317,7 +448,7 @@ func (d *Datapath) BulkQuietNow() (bool, error) {
 // beside busy marked flows (Config.BulkAuto, window w): a busy rule's
 // high-priority frame ran in the NIC poll within QuietAfter(w), and none
 // took its queue in that time.
-func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
+func (d Prio) BulkBesideBusy(w time.Duration) (bool, error) {
 	var seen steerHighSeen
 	if err := d.objs.SteerHighSeen.Lookup(uint32(0), &seen); err != nil {
 		return false, fmt.Errorf("reading the last high-priority frames' times: %w", err)
@@ -327,7 +458,7 @@ func (d *Datapath) BulkBesideBusy(w time.Duration) (bool, error) {
 }
 
 // quietSince says whether a coarse-clock stamp (0: none yet) is more than
-// after old at now, as steer.c's gap_over does.
+// after old at now, as bpf/prio.h's gap_over does.
 func quietSince(stamp uint64, now, after time.Duration) bool {
 	return stamp == 0 || now-time.Duration(stamp) > after
 }
@@ -348,7 +479,7 @@ func sinceStamp(m *ebpf.Map, what string) (since time.Duration, ok bool, err err
 // HighQuiet says whether steer_xdp takes the high class for quiet under
 // the quiet time q (no high-priority frame yet, or none for
 // QuietAfter(q)), with SinceHigh's answer for those who show it.
-func (d *Datapath) HighQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
+func (d Prio) HighQuiet(q time.Duration) (quiet bool, since time.Duration, seen bool, err error) {
 	return quietOf(d.objs.SteerPrioSeen, "high-priority", q)
 }
 

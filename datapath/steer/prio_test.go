@@ -49,7 +49,7 @@ func prioDatapath(t *testing.T, hiQueue bool, drain time.Duration) *Datapath {
 		t.Fatalf("config %+v does not read back Prio", got)
 	}
 	if hiQueue {
-		if err := d.SetHiCPUMapEntry(0, 64); err != nil {
+		if err := d.HiCPUMap().Set(0, 64); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -63,7 +63,7 @@ func addRule(t *testing.T, d *Datapath, s string) Rule {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.AddRule(r); err != nil {
+	if err := d.Prio().AddRule(r); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -116,13 +116,13 @@ func TestPrioClassifies(t *testing.T) {
 	}
 
 	// With the queue, high-priority frames are redirected too.
-	if err := d.SetHiCPUMapEntry(0, 64); err != nil {
+	if err := d.HiCPUMap().Set(0, 64); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: hiTCP})); ret != xdpRedirect {
 		t.Errorf("with a high-priority queue: verdict %d, want XDP_REDIRECT", ret)
 	}
-	if cm, err := d.HiCPUMapEntries(); err != nil || !slices.Equal(cm, []int{0}) {
+	if cm, err := d.HiCPUMap().Entries(); err != nil || !slices.Equal(cm, []int{0}) {
 		t.Errorf("high-priority entries %v %v, want [0]", cm, err)
 	}
 
@@ -145,20 +145,20 @@ func TestPrioRulesAPI(t *testing.T) {
 	b := addRule(t, d, "src 10.0.0.1 udp")
 	a := addRule(t, d, "dst 10.0.0.2 port 80 tcp")
 	addRule(t, d, "dst 10.0.0.2 port 80 tcp") // again: no error
-	rules, err := d.Rules()
+	rules, err := d.Prio().Rules()
 	if err != nil || !slices.Equal(rules, []Rule{a, b}) {
 		t.Fatalf("rules %v %v, want [%v %v]", rules, err, a, b)
 	}
-	if err := d.DelRule(a); err != nil {
+	if err := d.Prio().DelRule(a); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DelRule(a); err == nil || !strings.Contains(err.Error(), "no priority rule") {
+	if err := d.Prio().DelRule(a); err == nil || !strings.Contains(err.Error(), "no priority rule") {
 		t.Errorf("deleting a missing rule: %v", err)
 	}
-	if err := d.AddRule(Rule{Addr: netip.MustParseAddr("::1")}); err == nil {
+	if err := d.Prio().AddRule(Rule{Addr: netip.MustParseAddr("::1")}); err == nil {
 		t.Error("an IPv6 rule was accepted")
 	}
-	if rules, _ := d.Rules(); !slices.Equal(rules, []Rule{b}) {
+	if rules, _ := d.Prio().Rules(); !slices.Equal(rules, []Rule{b}) {
 		t.Errorf("after delete: %v", rules)
 	}
 }
@@ -217,7 +217,7 @@ func TestPrioShapes(t *testing.T) {
 	d := prioDatapath(t, true, 0)
 	shapes := func() uint32 {
 		t.Helper()
-		m, err := d.PrioShapes()
+		m, err := d.Prio().Shapes()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,10 +244,10 @@ func TestPrioShapes(t *testing.T) {
 	if fl := mustFlow(t, d, f, StageSplit); !fl.High {
 		t.Errorf("not classified after SetConfig: %+v", fl)
 	}
-	if err := d.DelRule(a); err != nil {
+	if err := d.Prio().DelRule(a); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DelRule(b); err != nil {
+	if err := d.Prio().DelRule(b); err != nil {
 		t.Fatal(err)
 	}
 	if m := shapes(); m != 0 {
@@ -328,14 +328,14 @@ func TestPrioQuiet(t *testing.T) {
 			t.Errorf("%s: flow %+v, NIC poll %v", name, fl, inline)
 		}
 	}
-	if _, ok, err := d.SinceHigh(); ok || err != nil {
+	if _, ok, err := d.Prio().SinceHigh(); ok || err != nil {
 		t.Fatalf("a high-priority frame's time before any (%v)", err)
 	}
 	bulk("rule, no high-priority frame yet", 40000, xdpPass)
 	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: hi})); ret != xdpRedirect {
 		t.Fatalf("high-priority frame: verdict %d, want XDP_REDIRECT", ret)
 	}
-	if since, ok, err := d.SinceHigh(); !ok || err != nil || since > time.Second {
+	if since, ok, err := d.Prio().SinceHigh(); !ok || err != nil || since > time.Second {
 		t.Errorf("last high-priority frame %v ago (stamped %v, %v), want just now", since, ok, err)
 	}
 	bulk("right after a high-priority frame", 40001, xdpRedirect)
@@ -427,7 +427,7 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 	// The rule goes: back to the NIC poll once the queue holds none of
 	// the flow, still marked until the next segment end (the queue's
 	// frames reach the shared GRO cell with metadata), then unmarked.
-	if err := d.DelRule(rule); err != nil {
+	if err := d.Prio().DelRule(rule); err != nil {
 		t.Fatal(err)
 	}
 	step("rule gone, one in flight: stays in the queue", false, xdpRedirect, true, 2)
@@ -455,7 +455,7 @@ func TestPrioHighInline(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
 	rule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
-	if err := d.SetHighInline(rule, true); err == nil {
+	if err := d.Prio().SetHighInline(rule, true); err == nil {
 		t.Error("SetHighInline without high=auto accepted")
 	}
 	cfg, _ := d.Config()
@@ -482,13 +482,13 @@ func TestPrioHighInline(t *testing.T) {
 		}
 	}
 	step("queue: in the high-priority queue", hi, xdpRedirect, true, 1, 0)
-	if on, err := d.HighInline(); len(on) != 0 || err != nil {
+	if on, err := d.Prio().HighInline(); len(on) != 0 || err != nil {
 		t.Fatalf("HighInline %v (%v) before the switch", on, err)
 	}
-	if err := d.SetHighInline(rule, true); err != nil {
+	if err := d.Prio().SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}
-	if on, err := d.HighInline(); !slices.Equal(on, []Rule{rule}) || err != nil {
+	if on, err := d.Prio().HighInline(); !slices.Equal(on, []Rule{rule}) || err != nil {
 		t.Fatalf("HighInline %v (%v) after the switch, want [%s]", on, err, rule)
 	}
 	step("inline, one in flight: stays in the queue", hi, xdpRedirect, true, 2, 0)
@@ -501,7 +501,7 @@ func TestPrioHighInline(t *testing.T) {
 	lightFlow.dport = 8888
 	step("another rule's flow, its switch off: in the queue", lightFlow, xdpRedirect, true, 1, 0)
 
-	if err := d.SetHighInline(rule, false); err != nil {
+	if err := d.Prio().SetHighInline(rule, false); err != nil {
 		t.Fatal(err)
 	}
 	step("queue, one in flight: stays in the NIC poll", hi, xdpPass, true, 2, Stay)
@@ -518,7 +518,7 @@ func TestPrioHighInline(t *testing.T) {
 	if got := stats(t, d)[StageSplit].High; got != 10 {
 		t.Errorf("high-priority frames counted %d, want 10", got)
 	}
-	if got, err := d.HighRuleFrames(); err != nil || got[rule] != 9 || got[light] != 1 || len(got) != 2 {
+	if got, err := d.Prio().HighRuleFrames(); err != nil || got[rule] != 9 || got[light] != 1 || len(got) != 2 {
 		t.Errorf("HighRuleFrames %v (%v), want 9 for %s and 1 for %s", got, err, rule, light)
 	}
 
@@ -526,37 +526,37 @@ func TestPrioHighInline(t *testing.T) {
 	// drops the rule's switch and count; a config without high=auto makes
 	// the programs ignore the switches.
 	for _, r := range []Rule{rule, light} {
-		if err := d.SetHighInline(r, true); err != nil {
+		if err := d.Prio().SetHighInline(r, true); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if on, _ := d.HighInline(); len(on) != 0 {
+	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Errorf("SetConfig kept the runtime switches %v", on)
 	}
-	if err := d.SetHighInline(light, true); err != nil {
+	if err := d.Prio().SetHighInline(light, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DelRule(light); err != nil {
+	if err := d.Prio().DelRule(light); err != nil {
 		t.Fatal(err)
 	}
-	if on, _ := d.HighInline(); len(on) != 0 {
+	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Errorf("a deleted rule's switch kept: %v", on)
 	}
-	if got, _ := d.HighRuleFrames(); len(got) != 1 {
+	if got, _ := d.Prio().HighRuleFrames(); len(got) != 1 {
 		t.Errorf("a deleted rule's count kept: %v", got)
 	}
 	// A switch set for a rule not in the set (deleted meanwhile) does
 	// not stay.
-	if err := d.SetHighInline(light, true); err == nil {
+	if err := d.Prio().SetHighInline(light, true); err == nil {
 		t.Error("a switch set for a deleted rule")
 	}
-	if on, _ := d.HighInline(); len(on) != 0 {
+	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Errorf("a deleted rule's switch left: %v", on)
 	}
-	if err := d.SetHighInline(rule, true); err != nil {
+	if err := d.Prio().SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}
 	cfg.HighAutoPPS = 0
@@ -569,10 +569,10 @@ func TestPrioHighInline(t *testing.T) {
 	third := hi
 	third.sport = 5002
 	step("switch set, config without high=auto: in the queue", third, xdpRedirect, true, 1, 0)
-	if on, _ := d.HighInline(); len(on) != 0 {
+	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Error("HighInline says inline under a config without high=auto")
 	}
-	if got, _ := d.HighRuleFrames(); got[rule] != 9 {
+	if got, _ := d.Prio().HighRuleFrames(); got[rule] != 9 {
 		t.Errorf("counted without high=auto: %v", got)
 	}
 }
@@ -605,14 +605,14 @@ func TestRuleMatchesLikeTheProgram(t *testing.T) {
 	flows = append(flows, flowSpec{src: netip.MustParseAddr("10.7.7.7"), dst: innerDst, sport: 1, dport: 2, proto: protoUDP})
 	marked, byRule := 0, map[Rule]bool{}
 	for _, f := range flows {
-		before, _ := d.HighRuleFrames()
+		before, _ := d.Prio().HighRuleFrames()
 		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
 		fl := mustFlow(t, d, f, StageSplit)
 		got := slices.ContainsFunc(rules, func(r Rule) bool { return r.Matches(fl.Src, fl.Dst, fl.SrcPort, fl.DstPort, fl.Proto) })
 		if got != fl.High {
 			t.Errorf("flow %+v: Matches %v, the program classified it high %v", f, got, fl.High)
 		}
-		after, _ := d.HighRuleFrames()
+		after, _ := d.Prio().HighRuleFrames()
 		var counted []Rule
 		for r, n := range after {
 			if n != before[r] {
@@ -647,18 +647,18 @@ func TestPrioBulkQuiet(t *testing.T) {
 	// No rule yet: nothing is high priority, and bulk frames are not
 	// stamped (no clock read on the busy path for nobody).
 	runXDP(t, d, vxlanFrame(frameSpec{flow: udpFlow(6001)}))
-	if _, seen, _ := d.SinceBulk(); seen {
+	if _, seen, _ := d.Prio().SinceBulk(); seen {
 		t.Error("bulk stamped while no rule exists")
 	}
 	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
 	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
 	step := placeStep(t, d)
-	if quiet, _, seen, err := d.BulkQuiet(cfg.BulkQuiet); !quiet || seen || err != nil {
+	if quiet, _, seen, err := d.Prio().BulkQuiet(cfg.BulkQuiet); !quiet || seen || err != nil {
 		t.Fatalf("before any bulk frame: quiet %v, seen %v (%v)", quiet, seen, err)
 	}
 	step("no bulk yet: in the NIC poll", hi, xdpPass, 0, Stay)
 	step("bulk: its queue", bulk, xdpRedirect, 1, 0)
-	if quiet, since, seen, err := d.BulkQuiet(cfg.BulkQuiet); quiet || !seen || err != nil || since > time.Second {
+	if quiet, since, seen, err := d.Prio().BulkQuiet(cfg.BulkQuiet); quiet || !seen || err != nil || since > time.Second {
 		t.Fatalf("after a bulk frame: quiet %v, seen %v, since %v (%v)", quiet, seen, since, err)
 	}
 	step("bulk came: marked and counted in the NIC poll first", hi, xdpPass, 1, Stay)
@@ -693,7 +693,7 @@ func TestPrioBulkQuiet(t *testing.T) {
 	for _, f := range []frameSpec{{flow: bulk, vni: testVNI + 1}, {flow: bulk, innerEthType: ethIPv6}} {
 		clearPassed()
 		repeat(vxlanFrame(f), 1)
-		if quiet, _, _, _ := d.BulkQuiet(cfg.BulkQuiet); !quiet {
+		if quiet, _, _, _ := d.Prio().BulkQuiet(cfg.BulkQuiet); !quiet {
 			t.Errorf("one frame %+v it does not steer ended bulk quiet", f)
 		}
 		// 8 in one run (one syscall, microseconds): within one tick,
@@ -702,7 +702,7 @@ func TestPrioBulkQuiet(t *testing.T) {
 		for try := 0; try < 3 && !ended; try++ {
 			clearPassed()
 			repeat(vxlanFrame(f), 8)
-			quiet, _, _, _ := d.BulkQuiet(cfg.BulkQuiet)
+			quiet, _, _, _ := d.Prio().BulkQuiet(cfg.BulkQuiet)
 			ended = !quiet
 		}
 		if !ended {
@@ -721,7 +721,7 @@ func TestPrioBulkQuiet(t *testing.T) {
 	other.sport = 5001
 	step("bulk quiet off: a new flow in its queue", other, xdpRedirect, 1, 0)
 	runXDP(t, d, vxlanFrame(frameSpec{flow: bulk}))
-	if _, seen, _ := d.SinceBulk(); seen {
+	if _, seen, _ := d.Prio().SinceBulk(); seen {
 		t.Error("bulk stamped with bulk quiet off")
 	}
 }
@@ -778,13 +778,13 @@ func TestPrioBulkAuto(t *testing.T) {
 	step := placeStep(t, d)
 	besideBusy := func(name string, want bool) {
 		t.Helper()
-		if got, err := d.BulkBesideBusy(cfg.BulkAuto); got != want || err != nil {
+		if got, err := d.Prio().BulkBesideBusy(cfg.BulkAuto); got != want || err != nil {
 			t.Errorf("%s: bulk beside busy %v (%v), want %v", name, got, err, want)
 		}
 	}
 	besideBusy("no marked frame yet", false)
 	step("no busy rule: bulk in its queue", bulk, xdpRedirect, 1, 0)
-	if err := d.SetHighInline(busyRule, true); err != nil {
+	if err := d.Prio().SetHighInline(busyRule, true); err != nil {
 		t.Fatal(err)
 	}
 	step("a busy rule's flow starts in the NIC poll", busy, xdpPass, 0, Stay)
@@ -880,7 +880,7 @@ func TestPrioShapesSurviveConfigWriters(t *testing.T) {
 			default:
 			}
 			on = !on
-			if err := d.SetHome(StageContainer, on); err != nil {
+			if err := d.Placement().SetHome(StageContainer, on); err != nil {
 				done <- err
 				return
 			}
@@ -897,7 +897,7 @@ func TestPrioShapesSurviveConfigWriters(t *testing.T) {
 		if stats(t, d)[StageSplit].Sub(st0).High != 1 {
 			lost++
 		}
-		if err := d.DelRule(r); err != nil {
+		if err := d.Prio().DelRule(r); err != nil {
 			t.Fatal(err)
 		}
 	}

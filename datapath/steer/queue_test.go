@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Queue accounting (steer.c, struct steer_queue): a flow counted in flight
+// Queue accounting (bpf/maps.h, struct steer_queue): a flow counted in flight
 // on a cpumap queue moves once that queue has been seen empty since its
 // last frame went in, never on the drain timeout, however long the
 // queue's kthread waits for its core.
@@ -44,7 +44,7 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 			t.Error(err)
 		}
 	})
-	if err := d.TrackQueues(dir); err != nil {
+	if err := d.Order().TrackQueues(dir); err != nil {
 		t.Fatal(err)
 	}
 	return d, dir
@@ -70,7 +70,7 @@ func splitFlow(t *testing.T, d *Datapath, port uint16, idx uint32) (flowSpec, []
 	t.Helper()
 	f := udpFlow(port)
 	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, idx); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, idx); err != nil {
 		t.Fatal(err)
 	}
 	return f, vxlanFrame(frameSpec{flow: f}), b
@@ -102,7 +102,7 @@ func reportDrops(t *testing.T, p *ebpf.Program, cpu uint32, args ...uint64) {
 
 func queueOf(t *testing.T, d *Datapath, core int) Queue {
 	t.Helper()
-	qs, _, err := d.Queues()
+	qs, _, err := d.Order().Queues()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,11 +134,11 @@ func TestQueueSettles(t *testing.T) {
 	if q := queueOf(t, d, 1); q.Enqueued != 3 || q.Untracked {
 		t.Fatalf("queue after 3 frames: %+v", q)
 	}
-	if _, tracked, _ := d.Queues(); !tracked {
+	if _, tracked, _ := d.Order().Queues(); !tracked {
 		t.Fatal("TrackQueues left the queues untracked")
 	}
 
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(idleGap)
@@ -179,7 +179,7 @@ func TestQueueUntrackedFallsBack(t *testing.T) {
 	d := drainDatapath(t, time.Nanosecond)
 	_, frame, b := splitFlow(t, d, 40001, 1)
 	runXDP(t, d, frame)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := afterIdle(t, d, frame); got.Moved != 1 || got.Undrained != 1 || got.Settled != 0 {
@@ -260,7 +260,7 @@ func TestQueueKeptAcrossCoreSetChange(t *testing.T) {
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SetBucket(StageSplit, b, Stay); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, Stay); err != nil {
 		t.Fatal(err)
 	}
 	if got := afterIdle(t, d, frame); got.Settled != 0 || got.Moved != 0 || got.Held != 1 {
@@ -274,7 +274,7 @@ func TestQueueBookLost(t *testing.T) {
 	d := trackedDatapath(t, time.Nanosecond)
 	_, frame, b := splitFlow(t, d, 40200, 1)
 	runXDP(t, d, frame)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(idleGap)
@@ -283,7 +283,7 @@ func TestQueueBookLost(t *testing.T) {
 	if q.Queued() != 2 {
 		t.Fatalf("core 1's queues: %+v, want 2 queued", q)
 	}
-	if err := d.BookLost(1, q.Queued()); err != nil {
+	if err := d.Order().BookLost(1, q.Queued()); err != nil {
 		t.Fatal(err)
 	}
 	if q := queueOf(t, d, 1); q.Queued() != 0 || q.Lost != 2 {
@@ -304,7 +304,7 @@ func TestReconcilerBooksLost(t *testing.T) {
 	d, dir := trackedDatapathDir(t, time.Nanosecond)
 	_, frame, b := splitFlow(t, d, 40300, 1)
 	runXDP(t, d, frame)
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	var logged []string
@@ -343,7 +343,7 @@ func TestReconcilerUndoesOverbooking(t *testing.T) {
 	d, dir := trackedDatapathDir(t, time.Hour)
 	_, frame, _ := splitFlow(t, d, 40400, 1)
 	runXDP(t, d, frame)
-	if err := d.BookLost(1, 3); err != nil { // 2 too many
+	if err := d.Order().BookLost(1, 3); err != nil { // 2 too many
 		t.Fatal(err)
 	}
 	if err := NewReconciler(dir, nil).Once(context.Background()); err != nil {
@@ -387,7 +387,7 @@ func TestQueueSharedWaits(t *testing.T) {
 	_, b, _ := splitFlow(t, d, 40701, 1)
 	runXDP(t, d, a)
 	runXDP(t, d, b)
-	if err := d.SetBucket(StageSplit, ba, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, ba, 0); err != nil {
 		t.Fatal(err)
 	}
 	id := cpumapID(t, d.objs.SteerCpumap)
@@ -428,9 +428,9 @@ func TestTrackQueuesWithoutSkbDrops(t *testing.T) {
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		t.Fatalf("loading with the stub: %v", err)
 	}
-	d2 := &Datapath{objs: objs, dropsSkbErr: errors.New("test: no kernel BTF")}
+	d2 := &Datapath{&core{objs: objs, dropsSkbErr: errors.New("test: no kernel BTF")}}
 	defer d2.Close()
-	err = d2.TrackQueues(dir)
+	err = d2.Order().TrackQueues(dir)
 	var nt *NoDropTracesError
 	if !errors.As(err, &nt) || nt.Tracepoint != "skb:kfree_skb" {
 		t.Fatalf("TrackQueues without steer_drops_skb: %v, want a NoDropTracesError for skb:kfree_skb", err)
@@ -438,7 +438,7 @@ func TestTrackQueuesWithoutSkbDrops(t *testing.T) {
 	if LaterDropsTracked(dir) {
 		t.Error("the stale steer_drops_skb link is still pinned: status would say tracked")
 	}
-	if _, tracked, err := d2.Queues(); err != nil || !tracked {
+	if _, tracked, err := d2.Order().Queues(); err != nil || !tracked {
 		t.Errorf("cpumap queues tracked %v (%v), want tracked", tracked, err)
 	}
 	_ = d

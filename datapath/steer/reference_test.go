@@ -13,7 +13,7 @@ import (
 
 // The differential fuzzer's reference: what the programs should make of a
 // frame, decided apart from their C. gopacket decodes the layers; the
-// rules on top are lanes' documented ones (steer.c's parsers: an overlay
+// rules on top are lanes' documented ones (bpf/parse.h's parsers: an overlay
 // frame is Ethernet, IPv4 that is not a fragment, UDP to the VXLAN port,
 // VXLAN with the I flag and a known VNI, then an inner Ethernet, IPv4, TCP
 // or UDP frame, every header within the lengths the headers before it

@@ -54,8 +54,6 @@ type steerSteerCfg struct {
 	Cpus        [64]uint32
 	RpsLo       [64]uint32
 	IndexOf     [64]uint32
-	PrioQuietMs uint32
-	_           [4]byte
 	MfWindowNs  uint64
 	MfThresh    uint32
 	MfBatch     uint32
@@ -66,10 +64,6 @@ type steerSteerCfg struct {
 	PrevNcpus   uint32
 	PrevSpan    uint32
 	PrevRpsLo   [64]uint32
-	HighAutoPps uint32
-	BulkQuietMs uint32
-	BulkAutoMs  uint32
-	_           [4]byte
 }
 
 type steerSteerFlowKey struct {
@@ -107,6 +101,15 @@ type steerSteerFlowState struct {
 	Epoch       uint32
 	Stay        uint32
 	StayCpu     uint32
+}
+
+type steerSteerMode struct {
+	_           structs.HostLayout
+	Flags       uint32
+	PrioQuietMs uint32
+	HighAutoPps uint32
+	BulkQuietMs uint32
+	BulkAutoMs  uint32
 }
 
 type steerSteerQueue struct {
@@ -205,6 +208,7 @@ const (
 	steerProgSteerTcVethClass     = "steer_tc_veth_class"
 	steerProgSteerTcVethSeen      = "steer_tc_veth_seen"
 	steerProgSteerXdp             = "steer_xdp"
+	steerVarSteerMode             = "steer_mode"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -299,6 +303,7 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
+	SteerMode *ebpf.VariableSpec `ebpf:"steer_mode"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -384,6 +389,7 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
+	SteerMode *ebpf.Variable `ebpf:"steer_mode"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

@@ -21,11 +21,17 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 )
 
+// Sync is PRISM-sync's shortcut (bpf/sync.h): the destinations, local
+// VTEPs and sources it may use.
+type Sync struct{ *core }
+
+func (d *Datapath) Sync() Sync { return Sync{d.core} }
+
 // SyncTarget is one destination of PRISM-sync's shortcut: high-priority
 // frames of overlay VNI whose inner destination is MAC are decapsulated in
 // XDP and redirected to the host-side veth Ifindex, when their inner frame
 // (Ethernet header excluded) is no longer than MTU. Which destinations are
-// safe is policy's business (policy/prism); see steer.c's sync_dest.
+// safe is policy's business (policy/prism); see bpf/sync.h's sync_dest.
 type SyncTarget struct {
 	VNI     uint32
 	MAC     net.HardwareAddr
@@ -69,7 +75,7 @@ func (s SyncTarget) key() steerSyncKey { return syncKey(s.VNI, s.MAC) }
 
 // SyncSource is an inner source MAC whose frames of overlay VNI may take
 // the shortcut, from the VTEP address alone: a remote container behind a
-// static forwarding entry of the VXLAN device (steer.c's steer_sync_src).
+// static forwarding entry of the VXLAN device (bpf/maps.h's steer_sync_src).
 type SyncSource struct {
 	VNI  uint32
 	MAC  net.HardwareAddr
@@ -93,7 +99,7 @@ func (s SyncSource) check() error {
 
 // SyncLocal is one of this host's VTEP addresses on an underlay device,
 // with that device's MAC: the outer destination a frame must have to take
-// the shortcut (steer.c's steer_sync_local).
+// the shortcut (bpf/maps.h's steer_sync_local).
 type SyncLocal struct {
 	Ifindex uint32
 	Addr    netip.Addr
@@ -111,7 +117,7 @@ func (l SyncLocal) check() error {
 }
 
 // SyncSet is everything the shortcut goes by: the destinations and what a
-// frame must come from and to (steer.c's sync_accept).
+// frame must come from and to (bpf/sync.h's sync_accept).
 type SyncSet struct {
 	Targets []SyncTarget
 	Sources []SyncSource
@@ -189,9 +195,9 @@ func monoNow() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// SetSync makes s the shortcut's set, replacing the previous one, with
+// Set makes s the shortcut's set, replacing the previous one, with
 // every destination valid for ttl from now: the datapath voids a
-// destination at its deadline unless a later SetSync renews it, so a set
+// destination at its deadline unless a later Set renews it, so a set
 // nobody renews closes the shortcut by itself. It must run in the network
 // namespace of the targets' devices: the devmap resolves an ifindex in the
 // namespace of whoever writes it. New devices go into the devmap before
@@ -199,7 +205,7 @@ func monoNow() time.Duration {
 // destination does, so a frame never finds a destination whose device the
 // redirect cannot reach; sources and local addresses go in before the
 // destinations and leave after them.
-func (d *Datapath) SetSync(s SyncSet, ttl time.Duration) error {
+func (d Sync) Set(s SyncSet, ttl time.Duration) error {
 	if err := s.check(); err != nil {
 		return err
 	}
@@ -264,10 +270,10 @@ func (d *Datapath) SetSync(s SyncSet, ttl time.Duration) error {
 	return nil
 }
 
-// WithdrawSync voids every destination at once, leaving sources and local
+// Withdraw voids every destination at once, leaving sources and local
 // addresses (which deliver nothing by themselves): what the agent does the
 // moment something on the path changes, before it looks again.
-func (d *Datapath) WithdrawSync() error {
+func (d Sync) Withdraw() error {
 	var k steerSyncKey
 	var v steerSyncDest
 	var keys []steerSyncKey
@@ -323,10 +329,10 @@ func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *
 	return nil
 }
 
-// Sync reads the shortcut's live destinations, sorted by VNI and MAC. A
+// Targets reads the shortcut's live destinations, sorted by VNI and MAC. A
 // destination whose device left the devmap (the device is gone) or whose
 // deadline passed is left out: the programs no longer use it.
-func (d *Datapath) Sync() ([]SyncTarget, error) {
+func (d Sync) Targets() ([]SyncTarget, error) {
 	var k steerSyncKey
 	var v steerSyncDest
 	var out []SyncTarget
@@ -353,15 +359,15 @@ type SourceSeen struct {
 	Seen time.Duration
 }
 
-// SyncSet reads the whole set: the live destinations (Sync), the sources
+// Get reads the whole set: the live destinations (Targets), the sources
 // and the local addresses, sorted.
-func (d *Datapath) SyncSet() (SyncSet, error) {
-	ts, err := d.Sync()
+func (d Sync) Get() (SyncSet, error) {
+	ts, err := d.Targets()
 	if err != nil {
 		return SyncSet{}, err
 	}
 	s := SyncSet{Targets: ts}
-	srcs, err := d.SyncSources()
+	srcs, err := d.Sources()
 	if err != nil {
 		return SyncSet{}, err
 	}
@@ -381,8 +387,8 @@ func (d *Datapath) SyncSet() (SyncSet, error) {
 	return s, nil
 }
 
-// SyncSources reads the sources with their seen stamps.
-func (d *Datapath) SyncSources() ([]SourceSeen, error) {
+// Sources reads the sources with their seen stamps.
+func (d Sync) Sources() ([]SourceSeen, error) {
 	var k steerSyncKey
 	var v steerSyncSrc
 	var out []SourceSeen
@@ -548,7 +554,7 @@ func (k *SyncKnob) Read() ([]byte, error) {
 		return nil, err
 	}
 	defer d.Close()
-	s, err := d.SyncSet()
+	s, err := d.Sync().Get()
 	if err != nil {
 		return nil, err
 	}
@@ -569,5 +575,5 @@ func (k *SyncKnob) Write(v []byte) error {
 	if ttl <= 0 {
 		ttl = DefaultSyncTTL
 	}
-	return knobs.Do(k.NetNS, func() error { return d.SetSync(s, ttl) })
+	return knobs.Do(k.NetNS, func() error { return d.Sync().Set(s, ttl) })
 }

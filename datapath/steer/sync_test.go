@@ -61,7 +61,7 @@ func syncDatapath(t *testing.T, drain time.Duration, mtu uint32) *Datapath {
 		t.Fatalf("config %+v does not read back Sync", got)
 	}
 	if mtu > 0 {
-		if err := d.SetSync(testSyncSet(mtu), time.Hour); err != nil {
+		if err := d.Sync().Set(testSyncSet(mtu), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -128,7 +128,7 @@ func TestSyncFallsBack(t *testing.T) {
 			t.Errorf("verdict %d, want XDP_PASS", ret)
 		}
 		sameBytes(t, "device gone", frame, out)
-		if ts, _ := d.Sync(); len(ts) != 0 {
+		if ts, _ := d.Sync().Targets(); len(ts) != 0 {
 			t.Errorf("Sync lists %v, whose device left the devmap", ts)
 		}
 	})
@@ -175,7 +175,7 @@ func TestSyncWaitsForQueue(t *testing.T) {
 	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High || fl.InFlight != 1 {
 		t.Fatalf("flow %+v, want the high-priority queue with 1 frame in flight", fl)
 	}
-	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	ret, out := runXDP(t, d, frame)
@@ -199,7 +199,7 @@ func TestSyncWaitsForQueue(t *testing.T) {
 		t.Errorf("flow %+v not on the shortcut after its queue drained", fl)
 	}
 	// No destination any more: back to the queue at once.
-	if err := d.SetSync(SyncSet{}, time.Hour); err != nil {
+	if err := d.Sync().Set(SyncSet{}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	runXDP(t, d, frame)
@@ -212,10 +212,10 @@ func TestSyncTargetsAPI(t *testing.T) {
 	d, _ := newDatapath(t)
 	a := SyncTarget{VNI: 42, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 9}, Ifindex: loIfindex, MTU: 1450}
 	b := SyncTarget{VNI: 7, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ifindex: loIfindex, MTU: 9000}
-	if err := d.SetSync(SyncSet{Targets: []SyncTarget{a, b}}, time.Hour); err != nil {
+	if err := d.Sync().Set(SyncSet{Targets: []SyncTarget{a, b}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	got, err := d.Sync()
+	got, err := d.Sync().Targets()
 	if err != nil || FormatSync(got) != "7/02:00:00:00:00:01>1@9000,42/02:00:00:00:00:09>1@1450" {
 		t.Fatalf("Sync() = %s (%v)", FormatSync(got), err)
 	}
@@ -223,10 +223,10 @@ func TestSyncTargetsAPI(t *testing.T) {
 	if err != nil || FormatSync(back) != FormatSync(got) {
 		t.Errorf("ParseSync round trip: %v (%v)", back, err)
 	}
-	if err := d.SetSync(SyncSet{Targets: []SyncTarget{b}}, time.Hour); err != nil {
+	if err := d.Sync().Set(SyncSet{Targets: []SyncTarget{b}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := d.Sync(); FormatSync(got) != b.String() {
+	if got, _ := d.Sync().Targets(); FormatSync(got) != b.String() {
 		t.Errorf("after replacing: %s, want %s", FormatSync(got), b)
 	}
 	for _, c := range []struct {
@@ -238,7 +238,7 @@ func TestSyncTargetsAPI(t *testing.T) {
 		{[]SyncTarget{{VNI: 1, MAC: innerMAC, Ifindex: 1, MTU: 1500}, {VNI: 1, MAC: innerMAC, Ifindex: 1, MTU: 1400}}, "twice"},
 		{[]SyncTarget{{VNI: 1, MAC: innerMAC, Ifindex: 9999, MTU: 1500}}, "namespace"},
 	} {
-		if err := d.SetSync(SyncSet{Targets: c.ts}, time.Hour); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := d.Sync().Set(SyncSet{Targets: c.ts}, time.Hour); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("SetSync(%v) = %v, want an error saying %q", c.ts, err, c.want)
 		}
 	}
@@ -294,7 +294,7 @@ func TestSyncRefusesWhatTheKernelDrops(t *testing.T) {
 			if strings.HasPrefix(name, "outer source") {
 				set.Sources[0].VTEP = netip.MustParseAddr("192.0.2.9")
 			}
-			if err := d.SetSync(set, time.Hour); err != nil {
+			if err := d.Sync().Set(set, time.Hour); err != nil {
 				t.Fatal(err)
 			}
 			st0 := stats(t, d)[StageSplit]
@@ -314,7 +314,7 @@ func TestSyncRefusesWhatTheKernelDrops(t *testing.T) {
 	// The same frame, well formed, takes the shortcut: the cases above
 	// differ from it in their one defect only. So does one with a right
 	// UDP checksum, of any length a frame has.
-	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []int{64, 0, 1, 2, 3, 255, 256, 257, 1001, 1400} {
@@ -372,7 +372,7 @@ func TestSyncECN(t *testing.T) {
 func TestSyncDestinationsExpire(t *testing.T) {
 	d := syncDatapath(t, 0, 0)
 	addRule(t, d, "dst "+innerDst.String()+" udp")
-	if err := d.SetSync(testSyncSet(1500), 50*time.Millisecond); err != nil {
+	if err := d.Sync().Set(testSyncSet(1500), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	frame := vxlanFrame(frameSpec{flow: udpFlow(40000)})
@@ -386,11 +386,11 @@ func TestSyncDestinationsExpire(t *testing.T) {
 	if st := stats(t, d)[StageSplit].Sub(st0); st.Sync != 0 || st.SyncExpired != 1 {
 		t.Errorf("counters %+v: want the batch path and one expired", st)
 	}
-	if ts, _ := d.Sync(); len(ts) != 0 {
+	if ts, _ := d.Sync().Targets(); len(ts) != 0 {
 		t.Errorf("Sync lists %v past its deadline", ts)
 	}
 	// Renewed, it opens again.
-	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, frame); ret != xdpRedirect {
@@ -458,7 +458,7 @@ func TestSyncDevmapDropsCounted(t *testing.T) {
 		}
 		set := testSyncSet(1500)
 		set.Targets[0].Ifindex = uint32(host.Attrs().Index)
-		if err := d.SetSync(set, time.Hour); err != nil {
+		if err := d.Sync().Set(set, time.Hour); err != nil {
 			return err
 		}
 		frame := vxlanFrame(frameSpec{flow: udpFlow(40000)})
@@ -484,17 +484,17 @@ func TestSyncDevmapDropsCounted(t *testing.T) {
 // failed round), never half of a new one.
 func TestSyncSetTooLarge(t *testing.T) {
 	d, _ := newDatapath(t)
-	if err := d.SetSync(testSyncSet(1500), time.Hour); err != nil {
+	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	var big SyncSet
 	for i := range maxSync + 1 {
 		big.Targets = append(big.Targets, SyncTarget{VNI: testVNI, MAC: net.HardwareAddr{2, 0, 0, 1, byte(i >> 8), byte(i)}, Ifindex: loIfindex, MTU: 1500})
 	}
-	if err := d.SetSync(big, time.Hour); err == nil || !strings.Contains(err.Error(), "at most") {
+	if err := d.Sync().Set(big, time.Hour); err == nil || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("a set of %d targets: %v", len(big.Targets), err)
 	}
-	if got, _ := d.SyncSet(); FormatSyncSet(got) != FormatSyncSet(testSyncSet(1500)) {
+	if got, _ := d.Sync().Get(); FormatSyncSet(got) != FormatSyncSet(testSyncSet(1500)) {
 		t.Errorf("after the refused set: %s", FormatSyncSet(got))
 	}
 }

@@ -30,7 +30,7 @@ func TestTCSteers(t *testing.T) {
 	for _, tc := range tcCases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, cores := newDatapath(t)
-			if err := d.SetTable(tc.stage, spreadTable(len(cores))); err != nil {
+			if err := d.Placement().SetTable(tc.stage, spreadTable(len(cores))); err != nil {
 				t.Fatal(err)
 			}
 			var specs []frameSpec

@@ -28,7 +28,7 @@ type VethFlow struct {
 }
 
 // VethFlows lists the flows steer_tc_veth_class keeps.
-func (d *Datapath) VethFlows() ([]VethFlow, error) {
+func (d Prio) VethFlows() ([]VethFlow, error) {
 	if d.objs.SteerVethClass == nil {
 		return nil, errors.New("no per-class container queue map (datapath reopened from an older version?)")
 	}

@@ -26,7 +26,7 @@ func vethDatapath(t *testing.T, drain time.Duration) *Datapath {
 // vethFlow returns the container-queue state of f.
 func vethFlow(t *testing.T, d *Datapath, f flowSpec) (VethFlow, bool) {
 	t.Helper()
-	flows, err := d.VethFlows()
+	flows, err := d.Prio().VethFlows()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestVethClassChangeWaits(t *testing.T) {
 	}
 
 	// Back to bulk with a frame never seen: held until the drain time.
-	if err := d.DelRule(r); err != nil {
+	if err := d.Prio().DelRule(r); err != nil {
 		t.Fatal(err)
 	}
 	runTC(t, d.TCVethClass(), frame)
@@ -190,7 +190,7 @@ func TestVethClassMalformed(t *testing.T) {
 	if st := stats(t, d)[StageContainer]; st != (Counters{Passed: uint64(len(frames))}) {
 		t.Errorf("counters %+v, want %d passed", st, len(frames))
 	}
-	if flows, _ := d.VethFlows(); len(flows) != 0 {
+	if flows, _ := d.Prio().VethFlows(); len(flows) != 0 {
 		t.Errorf("malformed frames created state: %+v", flows)
 	}
 
@@ -205,7 +205,7 @@ func TestVethClassMalformed(t *testing.T) {
 	if st := stats(t, d)[StageContainer]; st != before {
 		t.Errorf("counters %+v with the setting off, want %+v", st, before)
 	}
-	if flows, _ := d.VethFlows(); len(flows) != 0 {
+	if flows, _ := d.Prio().VethFlows(); len(flows) != 0 {
 		t.Errorf("state kept with the setting off: %+v", flows)
 	}
 }

@@ -22,7 +22,7 @@ func spreadTable(n int) [Buckets]uint32 {
 
 func TestXDPSteers(t *testing.T) {
 	d, cores := newDatapath(t)
-	if err := d.SetTable(StageSplit, spreadTable(len(cores))); err != nil {
+	if err := d.Placement().SetTable(StageSplit, spreadTable(len(cores))); err != nil {
 		t.Fatal(err)
 	}
 	var specs []frameSpec
@@ -61,19 +61,19 @@ func TestXDPSteers(t *testing.T) {
 	}
 }
 
-// TestXDPBucketMirror holds Bucket and FlowHash to steer.c: only the bucket
+// TestXDPBucketMirror holds Bucket and FlowHash to bpf/flow.h: only the bucket
 // the Go mirror predicts points at a core.
 func TestXDPBucketMirror(t *testing.T) {
 	d, _ := newDatapath(t)
 	for i, f := range []flowSpec{tcpFlow(1234), udpFlow(53), tcpFlow(65535)} {
 		b := Bucket(f.hash(), loIfindex, StageSplit)
-		if err := d.SetBucket(StageSplit, b, 0); err != nil {
+		if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 			t.Fatal(err)
 		}
 		if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: f})); ret != xdpRedirect {
 			t.Errorf("flow %d in predicted bucket %d: verdict %d, want XDP_REDIRECT", i, b, ret)
 		}
-		if err := d.SetBucket(StageSplit, b, Stay); err != nil {
+		if err := d.Placement().SetBucket(StageSplit, b, Stay); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -101,7 +101,7 @@ func TestXDPStay(t *testing.T) {
 func TestXDPNoCPUMapEntry(t *testing.T) {
 	d, cores := newDatapath(t)
 	setAll(t, d, StageSplit, 0)
-	if err := d.DelCPUMapEntry(cores[0]); err != nil {
+	if err := d.CPUMap().Del(cores[0]); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: tcpFlow(1)})); ret != xdpPass {
@@ -254,11 +254,11 @@ func TestFlowlet(t *testing.T) {
 		}
 	}
 
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	send(0)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	send(0) // not idle for an hour: held
@@ -283,7 +283,7 @@ func TestFlowlet(t *testing.T) {
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * cfg.Flowlet)
@@ -323,7 +323,7 @@ func splitFlowAt(t *testing.T, flowlet time.Duration, f flowSpec, idx uint32) (*
 		t.Fatal(err)
 	}
 	b := Bucket(f.hash(), loIfindex, StageSplit)
-	if err := d.SetBucket(StageSplit, b, idx); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, idx); err != nil {
 		t.Fatal(err)
 	}
 	return d, cfg, vxlanFrame(frameSpec{flow: f}), b
@@ -340,7 +340,7 @@ func TestFlowOnRemovedCoreMoves(t *testing.T) {
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SetBucket(StageSplit, b, 0); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := runXDP(t, d, frame); ret != xdpRedirect {
@@ -363,7 +363,7 @@ func TestFlowletClockSkew(t *testing.T) {
 	d, _, frame, b := splitFlowAt(t, time.Millisecond, f, 0)
 	runXDP(t, d, frame)
 	stampFlows(t, d, Now()+time.Hour)
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	runXDP(t, d, frame)
@@ -392,7 +392,7 @@ func TestFlowletCoarseStamp(t *testing.T) {
 	if fl := mustFlow(t, d, f, StageSplit); fl.LastSeen&1 != 0 {
 		t.Fatalf("steady-state stamp %d is precise (low bit set), want coarse", fl.LastSeen)
 	}
-	if err := d.SetBucket(StageSplit, b, 1); err != nil {
+	if err := d.Placement().SetBucket(StageSplit, b, 1); err != nil {
 		t.Fatal(err)
 	}
 	stampFlows(t, d, (Now()-5*time.Millisecond)&^1) // coarse, 5 ms ago

@@ -55,11 +55,11 @@ type agent struct {
 	// later stages' moves have settled and the core is still busy.
 	lastSpread int
 	// atHome: the stage's programs are on their at-home fast path
-	// (steer.Datapath.SetHome), which spread=busy uses while nothing of
+	// (steer.Placement.SetHome), which spread=busy uses while nothing of
 	// the stage leaves the IRQ core.
 	atHome [steer.NumStages]bool
 	// bare: the bridge stage at home is on its bare path (no flow
-	// lookup, steer.Datapath.SetHomeBare); bareNext is the first round
+	// lookup, steer.Placement.SetHomeBare); bareNext is the first round
 	// to check again after a flow there was found queuing.
 	bare     bool
 	bareNext int
@@ -110,7 +110,7 @@ type AgentStatus struct {
 	// without per-flow work, until the IRQ core gets busy.
 	Home []string `json:"home,omitempty"`
 	// Bare: the bridge stage at home looks no flow up
-	// (steer.Datapath.SetHomeBare).
+	// (steer.Placement.SetHomeBare).
 	Bare bool `json:"bare,omitempty"`
 	// Sampler is where the load comes from: "sched" or "proc".
 	Sampler string `json:"sampler,omitempty"`
@@ -154,7 +154,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 			a.o = o
 		}
 	}
-	cpumap, _ := dp.CPUMapEntries()
+	cpumap, _ := dp.CPUMap().Entries()
 	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap}
 	if o.Prio {
 		// With prio the IRQ core has queues too (the planner's Layout):
@@ -180,11 +180,11 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	a.lastSpread = -settleRounds
 	if a.home >= 0 && len(a.homeFirst) > 0 {
 		// A previous agent may have left stages at home.
-		if a.atHome, err = dp.Home(); err != nil {
+		if a.atHome, err = dp.Placement().Home(); err != nil {
 			dp.Close()
 			return nil, err
 		}
-		if a.bare, err = dp.HomeBare(); err != nil {
+		if a.bare, err = dp.Placement().HomeBare(); err != nil {
 			dp.Close()
 			return nil, err
 		}
@@ -308,7 +308,7 @@ func (a *agent) roundDone(err error) {
 		for b := range stay {
 			stay[b] = uint32(steer.Stay)
 		}
-		if werr := a.dp.SetTable(st, stay); werr != nil {
+		if werr := a.dp.Placement().SetTable(st, stay); werr != nil {
 			err = errors.Join(err, werr)
 		}
 	}
@@ -372,7 +372,7 @@ func (a *agent) restore() {
 		}
 	}
 	for _, st := range a.stages {
-		a.dp.SetTable(st, a.initial[st])
+		a.dp.Placement().SetTable(st, a.initial[st])
 	}
 }
 
@@ -472,12 +472,12 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 	// Which stages were at home when the flows were read: a later stage
 	// goes home only behind the earlier ones (mayGoHome).
 	homeAtRead := a.atHome
-	act, err := a.dp.Activity(activeWindow)
+	act, err := a.dp.Placement().Activity(activeWindow)
 	if err != nil {
 		return 0, 0, err
 	}
 	active, nactive := act.Active, act.Flows
-	tables, err := a.dp.Tables()
+	tables, err := a.dp.Placement().Tables()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -548,7 +548,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 				return 0, 0, err
 			}
 		}
-		if err := a.dp.SetTable(st, next); err != nil {
+		if err := a.dp.Placement().SetTable(st, next); err != nil {
 			return 0, 0, err
 		}
 		for b := range next {
@@ -637,7 +637,7 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 		// other round for as long as the core stays busy.
 		return nil
 	}
-	if err := a.dp.SetHome(stage, true); err != nil {
+	if err := a.dp.Placement().SetHome(stage, true); err != nil {
 		return err
 	}
 	a.atHome[stage] = true
@@ -651,7 +651,7 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 // that stays runs where the one before it ran: when an earlier stage
 // changes a flow's core, the later stages that stay change core with it.
 // A stage counts its frames in flight, and so keeps its order across that
-// change (steer.c's followers_out, stay_core), only off its at-home fast
+// change (datapath/steer/bpf/order.h's followers_out, stay_core), only off its at-home fast
 // path. So a later stage goes home only behind the earlier ones, and
 // leaves home no later than they do.
 
@@ -707,7 +707,7 @@ func (a *agent) allHomeValue(stage int, table [steer.Buckets]uint32) bool {
 const bareRetry = 5
 
 // maybeBare puts the bridge stage at home on its bare path once no flow
-// there would queue (steer.Datapath.HomeQueues): then no frame needs its
+// there would queue (steer.Placement.HomeQueues): then no frame needs its
 // flow looked up at that stage, which shortens tc ingress's run on every
 // packet. Not with prio (steer_xdp classifies every frame anyway) or
 // stay=queued (nothing runs on), nor with bare=false.
@@ -715,7 +715,7 @@ func (a *agent) maybeBare() error {
 	if !a.o.Bare || a.bare || !a.atHome[steer.StageBridge] || a.o.Prio || a.o.Stay != StayDirect || a.o.Drain <= 0 || a.round < a.bareNext {
 		return nil
 	}
-	q, err := a.dp.HomeQueues(a.home)
+	q, err := a.dp.Placement().HomeQueues(a.home)
 	if err != nil {
 		return err
 	}
@@ -723,7 +723,7 @@ func (a *agent) maybeBare() error {
 		a.bareNext = a.round + bareRetry
 		return nil
 	}
-	if err := a.dp.SetHomeBare(); err != nil {
+	if err := a.dp.Placement().SetHomeBare(); err != nil {
 		return err
 	}
 	a.bare = true
@@ -799,7 +799,7 @@ func (a *agent) leaveHomeAfter(stage int) error {
 }
 
 // leaveHome puts a stage back on the full path, with fresh flow states:
-// the old ones counted nothing while at home (steer.Datapath.SetHome
+// the old ones counted nothing while at home (steer.Placement.SetHome
 // restarts them). The stages after it leave first (leaveHomeAfter).
 func (a *agent) leaveHome(stage int) error {
 	if err := a.leaveHomeAfter(stage); err != nil {
@@ -808,7 +808,7 @@ func (a *agent) leaveHome(stage int) error {
 	if stage == steer.StageBridge {
 		a.bare = false // SetHome clears it with home
 	}
-	if err := a.dp.SetHome(stage, false); err != nil {
+	if err := a.dp.Placement().SetHome(stage, false); err != nil {
 		return err
 	}
 	a.atHome[stage] = false

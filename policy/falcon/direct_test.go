@@ -15,7 +15,7 @@ import (
 )
 
 // A flow staying at the bridge stage skips the VXLAN device's RPS once its
-// queued frames are out (steer.c's stay_direct), on the real kernel: with
+// queued frames are out (datapath/steer/bpf/place.h's stay_direct), on the real kernel: with
 // that device's RPS map aimed at the other core only, frames that still
 // went through RPS would run the bridge and container stages there; run
 // on, they stay on the core of the NIC poll, as in vanilla. The stream
@@ -63,7 +63,7 @@ func TestBridgeStayRunsOn(t *testing.T) {
 			// the bridge stage ran, and the misaimed RPS map makes that
 			// the other core for the first, queued frames and the IRQ
 			// core after: the container stage holds the other core
-			// until its frames queued there were seen (steer.c's
+			// until its frames queued there were seen (datapath/steer/bpf/order.h's
 			// stay_core), then follows. Before it held its core, this
 			// reordered (seen once: 1 datagram of 3000 out of order).
 			var stay [steer.Buckets]uint32
@@ -71,7 +71,7 @@ func TestBridgeStayRunsOn(t *testing.T) {
 				stay[b] = steer.Stay
 			}
 			for _, st := range []int{steer.StageBridge, steer.StageContainer} {
-				if err := dp.SetTable(st, stay); err != nil {
+				if err := dp.Placement().SetTable(st, stay); err != nil {
 					t.Fatal(err)
 				}
 			}

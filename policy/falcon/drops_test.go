@@ -111,7 +111,7 @@ func TestFalconDroppedFramesCountedOut(t *testing.T) {
 	}
 }
 
-// Frames the bridge stage ran on (steer.c's stay_direct: a zero L4 hash)
+// Frames the bridge stage ran on (datapath/steer/bpf/place.h's stay_direct: a zero L4 hash)
 // and the kernel dropped before the host-side veth's program saw them are
 // counted out too (steer_drops_skb), so a flow running on does not wait for
 // the drain time after a drop.
@@ -125,7 +125,7 @@ func TestFalconDroppedDirectFramesCountedOut(t *testing.T) {
 	for b := range stay {
 		stay[b] = steer.Stay
 	}
-	if err := dp.SetTable(steer.StageBridge, stay); err != nil {
+	if err := dp.Placement().SetTable(steer.StageBridge, stay); err != nil {
 		t.Fatal(err)
 	}
 	src, dst := s.Containers[0], r.Containers[0]

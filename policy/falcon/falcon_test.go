@@ -96,7 +96,7 @@ func TestFalconApplyReset(t *testing.T) {
 			if !cfg.Enabled || !slices.Equal(cfg.CPUs, cpus) || cfg.VXLANPort != 4789 || !slices.Equal(cfg.VNIs, []uint32{tb.Config.VNI}) {
 				t.Errorf("datapath config %+v", cfg)
 			}
-			if cm, err := dp.CPUMapEntries(); err != nil || !slices.Equal(cm, []int{0}) {
+			if cm, err := dp.CPUMap().Entries(); err != nil || !slices.Equal(cm, []int{0}) {
 				t.Errorf("cpumap entries %v (%v), want the split core [0]", cm, err)
 			}
 			st0, err := dp.Stats()
@@ -177,7 +177,7 @@ func TestFalconSubModes(t *testing.T) {
 				}
 			}
 		}
-		if cm, _ := dp.CPUMapEntries(); len(cm) != 0 {
+		if cm, _ := dp.CPUMap().Entries(); len(cm) != 0 {
 			t.Errorf("cpumap entries %v without split", cm)
 		}
 		if got := rpsCPUs(t, r.NetNS, r.VXLAN); !slices.Equal(got, cpus) {
@@ -219,7 +219,7 @@ func TestFalconSubModes(t *testing.T) {
 				t.Errorf("%s table %s, want all stay", steer.StageName(st), steer.FormatTable(tabs[st]))
 			}
 		}
-		if cm, _ := dp.CPUMapEntries(); !slices.Equal(cm, []int{0}) {
+		if cm, _ := dp.CPUMap().Entries(); !slices.Equal(cm, []int{0}) {
 			t.Errorf("cpumap entries %v, want [0]", cm)
 		}
 		// No RPS and no tcx: the only changes are XDP and the pins.
@@ -317,9 +317,9 @@ func TestFalconUDPInOrder(t *testing.T) {
 			split = 0
 		}
 		return errors.Join(
-			dp.SetTable(steer.StageBridge, fill(v)),
-			dp.SetTable(steer.StageContainer, fill(1-v)),
-			dp.SetTable(steer.StageSplit, fill(split)))
+			dp.Placement().SetTable(steer.StageBridge, fill(v)),
+			dp.Placement().SetTable(steer.StageContainer, fill(1-v)),
+			dp.Placement().SetTable(steer.StageSplit, fill(split)))
 	})
 	overlaytest.InOrder(t, "stream with tables flipping", overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
 	flips, flipErr := stop()
@@ -349,7 +349,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 
 	// Back to the static placement, then the balancer.
 	for st := range static {
-		if err := dp.SetTable(st, static[st]); err != nil {
+		if err := dp.Placement().SetTable(st, static[st]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -485,7 +485,7 @@ func TestFalconPlacementObserved(t *testing.T) {
 			t.Fatalf("core %d not in the datapath's cores %v", core, cfg.CPUs)
 		}
 		for _, st := range []int{steer.StageBridge, steer.StageContainer} {
-			if err := dp.SetTable(st, fill(uint32(idx))); err != nil {
+			if err := dp.Placement().SetTable(st, fill(uint32(idx))); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -36,7 +36,7 @@ func tables(t *testing.T, dp *steer.Datapath) [steer.NumStages][steer.Buckets]ui
 	t.Helper()
 	var out [steer.NumStages][steer.Buckets]uint32
 	for s := range out {
-		tab, err := dp.Table(s)
+		tab, err := dp.Placement().Table(s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +137,7 @@ func drained(t *testing.T, dp *steer.Datapath) {
 		if flows, err = dp.Flows(); err != nil {
 			t.Fatal(err)
 		}
-		if home, err = dp.Home(); err != nil {
+		if home, err = dp.Placement().Home(); err != nil {
 			t.Fatal(err)
 		}
 		busy := false

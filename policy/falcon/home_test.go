@@ -38,7 +38,7 @@ func TestFalconHome(t *testing.T) {
 	want := [steer.NumStages]bool{true, true, true}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		h, err := dp.Home()
+		h, err := dp.Placement().Home()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func TestFalconHome(t *testing.T) {
 	// No flow queues at home: the bridge stage takes its bare path (no
 	// flow lookup), and a stream still arrives complete and in order.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if bare, err := dp.HomeBare(); err != nil {
+		if bare, err := dp.Placement().HomeBare(); err != nil {
 			t.Fatal(err)
 		} else if bare {
 			break
@@ -108,7 +108,7 @@ func TestFalconSplitAutoOnVeth(t *testing.T) {
 		t.Errorf("plan notes do not say splitting is off: %q", notes)
 	}
 	dp := a.Open(t)
-	if cm, _ := dp.CPUMapEntries(); len(cm) != 0 {
+	if cm, _ := dp.CPUMap().Entries(); len(cm) != 0 {
 		t.Errorf("cpumap entries %v with splitting off", cm)
 	}
 	_, stopAgent := a.StartAgent(t)
@@ -162,7 +162,7 @@ func leavesHome(t *testing.T, sampler string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			h, err := dp.Home()
+			h, err := dp.Placement().Home()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +194,7 @@ func leavesHome(t *testing.T, sampler string) {
 		res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 		overlaytest.InOrder(t, fmt.Sprintf("stream %d with the IRQ core busy", try), res)
 		tabs := tables(t, dp)
-		h, err := dp.Home()
+		h, err := dp.Placement().Home()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -147,12 +147,12 @@ type Options struct {
 	Spread string
 	// Stay is how a flow that stays at the bridge stage stays: "direct"
 	// (the GRO cell's poll runs the stage on, as in vanilla, once none of
-	// the flow's frames can be queued; steer.c's stay_direct) or "queued"
+	// the flow's frames can be queued; datapath/steer/bpf/place.h's stay_direct) or "queued"
 	// (through its own core's RPS backlog, one pass more than vanilla, as
 	// lanes did before direct: for measuring it).
 	Stay string
 	// Bare: at home the bridge stage's program may skip the flow lookup
-	// once no flow there would queue (steer.Datapath.SetHomeBare); off,
+	// once no flow there would queue (steer.Placement.SetHomeBare); off,
 	// for measuring what that saves.
 	Bare bool
 	// Park: once every stage has rested at home for a while, the agent

@@ -103,7 +103,7 @@ func TestFalconParks(t *testing.T) {
 	for try := 0; try < 20 && !left; try++ {
 		res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 		overlaytest.InOrder(t, fmt.Sprintf("stream %d with the IRQ core busy", try), res)
-		h, err := dp.Home()
+		h, err := dp.Placement().Home()
 		if err != nil {
 			t.Fatal(err)
 		}

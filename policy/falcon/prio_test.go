@@ -31,7 +31,7 @@ func TestFalconPrism(t *testing.T) {
 	if err != nil || !cfg.Prio {
 		t.Fatalf("config %+v (%v): priority classes off", cfg, err)
 	}
-	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMapEntries, "high-priority": dp.HiCPUMapEntries} {
+	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMap().Entries, "high-priority": dp.HiCPUMap().Entries} {
 		if cm, err := get(); err != nil || !slices.Equal(cm, cpus) {
 			t.Errorf("%s cpumap entries %v (%v), want every core %v (split and IRQ)", name, cm, err, cpus)
 		}

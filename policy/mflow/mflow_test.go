@@ -66,7 +66,7 @@ func TestMflowIRQ(t *testing.T) {
 	if m := cfg.MFlow; m.At != steer.SplitAtIRQ || m.Batch != 256 || !slices.Equal(m.Cores, []int{0, 1}) {
 		t.Errorf("datapath split %+v, want at irq, 256 frames, cores 0 and 1", m)
 	}
-	if cm, err := dp.CPUMapEntries(); err != nil || !slices.Equal(cm, []int{0, 1}) {
+	if cm, err := dp.CPUMap().Entries(); err != nil || !slices.Equal(cm, []int{0, 1}) {
 		t.Errorf("cpumap entries %v (%v), want both split cores", cm, err)
 	}
 
@@ -107,7 +107,7 @@ func TestMflowIRQ(t *testing.T) {
 	var qs []steer.Queue
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var err error
-		if qs, _, err = dp.Queues(); err != nil {
+		if qs, _, err = dp.Order().Queues(); err != nil {
 			t.Fatal(err)
 		}
 		balanced := len(qs) > 0
@@ -213,7 +213,7 @@ func mouseThenElephant(t *testing.T, tb *testbed.Testbed, dp *steer.Datapath, st
 	t.Helper()
 	mouseKeepsItsPath(t, tb, dp, stage)
 	res := sendElephant(t, tb)
-	perCore, err := dp.MicroFlowsPerCore()
+	perCore, err := dp.Micro().PerCore()
 	if err != nil {
 		t.Fatal(err)
 	}

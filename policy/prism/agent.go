@@ -248,7 +248,7 @@ func (a *syncAgent) setWatch(why string) {
 // macs are the destination and source MACs the datapath holds now.
 func (a *syncAgent) macs() shortcutMACs {
 	out := shortcutMACs{targets: map[string]bool{}, sources: map[string]bool{}}
-	s, err := a.dp.SyncSet()
+	s, err := a.dp.Sync().Get()
 	if err != nil {
 		return out
 	}
@@ -263,7 +263,7 @@ func (a *syncAgent) macs() shortcutMACs {
 
 // withdraw voids every destination at once.
 func (a *syncAgent) withdraw(why string) {
-	err := knobs.Do(a.env.NetNS, a.dp.WithdrawSync)
+	err := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.status.Withdrawals++
@@ -291,7 +291,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 			// withdrawn (fail closed) until one succeeds; the agent goes
 			// on (a device or namespace gone, a full map, a netlink
 			// error are the host changing, not the end).
-			if werr := knobs.Do(a.env.NetNS, a.dp.WithdrawSync); werr != nil {
+			if werr := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw); werr != nil {
 				st.Err += "; withdrawing: " + werr.Error()
 			}
 			st.Targets = nil
@@ -325,7 +325,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	sp := Sync(t, a.trustNetfilter, ReadSyncFacts(t))
 	st.Notes = sp.Notes
 	targets := runnable(sp)
-	have, err := a.dp.SyncSet()
+	have, err := a.dp.Sync().Get()
 	if err != nil {
 		st.Err = err.Error()
 		return namespaces
@@ -334,7 +334,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	set.Targets = toSteer(targets)
 	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
 	// Written every round, changed or not: the write is the renewal.
-	if err := knobs.Do(a.env.NetNS, func() error { return a.dp.SetSync(set, syncTTL(a.interval)) }); err != nil {
+	if err := knobs.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) }); err != nil {
 		st.Err = err.Error()
 		return namespaces
 	}
@@ -370,7 +370,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 // the alternative; no overlay daemon writes such entries, so the
 // shortcut would never run.)
 func (a *syncAgent) refreshFDB(ns string) error {
-	srcs, err := a.dp.SyncSources()
+	srcs, err := a.dp.Sync().Sources()
 	if err != nil {
 		return err
 	}

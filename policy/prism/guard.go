@@ -706,7 +706,7 @@ func (b *bulkTarget) find() error {
 		return fmt.Errorf("prism guard: %w (is prism applied with bulk-sched=idle? `lanes status` tells)", err)
 	}
 	defer dp.Close()
-	ths, err := dp.BulkKthreads()
+	ths, err := dp.CPUMap().Kthreads()
 	if err != nil {
 		return fmt.Errorf("prism guard: the bulk queue's kthreads: %w", err)
 	}

@@ -99,7 +99,7 @@ func TestPrismBulkGuard(t *testing.T) {
 		if a.State.Plan.Agent != prism.GuardAgentName {
 			t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
 		}
-		ths, err := a.Open(t).BulkKthreads()
+		ths, err := a.Open(t).CPUMap().Kthreads()
 		if err != nil || len(ths) != 1 {
 			t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
 		}
@@ -141,7 +141,7 @@ func TestPrismBulkGuard(t *testing.T) {
 
 	t.Run("guard-tasks", func(t *testing.T) {
 		a := modetest.Apply(t, tb, "prism-batch", map[string]string{"guard-tasks": "50"})
-		ths, err := a.Open(t).BulkKthreads()
+		ths, err := a.Open(t).CPUMap().Kthreads()
 		if err != nil || len(ths) != 1 {
 			t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
 		}
@@ -190,7 +190,7 @@ func TestPrismBulkGuard(t *testing.T) {
 	// it alone instead of guarding it into SCHED_IDLE (high=queue: nor
 	// is there high=auto's switch to run).
 	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "queue"})
-	ths, err := a.Open(t).BulkKthreads()
+	ths, err := a.Open(t).CPUMap().Kthreads()
 	if err != nil || len(ths) != 1 {
 		t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)
 	}
@@ -252,13 +252,13 @@ func TestPrismHighAutoAgent(t *testing.T) {
 		return st
 	}
 	inlineNow := func(r steer.Rule) bool {
-		on, err := dp.HighInline()
+		on, err := dp.Prio().HighInline()
 		return err == nil && slices.Contains(on, r)
 	}
 	if st := status(); st.High == nil || st.Watch != "" {
 		t.Fatalf("agent status %+v: want high=auto's switch alone", st)
 	}
-	if on, err := dp.HighInline(); err != nil || len(on) != 0 {
+	if on, err := dp.Prio().HighInline(); err != nil || len(on) != 0 {
 		t.Fatalf("at the start: inline %v (%v), want every rule's flows in their queue", on, err)
 	}
 	var busySeen, lightSeen atomic.Bool
@@ -317,7 +317,7 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	back := false
 	for range 150 { // 1 s under half the threshold, and slack
 		time.Sleep(20 * time.Millisecond)
-		if on, err := dp.HighInline(); err == nil && len(on) == 0 {
+		if on, err := dp.Prio().HighInline(); err == nil && len(on) == 0 {
 			back = true
 			break
 		}
@@ -354,7 +354,7 @@ func TestPrismHighAutoAgent(t *testing.T) {
 		t.Errorf("after a re-apply with high=queue: status %+v, want the switch off", st.High)
 	}
 	stopAgent()
-	if on, err := a.Open(t).HighInline(); len(on) != 0 || err != nil {
+	if on, err := a.Open(t).Prio().HighInline(); len(on) != 0 || err != nil {
 		t.Errorf("after the agent stopped: inline %v (%v), want the queue", on, err)
 	}
 	a.ResetAndCheck(t, before)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -33,7 +34,7 @@ import (
 // a light ping-pong keeps its real-time queue while a busy marked cache
 // beside it runs inline. The datapath moves each flow between the two as
 // soon as none of its frames is left on the old path
-// (steer.Datapath.SetHighInline), so a switch never reorders a flow. The
+// (steer.Prio.SetHighInline), so a switch never reorders a flow. The
 // switches are runtime state of the datapath, not host knobs: they go
 // with the datapath at reset, and a stopped agent puts every rule's flows
 // back in their queue (the plan's state).
@@ -69,8 +70,9 @@ func (s *highState) step(r HighRule, rate float64) bool {
 // inline: the rule's flows run in the NIC poll now.
 func (s *highState) inline() bool { return s.on }
 
-// highDatapath is what the switch needs of the datapath (steer.Datapath,
-// or a test's fake).
+// highDatapath is what the switch needs of the datapath (the Prio facet
+// of a reopened steer.Datapath, closed with it: openedPrio; or a test's
+// fake).
 type highDatapath interface {
 	Rules() ([]steer.Rule, error)
 	HighRuleFrames() (map[steer.Rule]uint64, error)
@@ -108,7 +110,19 @@ type highSwitch struct {
 }
 
 func newHighSwitch(dir string) *highSwitch {
-	return &highSwitch{dir: dir, open: func(dir string) (highDatapath, error) { return steer.OpenHighAuto(dir) }}
+	return &highSwitch{dir: dir, open: func(dir string) (highDatapath, error) {
+		dp, err := steer.OpenHighAuto(dir)
+		if err != nil {
+			return nil, err
+		}
+		return openedPrio{dp.Prio(), dp}, nil
+	}}
+}
+
+// openedPrio is a reopened datapath's Prio facet, closed with the datapath.
+type openedPrio struct {
+	steer.Prio
+	io.Closer
 }
 
 // sample reads the rules' counts at now, steps their decisions and makes

@@ -41,7 +41,7 @@ func TestPrismBatch(t *testing.T) {
 	// poll (TestPrismBulkQuiet), not in the queue this test is about.
 	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"streamline": "true", "bulk-quiet": "0"})
 	dp := a.Open(t)
-	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMapEntries, "high-priority": dp.HiCPUMapEntries} {
+	for name, get := range map[string]func() ([]int, error){"bulk": dp.CPUMap().Entries, "high-priority": dp.HiCPUMap().Entries} {
 		if cm, err := get(); err != nil || len(cm) != 1 || cm[0] != 1 {
 			t.Errorf("%s cpumap entries %v (%v), want the IRQ core [1]", name, cm, err)
 		}
@@ -415,7 +415,7 @@ func prismQuietStarved(t *testing.T, ring string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, tracked, err := dp.Queues(); err != nil || !tracked {
+	if _, tracked, err := dp.Order().Queues(); err != nil || !tracked {
 		t.Fatalf("queues not tracked (%v)", err)
 	}
 	q.warmUp(t)
@@ -447,7 +447,7 @@ func prismQuietStarved(t *testing.T, ring string) {
 		t.Errorf("%d moves made on the drain time from a tracked queue", d1.Undrained-d0.Undrained)
 	}
 	balanced := func() ([]steer.Queue, bool) {
-		qs, _, err := dp.Queues()
+		qs, _, err := dp.Order().Queues()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -552,7 +552,7 @@ func TestPrismFlannel(t *testing.T) {
 		t.Errorf("plan notes %q do not say the shortcut needs a bridged overlay", a.State.Plan.Notes)
 	}
 	dp := a.Open(t)
-	if ts, err := dp.Sync(); err != nil || len(ts) != 0 {
+	if ts, err := dp.Sync().Targets(); err != nil || len(ts) != 0 {
 		t.Errorf("sync destinations %v (%v) on a routed overlay, want none", ts, err)
 	}
 	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")); err != nil {
@@ -675,10 +675,10 @@ func TestPrismNetdevBudget(t *testing.T) {
 func TestPrismBulkInline(t *testing.T) {
 	c := newClassCase(t, map[string]string{"bulk": "inline"})
 	dp := c.dp
-	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 0 {
+	if cm, err := dp.CPUMap().Entries(); err != nil || len(cm) != 0 {
 		t.Errorf("bulk cpumap entries %v (%v), want none", cm, err)
 	}
-	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+	if cm, err := dp.HiCPUMap().Entries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 
@@ -713,8 +713,8 @@ func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
 		get    func() ([]knobs.KthreadInfo, error)
 		policy uint32
 	}{
-		{"bulk", c.dp.BulkKthreads, unix.SCHED_IDLE},
-		{"high-priority", c.dp.HiKthreads, hiPolicy},
+		{"bulk", c.dp.CPUMap().Kthreads, unix.SCHED_IDLE},
+		{"high-priority", c.dp.HiCPUMap().Kthreads, hiPolicy},
 	} {
 		ths, err := q.get()
 		if err != nil || len(ths) != 1 || !strings.HasPrefix(ths[0].Comm, "cpumap/1/") {
@@ -740,10 +740,10 @@ func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
 func TestPrismHighInline(t *testing.T) {
 	c := newClassCase(t, map[string]string{"high": "inline", "streamline": "true"})
 	dp := c.dp
-	if cm, err := dp.CPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+	if cm, err := dp.CPUMap().Entries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("bulk cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
-	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 0 {
+	if cm, err := dp.HiCPUMap().Entries(); err != nil || len(cm) != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want none", cm, err)
 	}
 	nicPollSched(t, c.ns, "policy=fifo prio=50 nice=0", "the ladder's first rung")
@@ -852,7 +852,7 @@ func nicPollSched(t *testing.T, ns, want, why string) {
 func TestPrismHighAuto(t *testing.T) {
 	c := newClassCase(t, map[string]string{"high": "auto", "bulk-quiet": "0"})
 	dp := c.dp
-	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 1 {
+	if cm, err := dp.HiCPUMap().Entries(); err != nil || len(cm) != 1 || cm[0] != 1 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the IRQ core [1]", cm, err)
 	}
 	if cfg, err := dp.Config(); err != nil || !cfg.PrioIdleInline || cfg.HighAutoPPS != 5000 {
@@ -865,12 +865,12 @@ func TestPrismHighAuto(t *testing.T) {
 	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
 		t.Fatal(err)
 	}
-	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.SetHighInline(rule, i%2 == 0) })
+	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.Prio().SetHighInline(rule, i%2 == 0) })
 	// Every move the fast one: none waited out the drain time.
 	if d.Moved < 10 || d.Undrained != 0 {
 		t.Errorf("split stage %+v: want many moves, none after the drain time", d)
 	}
-	if err := dp.SetHighInline(rule, false); err != nil {
+	if err := dp.Prio().SetHighInline(rule, false); err != nil {
 		t.Fatal(err)
 	}
 	c.reset(t)
@@ -947,7 +947,7 @@ func TestPrismHighAutoFallsBack(t *testing.T) {
 		t.Errorf("plan notes %q: want the fallback to high=queue said", a.State.Plan.Notes)
 	}
 	dp := a.Open(t)
-	if cm, err := dp.HiCPUMapEntries(); err != nil || len(cm) != 1 || cm[0] != 0 {
+	if cm, err := dp.HiCPUMap().Entries(); err != nil || len(cm) != 1 || cm[0] != 0 {
 		t.Errorf("high-priority cpumap entries %v (%v), want the receive core [0]", cm, err)
 	}
 	if cfg, err := dp.Config(); err != nil || cfg.HighAutoPPS != 0 || cfg.BulkAuto != 0 {
@@ -984,7 +984,7 @@ func TestPrismBulkAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the agent does for a busy rule.
-	if err := dp.SetHighInline(rule, true); err != nil {
+	if err := dp.Prio().SetHighInline(rule, true); err != nil {
 		t.Fatal(err)
 	}
 	other := c.bed.Receiver().Containers[1]
@@ -1035,7 +1035,7 @@ func TestPrismBulkAuto(t *testing.T) {
 			case <-time.After(20 * time.Millisecond):
 			}
 			on = !on
-			if err := dp.SetHighInline(rule, on); err != nil {
+			if err := dp.Prio().SetHighInline(rule, on); err != nil {
 				flipped <- err
 				return
 			}

@@ -347,7 +347,7 @@ func (sp *SyncPlan) target(t *topology.Topology, v *topology.VXLAN, br *topology
 }
 
 // sourcesAndLocals are what v's frames must come from and to for the
-// datapath to take them, or why there is nothing (steer.c's sync_accept).
+// datapath to take them, or why there is nothing (datapath/steer/bpf/sync.h's sync_accept).
 //
 // Sources: the VXLAN device's static forwarding entries (their remote MAC
 // and VTEP), which the kernel takes a frame from only from that VTEP; the

@@ -50,7 +50,7 @@ func TestPrismSync(t *testing.T) {
 	}
 	targets := func() string {
 		t.Helper()
-		ts, err := dp.Sync()
+		ts, err := dp.Sync().Targets()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestPrismSync(t *testing.T) {
 	overlaytest.InOrder(t, "high-priority stream on the shortcut", res)
 	st1 := counters()
 	if d := st1.Sync - st0.Sync; d < uint64(res.Received) {
-		set, _ := dp.SyncSet()
+		set, _ := dp.Sync().Get()
 		t.Errorf("%d frames took the shortcut, %d datagrams arrived (counters %+v, set %s)", d, res.Received, st1.Sub(st0), steer.FormatSyncSet(set))
 	}
 	// A leak would be most of the stream; the slack is for what the
@@ -137,12 +137,12 @@ func TestPrismSync(t *testing.T) {
 	}
 
 	// A container the shortcut does not list: high priority, batch path.
-	only0, err := dp.SyncSet()
+	only0, err := dp.Sync().Get()
 	if err != nil {
 		t.Fatal(err)
 	}
 	only0.Targets = slices.DeleteFunc(only0.Targets, func(tg steer.SyncTarget) bool { return tg.MAC.String() == c1.MAC.String() })
-	if err := knobs.Do(r.NetNS, func() error { return dp.SetSync(only0, time.Hour) }); err != nil {
+	if err := knobs.Do(r.NetNS, func() error { return dp.Sync().Set(only0, time.Hour) }); err != nil {
 		t.Fatal(err)
 	}
 	st2 := counters()
@@ -240,7 +240,7 @@ func TestPrismSyncTrustNetfilter(t *testing.T) {
 	})
 	syncTargets := func(a *modetest.Applied) string {
 		t.Helper()
-		ts, err := a.Open(t).Sync()
+		ts, err := a.Open(t).Sync().Targets()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -351,7 +351,7 @@ func TestPrismSyncHostFirewall(t *testing.T) {
 		st, ok := ag.Status().(prism.SyncStatus)
 		return ok && st.Refreshes > 0
 	})
-	if ts, _ := dp.Sync(); len(ts) != 0 {
+	if ts, _ := dp.Sync().Targets(); len(ts) != 0 {
 		t.Errorf("the agent opened destinations %v past the firewall", ts)
 	}
 	stop()
@@ -371,7 +371,7 @@ func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust", "sync-interval": "1m"})
 	dp := a.Open(t)
 	targets := func() string {
-		ts, err := dp.Sync()
+		ts, err := dp.Sync().Targets()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,7 +422,7 @@ func TestPrismSyncFailsClosed(t *testing.T) {
 	})
 	stop()                              // as a crash would: nothing renews the destinations from here
 	time.Sleep(1500 * time.Millisecond) // the lifetime: 3 rounds + 1 s
-	if ts, _ := dp.Sync(); len(ts) != 0 {
+	if ts, _ := dp.Sync().Targets(); len(ts) != 0 {
 		t.Errorf("destinations %v outlived their agent", ts)
 	}
 	st0, _ := dp.Stats()
@@ -531,7 +531,7 @@ func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
 	ag, stop := a.StartAgent(t)
 	defer stop()
 	has := func(c testbed.Container) bool {
-		ts, err := dp.Sync()
+		ts, err := dp.Sync().Targets()
 		if err != nil {
 			t.Fatal(err)
 		}

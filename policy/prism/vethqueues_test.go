@@ -115,7 +115,7 @@ func TestPrismVethQueues(t *testing.T) {
 	var hiFlow *steer.VethFlow
 	for range 50 {
 		var err error
-		if vf, err = dp.VethFlows(); err != nil {
+		if vf, err = dp.Prio().VethFlows(); err != nil {
 			t.Fatal(err)
 		}
 		hiFlow = nil
@@ -162,7 +162,7 @@ func TestPrismVethQueues(t *testing.T) {
 	resD := overlaytest.Stream{Count: 1000, Size: dropSize, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	var dFlow *steer.VethFlow
 	for range 50 {
-		vf, _ = dp.VethFlows()
+		vf, _ = dp.Prio().VethFlows()
 		dFlow = nil
 		for i, f := range vf {
 			if f.Proto == 17 && f.Src == resD.Src.Addr() && f.SrcPort == resD.Src.Port() {
@@ -201,7 +201,7 @@ func TestPrismVethQueues(t *testing.T) {
 		t.Errorf("container stage %+v for %d marked datagrams from a local container: want them all on the high-priority queue", d, nLocal)
 	}
 	localSeen := false
-	vf, _ = dp.VethFlows()
+	vf, _ = dp.Prio().VethFlows()
 	for _, f := range vf {
 		if f.Src == local.Addr.Addr() {
 			localSeen = true

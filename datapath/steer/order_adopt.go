@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Adopting containers after apply (steer.c, steer_adopt): while a
+// Adopting containers after apply (bpf/maps.h, steer_adopt): while a
 // container device's window is open, a flow whose container stage has no
 // state yet starts where the kernel runs it (Stay), counted, and leaves
 // for the table's core only through the move rule. The window covers the
@@ -21,7 +21,7 @@ import (
 // stage's devices ifindexes (host-side veths) until d from now, and drops
 // windows that have closed (once per call: the map is walked once
 // however many devices a round adopts).
-func (dp *Datapath) SetAdopting(d time.Duration, ifindexes ...int) error {
+func (dp Order) SetAdopting(d time.Duration, ifindexes ...int) error {
 	for _, idx := range ifindexes {
 		if idx <= 0 {
 			return fmt.Errorf("adopting ifindex %d: not a device", idx)
@@ -41,7 +41,7 @@ func (dp *Datapath) SetAdopting(d time.Duration, ifindexes ...int) error {
 
 // Adopting lists the devices whose adoption window is open, with the time
 // left.
-func (dp *Datapath) Adopting() (map[int]time.Duration, error) {
+func (dp Order) Adopting() (map[int]time.Duration, error) {
 	out := map[int]time.Duration{}
 	now := uint64(Now())
 	var k uint32
@@ -59,7 +59,7 @@ func (dp *Datapath) Adopting() (map[int]time.Duration, error) {
 }
 
 // expireAdopting deletes the closed windows (the map holds 4096).
-func (dp *Datapath) expireAdopting() error {
+func (dp *core) expireAdopting() error {
 	now := uint64(Now())
 	var k uint32
 	var until uint64

@@ -18,7 +18,7 @@ import (
 // pinned (control.NewAgent; a mode without an agent of its own gets one
 // that runs only this). A flow whose frames are counted in flight on a
 // core's split-stage queues leaves them only once they were seen empty
-// (steer.c, struct steer_queue): every frame counted in came out or was
+// (bpf/maps.h, struct steer_queue): every frame counted in came out or was
 // reported dropped by the kernel. A frame lost where nothing reports it
 // (a redirect that fails after the verdict, a program ahead of lanes' tc
 // program that takes the skb) would hold that core's waiting flows for
@@ -87,14 +87,14 @@ func (r *Reconciler) Once(ctx context.Context) error {
 		return err
 	}
 	defer d.Close()
-	s0, tracked, err := d.Queues()
+	s0, tracked, err := d.Order().Queues()
 	if err != nil || !tracked || (!anyQueued(s0) && !anyLost(s0)) {
 		return err
 	}
 	if !sleepCtx(ctx, r.quiet) {
 		return nil
 	}
-	s1, _, err := d.Queues()
+	s1, _, err := d.Order().Queues()
 	if err != nil {
 		return err
 	}
@@ -115,12 +115,12 @@ func (r *Reconciler) Once(ctx context.Context) error {
 	if !sleepCtx(ctx, r.quiet) {
 		return nil
 	}
-	s2, _, err := d.Queues()
+	s2, _, err := d.Order().Queues()
 	if err != nil {
 		return err
 	}
 	for core, n := range lostFrames(s0, s2, asleep) {
-		if err := d.BookLost(core, n); err != nil {
+		if err := d.Order().BookLost(core, n); err != nil {
 			return err
 		}
 		r.logf("queue reconciler: core %d: %d frames counted into its split-stage queues were never seen nor reported dropped, with every thread that could hold them asleep and nothing moving; booked lost, so the flows waiting on them can move", core, n)
@@ -195,11 +195,11 @@ func lostFrames(before, after []Queue, asleep map[int]bool) map[int]uint64 {
 // there (both classes, "cpumap/<core>/map:<id>"), the core's ksoftirqd,
 // and every threaded NAPI poll ("napi/..."), wherever it runs.
 func coresAsleep(d *Datapath, cores []int) (map[int]bool, error) {
-	bulk, err := d.BulkKthreads()
+	bulk, err := d.CPUMap().Kthreads()
 	if err != nil {
 		return nil, err
 	}
-	hi, err := d.HiKthreads()
+	hi, err := d.HiCPUMap().Kthreads()
 	if err != nil {
 		return nil, err
 	}

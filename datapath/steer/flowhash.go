@@ -8,7 +8,7 @@ import (
 )
 
 // Stages of the overlay receive path that steer places, the bucket count
-// of each stage's table and the largest core set. They match steer.c.
+// of each stage's table and the largest core set. They match bpf/consts.h.
 const (
 	// StageSplit is XDP on the underlay NIC: skb allocation, GRO, outer
 	// IP/UDP and VXLAN decap run on the chosen core (cpumap).
@@ -41,7 +41,7 @@ func StageName(s int) string {
 	return fmt.Sprintf("stage%d", s)
 }
 
-// FlowHash is steer.c's flow_hash: murmur3_32 (seed 0) over the 5-tuple
+// FlowHash is bpf/flow.h's flow_hash: murmur3_32 (seed 0) over the 5-tuple
 // as four host-order words (source, destination, sport<<16|dport, proto).
 // Addresses that are not IPv4 (never seen by the programs) hash as 0.0.0.0.
 func FlowHash(src, dst netip.Addr, sport, dport uint16, proto uint8) uint32 {
@@ -101,16 +101,16 @@ func rpsRange(idx, n int) (lo, span uint32) {
 }
 
 // HashEpochs is how many counts a flow's later-stage frames can belong to
-// (steer.c's HASH_EPOCHS), in bits 1-3 of the hash.
+// (bpf/flow.h's HASH_EPOCHS), in bits 1-3 of the hash.
 const HashEpochs = 8
 
 // RPSHash is the skb hash steer's tc programs set for a frame of a flow at
 // a later stage placed on the idx-th of n cores; RPS with the core set as
 // its mask then runs the next stage there. Its low bit says whether the
-// frame was counted into the flow's in-flight count (steer.c's
+// frame was counted into the flow's in-flight count (bpf/flow.h's
 // HASH_COUNTED), the next three bits in which of the flow's counts (epoch),
 // and the rest keeps flows, and a flow's stages, apart. It is never 0,
-// which the stack reads as "no hash"; 0 means steer.c sets none (a core
+// which the stack reads as "no hash"; 0 means the programs set none (a core
 // set too large to leave room).
 func RPSHash(idx, n int, flowhash uint32, stage int, epoch uint32, counted bool) uint32 {
 	lo, span := rpsRange(idx, n)

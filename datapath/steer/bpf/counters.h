@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: (MIT OR GPL-2.0) */
+/*
+ * What steer counts, per stage (steer_stats, a per-CPU array indexed by
+ * stage * NUM_COUNTERS + counter; count() in maps.h adds to it). The Go
+ * side reads them as steer.Counters, in this order.
+ */
+#pragma once
+
+enum counter {
+	CNT_STEERED,  /* next stage sent to a chosen core */
+	CNT_STAYED,   /* vanilla placement (table says STAY, or the core has no cpumap entry) */
+	CNT_PASSED,   /* frame not understood: passed untouched */
+	CNT_HELD,     /* a move deferred to keep the flow in order (not idle for a flowlet gap, frames in flight; a container stage holding its core) */
+	CNT_MOVED,    /* a flow moved at a flowlet boundary */
+	CNT_DISABLED, /* cfg not enabled */
+	CNT_UNDRAINED, /* a move after drain_ns although frames were still counted in flight */
+	CNT_HIGH,     /* frame of a high-priority flow (MODE_PRIO) */
+	CNT_MF_FRAMES,   /* frames of elephants sent to their micro-flow's core */
+	CNT_MF_STARTED,  /* micro-flows started */
+	CNT_MF_ELEPHANT, /* a flow became an elephant */
+	CNT_MF_ENDED,    /* an elephant fell below the threshold */
+	CNT_MF_ARRIVED,  /* micro-flow frames whose metadata a tc program read back (per core: where they ran) */
+	CNT_MF_LATE,     /* of those, frames of a micro-flow older than one already seen: batch-level reordering */
+	CNT_SYNC,        /* high-priority frames decapsulated and handed to their container's veth */
+	CNT_SYNC_MISS,   /* high-priority frames (MODE_SYNC) with no vouched-for destination, or too long: batch path */
+	CNT_HOME,        /* frames that took the at-home fast path (CFG_HOME): vanilla placement, no flow state */
+	CNT_SETTLED,     /* a wait ended: the flow's frames counted in flight were gone, its core's queues seen empty (queue_settled) */
+	CNT_DROPPED,     /* later stages: frames counted in flight that the kernel reported dropped (steer_drops_skb) */
+	CNT_DIRECT,      /* bridge stage: frames that stayed without a pass through the RPS backlog (stay_direct) */
+	CNT_BULK_BESIDE, /* bulk frames bulk=auto kept in the NIC poll beside busy marked flows (bulk_beside_busy) */
+	CNT_UNMARKED,    /* frames sent to a core's queue without lanes' metadata (no room left): that queue's counts no longer balance */
+	CNT_SYNC_REFUSED, /* high-priority frames with a destination that the kernel's own path would not deliver (sync_accept): batch path, where the kernel decides */
+	CNT_SYNC_EXPIRED, /* high-priority frames whose destination's deadline passed (no agent renewed it): batch path */
+	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
+	NUM_COUNTERS,
+};

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: (MIT OR GPL-2.0) */
+/*
+ * MFLOW's micro-flow cutting: the elephant test, the cut of an elephant
+ * into micro-flows of mf_batch frames dealt to the split cores round
+ * robin, at the NIC poll (split_microflow: a cpumap redirect, the
+ * sequence number in the XDP metadata) or at the bridge (split_bridge: the
+ * RPS hash of the VXLAN device), and the skb side's reading back of the
+ * sequence (arrived), which it hands on in skb->priority (mflow_tag.h).
+ */
+#pragma once
+
+#define MFLOW_TAG_SKB
+#include "mflow_tag.h"
+#include "place.h"
+
+#define MF_SEEN (1ull << 32) /* flow state mf_seen: a sequence number is stored */
+
+/*
+ * MFLOW's elephant test, on n more frames of the flow at now: is the flow
+ * above the rate threshold? A window of mf_window_ns starts with the first
+ * frame after the previous one closed. The flow becomes an elephant with
+ * the frame that brings its window to mf_thresh frames, and stays one while
+ * every window reaches it; it falls back when a window closes short, or
+ * when a whole window passed without a frame (age >= 2 windows). A flow
+ * that turns into an elephant starts a new micro-flow. With mf_thresh 0
+ * every flow is an elephant from its first frame and stays one.
+ */
+static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_flow_state *st,
+				    __u64 now, __u32 n, __u32 stage)
+{
+	__u64 age = now - st->mf_win_start;
+
+	if (age >= cfg->mf_window_ns) {
+		if (st->mf_elephant && cfg->mf_thresh &&
+		    (st->mf_win_frames < cfg->mf_thresh || age >= 2 * cfg->mf_window_ns)) {
+			st->mf_elephant = 0;
+			count(stage, CNT_MF_ENDED);
+		}
+		st->mf_win_start = now;
+		st->mf_win_frames = 0;
+	}
+	st->mf_win_frames += n;
+	if (!st->mf_elephant && st->mf_win_frames >= cfg->mf_thresh) {
+		st->mf_elephant = 1;
+		st->mf_left = 0;
+		count(stage, CNT_MF_ELEPHANT);
+	}
+	return st->mf_elephant;
+}
+
+/* Start the flow's next micro-flow on the next split core, round robin by
+ * sequence number (one division per micro-flow, none per frame). */
+static __always_inline void next_microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
+					   __u32 stage)
+{
+	__u32 slot = st->mf_started % cfg->mf_ncores;
+	__u32 idx = cfg->mf_cores[slot & (MAX_CPUS - 1)];
+	__u32 core = cfg->cpus[idx & (MAX_CPUS - 1)];
+	__u64 *sent = bpf_map_lookup_elem(&steer_mf_cores, &core);
+
+	st->mf_core = idx;
+	st->mf_started++;
+	st->mf_left = cfg->mf_batch;
+	count(stage, CNT_MF_STARTED);
+	if (sent)
+		__sync_fetch_and_add(sent, 1);
+}
+
+/*
+ * MFLOW's split of n frames (a GRO-merged skb counts gso_segs) of a flow:
+ * the index into cfg->cpus of the micro-flow they belong to, or STAY for a
+ * mouse, which keeps whatever placement it has. Micro-flow k of an
+ * elephant is frames [k * batch, (k + 1) * batch) since it became one and
+ * goes to mf_cores[k % mf_ncores]; a GRO skb across a boundary stays whole
+ * in the micro-flow it starts in. st->last_ns is the arrival time place()
+ * just stored.
+ *
+ * One writer, no atomics: a flow's frames reach the splitting program from
+ * one rx queue (RSS keeps a flow on one queue), whose NAPI poll runs on one
+ * core at a time; tc ingress on the underlay runs there too, or, when
+ * Falcon's split stage composes, on the one split core the flow is placed
+ * on at a time.
+ */
+static __always_inline __u32 microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
+				       __u32 n, __u32 stage)
+{
+	if (!cfg->mf_ncores || !cfg->mf_batch || !elephant(cfg, st, st->last_ns, n, stage))
+		return STAY;
+	if (st->mf_left == 0)
+		next_microflow(cfg, st, stage);
+	if (st->mf_core >= cfg->ncpus)
+		return STAY; /* the core set shrank under a stale config: vanilla */
+	st->mf_left = st->mf_left > n ? st->mf_left - n : 0;
+	return st->mf_core;
+}
+
+/* n frames of the flow went to their micro-flow's core. */
+static __always_inline void split_sent(struct steer_flow_state *st, __u32 n, __u32 stage)
+{
+	st->mf_frames += n;
+	count_n(stage, CNT_MF_FRAMES, n);
+}
+
+/*
+ * n frames of micro-flow seq of the flow reached the skb side (tc ingress
+ * on the underlay, on the core the micro-flow was sent to): count them on
+ * this core, and as late if a later micro-flow of the flow was already seen
+ * here, the batch-level reordering a reassembler would have to undo. Every
+ * split core updates the flow's mf_seen, so the maximum is kept by
+ * compare-and-swap; giving up after a few tries only loses a late count.
+ * The sequence is 32 bits (2^32 micro-flows of 256 frames is 12 days at
+ * 1 Mpps), so it is compared in serial-number order and may wrap.
+ */
+static __always_inline void arrived(const struct tuple *t, __u32 seq, __u32 n)
+{
+	struct steer_flow_key key = flow_key(t, STAGE_SPLIT);
+	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
+	__u64 old;
+	__s32 ahead;
+
+	count_n(STAGE_SPLIT, CNT_MF_ARRIVED, n);
+	if (!st)
+		return;
+	for (int i = 0; i < 4; i++) {
+		old = st->mf_seen;
+		/* Serial-number order, so the 32-bit sequence may wrap. */
+		ahead = (__s32)(seq - (__u32)old);
+		if ((old & MF_SEEN) && ahead == 0)
+			return;
+		if ((old & MF_SEEN) && ahead < 0) {
+			count_n(STAGE_SPLIT, CNT_MF_LATE, n);
+			return;
+		}
+		if (__sync_val_compare_and_swap(&st->mf_seen, old, MF_SEEN | seq) == old)
+			return;
+	}
+}
+
+/*
+ * Hand a micro-flow's frame to its core's cpumap entry, marked with the
+ * micro-flow's sequence number for the skb side. Not counted in flight and
+ * not subject to the flowlet rule: micro-flows are meant to overtake each
+ * other. A core without a cpumap entry falls back to XDP_PASS (vanilla);
+ * without metadata room the frame still goes, unmarked.
+ */
+static __always_inline int split_microflow(struct xdp_md *ctx, const struct steer_cfg *cfg,
+					   struct steer_flow_state *st, __u32 idx)
+{
+	struct lanes_meta_mflow *meta;
+	__u32 core = cfg->cpus[idx & (MAX_CPUS - 1)];
+	struct steer_queue *q = core_queue(core);
+	long ret = bpf_redirect_map(&steer_cpumap, core, XDP_PASS);
+
+	if (ret != XDP_REDIRECT) {
+		count(STAGE_SPLIT, CNT_STAYED);
+		return ret;
+	}
+	split_sent(st, 1, STAGE_SPLIT);
+	/* Its queue counts it like any other frame (struct steer_queue): a
+	 * mouse sharing the queue may wait for it to empty. */
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
+		meta = (void *)(long)ctx->data_meta;
+		if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
+			meta->hdr.magic = LANES_META_MAGIC;
+			meta->hdr.flags = LANES_META_MFLOW | (((core & LANES_META_QID_MASK) + 1) << LANES_META_QID_SHIFT) |
+					  meta_gen(cfg);
+			meta->seq = st->mf_started - 1;
+			if (q)
+				__sync_fetch_and_add(&q->enq, 1);
+			return ret;
+		}
+	}
+	queue_untrack(q);
+	count(STAGE_SPLIT, CNT_UNMARKED);
+	return ret;
+}
+
+/*
+ * MFLOW's later split (MODE_MFLOW_BRIDGE), in tc ingress on the underlay:
+ * an elephant's micro-flow gets the hash RPS on the VXLAN device maps to
+ * its core, so the GRO cell's output (bridge, veth, container stage,
+ * socket) runs there; a GRO skb counts gso_segs frames of the batch.
+ * Returns 0 for a mouse, which the caller places as usual.
+ *
+ * This is the earliest skb-level split a stock kernel allows: VXLAN decap
+ * runs in the underlay's own protocol handler, and the one hand-off before
+ * it, RPS on the underlay (get_rps_cpu in netif_receive_skb_internal and
+ * friends), has already chosen a core by the time tc ingress runs (in
+ * __netif_receive_skb_core); XDP, which runs before it, cannot set
+ * skb->hash. Splitting before decap is MODE_MFLOW's job, before the skb.
+ */
+static __always_inline int split_bridge(struct __sk_buff *skb, const struct steer_cfg *cfg,
+					struct steer_flow_state *st, __u32 fh)
+{
+	__u32 n = skb_frames(skb);
+	__u32 idx = microflow(cfg, st, n, STAGE_BRIDGE);
+
+	if (idx == STAY)
+		return 0;
+	split_sent(st, n, STAGE_BRIDGE);
+	/* For the reassembler at the container's veth (mflow_tag.h). */
+	mflow_tag_skb(skb, fh, cfg->meta_gen, st->mf_started - 1);
+	rps_to(skb, cfg, idx, fh, STAGE_BRIDGE, 0, 0);
+	return 1;
+}

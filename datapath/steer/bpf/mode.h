@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: (MIT OR GPL-2.0) */
+/*
+ * What a mode fixes when it is applied: constants the control plane sets
+ * before the object is loaded (steer.LoadFor, from the config), in
+ * .rodata, which the kernel freezes. The verifier reads them as the
+ * constants they are and drops the code of every feature the mode leaves
+ * out, so a mode pays per packet only for what it uses, as katran's
+ * compile-time features do without one build per mode. What lanes agent
+ * switches while the programs run stays in steer_cfg (consts.h: CFG_*).
+ *
+ * The flags' bits are apart from steer_cfg.flags' (CFG_*), so the control
+ * plane reads the two as one set.
+ */
+#pragma once
+
+#include "consts.h"
+
+/* steer_mode.flags */
+#define MODE_PRIO 0x2 /* classify flows against steer_prio (PRISM) */
+/* steer_xdp marks and counts its frames in flight: set only while a program
+ * that counts them seen (steer_tc_ingress, steer_tc_split_seen) is attached
+ * to the underlay's tc ingress, or the counts would never drain. */
+#define MODE_COUNT_SPLIT 0x4
+/* MFLOW: split elephants into micro-flows in steer_xdp (cpumap, before skb
+ * allocation), or in steer_tc_ingress (the RPS hash of the VXLAN device). */
+#define MODE_MFLOW 0x8
+#define MODE_MFLOW_BRIDGE 0x10
+/* steer_tc_ingress does not count the bridge stage's frames in flight: set
+ * while nothing (steer_tc_egress) counts them seen, or the counts would
+ * only grow. */
+#define MODE_NO_BRIDGE_COUNT 0x20
+/* PRISM-sync: high-priority frames for a destination in steer_sync skip
+ * every queue (see sync_dest). Only with MODE_PRIO. */
+#define MODE_SYNC 0x40
+/* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
+ * (prio_shapes 0) there is nothing to preempt for, so bulk flows stay in
+ * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
+ * with the first rule each goes to the queue as soon as none of its frames
+ * is left behind (place(), PLACE_LOCAL). Set by the planner only where the
+ * NIC is polled on the receive core alone, the one the queues are on.
+ * With prio_quiet_ms set, also while the high class is quiet: no
+ * high-priority frame for that long (see prio_quiet). */
+#define MODE_PRIO_IDLE_INLINE 0x400u
+/* PRISM's per-class queue at the container veth (steer_tc_veth_class):
+ * each class goes to its own receive queue of the container-side veth. */
+#define MODE_VETH_CLASS 0x800u
+/* The bridge stage stays through the RPS backlog, as before stay_direct:
+ * for measuring what running on changes. */
+#define MODE_STAY_QUEUED 0x1000u
+struct steer_mode {
+	__u32 flags; /* MODE_* */
+	/* MODE_PRIO_IDLE_INLINE: bulk also stays in the NIC poll while no
+	 * high-priority frame came for this long; 0: only while no rule. */
+	__u32 prio_quiet_ms;
+	/* PRISM high=auto (with MODE_PRIO_IDLE_INLINE): the frame rate of a
+	 * rule's flows from which lanes agent runs them in the NIC poll
+	 * (steer_high_inline); read by the agent only. 0: high=auto is off,
+	 * and steer_high_inline is ignored. */
+	__u32 high_auto_pps;
+	/* PRISM high=auto: high-priority frames also run in the NIC poll
+	 * while no bulk frame came for this long (bulk_quiet): with no bulk
+	 * work to preempt, their queue's kthread hop is pure cost. 0: off. */
+	__u32 bulk_quiet_ms;
+	/* PRISM bulk=auto (with high=auto): bulk frames also run in the NIC
+	 * poll while every high-priority frame of the last bulk_auto_ms ran
+	 * there as a busy rule's (bulk_beside_busy). 0: off. */
+	__u32 bulk_auto_ms;
+};
+
+const volatile struct steer_mode steer_mode = {};
+
+/* Does the mode have any of the MODE_* flags f? */
+static __always_inline int mode(__u32 f)
+{
+	return (steer_mode.flags & f) != 0;
+}

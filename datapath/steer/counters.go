@@ -1,0 +1,152 @@
+//go:build linux
+
+package steer
+
+import "fmt"
+
+// Counters are one stage's event counts, summed over cores.
+type Counters struct {
+	Steered  uint64 // next stage sent to a chosen core
+	Stayed   uint64 // vanilla placement (table or flow said Stay, or no cpumap entry)
+	Passed   uint64 // frame not understood: passed untouched
+	Held     uint64 // a move deferred to keep the flow in order
+	Moved    uint64 // a flow moved at a flowlet boundary
+	Disabled uint64 // packets seen while the config was disabled
+	// Undrained is moves made after Config.Drain with frames still
+	// counted in flight: each may have reordered if they were not dropped.
+	Undrained uint64
+	// High is frames of high-priority flows (split stage, Config.Prio).
+	High uint64
+
+	// MFLOW (Config.MFlow), at the stage that splits (split: SplitAtIRQ,
+	// bridge: SplitAtBridge). MicroFrames are frames of elephants sent to
+	// their micro-flow's core (GRO segments at the bridge); they are not
+	// in Steered or Stayed.
+	MicroFrames  uint64
+	MicroFlows   uint64 // micro-flows started
+	Elephants    uint64 // flows that became elephants
+	ElephantsEnd uint64 // elephants that fell below the threshold
+	// MicroArrived (split stage, SplitAtIRQ) is micro-flow frames whose
+	// metadata tc ingress on the underlay read back, counted on the core
+	// they arrived on (CoreStats); MicroLate is those of a micro-flow
+	// older than one already seen there: batch-level reordering.
+	MicroArrived uint64
+	MicroLate    uint64
+
+	// PRISM-sync (Config.Sync), split stage: Sync is high-priority frames
+	// decapsulated and handed straight to their container's veth;
+	// SyncMiss those that took the batch path for want of a vouched-for
+	// destination (or because they were too long for it).
+	Sync     uint64
+	SyncMiss uint64
+	// SyncRefused is high-priority frames with a destination that the
+	// kernel's own path would not have delivered there (bpf/sync.h's
+	// sync_accept: a wrong checksum or length, another host's address, an
+	// unknown source, reserved VXLAN bits, outer CE on a Not-ECT packet):
+	// they took the normal path, where the kernel decides. SyncExpired is
+	// those whose destination's deadline had passed (no agent renewed it);
+	// SyncDropped is frames the shortcut redirected that the devmap or
+	// the veth then dropped (a full ring, a device going away).
+	SyncRefused uint64
+	SyncExpired uint64
+	SyncDropped uint64
+
+	// Home is frames that took the stage's at-home fast path (SetHome):
+	// vanilla placement without per-flow state; not in Stayed.
+	Home uint64
+
+	// Settled (split stage) is waits that ended because the flow's core's
+	// queues were seen empty (Queues) while the flow still counted frames
+	// in flight: those had been dropped (or their count lagged), and the
+	// flow could move without waiting for the drain time.
+	Settled uint64
+
+	// Dropped (later stages) is frames counted in flight that the kernel
+	// reported dropped before the next stage's program saw them (a full
+	// RPS backlog, GRO cell or veth ring): counted out, so they no longer
+	// hold their flow until the drain time (TrackQueues, steer_drops_skb).
+	Dropped uint64
+
+	// Direct (bridge stage) is frames that stayed without a pass through
+	// the RPS backlog, as in vanilla (bpf/place.h's stay_direct); they count
+	// in Stayed too or, at home, in Home.
+	Direct uint64
+
+	// BulkBeside (split stage) is bulk frames that PRISM's bulk=auto
+	// (Config.BulkAuto) kept in the NIC poll beside busy marked flows;
+	// they count in Stayed too.
+	BulkBeside uint64
+
+	// Unmarked (split stage) is frames sent to a core's queue without
+	// lanes' metadata, for want of room (a driver or an earlier XDP
+	// program left metadata that fills the frame's headroom): the
+	// queue they went to is then untracked (Queue.Untracked), and moves
+	// out of it wait for the drain time.
+	Unmarked uint64
+}
+
+// fields lists c's counters in bpf/counters.h's enum counter order.
+func (c *Counters) fields() []*uint64 {
+	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped}
+}
+
+// Sub returns c minus earlier, counter by counter: what happened between
+// two reads.
+func (c Counters) Sub(earlier Counters) Counters {
+	out := c
+	o, e := out.fields(), earlier.fields()
+	for i := range o {
+		*o[i] -= *e[i]
+	}
+	return out
+}
+
+// Add returns c plus other, counter by counter.
+func (c Counters) Add(other Counters) Counters {
+	out := c
+	o, e := out.fields(), other.fields()
+	for i := range o {
+		*o[i] += *e[i]
+	}
+	return out
+}
+
+// numCounters is bpf/counters.h's NUM_COUNTERS.
+var numCounters = len((&Counters{}).fields())
+
+// Stats reads every stage's counters, summed over cores.
+func (d *Datapath) Stats() ([NumStages]Counters, error) {
+	var out [NumStages]Counters
+	per, err := d.CoreStats()
+	for _, core := range per {
+		for stage := range core {
+			dst, src := out[stage].fields(), core[stage].fields()
+			for i := range dst {
+				*dst[i] += *src[i]
+			}
+		}
+	}
+	return out, err
+}
+
+// CoreStats reads every stage's counters per core (index: core number),
+// as counted on the core each program ran on.
+func (d *Datapath) CoreStats() ([][NumStages]Counters, error) {
+	var out [][NumStages]Counters
+	var per []uint64
+	for stage := range NumStages {
+		for i := range numCounters {
+			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
+				return nil, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
+			}
+			if out == nil {
+				out = make([][NumStages]Counters, len(per))
+			}
+			for cpu, v := range per {
+				*out[cpu][stage].fields()[i] = v
+			}
+		}
+	}
+	return out, nil
+}
