@@ -312,8 +312,17 @@ func reportHas(t *testing.T, out string, want ...string) {
 func TestPrioEndToEnd(t *testing.T) {
 	const prefix = "lbp"
 	f, out := tinyRun(t, prefix, []string{"native", "prism-batch"}, []string{prioLatencyWorkload, prioNginxWorkload, prioMixedWorkload})
-	if want := 3 * 2 * 2; len(f.Runs) != want { // workloads x loads x modes
+	if want := 3 * 2 * 2 * 2; len(f.Runs) != want { // workloads x loads x (awake, as-is) x modes
 		t.Fatalf("%d runs, want %d", len(f.Runs), want)
+	}
+	awake := map[string]int{}
+	for _, r := range f.Runs {
+		if r.Awake {
+			awake[fmt.Sprintf("%s %s %.2f", r.Mode, r.Workload, r.Background)]++
+		}
+	}
+	if len(awake) != 3*2*2 {
+		t.Errorf("awake runs at %d (mode, workload, load) points, want every one of 12: %v", len(awake), awake)
 	}
 	lost := map[string]int{}
 	for _, r := range f.Runs {
