@@ -110,9 +110,10 @@ var ParseModeSpec = results.ParseModeSpec
 
 // KnownModes are the modes `lanes bench` can run: every registered lanes
 // mode, and native, which is not a lanes mode but the reference path: host
-// to host over the underlay. (control imports every planner, so they are
-// all registered before this is set.)
-var KnownModes = append([]string{"native"}, plan.Modes()...)
+// to host over the underlay. Asked when used, not at this package's
+// init: the policies register their modes from their own init, which the
+// binary (cmd/lanes) runs after this package's.
+func KnownModes() []string { return append([]string{"native"}, plan.Modes()...) }
 
 // DefaultWorkloads is what a plain run measures; Quick trims the points.
 var DefaultWorkloads = append([]string{"tcp_stream", "udp_stream", "tcp_multi", "pingpong", "udp_stress", "memcached", "nginx"}, prioNames...)
@@ -188,8 +189,8 @@ func (o *Options) Validate() error {
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(KnownModes, base) {
-			return fmt.Errorf("unknown mode %q: use --modes with some of %s", m, strings.Join(KnownModes, ","))
+		if !slices.Contains(KnownModes(), base) {
+			return fmt.Errorf("unknown mode %q: use --modes with some of %s", m, strings.Join(KnownModes(), ","))
 		}
 		if base == "native" && len(params) > 0 {
 			return fmt.Errorf("mode %q: native is the kernel's host path and takes no settings", m)

@@ -58,7 +58,7 @@ also on Ctrl-C.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&modes, "modes", "native,vanilla,rps", "comma-separated modes to compare: "+strings.Join(bench.KnownModes, ","))
+	fl.StringVar(&modes, "modes", "native,vanilla,rps", "comma-separated modes to compare: "+strings.Join(bench.KnownModes(), ","))
 	fl.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all; with --quick: "+strings.Join(bench.QuickWorkloads, ",")+")")
 	fl.BoolVar(&o.Quick, "quick", false, "fewer points and 2 s measurements (under 5 minutes)")
 	fl.StringVar(&o.Out, "out", "out", "directory for results.json, report.md and plots")
