@@ -285,10 +285,14 @@ func TestReassemblyUDP(t *testing.T) {
 	}
 }
 
+// lossyTries is how many streams TestReassemblyTCP runs to get one without
+// a loss.
+const lossyTries = 4
+
 // TestReassemblyTCP: a TCP stream split into micro-flows of 64 frames
 // (every flow split: threshold 0) over both cores: through the
-// reassembler the receiver's TCP counts no out-of-order segment; without
-// it, it does.
+// reassembler the receiver's TCP counts no out-of-order segment in a
+// stream that lost nothing; without it, it does.
 func TestReassemblyTCP(t *testing.T) {
 	modetest.Online(t)
 	requireReorder(t)
@@ -306,10 +310,23 @@ func TestReassemblyTCP(t *testing.T) {
 				}
 				return
 			}
+			// TCP counts as out of order every segment that comes
+			// after a hole, and a hole is also a loss (a guest under
+			// TCG drops now and then, before the split or after the
+			// reassembler): only a stream without a retransmission
+			// says whether the reassembler delivered in order. A
+			// stream that lost something is run again, a few times.
+			for try := 1; res.Retrans != 0 && try < lossyTries; try++ {
+				t.Logf("reassembled, try %d: %+v: a loss, so its out-of-order count says nothing; again", try, res)
+				res = overlaytest.TCPStream{Rate: 200e6, Duration: 2 * time.Second}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+			}
 			st := veth0Stats(t, a)
 			t.Logf("reassembled: %+v; qdisc %+v", res, st)
-			if res.OutOfOrder != 0 {
-				t.Errorf("the receiver's TCP saw %d out-of-order segments through the reassembler", res.OutOfOrder)
+			switch {
+			case res.Retrans != 0:
+				t.Errorf("every one of %d streams lost a segment: none says whether the reassembler kept order", lossyTries)
+			case res.OutOfOrder != 0:
+				t.Errorf("the receiver's TCP saw %d out-of-order segments through the reassembler, with no loss", res.OutOfOrder)
 			}
 			if st.Held == 0 {
 				t.Errorf("qdisc %+v: want frames held", st)
