@@ -109,8 +109,8 @@ static __always_inline __u32 next_epoch_after(__u32 stage, __u32 fh, __u32 cur)
 
 /*
  * Clock. The precise clock (bpf_ktime_get_ns: a TSC read and its
- * conversion, about 30 ns a packet on the IRQ core of the 2-core Xeon VM,
- * profiled 2026-11-23) is only needed by the flowlet test, which runs
+ * conversion, tens of ns a packet on the IRQ core; docs/decisions) is
+ * only needed by the flowlet test, which runs
  * while a move is pending, and by MFLOW's rate windows. Other packets
  * stamp the coarse clock (CLOCK_MONOTONIC too, updated every tick, so up
  * to a tick behind). The low bit of a stamp says which clock made it
