@@ -91,7 +91,13 @@ type Options struct {
 	// Awake says how the priority workloads run with respect to idle
 	// states: AwakeBoth (default: every point as-is and with the cores
 	// kept awake), AwakeOn or AwakeOff (awake.go).
-	Awake    string
+	Awake string
+	// BPFStats reads the kernel's run-time statistics of lanes' programs
+	// over each udp_stress measurement (progcost.go): their time and runs
+	// per delivered datagram. The statistics cost every program run two
+	// clock reads, in every mode that has programs, so they are off
+	// unless asked for.
+	BPFStats bool
 	Progress io.Writer
 	Args     []string
 }
@@ -567,6 +573,9 @@ func (r *runner) all(ctx context.Context) error {
 	if len(r.o.Rates) > 0 && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress's paced points (--rates): datagrams offered "+trainShape(r.o.Train, r.o.Arrivals)+"; the unpaced point sends as fast as the generator goes.")
 	}
+	if r.o.BPFStats && slices.Contains(r.o.Workloads, "udp_stress") {
+		r.file.Notes = append(r.file.Notes, progCostNote)
+	}
 	if err := r.prioCalibrate(ctx); err != nil {
 		return err
 	}
@@ -695,8 +704,14 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 	}
 	var work *workMeter
+	var cost *progCost
 	if p.workload == "udp_stress" {
 		work = startWork()
+		if r.o.BPFStats {
+			if cost, err = startProgCost(); err != nil {
+				return fail(err)
+			}
+		}
 	}
 	guard0, guarded := guardStatus(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
@@ -714,6 +729,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 	}
 	workNs, irqNs, window, workOK := work.stop(r.o.IRQCPU)
+	ran, costErr := cost.stop()
 	after, err := metrics.Take(mcfg)
 	if err == nil {
 		metrics.Diff(before, after).Apply(&run)
@@ -763,6 +779,12 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		run.Extra["work_cores"] = workNs.Seconds() / active
 		run.Extra["work_irq_ns_per_msg"] = float64(irqNs.Nanoseconds()) / got
+	}
+	if got := res.Extra["udp_received"]; cost != nil && costErr == nil && got > 0 {
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		recordProgCost(run.Extra, ran, got)
 	}
 	if marked {
 		// The service was high priority: a record that the rule was in

@@ -593,3 +593,36 @@ func TestAwakePoints(t *testing.T) {
 		t.Errorf("--awake sometimes: %v", err)
 	}
 }
+
+// --bpf-stats: udp_stress records lanes' programs' time and runs per
+// delivered datagram (zero under vanilla, which has none; some under
+// falcon-split, whose XDP program sees every frame), each program's time
+// beside, the report's table and the note saying what the statistics
+// cost.
+func TestBPFStatsRun(t *testing.T) {
+	f, out := tinyRunWith(t, "lbs", Options{Modes: []string{"vanilla", "falcon-split"}, Workloads: []string{"udp_stress"}, BPFStats: true})
+	for _, r := range f.Runs {
+		if r.Error != "" {
+			t.Fatalf("%s: %s", r.Mode, r.Error)
+		}
+		ns, runs := r.Extra[results.BPFNsPerMsg], r.Extra[results.BPFRunsPerMsg]
+		if !results.HasBPFCost(&r) {
+			t.Errorf("%s: no BPF cost recorded", r.Mode)
+		}
+		switch r.Mode {
+		case "vanilla":
+			if ns != 0 || runs != 0 {
+				t.Errorf("vanilla: %v ns, %v runs of lanes' programs per datagram, want none", ns, runs)
+			}
+		default:
+			if ns <= 0 || runs < 1 || r.Extra[results.BPFNsPerMsg+":steer_xdp"] <= 0 {
+				t.Errorf("%s: %v ns, %v runs per datagram, steer_xdp %v ns: want steer_xdp on every frame",
+					r.Mode, ns, runs, r.Extra[results.BPFNsPerMsg+":steer_xdp"])
+			}
+		}
+	}
+	if !slices.ContainsFunc(f.Notes, func(n string) bool { return strings.Contains(n, "two clock reads") }) {
+		t.Errorf("notes %q: want what the statistics cost", f.Notes)
+	}
+	reportHas(t, out, "Lanes' BPF programs per delivered datagram", "steer_xdp")
+}

@@ -5,6 +5,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -201,6 +202,12 @@ func Markdown(f *results.File, opt Options) string {
 				"and all %d cores (medians over repeats; a rate under both: the generator, sharing the cores, did not keep up):\n\n", m.CPUs)
 			workTable(a, wl, m.CPUs).markdown(&b)
 		}
+		if hasBPFCost(a, wl) {
+			b.WriteString("\nLanes' BPF programs per delivered datagram (the kernel's run-time statistics, --bpf-stats: " +
+				"every copy of a program summed; medians over repeats): their runs, their time, its share of the CPU per datagram above, " +
+				"and the programs that took most of it:\n\n")
+			bpfCostTable(a, wl).markdown(&b)
+		}
 		b.WriteString("\nCPU split per core (median %: softirq / system / user / NAPI+cpumap kthreads; " +
 			"kthread time is part of system; busy σ: standard deviation of the per-core busy %, 0 = evenly spread) and counters (median over the run):\n\n")
 		costTable(a, wl).markdown(&b)
@@ -385,6 +392,59 @@ func hasWork(a *results.Agg, wl string) bool {
 		}
 	})
 	return found
+}
+
+// hasBPFCost says whether any run of wl was measured with the kernel's
+// BPF run-time statistics on.
+func hasBPFCost(a *results.Agg, wl string) bool {
+	found := false
+	eachRow(a, wl, func(_ string, g *results.Group) {
+		for i := range g.Runs {
+			found = found || results.HasBPFCost(&g.Runs[i])
+		}
+	})
+	return found
+}
+
+// bpfCostTable is what lanes' own programs cost per delivered datagram,
+// per mode: runs, time (against the mode's whole CPU per datagram), and
+// the three programs that took most of it.
+func bpfCostTable(a *results.Agg, wl string) table {
+	t := table{header: []string{"point", "mode", "program runs", "ns", "share of CPU per datagram", "most of it (ns)"},
+		right: []bool{false, false, true, true, true, false}}
+	eachRow(a, wl, func(label string, g *results.Group) {
+		ns := g.StatBPF(results.BPFNsPerMsg)
+		if ns.N == 0 {
+			t.rows = append(t.rows, cells(label, g.Mode, "–", "–", "–", "–"))
+			return
+		}
+		share := "–"
+		if w := g.StatMeasured(results.WorkPerMsg); w.N > 0 && w.Median > 0 {
+			share = fmt.Sprintf("%.0f%%", 100*ns.Median/w.Median)
+		}
+		type prog struct {
+			name string
+			ns   float64
+		}
+		var progs []prog
+		seen := map[string]bool{}
+		for i := range g.Runs {
+			for k := range g.Runs[i].Extra {
+				if name, ok := strings.CutPrefix(k, results.BPFNsPerMsg+":"); ok && !seen[name] {
+					seen[name] = true
+					progs = append(progs, prog{name, g.StatBPF(k).Median})
+				}
+			}
+		}
+		slices.SortFunc(progs, func(x, y prog) int { return cmp.Compare(y.ns, x.ns) })
+		var top []string
+		for _, p := range progs[:min(3, len(progs))] {
+			top = append(top, fmt.Sprintf("%s %.0f", p.name, p.ns))
+		}
+		t.rows = append(t.rows, cells(label, g.Mode, fmt.Sprintf("%.2f", g.StatBPF(results.BPFRunsPerMsg).Median),
+			fmt.Sprintf("%.0f", ns.Median), share, strings.Join(top, ", ")))
+	})
+	return t
 }
 
 // workTable is the udp_stress cost table: per mode the CPU one datagram

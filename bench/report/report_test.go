@@ -249,3 +249,35 @@ func TestQueueingTable(t *testing.T) {
 		}
 	}
 }
+
+// The BPF cost table: lanes' programs' runs and time per datagram, their
+// share of the CPU per datagram, the programs that took most; a mode
+// without programs at zero, not missing; no table without the statistics.
+func TestBPFCostReport(t *testing.T) {
+	if strings.Contains(Markdown(resultstest.File(), Options{}), "BPF programs per delivered datagram") {
+		t.Fatal("a BPF cost table in a run without the statistics")
+	}
+	f := resultstest.File()
+	for i := range f.Runs {
+		r := &f.Runs[i]
+		if r.Workload != "udp_stress" || r.Extra == nil {
+			continue
+		}
+		r.Extra[results.BPFNsPerMsg], r.Extra[results.BPFRunsPerMsg] = 0, 0
+		if r.Mode == "rps" {
+			r.Extra[results.BPFNsPerMsg], r.Extra[results.BPFRunsPerMsg] = 600, 3
+			r.Extra[results.BPFNsPerMsg+":steer_xdp"] = 100
+			r.Extra[results.BPFNsPerMsg+":steer_tc_place"] = 300
+			r.Extra[results.BPFNsPerMsg+":steer_tc_seen"] = 150
+			r.Extra[results.BPFNsPerMsg+":kfree_skb"] = 50
+		}
+	}
+	md := Markdown(f, Options{})
+	has(t, md,
+		"Lanes' BPF programs per delivered datagram",
+		"| point | mode | program runs | ns | share of CPU per datagram | most of it (ns) |",
+		"|  | vanilla | 0.00 | 0 | 0% |  |",
+		// rps: CPU per datagram 2400 ns (TestWorkReport).
+		"|  | rps | 3.00 | 600 | 25% | steer_tc_place 300, steer_tc_seen 150, steer_xdp 100 |",
+	)
+}

@@ -187,6 +187,35 @@ var WorkCores = Metric{"receive work", "cores", func(r *Run) float64 { return r.
 // that polls the NIC spends per delivered datagram.
 var WorkIRQPerMsg = Metric{"IRQ core's part", "ns", func(r *Run) float64 { return r.Extra["work_irq_ns_per_msg"] }}
 
+// The Run.Extra keys of lanes' BPF programs' cost per delivered datagram
+// (udp_stress under bench --bpf-stats): their run time in all (ns), their
+// runs, and each program's run time as BPFNsPerMsg+":"+name. A mode
+// without programs has them at zero; a run without the statistics has
+// none.
+const (
+	BPFNsPerMsg   = "bpf_ns_per_msg"
+	BPFRunsPerMsg = "bpf_runs_per_msg"
+)
+
+// HasBPFCost says whether r was measured with the statistics on.
+func HasBPFCost(r *Run) bool {
+	_, ok := r.Extra[BPFNsPerMsg]
+	return ok
+}
+
+// StatBPF summarises over g's runs that were measured with the
+// statistics on an Extra value that may rightly be zero (a mode without
+// programs).
+func (g *Group) StatBPF(key string) Stat {
+	var vs []float64
+	for i := range g.Runs {
+		if HasBPFCost(&g.Runs[i]) {
+			vs = append(vs, g.Runs[i].Extra[key])
+		}
+	}
+	return Summarize(vs)
+}
+
 // ExtraMetric reads r.Extra[name] (zero when absent).
 func ExtraMetric(name, unit string) Metric {
 	return Metric{name, unit, func(r *Run) float64 { return r.Extra[name] }}

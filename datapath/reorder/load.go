@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/lanesnet/lanes/internal/bpfstats"
 )
 
 // Pin names inside a reassembler's directory.
@@ -242,4 +244,14 @@ func Unpin(dir string) error {
 		return fmt.Errorf("reorder: removing %s: %w", dir, err)
 	}
 	return nil
+}
+
+// ProgramNames is the name of every program of the reassembler's object,
+// as the kernel keeps it (cut to 15 characters; internal/bpfstats).
+func ProgramNames() ([]string, error) {
+	spec, err := loadReorder()
+	if err != nil {
+		return nil, err
+	}
+	return bpfstats.SpecNames(spec), nil
 }

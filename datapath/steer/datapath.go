@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/bpfstats"
 	"golang.org/x/sys/unix"
 )
 
@@ -428,4 +429,15 @@ func Unpin(dir string) error {
 		errs = append(errs, fmt.Errorf("removing pin directory: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// ProgramNames is the name of every program in the steering object, as
+// the kernel keeps it (cut to 15 characters): what a reader of the kernel's
+// per-program statistics looks for (internal/bpfstats).
+func ProgramNames() ([]string, error) {
+	spec, err := steerSpec()
+	if err != nil {
+		return nil, err
+	}
+	return bpfstats.SpecNames(spec), nil
 }

@@ -75,6 +75,7 @@ also on Ctrl-C.`,
 	fl.StringVar(&o.Arrivals, "arrivals", "even", "space that paced generator traffic (or its trains) evenly, or at Poisson times (poisson: exponential gaps of the same mean, as the merged traffic of many independent senders arrives)")
 	fl.StringVar(&o.Background, "background", bench.BackgroundStress, "what offers the priority workloads' low-priority background: stress (the stress generator's ready-made frames into the sending host's underlay) or sockperf (sockperf's throughput client in the sending container, as PRISM's evaluation did: down the sender's whole stack)")
 	fl.StringVar(&o.Awake, "awake", bench.AwakeBoth, "priority workloads with the cores held out of idle states (a zero CPU latency request: idle then means no competing packets, not a sleeping core): both (each point awake and as-is), on or off")
+	fl.BoolVar(&o.BPFStats, "bpf-stats", false, "measure lanes' BPF programs over udp_stress with the kernel's run-time statistics: their time and runs per delivered datagram, per program (the statistics add two clock reads to every program run, so every figure of such a run carries them)")
 	fl.StringVar(&rates, "rates", "", "also run udp_stress paced at these offered rates, e.g. 300k,600k,900k: delivered against offered, whose peak is the receive capacity short of livelock")
 	return cmd
 }
