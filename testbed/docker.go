@@ -105,6 +105,35 @@ func newDocker(prefix string, h int) *docker {
 // call sends a request with a JSON body (or the reader in body, when it
 // is one) and decodes a JSON answer into out (when not nil).
 func (d *docker) call(method, path string, body any, out any) error {
+	b, err := d.do(method, path, body)
+	if err != nil {
+		return err
+	}
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("dockerd %s: %s %s: %w", d.host, method, path, err)
+		}
+	}
+	return nil
+}
+
+// DockerCall sends one request to dockerd on host h of the testbed under
+// prefix (an overlay built by dockerd), with a JSON body or a tar stream
+// (an io.Reader), and returns the answer's body: for tests that drive the
+// daemon beyond what the testbed does, such as building and running lanes'
+// own image.
+func DockerCall(prefix string, h int, method, path string, body any) ([]byte, error) {
+	return newDocker(prefix, h).do(method, path, body)
+}
+
+// DockerNetNSDir is where dockerd on host h binds its namespaces' files
+// (Docker's /var/run/docker/netns).
+func DockerNetNSDir(prefix string, h int) string {
+	return filepath.Join(dockerExecRoot(prefix, h), "netns")
+}
+
+// do sends a request and returns the answer's body, or the daemon's error.
+func (d *docker) do(method, path string, body any) ([]byte, error) {
 	var r io.Reader
 	ctype := "application/json"
 	switch b := body.(type) {
@@ -114,20 +143,20 @@ func (d *docker) call(method, path string, body any, out any) error {
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r = bytes.NewReader(j)
 	}
 	req, err := http.NewRequest(method, "http://docker/v1.41"+path, r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if r != nil {
 		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := d.c.Do(req)
 	if err != nil {
-		return fmt.Errorf("dockerd %s: %s %s: %w", d.host, method, path, err)
+		return nil, fmt.Errorf("dockerd %s: %s %s: %w", d.host, method, path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -137,14 +166,9 @@ func (d *docker) call(method, path string, body any, out any) error {
 		if e.Message == "" {
 			e.Message = strings.TrimSpace(string(b))
 		}
-		return &dockerError{status: resp.StatusCode, msg: fmt.Sprintf("dockerd %s: %s %s: %s", d.host, method, path, e.Message)}
+		return nil, &dockerError{status: resp.StatusCode, msg: fmt.Sprintf("dockerd %s: %s %s: %s", d.host, method, path, e.Message)}
 	}
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("dockerd %s: %s %s: %w", d.host, method, path, err)
-		}
-	}
-	return nil
+	return b, nil
 }
 
 type dockerError struct {
