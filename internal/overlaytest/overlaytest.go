@@ -339,6 +339,15 @@ func InOrder(t testing.TB, what string, r StreamResult) {
 type TCPStream struct {
 	Rate     int64
 	Duration time.Duration
+	// Pin sends from a thread pinned to core CPU. A stream whose order
+	// is the question wants it on the core where the sending host
+	// processes the stream's ACKs (its underlay NIC's poll core): TCP
+	// sends from the writing thread and from the ACK's softirq, each
+	// frame queued on the backlog of the core it was sent from (veth),
+	// so a writer on another core races the ACK-clocked frames out of
+	// order before they leave the sending host.
+	Pin bool
+	CPU int
 }
 
 // TCPResult is what a TCPStream's two ends saw (TCP_INFO at the end).
@@ -381,20 +390,45 @@ func (s TCPStream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) TCPRes
 	defer close(done)
 	conn := dialTCP(t, srcNS, ln)
 	conn.SetDeadline(time.Now().Add(s.Duration + 20*time.Second))
-	chunk := make([]byte, 64<<10)
-	start := time.Now()
-	var sent int64
-	for time.Since(start) < s.Duration {
-		if _, err := conn.Write(chunk); err != nil {
-			conn.Close()
-			t.Fatalf("TCP %s -> %s: %v", srcNS, dstNS, err)
-		}
-		sent += int64(len(chunk))
-		// Pace: sleep until the bytes sent so far are due.
-		if due := time.Duration(float64(sent*8) / float64(s.Rate) * float64(time.Second)); due > time.Since(start) {
-			time.Sleep(due - time.Since(start))
-		}
+	type sendResult struct {
+		sent int64
+		err  error
 	}
+	sending := make(chan sendResult, 1)
+	go func() {
+		if s.Pin {
+			// Pinning changes this thread for good: never unlock, so
+			// the runtime retires it with the goroutine.
+			runtime.LockOSThread()
+			var set unix.CPUSet
+			set.Set(s.CPU)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				sending <- sendResult{err: fmt.Errorf("pinning the sender to core %d: %w", s.CPU, err)}
+				return
+			}
+		}
+		chunk := make([]byte, 64<<10)
+		start := time.Now()
+		var sent int64
+		for time.Since(start) < s.Duration {
+			if _, err := conn.Write(chunk); err != nil {
+				sending <- sendResult{sent, err}
+				return
+			}
+			sent += int64(len(chunk))
+			// Pace: sleep until the bytes sent so far are due.
+			if due := time.Duration(float64(sent*8) / float64(s.Rate) * float64(time.Second)); due > time.Since(start) {
+				time.Sleep(due - time.Since(start))
+			}
+		}
+		sending <- sendResult{sent, nil}
+	}()
+	sr := <-sending
+	if sr.err != nil {
+		conn.Close()
+		t.Fatalf("TCP %s -> %s: %v", srcNS, dstNS, sr.err)
+	}
+	sent := sr.sent
 	sinfo, err := tcpInfo(conn)
 	conn.Close()
 	if err != nil {
