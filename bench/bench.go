@@ -453,6 +453,11 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("lanes bench needs root: it builds namespaces and changes kernel knobs")
 	}
+	if o.BPFStats {
+		if err := checkProgCost(); err != nil {
+			return nil, fmt.Errorf("--bpf-stats: %w: drop --bpf-stats", err)
+		}
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}

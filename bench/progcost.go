@@ -24,6 +24,16 @@ type progCost struct {
 	before bpfstats.Snapshot
 }
 
+// checkProgCost says whether this kernel and process can take the
+// statistics, before a run depends on them.
+func checkProgCost() error {
+	c, err := bpfstats.Enable()
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
 // startProgCost turns the statistics on and takes the first snapshot.
 func startProgCost() (*progCost, error) {
 	names := map[string]bool{}
