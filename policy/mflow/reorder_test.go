@@ -375,7 +375,7 @@ const lossyTries = 4
 // residualShare bounds what TestReassemblyTCP lets through: out-of-order
 // segments through the reassembler, in a stream that lost nothing, at most
 // 1/residualShare of those without it. Not 0: in some of the
-// guest's runs one reorder event (23-57 segments, one GRO skb's worth, of
+// guest's runs one reorder event (11-57 segments, one GRO skb's worth, of
 // some 35,000) reaches the receiver while the qdisc counts no gap, no
 // late frame and no overflow; where it comes from is not found yet
 // (docs/reorder.md).
