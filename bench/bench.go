@@ -711,12 +711,13 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	var work *workMeter
 	var cost *progCost
 	if p.workload == "udp_stress" {
-		work = startWork()
+		// The statistics first: a failure there leaves nothing started.
 		if r.o.BPFStats {
 			if cost, err = startProgCost(); err != nil {
 				return fail(err)
 			}
 		}
+		work = startWork()
 	}
 	guard0, guarded := guardStatus(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
