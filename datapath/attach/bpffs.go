@@ -194,9 +194,7 @@ func checkOwned(dirs ...string) error {
 func (k *PinDir) remove() error {
 	var st unix.Stat_t
 	if err := unix.Lstat(k.Path, &st); errors.Is(err, unix.ENOENT) {
-		// Already gone (the datapath's own unpin removes its pin dir
-		// before this knob is restored): its empty parent may be left.
-		k.removeParent()
+		k.Tidy()
 		return nil
 	} else if err != nil {
 		return fmt.Errorf("%s: %w", k, err)
@@ -223,6 +221,14 @@ func (k *PinDir) remove() error {
 	}
 	k.removeParent()
 	return nil
+}
+
+// Tidy is what a reset does for a pin dir already gone (its datapath's
+// unpin removed it): its empty parent goes too (knobs.Tidier).
+func (k *PinDir) Tidy() {
+	if _, err := os.Lstat(k.Path); errors.Is(err, os.ErrNotExist) {
+		k.removeParent()
+	}
 }
 
 // removeParent removes the pin dir's parent ("lanes/", made for the

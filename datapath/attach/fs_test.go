@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
 
@@ -97,6 +98,25 @@ func TestPinDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, k, "")
+	gone(t, filepath.Join(fs, "lanes"))
+
+	// The same through a journal, as `lanes reset` restores it: the pin
+	// dir is gone, so the knob holds its original and is not written;
+	// the empty parent still goes.
+	j, err := knobs.Open(filepath.Join(t.TempDir(), "state"), "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Set(k, []byte(attach.ValuePresent)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(k.Path); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := j.Restore(); err != nil {
+		t.Fatalf("reset: %v (%+v)", err, rep)
+	}
+	j.Close()
 	gone(t, filepath.Join(fs, "lanes"))
 
 	// A bpffs mounted inside the pin dir is someone else's.

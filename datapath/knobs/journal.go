@@ -669,6 +669,9 @@ func restoreEntry(e Entry, rep *Report) error {
 		cur, rerr := k.Read()
 		switch {
 		case rerr == nil && bytes.Equal(cur, e.Original):
+			if t, ok := k.(Tidier); ok {
+				t.Tidy()
+			}
 			rep.Restored = append(rep.Restored, e.Key)
 			return nil
 		case rerr == nil && e.Wrote != nil && !Same(k, cur, e.Wrote):

@@ -48,6 +48,14 @@ func Same(k Knob, read, wrote []byte) bool {
 	return bytes.Equal(bytes.TrimSpace(read), bytes.TrimSpace(wrote))
 }
 
+// A Tidier has work left around it after its value is back: a reset
+// whose knob already holds its original (so is not written) still calls
+// Tidy. A pin directory that its datapath's own unpin removed first
+// still takes its empty parent.
+type Tidier interface {
+	Tidy()
+}
+
 // ErrGone is wrapped by Read and Write when what the knob lives on (a
 // device, a namespace, a kernel thread) no longer exists. Restore skips such
 // knobs: there is nothing left to restore.

@@ -134,6 +134,8 @@ func UpTestbedConfig(t *testing.T, cfg testbed.Config) *testbed.Testbed {
 	old := testbed.StateDir
 	testbed.StateDir = t.TempDir()
 	mounted := BPFFSMounted(t)
+	pinRoot := filepath.Dir(plan.PinDir(prefix + "-h1"))
+	rootBefore := Exists(pinRoot)
 	t.Cleanup(func() {
 		// Runs after the cleanups of everything applied to the testbed.
 		if BPFFSMounted(t) != mounted {
@@ -143,6 +145,9 @@ func UpTestbedConfig(t *testing.T, cfg testbed.Config) *testbed.Testbed {
 			if Exists(plan.PinDir(h)) {
 				t.Errorf("pin directory %s left behind", plan.PinDir(h))
 			}
+		}
+		if !rootBefore && Exists(pinRoot) {
+			t.Errorf("%s left behind (absent at the start)", pinRoot)
 		}
 		if err := testbed.Down(prefix); err != nil {
 			t.Errorf("testbed down: %v", err)
