@@ -14,19 +14,9 @@ pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-l
 	# containers' image, and iptables, which both daemons program
 	etcd-server docker.io containernetworking-plugins busybox-static iptables)
 
-missing=()
-for p in "${pkgs[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-	if [[ $EUID -ne 0 ]]; then
-		echo "deps: missing Debian packages ${missing[*]}: run as root (sudo make deps)" >&2
-		exit 1
-	fi
-	echo "deps: installing ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# shellcheck source=scripts/debs.sh
+. "$(dirname "$0")/debs.sh"
+if install_debs deps "${pkgs[@]}"; then
 	# Debian starts packaged daemons; the benchmark runs its own copies
 	# inside namespaces, so stop the system ones where an init system runs.
 	for svc in nginx memcached etcd docker containerd; do

@@ -13,20 +13,9 @@ venv=${LANES_VNG_VENV:-/opt/lanes-vng}
 vngver=${LANES_VNG_VERSION-1.42}
 
 pkgs=(qemu-system-x86 kmod udev python3-venv debian-archive-keyring file)
-missing=()
-for p in "${pkgs[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-	if [[ $EUID -ne 0 ]]; then
-		echo "vm deps: missing Debian packages ${missing[*]}: run as root" >&2
-		exit 1
-	fi
-	echo "vm deps: installing ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/debs.sh
+. "$(dirname "$0")/../debs.sh"
+install_debs "vm deps" "${pkgs[@]}" || true
 
 want=virtme-ng${vngver:+==$vngver}
 if ! "$venv/bin/vng" --version >/dev/null 2>&1 ||
