@@ -18,6 +18,7 @@ import (
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/pinned"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
 
@@ -194,12 +195,9 @@ func newSender(t *testing.T, pr *pair, port int) *sender {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			// The thread stays pinned and in A: never unlocked, so
-			// the runtime retires it with the goroutine.
-			runtime.LockOSThread()
-			var set unix.CPUSet
-			set.Set(core)
-			if err := unix.SchedSetaffinity(0, &set); err != nil {
+			// The thread stays pinned and in A until the goroutine
+			// ends (pinned.Here).
+			if err := pinned.Here(core); err != nil {
 				ready <- err
 				return
 			}

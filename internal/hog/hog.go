@@ -4,10 +4,11 @@
 package hog
 
 import (
-	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/pinned"
 )
 
 // Start runs a thread on core at policy (unix.SCHED_NORMAL,
@@ -17,12 +18,9 @@ func Start(core int, policy uint32) (stop func(), err error) {
 	ready, quit, done := make(chan error), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		// Never unlocked: the thread, its affinity and its policy die
-		// with the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(core)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
+		// The thread, its affinity and its policy die with the
+		// goroutine (pinned.Here).
+		if err := pinned.Here(core); err != nil {
 			ready <- err
 			return
 		}

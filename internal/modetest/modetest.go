@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -39,6 +38,7 @@ import (
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/internal/pinned"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
@@ -584,12 +584,7 @@ func Hog(t *testing.T, core int) (stop func()) {
 	started, finished := make(chan error, 1), make(chan struct{})
 	go func() {
 		defer close(finished)
-		// Never unlocked: the runtime retires the pinned thread with
-		// the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(core)
-		err := unix.SchedSetaffinity(0, &set)
+		err := pinned.Here(core)
 		started <- err
 		if err != nil {
 			return

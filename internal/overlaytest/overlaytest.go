@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/pinned"
 )
 
 // listenTCP listens on dst (any port) in ns.
@@ -280,13 +280,8 @@ func (s Stream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) StreamRes
 
 	sendErr := make(chan error, 1)
 	go func() {
-		// Pinning changes this thread for good: never unlock, so the
-		// runtime retires it with the goroutine.
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(s.CPU)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			sendErr <- fmt.Errorf("pinning the sender to core %d: %w", s.CPU, err)
+		if err := pinned.Here(s.CPU); err != nil {
+			sendErr <- err
 			return
 		}
 		msg := make([]byte, s.Size)
@@ -397,13 +392,8 @@ func (s TCPStream) Run(t testing.TB, srcNS, dstNS string, dst netip.Addr) TCPRes
 	sending := make(chan sendResult, 1)
 	go func() {
 		if s.Pin {
-			// Pinning changes this thread for good: never unlock, so
-			// the runtime retires it with the goroutine.
-			runtime.LockOSThread()
-			var set unix.CPUSet
-			set.Set(s.CPU)
-			if err := unix.SchedSetaffinity(0, &set); err != nil {
-				sending <- sendResult{err: fmt.Errorf("pinning the sender to core %d: %w", s.CPU, err)}
+			if err := pinned.Here(s.CPU); err != nil {
+				sending <- sendResult{err: err}
 				return
 			}
 		}
