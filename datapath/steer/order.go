@@ -190,10 +190,19 @@ func (d Order) TrackQueues(dir string) error {
 	// PRISM-sync's redirects that the devmap or the veth dropped
 	// (Counters.SyncDropped); without, they go uncounted. The devmap's
 	// trace reads the device through CO-RE, as steer_drops_skb does.
+	// Both tracepoints fire for every XDP redirect on the host, anyone's:
+	// only a mode with the shortcut attaches them (a reload into another
+	// mode takes its links away).
 	var syncErr error
+	sync := d.mode.Flags&modeSync != 0
 	for i, p := range map[int]*ebpf.Program{3: d.objs.SteerSyncXmit, 4: d.objs.SteerSyncRedirectErr} {
 		var e error = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
-		if i == 4 || d.dropsSkbErr == nil {
+		if !sync {
+			e = nil
+			if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				return fmt.Errorf("tracking drops: removing the link of a mode without the shortcut: %w", rerr)
+			}
+		} else if i == 4 || d.dropsSkbErr == nil {
 			e = attachTrace(dir, i, p)
 		} else if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -59,7 +60,10 @@ func TestPinOpenUnpin(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if want := slices.Sorted(slices.Values(pinNames())); !slices.Equal(names, want) {
+	// Every pin Unpin knows, but the shortcut's drop traces: this
+	// datapath's mode has no shortcut (TestSyncTracesOnlyWithTheShortcut).
+	want := slices.DeleteFunc(slices.Sorted(slices.Values(pinNames())), isSyncTrace)
+	if !slices.Equal(names, want) {
 		t.Errorf("pins %v, want %v", names, want)
 	}
 	for _, want := range []string{PinXDP, PinTCIngress, PinTCEgress, "steer_cfg"} {
@@ -260,5 +264,59 @@ func TestOlderPinsStillReset(t *testing.T) {
 	}
 	if Pinned(dir) {
 		t.Error("older pins left behind")
+	}
+}
+
+func isSyncTrace(pin string) bool {
+	return pin == dropTraces[3].pin || pin == dropTraces[4].pin
+}
+
+// The shortcut's drop traces (xdp_devmap_xmit, xdp_redirect_err) fire on
+// every XDP redirect of the host, anyone's: TrackQueues attaches them only
+// for a mode with the shortcut, and a reload into a mode without takes
+// them away.
+func TestSyncTracesOnlyWithTheShortcut(t *testing.T) {
+	d, cores := newDatapath(t)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unpin(dir) })
+	traces := func() []string {
+		t.Helper()
+		if err := d.Order().TrackQueues(dir); err != nil {
+			var nt *NoDropTracesError
+			if !errors.As(err, &nt) {
+				t.Fatal(err)
+			}
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range entries {
+			if isSyncTrace(e.Name()) {
+				got = append(got, e.Name())
+			}
+		}
+		return got
+	}
+	if got := traces(); len(got) != 0 {
+		t.Errorf("without the shortcut: %v attached, want none", got)
+	}
+	sync := Config{Enabled: true, CPUs: cores, Flowlet: time.Hour, VXLANPort: testPort, VNIs: []uint32{testVNI}, Prio: true, Sync: true}
+	if err := d.SetConfig(sync); err != nil {
+		t.Fatal(err)
+	}
+	if got := traces(); len(got) != 2 {
+		t.Errorf("with the shortcut: %v attached, want both traces", got)
+	}
+	sync.Sync = false
+	if err := d.SetConfig(sync); err != nil {
+		t.Fatal(err)
+	}
+	if got := traces(); len(got) != 0 {
+		t.Errorf("reloaded without the shortcut: %v left attached", got)
 	}
 }
