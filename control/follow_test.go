@@ -131,8 +131,7 @@ func TestFollowContainers(t *testing.T) {
 			// new address can be overtaken by the next ones (seen
 			// here, on Docker's layout), lanes or not.
 			overlaytest.Warm(t, src.NetNS, c4.NetNS, c4.Addr.Addr())
-			res = overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, c4.NetNS, c4.Addr.Addr())
-			overlaytest.InOrder(t, "stream into "+c4.Name, res)
+			res = overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: 0}.Delivered(t, "stream into "+c4.Name, true, src.NetNS, c4.NetNS, c4.Addr.Addr())
 			fl := containerFlow(t, dp, res)
 			if fl.CPUIndex == steer.Stay || int(fl.CPUIndex) >= len(cfg.CPUs) {
 				t.Errorf("%s's flow at the container stage: %+v, want a core of the table", c4.Name, fl)
@@ -162,7 +161,7 @@ func TestFollowContainers(t *testing.T) {
 			}
 			waitFollowed(t, ag, "adopting "+again.Name+" again", adopted(again, 2))
 			overlaytest.Warm(t, src.NetNS, again.NetNS, again.Addr.Addr())
-			overlaytest.InOrder(t, "stream into "+again.Name+" again", overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond}.Run(t, src.NetNS, again.NetNS, again.Addr.Addr()))
+			overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond}.Delivered(t, "stream into "+again.Name+" again", true, src.NetNS, again.NetNS, again.Addr.Addr())
 
 			// Replaced under the same names faster than a round: the
 			// old devices' entries are let go of all the same, and the

@@ -321,7 +321,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 			dp.Placement().SetTable(steer.StageContainer, fill(1-v)),
 			dp.Placement().SetTable(steer.StageSplit, fill(split)))
 	})
-	overlaytest.InOrder(t, "stream with tables flipping", overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
+	overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Delivered(t, "stream with tables flipping", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	flips, flipErr := stop()
 	stopHogs()
 	drained(t, dp)
@@ -370,7 +370,7 @@ func TestFalconUDPInOrder(t *testing.T) {
 			<-runErr
 		}
 	})
-	overlaytest.InOrder(t, "stream with the balancer running", overlaytest.Stream{Count: 10000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr()))
+	overlaytest.Stream{Count: 10000, Size: 200, Burst: 100, Pause: pause, CPU: 0}.Delivered(t, "stream with the balancer running", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	status, ok := ag.Status().(falcon.AgentStatus)
 	if !ok {
 		t.Errorf("agent status is %T, want falcon.AgentStatus", ag.Status())

@@ -81,9 +81,8 @@ func TestFalconHome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: 200 * time.Microsecond}.
-		Run(t, s.Containers[1].NetNS, r.Containers[1].NetNS, r.Containers[1].Addr.Addr())
-	overlaytest.InOrder(t, "stream on the bare path", res)
+	overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: 200 * time.Microsecond}.
+		Delivered(t, "stream on the bare path", true, s.Containers[1].NetNS, r.Containers[1].NetNS, r.Containers[1].Addr.Addr())
 	if flows1, err := dp.Flows(); err != nil || len(flows1) != len(flows0) {
 		t.Errorf("flow states %d before the stream, %d after (%v): the bare path keeps none", len(flows0), len(flows1), err)
 	}
@@ -191,8 +190,7 @@ func leavesHome(t *testing.T, sampler string) {
 	irqIdx := uint32(slices.Index(cpus, irq))
 	spread := false
 	for try := 0; try < 20 && !spread; try++ {
-		res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-		overlaytest.InOrder(t, fmt.Sprintf("stream %d with the IRQ core busy", try), res)
+		overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Delivered(t, fmt.Sprintf("stream %d with the IRQ core busy", try), true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 		tabs := tables(t, dp)
 		h, err := dp.Placement().Home()
 		if err != nil {
@@ -210,8 +208,7 @@ func leavesHome(t *testing.T, sampler string) {
 		t.Fatal("the IRQ core was busy for 20 streams and no bridge or container bucket left it")
 	}
 	stopHog()
-	res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "stream after the busy loop stopped", res)
+	overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Delivered(t, "stream after the busy loop stopped", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	waitHome("after the load")
 	stopAgent()
 	// The rounds' thread exits a moment after the agent returns.

@@ -80,9 +80,8 @@ func TestFalconParks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: 200 * time.Microsecond}.
-		Run(t, s.Containers[1].NetNS, r.Containers[1].NetNS, r.Containers[1].Addr.Addr())
-	overlaytest.InOrder(t, "stream while parked", res)
+	overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: 200 * time.Microsecond}.
+		Delivered(t, "stream while parked", true, s.Containers[1].NetNS, r.Containers[1].NetNS, r.Containers[1].Addr.Addr())
 	st1, err := dp.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +100,7 @@ func TestFalconParks(t *testing.T) {
 	stopHog := hogCores(t, []int{irq})
 	left := false
 	for try := 0; try < 20 && !left; try++ {
-		res := overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-		overlaytest.InOrder(t, fmt.Sprintf("stream %d with the IRQ core busy", try), res)
+		overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Delivered(t, fmt.Sprintf("stream %d with the IRQ core busy", try), true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 		h, err := dp.Placement().Home()
 		if err != nil {
 			t.Fatal(err)
@@ -117,8 +115,7 @@ func TestFalconParks(t *testing.T) {
 	}
 	modetest.SameSnapshot(t, "unparked", pathKnobs(modetest.Snapshot(t, tb)), applied)
 	stopHog()
-	res = overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "stream after the busy loop stopped", res)
+	overlaytest.Stream{Count: 2000, Size: 200, Burst: 50, Pause: 2 * time.Millisecond, CPU: cpus[0]}.Delivered(t, "stream after the busy loop stopped", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	waitParked(t, ag, true, 15*time.Second, "after the load")
 
 	// A stopping agent puts the plan's programs and maps back.

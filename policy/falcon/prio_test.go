@@ -65,11 +65,10 @@ func TestFalconPrism(t *testing.T) {
 		return set.Add(rule)
 	})
 	stopHogs := hogEveryCore(t)
-	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: 2 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.Stream{Count: 20000, Size: 200, Burst: 100, Pause: 2 * time.Millisecond, CPU: 0}.Delivered(t, "stream changing class while the balancer runs", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	flips, flipErr := stop()
 	stopHogs()
 	stopAgent()
-	overlaytest.InOrder(t, "stream changing class while the balancer runs", res)
 	if flipErr != nil {
 		t.Fatalf("changing the rule: %v", flipErr)
 	}

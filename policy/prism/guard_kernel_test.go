@@ -165,20 +165,26 @@ func TestPrismBulkGuard(t *testing.T) {
 			t.Errorf("core %d burned by a normal task: guard status %+v: want a demotion, other tasks from 50%%", core, st)
 		}
 		// The task gone, its share under half of guard-tasks ends the
-		// demotion (the forced rule never promotes on idle time).
+		// demotion (the forced rule never promotes on idle time). Another
+		// task may burn half the core for a sample meanwhile (this test's
+		// own binary on a loaded machine, a kworker) and demote the
+		// kthread again, as the rule says: what must hold is that the
+		// demotion ends and the kthread is back at SCHED_IDLE while the
+		// guard says so.
 		stop()
 		st = prism.GuardStatus{}
-		for range 100 {
+		for range 500 {
 			time.Sleep(20 * time.Millisecond)
 			if st, _ = ag.Status().(prism.GuardStatus); !st.Demoted {
 				break
 			}
 		}
-		if st.Demoted || st.Demotions != 1 {
-			t.Errorf("the task stopped: guard status %+v: want the demotion over", st)
-		}
-		if attr, err := unix.SchedGetAttr(ths[0].PID, 0); err != nil || attr.Policy != unix.SCHED_IDLE {
-			t.Errorf("bulk queue after the task stopped: %+v (%v), want SCHED_IDLE", attr, err)
+		if st.Demoted {
+			t.Errorf("the task stopped 10 s ago: guard status %+v: want the demotion over", st)
+		} else if attr, err := unix.SchedGetAttr(ths[0].PID, 0); err != nil || attr.Policy != unix.SCHED_IDLE {
+			if now, _ := ag.Status().(prism.GuardStatus); !now.Demoted {
+				t.Errorf("bulk queue after the task stopped: %+v (%v), want SCHED_IDLE", attr, err)
+			}
 		}
 		stopAgent()
 		a.ResetAndCheck(t, before)
@@ -333,8 +339,7 @@ func TestPrismHighAutoAgent(t *testing.T) {
 		t.Fatalf("not inline after a second busy stream; status %+v", status().High)
 	}
 	n0 := status().High.Switches
-	light = overlaytest.Stream{Count: 250, Size: 200, Burst: 1, Pause: 8 * time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "light marked stream while its rule goes back to its queue", light)
+	light = overlaytest.Stream{Count: 250, Size: 200, Burst: 1, Pause: 8 * time.Millisecond, CPU: 0}.Delivered(t, "light marked stream while its rule goes back to its queue", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	if st := status().High; st.Switches < n0+1 || inlineNow(busyRule) {
 		t.Errorf("after 2 s of a light stream: status %+v, want the rule's flows back in their queue", st)
 	}

@@ -83,8 +83,7 @@ func TestPrismVethQueues(t *testing.T) {
 	}
 	_, bulk0 := pollerRuns(t, dst.NetNS, dst.Veth, 0)
 	_, high0 := pollerRuns(t, dst.NetNS, dst.Veth, 1)
-	res := overlaytest.Stream{Count: 3000, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "high-priority stream", res)
+	res := overlaytest.Stream{Count: 3000, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Delivered(t, "high-priority stream", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	// Let the marked stream's poller finish before the bulk transfer's
 	// baseline is read.
 	time.Sleep(50 * time.Millisecond)
@@ -223,9 +222,8 @@ func TestPrismVethQueues(t *testing.T) {
 		}
 		return set.Del(rule)
 	})
-	res = overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	res = overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Delivered(t, "stream while its class flips", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	flips, flipErr := stop()
-	overlaytest.InOrder(t, "stream while its class flips", res)
 	if flipErr != nil {
 		t.Fatalf("changing rules: %v", flipErr)
 	}
@@ -323,8 +321,7 @@ func TestPrismVethQueuesUnnamedContainer(t *testing.T) {
 	rename()
 	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	st0, _ := dp.Stats()
-	res := overlaytest.Stream{Count: 500, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	overlaytest.InOrder(t, "marked stream into the once-unnamed container", res)
+	res := overlaytest.Stream{Count: 500, Size: 200, Burst: 50, Pause: time.Millisecond, CPU: 0}.Delivered(t, "marked stream into the once-unnamed container", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	st1, _ := dp.Stats()
 	if d := st1[steer.StageContainer].Sub(st0[steer.StageContainer]); d.High < uint64(res.Received) {
 		t.Errorf("container stage %+v for %d marked datagrams: want them on the high-priority queue", d, res.Received)
