@@ -281,3 +281,27 @@ func TestBPFCostReport(t *testing.T) {
 		"|  | rps | 3.00 | 600 | 25% | steer_tc_place 300, steer_tc_seen 150, steer_xdp 100 |",
 	)
 }
+
+// TestRatioInterval: from five repeats on, a ratio carries the interval
+// of its same-repeat ratios' median (at 5 and 6 repeats their min-max),
+// paired by repeat, not by rank: falcon's 10 against vanilla's 8 (1.25)
+// is one pair even though 10 is falcon's smallest.
+func TestRatioInterval(t *testing.T) {
+	f := &results.File{Repeats: 6, Modes: []string{"vanilla", "falcon"}, Duration: 4}
+	van := []float64{8, 10, 10, 10, 10, 12}
+	fal := []float64{10, 11, 10, 9.5, 10.5, 12}
+	for rep := range van {
+		for _, r := range []struct {
+			mode string
+			v    float64
+		}{{"vanilla", van[rep]}, {"falcon", fal[rep]}} {
+			f.Runs = append(f.Runs, results.Run{Mode: r.mode, Repeat: rep, Workload: "tcp_stream", Proto: "tcp", MsgSize: 4096, Flows: 1, ThroughputGbps: r.v})
+		}
+	}
+	// Ratios by repeat 1.25, 1.10, 1.00, 0.95, 1.05, 1.00: (0.95–1.25);
+	// medians 10.25 / 10 = 1.02 (rounded 1.02 or 1.03 by the float).
+	has(t, Markdown(f, Options{}), "| 4 KiB | vanilla | 10.00 [8.00–12.00] | 1.00 | – | 6 |",
+		"|  | falcon | 10.25 [9.50–12.00] | 1.02 (0.95–1.25) | – | 6 |")
+	f.Runs = f.Runs[:8] // four repeats: no interval
+	has(t, Markdown(f, Options{}), "|  | falcon | 10.00 [9.50–11.00] | 1.00 | – | 4 |")
+}

@@ -454,3 +454,28 @@ func (a *Agg) Ratio(k Key, m Metric, base string) (ratio float64, ok bool) {
 	}
 	return g.Stat(m).Median / bm, true
 }
+
+// PairedRatio is the spread of k's mode against base at k's point, round
+// by round: the ratio of m in each repeat that both measured (the modes
+// are interleaved, so a repeat's two runs saw the same state of the
+// machine), and a distribution-free interval for those ratios' median at
+// conf or the nearest below it that n pairs allow (MedianInterval). A
+// target is decided where the interval clears it.
+func (a *Agg) PairedRatio(k Key, m Metric, base string, conf float64) (lo, hi, coverage float64, n int, ok bool) {
+	g, b := a.byKey[k], a.byKey[Key{base, k.Point}]
+	if g == nil || b == nil {
+		return 0, 0, 0, 0, false
+	}
+	byRepeat := map[int]float64{}
+	for i := range b.Runs {
+		byRepeat[b.Runs[i].Repeat] = m.Get(&b.Runs[i])
+	}
+	var rs []float64
+	for i := range g.Runs {
+		if v, ok := byRepeat[g.Runs[i].Repeat]; ok && v != 0 {
+			rs = append(rs, m.Get(&g.Runs[i])/v)
+		}
+	}
+	lo, hi, coverage, ok = stats.MedianInterval(rs, conf)
+	return lo, hi, coverage, len(rs), ok
+}
