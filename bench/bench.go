@@ -70,6 +70,9 @@ type Options struct {
 	// (packets/s) to its unpaced one: the curve of delivered against
 	// offered, whose peak is the receive capacity short of livelock.
 	Rates []int
+	// Loads replaces the priority workloads' background loads (fractions
+	// of the receive core's capacity, 0 = idle) when not empty.
+	Loads []float64
 	// Train sends paced generator traffic (udp_stress's --rates points,
 	// the priority workloads' background and its calibration) in trains of
 	// this many datagrams back to back at the same average rate, as a NIC
@@ -267,6 +270,14 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--rates: %d packets/s is outside 1k..100M (give Kpps like 300k or packets/s)", r)
 		}
 	}
+	for _, l := range o.Loads {
+		if l < 0 || l >= 1 {
+			return fmt.Errorf("--loads: %g%% is outside 0..99%% of the receive core", l*100)
+		}
+	}
+	if len(o.Loads) > 0 && !slices.ContainsFunc(o.Workloads, isPrio) {
+		return fmt.Errorf("--loads sets the background of %s, which --workloads leaves out: add one", strings.Join(prioNames, ", "))
+	}
 	if len(o.Rates) > 0 && !slices.Contains(o.Workloads, "udp_stress") {
 		return errors.New("--rates paces udp_stress, which --workloads leaves out: add it")
 	}
@@ -399,7 +410,7 @@ func (p point) String() string {
 
 // points expands workloads into the points the seed papers measured:
 // message sizes 16 B / 4 KB / 64 KB for streams, 1..8 flows, 64 B ping-pong.
-func points(workloads []string, quick bool, rates []int, awake string) []point {
+func points(workloads []string, quick bool, rates []int, loads []float64, awake string) []point {
 	var out []point
 	for _, w := range workloads {
 		switch w {
@@ -435,7 +446,7 @@ func points(workloads []string, quick bool, rates []int, awake string) []point {
 			out = append(out, point{workload: w, proto: "tcp", msgSize: 1024, flows: 4})
 		default:
 			if s, ok := prioSpecs[w]; ok {
-				out = append(out, awakePoints(s.points(quick), awake)...)
+				out = append(out, awakePoints(s.points(quick, loads), awake)...)
 			} else {
 				out = append(out, point{workload: w, flows: 1})
 			}
@@ -570,7 +581,7 @@ func (r *runner) write() error {
 }
 
 func (r *runner) all(ctx context.Context) error {
-	pts := points(r.o.Workloads, r.o.Quick, r.o.Rates, r.o.Awake)
+	pts := points(r.o.Workloads, r.o.Quick, r.o.Rates, r.o.Loads, r.o.Awake)
 	total := len(pts) * len(r.o.Modes) * r.o.Repeats
 	if slices.Contains(r.o.Modes, "native") && slices.Contains(r.o.Workloads, "udp_stress") {
 		r.file.Notes = append(r.file.Notes, "udp_stress on the native path injects plain UDP (no VXLAN) to the receiving host, its sink there.")
@@ -1000,6 +1011,27 @@ func (r *runner) stressGen() stress.GenConfig {
 		cpu = runtime.NumCPU() - 1
 	}
 	return stress.GenConfig{CPU: cpu, Yield: true, Train: r.o.Train, Arrivals: r.o.Arrivals}
+}
+
+// ParseLoads reads --loads: a comma-separated list of percentages of the
+// receive core ("0,65,95").
+func ParseLoads(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSuffix(strings.TrimSpace(f), "%")
+		if f == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--loads: %q is not a percentage (give numbers like 0,65,95)", f)
+		}
+		if slices.Contains(out, v/100) {
+			return nil, fmt.Errorf("--loads: %g%% given twice", v)
+		}
+		out = append(out, v/100)
+	}
+	return out, nil
 }
 
 // ParseRates reads --rates: a comma-separated list of packet rates, each a

@@ -16,11 +16,16 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 )
 
 func TestValidate(t *testing.T) {
+	// Whether this machine can keep its cores awake is TestHoldAwake's
+	// question (root); here every priority run could.
+	defer func(f func() error) { awakeAvailable = f }(awakeAvailable)
+	awakeAvailable = func() error { return nil }
 	for _, o := range []Options{
 		{Modes: []string{"falcon9"}, Out: "x"},
 		{Modes: []string{"vanilla", "vanilla"}, Out: "x"},
@@ -116,7 +121,7 @@ func TestValidate(t *testing.T) {
 func TestPrioPoints(t *testing.T) {
 	loads := func(wl string, quick bool) []float64 {
 		var out []float64
-		for _, p := range points([]string{wl}, quick, nil, AwakeOff) {
+		for _, p := range points([]string{wl}, quick, nil, nil, AwakeOff) {
 			if p.workload != wl || p.proto != prioSpecs[wl].proto || p.flows < 1 {
 				t.Errorf("%s: point %+v", wl, p)
 			}
@@ -139,8 +144,38 @@ func TestPrioPoints(t *testing.T) {
 			t.Errorf("%s: in every full run, not in --quick's defaults", wl)
 		}
 	}
-	if p := points([]string{prioLatencyWorkload}, true, nil, AwakeOff)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
+	if p := points([]string{prioLatencyWorkload}, true, nil, nil, AwakeOff)[1]; p.rate != 1000 || p.String() != "prio_latency 64B bg65%" {
 		t.Errorf("ping-pong point %+v %q", p, p)
+	}
+}
+
+// TestLoads: --loads replaces every priority workload's loads, in its
+// order, and leaves the other workloads alone; bad lists are refused.
+func TestLoads(t *testing.T) {
+	l, err := ParseLoads("0, 65%,95")
+	if err != nil || !slices.Equal(l, []float64{0, 0.65, 0.95}) {
+		t.Fatalf("ParseLoads: %v %v", l, err)
+	}
+	var got []string
+	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, false, nil, l, AwakeOff) {
+		got = append(got, p.String())
+	}
+	want := []string{"prio_latency 64B bg0%", "prio_latency 64B bg65%", "prio_latency 64B bg95%", "pingpong/udp 64B", "pingpong/tcp 64B"}
+	if !slices.Equal(got, want) {
+		t.Errorf("points %q, want %q", got, want)
+	}
+	for _, bad := range []string{"x", "10,10"} {
+		if _, err := ParseLoads(bad); err == nil {
+			t.Errorf("ParseLoads(%q) took it", bad)
+		}
+	}
+	for _, o := range []Options{
+		{Modes: []string{"vanilla"}, Workloads: []string{prioLatencyWorkload}, Loads: []float64{1}},
+		{Modes: []string{"vanilla"}, Workloads: []string{"tcp_stream"}, Loads: []float64{0.5}},
+	} {
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--loads") {
+			t.Errorf("Validate(%v %v): %v, want a --loads error", o.Workloads, o.Loads, err)
+		}
 	}
 }
 
@@ -186,7 +221,7 @@ func TestAppCPUs(t *testing.T) {
 
 func TestPointsCoverPaperSizes(t *testing.T) {
 	sizes := map[int]bool{}
-	for _, p := range points([]string{"tcp_stream"}, false, nil, AwakeBoth) {
+	for _, p := range points([]string{"tcp_stream"}, false, nil, nil, AwakeBoth) {
 		sizes[p.msgSize] = true
 	}
 	for _, s := range []int{16, 4096, 65536} {
@@ -246,9 +281,7 @@ func tinyRun(t *testing.T, prefix string, modes, workloads []string) (*results.F
 // tinyRunWith is tinyRun with o's other settings (topology, rates).
 func tinyRunWith(t *testing.T, prefix string, o Options) (*results.File, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	out := t.TempDir()
 	old := testbed.StateDir
 	testbed.StateDir = t.TempDir()
@@ -393,7 +426,7 @@ func TestRates(t *testing.T) {
 	if err != nil || !slices.Equal(rates, []int{300000, 450000, 600000, 1200000}) {
 		t.Fatalf("ParseRates = %v, %v", rates, err)
 	}
-	pts := points([]string{"udp_stress", "tcp_stream"}, true, rates, AwakeBoth)
+	pts := points([]string{"udp_stress", "tcp_stream"}, true, rates, nil, AwakeBoth)
 	var got []int
 	for _, p := range pts {
 		if p.workload == "udp_stress" {
@@ -484,9 +517,7 @@ func TestLockBench(t *testing.T) {
 // TestResetLeftoversRestores: what a killed bench journaled (here a
 // per-namespace sysctl in one of its testbed's namespaces) is written back.
 func TestResetLeftoversRestores(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	prefix := fmt.Sprintf("lr%d", os.Getpid()%100000)
 	ns := prefix + "-h2"
 	if err := nsx.Create(ns); err != nil {
@@ -575,7 +606,7 @@ func TestGuardStatus(t *testing.T) {
 // awake one first (the baseline the targets use); the others never.
 func TestAwakePoints(t *testing.T) {
 	var got []string
-	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, true, nil, AwakeBoth) {
+	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, true, nil, nil, AwakeBoth) {
 		got = append(got, p.String())
 	}
 	want := []string{"prio_latency 64B bg0% awake", "prio_latency 64B bg0%", "prio_latency 64B bg65% awake", "prio_latency 64B bg65%", "pingpong/udp 64B"}
@@ -583,7 +614,7 @@ func TestAwakePoints(t *testing.T) {
 		t.Errorf("points %q, want %q", got, want)
 	}
 	for mode, n := range map[string]int{AwakeOn: 2, AwakeOff: 2} {
-		pts := points([]string{prioLatencyWorkload}, true, nil, mode)
+		pts := points([]string{prioLatencyWorkload}, true, nil, nil, mode)
 		if len(pts) != n || pts[0].awake != (mode == AwakeOn) {
 			t.Errorf("--awake %s: %+v", mode, pts)
 		}

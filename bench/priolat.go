@@ -146,10 +146,14 @@ func isPrio(wl string) bool {
 	return ok
 }
 
-// points returns the spec's points, one per background load.
-func (s prioSpec) points(quick bool) []point {
+// points returns the spec's points, one per background load: loads when
+// given, else the spec's own.
+func (s prioSpec) points(quick bool, loads []float64) []point {
 	bgs := s.full
-	if quick {
+	switch {
+	case len(loads) > 0:
+		bgs = loads
+	case quick:
 		bgs = s.quick
 	}
 	out := make([]point, len(bgs))

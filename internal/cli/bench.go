@@ -19,7 +19,7 @@ func init() { register(newBenchCmd) }
 
 func newBenchCmd() *cobra.Command {
 	var o bench.Options
-	var modes, workloads, topo, rates string
+	var modes, workloads, topo, rates, loads string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure modes side by side on the testbed and write results.json, report.md and plots",
@@ -35,6 +35,9 @@ also on Ctrl-C.`,
 			o.Topology = testbed.Topology(topo)
 			var err error
 			if o.Rates, err = bench.ParseRates(rates); err != nil {
+				return err
+			}
+			if o.Loads, err = bench.ParseLoads(loads); err != nil {
 				return err
 			}
 			o.Progress = cmd.ErrOrStderr()
@@ -76,6 +79,7 @@ also on Ctrl-C.`,
 	fl.StringVar(&o.Background, "background", bench.BackgroundStress, "what offers the priority workloads' low-priority background: stress (the stress generator's ready-made frames into the sending host's underlay) or sockperf (sockperf's throughput client in the sending container, as PRISM's evaluation did: down the sender's whole stack)")
 	fl.StringVar(&o.Awake, "awake", bench.AwakeBoth, "priority workloads with the cores held out of idle states (a zero CPU latency request: idle then means no competing packets, not a sleeping core): both (each point awake and as-is), on or off")
 	fl.BoolVar(&o.BPFStats, "bpf-stats", false, "measure lanes' BPF programs over udp_stress with the kernel's run-time statistics: their time and runs per delivered datagram, per program (the statistics add two clock reads to every program run, so every figure of such a run carries them)")
+	fl.StringVar(&loads, "loads", "", "the priority workloads' background loads in percent of the receive core, e.g. 0,65,95 (default: each workload's own, prio_latency 0,10,30,50,65,80,95)")
 	fl.StringVar(&rates, "rates", "", "also run udp_stress paced at these offered rates, e.g. 300k,600k,900k: delivered against offered, whose peak is the receive capacity short of livelock")
 	return cmd
 }
