@@ -1,8 +1,11 @@
 # lanes: one entry point for setting up, building, testing and demoing.
 #   make deps    install Debian packages (idempotent)
 #   make build   build the static binary bin/lanes
-#   make test    BPF objects regenerated, vet, unit + integration tests (root),
-#                and a short run of each differential fuzzer
+#   make test    BPF objects regenerated, lint, unit tests (as nobody), integration
+#                tests (root), a short run of each differential fuzzer, guest kernels
+#   make lint    gofmt, go vet, staticcheck, clang-format over the BPF C
+#   make unit    the tests that need neither root nor the kernel, run as nobody
+#   make integration  every test, as root, on the running kernel
 #   make fuzz    the fuzzers for FUZZTIME each (default 10m)
 #   make vm-test the guest-kernel tests: this host, Debian 6.12 and newest under QEMU TCG (docs/vm.md)
 #   make demo    quick benchmark: native vs vanilla vs rps, report + plots in out/quick
@@ -18,8 +21,13 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 20m
 # model of the kernel's VXLAN receive and bridge forward.
 FUZZERS   := FuzzSteerXDP FuzzSteerTC
 FUZZTIME  ?= 10m
+# The BPF C lanes writes (everything else it compiles is the kernel's or
+# libbpf's), formatted by the clang-format that matches the clang it is
+# built with.
+CLANG_FORMAT ?= clang-format-19
+BPF_SRC   := $(shell git ls-files '*.c' '*.h' 2>/dev/null)
 
-.PHONY: all deps generate build test fuzz vm-test demo install image clean
+.PHONY: all deps generate build lint unit integration test fuzz vm-test demo install image clean
 
 all: build
 
@@ -39,9 +47,23 @@ generate:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -o $(BIN) ./cmd/lanes
 
-test: deps generate build
+lint:
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$bad" ]; then echo "lint: not gofmt-formatted (run gofmt -w on them): $$bad" >&2; exit 1; fi
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+	$(CLANG_FORMAT) --dry-run -Werror $(BPF_SRC)
+
+# -short leaves out every test that calls testenv.Root; the rest run as
+# nobody (scripts/asnobody.sh), so a test that needs root without saying
+# so fails here.
+unit:
+	$(GO) test -short -count=1 -exec $(CURDIR)/scripts/asnobody.sh ./...
+
+integration: build
 	$(GO) test $(TESTFLAGS) ./...
+
+test: deps generate build lint unit integration
 	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./datapath/steer/ || exit 1; done
 	$(GO) run ./scripts/vm/vmtest -quick -kernels 6.12,newest
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -12,7 +13,7 @@ import (
 // The pass-through program attaches to a veth in native mode and goes
 // again with its detach.
 func TestXDPPassAttachDetach(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	ns := topotest.VethNamespace(t, "-xp", "xa", "xb")
 	attached := func() bool {
 		t.Helper()

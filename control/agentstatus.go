@@ -113,7 +113,10 @@ func ReadAgentReport(dir string) (*AgentReport, error) {
 	if r == nil || err != nil {
 		return r, err
 	}
-	alive := r.PID > 0 && unix.Kill(r.PID, 0) == nil
+	// EPERM: the process exists, and is someone else's (a reader without
+	// root looking at a root agent).
+	err = unix.Kill(r.PID, 0)
+	alive := r.PID > 0 && (err == nil || errors.Is(err, unix.EPERM))
 	r.Running = alive && time.Since(r.At) < AgentStaleAfter
 	return r, nil
 }

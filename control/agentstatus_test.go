@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 type fakeStatus struct {
@@ -129,9 +130,7 @@ func TestCheckReady(t *testing.T) {
 	if r := CheckReady(dir); !r.Ready || r.Programs != 1 || r.Gone != 1 || r.Attached != 0 {
 		t.Errorf("a program whose device went: %+v; want ready, 1 program, gone", r)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("reading a device's tcx programs needs root")
-	}
+	testenv.Root(t) // reading a device's tcx programs
 	detached := attach.TCX{Device: "lo", Direction: "ingress", Prog: "/sys/fs/bpf/lanes/x/p", Link: "/sys/fs/bpf/lanes/x/l"}
 	writeTestTarget(t, dir, "falcon", Applied, gone, detached)
 	r := CheckReady(dir)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
 	"github.com/vishvananda/netlink"
@@ -315,7 +316,7 @@ func TestKilledApplyRecovers(t *testing.T) {
 }
 
 func TestApplyRefusesNoOverlay(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	ns := topotest.Namespace(t, topotest.NewPrefix()+"-bare")
 	stateDir := t.TempDir()
 	for _, mode := range []string{"rps", "vanilla"} {

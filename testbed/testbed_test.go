@@ -19,22 +19,16 @@ import (
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 var testSeq int
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-}
 
 // upForTest builds a testbed under a prefix of its own and tears it down
 // when the test ends, pass or fail.
 func upForTest(t *testing.T, cfg Config) *Testbed {
 	t.Helper()
-	requireRoot(t)
+	testenv.Root(t)
 	if cfg.Prefix == "" {
 		testSeq++
 		cfg.Prefix = fmt.Sprintf("t%d-%d", os.Getpid()%10000, testSeq)
@@ -257,7 +251,7 @@ func TestUpIsIdempotentAndDownIsComplete(t *testing.T) {
 }
 
 func TestDownFromHalfBuiltState(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	prefix := fmt.Sprintf("lh%d", os.Getpid()%100000)
 	t.Cleanup(func() { Down(prefix) })
 	// Namespaces exist, no state file, no devices: what a crash mid-up leaves.
@@ -322,7 +316,7 @@ func TestValidate(t *testing.T) {
 // TestStopStrays: a process a killed run left inside the testbed is found
 // and stopped; one in another prefix's namespace is not touched.
 func TestStopStrays(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	prefix := fmt.Sprintf("ls%d", os.Getpid()%100000)
 	t.Cleanup(func() { Down(prefix) })
 	ours, theirs := prefix+"-h2-c1", prefix+"x-h1"

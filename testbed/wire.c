@@ -30,7 +30,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
 	__uint(max_entries, 2);
-	__type(key, __u32);   /* ifindex of the wire end the frame came in on */
+	__type(key, __u32); /* ifindex of the wire end the frame came in on */
 	__type(value, __u32); /* ifindex of the wire end it leaves by */
 } peers SEC(".maps");
 

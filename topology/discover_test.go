@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
@@ -143,7 +144,7 @@ func checkContainers(t *testing.T, topo *topology.Topology, h topotest.Host) {
 }
 
 func TestDiscoverNoOverlay(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	ns := topotest.Namespace(t, topotest.NewPrefix()+"-empty")
 	_, err := topology.Discover(ns)
 	if !errors.Is(err, topology.ErrNoOverlay) {
@@ -155,7 +156,7 @@ func TestDiscoverNoOverlay(t *testing.T) {
 }
 
 func TestDiscoverMissingNetNS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	if _, err := topology.Discover("lanes-does-not-exist"); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("got %v, want a does-not-exist error", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
@@ -21,7 +22,7 @@ import (
 // port states, root qdiscs and netfilter tables, each as the kernel has
 // them, and the state of a fresh namespace as "nothing there".
 func TestDiscoverPath(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	f := topotest.New(t, topotest.Options{Containers: 1})
 	h := f.Hosts[1]
 	c := h.Containers[0]

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lanesnet/lanes/bench/results"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // Captured from a 2-CPU machine, then edited so the deltas are round.
@@ -274,9 +275,7 @@ func near(a, b results.CPUUse) bool {
 // reads overflows, which UdpRcvbufErrors and UdpInErrors count there, and
 // the datagrams cross that namespace's lo.
 func TestSnapshotLive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
+	testenv.Root(t)
 	ns := fmt.Sprintf("lanes-metrics-test-%d", os.Getpid())
 	if err := nsx.Create(ns); err != nil {
 		t.Fatal(err)

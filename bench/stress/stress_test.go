@@ -11,7 +11,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // Test addresses: 198.18.0.0/15 only (RFC 2544 benchmarking space), so
@@ -39,13 +39,6 @@ var (
 )
 
 const testVNI = 42
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-}
 
 // testTarget is a Target whose devices need not exist (for tests that
 // never send).
@@ -70,7 +63,7 @@ type pair struct {
 
 func newPair(t testing.TB) *pair {
 	t.Helper()
-	requireRoot(t)
+	testenv.Root(t)
 	id := make([]byte, 3)
 	rand.Read(id)
 	p := &pair{snd: "lst-" + hex.EncodeToString(id) + "-s", rcv: "lst-" + hex.EncodeToString(id) + "-r"}
@@ -213,7 +206,7 @@ func TestPlainFrameLayout(t *testing.T) {
 // devmap at lo, so runs end in XDP_REDIRECT without a real device.
 func loadTestGen(t *testing.T, tg Target, cfg GenConfig) *Generator {
 	t.Helper()
-	requireRoot(t)
+	testenv.Root(t)
 	g, err := NewGenerator(tg, cfg)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		if kernelAtLeast(t, 5, 18) {

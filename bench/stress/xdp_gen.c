@@ -130,14 +130,14 @@ static __always_inline void copy_hdr(void *data, const int len)
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP);
 	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__type(key, __u32); /* always 0 */
 	__type(value, __u32); /* ifindex of the sending underlay device (sender's netns) */
 } tx_port SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_FLOWS);
-	__type(key, __u32);   /* flow index */
+	__type(key, __u32); /* flow index */
 	__type(value, __u64); /* next sequence number of that flow */
 } flow_seq SEC(".maps");
 

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // End-to-end tests: each runs the real tools between two throwaway
@@ -46,13 +47,6 @@ type testNet struct {
 	srv, cli Endpoint
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-}
-
 func requireTools(t *testing.T, tools ...tool) {
 	t.Helper()
 	for _, tl := range tools {
@@ -73,7 +67,7 @@ func ipCmd(t *testing.T, args ...string) {
 // they are gone) and points TMPDIR at a directory that must end up empty.
 func newTestNet(t *testing.T) testNet {
 	t.Helper()
-	requireRoot(t)
+	testenv.Root(t)
 	n := netSeq.Add(1)
 	id := fmt.Sprintf("%d%d", os.Getpid()%100000, n)
 	nsS, nsC := "lanes-wlt-"+id+"-s", "lanes-wlt-"+id+"-c"
@@ -291,7 +285,7 @@ func TestE2EPacedPingPong(t *testing.T) {
 // (skipped, counted), never a catch-up burst, and the run ends on time.
 // The server here answers sockperf's way but drops message 5's reply.
 func TestPacedLossSkipsSlots(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	tn := newTestNet(t)
 	const port = 11500
 	var srvFD int
@@ -431,7 +425,7 @@ func TestE2EServerFails(t *testing.T) {
 // Processes inherit the namespace and pinning; the Go runtime's threads
 // keep their affinity.
 func TestStartPinsAndNamespaces(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs 2 CPUs")
 	}

@@ -1,8 +1,6 @@
 package attach_test
 
 import (
-	"github.com/lanesnet/lanes/topology/topotest"
-
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -29,7 +28,7 @@ func TestKindsRegistered(t *testing.T) {
 }
 
 func TestXDP(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -84,7 +83,7 @@ func TestXDP(t *testing.T) {
 }
 
 func TestXDPGenericMode(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -113,7 +112,7 @@ func TestXDPGenericMode(t *testing.T) {
 }
 
 func TestXDPRefusesForeignProgram(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -165,7 +164,7 @@ func TestXDPRefusesForeignProgram(t *testing.T) {
 }
 
 func TestXDPStalePin(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)
@@ -212,7 +211,7 @@ func TestXDPStalePin(t *testing.T) {
 }
 
 func TestTCX(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	_, tcPin := pinProgs(t, fs)
@@ -293,7 +292,7 @@ func TestTCX(t *testing.T) {
 // make the pin dir, pin, attach) and a reset from a fresh journal handle,
 // with one link pinned but never journaled, as a crash would leave it.
 func TestJournal(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	ns := testNetns(t)
 	mnt := filepath.Join(t.TempDir(), "bpf")
 	trackMount(t, mnt)
@@ -373,7 +372,7 @@ func TestJournal(t *testing.T) {
 }
 
 func TestGone(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, tcPin := pinProgs(t, fs)
@@ -427,7 +426,7 @@ func TestGone(t *testing.T) {
 // TestPinsAcrossNetns checks what the package relies on: entering a network
 // namespace leaves the mount namespace, and so the pins, as they were.
 func TestPinsAcrossNetns(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	ns := testNetns(t)
 	xdpPin, _ := pinProgs(t, fs)

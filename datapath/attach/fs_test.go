@@ -1,8 +1,6 @@
 package attach_test
 
 import (
-	"github.com/lanesnet/lanes/topology/topotest"
-
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,11 +9,12 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
 func TestBPFFS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	if k := (&attach.BPFFS{}); k.Key() != "bpffs-mount:/sys/fs/bpf" {
 		t.Errorf("default key %q", k.Key())
 	}
@@ -59,7 +58,7 @@ func TestBPFFS(t *testing.T) {
 }
 
 func TestPinDir(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	k := &attach.PinDir{Path: filepath.Join(fs, "lanes", "host")}
 	if k.Key() != "bpf-pins:"+k.Path {
@@ -145,7 +144,7 @@ func TestPinDir(t *testing.T) {
 // A pin dir lanes did not make (another owner), or one others may write
 // in, is refused: whoever can write there can swap lanes' pins.
 func TestPinDirOwnerAndMode(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	fs := testBPFFS(t)
 	k := &attach.PinDir{Path: filepath.Join(fs, "lanes", "host")}
 	write(t, k, attach.ValuePresent)
@@ -173,7 +172,7 @@ func TestPinDirOwnerAndMode(t *testing.T) {
 }
 
 func TestPinDirRefusesOutsideBPFFS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "precious")
 	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // change is a knob, the value the test writes, and its value before.
@@ -308,7 +309,7 @@ func TestJournalSkipsVanishedDevice(t *testing.T) {
 }
 
 func TestNetNSPathForms(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	name := topotest.Namespace(t, topotest.NewPrefix()+"-path")
 	ino := func(ns string) uint64 {
 		var st syscall.Stat_t
@@ -340,7 +341,7 @@ func TestNetNSPathForms(t *testing.T) {
 // reuse is modelled by a label naming a process of namespace b with
 // namespace a's cookie.
 func TestPinnedPIDNetNS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	p := topotest.NewPrefix()
 	start := func(n string) *exec.Cmd {
 		t.Helper()
@@ -491,7 +492,7 @@ func TestQueueThreadKnob(t *testing.T) {
 // never writes that namespace's sysctls with the host's originals; from
 // the namespace that wrote it, it opens and restores as before.
 func TestJournalFromAnotherNetNS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	other := topotest.Namespace(t, topotest.NewPrefix()+"-jns")
 	dir, ks := memKnobs(t, 1)
 	j, err := knobs.Open(filepath.Join(dir, "target"), "host")
@@ -536,7 +537,7 @@ func TestJournalFromAnotherNetNS(t *testing.T) {
 // kept opens from any namespace, as before, and is not stamped with the
 // cookie of the namespace that happened to open it.
 func TestJournalWithoutHostNetNS(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	other := topotest.Namespace(t, topotest.NewPrefix()+"-jold")
 	dir, ks := memKnobs(t, 2)
 	tdir := filepath.Join(dir, "target")
@@ -590,9 +591,7 @@ func TestJournalWithoutHostNetNS(t *testing.T) {
 // leaves nothing journaled, and a knob recorded but never written (a
 // crash between the two) restores without a write.
 func TestResetConvergesReadOnlyKnob(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	const path = "/proc/sys/net/core/somaxconn"
 	errc := make(chan error, 1)
 	go func() {

@@ -19,6 +19,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/pinned"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
 
@@ -26,7 +27,7 @@ import (
 // qdisc (a guest of scripts/vm; this host has none), saying why.
 func requireQdisc(t *testing.T) {
 	t.Helper()
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	if err := Supported(); err != nil {
 		t.Skip(err)
 	}

@@ -70,12 +70,12 @@ extern int *bpf_iter_num_next(struct bpf_iter_num *it) __ksym;
 extern void bpf_iter_num_destroy(struct bpf_iter_num *it) __ksym;
 
 /* for (i = start; i < end; i++), verified once however many times it runs. */
-#define mf_for(i, start, end)                                                                            \
-	for (struct bpf_iter_num ___it __attribute__((cleanup(bpf_iter_num_destroy))),                   \
-	     *___p __attribute__((unused)) = (bpf_iter_num_new(&___it, (start), (end)), (void *)0);     \
-	     ({                                                                                          \
-		     int *___t = bpf_iter_num_next(&___it);                                              \
-		     (___t && ((i) = *___t, 1));                                                         \
+#define mf_for(i, start, end)                                                                       \
+	for (struct bpf_iter_num ___it __attribute__((cleanup(bpf_iter_num_destroy))),              \
+	     *___p __attribute__((unused)) = (bpf_iter_num_new(&___it, (start), (end)), (void *)0); \
+	     ({                                                                                     \
+		     int *___t = bpf_iter_num_next(&___it);                                         \
+		     (___t && ((i) = *___t, 1));                                                    \
 	     });)
 
 /* The BPF qdisc's kfuncs (net/sched/bpf_qdisc.c). */

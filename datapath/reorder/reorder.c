@@ -492,7 +492,7 @@ static __always_inline enum dest place_tagged(const struct sk_buff *skb, __u32 t
 	}
 	w = win_of(f, seq);
 	if (d >= WINDOWS || (sdiff(seq, f->m) > 0 && (f->held >= c->flow_limit || q->held >= c->total_limit ||
-						       w->tail - w->head >= win_slots))) {
+						      w->tail - w->head >= win_slots))) {
 		/* A limit: release the oldest gap's frames rather than hold
 		 * more. */
 		st->overflows++;

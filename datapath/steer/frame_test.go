@@ -199,11 +199,8 @@ func innerFrame(s frameSpec) []byte {
 	return append(b, l4...)
 }
 
-func appendEth(b []byte, vlan bool, ethType uint16) []byte {
-	return appendEthMAC(b, nil, nil, vlan, ethType)
-}
-
-// appendEthMAC is appendEth with other addresses (nil: the defaults).
+// appendEthMAC appends an Ethernet header (with a VLAN tag when vlan) from
+// src to dst (nil: the defaults).
 func appendEthMAC(b, dst, src []byte, vlan bool, ethType uint16) []byte {
 	if dst == nil {
 		dst = []byte{0x02, 0, 0, 0, 0, 2}

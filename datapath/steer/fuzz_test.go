@@ -7,13 +7,14 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // The differential fuzzer: steer_xdp and every tc program run through
@@ -58,9 +59,7 @@ var (
 // next one meets, as in a real datapath.
 func fuzzDatapaths(t *testing.T) (*Datapath, *Datapath) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	fuzzOnce.Do(func() {
 		base := Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{0}, VXLANPort: testPort, VNIs: []uint32{testVNI}}
 		c := base
@@ -89,7 +88,7 @@ func fuzzDatapath(c Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.SetConfig(c); err == nil {
+	if err = d.SetConfig(c); err == nil {
 		err = d.CPUMap().Set(0, 64)
 	}
 	if err == nil {

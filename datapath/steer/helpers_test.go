@@ -4,11 +4,12 @@ package steer
 
 import (
 	"bytes"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 const (
@@ -43,9 +44,7 @@ func testCores(t *testing.T) []int {
 // testCores, a cpumap entry per core, every table bucket set to Stay.
 func newDatapath(t *testing.T) (*Datapath, []int) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	d, err := Load()
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func TestEvictedFlowNewEpoch(t *testing.T) {
 	}
 	epochOf := func(f flowSpec) (uint32, bool) {
 		var st steerSteerFlowState
-		k := flowKeyOf(refTuple{src: f.src, dst: f.dst, sport: f.sport, dport: f.dport, proto: f.proto}, StageSplit)
+		k := flowKeyOf(refTuple(f), StageSplit)
 		if err := d.objs.SteerFlows.Lookup(k, &st); err != nil {
 			return 0, false
 		}

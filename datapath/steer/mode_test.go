@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // modeConfig is a config as a policy's planner writes it for one mode
@@ -88,9 +90,7 @@ func progSizes(t *testing.T, d *Datapath) map[string][2]uint32 {
 // the fuzzers check them. It logs each program's verified size per mode
 // (go test -v); LANES_MODE_SIZES=file writes them there as a table.
 func TestModeObjects(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	frames := seedFrames()
 	sizes := map[string]map[string][2]uint32{}
 	var names []string

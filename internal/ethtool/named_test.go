@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
 
@@ -11,7 +12,7 @@ import (
 // and writes can be checked against the kernel's own defaults and against
 // the legacy GRO command.
 func TestNamedFeatures(t *testing.T) {
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	ns := topotest.VethNamespace(t, "-eth", "va", "vb")
 	names := []string{"rx-gro-list", "rx-udp-gro-forwarding", "rx-gro"}
 	got, err := ethtool.GetNamed(ns, "va", names...)

@@ -39,9 +39,9 @@ import (
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/internal/pinned"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
-	"github.com/lanesnet/lanes/topology/topotest"
 )
 
 // isolatedEnv marks the re-executed test binary that runs in a mount
@@ -129,7 +129,7 @@ func UpTestbedOverlay(t *testing.T, overlay string) *testbed.Testbed {
 // pin directory, no daemon of a real overlay.
 func UpTestbedConfig(t *testing.T, cfg testbed.Config) *testbed.Testbed {
 	t.Helper()
-	topotest.RequireRoot(t)
+	testenv.Root(t)
 	prefix := fmt.Sprintf("%s%c", prefixBase(), 'a'+rune(tbSeq.Add(1)-1)%26)
 	old := testbed.StateDir
 	testbed.StateDir = t.TempDir()
@@ -194,6 +194,7 @@ func warm(t *testing.T, tb *testbed.Testbed) {
 // brief assumes: cores 0 and 1, the IRQ core 1.
 func Online(t *testing.T) []int {
 	t.Helper()
+	testenv.Root(t)
 	cpus, err := knobs.OnlineCPUs()
 	if err != nil {
 		t.Fatal(err)

@@ -10,17 +10,12 @@ import (
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-}
-
 func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	name := "lanes-nsx-test"
 	if err := Create(name); err != nil {
 		t.Fatal(err)
@@ -46,7 +41,7 @@ func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
 }
 
 func TestStartInheritsNamespace(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	name := "lanes-nsx-test2"
 	if err := Create(name); err != nil {
 		t.Fatal(err)
@@ -66,7 +61,7 @@ func TestStartInheritsNamespace(t *testing.T) {
 // entry, and the function never runs; DoHandle runs in the handle's
 // namespace.
 func TestMissingNamespace(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ran := false
 	for _, do := range []func(string, func() error) error{Do, DoSysfs} {
 		err := do("lanes-nsx-no-such-namespace", func() error { ran = true; return nil })
@@ -102,7 +97,7 @@ func TestMissingNamespace(t *testing.T) {
 // own mount), puts the superblock back read-only, and the runtime's mount
 // never becomes writable.
 func TestDoSysfsWritesThroughReadOnlySuperblock(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	name := "lanes-nsx-test3"
 	if err := Create(name); err != nil {
 		t.Fatal(err)
@@ -180,7 +175,7 @@ func TestDoSysfsWritesThroughReadOnlySuperblock(t *testing.T) {
 // A runtime that unmounts a namespace's bind mount may leave the empty
 // file: that namespace is gone (ErrNoNetNS), not an error of entering it.
 func TestUnboundFileIsNoNamespace(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	p := t.TempDir() + "/netns"
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 func TestZeroMask(t *testing.T) {
@@ -87,6 +88,7 @@ func TestParkableRefuses(t *testing.T) {
 // parking stays possible for the rest; with nothing else, nothing parks.
 // The knobs are only read.
 func TestParkableSkipsGone(t *testing.T) {
+	testenv.Root(t) // reading a knob enters the host's mount namespace
 	entry := func(k knobs.Knob) knobs.Entry {
 		raw, err := json.Marshal(k)
 		if err != nil {

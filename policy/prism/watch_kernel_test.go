@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // A netlink socket that overflowed lost notifications, any of which may
@@ -19,9 +20,7 @@ import (
 // change it saw. The overflow is forced with a receive buffer at the
 // kernel's minimum and a burst of link changes (veth pairs made) in a throwaway namespace.
 func TestWatchOverflowWithdraws(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	ns := fmt.Sprintf("lanes-watch-%d", os.Getpid())
 	if err := nsx.Create(ns); err != nil {
 		t.Fatal(err)

@@ -11,11 +11,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"testing"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -61,14 +61,6 @@ type Container struct {
 	IP       net.IP
 }
 
-// RequireRoot skips t unless it runs as root.
-func RequireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-}
-
 // NewPrefix returns a short random name prefix ("lt" + 4 hex digits).
 func NewPrefix() string {
 	b := make([]byte, 2)
@@ -106,7 +98,7 @@ func VethNamespace(t testing.TB, suffix, a, b string) string {
 // New builds the fixture.
 func New(t testing.TB, opts Options) *Fixture {
 	t.Helper()
-	RequireRoot(t)
+	testenv.Root(t)
 	if opts.Layout == "" {
 		opts.Layout = Docker
 	}

@@ -65,7 +65,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, NUM_STAGES * BUCKETS);
-	__type(key, __u32);   /* stage * BUCKETS + bucket */
+	__type(key, __u32); /* stage * BUCKETS + bucket */
 	__type(value, __u32); /* index into steer_cfg.cpus, or STAY */
 } steer_table SEC(".maps");
 
@@ -164,7 +164,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
-	__type(key, __u32);   /* ifindex of the host-side veth (the container stage's hook) */
+	__type(key, __u32); /* ifindex of the host-side veth (the container stage's hook) */
 	__type(value, __u64); /* deadline, bpf_ktime_get_ns() */
 } steer_adopt SEC(".maps");
 
@@ -214,7 +214,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__type(key, __u32); /* always 0 */
 	__type(value, __u32); /* the rule shapes in use: bit dir * 4 + i */
 } steer_prio_shapes SEC(".maps");
 
@@ -250,7 +250,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
 	__uint(max_entries, 4096);
-	__type(key, __u32);   /* ifindex */
+	__type(key, __u32); /* ifindex */
 	__type(value, __u32); /* the same ifindex (struct bpf_devmap_val without a program) */
 } steer_sync_dev SEC(".maps");
 
@@ -307,7 +307,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_CPUS);
-	__type(key, __u32);   /* core number */
+	__type(key, __u32); /* core number */
 	__type(value, __u64); /* micro-flows */
 } steer_mf_cores SEC(".maps");
 
@@ -368,7 +368,7 @@ struct steer_queue {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_CPUS);
-	__type(key, __u32);   /* core number */
+	__type(key, __u32); /* core number */
 	__type(value, struct steer_queue);
 } steer_queues SEC(".maps");
 
@@ -380,7 +380,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_CPUS);
-	__type(key, __u32);   /* core number */
+	__type(key, __u32); /* core number */
 	__type(value, __u64); /* frames the control plane booked lost */
 } steer_queue_lost SEC(".maps");
 
@@ -431,7 +431,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__type(key, __u32); /* always 0 */
 	__type(value, __u64); /* coarse clock of the last bulk frame, 0: none */
 } steer_bulk_seen SEC(".maps");
 
@@ -448,7 +448,7 @@ struct high_seen {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__type(key, __u32); /* always 0 */
 	__type(value, struct high_seen); /* coarse clocks of the last busy and queued high-priority frames */
 } steer_high_seen SEC(".maps");
 
@@ -458,7 +458,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u32);   /* always 0 */
+	__type(key, __u32); /* always 0 */
 	__type(value, __u64); /* coarse clock of the last high-priority frame, 0: none */
 } steer_prio_seen SEC(".maps");
 

@@ -215,7 +215,7 @@ static __always_inline int followers_out(const struct steer_cfg *cfg, const stru
  * frames queued there went uncounted and the drain time rules.
  */
 static __always_inline __u32 stay_core(const struct steer_cfg *cfg, struct steer_flow_state *st, __u64 now,
-					 __u32 fh)
+				       __u32 fh)
 {
 	__u32 cpu = bpf_get_smp_processor_id();
 	__u32 idx;

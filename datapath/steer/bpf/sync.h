@@ -72,15 +72,15 @@ static __always_inline __u32 csum_fold64(__u64 sum)
 #define SYNC_CSUM_CHUNKS 16
 
 /* Add the bytes [*p, *p + n) to *sum if they lie within the frame. */
-#define CSUM_STEP(n)                                                        \
-	do {                                                                \
-		if (p + (n) <= data_end) {                                  \
-			r = bpf_csum_diff(NULL, 0, p, (n), 0);              \
-			if (r < 0)                                          \
-				return 0;                                   \
-			sum += (__u32)r;                                    \
-			p += (n);                                           \
-		}                                                           \
+#define CSUM_STEP(n)                                           \
+	do {                                                   \
+		if (p + (n) <= data_end) {                     \
+			r = bpf_csum_diff(NULL, 0, p, (n), 0); \
+			if (r < 0)                             \
+				return 0;                      \
+			sum += (__u32)r;                       \
+			p += (n);                              \
+		}                                              \
 	} while (0)
 
 /*

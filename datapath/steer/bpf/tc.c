@@ -98,8 +98,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 			}
 			key = flow_key(&t, STAGE_BRIDGE);
 			st = bpf_map_lookup_elem(&steer_flows, &key);
-			if (!st || (st->cpu_idx == STAY && (st->stay & STAY_MODE) == STAY_DIRECT &&
-				    st->stay_cpu == bpf_get_smp_processor_id()) ||
+			if (!st || (st->cpu_idx == STAY && (st->stay & STAY_MODE) == STAY_DIRECT && st->stay_cpu == bpf_get_smp_processor_id()) ||
 			    home_idle(cfg, st)) {
 				count(stage, CNT_DIRECT);
 				return run_on(skb);
