@@ -194,3 +194,20 @@ func TestSkipReason(t *testing.T) {
 		}
 	}
 }
+
+// TestPanicLines: a guest console with a kernel panic (the 6.12 guest's
+// double fault of 2026-11-26) gives the oops, where and the panic; one
+// without gives nothing, so nothing boots again.
+func TestPanicLines(t *testing.T) {
+	b, err := os.ReadFile("testdata/panic-console.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := panicLines(string(b))
+	if len(got) != 3 || !strings.Contains(got[0], "Oops: double fault") || !strings.Contains(got[1], "RIP: 0010:finish_task_switch") || !strings.Contains(got[2], "Kernel panic - not syncing") {
+		t.Errorf("panic lines %q", got)
+	}
+	if got := panicLines("vmtest: ok\n[ 1.0] Oops: something\n"); got != nil {
+		t.Errorf("no panic, and lines %q", got)
+	}
+}
