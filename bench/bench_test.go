@@ -149,6 +149,15 @@ func TestPrioPoints(t *testing.T) {
 	}
 }
 
+// pointNames are the points' names, in order.
+func pointNames(pts []point) []string {
+	var out []string
+	for _, p := range pts {
+		out = append(out, p.String())
+	}
+	return out
+}
+
 // TestLoads: --loads replaces every priority workload's loads, in its
 // order, and leaves the other workloads alone; bad lists are refused.
 func TestLoads(t *testing.T) {
@@ -156,10 +165,7 @@ func TestLoads(t *testing.T) {
 	if err != nil || !slices.Equal(l, []float64{0, 0.65, 0.95}) {
 		t.Fatalf("ParseLoads: %v %v", l, err)
 	}
-	var got []string
-	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, false, nil, l, AwakeOff) {
-		got = append(got, p.String())
-	}
+	got := pointNames(points([]string{prioLatencyWorkload, "pingpong"}, false, nil, l, AwakeOff))
 	want := []string{"prio_latency 64B bg0%", "prio_latency 64B bg65%", "prio_latency 64B bg95%", "pingpong/udp 64B", "pingpong/tcp 64B"}
 	if !slices.Equal(got, want) {
 		t.Errorf("points %q, want %q", got, want)
@@ -605,10 +611,7 @@ func TestGuardStatus(t *testing.T) {
 // The priority workloads' points come awake and as-is by default, the
 // awake one first (the baseline the targets use); the others never.
 func TestAwakePoints(t *testing.T) {
-	var got []string
-	for _, p := range points([]string{prioLatencyWorkload, "pingpong"}, true, nil, nil, AwakeBoth) {
-		got = append(got, p.String())
-	}
+	got := pointNames(points([]string{prioLatencyWorkload, "pingpong"}, true, nil, nil, AwakeBoth))
 	want := []string{"prio_latency 64B bg0% awake", "prio_latency 64B bg0%", "prio_latency 64B bg65% awake", "prio_latency 64B bg65%", "pingpong/udp 64B"}
 	if !slices.Equal(got, want) {
 		t.Errorf("points %q, want %q", got, want)

@@ -329,15 +329,11 @@ func (s Stream) Delivered(t testing.TB, what string, ordered bool, srcNS, dstNS 
 	t.Helper()
 	for try := 0; ; try++ {
 		r := s.Run(t, srcNS, dstNS, dst)
-		lost := r.Received*10 < r.Sent*9
-		if !lost || try == 2 {
+		if !r.short() || try == 2 {
 			if ordered {
 				InOrder(t, what, r)
 			} else {
-				t.Logf("%s: sent %d (%d send errors), received %d, reordered %d (not judged)", what, r.Sent, r.SendErrs, r.Received, r.Reordered)
-				if lost {
-					t.Errorf("%s: only %d of %d datagrams arrived", what, r.Received, r.Sent)
-				}
+				Arrived(t, what, r)
 			}
 			return r
 		}
@@ -355,14 +351,23 @@ func (s Stream) Delivered(t testing.TB, what string, ordered bool, srcNS, dstNS 
 	}
 }
 
+// short: fewer than nine in ten of r's datagrams arrived.
+func (r StreamResult) short() bool { return r.Received*10 < r.Sent*9 }
+
+// Arrived logs r and fails t if fewer than 90% of its datagrams arrived.
+func Arrived(t testing.TB, what string, r StreamResult) {
+	t.Helper()
+	t.Logf("%s: sent %d (%d send errors), received %d, reordered %d %v", what, r.Sent, r.SendErrs, r.Received, r.Reordered, r.Examples)
+	if r.short() {
+		t.Errorf("%s: only %d of %d datagrams arrived", what, r.Received, r.Sent)
+	}
+}
+
 // InOrder fails t if any datagram of r arrived out of order or fewer than
 // 90% arrived.
 func InOrder(t testing.TB, what string, r StreamResult) {
 	t.Helper()
-	t.Logf("%s: sent %d (%d send errors), received %d, reordered %d %v", what, r.Sent, r.SendErrs, r.Received, r.Reordered, r.Examples)
-	if r.Received*10 < r.Sent*9 {
-		t.Errorf("%s: only %d of %d datagrams arrived", what, r.Received, r.Sent)
-	}
+	Arrived(t, what, r)
 	if r.Reordered != 0 {
 		t.Errorf("%s: %d datagrams arrived out of order", what, r.Reordered)
 	}
