@@ -196,16 +196,17 @@ func (d Order) TrackQueues(dir string) error {
 	var syncErr error
 	sync := d.mode.Flags&modeSync != 0
 	for i, p := range map[int]*ebpf.Program{3: d.objs.SteerSyncXmit, 4: d.objs.SteerSyncRedirectErr} {
-		var e error = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
-		if !sync {
-			e = nil
-			if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-				return fmt.Errorf("tracking drops: removing the link of a mode without the shortcut: %w", rerr)
-			}
-		} else if i == 4 || d.dropsSkbErr == nil {
+		var e error
+		switch {
+		case sync && (i == 4 || d.dropsSkbErr == nil):
 			e = attachTrace(dir, i, p)
-		} else if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-			return fmt.Errorf("tracking drops: removing the stale link: %w", rerr)
+		case sync:
+			e = &NoDropTracesError{Tracepoint: dropTraces[i].group + ":" + dropTraces[i].tracepoint, Err: d.dropsSkbErr}
+			fallthrough
+		default: // no trace here: a link an earlier load left goes
+			if rerr := os.Remove(filepath.Join(dir, dropTraces[i].pin)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				return fmt.Errorf("tracking drops: removing a stale link: %w", rerr)
+			}
 		}
 		if e != nil && !errors.As(e, &nt) {
 			return e
