@@ -338,9 +338,9 @@ func veth0Stats(t *testing.T, a *modetest.Applied) reorder.Stats {
 
 // residualShareUDP bounds what TestReassemblyUDP lets through: datagrams
 // out of order through the reassembler, at most 1/residualShareUDP of
-// those without it. Not 0 for the reason residualShare is not: one of
-// the guest's runs had 3 of 2945 out of order (some 200 without) while
-// the qdisc counted no gap, late frame or overflow (docs/reorder.md).
+// those without it. Not 0 for residualShare's reason (docs/reorder.md):
+// one skb now and then overtakes past the qdisc, which counts no gap, no
+// late frame and no overflow.
 const residualShareUDP = 20
 
 // TestReassemblyUDP: an elephant UDP stream split into micro-flows of 64
@@ -387,11 +387,10 @@ const lossyTries = 4
 
 // residualShare bounds what TestReassemblyTCP lets through: out-of-order
 // segments through the reassembler, in a stream that lost nothing, at most
-// 1/residualShare of those without it. Not 0: in some of the
-// guest's runs one reorder event (11-57 segments, one GRO skb's worth, of
-// some 35,000) reaches the receiver while the qdisc counts no gap, no
-// late frame and no overflow; where it comes from is not found yet
-// (docs/reorder.md).
+// 1/residualShare of those without it. Not 0: in some of the guest's runs
+// one reorder event (one GRO skb's worth) reaches the receiver while the
+// qdisc counts no gap, no late frame and no overflow; where it comes from
+// is not found yet (docs/reorder.md).
 const residualShare = 50
 
 // TestReassemblyTCP: a TCP stream split into micro-flows of 64 frames

@@ -253,11 +253,9 @@ func (r *runner) kernel(k string, es []entry) (counts, error) {
 			return counts{}, err
 		}
 	} else {
-		// A guest kernel that panics (seen once in many runs: a double
-		// fault in an RCU kthread under TCG, the test binary still
-		// running) says nothing of the tests it cut short: they run
-		// again, once, in a fresh boot, and the panic is printed. A
-		// second panic fails them.
+		// A guest kernel that panics (docs/vm.md) says nothing of the
+		// tests it cut short: they run again, once, in a fresh boot,
+		// and the panic is printed. A second panic fails them.
 		for boot := 1; ; boot++ {
 			fmt.Printf("vm-test: kernel %s: booting %s under TCG for %d test binaries\n", k, vmlinuz, len(p.Items))
 			cmd := exec.Command(filepath.Join(r.root, "scripts/vm/run.sh"), "--kernel", k, "--out", dir, "--console",

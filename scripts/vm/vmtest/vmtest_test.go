@@ -195,8 +195,8 @@ func TestSkipReason(t *testing.T) {
 	}
 }
 
-// TestPanicLines: a guest console with a kernel panic (the 6.12 guest's
-// double fault of 2026-11-26) gives the oops, where and the panic; one
+// TestPanicLines: a guest console with a kernel panic (a 6.12 guest's
+// double fault, docs/vm.md) gives the oops, where and the panic; one
 // without gives nothing, so nothing boots again.
 func TestPanicLines(t *testing.T) {
 	b, err := os.ReadFile("testdata/panic-console.txt")
