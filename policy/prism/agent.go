@@ -261,11 +261,13 @@ func (a *syncAgent) macs() shortcutMACs {
 	return out
 }
 
-// withdraw voids every destination at once.
+// withdraw voids every destination at once. The status lock is held
+// across the map write, so no one reads the old targets from the status
+// of a datapath that no longer has them.
 func (a *syncAgent) withdraw(why string) {
-	err := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	err := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw)
 	a.status.Withdrawals++
 	a.status.Withdrawn = why
 	a.status.Targets = nil
