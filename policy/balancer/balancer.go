@@ -156,6 +156,7 @@ type Balancer struct {
 	cfg      Config
 	cpus     []int // sorted, so that ties resolve to the lowest core
 	load     map[int]float64
+	work     map[int]float64 // nil until ObserveWork: a bucket's share is then of load
 	avoid    map[int]bool
 	fallenBk bool
 	stats    Stats
@@ -229,13 +230,7 @@ func (b *Balancer) Observe(sample map[int]float64) {
 		if !ok {
 			continue
 		}
-		switch {
-		case busy > 100:
-			busy = 100
-		case !(busy >= 0): // also NaN
-			busy = 0
-		}
-		b.load[cpu] = (HistoryWeight*b.load[cpu] + busy) / (HistoryWeight + 1)
+		b.load[cpu] = (HistoryWeight*b.load[cpu] + clampPct(busy)) / (HistoryWeight + 1)
 	}
 	b.rounds++
 	fig := b.fallbackLoad()
@@ -294,6 +289,53 @@ func (b *Balancer) Spreading() {
 	if b.cfg.Damp && !b.fallenBk && b.bar == 0 {
 		b.resumed, b.resumedAt, b.spreadArmed = true, b.rounds, true
 	}
+}
+
+// ObserveWork feeds one sample of each core's movable work, in percent of
+// the core: the receive processing one steering table's buckets on that
+// core carry between them, and take along when they move. It is averaged as
+// Observe's loads are. Once fed, a bucket's share (see AssignHome) is its
+// part of this figure; before, it is its part of the core's whole load,
+// which counts the core's applications and other stages as the bucket's
+// and so overstates what a move takes away and adds elsewhere.
+func (b *Balancer) ObserveWork(work map[int]float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.work == nil {
+		b.work = make(map[int]float64, len(b.cpus))
+	}
+	for _, cpu := range b.cpus {
+		w, ok := work[cpu]
+		if !ok {
+			continue
+		}
+		b.work[cpu] = (HistoryWeight*b.work[cpu] + clampPct(w)) / (HistoryWeight + 1)
+	}
+}
+
+// Work is core's averaged movable work (ObserveWork), or its load when no
+// work has been observed.
+func (b *Balancer) Work(core int) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.workOf(core)
+}
+
+func (b *Balancer) workOf(core int) float64 {
+	if b.work == nil {
+		return b.load[core]
+	}
+	return min(b.work[core], b.load[core])
+}
+
+func clampPct(v float64) float64 {
+	switch {
+	case v > 100:
+		return 100
+	case !(v >= 0): // also NaN
+		return 0
+	}
+	return v
 }
 
 // fallbackBar is the figure at or above which the set falls back: the
@@ -419,15 +461,17 @@ func (b *Balancer) Place(hashed int) Decision {
 	return Decision{Core: best, Reason: fmt.Sprintf("rehashed: core %d at %s", hashed, pct(l))}
 }
 
-// Room reports whether a core of the set other than except is under limit
-// (at most the threshold): somewhere a stage leaving except could go. A
-// set that is not fallen back can still have none: damping (see Observe)
-// keeps a busy set spread, and a stage leaving home then would find every
-// core busy and come straight back.
+// Room reports whether a core of the set other than except would stay under
+// limit (at most the threshold) with except's work (Work: one table's
+// receive work there) added: somewhere a stage leaving except could go and
+// still run. A set that is not fallen back can still have none: damping
+// (see Observe) keeps a busy set spread, and a core whose own tasks (a
+// sender, an application) keep it busy gains nothing from a stage it has
+// no time for, while the stage pays the hop.
 func (b *Balancer) Room(except int, limit float64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	_, ok := b.leastLoaded(b.load, min(limit, b.cfg.Threshold), except)
+	_, ok := b.leastLoaded(b.load, min(limit, b.cfg.Threshold)-b.workOf(except), except)
 	return ok
 }
 
@@ -464,9 +508,10 @@ func (b *Balancer) under(core int, proj map[int]float64, limit float64) bool {
 // (current may be nil); anything else is a programming error and panics.
 //
 // Only active buckets bear load. Per-bucket load is not measured, so a
-// core's load is split evenly among the active buckets on it, and that share
-// travels with a bucket when it moves: successive moves in one call then see
-// each other and spread out instead of all landing on the one idlest core.
+// core's movable work (ObserveWork; its load until that is fed) is split
+// evenly among the active buckets on it, and that share travels with a
+// bucket when it moves: successive moves in one call then see each other and
+// spread out instead of all landing on the one idlest core.
 // Rules, in order:
 //
 //  1. Return: a bucket away from its hashed core goes back once that core's
@@ -476,9 +521,11 @@ func (b *Balancer) under(core int, proj map[int]float64, limit float64) bool {
 //     inactive bucket has no share and no packets in flight, so it returns
 //     as soon as its hashed core has cooled down.
 //  2. Relieve: a core measured at or over the threshold sheds its active
-//     buckets, in index order, each to the least-loaded core under the
-//     threshold (measured and projected), until its projected load is under.
-//     If no core is under, they stay. Cores that only the moves of this call
+//     buckets, in index order, each to the least-loaded core that stays
+//     under the threshold with the bucket's share added (measured and
+//     projected), until its projected load is under. If no core has that
+//     room, they stay: a core kept busy by its own tasks gains nothing from
+//     a stage it has no time for, and the stage pays the hop. Cores that only the moves of this call
 //     pushed over are left for the next sample to judge: relieving them now
 //     would shuffle buckets on a guess.
 //  3. Everything else stays. In particular a bucket already moved away stays
@@ -509,10 +556,11 @@ func (b *Balancer) Assign(hashed []int, current []int, active []bool) (next []in
 //  1. Return: a bucket away from home goes back once home's load plus the
 //     bucket's share is under threshold - hysteresis.
 //  2. Relieve: a core at or over the threshold sheds its active buckets,
-//     each to its hashed core if that is another core of the set under the
-//     threshold (measured and projected), else to the least-loaded core
-//     under it: Falcon's dispatch to the hashed core under the threshold,
-//     with the least-loaded core instead of a blind rehash.
+//     each to its hashed core if that is another core of the set with room
+//     for the bucket's share under the threshold (measured and projected),
+//     else to the least-loaded core with that room: Falcon's dispatch to
+//     the hashed core under the threshold, with the least-loaded core
+//     instead of a blind rehash, and counting what the move adds.
 //  3. Everything else stays.
 //
 // A nil home is hashed, which is Assign.
@@ -550,7 +598,7 @@ func (b *Balancer) AssignHome(hashed, home, current []int, active []bool) (next 
 		if !active[i] || nActive[c] == 0 {
 			return 0
 		}
-		return b.load[c] / float64(nActive[c])
+		return b.workOf(c) / float64(nActive[c])
 	}
 	move := func(i, to int) {
 		s := share(i)
@@ -576,11 +624,14 @@ func (b *Balancer) AssignHome(hashed, home, current []int, active []bool) (next 
 		if !active[i] || !in || measured < thr || proj[c] < thr {
 			continue
 		}
-		if h := hashed[i]; preferHashed && h != c && b.under(h, proj, thr) {
+		// The destination must stay under the threshold with the
+		// bucket's share added, not just be under it now.
+		room := thr - share(i)
+		if h := hashed[i]; preferHashed && h != c && b.under(h, proj, room) {
 			move(i, h)
 			continue
 		}
-		if to, ok := b.leastLoaded(proj, thr, c); ok {
+		if to, ok := b.leastLoaded(proj, room, c); ok {
 			move(i, to)
 		}
 	}

@@ -26,6 +26,16 @@ func settle(b *Balancer, sample map[int]float64) {
 	}
 }
 
+// settleWork is settle with each core's movable work (nil: none fed).
+func settleWork(b *Balancer, sample, work map[int]float64) {
+	for range 200 {
+		b.Observe(sample)
+		if work != nil {
+			b.ObserveWork(work)
+		}
+	}
+}
+
 func TestMovingAverage(t *testing.T) {
 	b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
 	trace := []map[int]float64{
@@ -226,13 +236,17 @@ func TestAssign(t *testing.T) {
 			[]int{0, 0, 0, 0, 0, 0, 0, 0, 1, 2}, nil,
 			[]bool{true, true, true, true, true, true, true, true, false, false},
 			[]int{1, 2, 0, 0, 0, 0, 0, 0, 1, 2}},
+		// Core 0's receive work is 40 of its 100: the active bucket's
+		// share (see assignWork).
 		{"inactive buckets are not moved off a hot core",
 			map[int]float64{0: 100, 1: 20}, // core 2 idle
 			[]int{0, 0, 0, 1}, nil, []bool{false, true, false, true},
 			[]int{0, 2, 0, 1}},
-		// Core 0's bucket takes idle core 2, which then projects to 100%.
-		// Core 1's bucket finds no target: core 0 projects to 0% but was
-		// measured hot, so it is no target until a sample says otherwise.
+		// Core 0's bucket (work 50) takes idle core 2, which then
+		// projects to 50%. Core 1's bucket finds no target: core 2 has no
+		// room for a second 50 under 80, and core 0 projects to 50% but
+		// was measured hot, so it is no target until a sample says
+		// otherwise.
 		{"two hot cores, one idle: only one bucket moves",
 			map[int]float64{0: 100, 1: 100, 2: 0}, // average 66.7: not fallen back
 			[]int{0, 1}, nil, []bool{true, true},
@@ -274,11 +288,34 @@ func TestAssign(t *testing.T) {
 			map[int]float64{0: 90, 1: 20},
 			[]int{5, 5}, []int{0, 1}, []bool{true, true},
 			[]int{2, 1}},
+		// A core's load is all its buckets' when no work is fed: a bucket
+		// carrying a whole hot core would make any core as hot.
+		{"no work fed: a bucket carrying a whole core stays",
+			map[int]float64{0: 100, 1: 100, 2: 0},
+			[]int{0, 1}, nil, []bool{true, true},
+			[]int{0, 1}},
+		// Core 0's bucket carries 30; core 1 (60, a sender) would be at
+		// 90 with it, core 2 (55) at 85: neither has room.
+		{"no room for the share: the bucket stays",
+			map[int]float64{0: 100, 1: 60, 2: 55},
+			[]int{0, 1}, nil, []bool{true, false},
+			[]int{0, 1}},
+		{"room for the share: the bucket moves",
+			map[int]float64{0: 100, 1: 60, 2: 45},
+			[]int{0, 1}, nil, []bool{true, false},
+			[]int{2, 1}},
+	}
+	assignWork := map[string]map[int]float64{
+		"inactive buckets are not moved off a hot core":            {0: 40},
+		"two hot cores, one idle: only one bucket moves":           {0: 50, 1: 50},
+		"hashed outside the set: no return there, relief as usual": {0: 30, 1: 10},
+		"no room for the share: the bucket stays":                  {0: 30},
+		"room for the share: the bucket moves":                     {0: 30},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
-			settle(b, tc.loads)
+			settleWork(b, tc.loads, assignWork[tc.name])
 			if b.FallenBack() {
 				t.Fatalf("set fell back at average %v; fix the case", b.Average())
 			}
@@ -349,11 +386,23 @@ func TestAssignHome(t *testing.T) {
 			map[int]float64{0: 50, 1: 30, 2: 0},
 			[]int{0}, []int{1}, []int{0}, []bool{true},
 			[]int{0}}, // 30 + 50 would put home over 70
+		// Home's bucket carries 20: its hashed core 0 at 65 would be at
+		// 85, core 2 at 55 stays under 80.
+		{"hashed core without room for the share: least-loaded with room",
+			map[int]float64{0: 65, 1: 90, 2: 55},
+			[]int{0}, []int{1}, nil, []bool{true},
+			[]int{2}},
+	}
+	// Each hot home's receive work: what its active bucket takes along.
+	homeWork := map[string]map[int]float64{
+		"hashed core busy: least-loaded instead":                         {1: 40},
+		"hashed core is home: least-loaded":                              {1: 40},
+		"hashed core without room for the share: least-loaded with room": {1: 20},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
-			settle(b, tc.loads)
+			settleWork(b, tc.loads, homeWork[tc.name])
 			if b.FallenBack() {
 				t.Fatalf("set fell back at average %v; fix the case", b.Average())
 			}
@@ -373,7 +422,7 @@ func TestAssignHome(t *testing.T) {
 func TestAssignNoFlapping(t *testing.T) {
 	b := mustNew(t, DefaultConfig([]int{0, 1}))
 	hashed, active := []int{0, 1}, []bool{true, false}
-	settle(b, map[int]float64{0: 80, 1: 10})
+	settleWork(b, map[int]float64{0: 80, 1: 10}, map[int]float64{0: 30, 1: 10})
 	table := slices.Clone(hashed)
 	total, naive := 0, 0
 	naiveHome := true
@@ -383,6 +432,7 @@ func TestAssignNoFlapping(t *testing.T) {
 			busy = 70
 		}
 		b.Observe(map[int]float64{0: busy, 1: 10})
+		b.ObserveWork(map[int]float64{0: 30, 1: 10})
 		var moves int
 		table, moves = b.Assign(hashed, table, active)
 		total += moves
@@ -401,6 +451,7 @@ func TestAssignNoFlapping(t *testing.T) {
 	// 1's 10%) is under 70, and only once.
 	for range 30 {
 		b.Observe(map[int]float64{0: 30, 1: 10})
+		b.ObserveWork(map[int]float64{0: 30, 1: 10})
 		var moves int
 		table, moves = b.Assign(hashed, table, active)
 		total += moves
@@ -725,24 +776,29 @@ func TestDampedBarCapped(t *testing.T) {
 	}
 }
 
-// Room: a core other than the one named is under the limit, which is at
-// most the threshold.
+// Room: a core other than the one named stays under the limit, which is at
+// most the threshold, with the named core's work added.
 func TestRoom(t *testing.T) {
 	b := mustNew(t, DefaultConfig([]int{0, 1, 2}))
-	settle(b, map[int]float64{0: 90, 1: 95, 2: 85})
+	work := map[int]float64{0: 10, 1: 15, 2: 10}
+	settleWork(b, map[int]float64{0: 90, 1: 95, 2: 85}, work)
 	if b.Room(1, 80) {
 		t.Errorf("Room(1) with every core at 85%% or more")
 	}
-	settle(b, map[int]float64{0: 90, 1: 95, 2: 60})
+	settleWork(b, map[int]float64{0: 90, 1: 95, 2: 70}, work)
+	if b.Room(1, 80) {
+		t.Errorf("Room(1) with core 2 at 70%%: core 1's work (15) would put it at 85")
+	}
+	settleWork(b, map[int]float64{0: 90, 1: 95, 2: 60}, work)
 	if !b.Room(1, 80) || b.Room(2, 80) {
 		t.Errorf("Room(1) %v Room(2) %v with core 2 at 60%%: want true, false", b.Room(1, 80), b.Room(2, 80))
 	}
-	if b.Room(1, 50) || !b.Room(1, 100) {
-		t.Errorf("Room(1, 50) %v Room(1, 100) %v with core 2 at 60%%: want false, true (capped at the threshold, 80)", b.Room(1, 50), b.Room(1, 100))
+	if b.Room(1, 75) || !b.Room(1, 100) {
+		t.Errorf("Room(1, 75) %v Room(1, 100) %v with core 2 at 60%%, core 1's work 15: want false, true (capped at the threshold, 80)", b.Room(1, 75), b.Room(1, 100))
 	}
-	settle(b, map[int]float64{0: 90, 1: 95, 2: 81})
+	settleWork(b, map[int]float64{0: 90, 1: 95, 2: 66}, work)
 	if b.Room(1, 100) {
-		t.Errorf("Room(1, 100) with core 2 at 81%%: the limit must be capped at the threshold")
+		t.Errorf("Room(1, 100) with core 2 at 66%% and core 1's work 15: the limit must be capped at the threshold")
 	}
 }
 
@@ -751,4 +807,21 @@ func (b *Balancer) fellAtForTest() float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.fellAt
+}
+
+// Work is the core's load until work is fed, then the averaged work,
+// clamped as loads are and never above the load.
+func TestWork(t *testing.T) {
+	b := mustNew(t, DefaultConfig([]int{0, 1}))
+	settle(b, map[int]float64{0: 60, 1: 20})
+	if w := b.Work(0); math.Abs(w-60) > 0.01 {
+		t.Errorf("Work(0) before ObserveWork = %.2f, want the load, 60", w)
+	}
+	settleWork(b, map[int]float64{0: 60, 1: 20}, map[int]float64{0: 25, 1: 150, 5: 10})
+	if w := b.Work(0); math.Abs(w-25) > 0.01 {
+		t.Errorf("Work(0) = %.2f, want 25", w)
+	}
+	if w := b.Work(1); math.Abs(w-20) > 0.01 {
+		t.Errorf("Work(1) = %.2f, want its load, 20 (work 150 clamps to 100, capped at the load)", w)
+	}
 }

@@ -379,6 +379,11 @@ func (a *agent) restore() {
 // step is one balancing round.
 func (a *agent) step(s load.Sample) error {
 	loads := map[int]float64{}
+	// What moves with a stage: the core's receive work split evenly among
+	// the stages lanes steers (the NIC's poll, which stays, is counted in
+	// with them, so a stage's share is if anything overstated and a move
+	// stays on the safe side of the destination's threshold).
+	work := map[int]float64{}
 	for _, c := range s.Cores {
 		v := c.Rx
 		if a.o.Load == "busy" {
@@ -387,11 +392,14 @@ func (a *agent) step(s load.Sample) error {
 			v = c.Contended()
 		}
 		loads[c.CPU] = v
+		work[c.CPU] = c.Rx / float64(max(1, len(a.stages)))
 	}
 	wasFallen, wasDamped := a.bal.FallenBack(), a.bal.Stats().Damped
 	a.bal.Observe(loads)
+	a.bal.ObserveWork(work)
 	if a.split != nil {
 		a.split.Observe(loads)
+		a.split.ObserveWork(work)
 	}
 	fallen := a.bal.FallenBack()
 	if fallen != wasFallen && a.env.Logf != nil {
@@ -607,10 +615,12 @@ func (a *agent) stayHome(fallen bool) bool {
 }
 
 // mayLeaveHome: the set is not fallen back, the IRQ core is at the
-// threshold, and another core of the stage's set has room: it is under
-// home-room (the threshold by default). Without the last test a damped
-// set whose cores are all busy (a TCP sender on the other core) left home
-// and came back every round.
+// threshold, and another core of the stage's set has room: it stays under
+// home-room (the threshold by default) with the stage's receive work added
+// (balancer.Room). Without the room test a damped set whose cores are all
+// busy (a TCP sender on the other core) left home and came back every
+// round; counting the stage's work keeps it home when the other core's
+// own tasks leave no time for the stage, which then only pays the hop.
 func (a *agent) mayLeaveHome(stage int, fallen bool) bool {
 	bal := a.stageBal(stage)
 	return !fallen && bal.Load(a.home) >= a.o.Threshold && bal.Room(a.home, a.o.homeRoom())
