@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -248,6 +249,21 @@ type elephantResult struct {
 	Reordered int         // arrivals below the highest sequence number so far
 	ByCore    map[int]int // SO_INCOMING_CPU after each read
 	Src, Dst  netip.AddrPort
+	// Displaced are the first arrivals below the highest so far, for
+	// the log: where in the stream an overtake happened and which core
+	// the socket said queued the datagrams around it.
+	Displaced []displaced
+}
+
+// displaced is one arrival below the highest sequence number so far.
+type displaced struct {
+	Seq, Highest uint64
+	Read         int // reads before it
+	CPU, PrevCPU int // SO_INCOMING_CPU after this read and after the one before (-1: unknown)
+}
+
+func (d displaced) String() string {
+	return fmt.Sprintf("#%d %d after %d (%d behind), socket core %d after %d", d.Read, d.Seq, d.Highest, d.Highest-d.Seq, d.CPU, d.PrevCPU)
 }
 
 // sendElephant sends the elephant from the sender's underlay to a socket
@@ -320,6 +336,7 @@ func sendElephantAt(t *testing.T, tb *testbed.Testbed, rate float64, share float
 func (res *elephantResult) read(rc *net.UDPConn, raw syscall.RawConn, sending *atomic.Bool) {
 	buf := make([]byte, 2048)
 	var highest uint64
+	prevCPU := -1
 	for {
 		rc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 		n, err := rc.Read(buf)
@@ -334,18 +351,27 @@ func (res *elephantResult) read(rc *net.UDPConn, raw syscall.RawConn, sending *a
 			continue
 		}
 		res.Received++
+		cpu := -1
+		raw.Control(func(fd uintptr) {
+			if c, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_INCOMING_CPU); err == nil {
+				cpu = c
+				res.ByCore[c]++
+			}
+		})
 		if seq := binary.BigEndian.Uint64(buf); res.Received > 1 && seq < highest {
 			res.Reordered++
+			if len(res.Displaced) < maxDisplaced {
+				res.Displaced = append(res.Displaced, displaced{Seq: seq, Highest: highest, Read: res.Received - 1, CPU: cpu, PrevCPU: prevCPU})
+			}
 		} else {
 			highest = seq
 		}
-		raw.Control(func(fd uintptr) {
-			if cpu, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_INCOMING_CPU); err == nil {
-				res.ByCore[cpu]++
-			}
-		})
+		prevCPU = cpu
 	}
 }
+
+// maxDisplaced is how many displaced arrivals a result keeps for the log.
+const maxDisplaced = 8
 
 // bothCoresDeliver: the receiving socket saw datagrams queued by each
 // core, a tenth of them at least (micro-flows alternate between the two).

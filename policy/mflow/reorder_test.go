@@ -367,12 +367,12 @@ func TestReassemblyUDP(t *testing.T) {
 				return
 			}
 			st := veth0Stats(t, a)
-			t.Logf("reassembled: %d of %d datagrams, %d out of order; qdisc %+v", res.Received, res.Sent, res.Reordered, st)
+			t.Logf("reassembled: %d of %d datagrams, %d out of order, socket cores %v; qdisc %+v", res.Received, res.Sent, res.Reordered, res.ByCore, st)
 			switch {
 			case res.Reordered*residualShareUDP > without:
 				t.Errorf("%d datagrams out of order through the reassembler (%d without it): more than the known residual", res.Reordered, without)
 			case res.Reordered != 0:
-				t.Logf("the known residual: %d datagrams out of order through the reassembler (%d without it); qdisc gaps %d, late %d, overflows %d", res.Reordered, without, st.Gaps, st.Late, st.Overflows)
+				t.Logf("the known residual: %d datagrams out of order through the reassembler (%d without it); qdisc gaps %d, late %d, overflows %d; socket cores %v; %v", res.Reordered, without, st.Gaps, st.Late, st.Overflows, res.ByCore, res.Displaced)
 			}
 			if st.Held == 0 || st.HeldNow != 0 || st.Released+st.Overflows == 0 {
 				t.Errorf("qdisc %+v: want frames held, then released, nothing left", st)
