@@ -15,7 +15,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/stats"
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/policy/falcon/balancer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"

@@ -18,7 +18,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/policy/falcon/balancer"
 )
 
 // Options are Falcon's settings; each mechanism can be switched alone so
