@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -188,7 +188,7 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	s0, err := load.ReadStat()
+	s0, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	}
 	start := time.Now()
 	time.Sleep(d)
-	s1, err := load.ReadStat()
+	s1, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
 	}

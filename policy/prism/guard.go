@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
@@ -233,7 +233,7 @@ type guardTarget interface {
 	// signal is the demotion signal over the sample just taken, in
 	// percent of its interval; threads are the receive kthreads that
 	// sample measured (nil unless needsThreads).
-	signal(threads []load.Thread, interval time.Duration) (float64, error)
+	signal(threads []cpuload.Thread, interval time.Duration) (float64, error)
 	// needsThreads: the signal is receive kthreads' run time, which only
 	// the /proc sampler lists by thread.
 	needsThreads() bool
@@ -255,7 +255,7 @@ type guard struct {
 	target guardTarget // nil: only high=auto's switch runs
 	high   *highSwitch // nil unless high=auto
 	// newSource opens the load sampler (openSampler; a test's fake).
-	newSource func() (load.Source, error)
+	newSource func() (cpuload.Source, error)
 	metrics   *guardMetrics // nil without a registry
 	// failed counts the samples failed in a row; set is what the
 	// target was last switched to (demoted), which a write that failed
@@ -460,7 +460,7 @@ func (g *guard) run(ctx context.Context) error {
 			}
 		}()
 	}
-	var src load.Source
+	var src cpuload.Source
 	if g.target != nil {
 		open := g.openSampler
 		if g.newSource != nil {
@@ -506,8 +506,8 @@ func (g *guard) run(ctx context.Context) error {
 			g.mu.Unlock()
 		}
 		var errText string
-		var threads []load.Thread
-		if p, ok := src.(*load.Sampler); ok {
+		var threads []cpuload.Thread
+		if p, ok := src.(*cpuload.Sampler); ok {
 			threads = p.Threads()
 		}
 		sig, err := g.target.signal(threads, s.Interval)
@@ -558,16 +558,16 @@ func (g *guard) run(ctx context.Context) error {
 // a sample) unless the target needs the receive kthreads one by one, or
 // the kernel lacks the tracing programs; then /proc, whose sampler also
 // walks all of /proc once a second, often on the very core it guards.
-func (g *guard) openSampler() (load.Source, error) {
+func (g *guard) openSampler() (cpuload.Source, error) {
 	if !g.target.needsThreads() {
-		if s, err := load.NewSchedSampler(); err == nil {
+		if s, err := cpuload.NewSchedSampler(); err == nil {
 			g.setSampler("sched")
 			return s, nil
 		} else if g.env.Logf != nil {
 			g.env.Logf("guard reads /proc: no scheduler accounting on this kernel (%v)", err)
 		}
 	}
-	p, err := load.NewSampler()
+	p, err := cpuload.NewSampler()
 	if err != nil {
 		return nil, err
 	}
@@ -623,7 +623,7 @@ type nicTarget struct {
 
 func (n *nicTarget) needsThreads() bool { return true }
 
-func (n *nicTarget) signal(threads []load.Thread, _ time.Duration) (float64, error) {
+func (n *nicTarget) signal(threads []cpuload.Thread, _ time.Duration) (float64, error) {
 	var nic float64
 	for _, th := range threads {
 		if slices.ContainsFunc(n.threads, func(k knobs.KthreadInfo) bool { return k.Comm == th.Comm }) {
@@ -734,7 +734,7 @@ func (b *bulkTarget) idle() bool {
 // needsThreads: the bulk kthreads' wait is read from their own schedstat.
 func (b *bulkTarget) needsThreads() bool { return false }
 
-func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, error) {
+func (b *bulkTarget) signal(_ []cpuload.Thread, interval time.Duration) (float64, error) {
 	at := b.now()
 	if !b.readAt.IsZero() && at.After(b.readAt) {
 		interval = at.Sub(b.readAt)
@@ -764,7 +764,7 @@ func schedstatWait(pid int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	_, wait, err := load.ParseSchedstatWait(string(raw))
+	_, wait, err := cpuload.ParseSchedstatWait(string(raw))
 	return wait, err
 }
 
