@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/cpuload"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
 // workMeter measures how much CPU a run's receive path and receiving
@@ -45,7 +45,7 @@ func (w *workMeter) stop(irq int) (work, irqWork, window time.Duration, ok bool)
 	}
 	// A core whose reading was torn is left out of a sample: then the
 	// sum would fall short, so the run records nothing.
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil || len(smp.Cores) != len(online) {
 		return 0, 0, 0, false
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
 )
@@ -616,7 +617,7 @@ type guardMetrics struct {
 // scheduling is a knob the plan set: the guard writes it through the
 // journal of dir, as generation gen's runtime writer (knobs.RuntimeWrite).
 type nicTarget struct {
-	threads       []knobs.KthreadInfo // the underlay's NAPI threads
+	threads       []kthread.Info // the underlay's NAPI threads
 	onLadder, off string
 	dir, gen      string
 }
@@ -626,7 +627,7 @@ func (n *nicTarget) needsThreads() bool { return true }
 func (n *nicTarget) signal(threads []cpuload.Thread, _ time.Duration) (float64, error) {
 	var nic float64
 	for _, th := range threads {
-		if slices.ContainsFunc(n.threads, func(k knobs.KthreadInfo) bool { return k.Comm == th.Comm }) {
+		if slices.ContainsFunc(n.threads, func(k kthread.Info) bool { return k.Comm == th.Comm }) {
 			nic += th.Percent
 		}
 	}
@@ -672,7 +673,7 @@ type bulkTarget struct {
 	core int
 	// threads are the bulk queue's kthreads on the receive core; wait
 	// is each one's schedstat wait time at the last sample, by pid.
-	threads []knobs.KthreadInfo
+	threads []kthread.Info
 	wait    map[int]uint64
 	// readAt is when wait was read: the wait is a share of the time
 	// between two reads, not of the sampler's interval, which the guard's
@@ -711,7 +712,7 @@ func (b *bulkTarget) find() error {
 		return fmt.Errorf("prism guard: the bulk queue's kthreads: %w", err)
 	}
 	prefix := fmt.Sprintf("cpumap/%d/", b.core)
-	b.threads = slices.DeleteFunc(ths, func(th knobs.KthreadInfo) bool { return !strings.HasPrefix(th.Comm, prefix) })
+	b.threads = slices.DeleteFunc(ths, func(th kthread.Info) bool { return !strings.HasPrefix(th.Comm, prefix) })
 	if len(b.threads) == 0 {
 		return fmt.Errorf("prism guard: no bulk queue kthread on core %d", b.core)
 	}
@@ -819,7 +820,7 @@ func (a guardAgent) Status() any {
 }
 
 // comms are the threads' names.
-func comms(ths []knobs.KthreadInfo) []string {
+func comms(ths []kthread.Info) []string {
 	var out []string
 	for _, th := range ths {
 		out = append(out, th.Comm)

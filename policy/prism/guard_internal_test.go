@@ -12,6 +12,7 @@ import (
 
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 )
 
 // TestBulkWaitShare: the bulk kthread's wait is a share of the time between
@@ -22,7 +23,7 @@ func TestBulkWaitShare(t *testing.T) {
 	var clock time.Time
 	var wait uint64
 	b := &bulkTarget{
-		threads:  []knobs.KthreadInfo{{PID: 42, Comm: "cpumap/1/map:7"}},
+		threads:  []kthread.Info{{PID: 42, Comm: "cpumap/1/map:7"}},
 		wait:     map[int]uint64{},
 		now:      func() time.Time { return clock },
 		readWait: func(int) (uint64, error) { return wait, nil },
