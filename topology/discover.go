@@ -13,10 +13,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/mountinfo"
+	"github.com/lanesnet/lanes/internal/napi"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"

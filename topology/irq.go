@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/napi"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/vishvananda/netlink"
 )

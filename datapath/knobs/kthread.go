@@ -11,9 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/napi"
 	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
