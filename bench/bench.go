@@ -32,8 +32,8 @@ import (
 	"github.com/lanesnet/lanes/bench/workload"
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/testbed"
 	"golang.org/x/sys/unix"
 )
@@ -215,7 +215,7 @@ func (o *Options) Validate() error {
 			rawParams := params
 			cpus, idle, params := benchParams(params)
 			if cpus != "" {
-				if _, err := knobs.ParseCPUList(cpus); err != nil {
+				if _, err := cpuset.ParseList(cpus); err != nil {
 					return fmt.Errorf("mode %q: cpus=%s: %v (a core list like 1 or 0-1)", m, cpus, err)
 				}
 			}

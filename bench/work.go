@@ -3,13 +3,13 @@ package bench
 import (
 	"time"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
+	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
 // workMeter measures how much CPU a run's receive path and receiving
 // application took, the generator excluded: the scheduler-event accounting
-// the balancer uses (load.SchedSampler), whose "contended" time is every
+// the balancer uses (cpuload.SchedSampler), whose "contended" time is every
 // core's busy time less that of SCHED_IDLE threads (the generator runs
 // there) with softirqs on top of them counted as busy. Everything else that
 // ran is in it too: the mode's agent (Falcon's balancer runs in the
@@ -20,12 +20,12 @@ import (
 // else ran: the receive capacity a placement can reach at best. The IRQ
 // core's share alone bounds it too: that core polls the NIC in every mode,
 // and a mode whose rate is 1/(its share) keeps it saturated.
-type workMeter struct{ s *load.SchedSampler }
+type workMeter struct{ s *cpuload.SchedSampler }
 
 // startWork begins a measurement; nil when the kernel has no BTF or
 // tracing programs (the run then records no work figures).
 func startWork() *workMeter {
-	s, err := load.NewSchedSampler()
+	s, err := cpuload.NewSchedSampler()
 	if err != nil {
 		return nil
 	}
@@ -45,7 +45,7 @@ func (w *workMeter) stop(irq int) (work, irqWork, window time.Duration, ok bool)
 	}
 	// A core whose reading was torn is left out of a sample: then the
 	// sum would fall short, so the run records nothing.
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil || len(smp.Cores) != len(online) {
 		return 0, 0, 0, false
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
@@ -67,7 +69,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 		}
 		return running{Agent: static{st.Mode, r != nil}, r: r, f: f}, st, nil
 	}
-	cpus, err := knobs.ParseCPUList(st.CPUs)
+	cpus, err := cpuset.ParseList(st.CPUs)
 	if err != nil {
 		return nil, st, fmt.Errorf("state file %s: cpus: %w", dir, err)
 	}
@@ -168,11 +170,11 @@ func sameCPUs(applied, given string) bool {
 	var cpus []int
 	var err error
 	if given == "" {
-		cpus, err = knobs.OnlineCPUs()
+		cpus, err = cpuset.Online()
 	} else {
-		cpus, err = knobs.ParseCPUList(given)
+		cpus, err = cpuset.ParseList(given)
 	}
-	return err == nil && knobs.FormatCPUList(cpus) == applied
+	return err == nil && cpuset.FormatList(cpus) == applied
 }
 
 // OtherTarget names a target under stateDir, other than netns's own, whose
@@ -213,7 +215,7 @@ func OtherTarget(stateDir, netns string) (string, error) {
 // netnsID identifies a namespace by its file's device and inode; false
 // when it cannot be reached.
 func netnsID(ns string) ([2]uint64, bool) {
-	p := knobs.NetNSPath(ns)
+	p := netnsx.Path(ns)
 	if p == "" {
 		p = "/proc/self/ns/net"
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -111,32 +113,32 @@ func (o Options) validate() (*validated, error) {
 	if o.Mode == "" {
 		return nil, fmt.Errorf("no mode given: use --mode with one of %s", strings.Join(plan.Modes(), ", "))
 	}
-	if err := knobs.CheckNetNSName(o.NetNS); err != nil {
+	if err := netnsx.CheckName(o.NetNS); err != nil {
 		return nil, err
 	}
 	p, err := plan.Lookup(o.Mode)
 	if err != nil {
 		return nil, err
 	}
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		return nil, err
 	}
 	cpus := online
 	if strings.TrimSpace(o.CPUs) != "" {
-		if cpus, err = knobs.ParseCPUList(o.CPUs); err != nil {
-			return nil, fmt.Errorf("%w: this machine has cores %s", err, knobs.FormatCPUList(online))
+		if cpus, err = cpuset.ParseList(o.CPUs); err != nil {
+			return nil, fmt.Errorf("%w: this machine has cores %s", err, cpuset.FormatList(online))
 		}
-		if err := knobs.CheckCPUs(cpus); err != nil {
+		if err := cpuset.Check(cpus); err != nil {
 			return nil, fmt.Errorf("bad CPU list %q: %w", o.CPUs, err)
 		}
 	}
-	if !knobs.NetNSExists(o.NetNS) {
-		return nil, knobs.NoNetNSError(o.NetNS)
+	if !netnsx.Exists(o.NetNS) {
+		return nil, netnsx.NotFoundError(o.NetNS)
 	}
 	// A process's namespace is kept with its cookie, so the agent and
 	// reset never act on another namespace whose process got the PID.
-	if o.NetNS, err = knobs.PinNetNS(o.NetNS); err != nil {
+	if o.NetNS, err = netnsx.Pin(o.NetNS); err != nil {
 		return nil, err
 	}
 	if Target(o.NetNS) == "host" && o.NetNS != "" {
@@ -146,9 +148,9 @@ func (o Options) validate() (*validated, error) {
 		return nil, err
 	}
 	if v, ok := o.Params[plan.IRQKey]; ok {
-		irq, err := knobs.ParseCPUList(v)
+		irq, err := cpuset.ParseList(v)
 		if err == nil {
-			err = knobs.CheckCPUs(irq)
+			err = cpuset.Check(irq)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("--set %s=%s: %w", plan.IRQKey, v, err)
@@ -222,7 +224,7 @@ func Apply(opts Options) (*State, error) {
 		Phase:   Applying,
 		PID:     os.Getpid(),
 		Started: time.Now().UTC(),
-		CPUs:    knobs.FormatCPUList(v.cfg.CPUs),
+		CPUs:    cpuset.FormatList(v.cfg.CPUs),
 		Params:  v.Params,
 		Plan:    Summary{Changes: len(p.Changes), Notes: append(slices.Clone(p.Notes), plan.GROCellNotes(topo)...), Agent: p.Agent},
 		IRQCPUs: append([]int{}, plan.IRQCPUsFor(topo, v.Params)...),
@@ -307,7 +309,7 @@ type ResetResult struct {
 // state. Without a journal it does nothing and says so (Nothing).
 func Reset(netns, stateDir string) (*ResetResult, error) {
 	// The name reaches the state directory's path: ".." would reach out.
-	if err := knobs.CheckNetNSName(netns); err != nil {
+	if err := netnsx.CheckName(netns); err != nil {
 		return nil, err
 	}
 	if err := agentRunning(Dir(stateDir, netns), "reset"); err != nil {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
@@ -92,11 +94,11 @@ func TestApplyRPSThenReset(t *testing.T) {
 	if st.Phase != Applied || st.Plan.Changes != changes {
 		t.Errorf("state %+v: want applied with %d changes", st, changes)
 	}
-	online, _ := knobs.OnlineCPUs()
+	online, _ := cpuset.Online()
 	after := snapshot(t, h.NetNS)
 	for _, key := range rpsKeys(f, h) {
-		cpus, err := knobs.ParseCPUMask(string(after[key]))
-		if err != nil || knobs.FormatCPUList(cpus) != knobs.FormatCPUList(online) {
+		cpus, err := cpuset.ParseMask(string(after[key]))
+		if err != nil || cpuset.FormatList(cpus) != cpuset.FormatList(online) {
 			t.Errorf("%s = %q, want all online cores %v", key, after[key], online)
 		}
 	}
@@ -151,18 +153,18 @@ func TestRPSDefaultMask(t *testing.T) {
 	if err != nil {
 		t.Skipf("no rps_default_mask in this kernel's namespaces: %v", err)
 	}
-	online, _ := knobs.OnlineCPUs()
+	online, _ := cpuset.Online()
 	mask := func(b []byte) string {
-		cpus, err := knobs.ParseCPUMask(string(b))
+		cpus, err := cpuset.ParseMask(string(b))
 		if err != nil {
 			t.Fatalf("mask %q: %v", b, err)
 		}
-		return knobs.FormatCPUList(cpus)
+		return cpuset.FormatList(cpus)
 	}
 	veth := func(name string) string {
 		t.Helper()
 		var rps []byte
-		err := knobs.DoSysfs(h.NetNS, func() error {
+		err := netnsx.DoSysfs(h.NetNS, func() error {
 			la := netlink.NewLinkAttrs()
 			la.Name = name
 			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: name + "p"}); err != nil {
@@ -196,10 +198,10 @@ func TestRPSDefaultMask(t *testing.T) {
 	if !journaled {
 		t.Errorf("%s not journaled with its original %q", knob.Key(), orig)
 	}
-	if got, _ := knob.Read(); mask(got) != knobs.FormatCPUList(online) {
+	if got, _ := knob.Read(); mask(got) != cpuset.FormatList(online) {
 		t.Errorf("rps_default_mask while applied: %q, want cores %v", got, online)
 	}
-	if got := veth("lnsdm1"); got != knobs.FormatCPUList(online) {
+	if got := veth("lnsdm1"); got != cpuset.FormatList(online) {
 		t.Errorf("a veth made while rps is applied has RPS map %q, want the plan's %v", got, online)
 	}
 
@@ -220,7 +222,7 @@ func TestModeSwitchRestoresFirst(t *testing.T) {
 	h := f.Hosts[0]
 	stateDir := t.TempDir()
 	before := snapshot(t, h.NetNS)
-	online, _ := knobs.OnlineCPUs()
+	online, _ := cpuset.Online()
 	one := strconv.Itoa(online[0])
 
 	if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, CPUs: one, StateDir: stateDir}); err != nil {
@@ -333,7 +335,7 @@ func TestApplyValidatesFirst(t *testing.T) {
 	h := f.Hosts[0]
 	stateDir := t.TempDir()
 	before := snapshot(t, h.NetNS)
-	online, _ := knobs.OnlineCPUs()
+	online, _ := cpuset.Online()
 	offline := strconv.Itoa(online[len(online)-1] + 1)
 	cases := []struct {
 		opts Options

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -34,16 +35,16 @@ func TestFollowedRPSMapResetsToTheDefault(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := knobs.ParseCPUMask(string(b))
+		c, err := cpuset.ParseMask(string(b))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return knobs.FormatCPUList(c)
+		return cpuset.FormatList(c)
 	}
 	plan := cpus()
 	a.Reset(t)
-	want, _ := knobs.ParseCPUMask(string(orig))
-	if got := cpus(); got != knobs.FormatCPUList(want) {
-		t.Errorf("after reset %s's RPS map is %q (the plan's was %q), want the default's original %q", c3.HostVeth, got, plan, knobs.FormatCPUList(want))
+	want, _ := cpuset.ParseMask(string(orig))
+	if got := cpus(); got != cpuset.FormatList(want) {
+		t.Errorf("after reset %s's RPS map is %q (the plan's was %q), want the default's original %q", c3.HostVeth, got, plan, cpuset.FormatList(want))
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/vishvananda/netlink"
 )
@@ -179,11 +181,11 @@ func newFollower(st *State, dir string, logf func(string, ...any)) (*follower, e
 	if err != nil {
 		return nil, err
 	}
-	cpus, err := knobs.ParseCPUList(st.CPUs)
+	cpus, err := cpuset.ParseList(st.CPUs)
 	if err != nil {
 		return nil, fmt.Errorf("state file %s: cpus: %w", dir, err)
 	}
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +331,7 @@ func (f *follower) Run(ctx context.Context) {
 // ended with ctx.
 func (f *follower) subscribe(ctx context.Context) (_ <-chan netlink.LinkUpdate, stop func()) {
 	noop := func() {}
-	ns, err := knobs.OpenNetNS(f.netns)
+	ns, err := netnsx.Open(f.netns)
 	if err != nil {
 		f.logf("containers: cannot watch links of netns %s (%v): looking every %v instead", label(f.netns), err, followCheckEvery)
 		return nil, noop
@@ -357,7 +359,7 @@ func (f *follower) subscribe(ctx context.Context) (_ <-chan netlink.LinkUpdate, 
 // linkSet names the target namespace's links ("" if it cannot list them).
 func (f *follower) linkSet() string {
 	var names []string
-	_ = knobs.Do(f.netns, func() error {
+	_ = netnsx.Do(f.netns, func() error {
 		ls, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -677,7 +679,7 @@ func cpuList(cpus []int) string {
 	if len(cpus) == 0 {
 		return "(unknown)"
 	}
-	return knobs.FormatCPUList(cpus)
+	return cpuset.FormatList(cpus)
 }
 
 // adopt applies changes on container devices: programs, then after
@@ -778,7 +780,7 @@ func defaultMaskOriginal(entries []knobs.Entry, k knobs.Knob) []byte {
 	if err != nil {
 		return nil
 	}
-	have, err := knobs.ParseCPUMask(string(cur))
+	have, err := cpuset.ParseMask(string(cur))
 	if err != nil {
 		return nil
 	}
@@ -787,7 +789,7 @@ func defaultMaskOriginal(entries []knobs.Entry, k knobs.Knob) []byte {
 		if e.Kind != kind || !strings.HasSuffix(e.Key, "/"+strings.ReplaceAll(defaultMaskSysctl, ".", "/")) || e.Wrote == nil {
 			continue
 		}
-		if wrote, err := knobs.ParseCPUMask(string(e.Wrote)); err == nil && slices.Equal(wrote, have) {
+		if wrote, err := cpuset.ParseMask(string(e.Wrote)); err == nil && slices.Equal(wrote, have) {
 			return e.Original
 		}
 	}
@@ -815,8 +817,8 @@ func followableKnob(k knobs.Knob) bool {
 // as CPU sets (sysfs pads them), the rest as trimmed text.
 func sameValue(k knobs.Knob, cur, want []byte) bool {
 	if s, ok := k.(*knobs.SysfsFile); ok && strings.HasSuffix(s.Path, "/rps_cpus") {
-		a, err1 := knobs.ParseCPUMask(string(cur))
-		b, err2 := knobs.ParseCPUMask(string(want))
+		a, err1 := cpuset.ParseMask(string(cur))
+		b, err2 := cpuset.ParseMask(string(want))
 		return err1 == nil && err2 == nil && slices.Equal(a, b)
 	}
 	return strings.TrimSpace(string(cur)) == strings.TrimSpace(string(want))

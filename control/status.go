@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -96,8 +98,8 @@ type CoreQueue struct {
 // Status reports on a namespace. A namespace without an overlay still gets
 // its cores reported (TopologyError says why there is no topology).
 func Status(opts StatusOptions) (*StatusReport, error) {
-	if !knobs.NetNSExists(opts.NetNS) {
-		return nil, knobs.NoNetNSError(opts.NetNS)
+	if !netnsx.Exists(opts.NetNS) {
+		return nil, netnsx.NotFoundError(opts.NetNS)
 	}
 	if opts.Sample <= 0 {
 		opts.Sample = 500 * time.Millisecond
@@ -184,11 +186,11 @@ func placeThreads(s *StatusReport) {
 }
 
 func sampleCores(d time.Duration) ([]Core, error) {
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		return nil, err
 	}
-	s0, err := load.ReadStat()
+	s0, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +200,7 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	}
 	start := time.Now()
 	time.Sleep(d)
-	s1, err := load.ReadStat()
+	s1, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
 	}

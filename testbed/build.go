@@ -16,9 +16,9 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/napi"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 

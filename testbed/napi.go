@@ -3,8 +3,8 @@ package testbed
 import (
 	"fmt"
 
-	"github.com/lanesnet/lanes/datapath/napi"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/napi"
 )
 
 // NAPIThreads returns the NAPI poller kthreads of dev in netns, as the

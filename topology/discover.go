@@ -13,9 +13,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/mountinfo"
+	"github.com/lanesnet/lanes/internal/napi"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -28,8 +30,8 @@ const DockerNetNSDir = "/var/run/docker/netns"
 // Discover finds the overlay whose VXLAN device lives in namespace ns (""
 // = the namespace lanes runs in).
 func Discover(ns string) (*Topology, error) {
-	if !knobs.NetNSExists(ns) {
-		return nil, knobs.NoNetNSError(ns)
+	if !netnsx.Exists(ns) {
+		return nil, netnsx.NotFoundError(ns)
 	}
 	cat, err := openCatalog()
 	if err != nil {
@@ -142,7 +144,7 @@ func hasVXLAN(s *nsScan) bool {
 // namespace is ns. Nil when there is none; an error naming them all when
 // several are (one per Docker overlay network).
 func (d *discovery) overlayFor(ns string) (*string, error) {
-	h, err := knobs.OpenNetNS(ns)
+	h, err := netnsx.Open(ns)
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +353,7 @@ func (d *discovery) resolveUnderlay(t *Topology, us *nsScan, v *VXLAN) netlink.L
 
 func routeDev(ns string, dst, src netip.Addr) (int, error) {
 	var idx int
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		opts := &netlink.RouteGetOptions{}
 		if src.IsValid() {
 			opts.SrcAddr = net.IP(src.AsSlice())
@@ -453,11 +455,11 @@ var napiComm = regexp.MustCompile(`^napi/(.+)-[0-9]+$`)
 // napiThreads attaches each device's NAPI kernel threads: by pid from the
 // netdev family where it lists them, by name otherwise.
 func (d *discovery) napiThreads(t *Topology) error {
-	ths, err := knobs.ListKthreads(func(c string) bool { return napiComm.MatchString(c) })
+	ths, err := kthread.List(func(c string) bool { return napiComm.MatchString(c) })
 	if err != nil {
 		return err
 	}
-	byPID := map[int]knobs.KthreadInfo{}
+	byPID := map[int]kthread.Info{}
 	for _, th := range ths {
 		byPID[th.PID] = th
 	}
@@ -605,7 +607,7 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 		queues:   map[string][]RxQueue{},
 		nsids:    map[int]string{},
 	}
-	err := knobs.DoSysfs(ns, func() error {
+	err := netnsx.DoSysfs(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return fmt.Errorf("listing links: %w", err)
@@ -721,11 +723,11 @@ func (s *nsScan) resolveIDs(cat *catalog, want map[int]bool) {
 		}
 		if id, ok := match(f.Fd()); ok {
 			// A process's namespace goes by "pid:N@C", with its cookie
-			// (knobs.PinNetNS), so journaled knobs are never restored
+			// (netnsx.Pin), so journaled knobs are never restored
 			// into another namespace that got the PID; read through
 			// the same open file that matched, since the process may
 			// have switched namespaces since. Unreadable: unresolved.
-			if name, err := knobs.PinNetNSHandle(pid, netns.NsHandle(f.Fd())); err == nil {
+			if name, err := netnsx.PinHandle(pid, netns.NsHandle(f.Fd())); err == nil {
 				s.nsids[id] = name
 			}
 		}
@@ -790,7 +792,7 @@ func readQueues(dev string) []RxQueue {
 		q := RxQueue{Index: i, RPS: []int{}}
 		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "rps_cpus")); err == nil {
 			q.RPSCPUs = strings.TrimSpace(string(b))
-			if cpus, err := knobs.ParseCPUMask(q.RPSCPUs); err == nil && cpus != nil {
+			if cpus, err := cpuset.ParseMask(q.RPSCPUs); err == nil && cpus != nil {
 				q.RPS = cpus
 			}
 		}

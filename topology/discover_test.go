@@ -3,14 +3,15 @@ package topology_test
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/testbed"
@@ -27,11 +28,13 @@ func TestDiscoverDocker(t *testing.T) {
 	// Threaded NAPI on a container veth and the VXLAN device, so the
 	// discovery has kernel threads to find.
 	c0 := h.Containers[0]
-	if err := knobs.Sysfs(c0.NetNS, "/sys/class/net/eth0/threaded").Write([]byte("1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := knobs.Sysfs(h.NetNS, "/sys/class/net/"+h.VXLAN+"/threaded").Write([]byte("1")); err != nil {
-		t.Fatal(err)
+	for _, d := range []struct{ ns, dev string }{{c0.NetNS, "eth0"}, {h.NetNS, h.VXLAN}} {
+		err := netnsx.DoSysfs(d.ns, func() error {
+			return os.WriteFile("/sys/class/net/"+d.dev+"/threaded", []byte("1"), 0)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	topo, err := topology.Discover(h.NetNS)
@@ -181,12 +184,12 @@ func TestDiscoverUnnamedPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// With its namespace's cookie, so a reused PID is told apart.
-	want, err := knobs.PinNetNS("pid:" + strconv.Itoa(cmd.Process.Pid))
+	want, err := netnsx.Pin("pid:" + strconv.Itoa(cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(want, "@") {
-		t.Fatalf("PinNetNS gave %q, want pid:N@COOKIE", want)
+		t.Fatalf("Pin gave %q, want pid:N@COOKIE", want)
 	}
 	if len(topo.Veths) != 1 || topo.Veths[0].PeerNetNS != want {
 		t.Fatalf("veths %+v, want one with peer in %s", topo.Veths, want)

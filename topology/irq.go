@@ -9,8 +9,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/napi"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/vishvananda/netlink"
 )
 
@@ -52,7 +53,7 @@ type irqScan struct {
 // driver reports IRQs.
 func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqScan {
 	var sc irqScan
-	knobs.DoSysfs(ns, func() error {
+	netnsx.DoSysfs(ns, func() error {
 		var own []napi.Instance
 		for _, in := range inst {
 			if in.IfIndex == ifindex && in.IRQ > 0 {
@@ -197,7 +198,7 @@ func irqCPUs(n int) []int {
 		if err != nil {
 			continue
 		}
-		if cpus, err := knobs.ParseCPUList(strings.TrimSpace(string(b))); err == nil && len(cpus) > 0 {
+		if cpus, err := cpuset.ParseList(strings.TrimSpace(string(b))); err == nil && len(cpus) > 0 {
 			return cpus
 		}
 	}

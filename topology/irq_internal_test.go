@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/napi"
 	"github.com/vishvananda/netlink"
 )
 

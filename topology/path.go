@@ -20,8 +20,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nlraw"
 )
 
@@ -493,7 +493,7 @@ const (
 // ReadFilters reads the packet filters of namespace ns.
 func ReadFilters(ns string) Filters {
 	var f Filters
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		f = readFilters()
 		return nil
 	})
@@ -1196,7 +1196,7 @@ type VXLANSource struct {
 func ReadSyncPath(t *Topology, v *VXLAN) SyncPath {
 	var p SyncPath
 	var errs []string
-	err := knobs.Do(t.NetNS, func() error {
+	err := netnsx.Do(t.NetNS, func() error {
 		l, err := netlink.LinkByName(v.Name)
 		if err != nil {
 			return err
@@ -1227,7 +1227,7 @@ func ReadSyncPath(t *Topology, v *VXLAN) SyncPath {
 	if err != nil {
 		errs = append(errs, fmt.Sprintf("%s's forwarding entries: %v", v.Name, err))
 	}
-	err = knobs.Do(v.UnderlayNetNS, func() error {
+	err = netnsx.Do(v.UnderlayNetNS, func() error {
 		l, err := netlink.LinkByName(v.Underlay)
 		if err != nil {
 			return err

@@ -13,7 +13,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 )
 
 // Kind is how the overlay is wired.
@@ -34,7 +34,7 @@ const (
 // Topology is one namespace's overlay as discovered.
 type Topology struct {
 	// NetNS is the namespace that holds the VXLAN device ("" = the one
-	// lanes runs in); see knobs.NetNSPath for the forms a name takes.
+	// lanes runs in); internal/netnsx lists the forms a name takes.
 	NetNS string `json:"netns"`
 	// Host is the namespace discovery was asked about, when the overlay
 	// lives in another one: a Docker host keeps each overlay network's
@@ -70,7 +70,7 @@ type Device struct {
 	Threaded string `json:"threaded"`
 	// NAPIThreads are the kernel threads that poll the device when its
 	// NAPI is threaded.
-	NAPIThreads []knobs.KthreadInfo `json:"napi_threads,omitempty"`
+	NAPIThreads []kthread.Info `json:"napi_threads,omitempty"`
 	// NAPIByName is set when NAPIThreads were found by name only: VXLAN's
 	// GRO cells have no NAPI id, so the netdev family does not list them,
 	// and a device of the same name in another namespace would match too.
@@ -257,7 +257,7 @@ type Veth struct {
 	Master string `json:"master,omitempty"`
 	// PeerNetNS is the peer's namespace: a name, a path, "pid:N@C" for an
 	// unnamed namespace process N holds (C its netns cookie, see
-	// knobs.PinNetNS), or "unknown".
+	// netnsx.Pin), or "unknown".
 	PeerNetNS string `json:"peer_netns"`
 	PeerIndex int    `json:"peer_index"`
 	PeerName  string `json:"peer_name,omitempty"`

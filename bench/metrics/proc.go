@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 )
 
 // This file holds the parsers of the /proc files a Snapshot reads. They take
@@ -18,11 +18,11 @@ import (
 
 // CPUTimes is one "cpuN" line of /proc/stat, in USER_HZ ticks (the
 // datapath's load sampler owns the parser).
-type CPUTimes = load.CPUTimes
+type CPUTimes = cpuload.CPUTimes
 
 // parseStat returns the per-CPU lines of /proc/stat keyed by CPU number.
 func parseStat(b []byte) (map[int]CPUTimes, error) {
-	return load.ParseStat(bytes.NewReader(b))
+	return cpuload.ParseStat(bytes.NewReader(b))
 }
 
 // parseSoftirqs returns one row of /proc/softirqs (e.g. "NET_RX") keyed by

@@ -76,7 +76,7 @@ func yieldThread() error {
 		return fmt.Errorf("making the generator thread SCHED_IDLE: %w", err)
 	}
 	// Sleep once: accounting that classifies a task as it is switched in
-	// (datapath/load's scheduler-event sampler) sees the new policy only
+	// (datapath/cpuload's scheduler-event sampler) sees the new policy only
 	// from its next switch, which a thread that never blocks may not make
 	// for a long time on a core with nothing else to run.
 	_ = unix.Nanosleep(&unix.Timespec{Nsec: 50_000}, nil)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -48,7 +49,7 @@ func (rps) Summary() string {
 
 func (rps) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	p := &plan.Plan{Mode: "rps"}
-	mask := knobs.FormatCPUMask(cfg.CPUs)
+	mask := cpuset.FormatMask(cfg.CPUs)
 	add := func(d *topology.Device, why string) {
 		for _, q := range d.RxQueues {
 			p.Add(knobs.Sysfs(d.NetNS, d.QueuePath(q.Index)+"/rps_cpus"), mask, plan.DeviceTarget(d, q.Index), why)

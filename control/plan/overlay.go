@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -71,7 +71,7 @@ func IRQCPUsOr(t *topology.Topology, given []int) []int {
 // IRQCPUsFor is IRQCPUsOr with the IRQKey setting of params (checked
 // by the planner: an unreadable value counts as not given).
 func IRQCPUsFor(t *topology.Topology, params map[string]string) []int {
-	given, _ := knobs.ParseCPUList(params[IRQKey])
+	given, _ := cpuset.ParseList(params[IRQKey])
 	return IRQCPUsOr(t, given)
 }
 

@@ -5,7 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -13,7 +14,7 @@ import (
 // pinned, else in softirq where its receive interrupts go; unknown when
 // either may run on several cores, or a virtual NIC has neither.
 func TestIRQCPUs(t *testing.T) {
-	thread := func(cpus ...int) knobs.KthreadInfo { return knobs.KthreadInfo{Comm: "napi/ul2-9", CPUs: cpus} }
+	thread := func(cpus ...int) kthread.Info { return kthread.Info{Comm: "napi/ul2-9", CPUs: cpus} }
 	rx := func(irq int, name string, cpus ...int) topology.IRQ {
 		return topology.IRQ{IRQ: irq, Name: name, CPUs: cpus, Receive: true}
 	}
@@ -22,10 +23,10 @@ func TestIRQCPUs(t *testing.T) {
 		devs []topology.Device
 		want []int
 	}{
-		{"threaded, pinned", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(1)}}}, []int{1}},
-		{"threaded, free", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(0, 1)}}}, nil},
+		{"threaded, pinned", []topology.Device{{Threaded: "1", NAPIThreads: []kthread.Info{thread(1)}}}, []int{1}},
+		{"threaded, free", []topology.Device{{Threaded: "1", NAPIThreads: []kthread.Info{thread(0, 1)}}}, nil},
 		// A threaded NIC's interrupts only wake its threads.
-		{"threaded, threads pinned, IRQs elsewhere", []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{thread(1)}, IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 0)}}}, []int{1}},
+		{"threaded, threads pinned, IRQs elsewhere", []topology.Device{{Threaded: "1", NAPIThreads: []kthread.Info{thread(1)}, IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 0)}}}, []int{1}},
 		{"softirq, two queues", []topology.Device{{Threaded: "0", IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 3), rx(41, "eth0-TxRx-1", 2), {IRQ: 42, Name: "eth0", CPUs: []int{0}}}}}, []int{2, 3}},
 		{"softirq, an IRQ on several cores", []topology.Device{{Threaded: "0", IRQs: []topology.IRQ{rx(40, "eth0-TxRx-0", 2, 3)}}}, nil},
 		{"softirq, no IRQ (veth)", []topology.Device{{Threaded: "0"}}, nil},
@@ -42,7 +43,7 @@ func TestIRQCPUs(t *testing.T) {
 // A core list the user gave wins over what was read; a bad one is
 // refused with what to write.
 func TestIRQCPUsGiven(t *testing.T) {
-	tp := &topology.Topology{Underlays: []topology.Device{{Threaded: "1", NAPIThreads: []knobs.KthreadInfo{{CPUs: []int{1}}}}}}
+	tp := &topology.Topology{Underlays: []topology.Device{{Threaded: "1", NAPIThreads: []kthread.Info{{CPUs: []int{1}}}}}}
 	if got := IRQCPUsOr(tp, []int{0}); !slices.Equal(got, []int{0}) {
 		t.Errorf("given [0]: %v", got)
 	}
@@ -53,7 +54,7 @@ func TestIRQCPUsGiven(t *testing.T) {
 		t.Errorf("none given: %v, want what was read, [1]", got)
 	}
 	for _, bad := range []string{"", "x", "1-", ","} {
-		if _, err := knobs.ParseCPUList(bad); err == nil {
+		if _, err := cpuset.ParseList(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

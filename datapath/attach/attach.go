@@ -31,6 +31,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/vishvananda/netlink"
 )
 
@@ -82,7 +83,7 @@ func ifindexOf(dev string) (int, netlink.Link, error) {
 // missing device or namespace wraps knobs.ErrGone.
 func Attached(netns, dev string) (uint32, error) {
 	var id uint32
-	err := knobs.Do(netns, func() error {
+	err := netnsx.Do(netns, func() error {
 		var err error
 		id, err = xdpProgID(dev)
 		return err
@@ -219,7 +220,7 @@ func (p *pinnedLink) remove() error {
 // other than a link of the knob's type at the pin path is not lanes'
 // attachment; it is left alone and the knob already reads "".
 func detachPinned(netns, dev, pin string, want link.Type) error {
-	gone := knobs.Do(netns, func() error {
+	gone := netnsx.Do(netns, func() error {
 		_, _, err := ifindexOf(dev)
 		return err
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/vishvananda/netlink"
@@ -91,7 +92,7 @@ func TestXDPGenericMode(t *testing.T) {
 	write(t, k, attach.ValueAttached)
 	wantRead(t, k, attach.ValueAttached)
 	var mode uint32
-	knobs.Do(ns, func() error {
+	netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName("veth1")
 		if err == nil {
 			mode = l.Attrs().Xdp.AttachMode
@@ -118,7 +119,7 @@ func TestXDPRefusesForeignProgram(t *testing.T) {
 	xdpPin, _ := pinProgs(t, fs)
 	foreign := newProg(t, ebpf.XDP, "foreign_xdp")
 	foreignID := progID(t, foreign)
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName("veth0")
 		if err != nil {
 			return err
@@ -226,7 +227,7 @@ func TestTCX(t *testing.T) {
 	defer other.Close()
 	otherID := progID(t, other)
 	var otherLink link.Link
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName("veth0")
 		if err != nil {
 			return err
@@ -435,7 +436,7 @@ func TestPinsAcrossNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 	var insideID ebpf.ProgramID
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		if err := unix.Stat(xdpPin, &inside); err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -67,7 +68,7 @@ func testNetns(t *testing.T) string {
 
 func addVeth(t *testing.T, ns string) {
 	t.Helper()
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "veth1"}
 		if err := netlink.LinkAdd(v); err != nil {
 			return err
@@ -90,7 +91,7 @@ func addVeth(t *testing.T, ns string) {
 
 func delVeth(t *testing.T, ns string) {
 	t.Helper()
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName("veth0")
 		if err != nil {
 			return err
@@ -279,7 +280,7 @@ func xdpID(t *testing.T, ns, dev string) uint32 {
 func tcxProgs(t *testing.T, ns, dev string, at ebpf.AttachType) []ebpf.ProgramID {
 	t.Helper()
 	var ids []ebpf.ProgramID
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err

@@ -7,8 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/kver"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // TCX attaches the SCHED_CLS program pinned at Prog to Device's tcx hook
@@ -54,7 +54,7 @@ func (k *TCX) in(fn func(*tcxState) error) error {
 	if err != nil {
 		return err
 	}
-	return knobs.Do(k.NetNS, func() error {
+	return netnsx.Do(k.NetNS, func() error {
 		idx, _, err := ifindexOf(k.Device)
 		if err != nil {
 			return err

@@ -6,7 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // XDP attaches the program pinned at Prog to Device's XDP hook in NetNS
@@ -78,7 +78,7 @@ func (s *xdpState) ours() bool {
 
 // in runs fn inside the namespace with the current state.
 func (k *XDP) in(fn func(*xdpState) error) error {
-	return knobs.Do(k.NetNS, func() error {
+	return netnsx.Do(k.NetNS, func() error {
 		idx, l, err := ifindexOf(k.Device)
 		if err != nil {
 			return err

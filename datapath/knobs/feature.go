@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 const kindFeature = "ethtool-feature"
@@ -97,5 +98,5 @@ func deviceGone(err error) error {
 // in any of its forms (a name, a path, "pid:N", "pid:N@C"), or ErrGone
 // when it no longer exists (or is no longer the one C names).
 func ethNS(ns string) (string, error) {
-	return entryName(ns)
+	return netnsx.EntryName(ns)
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 const (
@@ -32,9 +34,13 @@ func (k *SysfsFile) String() string {
 	return nsLabel(k.NetNS) + ":" + k.Path
 }
 
-func (k *SysfsFile) Read() ([]byte, error) { return readIn(DoSysfs, k.NetNS, k.Path, "/sys/", k) }
+func (k *SysfsFile) Read() ([]byte, error) {
+	return readIn(netnsx.DoSysfs, k.NetNS, k.Path, "/sys/", k)
+}
 
-func (k *SysfsFile) Write(v []byte) error { return writeIn(DoSysfs, k.NetNS, k.Path, "/sys/", k, v) }
+func (k *SysfsFile) Write(v []byte) error {
+	return writeIn(netnsx.DoSysfs, k.NetNS, k.Path, "/sys/", k, v)
+}
 
 // ProcSysFile is a sysctl file under /proc/sys, e.g.
 // /proc/sys/net/core/rps_sock_flow_entries. /proc/sys/net follows the
@@ -59,13 +65,17 @@ func (k *ProcSysFile) String() string {
 	return nsLabel(k.NetNS) + ":" + k.Path
 }
 
-func (k *ProcSysFile) Read() ([]byte, error) { return readIn(Do, k.NetNS, k.Path, "/proc/sys/", k) }
+func (k *ProcSysFile) Read() ([]byte, error) {
+	return readIn(netnsx.Do, k.NetNS, k.Path, "/proc/sys/", k)
+}
 
-func (k *ProcSysFile) Write(v []byte) error { return writeIn(Do, k.NetNS, k.Path, "/proc/sys/", k, v) }
+func (k *ProcSysFile) Write(v []byte) error {
+	return writeIn(netnsx.Do, k.NetNS, k.Path, "/proc/sys/", k, v)
+}
 
 // readIn and writeIn access a file knob from a thread that enter placed in
-// namespace ns: sysfs needs its own mount there (DoSysfs), /proc/sys only
-// the thread's netns (Do).
+// namespace ns: sysfs needs its own mount there (netnsx.DoSysfs), /proc/sys
+// only the thread's netns (netnsx.Do).
 func readIn(enter func(string, func() error) error, ns, path, under string, k fmt.Stringer) ([]byte, error) {
 	if err := checkPath(path, under); err != nil {
 		return nil, err

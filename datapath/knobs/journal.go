@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // JournalFile is the journal's file name inside its state directory.
@@ -195,10 +197,10 @@ func CheckHostNetNS(dir string) error {
 // hostCookie is the netns cookie of the calling thread's namespace: the
 // namespace this process runs in on every thread but those nsx.Do has
 // placed in another one (they stay locked to their goroutine), so never
-// call it (or Open) inside nsx.Do or knobs.Do. cookieHere asks a socket,
+// call it (or Open) inside nsx.Do or netnsx.Do. netnsx.Cookie asks a socket,
 // which keeps the namespace it was made in, so no thread lock is needed.
 func hostCookie() (uint64, error) {
-	c, err := cookieHere()
+	c, err := netnsx.Cookie()
 	if err != nil {
 		return 0, fmt.Errorf("reading the namespace lanes runs in: %w", err)
 	}

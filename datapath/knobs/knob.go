@@ -10,10 +10,12 @@ package knobs
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"sync"
+
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // Knob is one kernel setting lanes may change.
@@ -58,8 +60,9 @@ type Tidier interface {
 
 // ErrGone is wrapped by Read and Write when what the knob lives on (a
 // device, a namespace, a kernel thread) no longer exists. Restore skips such
-// knobs: there is nothing left to restore.
-var ErrGone = errors.New("gone")
+// knobs: there is nothing left to restore. It is the error netnsx wraps for
+// a namespace that is gone, so one test covers both.
+var ErrGone = netnsx.ErrGone
 
 var (
 	kindsMu sync.Mutex
@@ -110,3 +113,12 @@ func init() {
 	Register(kindKthreadAffinity, func() Knob { return &KthreadAffinity{} })
 	Register(kindKthreadSched, func() Knob { return &KthreadSched{} })
 }
+
+// pinnedPID is a pid form's cookie part inside a knob key.
+var pinnedPID = regexp.MustCompile(`\bpid:([0-9]+)@[0-9]+`)
+
+// UnpinnedKey is a knob key with its pid forms' cookies removed: the key a
+// journal of a build without the cookie holds for the same knob ("pid:N"),
+// so that a follower started by a newer build over such an apply knows
+// those knobs as journaled.
+func UnpinnedKey(key string) string { return pinnedPID.ReplaceAllString(key, "pid:$1") }

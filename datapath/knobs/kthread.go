@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,8 +11,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/napi"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"github.com/lanesnet/lanes/internal/napi"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 const (
@@ -67,7 +68,7 @@ func (t Kthread) PID() (int, error) {
 	if t.NAPI != nil {
 		return t.NAPI.pid()
 	}
-	ths, err := ListKthreads(func(comm string) bool { return comm == t.Comm })
+	ths, err := kthread.List(func(comm string) bool { return comm == t.Comm })
 	if err != nil {
 		return 0, err
 	}
@@ -99,64 +100,6 @@ func (t *Kthread) resolve(record bool) (int, error) {
 		return 0, fmt.Errorf("kernel thread %s: %w: the thread lanes changed (started at tick %d) was replaced by pid %d (started at tick %d)", t, ErrGone, t.Started, pid, ps.StartTime)
 	}
 	return pid, nil
-}
-
-// KthreadInfo is a kernel thread as /proc and the scheduler show it.
-type KthreadInfo struct {
-	PID      int    `json:"pid"`
-	Comm     string `json:"comm"`
-	Index    int    `json:"index,omitempty"` // among threads with the same comm, see Kthread
-	CPUs     []int  `json:"cpus"`            // affinity
-	Policy   string `json:"policy"`          // other, fifo, rr, batch, idle, deadline
-	Priority int    `json:"priority"`        // RT priority (fifo, rr), 0 otherwise
-	Nice     int    `json:"nice"`
-	LastCPU  int    `json:"last_cpu"` // the CPU it last ran on
-}
-
-// ListKthreads returns the kernel threads whose comm satisfies match, in pid
-// order, with their affinity and scheduling. /proc/PID/comm of a kernel
-// thread holds its full name, not the 15-character task comm.
-func ListKthreads(match func(comm string) bool) ([]KthreadInfo, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, fmt.Errorf("listing /proc: %w", err)
-	}
-	var out []KthreadInfo
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/comm")
-		if err != nil {
-			continue // exited meanwhile
-		}
-		comm := strings.TrimSuffix(string(b), "\n")
-		if !match(comm) {
-			continue
-		}
-		flags, lastCPU, err := kthread.Thread{PID: pid}.Stat()
-		if err != nil || flags&kthread.PFKthread == 0 {
-			continue
-		}
-		info := KthreadInfo{PID: pid, Comm: comm, LastCPU: lastCPU}
-		if cpus, err := (kthread.Thread{PID: pid}).Affinity(); err == nil {
-			info.CPUs = cpus
-		}
-		if a, err := unix.SchedGetAttr(pid, 0); err == nil {
-			info.Policy = policyName(a.Policy)
-			info.Priority = int(a.Priority)
-			info.Nice = int(a.Nice)
-		}
-		out = append(out, info)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
-	seen := map[string]int{}
-	for i := range out {
-		out[i].Index = seen[out[i].Comm]
-		seen[out[i].Comm]++
-	}
-	return out, nil
 }
 
 func gone(err error) error {
@@ -201,11 +144,11 @@ func (k *KthreadAffinity) Read() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading affinity of %s (pid %d): %w", k.Kthread, pid, gone(err))
 	}
-	return []byte(FormatCPUList(cpus)), nil
+	return []byte(cpuset.FormatList(cpus)), nil
 }
 
 func (k *KthreadAffinity) Write(v []byte) error {
-	cpus, err := ParseCPUList(string(v))
+	cpus, err := cpuset.ParseList(string(v))
 	if err != nil {
 		return fmt.Errorf("affinity of %s: %w", k.Kthread, err)
 	}
@@ -264,26 +207,10 @@ func (k *KthreadSched) Write(v []byte) error {
 	return nil
 }
 
-var policies = map[uint32]string{
-	unix.SCHED_NORMAL:   "other",
-	unix.SCHED_FIFO:     "fifo",
-	unix.SCHED_RR:       "rr",
-	unix.SCHED_BATCH:    "batch",
-	unix.SCHED_IDLE:     "idle",
-	unix.SCHED_DEADLINE: "deadline",
-}
-
-func policyName(p uint32) string {
-	if n, ok := policies[p]; ok {
-		return n
-	}
-	return strconv.FormatUint(uint64(p), 10)
-}
-
 // FormatSched renders what sched_setattr needs to restore a, and nothing
 // more (utilization clamps are left alone by lanes).
 func FormatSched(a *unix.SchedAttr) string {
-	s := fmt.Sprintf("policy=%s prio=%d nice=%d", policyName(a.Policy), a.Priority, a.Nice)
+	s := fmt.Sprintf("policy=%s prio=%d nice=%d", kthread.PolicyName(a.Policy), a.Priority, a.Nice)
 	if a.Flags&unix.SCHED_FLAG_RESET_ON_FORK != 0 {
 		s += " reset-on-fork"
 	}
@@ -308,15 +235,11 @@ func ParseSched(s string) (*unix.SchedAttr, error) {
 			return nil, fmt.Errorf("bad scheduling %q: %q is not key=value", s, f)
 		}
 		if key == "policy" {
-			found := false
-			for p, n := range policies {
-				if n == val {
-					a.Policy, found = p, true
-				}
-			}
+			p, found := kthread.PolicyByName(val)
 			if !found {
 				return nil, fmt.Errorf("bad scheduling %q: unknown policy %q (use other, fifo, rr, batch, idle)", s, val)
 			}
+			a.Policy = p
 			havePolicy = true
 			continue
 		}
@@ -350,7 +273,7 @@ func ParseSched(s string) (*unix.SchedAttr, error) {
 
 func (q *NAPIQueue) pid() (int, error) {
 	var ifindex int
-	err := Do(q.NetNS, func() error {
+	err := netnsx.Do(q.NetNS, func() error {
 		l, err := netlink.LinkByName(q.Device)
 		if err != nil {
 			return fmt.Errorf("%s in %s: %w: %w", q.Device, nsLabel(q.NetNS), ErrGone, err)
@@ -361,7 +284,7 @@ func (q *NAPIQueue) pid() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	name, err := entryName(q.NetNS)
+	name, err := netnsx.EntryName(q.NetNS)
 	if err != nil {
 		return 0, err
 	}

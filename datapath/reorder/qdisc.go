@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // Root is a device's root qdisc as netlink shows it.
@@ -66,7 +67,7 @@ func rootOf(l netlink.Link) (Root, error) {
 // RootQdisc is the root qdisc of dev in netns.
 func RootQdisc(netns, dev string) (Root, error) {
 	var r Root
-	err := knobs.Do(netns, func() error {
+	err := netnsx.Do(netns, func() error {
 		l, err := linkOf(dev)
 		if err != nil {
 			return err
@@ -81,7 +82,7 @@ func RootQdisc(netns, dev string) (Root, error) {
 // root must be its default: lanes never replaces a qdisc someone set up
 // (it could not put it back as it was).
 func AttachRoot(netns, dev, kind string) error {
-	return knobs.Do(netns, func() error {
+	return netnsx.Do(netns, func() error {
 		l, err := linkOf(dev)
 		if err != nil {
 			return err
@@ -110,7 +111,7 @@ func AttachRoot(netns, dev, kind string) error {
 // DetachRoot deletes dev's root qdisc if it is of kind, which gives the
 // device its default root back. Another root is left alone.
 func DetachRoot(netns, dev, kind string) error {
-	return knobs.Do(netns, func() error {
+	return netnsx.Do(netns, func() error {
 		l, err := linkOf(dev)
 		if err != nil {
 			return err

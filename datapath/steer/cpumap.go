@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +41,7 @@ func (c CPUMap) Entries() ([]int, error) { return cpuMapEntries(c.m, c.what) }
 
 // Kthreads are the kthreads of the queues, one per core with an entry
 // ("cpumap/<cpu>/map:<id>").
-func (c CPUMap) Kthreads() ([]knobs.KthreadInfo, error) { return cpuMapKthreads(c.m) }
+func (c CPUMap) Kthreads() ([]kthread.Info, error) { return cpuMapKthreads(c.m) }
 
 func putCPUMap(m *ebpf.Map, what string, cpu int, qsize uint32) error {
 	if cpu < 0 || cpu >= MaxCPUs {
@@ -99,7 +99,7 @@ func setCPUMapSched(m *ebpf.Map, a *unix.SchedAttr) error {
 }
 
 // cpuMapKthreads are the kthreads of a cpumap's entries.
-func cpuMapKthreads(m *ebpf.Map) ([]knobs.KthreadInfo, error) {
+func cpuMapKthreads(m *ebpf.Map) ([]kthread.Info, error) {
 	info, err := m.Info()
 	if err != nil {
 		return nil, err
@@ -109,5 +109,5 @@ func cpuMapKthreads(m *ebpf.Map) ([]knobs.KthreadInfo, error) {
 		return nil, fmt.Errorf("cpumap has no id on this kernel")
 	}
 	suffix := fmt.Sprintf("/map:%d", id)
-	return knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
+	return kthread.List(func(c string) bool { return strings.HasPrefix(c, "cpumap/") && strings.HasSuffix(c, suffix) })
 }

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -203,13 +203,13 @@ func coresAsleep(d *Datapath, cores []int) (map[int]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	napi, err := knobs.ListKthreads(func(c string) bool { return strings.HasPrefix(c, "napi/") })
+	napi, err := kthread.List(func(c string) bool { return strings.HasPrefix(c, "napi/") })
 	if err != nil {
 		return nil, err
 	}
 	out := map[int]bool{}
 	for _, core := range cores {
-		soft, err := knobs.ListKthreads(func(c string) bool { return c == fmt.Sprintf("ksoftirqd/%d", core) })
+		soft, err := kthread.List(func(c string) bool { return c == fmt.Sprintf("ksoftirqd/%d", core) })
 		if err != nil {
 			return nil, err
 		}

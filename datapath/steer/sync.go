@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // Sync is PRISM-sync's shortcut (bpf/sync.h): the destinations, local
@@ -575,5 +576,5 @@ func (k *SyncKnob) Write(v []byte) error {
 	if ttl <= 0 {
 		ttl = DefaultSyncTTL
 	}
-	return knobs.Do(k.NetNS, func() error { return d.Sync().Set(s, ttl) })
+	return netnsx.Do(k.NetNS, func() error { return d.Sync().Set(s, ttl) })
 }

@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/spf13/cobra"
 )
 
@@ -55,7 +55,7 @@ or source address, and on that side its port and protocol when given.
 					return err
 				}
 			}
-			if err := knobs.CheckNetNSName(netns); err != nil {
+			if err := netnsx.CheckName(netns); err != nil {
 				return err
 			}
 			set, err := control.OpenPrio(netns)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/spf13/cobra"
 )
@@ -93,7 +93,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		} else {
 			fmt.Fprintf(out, " since %s, %d changes on cores %s", st.Applied.Local().Format(time.DateTime), st.Plan.Changes, st.CPUs)
 			if len(st.IRQCPUs) > 0 {
-				fmt.Fprintf(out, ", IRQ core %s", knobs.FormatCPUList(st.IRQCPUs))
+				fmt.Fprintf(out, ", IRQ core %s", cpuset.FormatList(st.IRQCPUs))
 			} else {
 				fmt.Fprint(out, ", IRQ core unknown")
 			}
@@ -295,7 +295,7 @@ func ctlPollLabel(u topology.Device) string {
 	if len(u.NAPIThreads) > 0 {
 		var ths []string
 		for _, th := range u.NAPIThreads {
-			ths = append(ths, fmt.Sprintf("%s on %s", th.Comm, knobs.FormatCPUList(th.CPUs)))
+			ths = append(ths, fmt.Sprintf("%s on %s", th.Comm, cpuset.FormatList(th.CPUs)))
 		}
 		return "threaded NAPI: " + strings.Join(ths, ", ")
 	}
@@ -305,7 +305,7 @@ func ctlPollLabel(u topology.Device) string {
 	var irqs []string
 	for _, q := range u.IRQs {
 		if q.Receive {
-			irqs = append(irqs, fmt.Sprintf("irq %d %s on %s", q.IRQ, q.Name, knobs.FormatCPUList(q.CPUs)))
+			irqs = append(irqs, fmt.Sprintf("irq %d %s on %s", q.IRQ, q.Name, cpuset.FormatList(q.CPUs)))
 		}
 	}
 	if len(irqs) > 0 {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -94,7 +94,7 @@ func TestStatusSaysWhereTheNICIsPolled(t *testing.T) {
 		dev  topology.Device
 		want string
 	}{
-		{topology.Device{Name: "ul2", Threaded: "1", NAPIThreads: []knobs.KthreadInfo{{Comm: "napi/ul2-9", CPUs: []int{1}}}}, "threaded NAPI: napi/ul2-9 on 1"},
+		{topology.Device{Name: "ul2", Threaded: "1", NAPIThreads: []kthread.Info{{Comm: "napi/ul2-9", CPUs: []int{1}}}}, "threaded NAPI: napi/ul2-9 on 1"},
 		{topology.Device{Name: "eth0", Threaded: "0", IRQs: []topology.IRQ{{IRQ: 37, Name: "virtio2-config", CPUs: []int{0}}, {IRQ: 38, Name: "virtio2-input.0", CPUs: []int{1}, Receive: true}}}, "softirq NAPI, receive interrupts: irq 38 virtio2-input.0 on 1"},
 		{topology.Device{Name: "ul2", Threaded: "0"}, "softirq NAPI, no receive interrupt found (its IRQ core cannot be read: modes take --set irq-cpus=N)"},
 	} {

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/vishvananda/netlink"
@@ -53,7 +53,7 @@ func autoCandidates() []string {
 // hasVXLAN says whether namespace ns holds a VXLAN device.
 func hasVXLAN(ns string) (bool, error) {
 	found := false
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

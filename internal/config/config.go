@@ -41,8 +41,9 @@ import (
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -165,8 +166,8 @@ func (c *Config) TargetNetNS() (string, error) {
 		}
 		return ns, nil
 	}
-	if !knobs.NetNSExists(c.NetNS) {
-		return "", fmt.Errorf("%s: %w", c.Path, knobs.NoNetNSError(c.NetNS))
+	if !netnsx.Exists(c.NetNS) {
+		return "", fmt.Errorf("%s: %w", c.Path, netnsx.NotFoundError(c.NetNS))
 	}
 	return c.NetNS, nil
 }
@@ -343,9 +344,9 @@ func (p *parser) checkNetNS(line int, v string) {
 }
 
 func (p *parser) checkCPUs(line int, v string) {
-	cpus, err := knobs.ParseCPUList(v)
+	cpus, err := cpuset.ParseList(v)
 	if err == nil {
-		err = knobs.CheckCPUs(cpus)
+		err = cpuset.Check(cpus)
 	}
 	if err != nil {
 		p.errorf(line, "cpus: %v", err)
@@ -425,7 +426,7 @@ func (p *parser) checkSettings(pl plan.Planner, settings map[string]string, line
 		}
 		known = append(known, k)
 	}
-	online, err := knobs.OnlineCPUs()
+	online, err := cpuset.Online()
 	if err != nil {
 		p.errorf(line, "settings: %v", err)
 		return false

@@ -1,9 +1,9 @@
 // Package kthread reads and moves one thread by pid: its affinity, last
-// CPU and flags. Finding the thread is elsewhere: datapath/napi maps a
-// device to its NAPI pollers' pids, and datapath/knobs looks threads up by
-// name for the journal (pids change across a device's life). OnThread runs
-// lanes' own work (an agent's rounds) on a thread of its own at a chosen
-// policy.
+// CPU and flags. List finds kernel threads by name, with their affinity
+// and scheduling; internal/napi maps a device to its NAPI pollers' pids,
+// and datapath/knobs keeps threads by name for the journal (pids change
+// across a device's life). OnThread runs lanes' own work (an agent's
+// rounds) on a thread of its own at a chosen policy.
 package kthread
 
 import (

@@ -35,7 +35,9 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/internal/pinned"
@@ -195,7 +197,7 @@ func warm(t *testing.T, tb *testbed.Testbed) {
 func Online(t *testing.T) []int {
 	t.Helper()
 	testenv.Root(t)
-	cpus, err := knobs.OnlineCPUs()
+	cpus, err := cpuset.Online()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +313,7 @@ func Snapshot(t *testing.T, tb *testbed.Testbed) map[string]string {
 func RootQdisc(t *testing.T, ns, dev string) string {
 	t.Helper()
 	var kind string
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
@@ -337,7 +339,7 @@ func RootQdisc(t *testing.T, ns, dev string) string {
 func TCXProgs(t *testing.T, ns, dev string, at ebpf.AttachType) string {
 	t.Helper()
 	var ids []string
-	err := knobs.Do(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		ifi, err := net.InterfaceByName(dev)
 		if err != nil {
 			return err

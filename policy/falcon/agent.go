@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/stats"
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/policy/falcon/balancer"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -250,7 +250,7 @@ func (a *agent) Run(ctx context.Context) error {
 }
 
 // loop samples and balances every interval until ctx ends.
-func (a *agent) loop(ctx context.Context, sampler load.Source) error {
+func (a *agent) loop(ctx context.Context, sampler cpuload.Source) error {
 	tick := time.NewTicker(a.o.Interval)
 	defer tick.Stop()
 	for {
@@ -331,9 +331,9 @@ func (a *agent) fallbackName() string {
 // openSampler opens the load source the options name; with auto, the
 // scheduler's events where the kernel has them, /proc where not (and
 // says so).
-func (a *agent) openSampler() (load.Source, error) {
+func (a *agent) openSampler() (cpuload.Source, error) {
 	if a.o.Sampler != SamplerProc {
-		s, err := load.NewSchedSampler()
+		s, err := cpuload.NewSchedSampler()
 		if err == nil {
 			a.setSampler(SamplerSched)
 			if a.env.Logf != nil {
@@ -348,7 +348,7 @@ func (a *agent) openSampler() (load.Source, error) {
 			a.env.Logf("load from /proc: no scheduler accounting on this kernel (%v)", err)
 		}
 	}
-	s, err := load.NewSampler()
+	s, err := cpuload.NewSampler()
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +377,7 @@ func (a *agent) restore() {
 }
 
 // step is one balancing round.
-func (a *agent) step(s load.Sample) error {
+func (a *agent) step(s cpuload.Sample) error {
 	loads := map[int]float64{}
 	// What moves with a stage: the core's receive work split evenly among
 	// the stages lanes steers (the NIC's poll, which stays, is counted in

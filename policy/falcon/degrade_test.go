@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"
@@ -17,11 +17,11 @@ import (
 // failingSource fails while failing is set, else reports every core idle.
 type failingSource struct{ failing atomic.Bool }
 
-func (f *failingSource) Sample() (load.Sample, error) {
+func (f *failingSource) Sample() (cpuload.Sample, error) {
 	if f.failing.Load() {
-		return load.Sample{}, errors.New("sampler broke")
+		return cpuload.Sample{}, errors.New("sampler broke")
 	}
-	return load.Sample{At: time.Now(), Interval: 40 * time.Millisecond, Cores: []load.Core{{CPU: 0, Idle: 100}, {CPU: 1, Idle: 100}}}, nil
+	return cpuload.Sample{At: time.Now(), Interval: 40 * time.Millisecond, Cores: []cpuload.Core{{CPU: 0, Idle: 100}, {CPU: 1, Idle: 100}}}, nil
 }
 
 func (f *failingSource) Close() error { return nil }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
@@ -76,7 +77,7 @@ func TestBridgeStayRunsOn(t *testing.T) {
 				}
 			}
 			rps := knobs.Sysfs(r.NetNS, "/sys/class/net/"+r.VXLAN+"/queues/rx-0/rps_cpus")
-			if err := rps.Write([]byte(knobs.FormatCPUMask([]int{other}))); err != nil {
+			if err := rps.Write([]byte(cpuset.FormatMask([]int{other}))); err != nil {
 				t.Fatal(err)
 			}
 			st0, err := dp.CoreStats()

@@ -5,7 +5,7 @@ import (
 	"errors"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 )
 
 // ParkLikeAKilledAgent parks the target's path as an agent does and leaves
@@ -25,7 +25,7 @@ func ParkLikeAKilledAgent(stateDir string) error {
 
 // RunOn runs a falcon agent (from newAgent's env) with src as its load
 // source until ctx ends, for fault tests; status reads its status.
-func RunOn(ctx context.Context, env plan.AgentEnv, src load.Source) (status func() AgentStatus, done <-chan error, err error) {
+func RunOn(ctx context.Context, env plan.AgentEnv, src cpuload.Source) (status func() AgentStatus, done <-chan error, err error) {
 	ag, err := newAgent(env)
 	if err != nil {
 		return nil, nil, err

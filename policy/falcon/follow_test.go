@@ -11,6 +11,7 @@ import (
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
@@ -90,7 +91,7 @@ func TestFalconParkedFollow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cpus, err := knobs.ParseCPUMask(string(mask)); err != nil || len(cpus) != 0 {
+	if cpus, err := cpuset.ParseMask(string(mask)); err != nil || len(cpus) != 0 {
 		t.Errorf("parked again, and the adopted container's RPS map is %q", mask)
 	}
 	stopAgent()

@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/bench/metrics"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
@@ -62,7 +63,7 @@ func rpsCPUs(t *testing.T, ns, dev string) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpus, err := knobs.ParseCPUMask(string(b))
+	cpus, err := cpuset.ParseMask(string(b))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/datapath/attach"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/modetest"
@@ -139,7 +139,7 @@ func leavesHome(t *testing.T, sampler string) {
 	}
 	cpus := online(t)
 	if sampler == falcon.SamplerSched {
-		s, err := load.NewSchedSampler()
+		s, err := cpuload.NewSchedSampler()
 		if err != nil {
 			t.Skip("no scheduler accounting on this kernel:", err)
 		}

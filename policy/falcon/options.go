@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/policy/balancer"
+	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/policy/falcon/balancer"
 )
 
 // Options are Falcon's settings; each mechanism can be switched alone so
@@ -261,7 +261,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = knobs.ParseCPUList(v)
+			o.IRQCPUs, err = cpuset.ParseList(v)
 		case "pipeline":
 			o.Pipeline, err = strconv.ParseBool(v)
 		case "split":
@@ -279,7 +279,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		case "balance":
 			o.Balance, err = strconv.ParseBool(v)
 		case "split-cpus":
-			o.SplitCPUs, err = knobs.ParseCPUList(v)
+			o.SplitCPUs, err = cpuset.ParseList(v)
 		case "threshold":
 			o.Threshold, err = parsePercent(v)
 		case "hysteresis":
@@ -416,7 +416,7 @@ func (o Options) Params() map[string]string {
 		m["split"] = "rps"
 	}
 	if len(o.SplitCPUs) > 0 {
-		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)
+		m["split-cpus"] = cpuset.FormatList(o.SplitCPUs)
 	}
 	return m
 }

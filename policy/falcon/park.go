@@ -13,6 +13,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"golang.org/x/sys/unix"
 )
 
@@ -238,7 +239,7 @@ func parkable(ents []knobs.Entry) ([]parkKnob, string) {
 // zeroMask: a CPU mask as sysfs shows it ("0", "00000000,00000000") with
 // no bit set.
 func zeroMask(b []byte) bool {
-	cpus, err := knobs.ParseCPUMask(string(b))
+	cpus, err := cpuset.ParseMask(string(b))
 	return err == nil && len(cpus) == 0
 }
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -119,7 +119,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if o.Split || o.SplitRPS {
 		for _, c := range split {
 			if !slices.Contains(cfg.Online, c) {
-				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
+				return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, cpuset.FormatList(cfg.Online))
 			}
 		}
 	}
@@ -228,7 +228,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	// Programs attach from the end of the path to its start, so each
 	// stage's queue is counted seen before anything counts frames into it.
 	steerStages := o.Pipeline || o.Balance
-	mask := knobs.FormatCPUMask(lay.CPUs)
+	mask := cpuset.FormatMask(lay.CPUs)
 	if steerStages {
 		// The end of the container stage's queue first, so that every
 		// frame tc egress counts in flight is counted seen too.
@@ -297,11 +297,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		for i := range t.Underlays {
 			u := &t.Underlays[i]
 			for _, q := range u.RxQueues {
-				pl.RPSByHash(u, q, knobs.FormatCPUMask(rpsSplit), "split=rps: decapsulation and everything after on split cores "+knobs.FormatCPUList(rpsSplit))
+				pl.RPSByHash(u, q, cpuset.FormatMask(rpsSplit), "split=rps: decapsulation and everything after on split cores "+cpuset.FormatList(rpsSplit))
 			}
 		}
 		pl.Notes = append(pl.Notes, fmt.Sprintf("split=rps: the NIC poll allocates each skb (and runs the underlay's GRO) on the IRQ core, then RPS on the underlay hands it to split core(s) %s, picked by the kernel's hash of the outer headers, which run decapsulation, the VXLAN GRO cell and the rest; static: the balancer neither moves this stage nor switches it off",
-			knobs.FormatCPUList(rpsSplit)))
+			cpuset.FormatList(rpsSplit)))
 	}
 
 	// Last: switch placement on. Moves from "stay" obey the flowlet rule.
@@ -313,9 +313,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Add(&steer.TableKnob{Dir: dir, Stage: s}, steer.FormatTable(tables[s]), dir+" "+steer.StageName(s), "placement of the "+steer.StageName(s)+" stage")
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v, drain %v",
-		knobs.FormatCPUList(lay.Set), orNone(union(lay.SplitCPUs, rpsSplit)), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
+		cpuset.FormatList(lay.Set), orNone(union(lay.SplitCPUs, rpsSplit)), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
 	if o.Prio {
-		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", knobs.FormatCPUList(queues), o.PrioRT, rtName(o.RTPriority)))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", cpuset.FormatList(queues), o.PrioRT, rtName(o.RTPriority)))
 	}
 	if o.Balance {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
@@ -431,7 +431,7 @@ func orNone(c []int) string {
 	if len(c) == 0 {
 		return "none"
 	}
-	return knobs.FormatCPUList(c)
+	return cpuset.FormatList(c)
 }
 
 func vxNames(t *topology.Topology) string {

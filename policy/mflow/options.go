@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
 // Options are mflow's settings.
@@ -90,7 +90,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = knobs.ParseCPUList(v)
+			o.IRQCPUs, err = cpuset.ParseList(v)
 		case "batch":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 32)
@@ -99,7 +99,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 			o.Batch = uint32(n)
 		case "split-cpus":
-			o.SplitCPUs, err = knobs.ParseCPUList(v)
+			o.SplitCPUs, err = cpuset.ParseList(v)
 		case "threshold":
 			o.Threshold, err = strconv.ParseUint(v, 10, 64)
 			if err != nil || (o.Threshold != 0 && (o.Threshold < minThreshold || o.Threshold > maxThreshold)) {
@@ -155,7 +155,7 @@ func (o Options) Params() map[string]string {
 		m["reorder-timeout"] = o.ReorderTimeout.String()
 	}
 	if len(o.SplitCPUs) > 0 {
-		m["split-cpus"] = knobs.FormatCPUList(o.SplitCPUs)
+		m["split-cpus"] = cpuset.FormatList(o.SplitCPUs)
 	}
 	return m
 }

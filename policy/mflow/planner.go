@@ -7,8 +7,8 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -139,7 +139,7 @@ func addBridgeSplit(pl *plan.Plan, t *topology.Topology, dir string, cpus []int)
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCIngress, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "cut elephants into micro-flows: each gets the hash RPS on the VXLAN device maps to its split core")
 	}
-	mask := knobs.FormatCPUMask(cpus)
+	mask := cpuset.FormatMask(cpus)
 	for i := range t.VXLANs {
 		d := &t.VXLANs[i].Device
 		for _, q := range d.RxQueues {
@@ -157,7 +157,7 @@ func splitCores(o Options, cfg plan.Config, irq []int) ([]int, error) {
 	}
 	for _, c := range split {
 		if !slices.Contains(cfg.Online, c) {
-			return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, knobs.FormatCPUList(cfg.Online))
+			return nil, fmt.Errorf("split core %d is not online: this machine has cores %s", c, cpuset.FormatList(cfg.Online))
 		}
 	}
 	return split, nil
@@ -198,7 +198,7 @@ func addNotes(pl *plan.Plan, o Options, split, irq []int, frames uint32, w time.
 	}
 	pl.Notes = append(pl.Notes,
 		fmt.Sprintf("elephants: %s; each is cut into micro-flows of %d frames, round robin over cores %s, split %s; mice keep the vanilla path",
-			elephants, o.Batch, knobs.FormatCPUList(split), where),
+			elephants, o.Batch, cpuset.FormatList(split), where),
 		order)
 	if len(split) == 1 {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("one split core (%d): elephants move there whole, nothing runs in parallel", split[0]))

@@ -11,6 +11,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
@@ -21,7 +22,7 @@ import (
 func host(irq int) *topology.Topology {
 	ul := topology.Device{Name: "ul2", NetNS: "h2", RxQueues: []topology.RxQueue{{Index: 0}}}
 	if irq >= 0 {
-		ul.NAPIThreads = []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{irq}}}
+		ul.NAPIThreads = []kthread.Info{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{irq}}}
 	}
 	return &topology.Topology{
 		NetNS: "h2",

@@ -10,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -120,7 +121,7 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 					continue
 				}
 				for _, q := range d.RxQueues {
-					pl.RPSByHash(&d.Device, q, knobs.FormatCPUMask([]int{core}),
+					pl.RPSByHash(&d.Device, q, cpuset.FormatMask([]int{core}),
 						fmt.Sprintf("one backlog (core %d) after the reassembler, so its order holds to the socket", core))
 				}
 			}

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -267,7 +267,7 @@ func (a *syncAgent) macs() shortcutMACs {
 func (a *syncAgent) withdraw(why string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	err := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw)
+	err := netnsx.Do(a.env.NetNS, a.dp.Sync().Withdraw)
 	a.status.Withdrawals++
 	a.status.Withdrawn = why
 	a.status.Targets = nil
@@ -293,7 +293,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 			// withdrawn (fail closed) until one succeeds; the agent goes
 			// on (a device or namespace gone, a full map, a netlink
 			// error are the host changing, not the end).
-			if werr := knobs.Do(a.env.NetNS, a.dp.Sync().Withdraw); werr != nil {
+			if werr := netnsx.Do(a.env.NetNS, a.dp.Sync().Withdraw); werr != nil {
 				st.Err += "; withdrawing: " + werr.Error()
 			}
 			st.Targets = nil
@@ -336,7 +336,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	set.Targets = toSteer(targets)
 	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
 	// Written every round, changed or not: the write is the renewal.
-	if err := knobs.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) }); err != nil {
+	if err := netnsx.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) }); err != nil {
 		st.Err = err.Error()
 		return namespaces
 	}
@@ -379,7 +379,7 @@ func (a *syncAgent) refreshFDB(ns string) error {
 	since := a.lastFDB
 	a.lastFDB = monoNow()
 	var errs []error
-	err = knobs.Do(ns, func() error {
+	err = netnsx.Do(ns, func() error {
 		for _, s := range srcs {
 			if s.Seen == 0 || s.Seen < since {
 				continue

@@ -6,6 +6,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 	_ "github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
@@ -17,7 +18,7 @@ func threadedCells() *topology.Topology {
 	t := topotest.Receiver()
 	v := &t.VXLANs[0]
 	v.Threaded, v.NAPIByName = "1", true
-	v.NAPIThreads = []knobs.KthreadInfo{{PID: 20, Comm: "napi/vxlan0-0"}, {PID: 21, Comm: "napi/vxlan0-0", Index: 1}}
+	v.NAPIThreads = []kthread.Info{{PID: 20, Comm: "napi/vxlan0-0"}, {PID: 21, Comm: "napi/vxlan0-0", Index: 1}}
 	return t
 }
 

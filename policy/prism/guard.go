@@ -12,9 +12,10 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
 )
@@ -233,7 +234,7 @@ type guardTarget interface {
 	// signal is the demotion signal over the sample just taken, in
 	// percent of its interval; threads are the receive kthreads that
 	// sample measured (nil unless needsThreads).
-	signal(threads []load.Thread, interval time.Duration) (float64, error)
+	signal(threads []cpuload.Thread, interval time.Duration) (float64, error)
 	// needsThreads: the signal is receive kthreads' run time, which only
 	// the /proc sampler lists by thread.
 	needsThreads() bool
@@ -255,7 +256,7 @@ type guard struct {
 	target guardTarget // nil: only high=auto's switch runs
 	high   *highSwitch // nil unless high=auto
 	// newSource opens the load sampler (openSampler; a test's fake).
-	newSource func() (load.Source, error)
+	newSource func() (cpuload.Source, error)
 	metrics   *guardMetrics // nil without a registry
 	// failed counts the samples failed in a row; set is what the
 	// target was last switched to (demoted), which a write that failed
@@ -460,7 +461,7 @@ func (g *guard) run(ctx context.Context) error {
 			}
 		}()
 	}
-	var src load.Source
+	var src cpuload.Source
 	if g.target != nil {
 		open := g.openSampler
 		if g.newSource != nil {
@@ -506,8 +507,8 @@ func (g *guard) run(ctx context.Context) error {
 			g.mu.Unlock()
 		}
 		var errText string
-		var threads []load.Thread
-		if p, ok := src.(*load.Sampler); ok {
+		var threads []cpuload.Thread
+		if p, ok := src.(*cpuload.Sampler); ok {
 			threads = p.Threads()
 		}
 		sig, err := g.target.signal(threads, s.Interval)
@@ -558,16 +559,16 @@ func (g *guard) run(ctx context.Context) error {
 // a sample) unless the target needs the receive kthreads one by one, or
 // the kernel lacks the tracing programs; then /proc, whose sampler also
 // walks all of /proc once a second, often on the very core it guards.
-func (g *guard) openSampler() (load.Source, error) {
+func (g *guard) openSampler() (cpuload.Source, error) {
 	if !g.target.needsThreads() {
-		if s, err := load.NewSchedSampler(); err == nil {
+		if s, err := cpuload.NewSchedSampler(); err == nil {
 			g.setSampler("sched")
 			return s, nil
 		} else if g.env.Logf != nil {
 			g.env.Logf("guard reads /proc: no scheduler accounting on this kernel (%v)", err)
 		}
 	}
-	p, err := load.NewSampler()
+	p, err := cpuload.NewSampler()
 	if err != nil {
 		return nil, err
 	}
@@ -616,17 +617,17 @@ type guardMetrics struct {
 // scheduling is a knob the plan set: the guard writes it through the
 // journal of dir, as generation gen's runtime writer (knobs.RuntimeWrite).
 type nicTarget struct {
-	threads       []knobs.KthreadInfo // the underlay's NAPI threads
+	threads       []kthread.Info // the underlay's NAPI threads
 	onLadder, off string
 	dir, gen      string
 }
 
 func (n *nicTarget) needsThreads() bool { return true }
 
-func (n *nicTarget) signal(threads []load.Thread, _ time.Duration) (float64, error) {
+func (n *nicTarget) signal(threads []cpuload.Thread, _ time.Duration) (float64, error) {
 	var nic float64
 	for _, th := range threads {
-		if slices.ContainsFunc(n.threads, func(k knobs.KthreadInfo) bool { return k.Comm == th.Comm }) {
+		if slices.ContainsFunc(n.threads, func(k kthread.Info) bool { return k.Comm == th.Comm }) {
 			nic += th.Percent
 		}
 	}
@@ -672,7 +673,7 @@ type bulkTarget struct {
 	core int
 	// threads are the bulk queue's kthreads on the receive core; wait
 	// is each one's schedstat wait time at the last sample, by pid.
-	threads []knobs.KthreadInfo
+	threads []kthread.Info
 	wait    map[int]uint64
 	// readAt is when wait was read: the wait is a share of the time
 	// between two reads, not of the sampler's interval, which the guard's
@@ -711,7 +712,7 @@ func (b *bulkTarget) find() error {
 		return fmt.Errorf("prism guard: the bulk queue's kthreads: %w", err)
 	}
 	prefix := fmt.Sprintf("cpumap/%d/", b.core)
-	b.threads = slices.DeleteFunc(ths, func(th knobs.KthreadInfo) bool { return !strings.HasPrefix(th.Comm, prefix) })
+	b.threads = slices.DeleteFunc(ths, func(th kthread.Info) bool { return !strings.HasPrefix(th.Comm, prefix) })
 	if len(b.threads) == 0 {
 		return fmt.Errorf("prism guard: no bulk queue kthread on core %d", b.core)
 	}
@@ -734,7 +735,7 @@ func (b *bulkTarget) idle() bool {
 // needsThreads: the bulk kthreads' wait is read from their own schedstat.
 func (b *bulkTarget) needsThreads() bool { return false }
 
-func (b *bulkTarget) signal(_ []load.Thread, interval time.Duration) (float64, error) {
+func (b *bulkTarget) signal(_ []cpuload.Thread, interval time.Duration) (float64, error) {
 	at := b.now()
 	if !b.readAt.IsZero() && at.After(b.readAt) {
 		interval = at.Sub(b.readAt)
@@ -764,7 +765,7 @@ func schedstatWait(pid int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	_, wait, err := load.ParseSchedstatWait(string(raw))
+	_, wait, err := cpuload.ParseSchedstatWait(string(raw))
 	return wait, err
 }
 
@@ -819,7 +820,7 @@ func (a guardAgent) Status() any {
 }
 
 // comms are the threads' names.
-func comms(ths []knobs.KthreadInfo) []string {
+func comms(ths []kthread.Info) []string {
 	var out []string
 	for _, th := range ths {
 		out = append(out, th.Comm)

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
+	"github.com/lanesnet/lanes/internal/kthread"
 )
 
 // TestBulkWaitShare: the bulk kthread's wait is a share of the time between
@@ -22,7 +23,7 @@ func TestBulkWaitShare(t *testing.T) {
 	var clock time.Time
 	var wait uint64
 	b := &bulkTarget{
-		threads:  []knobs.KthreadInfo{{PID: 42, Comm: "cpumap/1/map:7"}},
+		threads:  []kthread.Info{{PID: 42, Comm: "cpumap/1/map:7"}},
 		wait:     map[int]uint64{},
 		now:      func() time.Time { return clock },
 		readWait: func(int) (uint64, error) { return wait, nil },
@@ -62,17 +63,17 @@ type fakeSource struct {
 	idle float64
 }
 
-func (f *fakeSource) Sample() (load.Sample, error) {
+func (f *fakeSource) Sample() (cpuload.Sample, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.errs) > 0 {
 		err := f.errs[0]
 		f.errs = f.errs[1:]
 		if err != nil {
-			return load.Sample{}, err
+			return cpuload.Sample{}, err
 		}
 	}
-	return load.Sample{At: time.Now(), Interval: time.Millisecond, Cores: []load.Core{{CPU: 0, Idle: f.idle}}}, nil
+	return cpuload.Sample{At: time.Now(), Interval: time.Millisecond, Cores: []cpuload.Core{{CPU: 0, Idle: f.idle}}}, nil
 }
 
 func (f *fakeSource) Close() error { return nil }
@@ -85,8 +86,8 @@ type fakeTarget struct {
 	err  error
 }
 
-func (f *fakeTarget) signal([]load.Thread, time.Duration) (float64, error) { return 0, nil }
-func (f *fakeTarget) needsThreads() bool                                   { return false }
+func (f *fakeTarget) signal([]cpuload.Thread, time.Duration) (float64, error) { return 0, nil }
+func (f *fakeTarget) needsThreads() bool                                      { return false }
 func (f *fakeTarget) set(d bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -119,7 +120,7 @@ func TestGuardSurvivesSamplerFailures(t *testing.T) {
 	src := &fakeSource{errs: []error{nil, fail, fail, fail, fail, fail, fail}, idle: 100}
 	tg := &fakeTarget{}
 	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 1000, Interval: time.Millisecond}, target: tg,
-		newSource: func() (load.Source, error) { return src, nil }}
+		newSource: func() (cpuload.Source, error) { return src, nil }}
 	if err := runGuard(t, g, 200*time.Millisecond); err != nil {
 		t.Fatalf("the guard ended: %v", err)
 	}
@@ -144,12 +145,12 @@ func TestGuardSurvivesSamplerFailures(t *testing.T) {
 func TestGuardKthreadGoneAndStale(t *testing.T) {
 	rule := GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}
 	gone := &fakeTarget{err: fmt.Errorf("thread: %w", knobs.ErrGone)}
-	g := &guard{rule: rule, target: gone, newSource: func() (load.Source, error) { return &fakeSource{idle: 100}, nil }}
+	g := &guard{rule: rule, target: gone, newSource: func() (cpuload.Source, error) { return &fakeSource{idle: 100}, nil }}
 	if err := runGuard(t, g, 50*time.Millisecond); err != nil {
 		t.Fatalf("the guard ended on a gone thread: %v", err)
 	}
 	stale := &fakeTarget{err: fmt.Errorf("x: %w", knobs.ErrStale)}
-	g = &guard{rule: rule, target: stale, newSource: func() (load.Source, error) { return &fakeSource{idle: 100}, nil }}
+	g = &guard{rule: rule, target: stale, newSource: func() (cpuload.Source, error) { return &fakeSource{idle: 100}, nil }}
 	start := time.Now()
 	if err := runGuard(t, g, 5*time.Second); err != nil {
 		t.Fatal(err)

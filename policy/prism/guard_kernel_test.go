@@ -10,8 +10,8 @@ import (
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
-	"github.com/lanesnet/lanes/datapath/load"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/hog"
 	"github.com/lanesnet/lanes/internal/modetest"
@@ -122,7 +122,7 @@ func TestPrismBulkGuard(t *testing.T) {
 		}
 		// The bulk guard needs no thread list: it reads the scheduler's
 		// events where the kernel can, not /proc with its walks.
-		if s, err := load.NewSchedSampler(); err == nil {
+		if s, err := cpuload.NewSchedSampler(); err == nil {
 			s.Close()
 			if st.Sampler != "sched" {
 				t.Errorf("bulk guard samples %q, want sched", st.Sampler)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
 // Options are a prism mode's settings. What was measured for the
@@ -342,7 +342,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		var err error
 		switch k {
 		case plan.IRQKey:
-			o.IRQCPUs, err = knobs.ParseCPUList(v)
+			o.IRQCPUs, err = cpuset.ParseList(v)
 		case "prio-mode":
 			if v != "batch" && v != "sync" {
 				err = fmt.Errorf("want batch or sync")

@@ -10,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -75,7 +76,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 	if !slices.Contains(cfg.CPUs, core) {
-		return nil, fmt.Errorf("receive core %d is not among the cores lanes may use (%s): give --set cpu=N or widen --cpus", core, knobs.FormatCPUList(cfg.CPUs))
+		return nil, fmt.Errorf("receive core %d is not among the cores lanes may use (%s): give --set cpu=N or widen --cpus", core, cpuset.FormatList(cfg.CPUs))
 	}
 	if ok, why := steer.KernelSupport(); !ok {
 		pl.Notes = append(pl.Notes, "no GRO in the cpumap kthreads ("+why+"): TCP bulk flows are received unmerged, which costs throughput")
@@ -175,7 +176,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (give --set " + plan.IRQKey + "=N)"
 		if len(irqCPUs) > 0 {
-			irq = knobs.FormatCPUList(irqCPUs)
+			irq = cpuset.FormatList(irqCPUs)
 		}
 		return nil, fmt.Errorf("prism quiet=%v moves bulk between the NIC poll and the bulk queue, which is order-safe only where the NIC is polled on the receive core (%d) alone, and the underlay's IRQ core is %s: drop quiet, or receive on the one IRQ core (--set cpu=N)", o.Quiet, core, irq)
 	}
@@ -249,7 +250,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		for _, th := range d.NAPIThreads {
 			if pin {
-				pl.Add(knobs.Affinity(th.Comm, th.Index), knobs.FormatCPUList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
+				pl.Add(knobs.Affinity(th.Comm, th.Index), cpuset.FormatList([]int{core}), plan.DevLabel(d.NetNS, d.Name)+" "+th.Comm, stage+" stage on the receive core")
 			}
 			if !o.Streamline {
 				continue
@@ -358,7 +359,7 @@ func fastMoveBlocked(t *topology.Topology, irq []int, core int) string {
 	case len(irq) == 0:
 		return plan.IRQUnknown
 	case !slices.Equal(irq, []int{core}):
-		return "the underlay's IRQ core is " + knobs.FormatCPUList(irq)
+		return "the underlay's IRQ core is " + cpuset.FormatList(irq)
 	}
 	return mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
 }

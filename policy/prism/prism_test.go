@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -708,7 +709,7 @@ func bulkSched(t *testing.T, params map[string]string, hiPolicy uint32) {
 	// high-priority queue's real-time, or normal with high-rt=0.
 	for _, q := range []struct {
 		what   string
-		get    func() ([]knobs.KthreadInfo, error)
+		get    func() ([]kthread.Info, error)
 		policy uint32
 	}{
 		{"bulk", c.dp.CPUMap().Kthreads, unix.SCHED_IDLE},

@@ -16,6 +16,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/prism"
@@ -142,7 +143,7 @@ func TestPrismSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	only0.Targets = slices.DeleteFunc(only0.Targets, func(tg steer.SyncTarget) bool { return tg.MAC.String() == c1.MAC.String() })
-	if err := knobs.Do(r.NetNS, func() error { return dp.Sync().Set(only0, time.Hour) }); err != nil {
+	if err := netnsx.Do(r.NetNS, func() error { return dp.Sync().Set(only0, time.Hour) }); err != nil {
 		t.Fatal(err)
 	}
 	st2 := counters()
@@ -455,7 +456,7 @@ func TestPrismSyncKeepsBridgeFDB(t *testing.T) {
 	// The receiving container only receives here, so its own entry would
 	// age too (and the shortcut rightly stop): a static one keeps it.
 	c0Entry := &netlink.Neigh{Family: unix.AF_BRIDGE, State: netlink.NUD_NOARP, Flags: netlink.NTF_MASTER, HardwareAddr: c0.MAC}
-	if err := knobs.Do(r.NetNS, func() error {
+	if err := netnsx.Do(r.NetNS, func() error {
 		veth, err := netlink.LinkByName(c0.HostVeth)
 		if err != nil {
 			return err
@@ -465,7 +466,7 @@ func TestPrismSyncKeepsBridgeFDB(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { knobs.Do(r.NetNS, func() error { return netlink.NeighDel(c0Entry) }) })
+	t.Cleanup(func() { netnsx.Do(r.NetNS, func() error { return netlink.NeighDel(c0Entry) }) })
 	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "200ms"})
 	dp := a.Open(t)
 	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
@@ -473,7 +474,7 @@ func TestPrismSyncKeepsBridgeFDB(t *testing.T) {
 	}
 	a.StartAgent(t)
 	// Every deletion of the sender's entry while the stream runs.
-	ns, err := knobs.OpenNetNS(r.NetNS)
+	ns, err := netnsx.Open(r.NetNS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,7 +541,7 @@ func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
 	rounds := func() uint64 { return ag.Status().(prism.SyncStatus).Refreshes }
 
 	// The device, under the agent.
-	if err := knobs.Do(r.NetNS, func() error {
+	if err := netnsx.Do(r.NetNS, func() error {
 		l, err := netlink.LinkByName(cs[0].HostVeth)
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -142,7 +143,7 @@ func addVethQueues(pl *plan.Plan, pairs []vethPair) {
 // moves at once.
 func addVethPollers(pl *plan.Plan, pairs []vethPair, o Options, core int) {
 	high, bulk := vethPollerRT(o)
-	cpus := knobs.FormatCPUList([]int{core})
+	cpus := cpuset.FormatList([]int{core})
 	for _, p := range pairs {
 		c := p.ctr
 		cl := plan.DevLabel(c.NetNS, c.Name)

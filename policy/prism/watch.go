@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
 // The sync agent's watch: netlink notifications from every namespace on
@@ -128,7 +128,7 @@ func watch(ctx context.Context, namespaces []string) (*watcher, error) {
 		seen[ns] = true
 		for _, sub := range subs {
 			var s *nl.NetlinkSocket
-			err := knobs.Do(ns, func() error {
+			err := netnsx.Do(ns, func() error {
 				var err error
 				s, err = nl.Subscribe(sub.proto, sub.groups...)
 				return err

@@ -1,7 +1,7 @@
 package topotest
 
 import (
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -19,7 +19,7 @@ func Receiver() *topology.Topology {
 			VNI:    42, Port: 4789, Underlay: "ul2", UnderlayNetNS: "h2",
 		}},
 		Underlays: []topology.Device{{Name: "ul2", NetNS: "h2", RxQueues: rx,
-			NAPIThreads: []knobs.KthreadInfo{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
+			NAPIThreads: []kthread.Info{{PID: 10, Comm: "napi/ul2-8193", CPUs: []int{1}}}}},
 		Veths: []topology.Veth{{Device: topology.Device{Name: "veth1", NetNS: "h2"}, PeerNetNS: "h2-c1", PeerName: "eth0"}},
 		Containers: []topology.Container{{NetNS: "h2-c1", Interfaces: []topology.Interface{{
 			Device: topology.Device{Name: "eth0", NetNS: "h2-c1", RxQueues: rx}, HostVeth: "veth1"}}}},

@@ -1,4 +1,4 @@
-package load
+package cpuload
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
 // Task classes of cpuacct.c.
@@ -204,7 +204,7 @@ func (s *SchedSampler) read() (time.Time, error) {
 }
 
 func (s *SchedSampler) refreshOnline() error {
-	cpus, err := knobs.OnlineCPUs()
+	cpus, err := cpuset.Online()
 	if err != nil {
 		return err
 	}

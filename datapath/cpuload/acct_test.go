@@ -1,4 +1,4 @@
-package load
+package cpuload
 
 import (
 	"fmt"
@@ -175,7 +175,7 @@ func TestCoreLoad(t *testing.T) {
 
 // The samplers' cost, for the README's comparison:
 //
-//	go test -run XXX -bench Sampler ./datapath/load/
+//	go test -run XXX -bench Sampler ./datapath/cpuload/
 func BenchmarkSampler(b *testing.B) {
 	s, err := NewSampler()
 	if err != nil {

@@ -1,4 +1,8 @@
-package knobs
+// Package cpuset reads and writes sets of cores in the kernel's two
+// notations, a list ("0-3,6", as in /sys/devices/system/cpu/online and
+// taskset -c) and a hex bitmap ("00000000,00000003", as in rps_cpus and
+// /proc/irq/N/smp_affinity), and checks a set against the cores online.
+package cpuset
 
 import (
 	"fmt"
@@ -13,10 +17,10 @@ import (
 // kernel's largest NR_CPUS so a typo such as 1000000 fails early.
 const MaxCPU = 8192
 
-// ParseCPUList parses the kernel's CPU list format ("0-3,6,8-9", as in
+// ParseList parses the kernel's CPU list format ("0-3,6,8-9", as in
 // /sys/devices/system/cpu/online and taskset -c). Whitespace around the list
 // is ignored. The result is sorted and free of duplicates.
-func ParseCPUList(s string) ([]int, error) {
+func ParseList(s string) ([]int, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return nil, fmt.Errorf("empty CPU list: give cores like 0-3,6")
@@ -57,9 +61,9 @@ func parseCPU(s string) (int, error) {
 	return n, nil
 }
 
-// FormatCPUList is the inverse of ParseCPUList, with ranges collapsed.
+// FormatList is the inverse of ParseList, with ranges collapsed.
 // cpus must be sorted.
-func FormatCPUList(cpus []int) string {
+func FormatList(cpus []int) string {
 	var b strings.Builder
 	for i := 0; i < len(cpus); {
 		j := i
@@ -79,10 +83,10 @@ func FormatCPUList(cpus []int) string {
 	return b.String()
 }
 
-// ParseCPUMask parses the kernel's hex CPU bitmap format (rps_cpus,
+// ParseMask parses the kernel's hex CPU bitmap format (rps_cpus,
 // /proc/irq/N/smp_affinity): comma-separated 32-bit hex words, most
 // significant first, e.g. "00000000,00000003".
-func ParseCPUMask(s string) ([]int, error) {
+func ParseMask(s string) ([]int, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return nil, fmt.Errorf("empty CPU mask")
@@ -108,10 +112,10 @@ func ParseCPUMask(s string) ([]int, error) {
 	return out, nil
 }
 
-// FormatCPUMask formats cpus in the kernel's hex bitmap format, without
+// FormatMask formats cpus in the kernel's hex bitmap format, without
 // leading zero words ("3", "1,00000000"); an empty set is "0", which for
 // rps_cpus means RPS off.
-func FormatCPUMask(cpus []int) string {
+func FormatMask(cpus []int) string {
 	if len(cpus) == 0 {
 		return "0"
 	}
@@ -127,27 +131,27 @@ func FormatCPUMask(cpus []int) string {
 	return b.String()
 }
 
-// OnlineCPUs returns the CPUs the kernel has online.
-func OnlineCPUs() ([]int, error) {
+// Online returns the CPUs the kernel has online.
+func Online() ([]int, error) {
 	b, err := os.ReadFile("/sys/devices/system/cpu/online")
 	if err != nil {
 		return nil, fmt.Errorf("reading online CPUs: %w", err)
 	}
-	return ParseCPUList(string(b))
+	return ParseList(string(b))
 }
 
-// CheckCPUs returns an error naming the first CPU in cpus that is not online.
-func CheckCPUs(cpus []int) error {
-	online, err := OnlineCPUs()
+// Check returns an error naming the first CPU in cpus that is not online.
+func Check(cpus []int) error {
+	online, err := Online()
 	if err != nil {
 		return err
 	}
 	if len(cpus) == 0 {
-		return fmt.Errorf("no CPUs given: give cores like %s", FormatCPUList(online))
+		return fmt.Errorf("no CPUs given: give cores like %s", FormatList(online))
 	}
 	for _, c := range cpus {
 		if !slices.Contains(online, c) {
-			return fmt.Errorf("core %d is not online: this machine has cores %s", c, FormatCPUList(online))
+			return fmt.Errorf("core %d is not online: this machine has cores %s", c, FormatList(online))
 		}
 	}
 	return nil

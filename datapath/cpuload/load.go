@@ -1,6 +1,6 @@
-// Package load measures per-core load the way Falcon's balancer needs it,
-// on a stock kernel: Falcon reads per-CPU busy time inside the kernel every
-// 10 jiffies. There are two samplers with the same figures.
+// Package cpuload measures per-core CPU load the way Falcon's balancer
+// needs it, on a stock kernel: Falcon reads per-CPU busy time inside the
+// kernel every 10 jiffies. There are two samplers with the same figures.
 //
 // SchedSampler (acct.go, cpuacct.c) has the kernel hand the time over as it
 // switches tasks, through BPF tracing programs: a sample is one map read.
@@ -19,7 +19,7 @@
 // interrupt time when the kernel accounts IRQ time separately, and NAPI
 // polling in a kthread runs with bottom halves disabled, which the kernel
 // books as the thread's system time, not as softirq.
-package load
+package cpuload
 
 import (
 	"github.com/lanesnet/lanes/internal/kthread"

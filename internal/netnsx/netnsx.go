@@ -1,4 +1,23 @@
-package knobs
+// Package netnsx resolves and enters network namespaces by the names lanes
+// reports and journals them under, through nsx; a name in the pid form is
+// checked, on every entry, to still stand for the namespace it was pinned
+// to. A name takes one of these forms:
+//
+//	""                      the namespace lanes runs in
+//	"NAME"                  a namespace bound under /run/netns (iproute2, testbed)
+//	"/var/run/docker/netns/ID"  any bound namespace file, by absolute path (Docker)
+//	"pid:N@C"               the namespace of process N, which must be the one
+//	                        whose netns cookie is C (unnamed, e.g. a container
+//	                        runtime's); "pid:N" unchecked, as a person types it
+//	                        and as journals of builds without the cookie hold it
+//
+// The cookie is why the pid form is safe to keep in a journal: a PID is
+// reused once its process is gone, possibly by a process of another
+// container with devices of the same names, and lanes would then restore
+// or adopt knobs there. A netns cookie (SO_NETNS_COOKIE) is never reused
+// while the machine runs, and every entry into such a namespace checks it
+// (ErrGone when it differs).
+package netnsx
 
 import (
 	"errors"
@@ -16,22 +35,10 @@ import (
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
-// Network namespaces are named the way topology reports them:
-//
-//	""                      the namespace lanes runs in
-//	"NAME"                  a namespace bound under /run/netns (iproute2, testbed)
-//	"/var/run/docker/netns/ID"  any bound namespace file, by absolute path (Docker)
-//	"pid:N@C"               the namespace of process N, which must be the one
-//	                        whose netns cookie is C (unnamed, e.g. a container
-//	                        runtime's); "pid:N" unchecked, as a person types it
-//	                        and as journals of builds without the cookie hold it
-//
-// The cookie is why the pid form is safe to keep in a journal: a PID is
-// reused once its process is gone, possibly by a process of another
-// container with devices of the same names, and lanes would then restore
-// or adopt knobs there. A netns cookie (SO_NETNS_COOKIE) is never reused
-// while the machine runs, and every entry into such a namespace checks it
-// (ErrGone when it differs).
+// ErrGone is wrapped when a namespace no longer exists, or a pid form's
+// process now runs in another one. datapath/knobs' ErrGone is this error,
+// so a knob whose namespace went reads as gone.
+var ErrGone = errors.New("gone")
 
 // pidForm splits a pid form into its PID and its cookie (0: none). ok is
 // false for every other form, and for a pid form that does not parse.
@@ -78,11 +85,11 @@ func boundPath(p string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// CheckNetNSName refuses a namespace given in none of the forms above: a
+// CheckName refuses a namespace given in none of the forms above: a
 // name with a slash or a dot-dot, an unclean path, a path to a file that
 // holds no namespace (a directory, a symlink, /sys/fs/bpf). A name reaches file paths (the state directory, the pin
 // directory, the namespace file), so ".." would reach outside them.
-func CheckNetNSName(ns string) error {
+func CheckName(ns string) error {
 	switch {
 	case ns == "":
 		return nil
@@ -100,8 +107,8 @@ func CheckNetNSName(ns string) error {
 	return fmt.Errorf("netns %q: %w: give %s", ns, errBadNetNS, netnsFormsOK)
 }
 
-// NetNSPath returns the file that holds a namespace, or "" for lanes' own.
-func NetNSPath(ns string) string {
+// Path returns the file that holds a namespace, or "" for lanes' own.
+func Path(ns string) string {
 	switch {
 	case ns == "":
 		return ""
@@ -118,9 +125,9 @@ func NetNSPath(ns string) string {
 	}
 }
 
-// NoNetNSError says that namespace ns cannot be entered, and how to find
+// NotFoundError says that namespace ns cannot be entered, and how to find
 // one that can, in one line.
-func NoNetNSError(ns string) error {
+func NotFoundError(ns string) error {
 	hint := "`ip netns list` shows the named ones"
 	switch pid, cookie, ok := pidForm(ns); {
 	case strings.HasPrefix(ns, "pid:") && !ok:
@@ -135,9 +142,9 @@ func NoNetNSError(ns string) error {
 	return fmt.Errorf("netns %q does not exist: %s", ns, hint)
 }
 
-// NetNSExists reports whether a namespace can be entered (and, for
+// Exists reports whether a namespace can be entered (and, for
 // "pid:N@C", is still the one with cookie C).
-func NetNSExists(ns string) bool { return checkNetNS(ns) == nil }
+func Exists(ns string) bool { return checkNetNS(ns) == nil }
 
 // nsxName turns any namespace name into one nsx accepts. nsx resolves names
 // by joining them to /run/netns, so a path relative to that directory reaches
@@ -150,7 +157,7 @@ func nsxName(ns string) string {
 	if ns == "" || (!filepath.IsAbs(ns) && !strings.HasPrefix(ns, "pid:")) {
 		return ns
 	}
-	rel, err := filepath.Rel(nsx.Dir, NetNSPath(ns))
+	rel, err := filepath.Rel(nsx.Dir, Path(ns))
 	if err != nil {
 		return ns
 	}
@@ -164,17 +171,17 @@ func nsxName(ns string) string {
 // PID reused in the microseconds between it and their entry would need
 // the whole PID space to wrap in between.
 func checkNetNS(ns string) error {
-	if err := CheckNetNSName(ns); err != nil {
+	if err := CheckName(ns); err != nil {
 		return err
 	}
-	_, err := entryName(ns)
+	_, err := EntryName(ns)
 	return err
 }
 
-// entryName is the name nsx enters for ns (nsxName), checked as
+// EntryName is the name nsx enters for ns (nsxName), checked as
 // checkNetNS says; for "pid:N@C" whose process N left the namespace,
 // another process's that is still in it (relocate).
-func entryName(ns string) (string, error) {
+func EntryName(ns string) (string, error) {
 	_, cookie, _ := pidForm(ns)
 	if cookie == 0 {
 		return nsxName(ns), statNetNS(ns)
@@ -280,7 +287,7 @@ func relocate(c uint64, tried string) (pid string, found bool, err error) {
 			if done[st.Ino] {
 				continue
 			}
-			rerr := nsx.Do(procNetNS(e.Name()), func() (err error) { got, err = cookieHere(); return err })
+			rerr := nsx.Do(procNetNS(e.Name()), func() (err error) { got, err = Cookie(); return err })
 			if rerr != nil {
 				if !errors.Is(rerr, nsx.ErrNoNetNS) {
 					errs = append(errs, rerr)
@@ -312,7 +319,7 @@ func statNetNS(ns string) error {
 	if _, _, ok := pidForm(ns); !ok && strings.HasPrefix(ns, "pid:") {
 		return fmt.Errorf("netns %s: not pid:N or pid:N@COOKIE: %w", ns, ErrGone)
 	}
-	if _, err := os.Stat(NetNSPath(ns)); err != nil {
+	if _, err := os.Stat(Path(ns)); err != nil {
 		return fmt.Errorf("netns %s: %w", ns, ErrGone)
 	}
 	return nil
@@ -329,7 +336,7 @@ func goneNS(ns string, err error) error {
 
 // checkCookie runs on a thread inside the namespace a pid form named.
 func checkCookie(ns string, want uint64) error {
-	got, err := cookieHere()
+	got, err := Cookie()
 	if err != nil {
 		return err
 	}
@@ -339,8 +346,8 @@ func checkCookie(ns string, want uint64) error {
 	return nil
 }
 
-// cookieHere is the netns cookie of the calling thread's namespace.
-func cookieHere() (uint64, error) {
+// Cookie is the netns cookie of the calling thread's namespace.
+func Cookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("socket for the netns cookie: %w", err)
@@ -353,10 +360,10 @@ func cookieHere() (uint64, error) {
 	return c, nil
 }
 
-// PinNetNS returns the form of ns to keep: "pid:N" becomes "pid:N@C" with
+// Pin returns the form of ns to keep: "pid:N" becomes "pid:N@C" with
 // the cookie of process N's namespace now; an already pinned form is
 // checked; other forms are returned as they are.
-func PinNetNS(ns string) (string, error) {
+func Pin(ns string) (string, error) {
 	if !strings.HasPrefix(ns, "pid:") {
 		return ns, nil
 	}
@@ -375,7 +382,7 @@ func PinNetNS(ns string) (string, error) {
 	}
 	var c uint64
 	err := goneNS(ns, nsx.Do(nsxName(ns), func() (err error) {
-		c, err = cookieHere()
+		c, err = Cookie()
 		return err
 	}))
 	if err != nil {
@@ -387,14 +394,14 @@ func PinNetNS(ns string) (string, error) {
 // pinned is the pid form of process pid's namespace with cookie c.
 func pinned(pid string, c uint64) string { return "pid:" + pid + "@" + strconv.FormatUint(c, 10) }
 
-// PinNetNSHandle is PinNetNS for process pid's namespace as an open handle
+// PinHandle is Pin for process pid's namespace as an open handle
 // shows it: the cookie of the namespace h refers to, not of the one the
 // process is in when its /proc file is opened again (a process may have
 // switched namespaces since the caller opened it).
-func PinNetNSHandle(pid int, h netns.NsHandle) (string, error) {
+func PinHandle(pid int, h netns.NsHandle) (string, error) {
 	var c uint64
 	err := nsx.DoHandle(h, func() (err error) {
-		c, err = cookieHere()
+		c, err = Cookie()
 		return err
 	})
 	if err != nil {
@@ -416,7 +423,7 @@ func DoSysfs(ns string, fn func() error) error {
 }
 
 func do(ns string, sysfs bool, fn func() error) error {
-	if err := CheckNetNSName(ns); err != nil {
+	if err := CheckName(ns); err != nil {
 		return err
 	}
 	run := func(name string, fn func() error) error { return goneNS(ns, nsx.Do(name, fn)) }
@@ -445,9 +452,9 @@ func do(ns string, sysfs bool, fn func() error) error {
 	return run(nsxName(ns), fn)
 }
 
-// OpenNetNS returns a handle on namespace ns (for netlink subscriptions),
+// Open returns a handle on namespace ns (for netlink subscriptions),
 // opened on a thread that checked it is ns; the caller closes it.
-func OpenNetNS(ns string) (netns.NsHandle, error) {
+func Open(ns string) (netns.NsHandle, error) {
 	if ns == "" {
 		return netns.Get()
 	}
@@ -458,12 +465,3 @@ func OpenNetNS(ns string) (netns.NsHandle, error) {
 	})
 	return h, err
 }
-
-// pinnedPID is a pid form's cookie part inside a knob key.
-var pinnedPID = regexp.MustCompile(`\bpid:([0-9]+)@[0-9]+`)
-
-// UnpinnedKey is a knob key with its pid forms' cookies removed: the key a
-// journal of a build without the cookie holds for the same knob ("pid:N"),
-// so that a follower started by a newer build over such an apply knows
-// those knobs as journaled.
-func UnpinnedKey(key string) string { return pinnedPID.ReplaceAllString(key, "pid:$1") }

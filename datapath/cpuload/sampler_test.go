@@ -1,4 +1,4 @@
-package load
+package cpuload
 
 import (
 	"github.com/lanesnet/lanes/internal/kthread"
