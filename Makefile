@@ -51,6 +51,7 @@ lint:
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "lint: not gofmt-formatted (run gofmt -w on them): $$bad" >&2; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags sweep ./policy/falcon
 	$(GO) tool staticcheck ./...
 	$(CLANG_FORMAT) --dry-run -Werror $(BPF_SRC)
 

@@ -96,10 +96,12 @@ func TestSteerCost(t *testing.T) {
 				tab[i] = 0
 			}
 		}
-		dp.SetTable(stg, tab)
+		if err := dp.Placement().SetTable(stg, tab); err != nil {
+			t.Fatal(err)
+		}
 		// LANES_COST_HOME=1: every stage on its at-home fast path.
 		if os.Getenv("LANES_COST_HOME") != "" {
-			if err := dp.SetHome(stg, true); err != nil {
+			if err := dp.Placement().SetHome(stg, true); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -107,7 +109,7 @@ func TestSteerCost(t *testing.T) {
 	// LANES_COST_BARE=1 (with LANES_COST_HOME): the bridge stage's bare
 	// path at home, no flow lookup.
 	if os.Getenv("LANES_COST_BARE") != "" {
-		if err := dp.SetHomeBare(); err != nil {
+		if err := dp.Placement().SetHomeBare(); err != nil {
 			t.Fatal(err)
 		}
 	}

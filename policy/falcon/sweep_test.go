@@ -53,7 +53,7 @@ func TestPlacementSweep(t *testing.T) {
 		for i := range tab {
 			tab[i] = v
 		}
-		if err := dp.SetTable(stage, tab); err != nil {
+		if err := dp.Placement().SetTable(stage, tab); err != nil {
 			t.Fatal(err)
 		}
 	}
