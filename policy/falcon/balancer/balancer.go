@@ -225,13 +225,7 @@ func (b *Balancer) setAvoid(cores []int) {
 func (b *Balancer) Observe(sample map[int]float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, cpu := range b.cpus {
-		busy, ok := sample[cpu]
-		if !ok {
-			continue
-		}
-		b.load[cpu] = (HistoryWeight*b.load[cpu] + clampPct(busy)) / (HistoryWeight + 1)
-	}
+	b.fold(b.load, sample)
 	b.rounds++
 	fig := b.fallbackLoad()
 	thr, resume := b.cfg.Threshold, b.cfg.Threshold-b.cfg.Hysteresis
@@ -304,12 +298,17 @@ func (b *Balancer) ObserveWork(work map[int]float64) {
 	if b.work == nil {
 		b.work = make(map[int]float64, len(b.cpus))
 	}
+	b.fold(b.work, work)
+}
+
+// fold takes one sample into the moving averages avg of the set's cores,
+// Falcon's (HistoryWeight*old + new) / (HistoryWeight+1); cores missing
+// from the sample keep theirs.
+func (b *Balancer) fold(avg, sample map[int]float64) {
 	for _, cpu := range b.cpus {
-		w, ok := work[cpu]
-		if !ok {
-			continue
+		if v, ok := sample[cpu]; ok {
+			avg[cpu] = (HistoryWeight*avg[cpu] + clampPct(v)) / (HistoryWeight + 1)
 		}
-		b.work[cpu] = (HistoryWeight*b.work[cpu] + clampPct(w)) / (HistoryWeight + 1)
 	}
 }
 
