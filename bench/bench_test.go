@@ -368,12 +368,11 @@ func TestPrioEndToEnd(t *testing.T) {
 		what := fmt.Sprintf("%s %s bg %.2f", r.Mode, r.Workload, r.Background)
 		// A ping-pong datagram lost under the background (in the NIC's
 		// ring, before anything classifies it, native path included)
-		// ends sockperf's own client, which never resends: the network
-		// under load, not the code (about one in ten such runs in the
-		// benches of 2026-11-25). The priority workloads' paced client
-		// counts such a loss and goes on, so this is for a workload that
-		// runs sockperf's client; one such run per workload is let off,
-		// so each still has a run under load checked.
+		// ends sockperf's own client, which never resends: now and then
+		// the network under load, not the code. The priority workloads'
+		// paced client counts such a loss and goes on, so this is for a
+		// workload that runs sockperf's client; one such run per workload
+		// is let off, so each still has a run under load checked.
 		if strings.Contains(r.Error, "ping-pong stalled") && r.Background > 0 && lost[r.Workload] == 0 {
 			lost[r.Workload]++
 			t.Logf("%s: %s (one lost datagram under load let off)", what, r.Error)

@@ -210,8 +210,8 @@ func TestQueueUnmarkedFrameUntracks(t *testing.T) {
 
 // TestQueueForeignMetadataUntracks: a frame that comes with metadata of
 // its own (a driver's, an earlier XDP program's) leaving no headroom for
-// lanes' 8 bytes (216 bytes here, as the stress generator's stale frame
-// heads carried until 2026-11-25) still goes to its queue, unmarked: the
+// lanes' 8 bytes (216 bytes here, as a generator reusing stale frame
+// heads can leave) still goes to its queue, unmarked: the
 // queue is untracked and the frame counted as unmarked, which lanes
 // status and the metrics show.
 func TestQueueForeignMetadataUntracks(t *testing.T) {

@@ -11,20 +11,15 @@
 // LANES_COST_SPREAD=1 puts the bridge and container stages on cpu0, off the
 // IRQ core, as the balancer does under load; LANES_COST_HOME=1 puts every
 // stage on its at-home fast path (vanilla placement, no flow state), and
-// LANES_COST_BARE=1 with it the bridge stage's bare path. Measured 2026-11-22 (2 x Intel
-// Xeon vCPU, 6.18.44), split off, ns per packet (run-time statistics add
-// two clock reads to each): at vanilla placement tc_ingress 116, tc_egress
-// 125, tc_seen 65 (485 Kpps); spread 159, 144, 69 (636 Kpps). The extra
-// 43 ns of tc_ingress when spread is the flow state's cache line moving
-// between cores: the next stage's program on cpu0 counts the frames seen in
-// the same entry tc_ingress writes on cpu1.
-// At home (2026-11-23, same VM): 72, 59, 33 (543 Kpps); tc_seen returns
-// there before parsing, so its 33 ns is about what the statistics' own
-// clock reads add to each program.
-// Coarse clock for packets with no move pending (2026-11-23, same VM, 3
-// runs each, spread): tc_ingress 126-131 ns, tc_egress 113-120, tc_seen
-// 68-69 (583-607 Kpps), against 142-151, 128-136, 65-70 (582-629 Kpps)
-// with the precise clock on every packet.
+// LANES_COST_BARE=1 with it the bridge stage's bare path. The figures
+// carry the statistics' own two clock reads per run. What to expect:
+// spread, tc_ingress costs more than at vanilla placement, because the
+// flow state's cache line moves between cores (the next stage's program
+// on cpu0 counts the frames seen in the same entry tc_ingress writes on
+// cpu1); at home tc_seen returns before parsing, so its figure there is
+// about what the statistics' clock reads add to each program. For
+// per-packet costs to cite, use `lanes bench --bpf-stats`, whose runs go
+// into docs/status.md with their command.
 
 package falcon_test
 

@@ -545,8 +545,7 @@ func TestPrismFlannel(t *testing.T) {
 	src, dst := s.Containers[0], r.Containers[0]
 	// The neighbours on the forwarding path are resolved already
 	// (modetest.UpTestbed): datagrams that wait for ARP there arrive after
-	// later ones, in vanilla too (9-10 of the first 21 in three tries on
-	// the development VM, 2026-11-23).
+	// later ones, in vanilla too.
 	a := modetest.Apply(t, tb, "prism-sync", nil)
 	if notes := strings.Join(a.State.Plan.Notes, "\n"); !strings.Contains(notes, "routed overlay") {
 		t.Errorf("plan notes %q do not say the shortcut needs a bridged overlay", a.State.Plan.Notes)
