@@ -327,25 +327,37 @@ func TestPrismQuiet(t *testing.T) {
 
 	q.warmUp(t)
 
-	st0, _ := dp.Stats()
-	stop := q.marks()
-	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	sent, sendErr := stop()
-	overlaytest.InOrder(t, "bulk stream while a marked flow comes and goes", res)
-	if sendErr != nil {
-		t.Fatalf("sending marked datagrams: %v", sendErr)
-	}
-	st1, _ := dp.Stats()
-	tookBothPaths(t, fmt.Sprintf("%d marked datagrams", sent), st0[steer.StageSplit], st1[steer.StageSplit], true)
-	got := 0
-	rc.SetReadDeadline(time.Now().Add(time.Second))
-	for buf := make([]byte, 64); got < sent; got++ {
-		if _, err := rc.Read(buf); err != nil {
+	// A vCPU stalled for a few milliseconds overflows a ring before
+	// anything classifies a frame, marked or not: a round that lost
+	// datagrams runs again with the bulk at a fifth of the rate, twice at
+	// most, as overlaytest.Stream.Delivered does. A loss that stays at a
+	// gentle rate is the datapath's; order is judged on every round.
+	const bulk = "bulk stream while a marked flow comes and goes"
+	for try, pause := 0, 200*time.Microsecond; ; try, pause = try+1, pause*5 {
+		st0, _ := dp.Stats()
+		stop := q.marks()
+		res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: pause, CPU: 0}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+		sent, sendErr := stop()
+		if sendErr != nil {
+			t.Fatalf("sending marked datagrams: %v", sendErr)
+		}
+		st1, _ := dp.Stats()
+		got := 0
+		rc.SetReadDeadline(time.Now().Add(time.Second))
+		for buf := make([]byte, 64); got < sent; got++ {
+			if _, err := rc.Read(buf); err != nil {
+				break
+			}
+		}
+		if res.Reordered != 0 || try == 2 || (got == sent && res.Received == res.Sent) {
+			overlaytest.InOrder(t, bulk, res)
+			tookBothPaths(t, fmt.Sprintf("%d marked datagrams", sent), st0[steer.StageSplit], st1[steer.StageSplit], true)
+			if got < sent {
+				t.Errorf("%d of %d marked datagrams arrived", got, sent)
+			}
 			break
 		}
-	}
-	if got < sent {
-		t.Errorf("%d of %d marked datagrams arrived", got, sent)
+		t.Logf("%s: %d of %d bulk and %d of %d marked datagrams arrived, none out of order: again with the bulk at a fifth of the rate", bulk, res.Received, res.Sent, got, sent)
 	}
 	if st := status(); st.Steering == nil || st.Steering.SinceHighMs == nil || st.Steering.QuietMs != 5 {
 		t.Errorf("after marked frames: status %+v, want the last one's time", st.Steering)
