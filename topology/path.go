@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -530,7 +531,7 @@ func readFilters() Filters {
 	} else {
 		f.XFRM = x
 	}
-	if e, err := LegacyEbtables("/proc/kallsyms"); err != nil {
+	if e, err := legacyEbtables(); err != nil {
 		errs = append(errs, "ebtables: "+err.Error())
 	} else {
 		f.Ebtables = e
@@ -1163,6 +1164,59 @@ func LegacyEbtables(kallsyms string) ([]string, error) {
 		}
 	}
 	return nil, sc.Err()
+}
+
+// ebtablesCache keeps LegacyEbtables' answer for /proc/kallsyms. Reading
+// kallsyms formats every kernel symbol, tens of milliseconds of CPU, and
+// lanes agent reads the filters of every namespace on the path each round,
+// on the cores the receive path runs on. The answer changes only when a
+// module is loaded or unloaded, so it is kept while the list of loaded
+// modules stays the same (a kernel without modules has no list: the answer
+// holds for the boot).
+var ebtablesCache struct {
+	sync.Mutex
+	modules string // module names, "" before the first read
+	tables  []string
+	err     error
+}
+
+// legacyEbtables is LegacyEbtables("/proc/kallsyms"), read again only
+// when the loaded modules changed.
+func legacyEbtables() ([]string, error) {
+	mods, err := loadedModules("/proc/modules")
+	if err != nil {
+		return LegacyEbtables("/proc/kallsyms")
+	}
+	c := &ebtablesCache
+	c.Lock()
+	defer c.Unlock()
+	if c.modules != mods {
+		c.tables, c.err = LegacyEbtables("/proc/kallsyms")
+		c.modules = mods
+	}
+	return c.tables, c.err
+}
+
+// loadedModules is the names of the modules the file (/proc/modules)
+// lists, in its order, or "-" where the kernel has no module support. The
+// other fields (use counts, dependents) change without a load and are left
+// out.
+func loadedModules(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "-", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var names strings.Builder
+	names.WriteString("+")
+	for line := range strings.Lines(string(b)) {
+		name, _, _ := strings.Cut(line, " ")
+		names.WriteString(name)
+		names.WriteByte(' ')
+	}
+	return names.String(), nil
 }
 
 // SyncPath is what PRISM-sync must know of one VXLAN device's receive

@@ -145,12 +145,16 @@ func do(name string, sysfs bool, fn func() error) error {
 	if name == "" && !sysfs {
 		return fn()
 	}
+	policy := callerPolicy()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// Thread state changes below are never undone: the locked thread
 		// exits with the goroutine (we do not call UnlockOSThread).
 		errc <- func() error {
+			if err := takePolicy(policy); err != nil {
+				return err
+			}
 			if sysfs {
 				// CLONE_FS first: Go's threads share one fs_struct, and a new
 				// mount namespace needs a private one.
@@ -226,11 +230,16 @@ var ErrNoNetNS = errors.New("no such network namespace")
 // DoHandle runs fn on a thread inside the namespace an open handle refers
 // to (one a caller already checked, so that fn sees exactly that one).
 func DoHandle(h netns.NsHandle, fn func() error) error {
+	policy := callerPolicy()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// The thread is left in h's namespace: never unlock, so the
 		// runtime discards it when this goroutine ends.
+		if err := takePolicy(policy); err != nil {
+			errc <- err
+			return
+		}
 		if err := netns.Set(h); err != nil {
 			errc <- fmt.Errorf("entering netns %s: %w", h, err)
 			return
@@ -262,4 +271,34 @@ func Output(name string, argv ...string) ([]byte, error) {
 		return out, fmt.Errorf("%s (netns %q): %w: %s", strings.Join(argv, " "), name, err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
+}
+
+// callerPolicy is the calling thread's scheduling attributes when its
+// policy is not SCHED_NORMAL, else nil. A goroutine that set another policy
+// on its thread has locked itself to it (kthread.OnThread), so its work in a
+// namespace, on the fresh thread do locks, must run at the same policy: a
+// SCHED_IDLE background round whose namespace hops ran at normal policy
+// would take the core from the receive path it means to leave alone. An
+// unlocked goroutine runs on a thread the runtime made, at SCHED_NORMAL.
+func callerPolicy() *unix.SchedAttr {
+	a, err := unix.SchedGetAttr(0, 0)
+	if err != nil || a.Policy == unix.SCHED_NORMAL {
+		return nil
+	}
+	return a
+}
+
+// takePolicy gives the calling (locked, fresh) thread the attributes
+// callerPolicy read, if any.
+func takePolicy(a *unix.SchedAttr) error {
+	if a == nil {
+		return nil
+	}
+	b := *a
+	b.Size = unix.SizeofSchedAttr
+	b.Flags = 0
+	if err := unix.SchedSetAttr(0, &b, 0); err != nil {
+		return fmt.Errorf("giving the namespace's thread its caller's scheduling policy %d: %w", a.Policy, err)
+	}
+	return nil
 }

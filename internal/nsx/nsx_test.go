@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/testenv"
 )
 
@@ -187,5 +188,58 @@ func TestUnboundFileIsNoNamespace(t *testing.T) {
 	err := Do(p, func() error { ran = true; return nil })
 	if !errors.Is(err, ErrNoNetNS) || ran {
 		t.Errorf("Do on an empty file: %v (ran %v), want ErrNoNetNS", err, ran)
+	}
+}
+
+// Work in a namespace runs at the caller's scheduling policy: a
+// SCHED_IDLE round's namespace hops stay SCHED_IDLE, and a caller at
+// normal policy gets normal policy.
+func TestDoRunsAtCallerPolicy(t *testing.T) {
+	testenv.Root(t)
+	name := "lanes-nsx-test4"
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(name) })
+	policy := func(p *uint32) func() error {
+		return func() error {
+			a, err := unix.SchedGetAttr(0, 0)
+			if err != nil {
+				return err
+			}
+			*p = a.Policy
+			return nil
+		}
+	}
+	h, err := open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hops := func() (do, sysfs, handle uint32, err error) {
+		err = errors.Join(Do(name, policy(&do)), DoSysfs(name, policy(&sysfs)), DoHandle(h, policy(&handle)))
+		return
+	}
+	var do, sysfs, handle uint32
+	var herr error
+	if err := kthread.OnThread(unix.SCHED_IDLE, func() { do, sysfs, handle, herr = hops() }); err != nil {
+		t.Fatal(err)
+	}
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	for hop, p := range map[string]uint32{"Do": do, "DoSysfs": sysfs, "DoHandle": handle} {
+		if p != unix.SCHED_IDLE {
+			t.Errorf("%s from a SCHED_IDLE thread ran at policy %d, want SCHED_IDLE (%d)", hop, p, unix.SCHED_IDLE)
+		}
+	}
+	do, sysfs, handle, herr = hops()
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	for hop, p := range map[string]uint32{"Do": do, "DoSysfs": sysfs, "DoHandle": handle} {
+		if p != unix.SCHED_NORMAL {
+			t.Errorf("%s from a normal goroutine ran at policy %d, want SCHED_NORMAL", hop, p)
+		}
 	}
 }

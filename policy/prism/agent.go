@@ -15,6 +15,7 @@ import (
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -51,6 +52,8 @@ type syncAgent struct {
 	// each VNI's VXLAN device, for the refresh.
 	lastFDB time.Duration
 	ports   map[uint32]string
+	// idleFailed: a round could not run at SCHED_IDLE (said once).
+	idleFailed bool
 
 	mu     sync.Mutex
 	status SyncStatus
@@ -195,7 +198,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
 	for {
-		namespaces := a.refresh()
+		namespaces := a.refreshIdle()
 		// (Re)subscribe where the path runs: the namespaces can change
 		// with the topology (an underlay found late).
 		if key := strings.Join(namespaces, "\x00"); key != watchNS && len(namespaces) > 0 {
@@ -281,6 +284,28 @@ func (a *syncAgent) withdraw(why string) {
 	if a.env.Logf != nil {
 		a.env.Logf("prism-sync: %s: every destination withdrawn until the path is read again", why)
 	}
+}
+
+// refreshIdle runs refresh on a SCHED_IDLE thread (its namespace hops
+// too: nsx runs them at the caller's policy). A round reads every
+// namespace on the path, tens of milliseconds of CPU in bursts, and at
+// normal policy the scheduler lets such a burst finish its slice before a
+// woken task gets the core: the high-priority service on the receive core
+// waited milliseconds behind it, once a second. At SCHED_IDLE any other
+// task takes the core at once. A round starved past the destinations'
+// deadline lets them lapse: the shortcut closes (batch mode) until the
+// next round, never open on stale facts. Withdrawals on a change stay at
+// the agent's normal policy, so closing is never the part that waits.
+func (a *syncAgent) refreshIdle() (namespaces []string) {
+	err := kthread.OnThread(unix.SCHED_IDLE, func() { namespaces = a.refresh() })
+	if err != nil {
+		if !a.idleFailed && a.env.Logf != nil {
+			a.env.Logf("prism-sync: rounds run at normal scheduling: %v", err)
+		}
+		a.idleFailed = true
+		namespaces = a.refresh()
+	}
+	return namespaces
 }
 
 // refresh rediscovers the path and writes the destinations that hold,
