@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
@@ -496,5 +497,27 @@ func TestSyncSetTooLarge(t *testing.T) {
 	}
 	if got, _ := d.Sync().Get(); FormatSyncSet(got) != FormatSyncSet(testSyncSet(1500)) {
 		t.Errorf("after the refused set: %s", FormatSyncSet(got))
+	}
+}
+
+// The sync set is lanes agent's to rewrite after the apply, and lapsed
+// destinations no longer read back: reset reports neither as someone
+// else's change (knobs.Same), but text that is no set at all is.
+func TestSyncKnobSame(t *testing.T) {
+	k := &SyncKnob{Dir: "/sys/fs/bpf/lanes/x"}
+	wrote := "42/02:1a:4e:03:02:01>5@1450;42/02:1a:4e:03:01:01<198.18.0.1;2/198.18.0.2=02:1a:4e:01:02:00"
+	for _, c := range []struct {
+		read string
+		same bool
+	}{
+		{wrote, true},
+		{";42/02:1a:4e:03:01:01<198.18.0.1;2/198.18.0.2=02:1a:4e:01:02:00", true}, // lapsed
+		{"42/02:1a:4e:03:02:09>7@1450;;", true},                                   // rewritten by the agent
+		{"", true},
+		{"not a set", false},
+	} {
+		if got := knobs.Same(k, []byte(c.read), []byte(wrote)); got != c.same {
+			t.Errorf("Same(%q) = %v, want %v", c.read, got, c.same)
+		}
 	}
 }
