@@ -111,8 +111,8 @@ func TestFollowPieces(t *testing.T) {
 // namespace, cores, settings, a state dir other than the default), and
 // lists stay one short line on a host with hundreds of containers.
 func TestFollowMessages(t *testing.T) {
-	st := &State{Mode: "falcon", NetNS: "h2", CPUs: "0-1", Params: map[string]string{"threshold": "70", "park": "false"}}
-	if got, want := applyCommand(st, DefaultStateDir), "lanes apply --mode falcon --netns h2 --cpus 0-1 --set park=false --set threshold=70"; got != want {
+	st := &State{Mode: "falcon", NetNS: "h2", CPUs: "0-1", Params: map[string]string{"threshold": "70", "x-park": "false"}}
+	if got, want := applyCommand(st, DefaultStateDir), "lanes apply --mode falcon --netns h2 --cpus 0-1 --set threshold=70 --set x-park=false"; got != want {
 		t.Errorf("applyCommand = %q, want %q", got, want)
 	}
 	if got, want := applyCommand(&State{Mode: "rps"}, "/tmp/s"), "lanes apply --mode rps --state-dir /tmp/s"; got != want {

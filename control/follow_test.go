@@ -250,7 +250,7 @@ func TestFollowRefusesHostChanges(t *testing.T) {
 	r := tb.Receiver()
 	// Not parked: the follower waits while Falcon is, and this test
 	// waits for it.
-	a := modetest.Apply(t, tb, "falcon", map[string]string{"park": "false"})
+	a := modetest.Apply(t, tb, "falcon", map[string]string{"x-park": "false"})
 	// The IRQ cores the plan was made for are in the state, so an agent
 	// started after they moved still knows (the testbed polls its
 	// underlay on the last core).

@@ -11,6 +11,7 @@ package plan
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -72,14 +73,61 @@ func Takes(mode, key string) bool {
 		return false
 	}
 	pp, ok := p.(ParamPlanner)
-	return ok && slices.ContainsFunc(pp.Params(), func(q Param) bool { return q.Key == key })
+	return ok && slices.ContainsFunc(pp.Params(), func(q Param) bool { return q.named(key) })
 }
+
+// ComparisonPrefix starts the key of a setting that exists only to compare
+// variants: it switches off a mechanism to measure what the mechanism
+// saves. Listings show such settings apart from the mode's own.
+const ComparisonPrefix = "x-"
 
 // Param is one mode setting.
 type Param struct {
 	Key     string
 	Default string
 	Help    string
+	// OldKeys are other names the setting is accepted under, read as
+	// Key: state files written with them keep them in their saved
+	// params, and `lanes agent` parses those again. Listings and error
+	// messages name Key alone.
+	OldKeys []string
+}
+
+// Comparison says whether q exists only to compare variants
+// (ComparisonPrefix).
+func (q Param) Comparison() bool { return strings.HasPrefix(q.Key, ComparisonPrefix) }
+
+// named says whether key names q, by its key or an old one.
+func (q Param) named(key string) bool { return q.Key == key || slices.Contains(q.OldKeys, key) }
+
+// CurrentKeys returns m with every old key (Param.OldKeys) of params
+// renamed to its current one, for a planner to parse. A setting given
+// under two of its names is an error, also with equal values: one of them
+// is left over from something else.
+func CurrentKeys(params []Param, m map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	from := map[string]string{} // current key -> the old key it was given as
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		i := slices.IndexFunc(params, func(q Param) bool { return slices.Contains(q.OldKeys, k) })
+		if i < 0 {
+			continue
+		}
+		cur := params[i].Key
+		other, twice := from[cur]
+		if _, given := m[cur]; given {
+			other, twice = cur, true
+		}
+		if twice {
+			return nil, fmt.Errorf("settings %s and %s both given: both name the setting %s; give it once, as %s", k, other, cur, cur)
+		}
+		from[cur] = k
+		out[cur] = m[k]
+		delete(out, k)
+	}
+	return out, nil
 }
 
 // ParseQueueSize reads a queue-length setting (cpumap entries): 8..16384
@@ -107,6 +155,9 @@ func CheckParams(p Planner, params map[string]string) error {
 	var names []string
 	for _, q := range pp.Params() {
 		known[q.Key] = true
+		for _, k := range q.OldKeys {
+			known[k] = true
+		}
 		names = append(names, q.Key)
 	}
 	keys := make([]string, 0, len(params))

@@ -253,7 +253,7 @@ func TestBridgeDirectCoreChange(t *testing.T) {
 	}
 }
 
-// With stay=queued nothing runs on, and a queued flow does not keep the
+// With x-stay=queued nothing runs on, and a queued flow does not keep the
 // stage from home: at home it queues too.
 func TestBridgeStayQueued(t *testing.T) {
 	defer pinThread(t, 0)()
@@ -283,7 +283,7 @@ func TestBridgeStayQueued(t *testing.T) {
 	}
 	runTC(t, d.TCIngress(), vxlanFrame(frameSpec{flow: udpFlow(40001)}))
 	if s := stats(t, d)[StageBridge]; s.Direct != 0 {
-		t.Errorf("at home with stay=queued a frame ran on: %+v", s)
+		t.Errorf("at home with x-stay=queued a frame ran on: %+v", s)
 	}
 }
 

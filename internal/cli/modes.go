@@ -29,7 +29,19 @@ func newModesCmd() *cobra.Command {
 						continue
 					}
 					shown[key] = m
+					// Settings for comparison come last, apart.
+					var cmp []plan.Param
 					for _, q := range pp.Params() {
+						if q.Comparison() {
+							cmp = append(cmp, q)
+							continue
+						}
+						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
+					}
+					if len(cmp) > 0 {
+						fmt.Fprintf(w, "  for comparison (%s):\t\n", plan.ComparisonPrefix)
+					}
+					for _, q := range cmp {
 						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
 					}
 				}

@@ -172,7 +172,7 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			fmt.Fprintf(out, "  at home (vanilla placement, per-flow work off until the IRQ core is busy): %s\n", strings.Join(st.Home, ", "))
 		}
 		if st.StayQueued {
-			fmt.Fprintf(out, "  stay=queued: flows staying at the bridge stage pass their core's RPS backlog (one pass more than vanilla)\n")
+			fmt.Fprintf(out, "  x-stay=queued: flows staying at the bridge stage pass their core's RPS backlog (one pass more than vanilla)\n")
 		}
 		for _, c := range s.Cores {
 			for i, f := range c.Stages {

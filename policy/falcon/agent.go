@@ -720,7 +720,7 @@ const bareRetry = 5
 // there would queue (steer.Placement.HomeQueues): then no frame needs its
 // flow looked up at that stage, which shortens tc ingress's run on every
 // packet. Not with prio (steer_xdp classifies every frame anyway) or
-// stay=queued (nothing runs on), nor with bare=false.
+// x-stay=queued (nothing runs on), nor with x-bare=false.
 func (a *agent) maybeBare() error {
 	if !a.o.Bare || a.bare || !a.atHome[steer.StageBridge] || a.o.Prio || a.o.Stay != StayDirect || a.o.Drain <= 0 || a.round < a.bareNext {
 		return nil

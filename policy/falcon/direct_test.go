@@ -21,7 +21,7 @@ import (
 // went through RPS would run the bridge and container stages there; run
 // on, they stay on the core of the NIC poll, as in vanilla. The stream
 // arrives complete and in order across the switch from queued to direct.
-// With stay=queued (the comparison setting) every frame takes RPS.
+// With x-stay=queued (the comparison setting) every frame takes RPS.
 func TestBridgeStayRunsOn(t *testing.T) {
 	cpus := online(t)
 	if len(cpus) < 2 {
@@ -41,8 +41,8 @@ func TestBridgeStayRunsOn(t *testing.T) {
 		name := string(topo)
 		params := map[string]string{}
 		if rn.queued {
-			name += "/stay=queued"
-			params["stay"] = falcon.StayQueued
+			name += "/x-stay=queued"
+			params["x-stay"] = falcon.StayQueued
 		}
 		t.Run(name, func(t *testing.T) {
 			tb := upTestbed(t, topo)
@@ -109,7 +109,7 @@ func TestBridgeStayRunsOn(t *testing.T) {
 				onIRQ, irq, onOther, other, direct, held, res.IncomingCPU)
 			if rn.queued {
 				if direct != 0 || onIRQ != 0 {
-					t.Errorf("stay=queued: %d frames ran on, %d ran on the IRQ core; want every one through RPS", direct, onIRQ)
+					t.Errorf("x-stay=queued: %d frames ran on, %d ran on the IRQ core; want every one through RPS", direct, onIRQ)
 				}
 				dp.Close()
 				a.ResetAndCheck(t, before)

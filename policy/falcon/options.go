@@ -145,19 +145,20 @@ type Options struct {
 	// when the IRQ core is the bottleneck: where it is not, "always" costs
 	// ping-pong latency and single-flow TCP throughput.
 	Spread string
-	// Stay is how a flow that stays at the bridge stage stays: "direct"
-	// (the GRO cell's poll runs the stage on, as in vanilla, once none of
-	// the flow's frames can be queued; datapath/steer/bpf/place.h's stay_direct) or "queued"
-	// (through its own core's RPS backlog, one pass more than vanilla, as
-	// lanes did before direct: for measuring it).
+	// Stay (x-stay) is how a flow that stays at the bridge stage stays:
+	// "direct" (the GRO cell's poll runs the stage on, as in vanilla, once
+	// none of the flow's frames can be queued;
+	// datapath/steer/bpf/place.h's stay_direct) or "queued" (through its
+	// own core's RPS backlog, one pass more than vanilla: for measuring
+	// what direct saves).
 	Stay string
-	// Bare: at home the bridge stage's program may skip the flow lookup
-	// once no flow there would queue (steer.Placement.SetHomeBare); off,
-	// for measuring what that saves.
+	// Bare (x-bare): at home the bridge stage's program may skip the flow
+	// lookup once no flow there would queue (steer.Placement.SetHomeBare);
+	// off, for measuring what that saves.
 	Bare bool
-	// Park: once every stage has rested at home for a while, the agent
-	// takes lanes' programs and RPS maps off the path, so Falcon at home
-	// costs what vanilla costs (park.go); off, for measuring that.
+	// Park (x-park): once every stage has rested at home for a while, the
+	// agent takes lanes' programs and RPS maps off the path, so Falcon at
+	// home costs what vanilla costs (park.go); off, for measuring that.
 	Park bool
 }
 
@@ -247,16 +248,30 @@ var params = []plan.Param{
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
-	{Key: "stay", Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla; for comparison)"},
-	{Key: "bare", Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up; for comparison)"},
-	{Key: "park", Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on; for comparison)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
+	// For comparison only (plan.ComparisonPrefix): each switches a
+	// mechanism off to measure what it saves. The old keys are what
+	// state files written with them hold.
+	{Key: keyStay, OldKeys: []string{"stay"}, Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla)"},
+	{Key: keyBare, OldKeys: []string{"bare"}, Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up)"},
+	{Key: keyPark, OldKeys: []string{"park"}, Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on)"},
 }
 
-// Parse reads params over base. Every error is one line saying what to
-// fix.
+// Keys of the settings for comparison.
+const (
+	keyStay = plan.ComparisonPrefix + "stay"
+	keyBare = plan.ComparisonPrefix + "bare"
+	keyPark = plan.ComparisonPrefix + "park"
+)
+
+// Parse reads params over base, under their current keys or their old
+// ones (plan.Param.OldKeys). Every error is one line saying what to fix.
 func Parse(base Options, m map[string]string) (Options, error) {
 	o := base
+	m, err := plan.CurrentKeys(params, m)
+	if err != nil {
+		return o, fmt.Errorf("falcon %v", err)
+	}
 	for k, v := range m {
 		var err error
 		switch k {
@@ -323,14 +338,14 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && (o.RTPriority < 0 || o.RTPriority > 99) {
 				err = fmt.Errorf("want 0..99")
 			}
-		case "stay":
+		case keyStay:
 			if v != StayDirect && v != StayQueued {
 				err = fmt.Errorf("want %s or %s", StayDirect, StayQueued)
 			}
 			o.Stay = v
-		case "bare":
+		case keyBare:
 			o.Bare, err = strconv.ParseBool(v)
-		case "park":
+		case keyPark:
 			o.Park, err = strconv.ParseBool(v)
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
@@ -405,9 +420,9 @@ func (o Options) Params() map[string]string {
 		"prio":        strconv.FormatBool(o.Prio),
 		"prio-rt":     strconv.Itoa(o.PrioRT),
 		"spread":      o.Spread,
-		"stay":        o.Stay,
-		"bare":        strconv.FormatBool(o.Bare),
-		"park":        strconv.FormatBool(o.Park),
+		keyStay:       o.Stay,
+		keyBare:       strconv.FormatBool(o.Bare),
+		keyPark:       strconv.FormatBool(o.Park),
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"

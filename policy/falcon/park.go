@@ -168,7 +168,7 @@ func newParker(o Options, stateDir string) (*parker, error) {
 func parkOff(o Options) string {
 	switch {
 	case !o.Park:
-		return "park=false"
+		return keyPark + "=false"
 	case !o.spreadBusy():
 		return "stages never rest at home (spread=always or balance=false)"
 	case o.Split:
@@ -178,7 +178,7 @@ func parkOff(o Options) string {
 	case o.Prio:
 		return "prio classifies every frame in XDP"
 	case !o.Bare || o.Stay != StayDirect || o.Drain <= 0:
-		return "the bridge stage never takes its bare path at home (bare, stay or drain)"
+		return "the bridge stage never takes its bare path at home (" + keyBare + ", " + keyStay + " or drain)"
 	}
 	return ""
 }

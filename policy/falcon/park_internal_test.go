@@ -39,14 +39,14 @@ func TestParkOff(t *testing.T) {
 		set  func(*Options)
 		want string
 	}{
-		"park=false":    {func(o *Options) { o.Park = false }, "park=false"},
+		"x-park=false":  {func(o *Options) { o.Park = false }, "x-park=false"},
 		"spread=always": {func(o *Options) { o.Spread = SpreadAlways }, "never rest at home"},
 		"balance=false": {func(o *Options) { o.Balance = false }, "never rest at home"},
 		"split":         {func(o *Options) { o.Split = true }, "XDP"},
 		"split=rps":     {func(o *Options) { o.SplitRPS = true }, "split=rps"},
 		"prio":          {func(o *Options) { o.Prio = true }, "prio"},
-		"bare=false":    {func(o *Options) { o.Bare = false }, "bare path"},
-		"stay=queued":   {func(o *Options) { o.Stay = StayQueued }, "bare path"},
+		"x-bare=false":  {func(o *Options) { o.Bare = false }, "bare path"},
+		"x-stay=queued": {func(o *Options) { o.Stay = StayQueued }, "bare path"},
 	} {
 		o := base
 		c.set(&o)

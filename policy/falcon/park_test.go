@@ -124,7 +124,7 @@ func TestFalconParks(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
-// TestFalconParkOff: park=false, and modes with an XDP hook, never park;
+// TestFalconParkOff: x-park=false, and modes with an XDP hook, never park;
 // the status says why.
 func TestFalconParkOff(t *testing.T) {
 	online(t)
@@ -134,7 +134,7 @@ func TestFalconParkOff(t *testing.T) {
 		params map[string]string
 		why    string
 	}{
-		{map[string]string{"park": "false"}, "park=false"},
+		{map[string]string{"x-park": "false"}, "x-park=false"},
 		{map[string]string{"prio": "true"}, "XDP"},
 	} {
 		a := apply(t, tb, "falcon", c.params)
