@@ -77,10 +77,7 @@ func TestComparisonKeys(t *testing.T) {
 		}
 		saved := map[string]string{}
 		for k, v := range p {
-			if strings.HasPrefix(k, plan.ComparisonPrefix) {
-				k = strings.TrimPrefix(k, plan.ComparisonPrefix)
-			}
-			saved[k] = v
+			saved[strings.TrimPrefix(k, plan.ComparisonPrefix)] = v
 		}
 		fromOld, err := Parse(Options{}, saved)
 		if err != nil {

@@ -197,7 +197,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	}()
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
-	for {
+	for skipped := 0; ; {
 		namespaces := a.refreshIdle()
 		// (Re)subscribe where the path runs: the namespaces can change
 		// with the topology (an underlay found late).
@@ -208,38 +208,63 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			var err error
 			if w, err = watch(ctx, namespaces); err != nil {
 				w, events = nil, nil
-				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only", err, a.interval))
+				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
 			} else {
 				events, watchNS = w.events, key
 				a.setWatch("")
 				w.setMACs(a.macs())
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		case ev := <-events:
-			if ev.withdraw {
-				a.withdraw(ev.why)
-			}
-			// Let a burst of changes (a container starting) settle.
-			time.Sleep(20 * time.Millisecond)
-			for drained := false; !drained; {
-				select {
-				case ev := <-events:
-					if ev.withdraw {
-						a.withdraw(ev.why)
+		// A tick skipped for idleRounds waits for the next event or tick.
+		for skip := true; skip; {
+			skip = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+				if skipped+1 < idleRounds && a.vouchesForNothing() {
+					skipped++
+					skip = true
+				}
+			case ev := <-events:
+				if ev.withdraw {
+					a.withdraw(ev.why)
+				}
+				// Let a burst of changes (a container starting) settle.
+				time.Sleep(20 * time.Millisecond)
+				for drained := false; !drained; {
+					select {
+					case ev := <-events:
+						if ev.withdraw {
+							a.withdraw(ev.why)
+						}
+					default:
+						drained = true
 					}
-				default:
-					drained = true
 				}
 			}
 		}
+		skipped = 0
 		if w != nil {
 			w.setMACs(a.macs())
 		}
 	}
+}
+
+// idleRounds: while the last round succeeded and listed no destination
+// (the path allows no shortcut: a netfilter table, an L3 overlay), the
+// agent reads the path again every idleRounds intervals, and at once on
+// any change it is notified of. Facts read late there can only open the
+// shortcut late, never keep it open on a path that changed; and each
+// round is CPU taken from the cores the receive path runs on.
+const idleRounds = 10
+
+// vouchesForNothing says the last round succeeded and listed no
+// destination.
+func (a *syncAgent) vouchesForNothing() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status.Err == "" && len(a.status.Targets) == 0
 }
 
 func (a *syncAgent) setWatch(why string) {

@@ -308,7 +308,8 @@ func firewallVXLAN(t *testing.T, ns string, peer netip.Addr) {
 // The user's scenario: a host firewall rule in the receiving host drops
 // all VXLAN from the other host. Vanilla delivers none of a stream to a
 // marked container; prism-sync with sync-netfilter=trust must not deliver
-// any either (it refuses the trust, and says why), and its agent starts.
+// any either (it refuses the trust, and says why), and its agent starts,
+// reading the path less often while it has no destination to vouch for.
 func TestPrismSyncHostFirewall(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
@@ -323,7 +324,7 @@ func TestPrismSyncHostFirewall(t *testing.T) {
 		t.Fatalf("vanilla delivered %d of %d datagrams past the firewall: the test's rule does not hold", res.Received, n)
 	}
 
-	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust"})
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust", "sync-interval": "100ms"})
 	notes := strings.Join(a.State.Plan.Notes, "\n")
 	if !strings.Contains(notes, "trust refused") || !strings.Contains(notes, "tests the VXLAN port") {
 		t.Errorf("plan notes %q do not say the firewall rule refused the trust", a.State.Plan.Notes)
@@ -350,6 +351,14 @@ func TestPrismSyncHostFirewall(t *testing.T) {
 	})
 	if ts, _ := dp.Sync().Targets(); len(ts) != 0 {
 		t.Errorf("the agent opened destinations %v past the firewall", ts)
+	}
+	// Vouching for nothing, it reads the path every tenth interval (and
+	// on changes: none here), not every 100 ms. A slow machine only
+	// makes the rounds fewer.
+	r0 := ag.Status().(prism.SyncStatus).Refreshes
+	time.Sleep(1500 * time.Millisecond)
+	if r1 := ag.Status().(prism.SyncStatus).Refreshes; r1 > r0+2 {
+		t.Errorf("%d rounds in 1.5 s at sync-interval=100ms with no destination to vouch for, want at most 2", r1-r0)
 	}
 	stop()
 	a.ResetAndCheck(t, before)
