@@ -77,8 +77,9 @@ func Takes(mode, key string) bool {
 }
 
 // ComparisonPrefix starts the key of a setting that exists only to compare
-// variants: it switches off a mechanism to measure what the mechanism
-// saves. Listings show such settings apart from the mode's own.
+// variants or to diagnose: it switches off a mechanism to measure what the
+// mechanism saves, or has it count what a test checks. Listings show such
+// settings apart from the mode's own.
 const ComparisonPrefix = "x-"
 
 // Param is one mode setting.

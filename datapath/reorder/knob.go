@@ -46,6 +46,7 @@ type configDoc struct {
 	TimeoutNS  int64  `json:"timeout_ns"`
 	FlowLimit  uint32 `json:"flow_limit"`
 	TotalLimit uint32 `json:"total_limit"`
+	SelfCheck  bool   `json:"self_check,omitempty"`
 }
 
 // EncodeConfig is cfg as a QdiscKnob value.
@@ -54,7 +55,7 @@ func EncodeConfig(cfg Config) (string, error) {
 		return "", err
 	}
 	b, err := json.Marshal(configDoc{Batch: cfg.Batch, Cores: cfg.Cores, TimeoutNS: int64(cfg.Timeout),
-		FlowLimit: cfg.FlowLimit, TotalLimit: cfg.TotalLimit})
+		FlowLimit: cfg.FlowLimit, TotalLimit: cfg.TotalLimit, SelfCheck: cfg.SelfCheck})
 	return string(b), err
 }
 
@@ -64,7 +65,8 @@ func DecodeConfig(v string) (Config, error) {
 	if err := json.Unmarshal([]byte(v), &d); err != nil {
 		return Config{}, fmt.Errorf("reorder qdisc value: %w", err)
 	}
-	cfg := Config{Batch: d.Batch, Cores: d.Cores, Timeout: time.Duration(d.TimeoutNS), FlowLimit: d.FlowLimit, TotalLimit: d.TotalLimit}
+	cfg := Config{Batch: d.Batch, Cores: d.Cores, Timeout: time.Duration(d.TimeoutNS), FlowLimit: d.FlowLimit, TotalLimit: d.TotalLimit,
+		SelfCheck: d.SelfCheck}
 	return cfg, cfg.Check()
 }
 
@@ -113,14 +115,15 @@ func (k *QdiscKnob) load(cfg Config) error {
 			return err
 		}
 		old, err := p.Config()
-		if err == nil && windowSlots(old.Batch) == windowSlots(cfg.Batch) {
+		if err == nil && windowSlots(old.Batch) == windowSlots(cfg.Batch) && old.SelfCheck == cfg.SelfCheck {
 			err = p.SetConfig(cfg)
 			p.Close()
 			return err
 		}
 		p.Close()
-		// The windows are sized at load: a new reassembler replaces
-		// the old one, whose qdisc goes first.
+		// The windows are sized, and the self-check compiled in or
+		// out, at load: a new reassembler replaces the old one, whose
+		// qdisc goes first.
 		if err := DetachRoot(k.NetNS, k.Device, k.kind()); err != nil {
 			return err
 		}

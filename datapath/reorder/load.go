@@ -52,7 +52,7 @@ func Load(kind string, cfg Config) (*Loaded, error) {
 		return nil, err
 	}
 	win := windowSlots(cfg.Batch)
-	for name, v := range map[string]uint32{"flow_slots": FlowSlots, "win_slots": win, "fifo_slots": FIFOSlots} {
+	for name, v := range map[string]uint32{"flow_slots": FlowSlots, "win_slots": win, "fifo_slots": FIFOSlots, "self_check": b2u(cfg.SelfCheck)} {
 		vs := spec.Variables[name]
 		if vs == nil {
 			return nil, fmt.Errorf("reorder: the qdisc object has no variable %s", name)
@@ -116,7 +116,7 @@ func setKind(m *ebpf.MapSpec, kind string) error {
 
 func writeConfig(m *ebpf.Map, cfg Config) error {
 	v := reorderMfConfig{Batch: cfg.Batch, Ncores: uint32(cfg.Cores), TimeoutNs: uint64(cfg.Timeout),
-		FlowLimit: cfg.FlowLimit, TotalLimit: cfg.TotalLimit}
+		FlowLimit: cfg.FlowLimit, TotalLimit: cfg.TotalLimit, SelfCheck: b2u(cfg.SelfCheck)}
 	if err := m.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("reorder: writing the config: %w", err)
 	}
@@ -201,14 +201,29 @@ func (p *Pinned) Config() (Config, error) {
 		return Config{}, fmt.Errorf("reorder: reading the config: %w", err)
 	}
 	return Config{Batch: v.Batch, Cores: int(v.Ncores), Timeout: time.Duration(v.TimeoutNs),
-		FlowLimit: v.FlowLimit, TotalLimit: v.TotalLimit}, nil
+		FlowLimit: v.FlowLimit, TotalLimit: v.TotalLimit, SelfCheck: v.SelfCheck != 0}, nil
+}
+
+func b2u(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // SetConfig changes the merge settings of the running qdisc. The batch
-// must keep the window size the qdisc was loaded with (WindowSlots).
+// must keep the window size the qdisc was loaded with (WindowSlots), and
+// SelfCheck what it was loaded with.
 func (p *Pinned) SetConfig(cfg Config) error {
 	if err := cfg.Check(); err != nil {
 		return err
+	}
+	old, err := p.Config()
+	if err != nil {
+		return err
+	}
+	if old.SelfCheck != cfg.SelfCheck {
+		return fmt.Errorf("reorder: the self-check is compiled in or out at load (loaded with %v): load the qdisc again", old.SelfCheck)
 	}
 	return writeConfig(p.config, cfg)
 }

@@ -78,6 +78,10 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 volatile const __u32 flow_slots = 16; /* flow slots (at most MAX_FLOWS) */
 volatile const __u32 win_slots = 512; /* frames one micro-flow may hold */
 volatile const __u32 fifo_slots = 1024;
+/* Diagnostics, off unless lanes asks (the verifier drops the code then):
+ * count the tagged frames dequeued behind a later micro-flow of their
+ * flow (check_out). */
+volatile const __u32 self_check = 0;
 
 /* Set by lanes, read per packet. */
 struct mf_config {
@@ -86,6 +90,8 @@ struct mf_config {
 	__u64 timeout_ns;  /* the watchdog */
 	__u32 flow_limit;  /* frames held per flow */
 	__u32 total_limit; /* frames held in all */
+	__u32 self_check;  /* the load-time self_check, for lanes to read back */
+	__u32 pad;
 };
 
 struct mf_counters {
@@ -103,6 +109,7 @@ struct mf_counters {
 	__u64 held_max;   /* the most frames held at once */
 	__u64 by_count;   /* micro-flows completed by their frame count */
 	__u64 by_core;    /* micro-flows completed because their core moved on */
+	__u64 backward;   /* self_check: tagged frames dequeued behind a later micro-flow of their flow */
 };
 
 struct window {
@@ -169,6 +176,20 @@ struct {
 	__type(value, struct mf_qstate);
 	__uint(max_entries, 1);
 } mf_queue SEC(".maps");
+
+/* self_check: per flow bits, the latest micro-flow dequeued. */
+struct out_seen {
+	__u32 id; /* the tag's flow and generation bits | FLOW_USED; 0: none yet */
+	__u16 seq;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct out_seen);
+	__uint(max_entries, MAX_FLOWS);
+} mf_out SEC(".maps");
 
 /* max_entries of the next three are set at load from the sizes above. */
 struct {
@@ -682,6 +703,36 @@ static __always_inline __u64 expire(struct mf_qstate *q, struct mf_counters *st,
 	return next;
 }
 
+/*
+ * self_check: is skb, leaving, behind a later micro-flow of its flow that
+ * already left? The qdisc's merge rule says no, but for frames it passes
+ * as they came (late) or unordered (collisions): a count above theirs is
+ * disorder of the qdisc's own. A far jump is a restarted flow, not a step
+ * back.
+ */
+static __always_inline void check_out(const struct sk_buff *skb, struct mf_counters *st)
+{
+	__u32 tag = skb->priority, key;
+	struct out_seen *o;
+	__u32 id;
+	__s16 d;
+
+	if (!mflow_tagged(tag))
+		return;
+	id = mflow_tag_id(tag) | FLOW_USED;
+	key = (tag >> MFLOW_TAG_FLOW_SHIFT) & (MAX_FLOWS - 1);
+	o = bpf_map_lookup_elem(&mf_out, &key);
+	if (!o)
+		return;
+	d = sdiff(mflow_tag_seq(tag), o->seq);
+	if (o->id == id && d < 0 && d > -FAR) {
+		st->backward++;
+		return;
+	}
+	o->id = id;
+	o->seq = mflow_tag_seq(tag);
+}
+
 SEC("struct_ops/mf_dequeue")
 struct sk_buff *BPF_PROG(mf_dequeue, struct Qdisc *sch)
 {
@@ -727,6 +778,11 @@ struct sk_buff *BPF_PROG(mf_dequeue, struct Qdisc *sch)
 	}
 	return NULL;
 out:
+	if (self_check) {
+		st = bpf_map_lookup_elem(&mf_stats, &zero);
+		if (st)
+			check_out(skb, st);
+	}
 	sch->q.qlen--;
 	sch->qstats.backlog -= qdisc_pkt_len(skb);
 	bpf_qdisc_bstats_update(sch, skb);

@@ -92,6 +92,11 @@ type Config struct {
 	// leaves in order.
 	FlowLimit  uint32
 	TotalLimit uint32
+	// SelfCheck has the qdisc count the tagged frames it dequeues behind
+	// a later micro-flow of their flow (Stats.Backward): a diagnostic for
+	// tests, one map lookup per tagged frame; off, the loaded program
+	// carries none of it.
+	SelfCheck bool
 }
 
 // Sizes fixed when the qdisc is loaded.
@@ -203,12 +208,16 @@ type Stats struct {
 	// by their core moving on to a later one (MFLOW's rule).
 	ByCount uint64 `json:"complete_by_count"`
 	ByCore  uint64 `json:"complete_by_core"`
+	// Backward (Config.SelfCheck): tagged frames dequeued behind a later
+	// micro-flow of their flow. Late frames and collisions leave so by
+	// design; any more is disorder of the qdisc's own.
+	Backward uint64 `json:"backward,omitempty"`
 }
 
 func statsOf(c reorderMfCounters, q reorderMfQstate) Stats {
 	return Stats{
 		Passed: c.Passed, InOrder: c.InOrder, Held: c.Held, Released: c.Released, Queued: c.Queued, Gaps: c.Gaps,
 		Overflows: c.Overflows, Late: c.Late, Drops: c.Drops, Collisions: c.Collisions, Restarts: c.Restarts,
-		HeldMax: c.HeldMax, HeldNow: uint64(q.Held), ByCount: c.ByCount, ByCore: c.ByCore,
+		HeldMax: c.HeldMax, HeldNow: uint64(q.Held), ByCount: c.ByCount, ByCore: c.ByCore, Backward: c.Backward,
 	}
 }

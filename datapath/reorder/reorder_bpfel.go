@@ -20,6 +20,8 @@ type reorderMfConfig struct {
 	TimeoutNs  uint64
 	FlowLimit  uint32
 	TotalLimit uint32
+	SelfCheck  uint32
+	Pad        uint32
 }
 
 type reorderMfCounters struct {
@@ -38,6 +40,7 @@ type reorderMfCounters struct {
 	HeldMax    uint64
 	ByCount    uint64
 	ByCore     uint64
+	Backward   uint64
 }
 
 type reorderMfQstate struct {
@@ -59,6 +62,7 @@ const (
 	reorderMapMfFifo       = "mf_fifo"
 	reorderMapMfFlows      = "mf_flows"
 	reorderMapMfHeld       = "mf_held"
+	reorderMapMfOut        = "mf_out"
 	reorderMapMfQueue      = "mf_queue"
 	reorderMapMfStats      = "mf_stats"
 	reorderMapMflowReorder = "mflow_reorder"
@@ -69,6 +73,7 @@ const (
 	reorderProgMfReset     = "mf_reset"
 	reorderVarFifoSlots    = "fifo_slots"
 	reorderVarFlowSlots    = "flow_slots"
+	reorderVarSelfCheck    = "self_check"
 	reorderVarWinSlots     = "win_slots"
 )
 
@@ -129,6 +134,7 @@ type reorderMapSpecs struct {
 	MfFifo       *ebpf.MapSpec `ebpf:"mf_fifo"`
 	MfFlows      *ebpf.MapSpec `ebpf:"mf_flows"`
 	MfHeld       *ebpf.MapSpec `ebpf:"mf_held"`
+	MfOut        *ebpf.MapSpec `ebpf:"mf_out"`
 	MfQueue      *ebpf.MapSpec `ebpf:"mf_queue"`
 	MfStats      *ebpf.MapSpec `ebpf:"mf_stats"`
 	MflowReorder *ebpf.MapSpec `ebpf:"mflow_reorder"`
@@ -140,6 +146,7 @@ type reorderMapSpecs struct {
 type reorderVariableSpecs struct {
 	FifoSlots *ebpf.VariableSpec `ebpf:"fifo_slots"`
 	FlowSlots *ebpf.VariableSpec `ebpf:"flow_slots"`
+	SelfCheck *ebpf.VariableSpec `ebpf:"self_check"`
 	WinSlots  *ebpf.VariableSpec `ebpf:"win_slots"`
 }
 
@@ -167,6 +174,7 @@ type reorderMaps struct {
 	MfFifo       *ebpf.Map `ebpf:"mf_fifo"`
 	MfFlows      *ebpf.Map `ebpf:"mf_flows"`
 	MfHeld       *ebpf.Map `ebpf:"mf_held"`
+	MfOut        *ebpf.Map `ebpf:"mf_out"`
 	MfQueue      *ebpf.Map `ebpf:"mf_queue"`
 	MfStats      *ebpf.Map `ebpf:"mf_stats"`
 	MflowReorder *ebpf.Map `ebpf:"mflow_reorder"`
@@ -178,6 +186,7 @@ func (m *reorderMaps) Close() error {
 		m.MfFifo,
 		m.MfFlows,
 		m.MfHeld,
+		m.MfOut,
 		m.MfQueue,
 		m.MfStats,
 		m.MflowReorder,
@@ -190,6 +199,7 @@ func (m *reorderMaps) Close() error {
 type reorderVariables struct {
 	FifoSlots *ebpf.Variable `ebpf:"fifo_slots"`
 	FlowSlots *ebpf.Variable `ebpf:"flow_slots"`
+	SelfCheck *ebpf.Variable `ebpf:"self_check"`
 	WinSlots  *ebpf.Variable `ebpf:"win_slots"`
 }
 

@@ -20,6 +20,7 @@ func TestPermutation(t *testing.T) {
 		if qdisc {
 			cfg := DefaultConfig(batch, 2)
 			cfg.Timeout = 5e9 // never the watchdog: only completeness releases here
+			cfg.SelfCheck = true
 			l = pr.withQdisc(t, cfg)
 		}
 		r := newReceiver(t, pr)
@@ -45,8 +46,8 @@ func TestPermutation(t *testing.T) {
 		if len(got) != n*batch || ooo != 0 {
 			t.Errorf("arrived %d of %d, %d out of order (%v): want all, in order", len(got), n*batch, ooo, ex)
 		}
-		if st.Held == 0 || st.Released != st.Held || st.HeldNow != 0 || st.Gaps != 0 || st.Late != 0 {
-			t.Errorf("qdisc counters %+v: want frames held and all released, no gap, none late", st)
+		if st.Held == 0 || st.Released != st.Held || st.HeldNow != 0 || st.Gaps != 0 || st.Late != 0 || st.Backward != 0 {
+			t.Errorf("qdisc counters %+v: want frames held and all released, no gap, none late, none let out backward", st)
 		}
 	})
 	t.Run("without", func(t *testing.T) {
@@ -188,5 +189,31 @@ func TestCoreMovesOn(t *testing.T) {
 	}
 	if st.ByCore != 1 || st.Gaps != 0 || st.Held == 0 || st.HeldNow != 0 {
 		t.Errorf("qdisc %+v: want micro-flow 2 completed by its core moving on, frames held then released, no gap", st)
+	}
+}
+
+// TestSelfCheck: the self-check counts what the qdisc lets out behind a
+// later micro-flow of its flow. Micro-flow 0 comes only after the watchdog
+// gave it up and micro-flow 1, held behind it, left: its frames pass late,
+// each one behind micro-flow 1, and the self-check counts exactly them.
+func TestSelfCheck(t *testing.T) {
+	requireQdisc(t)
+	const batch, n = 32, 2
+	pr := newPair(t)
+	cfg := DefaultConfig(batch, 3) // three cores: the per-core rule does not give 0 up
+	cfg.Timeout = 300 * time.Millisecond
+	cfg.SelfCheck = true
+	l := pr.withQdisc(t, cfg)
+	r := newReceiver(t, pr)
+	s := newSender(t, pr, r.Port)
+	mfs := flowOf(n, batch)
+	s.send(mfs[1], nil)
+	waitStats(t, l, "the watchdog to skip micro-flow 0", func(st Stats) bool { return st.Gaps > 0 && st.HeldNow == 0 })
+	s.send(mfs[0], nil)
+	got := r.read(n*batch, 2*time.Second)
+	st := waitStats(t, l, "micro-flow 0 to pass", func(st Stats) bool { return st.Late == batch })
+	t.Logf("arrived %d of %d; qdisc %+v", len(got), n*batch, st)
+	if st.Backward != batch || st.Released != batch {
+		t.Errorf("qdisc %+v: want micro-flow 1's %d frames released, then micro-flow 0's %d passed late and counted backward", st, batch, batch)
 	}
 }

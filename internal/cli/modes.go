@@ -29,7 +29,7 @@ func newModesCmd() *cobra.Command {
 						continue
 					}
 					shown[key] = m
-					// Settings for comparison come last, apart.
+					// Settings for comparison or diagnosis come last, apart.
 					var cmp []plan.Param
 					for _, q := range pp.Params() {
 						if q.Comparison() {
@@ -39,7 +39,7 @@ func newModesCmd() *cobra.Command {
 						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
 					}
 					if len(cmp) > 0 {
-						fmt.Fprintf(w, "  for comparison (%s):\t\n", plan.ComparisonPrefix)
+						fmt.Fprintf(w, "  for comparison or diagnosis (%s):\t\n", plan.ComparisonPrefix)
 					}
 					for _, q := range cmp {
 						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)

@@ -10,8 +10,9 @@ import (
 	_ "github.com/lanesnet/lanes/policy/prism"
 )
 
-// lanes modes lists a policy's settings for comparison (x-) after its
-// others, under a heading of their own, by their current keys alone.
+// lanes modes lists a policy's settings for comparison or diagnosis (x-)
+// after its others, under a heading of their own, by their current keys
+// alone.
 func TestModesListsComparisonSettingsApart(t *testing.T) {
 	var b strings.Builder
 	cmd := newModesCmd()
@@ -26,7 +27,7 @@ func TestModesListsComparisonSettingsApart(t *testing.T) {
 		t.Fatalf("no falcon mode listed:\n%s", out)
 	}
 	falcon, _, _ := strings.Cut(out[i:], "\nfalcon-")
-	head := strings.Index(falcon, "for comparison (x-):")
+	head := strings.Index(falcon, "for comparison or diagnosis (x-):")
 	if head < 0 {
 		t.Fatalf("falcon's settings have no comparison heading:\n%s", falcon)
 	}
@@ -43,7 +44,8 @@ func TestModesListsComparisonSettingsApart(t *testing.T) {
 			t.Errorf("the old key %s is listed:\n%s", old, out)
 		}
 	}
-	if n := strings.Count(out, "for comparison (x-):"); n != 1 {
-		t.Errorf("%d comparison headings, want falcon's alone:\n%s", n, out)
+	// falcon's and mflow's (x-reorder-check): the policies with such settings.
+	if n := strings.Count(out, "for comparison or diagnosis (x-):"); n != 2 {
+		t.Errorf("%d comparison headings, want falcon's and mflow's:\n%s", n, out)
 	}
 }

@@ -46,6 +46,9 @@ type Options struct {
 	// kernel has the BPF qdisc; ReorderTimeout is its watchdog.
 	Reorder        bool
 	ReorderTimeout time.Duration
+	// ReorderCheck loads the reassembler with its self-check
+	// (reorder.Config.SelfCheck): a diagnostic the guest tests use.
+	ReorderCheck bool
 }
 
 // Defaults are MFLOW's where it has them. The threshold is lanes' own (the
@@ -80,6 +83,7 @@ var params = []plan.Param{
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core (at=irq)"},
 	{Key: "reorder", Default: "on", Help: "on: reassemble split flows in order before each container where the kernel has the BPF qdisc (Linux >= 6.16, CONFIG_NET_SCH_BPF); off: never"},
 	{Key: "reorder-timeout", Default: "10ms", Help: "how long the reassembler waits for a micro-flow after a loss before it skips the gap, 1ms..10s"},
+	{Key: "x-reorder-check", Default: "false", Help: "the reassembler counts the frames it lets out behind a later micro-flow of their flow (`backward` in lanes status): a diagnostic, one map lookup per split frame"},
 }
 
 // Parse reads params over base. Every error is one line saying what to
@@ -123,6 +127,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err != nil || o.ReorderTimeout < time.Millisecond || o.ReorderTimeout > 10*time.Second {
 				err = fmt.Errorf("want a duration from 1ms to 10s")
 			}
+		case "x-reorder-check":
+			o.ReorderCheck, err = strconv.ParseBool(v)
 		default:
 			return o, fmt.Errorf("unknown mflow setting %q", k)
 		}
@@ -153,6 +159,9 @@ func (o Options) Params() map[string]string {
 	}
 	if o.ReorderTimeout > 0 {
 		m["reorder-timeout"] = o.ReorderTimeout.String()
+	}
+	if o.ReorderCheck {
+		m["x-reorder-check"] = "true"
 	}
 	if len(o.SplitCPUs) > 0 {
 		m["split-cpus"] = cpuset.FormatList(o.SplitCPUs)

@@ -86,6 +86,7 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 	}
 	cfg := reorder.DefaultConfig(o.Batch, len(split))
 	cfg.Timeout = o.ReorderTimeout
+	cfg.SelfCheck = o.ReorderCheck
 	val, err := reorder.EncodeConfig(cfg)
 	if err != nil {
 		return "order: reassembly not set up: " + err.Error()

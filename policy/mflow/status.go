@@ -23,8 +23,12 @@ func readStatus(netns string) (plan.ModeStatus, error) {
 		st.Lines = []string{"reassembly: none (off, unavailable on this kernel, or no container veth took it; the apply's notes say which)"}
 	}
 	for _, d := range devs {
-		st.Lines = append(st.Lines, fmt.Sprintf("reassembly on %s: %d held, %d released in order, %d gaps skipped, %d overflows, %d late, held now %d",
-			d.Device, d.Held, d.Released, d.Gaps, d.Overflows, d.Late, d.HeldNow))
+		line := fmt.Sprintf("reassembly on %s: %d held, %d released in order, %d gaps skipped, %d overflows, %d late, held now %d",
+			d.Device, d.Held, d.Released, d.Gaps, d.Overflows, d.Late, d.HeldNow)
+		if d.Backward != 0 {
+			line += fmt.Sprintf(", %d let out behind a later micro-flow (x-reorder-check)", d.Backward)
+		}
+		st.Lines = append(st.Lines, line)
 	}
 	return st, nil
 }
