@@ -57,7 +57,10 @@ type syncAgent struct {
 
 	mu     sync.Mutex
 	status SyncStatus
-	m      *syncMetrics
+	// gen counts withdrawals: a round whose reading began before one
+	// does not write what it read.
+	gen uint64
+	m   *syncMetrics
 }
 
 // syncTTL is how long the destinations an agent writes hold without it:
@@ -187,8 +190,12 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			}
 		}()
 	}
+	// Changes are followed beside a round in progress (follow): a
+	// withdrawal never waits for a round, which at SCHED_IDLE a busy host
+	// may hold back, and a round that read the path before it does not
+	// write (gen). changed asks for a round.
+	changed := make(chan struct{}, 1)
 	var w *watcher
-	var events <-chan watchEvent
 	watchNS := ""
 	defer func() {
 		if w != nil {
@@ -207,12 +214,13 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			}
 			var err error
 			if w, err = watch(ctx, namespaces); err != nil {
-				w, events = nil, nil
+				w = nil
 				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
 			} else {
-				events, watchNS = w.events, key
+				watchNS = key
 				a.setWatch("")
 				w.setMACs(a.macs())
+				go a.follow(w, changed)
 			}
 		}
 		// A tick skipped for idleRounds waits for the next event or tick.
@@ -226,27 +234,38 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 					skipped++
 					skip = true
 				}
-			case ev := <-events:
-				if ev.withdraw {
-					a.withdraw(ev.why)
-				}
+			case <-changed:
 				// Let a burst of changes (a container starting) settle.
 				time.Sleep(20 * time.Millisecond)
-				for drained := false; !drained; {
-					select {
-					case ev := <-events:
-						if ev.withdraw {
-							a.withdraw(ev.why)
-						}
-					default:
-						drained = true
-					}
+				select {
+				case <-changed:
+				default:
 				}
 			}
 		}
 		skipped = 0
 		if w != nil {
 			w.setMACs(a.macs())
+		}
+	}
+}
+
+// follow handles w's events until it closes: a change that may make a
+// destination unsafe withdraws every destination at once, and any change
+// asks for a round.
+func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
+	for {
+		select {
+		case <-w.done:
+			return
+		case ev := <-w.events:
+			if ev.withdraw {
+				a.withdraw(ev.why)
+			}
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -295,6 +314,7 @@ func (a *syncAgent) macs() shortcutMACs {
 func (a *syncAgent) withdraw(why string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gen++
 	err := netnsx.Do(a.env.NetNS, a.dp.Sync().Withdraw)
 	a.status.Withdrawals++
 	a.status.Withdrawn = why
@@ -317,10 +337,12 @@ func (a *syncAgent) withdraw(why string) {
 // normal policy the scheduler lets such a burst finish its slice before a
 // woken task gets the core: the high-priority service on the receive core
 // waited milliseconds behind it, once a second. At SCHED_IDLE any other
-// task takes the core at once. A round starved past the destinations'
-// deadline lets them lapse: the shortcut closes (batch mode) until the
-// next round, never open on stale facts. Withdrawals on a change stay at
-// the agent's normal policy, so closing is never the part that waits.
+// task takes the core at once (in user space; a kernel built without
+// preemption first ends the system call). A round starved past the
+// destinations' deadline lets them lapse: the shortcut closes (batch
+// mode) until the next round, never open on stale facts. Withdrawals on
+// a change run beside it at the agent's normal policy (follow), so
+// closing is never the part that waits.
 func (a *syncAgent) refreshIdle() (namespaces []string) {
 	err := kthread.OnThread(unix.SCHED_IDLE, func() { namespaces = a.refresh() })
 	if err != nil {
@@ -363,6 +385,9 @@ func (a *syncAgent) refresh() (namespaces []string) {
 		a.status = st
 		a.mu.Unlock()
 	}()
+	a.mu.Lock()
+	gen := a.gen
+	a.mu.Unlock()
 	t, err := topology.Discover(a.env.NetNS)
 	if err != nil {
 		st.Err = err.Error()
@@ -385,8 +410,20 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	set := sp.Set()
 	set.Targets = toSteer(targets)
 	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
-	// Written every round, changed or not: the write is the renewal.
-	if err := netnsx.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) }); err != nil {
+	// Written every round, changed or not: the write is the renewal. Not
+	// where a withdrawal came since the path was read (what it read may
+	// be what changed; the change asked for another round), and under
+	// the lock a withdrawal takes, so none comes in between.
+	a.mu.Lock()
+	stale := a.gen != gen
+	if !stale {
+		err = netnsx.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) })
+	}
+	a.mu.Unlock()
+	if stale {
+		return namespaces
+	}
+	if err != nil {
 		st.Err = err.Error()
 		return namespaces
 	}
