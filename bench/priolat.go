@@ -385,6 +385,10 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 		return err
 	}
 	res, err := stress.NewUDPStress(r.stressTarget(native), r.stressGen()).Run(ctx, srv, cli, workload.Point{MsgSize: bgPayload, Flows: 1, Duration: d, Port: r.port()})
+	if err == nil {
+		// A measurement cut short by an interrupt measures nothing.
+		err = ctx.Err()
+	}
 	if err != nil {
 		return fmt.Errorf("calibrating the %s background: %w", pathName(native), err)
 	}
@@ -395,6 +399,9 @@ func (r *runner) calibrate(ctx context.Context, native bool, d time.Duration) er
 	how := fmt.Sprintf("udp_stress at full rate %.0f Kpps", res.PPS/1e3)
 	for _, share := range []float64{0.5, 0.65} {
 		got, busy, err := r.probe(ctx, native, srv, cli, share*est, d)
+		if err == nil {
+			err = ctx.Err()
+		}
 		if err != nil {
 			return fmt.Errorf("calibrating the %s background: %w", pathName(native), err)
 		}

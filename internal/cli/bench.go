@@ -57,6 +57,11 @@ also on Ctrl-C.`,
 				fmt.Fprintln(cmd.OutOrStdout(), report.Table(f))
 				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s/results.json, %s/report.md and plots\n", o.Out, o.Out)
 			}
+			if err != nil && ctx.Err() != nil {
+				// The error of whatever step the signal cut short says
+				// only "context canceled".
+				return fmt.Errorf("interrupted by a signal, cleaned up as at every end; what was measured before it is in %s", o.Out)
+			}
 			return err
 		},
 	}
