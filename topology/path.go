@@ -1197,10 +1197,10 @@ func legacyEbtables() ([]string, error) {
 	return c.tables, c.err
 }
 
-// loadedModules is the names of the modules the file (/proc/modules)
-// lists, in its order, or "-" where the kernel has no module support. The
-// other fields (use counts, dependents) change without a load and are left
-// out.
+// loadedModules is "+" and the names of the modules the file
+// (/proc/modules) lists, in its order, or "-" where the kernel has no
+// module support (so neither is the "" of a cache not read yet). The other
+// fields (use counts, dependents) change without a load and are left out.
 func loadedModules(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -94,8 +94,8 @@ type Param struct {
 	OldKeys []string
 }
 
-// Comparison says whether q exists only to compare variants
-// (ComparisonPrefix).
+// Comparison says whether q exists only to compare variants or to
+// diagnose (ComparisonPrefix).
 func (q Param) Comparison() bool { return strings.HasPrefix(q.Key, ComparisonPrefix) }
 
 // named says whether key names q, by its key or an old one.
@@ -106,10 +106,7 @@ func (q Param) named(key string) bool { return q.Key == key || slices.Contains(q
 // under two of its names is an error, also with equal values: one of them
 // is left over from something else.
 func CurrentKeys(params []Param, m map[string]string) (map[string]string, error) {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
+	out := maps.Clone(m)
 	from := map[string]string{} // current key -> the old key it was given as
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		i := slices.IndexFunc(params, func(q Param) bool { return slices.Contains(q.OldKeys, k) })

@@ -30,19 +30,18 @@ func newModesCmd() *cobra.Command {
 					}
 					shown[key] = m
 					// Settings for comparison or diagnosis come last, apart.
-					var cmp []plan.Param
-					for _, q := range pp.Params() {
-						if q.Comparison() {
-							cmp = append(cmp, q)
-							continue
+					for _, cmp := range []bool{false, true} {
+						head := cmp
+						for _, q := range pp.Params() {
+							if q.Comparison() != cmp {
+								continue
+							}
+							if head {
+								fmt.Fprintf(w, "  for comparison or diagnosis (%s):\t\n", plan.ComparisonPrefix)
+								head = false
+							}
+							fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
 						}
-						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
-					}
-					if len(cmp) > 0 {
-						fmt.Fprintf(w, "  for comparison or diagnosis (%s):\t\n", plan.ComparisonPrefix)
-					}
-					for _, q := range cmp {
-						fmt.Fprintf(w, "  --set %s=\t%s (default %s)\n", q.Key, q.Help, q.Default)
 					}
 				}
 			}

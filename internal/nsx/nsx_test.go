@@ -15,13 +15,19 @@ import (
 	"github.com/lanesnet/lanes/internal/testenv"
 )
 
-func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
-	testenv.Root(t)
-	name := "lanes-nsx-test"
+// testNS creates the namespace name for t, removed when t ends.
+func testNS(t *testing.T, name string) string {
+	t.Helper()
 	if err := Create(name); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { Delete(name) })
+	return name
+}
+
+func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
+	testenv.Root(t)
+	name := testNS(t, "lanes-nsx-test")
 
 	var ents []os.DirEntry
 	err := DoSysfs(name, func() error {
@@ -43,11 +49,7 @@ func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
 
 func TestStartInheritsNamespace(t *testing.T) {
 	testenv.Root(t)
-	name := "lanes-nsx-test2"
-	if err := Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Delete(name) })
+	name := testNS(t, "lanes-nsx-test2")
 	out, err := Output(name, "cat", "/proc/net/dev")
 	if err != nil {
 		t.Fatal(err)
@@ -73,11 +75,7 @@ func TestMissingNamespace(t *testing.T) {
 	if ran {
 		t.Error("the function ran")
 	}
-	name := "lanes-nsx-handle"
-	if err := Create(name); err != nil {
-		t.Fatal(err)
-	}
-	defer Delete(name)
+	name := testNS(t, "lanes-nsx-handle")
 	h, err := netns.GetFromName(name)
 	if err != nil {
 		t.Fatal(err)
@@ -99,11 +97,7 @@ func TestMissingNamespace(t *testing.T) {
 // never becomes writable.
 func TestDoSysfsWritesThroughReadOnlySuperblock(t *testing.T) {
 	testenv.Root(t)
-	name := "lanes-nsx-test3"
-	if err := Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Delete(name) })
+	name := testNS(t, "lanes-nsx-test3")
 	const knob = "/class/net/lo/queues/rx-0/rps_cpus"
 
 	// The runtime: a thread in a mount namespace of its own that holds
@@ -196,11 +190,7 @@ func TestUnboundFileIsNoNamespace(t *testing.T) {
 // normal policy gets normal policy.
 func TestDoRunsAtCallerPolicy(t *testing.T) {
 	testenv.Root(t)
-	name := "lanes-nsx-test4"
-	if err := Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Delete(name) })
+	name := testNS(t, "lanes-nsx-test4")
 	policy := func(p *uint32) func() error {
 		return func() error {
 			a, err := unix.SchedGetAttr(0, 0)
