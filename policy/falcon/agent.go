@@ -155,7 +155,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		}
 	}
 	cpumap, _ := dp.CPUMap().Entries()
-	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap}
+	lay := Layout{CPUs: cfg.CPUs, Set: env.CPUs, SplitCPUs: cpumap, IRQCPUs: homeSet(a.home)}
 	if o.Prio {
 		// With prio the IRQ core has queues too (the planner's Layout):
 		// the split stage's home is then that queue, not the NIC poll.
@@ -175,6 +175,11 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	a.initial = InitialTables(o, lay)
 	a.homeFirst = map[int]bool{}
 	for _, st := range HomeFirstStages(o) {
+		// With prio the split stage's home is a queue on the IRQ core:
+		// without one it has none.
+		if st == steer.StageSplit && o.Prio && !a.homeQueued {
+			continue
+		}
 		a.homeFirst[st] = true
 	}
 	a.lastSpread = -settleRounds
@@ -183,6 +188,11 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 		if a.atHome, err = dp.Placement().Home(); err != nil {
 			dp.Close()
 			return nil, err
+		}
+		if a.queuedHome(steer.StageSplit) {
+			// No flag in the datapath for this one (setHome): the next
+			// round's maybeHome finds it home again if it is.
+			a.atHome[steer.StageSplit] = false
 		}
 		if a.bare, err = dp.Placement().HomeBare(); err != nil {
 			dp.Close()
@@ -544,7 +554,7 @@ func (a *agent) place(fallen bool) (moves, nactive int, err error) {
 			if !a.mayGoHome(st, homeAtRead, &act, tables) {
 				continue
 			}
-			if err := a.maybeHome(st, next, act.Away[st], fallen); err != nil {
+			if err := a.maybeHome(st, next, a.away(st, &act), fallen); err != nil {
 				return 0, 0, err
 			}
 			continue
@@ -638,7 +648,7 @@ func (a *agent) stageBal(stage int) *balancer.Balancer {
 // elsewhere (away: flows follow a table only at their next flowlet
 // boundary).
 func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen bool) error {
-	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || away || !allStay(table) {
+	if a.home < 0 || !a.homeFirst[stage] || a.atHome[stage] || away || !a.allHomeValue(stage, table) {
 		return nil
 	}
 	if a.o.Mice > 0 && a.mayLeaveHome(stage, fallen) {
@@ -647,11 +657,13 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 		// other round for as long as the core stays busy.
 		return nil
 	}
-	if err := a.dp.Placement().SetHome(stage, true); err != nil {
+	if err := a.setHome(stage, true); err != nil {
 		return err
 	}
 	a.atHome[stage] = true
-	if a.env.Logf != nil {
+	if a.env.Logf != nil && a.queuedHome(stage) {
+		a.env.Logf("%s stage at home: both classes in the IRQ core's queues", steer.StageName(stage))
+	} else if a.env.Logf != nil {
 		a.env.Logf("%s stage at home: vanilla placement, per-flow work off", steer.StageName(stage))
 	}
 	return nil
@@ -666,9 +678,9 @@ func (a *agent) maybeHome(stage int, table [steer.Buckets]uint32, away, fallen b
 // leaves home no later than they do.
 
 // mayGoHome: every earlier stage of the agent's is at home and was when
-// the flows were read (homeAtRead), or, for one that is never at home (the
-// split stage with prio, whose home is a queue on the IRQ core), has all
-// its table and every active flow there; and no staying flow of the stage
+// the flows were read (homeAtRead), or, for one that is not home-first
+// (the split stage with prio where the agent does not keep it home), has
+// all its table and every active flow at home; and no staying flow of the stage
 // still has frames in flight on a core other than the home core
 // (Activity.Held).
 func (a *agent) mayGoHome(stage int, homeAtRead [steer.NumStages]bool, act *steer.Activity, tables [steer.NumStages][steer.Buckets]uint32) bool {
@@ -700,7 +712,7 @@ func (a *agent) mayGoHome(stage int, homeAtRead [steer.NumStages]bool, act *stee
 // at home: "stay", or with prio the split stage's queue on the IRQ core.
 func (a *agent) allHomeValue(stage int, table [steer.Buckets]uint32) bool {
 	home := uint32(steer.Stay)
-	if stage == steer.StageSplit && a.homeQueued {
+	if a.queuedHome(stage) {
 		home = uint32(slices.Index(a.cfg.CPUs, a.home))
 	}
 	for _, v := range table {
@@ -709,6 +721,35 @@ func (a *agent) allHomeValue(stage int, table [steer.Buckets]uint32) bool {
 		}
 	}
 	return true
+}
+
+// queuedHome: the stage's home is a queue on the IRQ core (the split stage
+// with prio), not where the kernel runs it.
+func (a *agent) queuedHome(stage int) bool {
+	return stage == steer.StageSplit && a.homeQueued
+}
+
+// away says whether an active flow's stage runs away from home
+// (steer.Activity.Away); for a queued home, placed on another core.
+func (a *agent) away(stage int, act *steer.Activity) bool {
+	if !a.queuedHome(stage) {
+		return act.Away[stage]
+	}
+	i := slices.Index(a.cfg.CPUs, a.home)
+	return i < 0 || i >= 64 || act.Cores[stage]&^(1<<i) != 0
+}
+
+// setHome switches a stage's at-home fast path (steer.Placement.SetHome).
+// A queued home has none: steer_xdp classifies every frame there, keeps
+// each flow's state and counts it in flight, so at home and away differ
+// only in the table, and leaving home must not restart those states
+// (frames counted in the home queues would no longer hold their flows
+// back).
+func (a *agent) setHome(stage int, on bool) error {
+	if a.queuedHome(stage) {
+		return nil
+	}
+	return a.dp.Placement().SetHome(stage, on)
 }
 
 // bareRetry is how many rounds the agent waits before it checks again
@@ -818,7 +859,7 @@ func (a *agent) leaveHome(stage int) error {
 	if stage == steer.StageBridge {
 		a.bare = false // SetHome clears it with home
 	}
-	if err := a.dp.Placement().SetHome(stage, false); err != nil {
+	if err := a.setHome(stage, false); err != nil {
 		return err
 	}
 	a.atHome[stage] = false

@@ -354,34 +354,49 @@ func StaticTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 
 }
 
 // InitialTables is the placement apply writes: StaticTables, except that
-// with spread=busy the stages the balancer spreads start where the kernel
-// runs them (Stay) and leave only once that core is busy. With prio the
-// split stage keeps its static table: its "stay" is the IRQ core's
-// high-priority-aware queue, which the static table already names.
+// with spread=busy the stages the balancer spreads start at home and leave
+// only once the IRQ core is busy. Home is where the kernel runs a stage
+// (Stay), but for the split stage with prio: there it is the IRQ core's
+// two queues (HomeIndex), since "stay" would run both classes in the NIC
+// poll alike. Without a known IRQ core that stage keeps its static table.
 func InitialTables(o Options, lay Layout) [steer.NumStages][steer.Buckets]uint32 {
 	t := StaticTables(o, lay)
-	if !o.spreadBusy() {
-		return t
-	}
 	for _, s := range HomeFirstStages(o) {
+		home := uint32(steer.Stay)
+		if s == steer.StageSplit && o.Prio {
+			i, ok := HomeIndex(lay)
+			if !ok {
+				continue
+			}
+			home = i
+		}
 		for b := range t[s] {
-			t[s][b] = steer.Stay
+			t[s][b] = home
 		}
 	}
 	return t
 }
 
+// HomeIndex is the IRQ core's index in the datapath's core list: the
+// table value of its queues.
+func HomeIndex(lay Layout) (uint32, bool) {
+	if len(lay.IRQCPUs) != 1 {
+		return 0, false
+	}
+	i := slices.Index(lay.CPUs, lay.IRQCPUs[0])
+	return uint32(i), i >= 0
+}
+
 // HomeFirstStages are the stages spread=busy keeps home until the IRQ core
-// is busy.
+// is busy: all three, with prio too (Falcon's rule, whichever class a
+// flow is in: a first stage spread from the first packet pays the hop to
+// another core where nothing needs it, and on a host whose other cores
+// are busy, loses what their queues cannot take).
 func HomeFirstStages(o Options) []int {
 	if !o.spreadBusy() {
 		return nil
 	}
-	st := []int{steer.StageBridge, steer.StageContainer}
-	if !o.Prio {
-		st = append(st, steer.StageSplit)
-	}
-	return st
+	return []int{steer.StageBridge, steer.StageContainer, steer.StageSplit}
 }
 
 // autoSplitOff names the veth underlays for which split=auto leaves

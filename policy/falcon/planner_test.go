@@ -179,6 +179,19 @@ func TestPlanSpreadBusy(t *testing.T) {
 	if st := HomeFirstStages(o); len(st) != 3 {
 		t.Errorf("home-first stages %v, want all three", st)
 	}
+	// With prio the split stage's home is the IRQ core's queues (index 1).
+	o.Prio = true
+	if init := InitialTables(o, lay); init[steer.StageSplit] != allOf(1) || !allStay(init[steer.StageBridge]) {
+		t.Errorf("prio: split stage starts %v, bridge %v", init[steer.StageSplit][:4], init[steer.StageBridge][:4])
+	}
+	if st := HomeFirstStages(o); len(st) != 3 {
+		t.Errorf("prio: home-first stages %v, want all three", st)
+	}
+	lay.IRQCPUs = nil // no home known: the split stage keeps its static table
+	if init := InitialTables(o, lay); init[steer.StageSplit] != static[steer.StageSplit] {
+		t.Errorf("prio, IRQ core unknown: split stage starts %v", init[steer.StageSplit][:4])
+	}
+	o.Prio = false
 	o.Balance = false // without the balancer nobody would spread them
 	if st := HomeFirstStages(o); st != nil {
 		t.Errorf("home-first stages without balance: %v", st)
@@ -259,8 +272,9 @@ func TestParamsRoundTrip(t *testing.T) {
 }
 
 // PRISM-batch on Falcon: both classes get a queue on the split core and
-// on the IRQ core (the split stage's way home), the high one real-time;
-// the split table still sends every bucket to the split core.
+// on the IRQ core, the high one real-time. With spread=busy (the default)
+// the split table starts every bucket at home, in the IRQ core's queues;
+// with spread=always, on the split core.
 func TestPlanPrio(t *testing.T) {
 	needsSplit(t)
 	setupOf := func(p *plan.Plan) (steer.Setup, map[int]string) {
@@ -286,8 +300,15 @@ func TestPlanPrio(t *testing.T) {
 	if !s.Config.Prio || !s.Config.CountSplit || !slices.Equal(s.CPUMap, []int{0, 1}) || !slices.Equal(s.HiCPUMap, []int{0, 1}) || s.HiRTPriority != 53 || s.RTPriority != 0 {
 		t.Errorf("setup %+v", s)
 	}
-	if tables[steer.StageSplit] != "0*256" {
-		t.Errorf("split table %q, want all on the split core 0", tables[steer.StageSplit])
+	if tables[steer.StageSplit] != "1*256" {
+		t.Errorf("split table %q, want all at home, the IRQ core 1's queues", tables[steer.StageSplit])
+	}
+	p, err = planFor(t, "falcon-prism", map[string]string{"spread": "always"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, tables = setupOf(p); tables[steer.StageSplit] != "0*256" {
+		t.Errorf("spread=always: split table %q, want all on the split core 0", tables[steer.StageSplit])
 	}
 	// Without splitting the first stage stays on the IRQ core, in two
 	// queues; tc ingress only counts them out.

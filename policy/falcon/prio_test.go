@@ -16,8 +16,17 @@ import (
 // queue on the split core and on the IRQ core; a flow the rule marks takes
 // the high-priority one; a sequence-numbered stream arrives in order while
 // its class flips (rule added and removed) and the balancer runs; reset
-// restores every knob and removes the rules with the pins.
+// restores every knob and removes the rules with the pins. With spread=busy
+// (the default) the first stage starts in the IRQ core's queues; with
+// spread=always on the split core, from where the hogs' fallback brings it
+// home: a move between cores while classes flip.
 func TestFalconPrism(t *testing.T) {
+	for _, spread := range []string{"busy", "always"} {
+		t.Run(spread, func(t *testing.T) { testFalconPrism(t, map[string]string{"spread": spread}) })
+	}
+}
+
+func testFalconPrism(t *testing.T, params map[string]string) {
 	needsSplit(t)
 	cpus := online(t)
 	tb := upTestbed(t, testbed.Docker)
@@ -25,7 +34,7 @@ func TestFalconPrism(t *testing.T) {
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
 
-	a := apply(t, tb, "falcon-prism", nil)
+	a := apply(t, tb, "falcon-prism", params)
 	dp := a.Open(t)
 	cfg, err := dp.Config()
 	if err != nil || !cfg.Prio {
