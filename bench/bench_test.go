@@ -64,7 +64,7 @@ func TestValidate(t *testing.T) {
 		t.Errorf("defaults: %+v", o)
 	}
 	// cpus is the benchmark's own setting, for every mode but native.
-	for _, m := range []string{"rps:cpus=1", "falcon:cpus=0-1:damp=false"} {
+	for _, m := range []string{"rps:cpus=1", "falcon:cpus=0-1:x-damp=false"} {
 		if err := (&Options{Modes: []string{m}, Out: "x"}).Validate(); err != nil {
 			t.Errorf("%s: %v", m, err)
 		}

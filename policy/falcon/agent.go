@@ -253,7 +253,7 @@ func (a *agent) Run(ctx context.Context) error {
 		if terr := kthread.OnThread(unix.SCHED_BATCH, func() { err = a.loop(ctx, sampler) }); terr == nil {
 			return err
 		} else if a.env.Logf != nil {
-			a.env.Logf("agent-sched=batch: %v; rounds run at normal scheduling", terr)
+			a.env.Logf("x-agent-sched=batch: %v; rounds run at normal scheduling", terr)
 		}
 	}
 	return a.loop(ctx, sampler)
@@ -352,7 +352,7 @@ func (a *agent) openSampler() (cpuload.Source, error) {
 			return s, nil
 		}
 		if a.o.Sampler == SamplerSched {
-			return nil, fmt.Errorf("falcon agent: sampler=sched: %w (sampler=proc reads /proc instead)", err)
+			return nil, fmt.Errorf("falcon agent: x-sampler=sched: %w (x-sampler=proc reads /proc instead)", err)
 		}
 		if a.env.Logf != nil {
 			a.env.Logf("load from /proc: no scheduler accounting on this kernel (%v)", err)

@@ -149,7 +149,7 @@ func leavesHome(t *testing.T, sampler string) {
 	r, s := tb.Receiver(), tb.Sender()
 	before := modetest.Snapshot(t, tb)
 	batchBefore := batchThreads(t)
-	a := apply(t, tb, "falcon", map[string]string{"sampler": sampler, "agent-sched": sched})
+	a := apply(t, tb, "falcon", map[string]string{"x-sampler": sampler, "x-agent-sched": sched})
 	dp := a.Open(t)
 	src, dst := s.Containers[0], r.Containers[0]
 	// Resolve ARP first: datagrams a sender queues behind resolution are
@@ -179,7 +179,7 @@ func leavesHome(t *testing.T, sampler string) {
 		t.Errorf("agent reads load from %q, want %q", got, sampler)
 	}
 	if got, want := batchThreads(t)-batchBefore, map[string]int{falcon.AgentNormal: 0, falcon.AgentBatch: 1}[sched]; got != want {
-		t.Errorf("agent-sched=%s: %d more SCHED_BATCH threads in this process, want %d", sched, got, want)
+		t.Errorf("x-agent-sched=%s: %d more SCHED_BATCH threads in this process, want %d", sched, got, want)
 	}
 
 	irq := tb.Config.IRQCPU

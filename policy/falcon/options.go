@@ -233,8 +233,6 @@ var params = []plan.Param{
 	{Key: "balance", Default: "true", Help: "move stages off cores over the threshold (needs `lanes agent`)"},
 	{Key: "split-cpus", Default: "the set minus the IRQ cores", Help: "cores for the split stage, a list like 2-3"},
 	{Key: "threshold", Default: "80", Help: "core load (percent) above which a core takes no more stages"},
-	{Key: "fallback", Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
-	{Key: "damp", Default: "true", Help: "a set that climbs back to the fallback level within 50 samples of resuming carries its own spread work: stay spread and fall back only at the last fallback's load + hysteresis (false: fall back every time, as Falcon)"},
 	{Key: "home-room", Default: "the threshold", Help: "with spread=busy: stages leave the IRQ core only when another core of the set is under this load (percent, at most the threshold; 0 = the threshold)"},
 	{Key: "mice", Default: "0", Help: "with spread=busy: flows (hash buckets) under this many packets/s stay on the IRQ core when their stage leaves it, e.g. 10k (0 = every flow moves, as Falcon)"},
 	{Key: "hysteresis", Default: "10", Help: "percent below the threshold the average must fall to resume"},
@@ -242,16 +240,20 @@ var params = []plan.Param{
 	{Key: "flowlet", Default: "1ms", Help: "idle gap after which a flow's stage may move, once its old queue is empty"},
 	{Key: "drain", Default: "20ms", Help: "idle time after which a stage moves although the datapath still counts frames in its old queue (they were dropped); not used where the split stage's cpumap queues are tracked (they tell dropped frames from queued ones); 0 = do not wait for the queue"},
 	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
-	{Key: "sampler", Default: "auto", Help: "where the agent reads core load: sched (BPF on the scheduler's task switches: one map read per sample), proc (/proc files, a walk of /proc once a second), auto (sched if the kernel has BTF and tracing programs, else proc)"},
-	{Key: "agent-sched", Default: "batch", Help: "scheduling policy of the agent's rounds: normal, or batch (a waking round never preempts the task on its core, such as the NIC poll)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
-	// For comparison only (plan.ComparisonPrefix): each switches a
-	// mechanism off to measure what it saves. The old keys are what
-	// state files written with them hold.
+	// For comparison or diagnosis only (plan.ComparisonPrefix): each
+	// switches a mechanism off to measure what it saves, picks Falcon's
+	// published rule over lanes' (fallback=all, damp=false), or a way of
+	// reading load the agent picks by itself (sampler, agent-sched). The
+	// old keys are what state files written with them hold.
+	{Key: keyFallback, OldKeys: []string{"fallback"}, Default: "average", Help: "when the whole set goes back to vanilla placement: average (Falcon's: the set's average load reaches the threshold) or all (every core of the set is at the threshold)"},
+	{Key: keyDamp, OldKeys: []string{"damp"}, Default: "true", Help: "a set that climbs back to the fallback level within 50 samples of resuming carries its own spread work: stay spread and fall back only at the last fallback's load + hysteresis (false: fall back every time, as Falcon)"},
+	{Key: keySampler, OldKeys: []string{"sampler"}, Default: "auto", Help: "where the agent reads core load: sched (BPF on the scheduler's task switches: one map read per sample), proc (/proc files, a walk of /proc once a second), auto (sched if the kernel has BTF and tracing programs, else proc)"},
+	{Key: keyAgentSched, OldKeys: []string{"agent-sched"}, Default: "batch", Help: "scheduling policy of the agent's rounds: normal, or batch (a waking round never preempts the task on its core, such as the NIC poll)"},
 	{Key: keyStay, OldKeys: []string{"stay"}, Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla)"},
 	{Key: keyBare, OldKeys: []string{"bare"}, Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up)"},
 	{Key: keyPark, OldKeys: []string{"park"}, Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on)"},
@@ -259,9 +261,13 @@ var params = []plan.Param{
 
 // Keys of the settings for comparison.
 const (
-	keyStay = plan.ComparisonPrefix + "stay"
-	keyBare = plan.ComparisonPrefix + "bare"
-	keyPark = plan.ComparisonPrefix + "park"
+	keyFallback   = plan.ComparisonPrefix + "fallback"
+	keyDamp       = plan.ComparisonPrefix + "damp"
+	keySampler    = plan.ComparisonPrefix + "sampler"
+	keyAgentSched = plan.ComparisonPrefix + "agent-sched"
+	keyStay       = plan.ComparisonPrefix + "stay"
+	keyBare       = plan.ComparisonPrefix + "bare"
+	keyPark       = plan.ComparisonPrefix + "park"
 )
 
 // Parse reads params over base, under their current keys or their old
@@ -303,12 +309,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.HomeRoom, err = parsePercent(v)
 		case "mice":
 			o.Mice, err = parseRate(v)
-		case "fallback":
+		case keyFallback:
 			if v != balancer.FallbackAverage && v != balancer.FallbackAll {
 				err = fmt.Errorf("want %s or %s", balancer.FallbackAverage, balancer.FallbackAll)
 			}
 			o.Fallback = v
-		case "damp":
+		case keyDamp:
 			o.Damp, err = strconv.ParseBool(v)
 		case "interval":
 			o.Interval, err = parseDuration(v, time.Millisecond, 10*time.Second)
@@ -321,12 +327,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want rx or busy")
 			}
 			o.Load = v
-		case "sampler":
+		case keySampler:
 			if v != SamplerAuto && v != SamplerSched && v != SamplerProc {
 				err = fmt.Errorf("want %s, %s or %s", SamplerAuto, SamplerSched, SamplerProc)
 			}
 			o.Sampler = v
-		case "agent-sched":
+		case keyAgentSched:
 			if v != AgentNormal && v != AgentBatch {
 				err = fmt.Errorf("want %s or %s", AgentNormal, AgentBatch)
 			}
@@ -407,14 +413,14 @@ func (o Options) Params() map[string]string {
 		"hysteresis":  strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
 		"home-room":   strconv.FormatFloat(o.HomeRoom, 'g', -1, 64),
 		"mice":        strconv.FormatFloat(o.Mice, 'g', -1, 64),
-		"fallback":    o.Fallback,
-		"damp":        strconv.FormatBool(o.Damp),
+		keyFallback:   o.Fallback,
+		keyDamp:       strconv.FormatBool(o.Damp),
 		"interval":    o.Interval.String(),
 		"flowlet":     o.Flowlet.String(),
 		"drain":       o.Drain.String(),
 		"load":        o.Load,
-		"sampler":     o.Sampler,
-		"agent-sched": o.AgentSched,
+		keySampler:    o.Sampler,
+		keyAgentSched: o.AgentSched,
 		"queue-size":  strconv.FormatUint(uint64(o.QueueSize), 10),
 		"rt":          strconv.Itoa(o.RTPriority),
 		"prio":        strconv.FormatBool(o.Prio),

@@ -231,7 +231,7 @@ func TestPlanBadParams(t *testing.T) {
 		"above rt":         {"prio": "true", "rt": "60", "prio-rt": "53"},
 		"want 1..99":       {"prio": "true", "prio-rt": "0"},
 		"at most the thr":  {"home-room": "90"},
-		"want normal or":   {"agent-sched": "fifo"},
+		"want normal or":   {"x-agent-sched": "fifo"},
 		"split=rps with p": {"split": "rps", "prio": "true"},
 		"split=rps with s": {"split": "rps", "spread": "busy"},
 		"auto or rps":      {"split": "maybe"},
