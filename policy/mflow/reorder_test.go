@@ -1,7 +1,6 @@
 package mflow_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -125,88 +124,6 @@ func TestTagReachesVeth(t *testing.T) {
 	if n*10 < mf.Frames*9 || n > mf.Frames {
 		t.Errorf("%d frames tagged at the veth, %d split: want the split frames tagged", n, mf.Frames)
 	}
-}
-
-// seqProbe counts, at tc ingress of a device, the TCP segments with a
-// payload that start before the end of one already seen there (the
-// test's stream is the only TCP traffic through it): what reaches that
-// point out of order, retransmissions included. TestReassemblyTCP puts
-// one past the reassembler, on the container's veth, to tell whether a
-// reorder TCP counts was already there or came later (backlog, socket).
-type seqProbe struct{ state *ebpf.Map } // {max end, regressions, seen, 0}
-
-func newSeqProbe(t *testing.T, ns, dev string) *seqProbe {
-	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	insns := asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1),
-		asm.LoadMem(asm.R2, asm.R6, 76, asm.Word), // data
-		asm.LoadMem(asm.R3, asm.R6, 80, asm.Word), // data_end
-		asm.Mov.Reg(asm.R4, asm.R2),
-		asm.Add.Imm(asm.R4, 54), // Ethernet, IPv4 without options, TCP
-		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
-		asm.LoadMem(asm.R5, asm.R2, 12, asm.Half),
-		asm.JNE.Imm(asm.R5, 0x0008, "pass"), // ETH_P_IP, network order
-		asm.LoadMem(asm.R5, asm.R2, 14, asm.Byte),
-		asm.JNE.Imm(asm.R5, 0x45, "pass"),
-		asm.LoadMem(asm.R5, asm.R2, 23, asm.Byte),
-		asm.JNE.Imm(asm.R5, 6, "pass"), // TCP
-		asm.LoadMem(asm.R7, asm.R2, 16, asm.Half),
-		asm.HostTo(asm.BE, asm.R7, asm.Half), // tot_len
-		asm.LoadMem(asm.R8, asm.R2, 38, asm.Word),
-		asm.HostTo(asm.BE, asm.R8, asm.Word), // seq
-		asm.LoadMem(asm.R5, asm.R2, 46, asm.Byte),
-		asm.RSh.Imm(asm.R5, 4),
-		asm.LSh.Imm(asm.R5, 2), // TCP header length
-		asm.Sub.Imm32(asm.R7, 20),
-		asm.Sub.Reg32(asm.R7, asm.R5), // payload
-		asm.JSLE.Imm32(asm.R7, 0, "pass"),
-		asm.StoreImm(asm.R10, -4, 0, asm.Word),
-		asm.Mov.Reg(asm.R2, asm.R10),
-		asm.Add.Imm(asm.R2, -4),
-		asm.LoadMapPtr(asm.R1, m.FD()),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "pass"),
-		asm.LoadMem(asm.R1, asm.R0, 8, asm.Word),
-		asm.JEq.Imm(asm.R1, 0, "first"),
-		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
-		asm.Mov.Reg32(asm.R3, asm.R8),
-		asm.Sub.Reg32(asm.R3, asm.R2),
-		asm.JSGE.Imm32(asm.R3, 0, "advance"),
-		asm.LoadMem(asm.R1, asm.R0, 4, asm.Word),
-		asm.Add.Imm32(asm.R1, 1),
-		asm.StoreMem(asm.R0, 4, asm.R1, asm.Word),
-		asm.Ja.Label("pass"),
-		asm.StoreImm(asm.R0, 8, 1, asm.Word).WithSymbol("first"),
-		asm.Add.Reg32(asm.R8, asm.R7).WithSymbol("advance"),
-		asm.StoreMem(asm.R0, 0, asm.R8, asm.Word),
-		asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
-		asm.Return(),
-	}
-	modetest.AttachTCX(t, ns, dev, "seq_probe", insns, ebpf.AttachTCXIngress, nil)
-	return &seqProbe{state: m}
-}
-
-// reset forgets what the probe saw.
-func (p *seqProbe) reset(t *testing.T) {
-	t.Helper()
-	if err := p.state.Put(uint32(0), make([]byte, 16)); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// regressions is how many segments came in behind one already seen.
-func (p *seqProbe) regressions(t *testing.T) uint32 {
-	t.Helper()
-	v := make([]byte, 16)
-	if err := p.state.Lookup(uint32(0), &v); err != nil {
-		t.Fatal(err)
-	}
-	return binary.LittleEndian.Uint32(v[4:8])
 }
 
 // requireReorder skips t on a kernel without the BPF qdisc (this host),
@@ -429,9 +346,10 @@ func TestReassemblyTCP(t *testing.T) {
 			// reaches the receiver out of order is the split's doing.
 			stream := overlaytest.TCPStream{Rate: 200e6, Duration: 2 * time.Second, Pin: true, CPU: tb.Config.PollCPU(0)}
 			probe := newSeqProbe(t, dst.NetNS, dst.Veth)
+			xmit := newXmitProbe(t, tb.Receiver().NetNS, dst.HostVeth)
 			res := stream.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			if !on {
-				t.Logf("without reassembly: %+v; at %s's ingress: %d segments behind one seen before", res, dst.Veth, probe.regressions(t))
+				t.Logf("without reassembly: %+v; segments behind one seen before: %s, %s", res, xmit.says(t, "at "+dst.HostVeth+"'s transmit"), probe.says(t, "at "+dst.Veth+"'s ingress"))
 				without = res.OutOfOrder
 				if res.OutOfOrder == 0 {
 					t.Errorf("the receiver saw no out-of-order segment without the reassembler: the test proves nothing")
@@ -447,10 +365,14 @@ func TestReassemblyTCP(t *testing.T) {
 			for try := 1; res.Retrans != 0 && try < lossyTries; try++ {
 				t.Logf("reassembled, try %d: %+v: a loss, so its out-of-order count says nothing; again", try, res)
 				probe.reset(t)
+				if xmit != nil {
+					xmit.reset(t)
+				}
 				res = stream.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			}
 			st := veth0Stats(t, a)
-			t.Logf("reassembled: %+v; qdisc %+v; past the qdisc, at %s's ingress: %d segments behind one seen before", res, st, dst.Veth, probe.regressions(t))
+			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s (%d of them on another core than the segment before)",
+				res, st, xmit.says(t, "leaving the qdisc ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"), probe.crossed(t))
 			switch {
 			case res.Retrans != 0:
 				t.Errorf("every one of %d streams lost a segment: none says whether the reassembler kept order", lossyTries)
