@@ -316,6 +316,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		cpuset.FormatList(lay.Set), orNone(union(lay.SplitCPUs, rpsSplit)), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
 	if o.Prio {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", cpuset.FormatList(queues), o.PrioRT, rtName(o.RTPriority)))
+		if i, ok := HomeIndex(lay); ok && o.spreadBusy() && o.Split {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("prio: every flow's first stage starts in core %d's queues (its IRQ core) and leaves for the split cores only once that core is busy", lay.CPUs[i]))
+		}
 	}
 	if o.Balance {
 		pl.Notes = append(pl.Notes, fmt.Sprintf("balancing: threshold %.0f%%, interval %v; run `lanes agent` to balance", o.Threshold, o.Interval))
