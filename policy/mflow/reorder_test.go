@@ -314,6 +314,10 @@ func TestReassemblyUDP(t *testing.T) {
 	}
 }
 
+// vxlanHeaders are the outer headers of a VXLAN frame over IPv4 before
+// its inner Ethernet header: Ethernet, IPv4, UDP, VXLAN.
+const vxlanHeaders = 14 + 20 + 8 + 8
+
 // lossyTries is how many streams TestReassemblyTCP runs to get one without
 // a loss.
 const lossyTries = 4
@@ -322,8 +326,9 @@ const lossyTries = 4
 // segments through the reassembler, in a stream that lost nothing, at most
 // 1/residualShare of those without it. Not 0: in some of the guest's runs
 // one reorder event (one GRO skb's worth) reaches the receiver while the
-// qdisc counts no gap, no late frame and no overflow; where it comes from
-// is not found yet (docs/reorder.md).
+// qdisc counts no gap, no late frame and no overflow, and its probes show
+// the one segment already behind when it leaves the qdisc; where it first
+// falls behind is not settled yet (docs/reorder.md).
 const residualShare = 50
 
 // TestReassemblyTCP: a TCP stream split into micro-flows of 64 frames
@@ -346,10 +351,13 @@ func TestReassemblyTCP(t *testing.T) {
 			// reaches the receiver out of order is the split's doing.
 			stream := overlaytest.TCPStream{Rate: 200e6, Duration: 2 * time.Second, Pin: true, CPU: tb.Config.PollCPU(0)}
 			probe := newSeqProbe(t, dst.NetNS, dst.Veth)
-			xmit := newXmitProbe(t, tb.Receiver().NetNS, dst.HostVeth)
+			xmit := newXmitProbe(t, tb.Receiver().NetNS, dst.HostVeth, 0)
+			// Where the stream leaves the sending host: what that host
+			// sent out of order, before any split.
+			wire := newXmitProbe(t, tb.Sender().NetNS, tb.Sender().Underlay, vxlanHeaders)
 			res := stream.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			if !on {
-				t.Logf("without reassembly: %+v; segments behind one seen before: %s, %s", res, xmit.says(t, "at "+dst.HostVeth+"'s transmit"), probe.says(t, "at "+dst.Veth+"'s ingress"))
+				t.Logf("without reassembly: %+v; segments behind one seen before: %s, %s, %s", res, wire.says(t, "leaving the sending host"), xmit.says(t, "at "+dst.HostVeth+"'s transmit"), probe.says(t, "at "+dst.Veth+"'s ingress"))
 				without = res.OutOfOrder
 				if res.OutOfOrder == 0 {
 					t.Errorf("the receiver saw no out-of-order segment without the reassembler: the test proves nothing")
@@ -365,14 +373,16 @@ func TestReassemblyTCP(t *testing.T) {
 			for try := 1; res.Retrans != 0 && try < lossyTries; try++ {
 				t.Logf("reassembled, try %d: %+v: a loss, so its out-of-order count says nothing; again", try, res)
 				probe.reset(t)
-				if xmit != nil {
-					xmit.reset(t)
+				for _, p := range []*seqProbe{xmit, wire} {
+					if p != nil {
+						p.reset(t)
+					}
 				}
 				res = stream.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			}
 			st := veth0Stats(t, a)
-			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s (%d of them on another core than the segment before)",
-				res, st, xmit.says(t, "leaving the qdisc ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"), probe.crossed(t))
+			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s, %s (%d of them on another core than the segment before)",
+				res, st, wire.says(t, "leaving the sending host"), xmit.says(t, "leaving the qdisc ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"), probe.crossed(t))
 			switch {
 			case res.Retrans != 0:
 				t.Errorf("every one of %d streams lost a segment: none says whether the reassembler kept order", lossyTries)

@@ -1,0 +1,333 @@
+package mflow_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/nsx"
+)
+
+// seqProbe counts, at tc ingress of a device, the TCP segments with a
+// payload that start before the end of one already seen there (the
+// test's stream is the only TCP traffic through it): what reaches that
+// point out of order, retransmissions included. TestReassemblyTCP puts
+// one past the reassembler, on the container's veth, to tell whether a
+// reorder TCP counts was already there or came later (backlog, socket).
+type seqProbe struct{ state *ebpf.Map } // {max end, regressions, seen, last core, regressions on another core, segments, first sequence number, the last regression's sequence number and the end it came behind}
+
+// seqState is a seqProbe's map.
+func seqState(t *testing.T) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: seqValue, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+const seqValue = 40
+
+func newSeqProbe(t *testing.T, ns, dev string) *seqProbe {
+	t.Helper()
+	m := seqState(t)
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R6, 76, asm.Word), // data
+		asm.LoadMem(asm.R3, asm.R6, 80, asm.Word), // data_end
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, 54), // Ethernet, IPv4 without options, TCP
+		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+		asm.LoadMem(asm.R5, asm.R2, 12, asm.Half),
+		asm.JNE.Imm(asm.R5, 0x0008, "pass"), // ETH_P_IP, network order
+		asm.LoadMem(asm.R5, asm.R2, 14, asm.Byte),
+		asm.JNE.Imm(asm.R5, 0x45, "pass"),
+		asm.LoadMem(asm.R5, asm.R2, 23, asm.Byte),
+		asm.JNE.Imm(asm.R5, 6, "pass"), // TCP
+		asm.LoadMem(asm.R7, asm.R2, 16, asm.Half),
+		asm.HostTo(asm.BE, asm.R7, asm.Half), // tot_len
+		asm.LoadMem(asm.R8, asm.R2, 38, asm.Word),
+		asm.HostTo(asm.BE, asm.R8, asm.Word), // seq
+		asm.LoadMem(asm.R5, asm.R2, 46, asm.Byte),
+		asm.RSh.Imm(asm.R5, 4),
+		asm.LSh.Imm(asm.R5, 2), // TCP header length
+		asm.Sub.Imm32(asm.R7, 20),
+		asm.Sub.Reg32(asm.R7, asm.R5), // payload
+		asm.JSLE.Imm32(asm.R7, 0, "pass"),
+	}
+	insns = append(insns, seqCount(m)...)
+	insns = append(insns,
+		asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
+		asm.Return(),
+	)
+	modetest.AttachTCX(t, ns, dev, "seq_probe", insns, ebpf.AttachTCXIngress, nil)
+	return &seqProbe{state: m}
+}
+
+// reset forgets what the probe saw.
+func (p *seqProbe) reset(t *testing.T) {
+	t.Helper()
+	if err := p.state.Put(uint32(0), make([]byte, seqValue)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// regressions is how many segments came in behind one already seen.
+func (p *seqProbe) regressions(t *testing.T) uint32 {
+	t.Helper()
+	v := make([]byte, seqValue)
+	if err := p.state.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint32(v[4:8])
+}
+
+// says is what the probe saw, for a log line: "R of N <where>", or that
+// there was no probe.
+func (p *seqProbe) says(t *testing.T, where string) string {
+	t.Helper()
+	if p == nil {
+		return "no probe " + where
+	}
+	v := make([]byte, seqValue)
+	if err := p.state.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	out := fmt.Sprintf("%d of %d %s", p.regressions(t), p.segments(t), where)
+	if p.regressions(t) != 0 {
+		first := binary.LittleEndian.Uint32(v[24:28])
+		seq, behind := binary.LittleEndian.Uint32(v[28:32]), binary.LittleEndian.Uint32(v[32:36])
+		out += fmt.Sprintf(" (the last at byte %d of the stream, %d bytes behind)", seq-first, behind-seq)
+	}
+	return out
+}
+
+// segments is how many segments with a payload the probe saw.
+func (p *seqProbe) segments(t *testing.T) uint32 {
+	t.Helper()
+	v := make([]byte, seqValue)
+	if err := p.state.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint32(v[20:24])
+}
+
+// crossed is how many of the regressions came on another core than the
+// segment before them: an overtake between two cores' queues.
+func (p *seqProbe) crossed(t *testing.T) uint32 {
+	t.Helper()
+	v := make([]byte, seqValue)
+	if err := p.state.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint32(v[16:20])
+}
+
+// newXmitProbe is a seqProbe at the transmit of dev in ns, after its root
+// qdisc (the tracepoint net_dev_start_xmit): what the reassembler let out,
+// in the order the device got it. With a seqProbe on the container's side
+// it tells an overtake inside the qdisc from one after it. A tracepoint
+// sees every namespace, so the program compares the device's ifindex and
+// its namespace's inode with dev's. encap is the bytes of outer headers
+// before the frame the probe reads (VXLAN over IPv4: 50), 0 for none. Nil,
+// logged, where the kernel lacks
+// what the program needs (BTF, the tracepoint).
+func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Logf("no probe at %s's transmit: kernel BTF: %v", dev, err)
+		return nil
+	}
+	var missing error
+	off := func(typ string, path ...string) int16 {
+		var s *btf.Struct
+		if err := spec.TypeByName(typ, &s); err != nil {
+			missing = fmt.Errorf("%s: %w", typ, err)
+			return 0
+		}
+		o, err := memberOffset(s, path)
+		if err != nil {
+			missing = fmt.Errorf("%s.%v: %w", typ, path, err)
+		}
+		return int16(o)
+	}
+	offData := off("sk_buff", "data")
+	offIfindex := off("net_device", "ifindex")
+	offNet := off("net_device", "nd_net", "net")
+	offInum := off("net", "ns", "inum")
+	if missing != nil {
+		t.Logf("no probe at %s's transmit: %v", dev, missing)
+		return nil
+	}
+
+	var ifindex int
+	if err := nsx.Do(ns, func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err == nil {
+			ifindex = ifi.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inum := fi.Sys().(*syscall.Stat_t).Ino
+
+	m := seqState(t)
+	// The frame's first bytes on the stack, up to the end of a TCP header
+	// without options, the sequence number 4-aligned.
+	l3 := 14 + encap
+	size := l3 + 40
+	buf := -size
+	for (buf+l3+24)%4 != 0 {
+		buf--
+	}
+	insns := asm.Instructions{
+		asm.LoadMem(asm.R6, asm.R1, 0, asm.DWord), // skb
+		asm.LoadMem(asm.R7, asm.R1, 8, asm.DWord), // dev
+		asm.LoadMem(asm.R2, asm.R7, offIfindex, asm.Word),
+		asm.JNE.Imm(asm.R2, int32(ifindex), "pass"),
+		asm.LoadMem(asm.R2, asm.R7, offNet, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, "pass"),
+		asm.LoadMem(asm.R2, asm.R2, offInum, asm.Word),
+		asm.JNE.Imm32(asm.R2, int32(uint32(inum)), "pass"), // inodes pass 2^31: compare 32 bits
+		asm.LoadMem(asm.R3, asm.R6, offData, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R10),
+		asm.Add.Imm(asm.R1, int32(buf)),
+		asm.Mov.Imm(asm.R2, int32(size)),
+		asm.FnProbeReadKernel.Call(),
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+	}
+	if encap > 0 {
+		insns = append(insns,
+			asm.LoadMem(asm.R5, asm.R10, buf+12, asm.Half),
+			asm.JNE.Imm(asm.R5, 0x0008, "pass"), // outer IPv4
+			asm.LoadMem(asm.R5, asm.R10, buf+23, asm.Byte),
+			asm.JNE.Imm(asm.R5, 17, "pass"), // UDP
+		)
+	}
+	insns = append(insns,
+		asm.LoadMem(asm.R5, asm.R10, buf+l3-2, asm.Half),
+		asm.JNE.Imm(asm.R5, 0x0008, "pass"), // ETH_P_IP, network order
+		asm.LoadMem(asm.R5, asm.R10, buf+l3, asm.Byte),
+		asm.JNE.Imm(asm.R5, 0x45, "pass"),
+		asm.LoadMem(asm.R5, asm.R10, buf+l3+9, asm.Byte),
+		asm.JNE.Imm(asm.R5, 6, "pass"), // TCP
+		asm.LoadMem(asm.R7, asm.R10, buf+l3+2, asm.Half),
+		asm.HostTo(asm.BE, asm.R7, asm.Half), // tot_len
+		asm.LoadMem(asm.R8, asm.R10, buf+l3+24, asm.Word),
+		asm.HostTo(asm.BE, asm.R8, asm.Word), // seq
+		asm.LoadMem(asm.R5, asm.R10, buf+l3+32, asm.Byte),
+		asm.RSh.Imm(asm.R5, 4),
+		asm.LSh.Imm(asm.R5, 2), // TCP header length
+		asm.Sub.Imm32(asm.R7, 20),
+		asm.Sub.Reg32(asm.R7, asm.R5), // payload
+		asm.JSLE.Imm32(asm.R7, 0, "pass"),
+	)
+	insns = append(insns, seqCount(m)...)
+	insns = append(insns,
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("pass"),
+		asm.Return(),
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "xmit_probe", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
+		AttachTo: "net_dev_start_xmit", Instructions: insns, License: "GPL"})
+	if err != nil {
+		t.Logf("no probe at %s's transmit: %v", dev, err)
+		return nil
+	}
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		t.Logf("no probe at %s's transmit: %v", dev, err)
+		return nil
+	}
+	t.Cleanup(func() { l.Close() })
+	return &seqProbe{state: m}
+}
+
+// seqCount is seqProbe's count: R8 a segment's first sequence number, R7
+// its payload length; it ends by falling through to "pass".
+func seqCount(m *ebpf.Map) asm.Instructions {
+	return asm.Instructions{
+		asm.FnGetSmpProcessorId.Call(),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.StoreImm(asm.R10, -4, 0, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, -4),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.LoadMem(asm.R1, asm.R0, 8, asm.Word),
+		asm.JEq.Imm(asm.R1, 0, "first"),
+		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
+		asm.Mov.Reg32(asm.R3, asm.R8),
+		asm.Sub.Reg32(asm.R3, asm.R2),
+		asm.JSGE.Imm32(asm.R3, 0, "advance"),
+		asm.LoadMem(asm.R1, asm.R0, 4, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 4, asm.R1, asm.Word),
+		asm.StoreMem(asm.R0, 28, asm.R8, asm.Word),
+		asm.StoreMem(asm.R0, 32, asm.R2, asm.Word),
+		asm.LoadMem(asm.R1, asm.R0, 12, asm.Word),
+		asm.JEq.Reg(asm.R1, asm.R9, "last"),
+		asm.LoadMem(asm.R1, asm.R0, 16, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 16, asm.R1, asm.Word),
+		asm.Ja.Label("last"),
+		asm.StoreImm(asm.R0, 8, 1, asm.Word).WithSymbol("first"),
+		asm.StoreMem(asm.R0, 24, asm.R8, asm.Word),
+		asm.Add.Reg32(asm.R8, asm.R7).WithSymbol("advance"),
+		asm.StoreMem(asm.R0, 0, asm.R8, asm.Word),
+		asm.StoreMem(asm.R0, 12, asm.R9, asm.Word).WithSymbol("last"),
+		asm.LoadMem(asm.R1, asm.R0, 20, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 20, asm.R1, asm.Word),
+	}
+}
+
+// memberOffset is the byte offset of a member path in a struct or union,
+// looking through anonymous ones on the way.
+func memberOffset(typ btf.Type, path []string) (uint32, error) {
+	var ms []btf.Member
+	switch c := btf.UnderlyingType(typ).(type) {
+	case *btf.Struct:
+		ms = c.Members
+	case *btf.Union:
+		ms = c.Members
+	default:
+		return 0, fmt.Errorf("%v is not a struct", typ)
+	}
+	if len(path) == 0 {
+		return 0, nil
+	}
+	for _, m := range ms {
+		switch {
+		case m.Name == path[0]:
+			o, err := memberOffset(m.Type, path[1:])
+			if len(path) == 1 {
+				o, err = 0, nil
+			}
+			return m.Offset.Bytes() + o, err
+		case m.Name == "":
+			if o, err := memberOffset(m.Type, path); err == nil {
+				return m.Offset.Bytes() + o, nil
+			}
+		}
+	}
+	return 0, errors.New("no such member")
+}
