@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 )
@@ -24,7 +25,7 @@ import (
 // point out of order, retransmissions included. TestReassemblyTCP puts
 // one past the reassembler, on the container's veth, to tell whether a
 // reorder TCP counts was already there or came later (backlog, socket).
-type seqProbe struct{ state *ebpf.Map } // {max end, regressions, seen, last core, regressions on another core, segments, first sequence number, the last regression's sequence number and the end it came behind}
+type seqProbe struct{ state *ebpf.Map } // {max end, regressions, seen, last core, regressions on another core, segments, first sequence number, the last regression's sequence number and the end it came behind, the skb->priority (a micro-flow tag) of the segment that set the max end, the last regression's and the one it came behind, regressions behind a segment of the same tag}
 
 // seqState is a seqProbe's map.
 func seqState(t *testing.T) *ebpf.Map {
@@ -37,9 +38,9 @@ func seqState(t *testing.T) *ebpf.Map {
 	return m
 }
 
-const seqValue = 40
+const seqValue = 56
 
-func newSeqProbe(t *testing.T, ns, dev string) *seqProbe {
+func newSeqProbe(t *testing.T, ns, dev string, at ebpf.AttachType) *seqProbe {
 	t.Helper()
 	m := seqState(t)
 	insns := asm.Instructions{
@@ -65,13 +66,15 @@ func newSeqProbe(t *testing.T, ns, dev string) *seqProbe {
 		asm.Sub.Imm32(asm.R7, 20),
 		asm.Sub.Reg32(asm.R7, asm.R5), // payload
 		asm.JSLE.Imm32(asm.R7, 0, "pass"),
+		asm.LoadMem(asm.R1, asm.R6, 32, asm.Word), // __sk_buff.priority
+		asm.StoreMem(asm.R10, -8, asm.R1, asm.Word),
 	}
 	insns = append(insns, seqCount(m)...)
 	insns = append(insns,
 		asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
 		asm.Return(),
 	)
-	modetest.AttachTCX(t, ns, dev, "seq_probe", insns, ebpf.AttachTCXIngress, nil)
+	modetest.AttachTCX(t, ns, dev, "seq_probe", insns, at, nil)
 	return &seqProbe{state: m}
 }
 
@@ -105,10 +108,17 @@ func (p *seqProbe) says(t *testing.T, where string) string {
 		t.Fatal(err)
 	}
 	out := fmt.Sprintf("%d of %d %s", p.regressions(t), p.segments(t), where)
+	if n := p.crossed(t); n != 0 {
+		out += fmt.Sprintf(" (%d on another core than the segment before)", n)
+	}
 	if p.regressions(t) != 0 {
 		first := binary.LittleEndian.Uint32(v[24:28])
 		seq, behind := binary.LittleEndian.Uint32(v[28:32]), binary.LittleEndian.Uint32(v[32:36])
-		out += fmt.Sprintf(" (the last at byte %d of the stream, %d bytes behind)", seq-first, behind-seq)
+		cur, ahead := binary.LittleEndian.Uint32(v[40:44]), binary.LittleEndian.Uint32(v[44:48])
+		if _, _, ok := reorder.Tagged(ahead); ok {
+			out += fmt.Sprintf(" (%d behind a segment of their own micro-flow)", binary.LittleEndian.Uint32(v[48:52]))
+		}
+		out += fmt.Sprintf(" (the last at byte %d of the stream, %d bytes behind, %s behind %s)", seq-first, behind-seq, tagName(cur), tagName(ahead))
 	}
 	return out
 }
@@ -164,6 +174,7 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 		return int16(o)
 	}
 	offData := off("sk_buff", "data")
+	offPriority := off("sk_buff", "priority")
 	offIfindex := off("net_device", "ifindex")
 	offNet := off("net_device", "nd_net", "net")
 	offInum := off("net", "ns", "inum")
@@ -238,6 +249,8 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 		asm.Sub.Imm32(asm.R7, 20),
 		asm.Sub.Reg32(asm.R7, asm.R5), // payload
 		asm.JSLE.Imm32(asm.R7, 0, "pass"),
+		asm.LoadMem(asm.R1, asm.R6, offPriority, asm.Word),
+		asm.StoreMem(asm.R10, -8, asm.R1, asm.Word),
 	)
 	insns = append(insns, seqCount(m)...)
 	insns = append(insns,
@@ -261,7 +274,8 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 }
 
 // seqCount is seqProbe's count: R8 a segment's first sequence number, R7
-// its payload length; it ends by falling through to "pass".
+// its payload length, the stack at -8 its skb->priority; it ends by falling
+// through to "pass".
 func seqCount(m *ebpf.Map) asm.Instructions {
 	return asm.Instructions{
 		asm.FnGetSmpProcessorId.Call(),
@@ -283,7 +297,15 @@ func seqCount(m *ebpf.Map) asm.Instructions {
 		asm.StoreMem(asm.R0, 4, asm.R1, asm.Word),
 		asm.StoreMem(asm.R0, 28, asm.R8, asm.Word),
 		asm.StoreMem(asm.R0, 32, asm.R2, asm.Word),
-		asm.LoadMem(asm.R1, asm.R0, 12, asm.Word),
+		asm.LoadMem(asm.R1, asm.R10, -8, asm.Word),
+		asm.StoreMem(asm.R0, 40, asm.R1, asm.Word),
+		asm.LoadMem(asm.R3, asm.R0, 36, asm.Word),
+		asm.StoreMem(asm.R0, 44, asm.R3, asm.Word),
+		asm.JNE.Reg(asm.R1, asm.R3, "other"),
+		asm.LoadMem(asm.R1, asm.R0, 48, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 48, asm.R1, asm.Word),
+		asm.LoadMem(asm.R1, asm.R0, 12, asm.Word).WithSymbol("other"),
 		asm.JEq.Reg(asm.R1, asm.R9, "last"),
 		asm.LoadMem(asm.R1, asm.R0, 16, asm.Word),
 		asm.Add.Imm32(asm.R1, 1),
@@ -293,6 +315,8 @@ func seqCount(m *ebpf.Map) asm.Instructions {
 		asm.StoreMem(asm.R0, 24, asm.R8, asm.Word),
 		asm.Add.Reg32(asm.R8, asm.R7).WithSymbol("advance"),
 		asm.StoreMem(asm.R0, 0, asm.R8, asm.Word),
+		asm.LoadMem(asm.R1, asm.R10, -8, asm.Word),
+		asm.StoreMem(asm.R0, 36, asm.R1, asm.Word),
 		asm.StoreMem(asm.R0, 12, asm.R9, asm.Word).WithSymbol("last"),
 		asm.LoadMem(asm.R1, asm.R0, 20, asm.Word),
 		asm.Add.Imm32(asm.R1, 1),
@@ -330,4 +354,12 @@ func memberOffset(typ btf.Type, path []string) (uint32, error) {
 		}
 	}
 	return 0, errors.New("no such member")
+}
+
+// tagName says which micro-flow an skb->priority tags, if any.
+func tagName(prio uint32) string {
+	if _, seq, ok := reorder.Tagged(prio); ok {
+		return fmt.Sprintf("micro-flow %d", seq)
+	}
+	return fmt.Sprintf("untagged (%#x)", prio)
 }
