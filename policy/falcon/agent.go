@@ -106,8 +106,9 @@ type AgentStatus struct {
 	// MiceHome counts the active (stage, bucket) pairs kept at home in
 	// the last round because they carried under the mice rate.
 	MiceHome int `json:"mice_home,omitempty"`
-	// Home lists the stages on their at-home fast path: vanilla placement
-	// without per-flow work, until the IRQ core gets busy.
+	// Home lists the stages at home until the IRQ core gets busy: on their
+	// at-home fast path (vanilla placement without per-flow work), or, the
+	// split stage with prio, in the IRQ core's queues.
 	Home []string `json:"home,omitempty"`
 	// Bare: the bridge stage at home looks no flow up
 	// (steer.Placement.SetHomeBare).
