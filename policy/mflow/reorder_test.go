@@ -355,6 +355,7 @@ func TestReassemblyTCP(t *testing.T) {
 			// on the core that transmits): an order already broken there
 			// is not the qdisc's doing.
 			enq := newSeqProbe(t, tb.Receiver().NetNS, dst.HostVeth, ebpf.AttachTCXEgress)
+			gro := newMetaProbe(t, tb.Receiver().NetNS, tb.Receiver().VXLAN)
 			xmit := newXmitProbe(t, tb.Receiver().NetNS, dst.HostVeth, 0)
 			// Where the stream leaves the sending host: what that host
 			// sent out of order, before any split.
@@ -386,8 +387,8 @@ func TestReassemblyTCP(t *testing.T) {
 				res = stream.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 			}
 			st := veth0Stats(t, a)
-			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s, %s, %s",
-				res, st, wire.says(t, "leaving the sending host"), enq.says(t, "entering the qdisc ("+dst.HostVeth+"'s tc egress)"), xmit.says(t, "leaving it ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"))
+			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s, %s, %s; %s",
+				res, st, wire.says(t, "leaving the sending host"), enq.says(t, "entering the qdisc ("+dst.HostVeth+"'s tc egress)"), xmit.says(t, "leaving it ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"), gro.says(t, tb.Receiver().VXLAN))
 			switch {
 			case res.Retrans != 0:
 				t.Errorf("every one of %d streams lost a segment: none says whether the reassembler kept order", lossyTries)

@@ -363,3 +363,127 @@ func tagName(prio uint32) string {
 	}
 	return fmt.Sprintf("untagged (%#x)", prio)
 }
+
+// metaProbe counts the skbs GRO takes in on dev in ns (tracepoint
+// napi_gro_receive_entry) and how many of them still carry XDP metadata
+// (skb_shared_info.meta_len): GRO compares that many bytes before the
+// MAC header to tell flows apart, which after decapsulation are the outer
+// headers' last bytes, not the metadata.
+type metaProbe struct{ state *ebpf.Map } // {skbs, with metadata}
+
+func newMetaProbe(t *testing.T, ns, dev string) *metaProbe {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Logf("no GRO probe on %s: kernel BTF: %v", dev, err)
+		return nil
+	}
+	var missing error
+	off := func(typ string, path ...string) int16 {
+		var s *btf.Struct
+		if err := spec.TypeByName(typ, &s); err != nil {
+			missing = fmt.Errorf("%s: %w", typ, err)
+			return 0
+		}
+		o, err := memberOffset(s, path)
+		if err != nil {
+			missing = fmt.Errorf("%s.%v: %w", typ, path, err)
+		}
+		return int16(o)
+	}
+	offDev := off("sk_buff", "dev")
+	offHead := off("sk_buff", "head")
+	offEnd := off("sk_buff", "end")
+	offMetaLen := off("skb_shared_info", "meta_len")
+	offIfindex := off("net_device", "ifindex")
+	offNet := off("net_device", "nd_net", "net")
+	offInum := off("net", "ns", "inum")
+	if missing != nil {
+		t.Logf("no GRO probe on %s: %v", dev, missing)
+		return nil
+	}
+	var ifindex int
+	if err := nsx.Do(ns, func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err == nil {
+			ifindex = ifi.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inum := fi.Sys().(*syscall.Stat_t).Ino
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	insns := asm.Instructions{
+		asm.LoadMem(asm.R6, asm.R1, 0, asm.DWord), // skb
+		asm.LoadMem(asm.R7, asm.R6, offDev, asm.DWord),
+		asm.JEq.Imm(asm.R7, 0, "pass"),
+		asm.LoadMem(asm.R2, asm.R7, offIfindex, asm.Word),
+		asm.JNE.Imm(asm.R2, int32(ifindex), "pass"),
+		asm.LoadMem(asm.R2, asm.R7, offNet, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, "pass"),
+		asm.LoadMem(asm.R2, asm.R2, offInum, asm.Word),
+		asm.JNE.Imm32(asm.R2, int32(uint32(inum)), "pass"),
+		asm.LoadMem(asm.R3, asm.R6, offHead, asm.DWord),
+		asm.LoadMem(asm.R4, asm.R6, offEnd, asm.Word),
+		asm.Add.Reg(asm.R3, asm.R4),
+		asm.Add.Imm(asm.R3, int32(offMetaLen)),
+		asm.Mov.Imm(asm.R1, 0),
+		asm.StoreMem(asm.R10, -8, asm.R1, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R10),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 1),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R8, asm.R10, -8, asm.Byte),
+		asm.StoreImm(asm.R10, -4, 0, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.R10),
+		asm.Add.Imm(asm.R2, -4),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 0, asm.R1, asm.Word),
+		asm.JEq.Imm(asm.R8, 0, "pass"),
+		asm.LoadMem(asm.R1, asm.R0, 4, asm.Word),
+		asm.Add.Imm32(asm.R1, 1),
+		asm.StoreMem(asm.R0, 4, asm.R1, asm.Word),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("pass"),
+		asm.Return(),
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "gro_meta_probe", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
+		AttachTo: "napi_gro_receive_entry", Instructions: insns, License: "GPL"})
+	if err != nil {
+		t.Logf("no GRO probe on %s: %v", dev, err)
+		return nil
+	}
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		t.Logf("no GRO probe on %s: %v", dev, err)
+		return nil
+	}
+	t.Cleanup(func() { l.Close() })
+	return &metaProbe{state: m}
+}
+
+// says is what the probe saw, for a log line.
+func (p *metaProbe) says(t *testing.T, dev string) string {
+	t.Helper()
+	if p == nil {
+		return "no GRO probe on " + dev
+	}
+	v := make([]byte, 8)
+	if err := p.state.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%d of %d skbs into %s's GRO still carry XDP metadata", binary.LittleEndian.Uint32(v[4:8]), binary.LittleEndian.Uint32(v[0:4]), dev)
+}
