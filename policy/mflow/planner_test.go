@@ -11,6 +11,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
@@ -292,6 +293,12 @@ func TestPlanReorder(t *testing.T) {
 	}
 	if got := p.rps["h2-c1/eth0 rx-0"]; got != "1" {
 		t.Errorf("container-side RPS %v, want eth0 rx-0 on core 0 alone (mask 1)", p.rps)
+	}
+	// GRO off on the VXLAN device: its GRO cell would take a micro-flow's
+	// aggregates for other flows and could let a later one pass.
+	gro := knobs.Feature("h2", "vxlan0", ethtool.GRO).Key()
+	if !slices.ContainsFunc(p.Changes, func(c plan.Change) bool { return c.Knob.Key() == gro && string(c.Value) == "off" }) {
+		t.Errorf("no change turns GRO off on h2/vxlan0")
 	}
 	notesSay(t, p, "reassembly at the root of 1 container veths", "held, released, gaps skipped, overflows", plan.PinDir("h2")+"/reorder")
 	for _, n := range p.Notes {

@@ -10,7 +10,9 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/reorder"
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/ethtool"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -128,8 +130,29 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 			}
 		}
 	}
+	groOff := n > 0 && o.At == steer.SplitAtIRQ
+	if groOff {
+		// The cut's XDP metadata stays on the skb through decapsulation,
+		// and GRO tells flows apart also by the metadata's length of
+		// bytes in front of the MAC header: after decap the end of the
+		// outer headers, which differ from skb to skb. The VXLAN
+		// device's GRO cell then takes aggregates of one micro-flow for
+		// different flows, and a later one that flushes at once passes
+		// an earlier one it still holds: the qdisc, which keeps a
+		// micro-flow's frames in arrival order, cannot undo that. With
+		// GRO off the cell hands skbs to the backlog in order; cpumap's
+		// GRO on the split core has already merged them.
+		for i := range t.VXLANs {
+			d := &t.VXLANs[i].Device
+			pl.Add(knobs.Feature(d.NetNS, d.Name, ethtool.GRO), "off", plan.DevLabel(d.NetNS, d.Name)+" gro",
+				"the VXLAN GRO cell hands a micro-flow's skbs on in the order they come (cpumap's GRO on the split core merged them already)")
+		}
+	}
 	note := fmt.Sprintf("order: MFLOW's reassembly at the root of %d container veths (a BPF qdisc): micro-flow k+1 is held until k is complete (%d frames, or its core moved on), a gap is skipped after %v, at most %d frames held per flow; its counters (held, released, gaps skipped, overflows) are pinned per veth in %s",
 		n, cfg.Batch, cfg.Timeout, cfg.FlowLimit, reorderRoot(t.NetNS))
+	if groOff {
+		note += "; GRO off on the VXLAN device, whose GRO cell could let a later part of a micro-flow pass an earlier one"
+	}
 	if len(skipped) > 0 {
 		note += "; not on " + strings.Join(skipped, ", ") + ": their split flows may arrive out of order"
 	}

@@ -326,9 +326,10 @@ const lossyTries = 4
 // segments through the reassembler, in a stream that lost nothing, at most
 // 1/residualShare of those without it. Not 0: in some of the guest's runs
 // one reorder event (one GRO skb's worth) reaches the receiver while the
-// qdisc counts no gap, no late frame and no overflow; the probes show two
-// skbs of one micro-flow entering the qdisc swapped, which it cannot undo;
-// which step before it swaps them is not found yet (docs/reorder.md).
+// qdisc counts no gap, no late frame and no overflow; the probes showed two
+// skbs of one micro-flow entering the qdisc swapped by the VXLAN device's
+// GRO cell, which the plan now turns off (docs/reorder.md). Kept until
+// enough runs show the residual gone.
 const residualShare = 50
 
 // TestReassemblyTCP: a TCP stream split into micro-flows of 64 frames
