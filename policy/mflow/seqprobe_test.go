@@ -155,49 +155,16 @@ func (p *seqProbe) crossed(t *testing.T) uint32 {
 // what the program needs (BTF, the tracepoint).
 func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 	t.Helper()
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		t.Logf("no probe at %s's transmit: kernel BTF: %v", dev, err)
+	k, ok := kernelOf(t, ns, dev, "at "+dev+"'s transmit")
+	if !ok {
 		return nil
 	}
-	var missing error
-	off := func(typ string, path ...string) int16 {
-		var s *btf.Struct
-		if err := spec.TypeByName(typ, &s); err != nil {
-			missing = fmt.Errorf("%s: %w", typ, err)
-			return 0
-		}
-		o, err := memberOffset(s, path)
-		if err != nil {
-			missing = fmt.Errorf("%s.%v: %w", typ, path, err)
-		}
-		return int16(o)
-	}
-	offData := off("sk_buff", "data")
-	offPriority := off("sk_buff", "priority")
-	offIfindex := off("net_device", "ifindex")
-	offNet := off("net_device", "nd_net", "net")
-	offInum := off("net", "ns", "inum")
-	if missing != nil {
-		t.Logf("no probe at %s's transmit: %v", dev, missing)
+	offData := k.off("sk_buff", "data")
+	offPriority := k.off("sk_buff", "priority")
+	match := k.match(asm.R7)
+	if !k.ok(t) {
 		return nil
 	}
-
-	var ifindex int
-	if err := nsx.Do(ns, func() error {
-		ifi, err := net.InterfaceByName(dev)
-		if err == nil {
-			ifindex = ifi.Index
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat("/run/netns/" + ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inum := fi.Sys().(*syscall.Stat_t).Ino
 
 	m := seqState(t)
 	// The frame's first bytes on the stack, up to the end of a TCP header
@@ -211,19 +178,16 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 	insns := asm.Instructions{
 		asm.LoadMem(asm.R6, asm.R1, 0, asm.DWord), // skb
 		asm.LoadMem(asm.R7, asm.R1, 8, asm.DWord), // dev
-		asm.LoadMem(asm.R2, asm.R7, offIfindex, asm.Word),
-		asm.JNE.Imm(asm.R2, int32(ifindex), "pass"),
-		asm.LoadMem(asm.R2, asm.R7, offNet, asm.DWord),
-		asm.JEq.Imm(asm.R2, 0, "pass"),
-		asm.LoadMem(asm.R2, asm.R2, offInum, asm.Word),
-		asm.JNE.Imm32(asm.R2, int32(uint32(inum)), "pass"), // inodes pass 2^31: compare 32 bits
+	}
+	insns = append(insns, match...)
+	insns = append(insns,
 		asm.LoadMem(asm.R3, asm.R6, offData, asm.DWord),
 		asm.Mov.Reg(asm.R1, asm.R10),
 		asm.Add.Imm(asm.R1, int32(buf)),
 		asm.Mov.Imm(asm.R2, int32(size)),
 		asm.FnProbeReadKernel.Call(),
 		asm.JNE.Imm(asm.R0, 0, "pass"),
-	}
+	)
 	if encap > 0 {
 		insns = append(insns,
 			asm.LoadMem(asm.R5, asm.R10, buf+12, asm.Half),
@@ -271,6 +235,83 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 	}
 	t.Cleanup(func() { l.Close() })
 	return &seqProbe{state: m}
+}
+
+// probeKernel is what a tracepoint probe needs to read the kernel's
+// structures and pick one device's skbs: its BTF and the device's
+// ifindex and namespace inode (a tracepoint sees every namespace).
+type probeKernel struct {
+	spec    *btf.Spec
+	what    string
+	missing error
+	ifindex int
+	inum    uint64
+}
+
+// kernelOf is dev in ns for a probe; false, logged, without kernel BTF.
+func kernelOf(t *testing.T, ns, dev, what string) (*probeKernel, bool) {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Logf("no probe %s: kernel BTF: %v", what, err)
+		return nil, false
+	}
+	k := &probeKernel{spec: spec, what: what}
+	if err := nsx.Do(ns, func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err == nil {
+			k.ifindex = ifi.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.inum = fi.Sys().(*syscall.Stat_t).Ino
+	return k, true
+}
+
+// off is the byte offset of a member path of struct typ; a missing one is
+// kept for ok.
+func (k *probeKernel) off(typ string, path ...string) int16 {
+	var s *btf.Struct
+	if err := k.spec.TypeByName(typ, &s); err != nil {
+		k.missing = fmt.Errorf("%s: %w", typ, err)
+		return 0
+	}
+	o, err := memberOffset(s, path)
+	if err != nil {
+		k.missing = fmt.Errorf("%s.%v: %w", typ, path, err)
+	}
+	return int16(o)
+}
+
+// ok says whether every offset was found, logging the first that was not.
+func (k *probeKernel) ok(t *testing.T) bool {
+	t.Helper()
+	if k.missing != nil {
+		t.Logf("no probe %s: %v", k.what, k.missing)
+	}
+	return k.missing == nil
+}
+
+// match jumps to "pass" unless the struct net_device in dev is the
+// probe's device (clobbers R2).
+func (k *probeKernel) match(dev asm.Register) asm.Instructions {
+	offIfindex := k.off("net_device", "ifindex")
+	offNet := k.off("net_device", "nd_net", "net")
+	offInum := k.off("net", "ns", "inum")
+	return asm.Instructions{
+		asm.LoadMem(asm.R2, dev, offIfindex, asm.Word),
+		asm.JNE.Imm(asm.R2, int32(k.ifindex), "pass"),
+		asm.LoadMem(asm.R2, dev, offNet, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, "pass"),
+		asm.LoadMem(asm.R2, asm.R2, offInum, asm.Word),
+		asm.JNE.Imm32(asm.R2, int32(uint32(k.inum)), "pass"), // inodes pass 2^31: compare 32 bits
+	}
 }
 
 // seqCount is seqProbe's count: R8 a segment's first sequence number, R7
@@ -373,50 +414,18 @@ type metaProbe struct{ state *ebpf.Map } // {skbs, with metadata}
 
 func newMetaProbe(t *testing.T, ns, dev string) *metaProbe {
 	t.Helper()
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		t.Logf("no GRO probe on %s: kernel BTF: %v", dev, err)
+	k, ok := kernelOf(t, ns, dev, "GRO probe on "+dev)
+	if !ok {
 		return nil
 	}
-	var missing error
-	off := func(typ string, path ...string) int16 {
-		var s *btf.Struct
-		if err := spec.TypeByName(typ, &s); err != nil {
-			missing = fmt.Errorf("%s: %w", typ, err)
-			return 0
-		}
-		o, err := memberOffset(s, path)
-		if err != nil {
-			missing = fmt.Errorf("%s.%v: %w", typ, path, err)
-		}
-		return int16(o)
-	}
-	offDev := off("sk_buff", "dev")
-	offHead := off("sk_buff", "head")
-	offEnd := off("sk_buff", "end")
-	offMetaLen := off("skb_shared_info", "meta_len")
-	offIfindex := off("net_device", "ifindex")
-	offNet := off("net_device", "nd_net", "net")
-	offInum := off("net", "ns", "inum")
-	if missing != nil {
-		t.Logf("no GRO probe on %s: %v", dev, missing)
+	offDev := k.off("sk_buff", "dev")
+	offHead := k.off("sk_buff", "head")
+	offEnd := k.off("sk_buff", "end")
+	offMetaLen := k.off("skb_shared_info", "meta_len")
+	match := k.match(asm.R7)
+	if !k.ok(t) {
 		return nil
 	}
-	var ifindex int
-	if err := nsx.Do(ns, func() error {
-		ifi, err := net.InterfaceByName(dev)
-		if err == nil {
-			ifindex = ifi.Index
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat("/run/netns/" + ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inum := fi.Sys().(*syscall.Stat_t).Ino
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -426,12 +435,9 @@ func newMetaProbe(t *testing.T, ns, dev string) *metaProbe {
 		asm.LoadMem(asm.R6, asm.R1, 0, asm.DWord), // skb
 		asm.LoadMem(asm.R7, asm.R6, offDev, asm.DWord),
 		asm.JEq.Imm(asm.R7, 0, "pass"),
-		asm.LoadMem(asm.R2, asm.R7, offIfindex, asm.Word),
-		asm.JNE.Imm(asm.R2, int32(ifindex), "pass"),
-		asm.LoadMem(asm.R2, asm.R7, offNet, asm.DWord),
-		asm.JEq.Imm(asm.R2, 0, "pass"),
-		asm.LoadMem(asm.R2, asm.R2, offInum, asm.Word),
-		asm.JNE.Imm32(asm.R2, int32(uint32(inum)), "pass"),
+	}
+	insns = append(insns, match...)
+	insns = append(insns,
 		asm.LoadMem(asm.R3, asm.R6, offHead, asm.DWord),
 		asm.LoadMem(asm.R4, asm.R6, offEnd, asm.Word),
 		asm.Add.Reg(asm.R3, asm.R4),
@@ -458,7 +464,7 @@ func newMetaProbe(t *testing.T, ns, dev string) *metaProbe {
 		asm.StoreMem(asm.R0, 4, asm.R1, asm.Word),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("pass"),
 		asm.Return(),
-	}
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "gro_meta_probe", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
 		AttachTo: "napi_gro_receive_entry", Instructions: insns, License: "GPL"})
 	if err != nil {
