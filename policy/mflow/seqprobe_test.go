@@ -86,14 +86,28 @@ func (p *seqProbe) reset(t *testing.T) {
 	}
 }
 
+// seqSeen is a seqProbe's map value, read once.
+type seqSeen []byte
+
+func (v seqSeen) word(i int) uint32 { return binary.LittleEndian.Uint32(v[4*i : 4*i+4]) }
+
 // regressions is how many segments came in behind one already seen.
-func (p *seqProbe) regressions(t *testing.T) uint32 {
+func (v seqSeen) regressions() uint32 { return v.word(1) }
+
+// crossed is how many of the regressions came on another core than the
+// segment before them: an overtake between two cores' queues.
+func (v seqSeen) crossed() uint32 { return v.word(4) }
+
+// segments is how many segments with a payload the probe saw.
+func (v seqSeen) segments() uint32 { return v.word(5) }
+
+func (p *seqProbe) read(t *testing.T) seqSeen {
 	t.Helper()
 	v := make([]byte, seqValue)
 	if err := p.state.Lookup(uint32(0), &v); err != nil {
 		t.Fatal(err)
 	}
-	return binary.LittleEndian.Uint32(v[4:8])
+	return v
 }
 
 // says is what the probe saw, for a log line: "R of N <where>", or that
@@ -103,45 +117,20 @@ func (p *seqProbe) says(t *testing.T, where string) string {
 	if p == nil {
 		return "no probe " + where
 	}
-	v := make([]byte, seqValue)
-	if err := p.state.Lookup(uint32(0), &v); err != nil {
-		t.Fatal(err)
-	}
-	out := fmt.Sprintf("%d of %d %s", p.regressions(t), p.segments(t), where)
-	if n := p.crossed(t); n != 0 {
+	v := p.read(t)
+	out := fmt.Sprintf("%d of %d %s", v.regressions(), v.segments(), where)
+	if n := v.crossed(); n != 0 {
 		out += fmt.Sprintf(" (%d on another core than the segment before)", n)
 	}
-	if p.regressions(t) != 0 {
-		first := binary.LittleEndian.Uint32(v[24:28])
-		seq, behind := binary.LittleEndian.Uint32(v[28:32]), binary.LittleEndian.Uint32(v[32:36])
-		cur, ahead := binary.LittleEndian.Uint32(v[40:44]), binary.LittleEndian.Uint32(v[44:48])
+	if v.regressions() != 0 {
+		first, seq, behind := v.word(6), v.word(7), v.word(8)
+		cur, ahead := v.word(10), v.word(11)
 		if _, _, ok := reorder.Tagged(ahead); ok {
-			out += fmt.Sprintf(" (%d behind a segment of their own micro-flow)", binary.LittleEndian.Uint32(v[48:52]))
+			out += fmt.Sprintf(" (%d behind a segment of their own micro-flow)", v.word(12))
 		}
 		out += fmt.Sprintf(" (the last at byte %d of the stream, %d bytes behind, %s behind %s)", seq-first, behind-seq, tagName(cur), tagName(ahead))
 	}
 	return out
-}
-
-// segments is how many segments with a payload the probe saw.
-func (p *seqProbe) segments(t *testing.T) uint32 {
-	t.Helper()
-	v := make([]byte, seqValue)
-	if err := p.state.Lookup(uint32(0), &v); err != nil {
-		t.Fatal(err)
-	}
-	return binary.LittleEndian.Uint32(v[20:24])
-}
-
-// crossed is how many of the regressions came on another core than the
-// segment before them: an overtake between two cores' queues.
-func (p *seqProbe) crossed(t *testing.T) uint32 {
-	t.Helper()
-	v := make([]byte, seqValue)
-	if err := p.state.Lookup(uint32(0), &v); err != nil {
-		t.Fatal(err)
-	}
-	return binary.LittleEndian.Uint32(v[16:20])
 }
 
 // newXmitProbe is a seqProbe at the transmit of dev in ns, after its root
@@ -221,19 +210,9 @@ func newXmitProbe(t *testing.T, ns, dev string, encap int16) *seqProbe {
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("pass"),
 		asm.Return(),
 	)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "xmit_probe", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
-		AttachTo: "net_dev_start_xmit", Instructions: insns, License: "GPL"})
-	if err != nil {
-		t.Logf("no probe at %s's transmit: %v", dev, err)
+	if !k.attach(t, "xmit_probe", "net_dev_start_xmit", insns) {
 		return nil
 	}
-	defer prog.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		t.Logf("no probe at %s's transmit: %v", dev, err)
-		return nil
-	}
-	t.Cleanup(func() { l.Close() })
 	return &seqProbe{state: m}
 }
 
@@ -296,6 +275,26 @@ func (k *probeKernel) ok(t *testing.T) bool {
 		t.Logf("no probe %s: %v", k.what, k.missing)
 	}
 	return k.missing == nil
+}
+
+// attach loads insns as a BTF tracepoint program on tracepoint and attaches
+// it until the test ends; false, logged, where the kernel refuses.
+func (k *probeKernel) attach(t *testing.T, name, tracepoint string, insns asm.Instructions) bool {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
+		AttachTo: tracepoint, Instructions: insns, License: "GPL"})
+	if err != nil {
+		t.Logf("no probe %s: %v", k.what, err)
+		return false
+	}
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		t.Logf("no probe %s: %v", k.what, err)
+		return false
+	}
+	t.Cleanup(func() { l.Close() })
+	return true
 }
 
 // match jumps to "pass" unless the struct net_device in dev is the
@@ -465,19 +464,9 @@ func newMetaProbe(t *testing.T, ns, dev string) *metaProbe {
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("pass"),
 		asm.Return(),
 	)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "gro_meta_probe", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
-		AttachTo: "napi_gro_receive_entry", Instructions: insns, License: "GPL"})
-	if err != nil {
-		t.Logf("no GRO probe on %s: %v", dev, err)
+	if !k.attach(t, "gro_meta_probe", "napi_gro_receive_entry", insns) {
 		return nil
 	}
-	defer prog.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		t.Logf("no GRO probe on %s: %v", dev, err)
-		return nil
-	}
-	t.Cleanup(func() { l.Close() })
 	return &metaProbe{state: m}
 }
 
