@@ -92,7 +92,7 @@ type Device struct {
 	// datagrams of a UDP flow inside the tunnel (rx-gro-list,
 	// rx-udp-gro-forwarding; both off by default). PRISM moves a flow out
 	// of the NIC poll without an idle gap only where every UDP datagram
-	// ends a GRO segment (policy/prism).
+	// ends a GRO segment (MergesInnerUDP).
 	UDPGRO []string `json:"udp_gro,omitempty"`
 	// FeaturesUnread says why UDPGRO could not be read ("" = it was).
 	FeaturesUnread string `json:"features_unread,omitempty"`
@@ -343,4 +343,21 @@ func (t *Topology) AllDevices() []*Device {
 		}
 	}
 	return out
+}
+
+// MergesInnerUDP says which underlay's GRO may merge the UDP datagrams
+// inside the tunnel, or could not be read ("" = none): steer_xdp's move of
+// a flow out of the NIC poll without an idle gap (place()'s PLACE_LOCAL)
+// takes every UDP datagram for the end of a GRO segment.
+func (t *Topology) MergesInnerUDP() string {
+	var why []string
+	for _, u := range t.Underlays {
+		switch {
+		case u.FeaturesUnread != "":
+			why = append(why, fmt.Sprintf("the features of %s could not be read (%s)", u.Name, u.FeaturesUnread))
+		case len(u.UDPGRO) > 0:
+			why = append(why, fmt.Sprintf("%s has %s on", u.Name, strings.Join(u.UDPGRO, " and ")))
+		}
+	}
+	return strings.Join(why, "; ")
 }

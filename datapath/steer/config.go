@@ -59,15 +59,20 @@ type Config struct {
 	// Sync (with Prio) hands high-priority frames whose destination is in
 	// the sync set (Sync.Set) straight to the container's veth: PRISM-sync.
 	Sync bool
-	// PrioIdleInline (with Prio, CountSplit and a single core, the one the
-	// NIC is polled on) keeps bulk flows in the NIC poll, vanilla's path,
-	// while the priority set holds no rule: with nothing to preempt for,
-	// the bulk queue's hop only costs. With the first rule each flow
+	// PrioIdleInline (with Prio and CountSplit) keeps bulk flows whose
+	// first stage the table puts on InlineCPU in the NIC poll, vanilla's
+	// path, while the priority set holds no rule: with nothing to preempt
+	// for, the bulk queue's hop only costs. With the first rule each flow
 	// takes the queue as soon as none of its frames is left behind in
 	// the NIC poll (whose frames are counted in flight only while such a
 	// move waits), without an idle gap; see bpf/place.h's place() and
 	// mark_inline.
 	PrioIdleInline bool
+	// InlineCPU (with PrioIdleInline) is the core the NIC is polled on
+	// alone, one of CPUs: the one core where the NIC poll and the queues
+	// run one after another, so a flow moves between them in order at
+	// once. With a single core in CPUs, that core.
+	InlineCPU int
 	// PrioQuiet (with PrioIdleInline; 0: off) keeps bulk flows in the NIC
 	// poll also while rules exist but no high-priority frame arrived for
 	// this long (whole milliseconds, up to MaxPrioQuiet), plus the coarse
@@ -216,8 +221,15 @@ func (c Config) normalized() (Config, error) {
 	if err := c.MFlow.check(cpus); err != nil {
 		return c, err
 	}
-	if c.PrioIdleInline && (!c.Prio || !c.CountSplit || len(cpus) != 1 || c.MFlow.At != SplitOff) {
-		return c, errors.New("bulk inline while idle needs priority classes, split counting and one core, without micro-flows")
+	switch {
+	case !c.PrioIdleInline:
+		c.InlineCPU = 0
+	case !c.Prio || !c.CountSplit || c.MFlow.At != SplitOff:
+		return c, errors.New("bulk inline while idle needs priority classes and split counting, without micro-flows")
+	case len(cpus) == 1:
+		c.InlineCPU = cpus[0]
+	case !slices.Contains(cpus, c.InlineCPU):
+		return c, fmt.Errorf("bulk inline while idle on core %d, which is not one of the cores %v", c.InlineCPU, cpus)
 	}
 	if c.PrioQuiet != 0 && (!c.PrioIdleInline || c.PrioQuiet < time.Millisecond || c.PrioQuiet > MaxPrioQuiet || c.PrioQuiet%time.Millisecond != 0) {
 		return c, fmt.Errorf("quiet time %v: want whole milliseconds from 1ms to %v, with bulk inline while idle", c.PrioQuiet, MaxPrioQuiet)

@@ -201,6 +201,7 @@ func (d *core) configOnly() (Config, error) {
 		HighAutoPPS:    m.HighAutoPps,
 		BulkQuiet:      time.Duration(m.BulkQuietMs) * time.Millisecond,
 		BulkAuto:       time.Duration(m.BulkAutoMs) * time.Millisecond,
+		InlineCPU:      int(m.InlineCpu),
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

@@ -290,7 +290,7 @@ func TestPrioIdleInline(t *testing.T) {
 	for name, edit := range map[string]func(*Config){
 		"without priority classes": func(c *Config) { c.Prio = false },
 		"without split counting":   func(c *Config) { c.CountSplit = false },
-		"on two cores":             func(c *Config) { c.CPUs = []int{0, 1} },
+		"on a core not steered to": func(c *Config) { c.CPUs, c.InlineCPU = []int{0, 1}, 5 },
 	} {
 		c := cfg
 		c.CPUs = slices.Clone(cfg.CPUs)
@@ -298,6 +298,71 @@ func TestPrioIdleInline(t *testing.T) {
 		if err := d.SetConfig(c); err == nil {
 			t.Errorf("PrioIdleInline %s accepted", name)
 		}
+	}
+}
+
+// falcon-prism's bulk placement: with two cores and the NIC polled on
+// core 0 (InlineCPU), a bulk flow whose first stage the table puts in
+// core 0's queue runs in the NIC poll while no rule exists; one the table
+// puts on core 1 (Falcon spread it) takes core 1's queue. With the first
+// rule, a flow moves from the NIC poll to core 0's queue at once (the
+// fast move: one core), but to core 1's only after an idle gap: frames it
+// left in core 0's NIC poll could otherwise be overtaken.
+func TestPrioIdleInlineTwoCores(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on InlineCPU
+	d, cores := newDatapath(t)
+	if len(cores) < 2 {
+		t.Skip("needs two cores")
+	}
+	cfg := Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{0, 1}, Flowlet: time.Hour, Drain: time.Hour,
+		VXLANPort: testPort, VNIs: []uint32{testVNI}, PrioIdleInline: true, InlineCPU: 0}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); !got.PrioIdleInline || got.InlineCPU != 0 || len(got.CPUs) != 2 {
+		t.Fatalf("config %+v does not read back PrioIdleInline on core 0 of two", got)
+	}
+	frame := func(f flowSpec) uint32 {
+		t.Helper()
+		ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+		return ret
+	}
+	home, away := udpFlow(40000), udpFlow(40001)
+	setAll(t, d, StageSplit, 0)
+	if ret := frame(home); ret != xdpPass {
+		t.Errorf("bulk at home with no rule: verdict %d, want XDP_PASS (the NIC poll)", ret)
+	}
+	setAll(t, d, StageSplit, 1)
+	if ret := frame(away); ret != xdpRedirect {
+		t.Errorf("bulk spread to core 1 with no rule: verdict %d, want XDP_REDIRECT (core 1's queue)", ret)
+	}
+	if fl := mustFlow(t, d, away, StageSplit); fl.CPUIndex != 1 {
+		t.Errorf("bulk spread to core 1: %+v, want index 1", fl)
+	}
+	// The table now says core 1 for the flow in core 0's NIC poll: a
+	// move to another core's queue waits for the idle gap (an hour),
+	// without counting the NIC poll's frames (no fast move to ready).
+	for range 2 {
+		if ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: home})); ret != xdpPass || meta != nil {
+			t.Errorf("bulk in the NIC poll, table at core 1: verdict %d, marked %v, want XDP_PASS unmarked until an idle gap", ret, meta != nil)
+		}
+	}
+	if fl := mustFlow(t, d, home, StageSplit); fl.CPUIndex != Stay {
+		t.Errorf("bulk in the NIC poll, table at core 1: %+v, want it still in the NIC poll", fl)
+	}
+	// Back home with a rule: the NIC poll's frames are marked, counted
+	// and seen, then the flow takes core 0's queue at once.
+	setAll(t, d, StageSplit, 0)
+	addRule(t, d, "dst 10.9.9.9")
+	if ret := frame(home); ret != xdpPass {
+		t.Errorf("bulk with a rule, first frame: verdict %d, want XDP_PASS (marked, counted)", ret)
+	}
+	drainFlows(t, d)
+	if ret := frame(home); ret != xdpRedirect {
+		t.Errorf("bulk with a rule, none in flight: verdict %d, want XDP_REDIRECT (core 0's queue)", ret)
+	}
+	if fl := mustFlow(t, d, home, StageSplit); fl.CPUIndex != 0 {
+		t.Errorf("bulk with a rule: %+v, want core 0's queue (index 0)", fl)
 	}
 }
 

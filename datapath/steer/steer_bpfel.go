@@ -110,6 +110,7 @@ type steerSteerMode struct {
 	HighAutoPps uint32
 	BulkQuietMs uint32
 	BulkAutoMs  uint32
+	InlineCpu   uint32
 }
 
 type steerSteerQueue struct {

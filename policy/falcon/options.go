@@ -160,6 +160,11 @@ type Options struct {
 	// agent takes lanes' programs and RPS maps off the path, so Falcon at
 	// home costs what vanilla costs (park.go); off, for measuring that.
 	Park bool
+	// BulkInline (x-bulk-inline): with Prio, bulk flows whose first stage
+	// is at home run it in the IRQ core's NIC poll while no flow is marked
+	// (planner.go's bulkInline); off, they take the home bulk queue, for
+	// measuring what the hop costs.
+	BulkInline bool
 }
 
 // Sampler values.
@@ -222,6 +227,7 @@ func Defaults() Options {
 		Stay:       StayDirect,
 		Bare:       true,
 		Park:       true,
+		BulkInline: true,
 	}
 }
 
@@ -257,6 +263,7 @@ var params = []plan.Param{
 	{Key: keyStay, OldKeys: []string{"stay"}, Default: "direct", Help: "how a flow staying at the bridge stage stays: direct (the VXLAN GRO cell runs the stage on, as vanilla, once none of the flow's frames is queued) or queued (through its core's RPS backlog, one pass more than vanilla)"},
 	{Key: keyBare, OldKeys: []string{"bare"}, Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up)"},
 	{Key: keyPark, OldKeys: []string{"park"}, Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on)"},
+	{Key: keyBulkInline, Default: "true", Help: "with prio: while no flow is marked, bulk flows whose first stage is at home run it in the IRQ core's NIC poll, as vanilla (false: in the IRQ core's bulk queue, one hop more)"},
 }
 
 // Keys of the settings for comparison.
@@ -268,6 +275,7 @@ const (
 	keyStay       = plan.ComparisonPrefix + "stay"
 	keyBare       = plan.ComparisonPrefix + "bare"
 	keyPark       = plan.ComparisonPrefix + "park"
+	keyBulkInline = plan.ComparisonPrefix + "bulk-inline"
 )
 
 // Parse reads params over base, under their current keys or their old
@@ -353,6 +361,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Bare, err = strconv.ParseBool(v)
 		case keyPark:
 			o.Park, err = strconv.ParseBool(v)
+		case keyBulkInline:
+			o.BulkInline, err = strconv.ParseBool(v)
 		case "spread":
 			if v != SpreadAlways && v != SpreadBusy {
 				err = fmt.Errorf("want %s or %s", SpreadBusy, SpreadAlways)
@@ -429,6 +439,7 @@ func (o Options) Params() map[string]string {
 		keyStay:       o.Stay,
 		keyBare:       strconv.FormatBool(o.Bare),
 		keyPark:       strconv.FormatBool(o.Park),
+		keyBulkInline: strconv.FormatBool(o.BulkInline),
 	}
 	if o.SplitAuto {
 		m["split"] = "auto"

@@ -77,7 +77,10 @@ func TestComparisonKeys(t *testing.T) {
 		}
 		saved := map[string]string{}
 		for k, v := range p {
-			saved[strings.TrimPrefix(k, plan.ComparisonPrefix)] = v
+			if _, ok := renamed[strings.TrimPrefix(k, plan.ComparisonPrefix)]; ok {
+				k = strings.TrimPrefix(k, plan.ComparisonPrefix)
+			}
+			saved[k] = v
 		}
 		fromOld, err := Parse(Options{}, saved)
 		if err != nil {

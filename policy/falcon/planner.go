@@ -213,6 +213,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		setup.CPUMap = queues
 		setup.HiCPUMap = queues
 		setup.HiRTPriority = o.PrioRT
+		if o.BulkInline {
+			bulkInline(&setup, lay, t, pl)
+		}
 	}
 
 	// bpffs, the pin directory and the loaded datapath come first and go
@@ -327,6 +330,31 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "spread=busy: stages stay on the IRQ core until it passes the threshold; `lanes agent` then sends them to their hashed cores (spread=always places them by hash from the start)")
 	}
 	return pl, nil
+}
+
+// bulkInline composes PRISM's bulk placement (prism.Plan's bulk in the NIC
+// poll while no flow is marked): a bulk flow whose first stage the table
+// puts in the IRQ core's queues, its home, runs in the NIC poll instead,
+// where the queue's hop buys nothing. Only where the NIC is polled on the
+// IRQ core alone and merges no inner UDP, as for prism: there steer_xdp
+// moves a flow between the NIC poll and that core's queues in order at
+// once when the first rule comes. A first stage the balancer spread to
+// another core takes that core's queue as before.
+func bulkInline(setup *steer.Setup, lay Layout, t *topology.Topology, pl *plan.Plan) {
+	i, ok := HomeIndex(lay)
+	switch {
+	case len(lay.IRQCPUs) == 0:
+		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+plan.IRQUnknown)
+		return
+	case !ok:
+		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: the NIC is polled on cores "+cpuset.FormatList(lay.IRQCPUs)+", not on one of the steering cores alone")
+		return
+	case t.MergesInnerUDP() != "":
+		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+t.MergesInnerUDP()+", so a UDP datagram need not end a GRO segment")
+		return
+	}
+	setup.Config.PrioIdleInline, setup.Config.InlineCPU = true, lay.CPUs[i]
+	pl.Notes = append(pl.Notes, fmt.Sprintf("prio: while no flow is marked, bulk flows whose first stage is at home run it in core %d's NIC poll, as in vanilla; the first rule (lanes prio add) sends them to that core's bulk queue in order", lay.CPUs[i]))
 }
 
 // StaticTables is the placement before any balancing: Falcon's

@@ -303,6 +303,14 @@ func TestPlanPrio(t *testing.T) {
 	if tables[steer.StageSplit] != "1*256" {
 		t.Errorf("split table %q, want all at home, the IRQ core 1's queues", tables[steer.StageSplit])
 	}
+	// PRISM's bulk placement: bulk at home runs in the IRQ core's NIC
+	// poll while no flow is marked.
+	if !s.Config.PrioIdleInline || s.Config.InlineCPU != 1 {
+		t.Errorf("setup %+v, want bulk inline while idle on the IRQ core 1", s.Config)
+	}
+	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "core 1's NIC poll") }) {
+		t.Errorf("notes %q do not say where bulk runs while no flow is marked", p.Notes)
+	}
 	p, err = planFor(t, "falcon-prism", map[string]string{"spread": "always"})
 	if err != nil {
 		t.Fatal(err)

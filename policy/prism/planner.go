@@ -119,13 +119,13 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	bulkInline := o.Bulk == BulkInline
 	if bulkInline {
 		setup.CPUMap, setup.RTPriority = nil, 0
-	} else if !inline && slices.Equal(irqCPUs, []int{core}) && mergesUDP(t) != "" {
+	} else if !inline && slices.Equal(irqCPUs, []int{core}) && t.MergesInnerUDP() != "" {
 		// GRO that merges inner UDP datagrams leaves the move out of the
-		// NIC poll no frame it knows ends a segment (see mergesUDP).
+		// NIC poll no frame it knows ends a segment (see topology's MergesInnerUDP).
 		if o.Quiet != 0 {
-			return nil, fmt.Errorf("prism quiet=%v keeps bulk in the NIC poll while marked flows pause, which this host does not allow: %s (a UDP datagram need not end a GRO segment): drop quiet or turn those features off", o.Quiet, mergesUDP(t))
+			return nil, fmt.Errorf("prism quiet=%v keeps bulk in the NIC poll while marked flows pause, which this host does not allow: %s (a UDP datagram need not end a GRO segment): drop quiet or turn those features off", o.Quiet, t.MergesInnerUDP())
 		}
-		pl.Notes = append(pl.Notes, "bulk flows take the bulk queue even while no flow is marked: "+mergesUDP(t)+
+		pl.Notes = append(pl.Notes, "bulk flows take the bulk queue even while no flow is marked: "+t.MergesInnerUDP()+
 			", so a UDP datagram need not end a GRO segment and a flow could not leave the NIC poll in order without an idle gap")
 	} else if !inline && slices.Equal(irqCPUs, []int{core}) {
 		// While no flow is marked, bulk keeps vanilla's path: the queue's
@@ -137,7 +137,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// reach the queue once a rule exists. Not with high=inline: a
 		// flow moved to the missing high queue would run on in the NIC
 		// poll with its marking changed.
-		setup.Config.PrioIdleInline = true
+		setup.Config.PrioIdleInline, setup.Config.InlineCPU = true, core
 		setup.Config.PrioQuiet = o.Quiet
 		if o.Quiet != 0 {
 			pl.Notes = append(pl.Notes, fmt.Sprintf("quiet=%v: bulk flows also run in the NIC poll once no high-priority frame came for %v; the first one after such a pause ends it, and it and those right behind it find bulk still in the NIC poll, as vanilla serves them", o.Quiet, o.Quiet))
@@ -361,23 +361,7 @@ func fastMoveBlocked(t *topology.Topology, irq []int, core int) string {
 	case !slices.Equal(irq, []int{core}):
 		return "the underlay's IRQ core is " + cpuset.FormatList(irq)
 	}
-	return mergesUDP(t) + " (a UDP datagram need not end a GRO segment)"
-}
-
-// mergesUDP says which underlay's GRO may merge inner UDP datagrams, or
-// could not be read ("" = none): steer_xdp's move out of the NIC poll
-// takes every UDP datagram for the end of a GRO segment.
-func mergesUDP(t *topology.Topology) string {
-	var why []string
-	for _, u := range t.Underlays {
-		switch {
-		case u.FeaturesUnread != "":
-			why = append(why, fmt.Sprintf("the features of %s could not be read (%s)", u.Name, u.FeaturesUnread))
-		case len(u.UDPGRO) > 0:
-			why = append(why, fmt.Sprintf("%s has %s on", u.Name, strings.Join(u.UDPGRO, " and ")))
-		}
-	}
-	return strings.Join(why, "; ")
+	return t.MergesInnerUDP() + " (a UDP datagram need not end a GRO segment)"
 }
 
 // bulkQuietNote is what the plan says of high=auto's bulk quiet.

@@ -32,14 +32,15 @@
 /* PRISM-sync: high-priority frames for a destination in steer_sync skip
  * every queue (see sync_dest). Only with MODE_PRIO. */
 #define MODE_SYNC 0x40
-/* PRISM alone (not with Falcon's placement): while steer_prio holds no rule
- * (prio_shapes 0) there is nothing to preempt for, so bulk flows stay in
- * the NIC poll, vanilla's path, instead of paying the bulk queue's hop;
- * with the first rule each goes to the queue as soon as none of its frames
- * is left behind (place(), PLACE_LOCAL). Set by the planner only where the
- * NIC is polled on the receive core alone, the one the queues are on.
- * With prio_quiet_ms set, also while the high class is quiet: no
- * high-priority frame for that long (see prio_quiet). */
+/* While steer_prio holds no rule (prio_shapes 0) there is nothing to
+ * preempt for, so bulk flows whose first stage would take a queue on
+ * inline_cpu stay in the NIC poll, vanilla's path, instead of paying that
+ * queue's hop; with the first rule each goes to the queue as soon as none
+ * of its frames is left behind (place(), PLACE_LOCAL). Set by the planner
+ * only where the NIC is polled on inline_cpu alone: PRISM's receive core,
+ * or falcon-prism's IRQ core (its first stage's home). With prio_quiet_ms
+ * set, also while the high class is quiet: no high-priority frame for that
+ * long (see prio_quiet). */
 #define MODE_PRIO_IDLE_INLINE 0x400u
 /* PRISM's per-class queue at the container veth (steer_tc_veth_class):
  * each class goes to its own receive queue of the container-side veth. */
@@ -65,6 +66,11 @@ struct steer_mode {
 	 * poll while every high-priority frame of the last bulk_auto_ms ran
 	 * there as a busy rule's (bulk_beside_busy). 0: off. */
 	__u32 bulk_auto_ms;
+	/* MODE_PRIO_IDLE_INLINE: the core the NIC is polled on alone. Its
+	 * NIC poll and its queues' kthreads run one after another with bottom
+	 * halves off, so a flow moves between them at once (PLACE_LOCAL);
+	 * a move to or from another core's queue waits for an idle gap. */
+	__u32 inline_cpu;
 };
 
 const volatile struct steer_mode steer_mode = {};

@@ -13,8 +13,17 @@
 /* place()'s opts, for PRISM's classes under MODE_PRIO_IDLE_INLINE (bulk's
  * while no rule exists or the high class is quiet, high's while
  * steer_high_inline says so for the rule that marked them). */
-#define PLACE_STAY 0x1  /* leave the stage where the kernel runs it (want STAY) */
-#define PLACE_LOCAL 0x2 /* the stage's queue is on this core: see place() */
+#define PLACE_STAY 0x1  /* run in the NIC poll (STAY) where the table says inline_cpu */
+#define PLACE_LOCAL 0x2 /* this core is inline_cpu: see place() */
+
+/* Is place i (a core index of either class, or STAY) on steer_mode's
+ * inline_cpu: its queues, or the NIC poll, which runs there alone? */
+static __always_inline int inline_place(const struct steer_cfg *cfg, __u32 i)
+{
+	__u32 c = i & ~CLASS_HI;
+
+	return i == STAY || (c < cfg->ncpus && cfg->cpus[c & (MAX_CPUS - 1)] == steer_mode.inline_cpu);
+}
 
 /*
  * The core index the stage of this flow goes to, or STAY. The table says
@@ -56,7 +65,9 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		want = STAY;
 	else if (hi)
 		want |= CLASS_HI;
-	if (opts & PLACE_STAY)
+	/* The hop to inline_cpu's queue buys nothing then; one to another
+	 * core's (Falcon's spreading) still does. */
+	if ((opts & PLACE_STAY) && inline_place(cfg, want))
 		want = STAY;
 	if (sync)
 		want = SYNC_IDX;
@@ -122,10 +133,12 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else if ((opts & PLACE_LOCAL) && want != SYNC_IDX && st->inflight <= 0 &&
-			   (st->cpu_idx != STAY || (st->inline_mark & INLINE_COUNTED))) {
-			/* The NIC poll and the queues (either class's) are on
-			 * this one core, where the later stages' queues are shared
-			 * and fed in order: a frame counted seen has reached them
+			   (st->cpu_idx != STAY || (st->inline_mark & INLINE_COUNTED)) &&
+			   inline_place(cfg, st->cpu_idx) && inline_place(cfg, want)) {
+			/* The NIC poll and the queues (either class's) the flow
+			 * leaves and takes are on this one core (inline_cpu),
+			 * where the later stages' queues are shared and fed in
+			 * order: a frame counted seen has reached them
 			 * (the NIC poll and a queue's kthread run a frame from the
 			 * seen count to the next queue with bottom halves off),
 			 * and with it every earlier frame of its flow (GRO hands a
@@ -159,8 +172,15 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else {
-			if ((opts & PLACE_LOCAL) && st->cpu_idx == STAY)
-				st->inline_mark |= INLINE_COUNT;
+			/* Counting the NIC poll's frames readies the fast move,
+			 * so only for one: a move to another core's queue waits
+			 * for the idle gap, which may be long in coming. */
+			if ((opts & PLACE_LOCAL) && st->cpu_idx == STAY) {
+				if (inline_place(cfg, want))
+					st->inline_mark |= INLINE_COUNT;
+				else
+					st->inline_mark &= ~INLINE_COUNT;
+			}
 			count(stage, CNT_HELD);
 		}
 	} else if (st->inline_mark & INLINE_COUNT) {

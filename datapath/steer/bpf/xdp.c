@@ -63,7 +63,7 @@ int steer_xdp(struct xdp_md *ctx)
 			}
 		}
 		/* The fast move needs every frame counted, inline ones too. */
-		if (mode(MODE_COUNT_SPLIT) && cfg->ncpus == 1 && cfg->cpus[0] == bpf_get_smp_processor_id())
+		if (mode(MODE_COUNT_SPLIT) && bpf_get_smp_processor_id() == steer_mode.inline_cpu)
 			opts |= PLACE_LOCAL;
 	}
 	/* data_end - data subtracts packet pointers, which the verifier
