@@ -161,7 +161,17 @@ type MFlow struct {
 	Threshold uint32
 	// Window is the elephant test's rate window.
 	Window time.Duration
+	// Quiet (with a reassembler; 0: none) keeps an elephant split until
+	// the flow has been idle this long, instead of letting it fall back
+	// when its rate drops: frames after a fall back carry no tag, and a
+	// reassembler that still holds part of the flow would let them pass
+	// it (bpf/mflow.h's elephant). At most MaxMFlowQuiet.
+	Quiet time.Duration
 }
+
+// MaxMFlowQuiet bounds MFlow.Quiet: twice the reassembler's longest
+// timeout.
+const MaxMFlowQuiet = 20 * time.Second
 
 // MaxBatch is the largest micro-flow batch the datapath takes.
 const MaxBatch = 65536
@@ -263,6 +273,8 @@ func (m MFlow) check(cpus []int) error {
 		return errors.New("micro-flows have no split cores")
 	case m.Window <= 0:
 		return fmt.Errorf("elephant window %v: must be positive", m.Window)
+	case m.Quiet < 0 || m.Quiet > MaxMFlowQuiet:
+		return fmt.Errorf("elephant quiet time %v: want 0..%v", m.Quiet, MaxMFlowQuiet)
 	}
 	for i, c := range m.Cores {
 		if !slices.Contains(cpus, c) {

@@ -132,6 +132,7 @@ func encodeConfig(c Config) steerSteerCfg {
 	}
 	if m := c.MFlow; m.At != SplitOff {
 		k.MfWindowNs = uint64(m.Window)
+		k.MfQuietNs = uint64(m.Quiet)
 		k.MfThresh = m.Threshold
 		k.MfBatch = m.Batch
 		k.MfNcores = uint32(len(m.Cores))
@@ -153,7 +154,7 @@ func decodeMFlow(k *steerSteerCfg, flags uint32) MFlow {
 	if m.At == SplitOff {
 		return m
 	}
-	m.Batch, m.Threshold, m.Window = k.MfBatch, k.MfThresh, time.Duration(k.MfWindowNs)
+	m.Batch, m.Threshold, m.Window, m.Quiet = k.MfBatch, k.MfThresh, time.Duration(k.MfWindowNs), time.Duration(k.MfQuietNs)
 	for _, idx := range k.MfCores[:min(k.MfNcores, MaxCPUs)] {
 		if idx < min(k.Ncpus, MaxCPUs) {
 			m.Cores = append(m.Cores, int(k.Cpus[idx]))

@@ -80,20 +80,21 @@ type mflowDoc struct {
 	Cores     []int  `json:"cores"`
 	Threshold uint32 `json:"threshold_frames"`
 	WindowNS  int64  `json:"window_ns"`
+	QuietNS   int64  `json:"quiet_ns,omitempty"`
 }
 
 func encodeMFlowDoc(m MFlow) *mflowDoc {
 	if m.At == SplitOff {
 		return nil
 	}
-	return &mflowDoc{At: m.At.String(), Batch: m.Batch, Cores: m.Cores, Threshold: m.Threshold, WindowNS: int64(m.Window)}
+	return &mflowDoc{At: m.At.String(), Batch: m.Batch, Cores: m.Cores, Threshold: m.Threshold, WindowNS: int64(m.Window), QuietNS: int64(m.Quiet)}
 }
 
 func (d *mflowDoc) decode() (MFlow, error) {
 	if d == nil {
 		return MFlow{}, nil
 	}
-	m := MFlow{Batch: d.Batch, Cores: d.Cores, Threshold: d.Threshold, Window: time.Duration(d.WindowNS)}
+	m := MFlow{Batch: d.Batch, Cores: d.Cores, Threshold: d.Threshold, Window: time.Duration(d.WindowNS), Quiet: time.Duration(d.QuietNS)}
 	for at := range mflowFlag {
 		if at.String() == d.At {
 			m.At = at

@@ -228,6 +228,46 @@ func TestMflowElephantEnds(t *testing.T) {
 	}
 }
 
+// TestMflowElephantQuiet: with a reassembler (MFlow.Quiet), an elephant
+// whose rate drops stays split, so no untagged frame of it can pass what
+// the reassembler still holds; it falls back only at a frame that comes
+// after a pause of Quiet, and becomes one again by the rate test.
+func TestMflowElephantQuiet(t *testing.T) {
+	const window, quiet = 50 * time.Millisecond, time.Second
+	cores := testCores(t)
+	d := mflowDatapath(t, cores, MFlow{At: SplitAtIRQ, Batch: 64, Cores: cores, Threshold: 3, Window: window, Quiet: quiet})
+	if got, _ := d.Config(); got.MFlow.Quiet != quiet {
+		t.Fatalf("config %+v does not read back the quiet time", got.MFlow)
+	}
+	f := tcpFlow(40000)
+	frame := vxlanFrame(frameSpec{flow: f})
+	send := func(what string, want uint32) {
+		t.Helper()
+		if ret, _ := runXDP(t, d, frame); ret != want {
+			t.Fatalf("%s: verdict %d, want %d (state %+v)", what, ret, want, microState(t, d, f, StageSplit))
+		}
+	}
+	send("mouse", xdpPass)
+	send("mouse", xdpPass)
+	send("elephant", xdpRedirect)
+	// Windows closed short, shorter than the quiet time: still split.
+	time.Sleep(3 * window)
+	send("after a short window", xdpRedirect)
+	if st := stats(t, d)[StageSplit]; st.ElephantsEnd != 0 {
+		t.Errorf("after a pause under the quiet time: counters %+v, want the elephant split still", st)
+	}
+	time.Sleep(quiet + window)
+	send("after the quiet time", xdpPass)
+	if st := stats(t, d)[StageSplit]; st.Elephants != 1 || st.ElephantsEnd != 1 {
+		t.Errorf("after the quiet time: counters %+v, want 1 elephant, ended", st)
+	}
+	send("mouse again", xdpPass)
+	send("elephant again", xdpRedirect)
+	if mf := microState(t, d, f, StageSplit); !mf.Elephant || mf.Started != 2 {
+		t.Errorf("state %+v, want an elephant again in its second micro-flow", mf)
+	}
+}
+
 // TestMflowNeverSplitsHighPriority: PRISM's high-priority flows keep their
 // queue when MFLOW composes; bulk flows are split.
 func TestMflowNeverSplitsHighPriority(t *testing.T) {
@@ -340,7 +380,7 @@ func TestMflowBridgeSplitsByFrames(t *testing.T) {
 func TestMflowConfigRoundTrip(t *testing.T) {
 	d, _ := newDatapath(t)
 	for _, m := range []MFlow{
-		{At: SplitAtIRQ, Batch: 256, Cores: []int{1, 0}, Threshold: 100, Window: 10 * time.Millisecond},
+		{At: SplitAtIRQ, Batch: 256, Cores: []int{1, 0}, Threshold: 100, Window: 10 * time.Millisecond, Quiet: 20 * time.Millisecond},
 		{At: SplitAtBridge, Batch: MaxBatch, Cores: []int{5}, Window: time.Second},
 		{},
 	} {
@@ -352,11 +392,11 @@ func TestMflowConfigRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got.MFlow.At != m.At || got.MFlow.Batch != m.Batch || !slices.Equal(got.MFlow.Cores, m.Cores) ||
-			got.MFlow.Threshold != m.Threshold || got.MFlow.Window != m.Window || got.NoBridgeCount != in.NoBridgeCount {
+			got.MFlow.Threshold != m.Threshold || got.MFlow.Window != m.Window || got.MFlow.Quiet != m.Quiet || got.NoBridgeCount != in.NoBridgeCount {
 			t.Errorf("config with %+v read back %+v", m, got)
 		}
 		v, s := knobRoundTrip(t, in)
-		if s.Config.MFlow.At != m.At || !slices.Equal(s.Config.MFlow.Cores, m.Cores) || s.Config.MFlow.Window != m.Window {
+		if s.Config.MFlow.At != m.At || !slices.Equal(s.Config.MFlow.Cores, m.Cores) || s.Config.MFlow.Window != m.Window || s.Config.MFlow.Quiet != m.Quiet {
 			t.Errorf("knob value %s decodes to %+v", v, s.Config.MFlow)
 		}
 		if hasKey := containsKey(v, "mflow"); hasKey != (m.At != SplitOff) {

@@ -55,6 +55,7 @@ type steerSteerCfg struct {
 	RpsLo       [64]uint32
 	IndexOf     [64]uint32
 	MfWindowNs  uint64
+	MfQuietNs   uint64
 	MfThresh    uint32
 	MfBatch     uint32
 	MfNcores    uint32
@@ -95,7 +96,7 @@ type steerSteerFlowState struct {
 	MfStarted   uint32
 	MfLeft      uint32
 	MfCore      uint32
-	MfPad       uint32
+	MfLast      uint32
 	Q_epoch     uint64
 	Q_key       uint32
 	Epoch       uint32

@@ -91,7 +91,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 			// Nothing after tc ingress counts the bridge stage's
 			// frames seen; its table never changes here anyway.
 			NoBridgeCount: o.At == steer.SplitAtBridge,
-			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w}},
+			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w, Quiet: elephantQuiet(o)}},
 		QueueSize: o.QueueSize,
 	}
 	if o.At == steer.SplitAtIRQ {

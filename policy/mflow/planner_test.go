@@ -301,6 +301,11 @@ func TestPlanReorder(t *testing.T) {
 		t.Errorf("no change turns GRO off on h2/vxlan0")
 	}
 	notesSay(t, p, "reassembly at the root of 1 container veths", "held, released, gaps skipped, overflows", plan.PinDir("h2")+"/reorder")
+	// An elephant stays split until it pauses for twice the timeout: its
+	// untagged frames would pass what the reassembler holds.
+	if q := p.setup.Config.MFlow.Quiet; q != 100*time.Millisecond {
+		t.Errorf("elephant quiet time %v, want 100ms (twice the reassembler's timeout)", q)
+	}
 	for _, n := range p.Notes {
 		if strings.Contains(n, "reorders") {
 			t.Errorf("note %q: with the reassembler mflow does not reorder", n)
@@ -314,6 +319,9 @@ func TestPlanReorder(t *testing.T) {
 		t.Errorf("reorder=off: changes %v", p.progs)
 	}
 	notesSay(t, p, "reassembly off")
+	if q := p.setup.Config.MFlow.Quiet; q != 0 {
+		t.Errorf("reorder=off: elephant quiet time %v, want 0 (falls back by rate)", q)
+	}
 	top.Veths[0].Hooks = &topology.Hooks{Egress: []string{"qdisc:htb"}}
 	p = mustPlan(t, top, []int{0, 1}, nil)
 	if hasQdisc(p) {
@@ -370,3 +378,4 @@ func hasQdisc(p planned) bool {
 	}
 	return false
 }
+

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/knobs"
@@ -79,6 +80,17 @@ func ReorderStatus(netns string) ([]DeviceReorder, error) {
 // core's backlog (enqueue_to_backlog appends under the backlog's lock,
 // and dequeue-and-transmit runs on one core at a time). Containers take
 // the split cores in turn.
+// elephantQuiet is steer.MFlow.Quiet under o: where the reassembler runs,
+// an elephant stays split until it has paused for twice the reassembler's
+// timeout (datapath/steer/bpf/mflow.h's elephant); else 0, and it falls
+// back as soon as its rate drops.
+func elephantQuiet(o Options) time.Duration {
+	if !o.Reorder || reorderSupported() != nil {
+		return 0
+	}
+	return 2 * o.ReorderTimeout
+}
+
 func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) string {
 	if !o.Reorder {
 		return "order: reassembly off (reorder=off): micro-flows of one flow run in parallel and reach the container in whatever order their cores finish"

@@ -26,6 +26,10 @@ struct steer_cfg {
 	__u32 index_of[MAX_CPUS]; /* core number -> its index in cpus, or STAY: no per-packet search */
 	/* MFLOW (MODE_MFLOW, MODE_MFLOW_BRIDGE) */
 	__u64 mf_window_ns; /* the elephant test's rate window */
+	/* With a reassembler: an elephant stays one until the flow has been
+	 * idle this long, by which time the reassembler holds none of its
+	 * frames (see elephant()). 0: none, it falls back by rate. */
+	__u64 mf_quiet_ns;
 	__u32 mf_thresh;    /* frames within a window from which a flow is an elephant; 0: every flow */
 	__u32 mf_batch;     /* frames per micro-flow */
 	__u32 mf_ncores;    /* entries used in mf_cores; 0: nothing is split */
@@ -104,7 +108,7 @@ struct steer_flow_state {
 	__u32 mf_started;    /* micro-flows started; the current one's sequence number is mf_started - 1 */
 	__u32 mf_left;       /* frames the current micro-flow still takes */
 	__u32 mf_core;       /* index into cpus of the current micro-flow */
-	__u32 mf_pad;
+	__u32 mf_last;       /* the flow's last frame, in 2^MF_LAST_SHIFT ns (wraps) */
 	/* Split stage: the core (q_key) whose queue accounting took this
 	 * flow's last counted frame, and its enqueue count (struct
 	 * steer_queue.enq) just after (queue_settled); q_epoch 0: none. */

@@ -15,6 +15,9 @@
 
 #define MF_SEEN (1ull << 32) /* flow state mf_seen: a sequence number is stored */
 
+/* mf_last's unit: 1024 ns, so 32 bits span 73 minutes. */
+#define MF_LAST_SHIFT 10
+
 /*
  * MFLOW's elephant test, on n more frames of the flow at now: is the flow
  * above the rate threshold? A window of mf_window_ns starts with the first
@@ -24,18 +27,38 @@
  * when a whole window passed without a frame (age >= 2 windows). A flow
  * that turns into an elephant starts a new micro-flow. With mf_thresh 0
  * every flow is an elephant from its first frame and stays one.
+ *
+ * With a reassembler (mf_quiet_ns) an elephant falls back only after the
+ * flow was idle for mf_quiet_ns: its frames after the fall back carry no
+ * micro-flow tag, and the reassembler, which tells flows apart by their
+ * tags alone, would let them pass what it still holds of the flow's last
+ * micro-flows. The planner sets twice the reassembler's timeout: by then
+ * it has released or skipped all it held of the flow, unless a frame took
+ * longer than its timeout on the way, which it would skip anyway. So a
+ * slowed elephant stays split, in order, until it pauses.
  */
 static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_flow_state *st,
 				    __u64 now, __u32 n, __u32 stage)
 {
 	__u64 age = now - st->mf_win_start;
+	/* Serial difference: a gap of a multiple of 73 minutes reads short,
+	 * which keeps an elephant split (the safe side). */
+	__u32 gap = (__u32)(now >> MF_LAST_SHIFT) - st->mf_last;
 
-	if (age >= cfg->mf_window_ns) {
-		if (st->mf_elephant && cfg->mf_thresh &&
-		    (st->mf_win_frames < cfg->mf_thresh || age >= 2 * cfg->mf_window_ns)) {
+	st->mf_last = (__u32)(now >> MF_LAST_SHIFT);
+	if (cfg->mf_quiet_ns) {
+		if (st->mf_elephant && cfg->mf_thresh && gap >= (cfg->mf_quiet_ns >> MF_LAST_SHIFT)) {
 			st->mf_elephant = 0;
 			count(stage, CNT_MF_ENDED);
+			/* A new window from this frame, as after any gap. */
+			age = cfg->mf_window_ns;
 		}
+	} else if (age >= cfg->mf_window_ns && st->mf_elephant && cfg->mf_thresh &&
+		   (st->mf_win_frames < cfg->mf_thresh || age >= 2 * cfg->mf_window_ns)) {
+		st->mf_elephant = 0;
+		count(stage, CNT_MF_ENDED);
+	}
+	if (age >= cfg->mf_window_ns) {
 		st->mf_win_start = now;
 		st->mf_win_frames = 0;
 	}
