@@ -88,6 +88,10 @@ func TestMflowSplitsInBatches(t *testing.T) {
 		{1, []int{1, 0}},
 	} {
 		t.Run(fmt.Sprintf("batch %d over cores %v", c.batch, c.cores), func(t *testing.T) {
+			// A cut starts on the core the program runs on where that
+			// is a split core (cut_rotation): 0 here.
+			defer pinThread(t, 0)()
+			rot := max(slices.Index(c.cores, 0), 0)
 			d := mflowDatapath(t, cpus, everyFlow(SplitAtIRQ, c.batch, c.cores...))
 			entries, err := d.CPUMap().Entries()
 			if err != nil {
@@ -101,7 +105,7 @@ func TestMflowSplitsInBatches(t *testing.T) {
 			for i := range 2 * n {
 				k := i % 2
 				seq, starts := models[k].add(1)
-				core := c.cores[seq%uint32(len(c.cores))]
+				core := c.cores[(int(seq)+rot)%len(c.cores)]
 				if starts {
 					want.MicroFlows++
 					perCore[core]++
@@ -268,6 +272,50 @@ func TestMflowElephantQuiet(t *testing.T) {
 	}
 }
 
+// TestMflowCutStarts: a cut starts where nothing of the flow can be left
+// behind for its first micro-flow to pass: after a frame that ended a GRO
+// segment (a TCP segment with payload and no PSH does not), and on the
+// core the program runs on (here 1, the second split core), so micro-flow
+// k goes to split core (k + 1) % 2.
+func TestMflowCutStarts(t *testing.T) {
+	cores := testCores(t)
+	if len(cores) < 2 {
+		t.Skip("needs two cores")
+	}
+	defer pinThread(t, 1)()
+	d := mflowDatapath(t, cores, MFlow{At: SplitAtIRQ, Batch: 2, Cores: cores, Threshold: 3, Window: time.Hour})
+	f := tcpFlow(40000)
+	seg := func(psh bool) []byte {
+		b := vxlanFrame(frameSpec{flow: f, payload: 100}) // with payload: a pure ACK ends its segment
+		const tcpFlags = 50 + 14 + 20 + 13                // outer headers, inner Ethernet and IPv4
+		b[tcpFlags] = 0x10
+		if psh {
+			b[tcpFlags] = 0x18
+		}
+		return b
+	}
+	step := func(name string, psh bool, want uint32, core int) {
+		t.Helper()
+		ret, _, meta := runXDPMeta(t, d, seg(psh))
+		mf := microState(t, d, f, StageSplit)
+		if ret != want || (meta != nil) != (want == xdpRedirect) || (want == xdpRedirect && int(mf.CPUIndex) != slices.Index(cores, core)) {
+			t.Errorf("%s: verdict %d, marked %v, state %+v; want %d on core %d", name, ret, meta != nil, mf, want, core)
+		}
+	}
+	step("mouse", false, xdpPass, 0)
+	step("mouse", false, xdpPass, 0)
+	step("at the threshold, the last frame mid-segment: not yet", false, xdpPass, 0)
+	step("segment end (PSH), the last frame mid-segment: not yet", true, xdpPass, 0)
+	step("after a segment end: micro-flow 0 on this core", false, xdpRedirect, 1)
+	step("micro-flow 0", false, xdpRedirect, 1)
+	step("micro-flow 1 on the other core", false, xdpRedirect, 0)
+	step("micro-flow 1", true, xdpRedirect, 0)
+	step("micro-flow 2 on this core", false, xdpRedirect, 1)
+	if st := stats(t, d)[StageSplit]; st.Elephants != 1 || st.MicroFlows != 3 {
+		t.Errorf("counters %+v, want 1 elephant, 3 micro-flows", st)
+	}
+}
+
 // TestMflowNeverSplitsHighPriority: PRISM's high-priority flows keep their
 // queue when MFLOW composes; bulk flows are split.
 func TestMflowNeverSplitsHighPriority(t *testing.T) {
@@ -324,6 +372,7 @@ func TestMflowMalformedPassUntouched(t *testing.T) {
 // return the skb hash; TestRPSHashSelectsCore holds the hash to the core).
 // Micro-flows and, with NoBridgeCount, mice are not counted in flight.
 func TestMflowBridgeSplitsByFrames(t *testing.T) {
+	defer pinThread(t, 0)() // the cut starts on core 0, index 0: no rotation
 	cores := testCores(t)
 	d, _ := newDatapath(t)
 	c := mflowConfig(cores, everyFlow(SplitAtBridge, 4, cores...))

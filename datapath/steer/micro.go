@@ -36,9 +36,12 @@ type MicroFlowState struct {
 // mfSeen is bpf/mflow.h's MF_SEEN: the flow's mf_seen holds a sequence number.
 const mfSeen = 1 << 32
 
+// mfBig is bpf/mflow.h's MF_BIG: the flow is split.
+const mfBig = 1
+
 func microFlowState(s *steerSteerFlowState) MicroFlowState {
 	return MicroFlowState{
-		Elephant: s.MfElephant != 0,
+		Elephant: s.MfElephant&mfBig != 0,
 		Started:  s.MfStarted,
 		CPUIndex: s.MfCore,
 		Frames:   s.MfFrames,

@@ -378,4 +378,3 @@ func hasQdisc(p planned) bool {
 	}
 	return false
 }
-

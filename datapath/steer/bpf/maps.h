@@ -104,7 +104,7 @@ struct steer_flow_state {
 	__u64 mf_win_start;  /* start of the current rate window */
 	__u64 mf_frames;     /* frames sent as micro-flows */
 	__u32 mf_win_frames; /* frames in the current window */
-	__u32 mf_elephant;   /* 1 while the flow is split */
+	__u32 mf_elephant;   /* MF_*: split, mid-segment, the cut's rotation */
 	__u32 mf_started;    /* micro-flows started; the current one's sequence number is mf_started - 1 */
 	__u32 mf_left;       /* frames the current micro-flow still takes */
 	__u32 mf_core;       /* index into cpus of the current micro-flow */

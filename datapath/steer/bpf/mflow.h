@@ -18,6 +18,38 @@
 /* mf_last's unit: 1024 ns, so 32 bits span 73 minutes. */
 #define MF_LAST_SHIFT 10
 
+/* The flow state's mf_elephant */
+#define MF_BIG 0x1       /* the flow is split */
+#define MF_MID_SEG 0x2   /* its last frame did not end a GRO segment */
+#define MF_OFF_SHIFT 8   /* bits 8-15: the cut's rotation (next_microflow) */
+
+/*
+ * The rotation that puts micro-flow mf_started, a cut's first, on the
+ * core this program runs on, or 0 where that is not a split core. The
+ * flow's frames before the cut ran here, in the NIC poll (or tc ingress)
+ * and the per-core path behind it (the VXLAN device's GRO cell, a FIFO
+ * per core); a cpumap kthread or backlog on this core runs after them and
+ * joins that path behind them, so the cut's first micro-flow cannot pass
+ * them on the way to the reassembler, which lets it through at once.
+ * Micro-flow k then goes to slot (k + rotation) % mf_ncores: round robin
+ * by sequence number still, which the reassembler's rule by core needs
+ * (the micro-flows of one residue share a core).
+ */
+static __always_inline __u32 cut_rotation(const struct steer_cfg *cfg, const struct steer_flow_state *st)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 idx = cpu < MAX_CPUS ? cfg->index_of[cpu] : STAY;
+	__u32 n = cfg->mf_ncores;
+
+	for (__u32 s = 0; s < MAX_CPUS; s++) {
+		if (s >= n)
+			break;
+		if (cfg->mf_cores[s] == idx)
+			return (s + n - st->mf_started % n) % n;
+	}
+	return 0;
+}
+
 /*
  * MFLOW's elephant test, on n more frames of the flow at now: is the flow
  * above the rate threshold? A window of mf_window_ns starts with the first
@@ -38,8 +70,9 @@
  * slowed elephant stays split, in order, until it pauses.
  */
 static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_flow_state *st,
-				    __u64 now, __u32 n, __u32 stage)
+				    __u64 now, __u32 n, __u32 stage, int seg_end)
 {
+	__u32 el = st->mf_elephant;
 	__u64 age = now - st->mf_win_start;
 	/* Serial difference: a gap of a multiple of 73 minutes reads short,
 	 * which keeps an elephant split (the safe side). */
@@ -47,15 +80,15 @@ static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_fl
 
 	st->mf_last = (__u32)(now >> MF_LAST_SHIFT);
 	if (cfg->mf_quiet_ns) {
-		if (st->mf_elephant && cfg->mf_thresh && gap >= (cfg->mf_quiet_ns >> MF_LAST_SHIFT)) {
-			st->mf_elephant = 0;
+		if ((el & MF_BIG) && cfg->mf_thresh && gap >= (cfg->mf_quiet_ns >> MF_LAST_SHIFT)) {
+			el &= MF_MID_SEG;
 			count(stage, CNT_MF_ENDED);
 			/* A new window from this frame, as after any gap. */
 			age = cfg->mf_window_ns;
 		}
-	} else if (age >= cfg->mf_window_ns && st->mf_elephant && cfg->mf_thresh &&
+	} else if (age >= cfg->mf_window_ns && (el & MF_BIG) && cfg->mf_thresh &&
 		   (st->mf_win_frames < cfg->mf_thresh || age >= 2 * cfg->mf_window_ns)) {
-		st->mf_elephant = 0;
+		el &= MF_MID_SEG;
 		count(stage, CNT_MF_ENDED);
 	}
 	if (age >= cfg->mf_window_ns) {
@@ -63,20 +96,27 @@ static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_fl
 		st->mf_win_frames = 0;
 	}
 	st->mf_win_frames += n;
-	if (!st->mf_elephant && st->mf_win_frames >= cfg->mf_thresh) {
-		st->mf_elephant = 1;
+	/* A cut starts only where the underlay's GRO holds nothing of the
+	 * flow: after a frame that ended a segment (a later one flushed at
+	 * once, a PSH, could pass one still held), so no earlier frame is
+	 * left behind in the NIC poll; and on this core (cut_rotation). */
+	if (!(el & MF_BIG) && st->mf_win_frames >= cfg->mf_thresh && !(el & MF_MID_SEG)) {
+		el = MF_BIG | (cut_rotation(cfg, st) << MF_OFF_SHIFT);
 		st->mf_left = 0;
 		count(stage, CNT_MF_ELEPHANT);
 	}
-	return st->mf_elephant;
+	el = seg_end ? (el & ~MF_MID_SEG) : (el | MF_MID_SEG);
+	st->mf_elephant = el;
+	return el & MF_BIG;
 }
 
 /* Start the flow's next micro-flow on the next split core, round robin by
- * sequence number (one division per micro-flow, none per frame). */
+ * sequence number from the cut's rotation (one division per micro-flow,
+ * none per frame). */
 static __always_inline void next_microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
 					   __u32 stage)
 {
-	__u32 slot = st->mf_started % cfg->mf_ncores;
+	__u32 slot = (st->mf_started + (st->mf_elephant >> MF_OFF_SHIFT)) % cfg->mf_ncores;
 	__u32 idx = cfg->mf_cores[slot & (MAX_CPUS - 1)];
 	__u32 core = cfg->cpus[idx & (MAX_CPUS - 1)];
 	__u64 *sent = bpf_map_lookup_elem(&steer_mf_cores, &core);
@@ -94,9 +134,10 @@ static __always_inline void next_microflow(const struct steer_cfg *cfg, struct s
  * the index into cfg->cpus of the micro-flow they belong to, or STAY for a
  * mouse, which keeps whatever placement it has. Micro-flow k of an
  * elephant is frames [k * batch, (k + 1) * batch) since it became one and
- * goes to mf_cores[k % mf_ncores]; a GRO skb across a boundary stays whole
- * in the micro-flow it starts in. st->last_ns is the arrival time place()
- * just stored.
+ * goes to mf_cores[(k + rotation) % mf_ncores]; a GRO skb across a
+ * boundary stays whole in the micro-flow it starts in. st->last_ns is the
+ * arrival time place() just stored; seg_end says whether the frames end a
+ * GRO segment (always, past GRO).
  *
  * One writer, no atomics: a flow's frames reach the splitting program from
  * one rx queue (RSS keeps a flow on one queue), whose NAPI poll runs on one
@@ -105,9 +146,9 @@ static __always_inline void next_microflow(const struct steer_cfg *cfg, struct s
  * on at a time.
  */
 static __always_inline __u32 microflow(const struct steer_cfg *cfg, struct steer_flow_state *st,
-				       __u32 n, __u32 stage)
+				       __u32 n, __u32 stage, int seg_end)
 {
-	if (!cfg->mf_ncores || !cfg->mf_batch || !elephant(cfg, st, st->last_ns, n, stage))
+	if (!cfg->mf_ncores || !cfg->mf_batch || !elephant(cfg, st, st->last_ns, n, stage, seg_end))
 		return STAY;
 	if (st->mf_left == 0)
 		next_microflow(cfg, st, stage);
@@ -216,7 +257,7 @@ static __always_inline int split_bridge(struct __sk_buff *skb, const struct stee
 					struct steer_flow_state *st, __u32 fh)
 {
 	__u32 n = skb_frames(skb);
-	__u32 idx = microflow(cfg, st, n, STAGE_BRIDGE);
+	__u32 idx = microflow(cfg, st, n, STAGE_BRIDGE, 1);
 
 	if (idx == STAY)
 		return 0;

@@ -77,7 +77,7 @@ int steer_xdp(struct xdp_md *ctx)
 		return sync_redirect(ctx, &ov, dest, src, ecn);
 	/* High-priority flows are PRISM's: never split. */
 	if (mode(MODE_MFLOW) && st && !hi) {
-		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT);
+		__u32 mf = microflow(cfg, st, 1, STAGE_SPLIT, t.seg_end);
 
 		if (mf != STAY)
 			return split_microflow(ctx, cfg, st, mf);
