@@ -76,6 +76,18 @@ func setAll(t *testing.T, d *Datapath, stage int, idx uint32) {
 	}
 }
 
+// tcpSegment is a VXLAN frame of TCP flow f with payload, so that it ends
+// a GRO segment only with PSH (a pure ACK always does).
+func tcpSegment(f flowSpec, psh bool) []byte {
+	b := vxlanFrame(frameSpec{flow: f, payload: 100})
+	const tcpFlags = 50 + 14 + 20 + 13 // outer headers, inner Ethernet and IPv4
+	b[tcpFlags] = 0x10
+	if psh {
+		b[tcpFlags] = 0x18
+	}
+	return b
+}
+
 // runXDP runs steer_xdp on frame as received by lo and returns the verdict
 // and the frame as the program left it, without its metadata.
 func runXDP(t *testing.T, d *Datapath, frame []byte) (uint32, []byte) {

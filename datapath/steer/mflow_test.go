@@ -285,18 +285,9 @@ func TestMflowCutStarts(t *testing.T) {
 	defer pinThread(t, 1)()
 	d := mflowDatapath(t, cores, MFlow{At: SplitAtIRQ, Batch: 2, Cores: cores, Threshold: 3, Window: time.Hour})
 	f := tcpFlow(40000)
-	seg := func(psh bool) []byte {
-		b := vxlanFrame(frameSpec{flow: f, payload: 100}) // with payload: a pure ACK ends its segment
-		const tcpFlags = 50 + 14 + 20 + 13                // outer headers, inner Ethernet and IPv4
-		b[tcpFlags] = 0x10
-		if psh {
-			b[tcpFlags] = 0x18
-		}
-		return b
-	}
 	step := func(name string, psh bool, want uint32, core int) {
 		t.Helper()
-		ret, _, meta := runXDPMeta(t, d, seg(psh))
+		ret, _, meta := runXDPMeta(t, d, tcpSegment(f, psh))
 		mf := microState(t, d, f, StageSplit)
 		if ret != want || (meta != nil) != (want == xdpRedirect) || (want == xdpRedirect && int(mf.CPUIndex) != slices.Index(cores, core)) {
 			t.Errorf("%s: verdict %d, marked %v, state %+v; want %d on core %d", name, ret, meta != nil, mf, want, core)

@@ -461,18 +461,9 @@ func TestPrioIdleInlineMarksAtSegmentEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := tcpFlow(40000)
-	seg := func(psh bool) []byte {
-		b := vxlanFrame(frameSpec{flow: f, payload: 100}) // with payload: a pure ACK ends its segment
-		const tcpFlags = 50 + 14 + 20 + 13                // outer headers, inner Ethernet and IPv4
-		b[tcpFlags] = 0x10
-		if psh {
-			b[tcpFlags] = 0x18
-		}
-		return b
-	}
 	step := func(name string, psh bool, verdict uint32, marked bool, inflight int64) {
 		t.Helper()
-		ret, _, meta := runXDPMeta(t, d, seg(psh))
+		ret, _, meta := runXDPMeta(t, d, tcpSegment(f, psh))
 		fl := mustFlow(t, d, f, StageSplit)
 		if ret != verdict || (meta != nil) != marked || fl.InFlight != inflight {
 			t.Errorf("%s: verdict %d marked %v in flight %d, want %d %v %d", name, ret, meta != nil, fl.InFlight, verdict, marked, inflight)
