@@ -21,9 +21,10 @@
  *     an skb counts gso_segs), or, MFLOW's own rule, when the split core
  *     that carried m has since delivered one of its later micro-flows
  *     (each split core runs its micro-flows in order, so nothing more of m
- *     can come; the splitter deals them round robin, so m's core is
- *     m % ncores: the core the qdisc runs on is not it, when a GRO cell's
- *     NAPI thread runs elsewhere).
+ *     can come; the splitter deals them round robin by sequence number,
+ *     so the micro-flows of one residue m % ncores share a core: the core
+ *     the qdisc runs on is not it, when a GRO cell's NAPI thread runs
+ *     elsewhere).
  *     Then m advances and the next micro-flow's held frames are released,
  *     in the order they came. The per-core rule holds only for flows GRO
  *     does not hold back: for TCP, GRO on a split core passes a segment it
@@ -278,11 +279,12 @@ static __always_inline void flow_start(struct flow *f, __u32 id, __u16 seq, __u3
 }
 
 /*
- * The split core that carries micro-flow seq, as an index into the split
- * cores: the splitter deals micro-flows round robin (steer.c's
- * next_microflow), so it is seq % ncores. Only while ncores is a power of
- * 2, so that the tag's 16-bit sequence keeps the rotation across its wrap;
- * NO_CORE otherwise.
+ * The split core that carries micro-flow seq, as a label: the splitter
+ * deals micro-flows round robin by sequence number (steer's mflow.h,
+ * next_microflow, from a rotation per cut), so the micro-flows of one
+ * residue seq % ncores share a core, whichever it is. Only while ncores is
+ * a power of 2, so that the tag's 16-bit sequence keeps the rotation
+ * across its wrap; NO_CORE otherwise.
  */
 #define NO_CORE 0xffffffffu
 static __always_inline __u32 split_core(__u16 seq, const struct mf_config *c)

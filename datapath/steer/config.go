@@ -144,7 +144,9 @@ func (a SplitAt) String() string {
 
 // MFlow is MFLOW's splitting: a flow whose rate reaches Threshold frames
 // within Window (an elephant) is cut into micro-flows of Batch consecutive
-// frames, and micro-flow k goes to Cores[k % len(Cores)]. Micro-flows of
+// frames, and micro-flow k goes to Cores[(k + r) % len(Cores)], r chosen
+// per cut so that its first micro-flow runs on the core that polled the
+// flow (bpf/mflow.h's cut_rotation). Micro-flows of
 // one flow run in parallel and may overtake each other: a stock kernel
 // cannot reassemble them before TCP/UDP, so splitting reorders by design.
 // Mice keep the placement the tables give them.
@@ -273,8 +275,8 @@ func (m MFlow) check(cpus []int) error {
 		return errors.New("micro-flows have no split cores")
 	case m.Window <= 0:
 		return fmt.Errorf("elephant window %v: must be positive", m.Window)
-	case m.Quiet < 0 || m.Quiet > MaxMFlowQuiet:
-		return fmt.Errorf("elephant quiet time %v: want 0..%v", m.Quiet, MaxMFlowQuiet)
+	case m.Quiet != 0 && (m.Quiet < time.Millisecond || m.Quiet > MaxMFlowQuiet):
+		return fmt.Errorf("elephant quiet time %v: want 0 or 1ms..%v", m.Quiet, MaxMFlowQuiet)
 	}
 	for i, c := range m.Cores {
 		if !slices.Contains(cpus, c) {

@@ -34,6 +34,12 @@ func TestConfigValidation(t *testing.T) {
 		"split core twice":      {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3, 3}, Window: time.Second} }, "split core 3 listed twice"},
 		"no window":             {func(c *Config) { c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3}} }, "window 0s"},
 		"unknown split":         {func(c *Config) { c.MFlow = MFlow{At: 7, Batch: 1, Cores: []int{3}, Window: time.Second} }, "want irq or bridge"},
+		"quiet under 1ms": {func(c *Config) {
+			c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3}, Window: time.Second, Quiet: time.Microsecond}
+		}, "quiet time 1µs"},
+		"inline core not steered to": {func(c *Config) {
+			c.Prio, c.CountSplit, c.PrioIdleInline, c.InlineCPU = true, true, true, 7
+		}, "bulk inline while idle on core 7"},
 	} {
 		c := valid
 		tc.mutate(&c)

@@ -302,68 +302,58 @@ func TestPrioIdleInline(t *testing.T) {
 }
 
 // falcon-prism's bulk placement: with two cores and the NIC polled on
-// core 0 (InlineCPU), a bulk flow whose first stage the table puts in
-// core 0's queue runs in the NIC poll while no rule exists; one the table
-// puts on core 1 (Falcon spread it) takes core 1's queue. With the first
-// rule, a flow moves from the NIC poll to core 0's queue at once (the
-// fast move: one core), but to core 1's only after an idle gap: frames it
-// left in core 0's NIC poll could otherwise be overtaken.
+// core 1 (InlineCPU), a bulk flow whose first stage the table puts in
+// core 1's queue runs in the NIC poll while no rule exists; one the table
+// puts on core 0 (Falcon spread it) takes core 0's queue. A flow moves
+// between the NIC poll and core 1's queue at once (the fast move: one
+// core), but between either and core 0's queue only after an idle gap:
+// frames left on the other core could otherwise be overtaken.
 func TestPrioIdleInlineTwoCores(t *testing.T) {
-	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on InlineCPU
 	d, cores := newDatapath(t)
 	if len(cores) < 2 {
 		t.Skip("needs two cores")
 	}
+	defer pinThread(t, 1)() // PLACE_LOCAL: BPF_PROG_RUN on InlineCPU
 	cfg := Config{Enabled: true, Prio: true, CountSplit: true, CPUs: []int{0, 1}, Flowlet: time.Hour, Drain: time.Hour,
-		VXLANPort: testPort, VNIs: []uint32{testVNI}, PrioIdleInline: true, InlineCPU: 0}
+		VXLANPort: testPort, VNIs: []uint32{testVNI}, PrioIdleInline: true, InlineCPU: 1}
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := d.Config(); !got.PrioIdleInline || got.InlineCPU != 0 || len(got.CPUs) != 2 {
-		t.Fatalf("config %+v does not read back PrioIdleInline on core 0 of two", got)
+	if got, _ := d.Config(); !got.PrioIdleInline || got.InlineCPU != 1 || len(got.CPUs) != 2 {
+		t.Fatalf("config %+v does not read back PrioIdleInline on core 1 of two", got)
 	}
-	frame := func(f flowSpec) uint32 {
+	if v, s := knobRoundTrip(t, cfg); s.Config.InlineCPU != 1 || !s.Config.PrioIdleInline {
+		t.Errorf("knob value %s decodes to %+v", v, s.Config)
+	}
+	const home, away = 1, 0 // table indices: cores 1 and 0
+	step := func(name string, f flowSpec, verdict uint32, marked bool, idx uint32) {
 		t.Helper()
-		ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
-		return ret
-	}
-	home, away := udpFlow(40000), udpFlow(40001)
-	setAll(t, d, StageSplit, 0)
-	if ret := frame(home); ret != xdpPass {
-		t.Errorf("bulk at home with no rule: verdict %d, want XDP_PASS (the NIC poll)", ret)
-	}
-	setAll(t, d, StageSplit, 1)
-	if ret := frame(away); ret != xdpRedirect {
-		t.Errorf("bulk spread to core 1 with no rule: verdict %d, want XDP_REDIRECT (core 1's queue)", ret)
-	}
-	if fl := mustFlow(t, d, away, StageSplit); fl.CPUIndex != 1 {
-		t.Errorf("bulk spread to core 1: %+v, want index 1", fl)
-	}
-	// The table now says core 1 for the flow in core 0's NIC poll: a
-	// move to another core's queue waits for the idle gap (an hour),
-	// without counting the NIC poll's frames (no fast move to ready).
-	for range 2 {
-		if ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: home})); ret != xdpPass || meta != nil {
-			t.Errorf("bulk in the NIC poll, table at core 1: verdict %d, marked %v, want XDP_PASS unmarked until an idle gap", ret, meta != nil)
+		ret, _, meta := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f}))
+		fl := mustFlow(t, d, f, StageSplit)
+		if ret != verdict || (meta != nil) != marked || fl.CPUIndex != idx {
+			t.Errorf("%s: verdict %d, marked %v, flow at %d; want %d, %v, %d", name, ret, meta != nil, fl.CPUIndex, verdict, marked, idx)
 		}
 	}
-	if fl := mustFlow(t, d, home, StageSplit); fl.CPUIndex != Stay {
-		t.Errorf("bulk in the NIC poll, table at core 1: %+v, want it still in the NIC poll", fl)
-	}
-	// Back home with a rule: the NIC poll's frames are marked, counted
-	// and seen, then the flow takes core 0's queue at once.
-	setAll(t, d, StageSplit, 0)
-	addRule(t, d, "dst 10.9.9.9")
-	if ret := frame(home); ret != xdpPass {
-		t.Errorf("bulk with a rule, first frame: verdict %d, want XDP_PASS (marked, counted)", ret)
-	}
+	inline, spread := udpFlow(40000), udpFlow(40001)
+	setAll(t, d, StageSplit, home)
+	step("bulk at home, no rule: the NIC poll", inline, xdpPass, false, Stay)
+	setAll(t, d, StageSplit, away)
+	step("bulk spread to core 0, no rule: core 0's queue", spread, xdpRedirect, true, away)
+	// The NIC poll's flow, table at core 0: it waits for the idle gap
+	// (an hour), unmarked (no fast move to ready).
+	step("NIC poll, table at core 0: waits", inline, xdpPass, false, Stay)
+	step("NIC poll, table at core 0: still waits", inline, xdpPass, false, Stay)
+	// Core 0's flow, table home, no rule: the NIC poll is on core 1, so
+	// the move waits for the idle gap too.
+	setAll(t, d, StageSplit, home)
 	drainFlows(t, d)
-	if ret := frame(home); ret != xdpRedirect {
-		t.Errorf("bulk with a rule, none in flight: verdict %d, want XDP_REDIRECT (core 0's queue)", ret)
-	}
-	if fl := mustFlow(t, d, home, StageSplit); fl.CPUIndex != 0 {
-		t.Errorf("bulk with a rule: %+v, want core 0's queue (index 0)", fl)
-	}
+	step("core 0's queue, table home: waits", spread, xdpRedirect, true, away)
+	// With a rule, the NIC poll's flow is marked, counted and seen, then
+	// takes core 1's queue at once.
+	addRule(t, d, "dst 10.9.9.9")
+	step("NIC poll, rule: marked, counted", inline, xdpPass, true, Stay)
+	drainFlows(t, d)
+	step("NIC poll, rule, none in flight: core 1's queue", inline, xdpRedirect, true, home)
 }
 
 // With PrioQuiet, bulk flows keep the NIC poll while rules exist but no

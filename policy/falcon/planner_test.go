@@ -311,6 +311,13 @@ func TestPlanPrio(t *testing.T) {
 	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "core 1's NIC poll") }) {
 		t.Errorf("notes %q do not say where bulk runs while no flow is marked", p.Notes)
 	}
+	p, err = planFor(t, "falcon-prism", map[string]string{"x-bulk-inline": "false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := setupOf(p); s.Config.PrioIdleInline {
+		t.Errorf("x-bulk-inline=false: setup %+v, want bulk in its queue", s.Config)
+	}
 	p, err = planFor(t, "falcon-prism", map[string]string{"spread": "always"})
 	if err != nil {
 		t.Fatal(err)

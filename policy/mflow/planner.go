@@ -91,7 +91,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 			// Nothing after tc ingress counts the bridge stage's
 			// frames seen; its table never changes here anyway.
 			NoBridgeCount: o.At == steer.SplitAtBridge,
-			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w, Quiet: elephantQuiet(o)}},
+			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w, Quiet: elephantQuiet(o, t)}},
 		QueueSize: o.QueueSize,
 	}
 	if o.At == steer.SplitAtIRQ {
@@ -113,6 +113,11 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		addBridgeSplit(pl, t, dir, cpus)
 	}
 	order := addReassembly(pl, t, o, split)
+	if why := t.MergesInnerUDP(); why != "" && o.At == steer.SplitAtIRQ {
+		// A cut starts after a frame that ended a GRO segment, and
+		// every UDP datagram is taken for one (bpf/mflow.h's elephant).
+		pl.Notes = append(pl.Notes, "order: "+why+", so the underlay's GRO may merge inner UDP datagrams, and a cut may start inside a merged segment that its first micro-flow could pass")
+	}
 	addNotes(pl, o, split, irq, frames, w, order)
 	return pl, nil
 }

@@ -328,6 +328,9 @@ func TestPlanReorder(t *testing.T) {
 		t.Error("the reassembler replaces htb")
 	}
 	notesSay(t, p, "not on veth1 (root qdisc htb)")
+	if q := p.setup.Config.MFlow.Quiet; q != 0 {
+		t.Errorf("no veth reassembles: elephant quiet time %v, want 0", q)
+	}
 	top.Veths[0].Hooks, top.Veths[0].TxQueues = nil, 2
 	p = mustPlan(t, top, []int{0, 1}, nil)
 	if hasQdisc(p) {

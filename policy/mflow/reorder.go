@@ -80,17 +80,6 @@ func ReorderStatus(netns string) ([]DeviceReorder, error) {
 // core's backlog (enqueue_to_backlog appends under the backlog's lock,
 // and dequeue-and-transmit runs on one core at a time). Containers take
 // the split cores in turn.
-// elephantQuiet is steer.MFlow.Quiet under o: where the reassembler runs,
-// an elephant stays split until it has paused for twice the reassembler's
-// timeout (datapath/steer/bpf/mflow.h's elephant); else 0, and it falls
-// back as soon as its rate drops.
-func elephantQuiet(o Options) time.Duration {
-	if !o.Reorder || reorderSupported() != nil {
-		return 0
-	}
-	return 2 * o.ReorderTimeout
-}
-
 func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) string {
 	if !o.Reorder {
 		return "order: reassembly off (reorder=off): micro-flows of one flow run in parallel and reach the container in whatever order their cores finish"
@@ -111,20 +100,9 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 		pl.Add(knobs.Sysctl(t.NetNS, "net.ipv4.ip_forward_update_priority"), "0", plan.Target(t.NetNS)+" net.ipv4.ip_forward_update_priority",
 			"IPv4 forwarding keeps skb->priority, which carries the micro-flow tag to the containers' veths")
 	}
-	var skipped []string
+	veths, skipped := reassemblyVeths(t)
 	n := 0
-	for _, v := range t.Veths {
-		if other := qdiscHook(v.Hooks); other != "" {
-			skipped = append(skipped, fmt.Sprintf("%s (root qdisc %s)", v.Name, other))
-			continue
-		}
-		if v.TxQueues > 1 {
-			// Past the root qdisc the veth picks a transmit queue, and
-			// with it a receive queue of the container, by skb->hash:
-			// a micro-flow's, so the merged flow would split again.
-			skipped = append(skipped, fmt.Sprintf("%s (%d transmit queues)", v.Name, v.TxQueues))
-			continue
-		}
+	for _, v := range veths {
 		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.Target(), v.Name)}, val,
 			plan.DevLabel(v.NetNS, v.Name)+" root qdisc", "reassemble split flows in order before the container (MFLOW's merge)")
 		core := split[n%len(split)]
@@ -169,6 +147,38 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 		note += "; not on " + strings.Join(skipped, ", ") + ": their split flows may arrive out of order"
 	}
 	return note
+}
+
+// reassemblyVeths are the veths that get the reassembler, and why the
+// others do not.
+func reassemblyVeths(t *topology.Topology) (veths []*topology.Veth, skipped []string) {
+	for i := range t.Veths {
+		v := &t.Veths[i]
+		if other := qdiscHook(v.Hooks); other != "" {
+			skipped = append(skipped, fmt.Sprintf("%s (root qdisc %s)", v.Name, other))
+			continue
+		}
+		if v.TxQueues > 1 {
+			// Past the root qdisc the veth picks a transmit queue, and
+			// with it a receive queue of the container, by skb->hash:
+			// a micro-flow's, so the merged flow would split again.
+			skipped = append(skipped, fmt.Sprintf("%s (%d transmit queues)", v.Name, v.TxQueues))
+			continue
+		}
+		veths = append(veths, v)
+	}
+	return veths, skipped
+}
+
+// elephantQuiet is steer.MFlow.Quiet under o on t: where the reassembler
+// runs, an elephant stays split until it has paused for twice the
+// reassembler's timeout (datapath/steer/bpf/mflow.h's elephant); else 0,
+// and it falls back as soon as its rate drops.
+func elephantQuiet(o Options, t *topology.Topology) time.Duration {
+	if veths, _ := reassemblyVeths(t); !o.Reorder || len(veths) == 0 || reorderSupported() != nil {
+		return 0
+	}
+	return 2 * o.ReorderTimeout
 }
 
 // qdiscHook is the kind of a root qdisc someone set on a veth (discovery

@@ -30,7 +30,8 @@
  * and the per-core path behind it (the VXLAN device's GRO cell, a FIFO
  * per core); a cpumap kthread or backlog on this core runs after them and
  * joins that path behind them, so the cut's first micro-flow cannot pass
- * them on the way to the reassembler, which lets it through at once.
+ * them on the way to the reassembler, which lets a flow's first one
+ * through at once.
  * Micro-flow k then goes to slot (k + rotation) % mf_ncores: round robin
  * by sequence number still, which the reassembler's rule by core needs
  * (the micro-flows of one residue share a core).

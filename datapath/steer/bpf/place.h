@@ -172,11 +172,12 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			st->inline_mark = INLINE_BOUNDARY;
 			count(stage, CNT_MOVED);
 		} else {
-			/* Counting the NIC poll's frames readies the fast move,
-			 * so only for one: a move to another core's queue waits
-			 * for the idle gap, which may be long in coming. */
+			/* Counting the NIC poll's frames readies the fast move
+			 * and tells sync's shortcut when none is left behind,
+			 * so only for those: a move to another core's queue
+			 * waits for the idle gap, which may be long in coming. */
 			if ((opts & PLACE_LOCAL) && st->cpu_idx == STAY) {
-				if (inline_place(cfg, want))
+				if (want == SYNC_IDX || inline_place(cfg, want))
 					st->inline_mark |= INLINE_COUNT;
 				else
 					st->inline_mark &= ~INLINE_COUNT;
