@@ -374,10 +374,15 @@ func TestReassemblyTCP(t *testing.T) {
 			// after a hole, and a hole is also a loss (a guest under
 			// TCG drops now and then, before the split or after the
 			// reassembler): only a stream without a retransmission
-			// says whether the reassembler delivered in order. A
-			// stream that lost something is run again, a few times.
-			for try := 1; res.Retrans != 0 && try < lossyTries; try++ {
-				t.Logf("reassembled, try %d: %+v: a loss, so its out-of-order count says nothing; again", try, res)
+			// says whether the reassembler delivered in order. Nor
+			// does one the sending host already sent out of order
+			// (its underlay's probe saw a segment behind: a writer's
+			// segment and one from the ACK's softirq on two cores'
+			// backlogs), which no receiver can undo. Such a stream
+			// is run again, a few times.
+			sentOutOfOrder := func() bool { return wire != nil && wire.read(t).regressions() != 0 }
+			for try := 1; (res.Retrans != 0 || sentOutOfOrder()) && try < lossyTries; try++ {
+				t.Logf("reassembled, try %d: %+v, %s: a loss, or sent out of order, so its out-of-order count says nothing; again", try, res, wire.says(t, "leaving the sending host"))
 				probe.reset(t)
 				enq.reset(t)
 				for _, p := range []*seqProbe{xmit, wire} {
@@ -391,8 +396,8 @@ func TestReassemblyTCP(t *testing.T) {
 			t.Logf("reassembled: %+v; qdisc %+v; segments behind one seen before: %s, %s, %s, %s; %s",
 				res, st, wire.says(t, "leaving the sending host"), enq.says(t, "entering the qdisc ("+dst.HostVeth+"'s tc egress)"), xmit.says(t, "leaving it ("+dst.HostVeth+"'s transmit)"), probe.says(t, "past it ("+dst.Veth+"'s ingress)"), gro.says(t, tb.Receiver().VXLAN))
 			switch {
-			case res.Retrans != 0:
-				t.Errorf("every one of %d streams lost a segment: none says whether the reassembler kept order", lossyTries)
+			case res.Retrans != 0 || sentOutOfOrder():
+				t.Errorf("every one of %d streams lost a segment or left the sending host out of order: none says whether the reassembler kept order", lossyTries)
 			case res.OutOfOrder*residualShare > without:
 				t.Errorf("the receiver's TCP saw %d out-of-order segments through the reassembler, with no loss (%d without it): more than the known residual", res.OutOfOrder, without)
 			case res.OutOfOrder != 0:
