@@ -85,13 +85,14 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		return nil, err
 	}
 	w, frames := o.Window()
+	reasm := planReassembly(o, t, split)
 	setup := steer.Setup{
 		Config: steer.Config{Enabled: true, CPUs: cpus, Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain,
 			VXLANPort: port, VNIs: vnis,
 			// Nothing after tc ingress counts the bridge stage's
 			// frames seen; its table never changes here anyway.
 			NoBridgeCount: o.At == steer.SplitAtBridge,
-			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w, Quiet: elephantQuiet(o, t)}},
+			MFlow:         steer.MFlow{At: o.At, Batch: o.Batch, Cores: split, Threshold: frames, Window: w, Quiet: reasm.elephantQuiet()}},
 		QueueSize: o.QueueSize,
 	}
 	if o.At == steer.SplitAtIRQ {
@@ -112,7 +113,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	} else {
 		addBridgeSplit(pl, t, dir, cpus)
 	}
-	order := addReassembly(pl, t, o, split)
+	order := addReassembly(pl, t, o, split, reasm)
 	if why := t.MergesInnerUDP(); why != "" && o.At == steer.SplitAtIRQ {
 		// A cut starts after a frame that ended a GRO segment, and
 		// every UDP datagram is taken for one (bpf/mflow.h's elephant).

@@ -66,10 +66,66 @@ func ReorderStatus(netns string) ([]DeviceReorder, error) {
 	return out, nil
 }
 
+// reassembly is where MFLOW's in-order merge goes under o on t, decided
+// once for the plan (the datapath's quiet time and the qdiscs follow it):
+// the reassembler's config and its value, the veths that get it, those
+// left out and why; or off, the order note saying why it runs nowhere.
+type reassembly struct {
+	cfg     reorder.Config
+	val     string
+	veths   []*topology.Veth
+	skipped []string
+	off     string
+}
+
+func planReassembly(o Options, t *topology.Topology, split []int) reassembly {
+	if !o.Reorder {
+		return reassembly{off: "order: reassembly off (reorder=off): micro-flows of one flow run in parallel and reach the container in whatever order their cores finish"}
+	}
+	if err := reorderSupported(); err != nil {
+		return reassembly{off: fmt.Sprintf("order: reassembly is unavailable: %v; micro-flows reach the container in whatever order their cores finish, so mflow reorders (opt-in only)", err)}
+	}
+	r := reassembly{cfg: reorder.DefaultConfig(o.Batch, len(split))}
+	r.cfg.Timeout = o.ReorderTimeout
+	r.cfg.SelfCheck = o.ReorderCheck
+	val, err := reorder.EncodeConfig(r.cfg)
+	if err != nil {
+		return reassembly{off: "order: reassembly not set up: " + err.Error()}
+	}
+	r.val = val
+	for i := range t.Veths {
+		v := &t.Veths[i]
+		if other := qdiscHook(v.Hooks); other != "" {
+			r.skipped = append(r.skipped, fmt.Sprintf("%s (root qdisc %s)", v.Name, other))
+			continue
+		}
+		if v.TxQueues > 1 {
+			// Past the root qdisc the veth picks a transmit queue, and
+			// with it a receive queue of the container, by skb->hash:
+			// a micro-flow's, so the merged flow would split again.
+			r.skipped = append(r.skipped, fmt.Sprintf("%s (%d transmit queues)", v.Name, v.TxQueues))
+			continue
+		}
+		r.veths = append(r.veths, v)
+	}
+	return r
+}
+
+// elephantQuiet is steer.MFlow.Quiet: where the reassembler runs, an
+// elephant stays split until it has paused for twice the reassembler's
+// timeout (datapath/steer/bpf/mflow.h's elephant); else 0, and it falls
+// back as soon as its rate drops.
+func (r reassembly) elephantQuiet() time.Duration {
+	if len(r.veths) == 0 {
+		return 0
+	}
+	return 2 * r.cfg.Timeout
+}
+
 // addReassembly puts MFLOW's in-order merge where every split core's path
 // to a container meets: a reassembling qdisc at the root of each
 // container's host-side veth, where the kernel has the BPF qdisc, and says
-// in one line why not where it has not. It returns the note on order.
+// in one line why not where it has not (r). It returns the note on order.
 //
 // After the merge nothing may spread the container's frames over cores
 // again: a frame the qdisc hands on goes to the container-side veth's
@@ -80,29 +136,19 @@ func ReorderStatus(netns string) ([]DeviceReorder, error) {
 // core's backlog (enqueue_to_backlog appends under the backlog's lock,
 // and dequeue-and-transmit runs on one core at a time). Containers take
 // the split cores in turn.
-func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) string {
-	if !o.Reorder {
-		return "order: reassembly off (reorder=off): micro-flows of one flow run in parallel and reach the container in whatever order their cores finish"
+func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int, r reassembly) string {
+	if r.off != "" {
+		return r.off
 	}
-	if err := reorderSupported(); err != nil {
-		return fmt.Sprintf("order: reassembly is unavailable: %v; micro-flows reach the container in whatever order their cores finish, so mflow reorders (opt-in only)", err)
-	}
-	cfg := reorder.DefaultConfig(o.Batch, len(split))
-	cfg.Timeout = o.ReorderTimeout
-	cfg.SelfCheck = o.ReorderCheck
-	val, err := reorder.EncodeConfig(cfg)
-	if err != nil {
-		return "order: reassembly not set up: " + err.Error()
-	}
+	cfg, val := r.cfg, r.val
 	if t.Kind == topology.Flannel || t.Kind == topology.Routed {
 		// ip_forward overwrites skb->priority, the tag's field, from
 		// the TOS unless told not to (mflow_tag.h).
 		pl.Add(knobs.Sysctl(t.NetNS, "net.ipv4.ip_forward_update_priority"), "0", plan.Target(t.NetNS)+" net.ipv4.ip_forward_update_priority",
 			"IPv4 forwarding keeps skb->priority, which carries the micro-flow tag to the containers' veths")
 	}
-	veths, skipped := reassemblyVeths(t)
 	n := 0
-	for _, v := range veths {
+	for _, v := range r.veths {
 		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.Target(), v.Name)}, val,
 			plan.DevLabel(v.NetNS, v.Name)+" root qdisc", "reassemble split flows in order before the container (MFLOW's merge)")
 		core := split[n%len(split)]
@@ -143,42 +189,10 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int) 
 	if groOff {
 		note += "; GRO off on the VXLAN device, whose GRO cell could let a later part of a micro-flow pass an earlier one"
 	}
-	if len(skipped) > 0 {
-		note += "; not on " + strings.Join(skipped, ", ") + ": their split flows may arrive out of order"
+	if len(r.skipped) > 0 {
+		note += "; not on " + strings.Join(r.skipped, ", ") + ": their split flows may arrive out of order"
 	}
 	return note
-}
-
-// reassemblyVeths are the veths that get the reassembler, and why the
-// others do not.
-func reassemblyVeths(t *topology.Topology) (veths []*topology.Veth, skipped []string) {
-	for i := range t.Veths {
-		v := &t.Veths[i]
-		if other := qdiscHook(v.Hooks); other != "" {
-			skipped = append(skipped, fmt.Sprintf("%s (root qdisc %s)", v.Name, other))
-			continue
-		}
-		if v.TxQueues > 1 {
-			// Past the root qdisc the veth picks a transmit queue, and
-			// with it a receive queue of the container, by skb->hash:
-			// a micro-flow's, so the merged flow would split again.
-			skipped = append(skipped, fmt.Sprintf("%s (%d transmit queues)", v.Name, v.TxQueues))
-			continue
-		}
-		veths = append(veths, v)
-	}
-	return veths, skipped
-}
-
-// elephantQuiet is steer.MFlow.Quiet under o on t: where the reassembler
-// runs, an elephant stays split until it has paused for twice the
-// reassembler's timeout (datapath/steer/bpf/mflow.h's elephant); else 0,
-// and it falls back as soon as its rate drops.
-func elephantQuiet(o Options, t *topology.Topology) time.Duration {
-	if veths, _ := reassemblyVeths(t); !o.Reorder || len(veths) == 0 || reorderSupported() != nil {
-		return 0
-	}
-	return 2 * o.ReorderTimeout
 }
 
 // qdiscHook is the kind of a root qdisc someone set on a veth (discovery
