@@ -75,12 +75,14 @@ static __always_inline int elephant(const struct steer_cfg *cfg, struct steer_fl
 {
 	__u32 el = st->mf_elephant;
 	__u64 age = now - st->mf_win_start;
-	/* Serial difference: a gap of a multiple of 73 minutes reads short,
-	 * which keeps an elephant split (the safe side). */
-	__u32 gap = (__u32)(now >> MF_LAST_SHIFT) - st->mf_last;
 
-	st->mf_last = (__u32)(now >> MF_LAST_SHIFT);
 	if (cfg->mf_quiet_ns) {
+		/* Serial difference: a gap of a multiple of 73 minutes reads
+		 * short, which keeps an elephant split (the safe side). Stamped
+		 * only here: without a reassembler nothing reads it. */
+		__u32 gap = (__u32)(now >> MF_LAST_SHIFT) - st->mf_last;
+
+		st->mf_last = (__u32)(now >> MF_LAST_SHIFT);
 		if ((el & MF_BIG) && cfg->mf_thresh && gap >= (cfg->mf_quiet_ns >> MF_LAST_SHIFT)) {
 			el &= MF_MID_SEG;
 			count(stage, CNT_MF_ENDED);
