@@ -140,3 +140,20 @@ func BPFFSName(name string) string { return strings.ReplaceAll(name, ".", "_") }
 
 // DevLabel names a device for people, as DeviceTarget does.
 func DevLabel(ns, dev string) string { return Target(ns) + "/" + dev }
+
+// FastMoveBlocked says why steer_xdp's fast move between the NIC poll and
+// a core's queues (steer.Config.PrioIdleInline) is not order-safe on core,
+// given the underlay's IRQ cores, or "" where it is: the NIC must be
+// polled on core alone, and no underlay may merge inner UDP datagrams
+// (the move takes every datagram for the end of a GRO segment).
+func FastMoveBlocked(t *topology.Topology, irq []int, core int) string {
+	switch {
+	case len(irq) == 0:
+		return IRQUnknown
+	case !slices.Equal(irq, []int{core}):
+		return "the underlay's IRQ core is " + cpuset.FormatList(irq)
+	case t.MergesInnerUDP() != "":
+		return t.MergesInnerUDP() + " (a UDP datagram need not end a GRO segment)"
+	}
+	return ""
+}

@@ -336,25 +336,22 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 // poll while no flow is marked): a bulk flow whose first stage the table
 // puts in the IRQ core's queues, its home, runs in the NIC poll instead,
 // where the queue's hop buys nothing. Only where the NIC is polled on the
-// IRQ core alone and merges no inner UDP, as for prism: there steer_xdp
-// moves a flow between the NIC poll and that core's queues in order at
-// once when the first rule comes. A first stage the balancer spread to
-// another core takes that core's queue as before.
+// IRQ core alone and merges no inner UDP, as for prism
+// (plan.FastMoveBlocked): there steer_xdp moves a flow between the NIC
+// poll and that core's queues in order at once when the first rule comes.
+// A first stage the balancer spread to another core takes that core's
+// queue as before.
 func bulkInline(setup *steer.Setup, lay Layout, t *topology.Topology, pl *plan.Plan) {
-	i, ok := HomeIndex(lay)
-	switch {
-	case len(lay.IRQCPUs) == 0:
-		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+plan.IRQUnknown)
-		return
-	case !ok:
-		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: the NIC is polled on cores "+cpuset.FormatList(lay.IRQCPUs)+", not on one of the steering cores alone")
-		return
-	case t.MergesInnerUDP() != "":
-		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+t.MergesInnerUDP()+", so a UDP datagram need not end a GRO segment")
+	home := -1 // the IRQ core, where it is one of the steering cores
+	if i, ok := HomeIndex(lay); ok {
+		home = lay.CPUs[i]
+	}
+	if why := plan.FastMoveBlocked(t, lay.IRQCPUs, home); why != "" {
+		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+why)
 		return
 	}
-	setup.Config.PrioIdleInline, setup.Config.InlineCPU = true, lay.CPUs[i]
-	pl.Notes = append(pl.Notes, fmt.Sprintf("prio: while no flow is marked, bulk flows whose first stage is at home run it in core %d's NIC poll, as in vanilla; the first rule (lanes prio add) sends them to that core's bulk queue in order", lay.CPUs[i]))
+	setup.Config.PrioIdleInline, setup.Config.InlineCPU = true, home
+	pl.Notes = append(pl.Notes, fmt.Sprintf("prio: while no flow is marked, bulk flows whose first stage is at home run it in core %d's NIC poll, as in vanilla; the first rule (lanes prio add) sends them to that core's bulk queue in order", home))
 }
 
 // StaticTables is the placement before any balancing: Falcon's

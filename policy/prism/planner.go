@@ -145,7 +145,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
-		why := fastMoveBlocked(t, irqCPUs, core)
+		why := plan.FastMoveBlocked(t, irqCPUs, core)
 		if !o.highDefault {
 			return nil, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", o.highBy, core, why)
 		}
@@ -159,7 +159,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		if !o.bulkDefault {
-			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", fastMoveBlocked(t, irqCPUs, core))
+			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", plan.FastMoveBlocked(t, irqCPUs, core))
 		}
 		o.Bulk = BulkQueue // the default follows high back to queue
 	}
@@ -349,19 +349,6 @@ func fifo(prio int) string {
 		return "normal scheduling"
 	}
 	return fmt.Sprintf("FIFO %d", prio)
-}
-
-// fastMoveBlocked says why steer_xdp's fast move between the NIC poll and
-// the queues (PrioIdleInline) is not order-safe on core, given the IRQ
-// cores.
-func fastMoveBlocked(t *topology.Topology, irq []int, core int) string {
-	switch {
-	case len(irq) == 0:
-		return plan.IRQUnknown
-	case !slices.Equal(irq, []int{core}):
-		return "the underlay's IRQ core is " + cpuset.FormatList(irq)
-	}
-	return t.MergesInnerUDP() + " (a UDP datagram need not end a GRO segment)"
 }
 
 // bulkQuietNote is what the plan says of high=auto's bulk quiet.
