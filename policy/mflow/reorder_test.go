@@ -314,8 +314,10 @@ const lossyTries = 4
 // TestReassemblyTCP: a TCP stream split into micro-flows of 64 frames
 // (every flow split: threshold 0) over both cores: without the reassembler
 // the receiver's TCP counts thousands of out-of-order segments; through it,
-// in a stream that lost nothing, none. The probes log where segments fell
-// behind, to tell the qdisc's doing from what comes before or after it.
+// in a stream that lost nothing and left the sending host in order, none
+// (up to lossyTries streams are run to get one; none such fails the test).
+// The probes log where segments fell behind, to tell the qdisc's doing
+// from what comes before or after it.
 func TestReassemblyTCP(t *testing.T) {
 	modetest.Online(t)
 	requireReorder(t)
