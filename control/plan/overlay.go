@@ -152,8 +152,9 @@ func FastMoveBlocked(t *topology.Topology, irq []int, core int) string {
 		return IRQUnknown
 	case !slices.Equal(irq, []int{core}):
 		return "the underlay's IRQ core is " + cpuset.FormatList(irq)
-	case t.MergesInnerUDP() != "":
-		return t.MergesInnerUDP() + " (a UDP datagram need not end a GRO segment)"
+	}
+	if why := t.MergesInnerUDP(); why != "" {
+		return why + " (a UDP datagram need not end a GRO segment)"
 	}
 	return ""
 }

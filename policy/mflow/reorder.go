@@ -140,19 +140,16 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int, 
 	if r.off != "" {
 		return r.off
 	}
-	cfg, val := r.cfg, r.val
 	if t.Kind == topology.Flannel || t.Kind == topology.Routed {
 		// ip_forward overwrites skb->priority, the tag's field, from
 		// the TOS unless told not to (mflow_tag.h).
 		pl.Add(knobs.Sysctl(t.NetNS, "net.ipv4.ip_forward_update_priority"), "0", plan.Target(t.NetNS)+" net.ipv4.ip_forward_update_priority",
 			"IPv4 forwarding keeps skb->priority, which carries the micro-flow tag to the containers' veths")
 	}
-	n := 0
-	for _, v := range r.veths {
-		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.Target(), v.Name)}, val,
+	for n, v := range r.veths {
+		pl.Add(&reorder.QdiscKnob{NetNS: v.NetNS, Device: v.Name, Dir: ReorderDir(t.Target(), v.Name)}, r.val,
 			plan.DevLabel(v.NetNS, v.Name)+" root qdisc", "reassemble split flows in order before the container (MFLOW's merge)")
 		core := split[n%len(split)]
-		n++
 		for _, c := range t.Containers {
 			for i := range c.Interfaces {
 				d := &c.Interfaces[i]
@@ -166,7 +163,7 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int, 
 			}
 		}
 	}
-	groOff := n > 0 && o.At == steer.SplitAtIRQ
+	groOff := len(r.veths) > 0 && o.At == steer.SplitAtIRQ
 	if groOff {
 		// The cut's XDP metadata stays on the skb through decapsulation,
 		// and GRO tells flows apart also by the metadata's length of
@@ -185,7 +182,7 @@ func addReassembly(pl *plan.Plan, t *topology.Topology, o Options, split []int, 
 		}
 	}
 	note := fmt.Sprintf("order: MFLOW's reassembly at the root of %d container veths (a BPF qdisc): micro-flow k+1 is held until k is complete (%d frames, or its core moved on), a gap is skipped after %v, at most %d frames held per flow; its counters (held, released, gaps skipped, overflows) are pinned per veth in %s",
-		n, cfg.Batch, cfg.Timeout, cfg.FlowLimit, reorderRoot(t.NetNS))
+		len(r.veths), r.cfg.Batch, r.cfg.Timeout, r.cfg.FlowLimit, reorderRoot(t.NetNS))
 	if groOff {
 		note += "; GRO off on the VXLAN device, whose GRO cell could let a later part of a micro-flow pass an earlier one"
 	}
