@@ -2,8 +2,12 @@ package plan
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -57,8 +61,137 @@ func RegisterAgent(name string, start func(AgentEnv) (Agent, error)) {
 	agents[name] = start
 }
 
-// NewAgent builds the named agent.
+// agentSep joins the agents of a plan composed from several policies
+// (falcon-prism: Falcon's balancer and PRISM's high=auto switch) into one
+// Plan.Agent, so a state file written before composition reads the same.
+const agentSep = "+"
+
+// Agents is the Plan.Agent that runs each named agent (empty names
+// skipped) side by side: the first is the mode's own, whose status the
+// others' join under their names.
+func Agents(names ...string) string {
+	var out []string
+	for _, n := range names {
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return strings.Join(out, agentSep)
+}
+
+// NewAgent builds the agent a Plan.Agent names: one agent, or those
+// Agents joined, run together.
 func NewAgent(name string, env AgentEnv) (Agent, error) {
+	names := strings.Split(name, agentSep)
+	if len(names) == 1 {
+		return newAgent(name, env)
+	}
+	c := &composed{names: names}
+	for _, n := range names {
+		a, err := newAgent(n, env)
+		if err != nil {
+			return nil, err
+		}
+		c.agents = append(c.agents, a)
+	}
+	return c, nil
+}
+
+// composed runs the agents of a composed plan together: each works on
+// its own runtime state (one writer each), and the first to fail stops
+// the others, as a single agent's failure stops it.
+type composed struct {
+	names  []string
+	agents []Agent
+}
+
+func (c *composed) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(c.agents))
+	var wg sync.WaitGroup
+	for i, a := range c.agents {
+		wg.Go(func() {
+			if errs[i] = a.Run(ctx); errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.names[i], err)
+		}
+	}
+	return nil
+}
+
+// Status is the first agent's status with each other agent's under its
+// name: readers of the mode's own status (its round's "at") find it where
+// they would without composition.
+func (c *composed) Status() any {
+	s := composedStatus{own: c.agents[0].Status(), also: map[string]any{}}
+	for i, a := range c.agents[1:] {
+		s.names = append(s.names, c.names[i+1])
+		s.also[c.names[i+1]] = a.Status()
+	}
+	return s
+}
+
+// OwnStatus is the mode's own agent's status in an agent's status: the
+// first agent's of a composed one, st itself otherwise.
+func OwnStatus(st any) any {
+	if c, ok := st.(composedStatus); ok {
+		return c.own
+	}
+	return st
+}
+
+type composedStatus struct {
+	own   any
+	names []string
+	also  map[string]any
+}
+
+func (s composedStatus) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(s.own)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]json.RawMessage{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		// Not an object: keep it whole.
+		m = map[string]json.RawMessage{"status": b}
+	}
+	for _, n := range s.names {
+		if m[n], err = json.Marshal(s.also[n]); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(m)
+}
+
+// Summary is every agent's summary lines, in order (those of agents whose
+// status has them).
+func (s composedStatus) Summary() []string {
+	var out []string
+	for _, st := range append([]any{s.own}, statusValues(s)...) {
+		if sum, ok := st.(interface{ Summary() []string }); ok {
+			out = append(out, sum.Summary()...)
+		}
+	}
+	return out
+}
+
+func statusValues(s composedStatus) []any {
+	out := make([]any, 0, len(s.names))
+	for _, n := range s.names {
+		out = append(out, s.also[n])
+	}
+	return out
+}
+
+func newAgent(name string, env AgentEnv) (Agent, error) {
 	mu.Lock()
 	start := agents[name]
 	var names []string

@@ -11,6 +11,8 @@ package falcon
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/policy/falcon/balancer"
+	"github.com/lanesnet/lanes/policy/prism"
 )
 
 // Options are Falcon's settings; each mechanism can be switched alone so
@@ -129,13 +132,15 @@ type Options struct {
 	RTPriority int
 	// Prio composes PRISM-batch with Falcon: flows marked with `lanes
 	// prio` get a second cpumap queue on the core their first stage runs
-	// on, whose kthread runs SCHED_FIFO at PrioRT, so they preempt bulk
-	// work there at batch boundaries; their later stages are placed by
-	// the same hash as every flow's.
+	// on, whose kthread runs SCHED_FIFO (Classes.HighRT), so they preempt
+	// bulk work there at batch boundaries; their later stages are placed
+	// by the same hash as every flow's.
 	Prio bool
-	// PrioRT is the high-priority queue's SCHED_FIFO priority (PRISM's
-	// top rung: rt 50 + 3).
-	PrioRT int
+	// Classes are PRISM's own class settings (high, high-rt,
+	// high-auto-pps, bulk-quiet, bulk), parsed and planned by PRISM's
+	// code (prism.Classes): where each class runs at the first stage's
+	// home, and the high queues' priority.
+	Classes prism.Classes
 	// Spread says when the pipelined and split stages leave the core the
 	// kernel runs them on (the IRQ core): "always" places every stage by
 	// hash from the first packet (Falcon as published); "busy" (with
@@ -222,7 +227,7 @@ func Defaults() Options {
 		Sampler:    SamplerAuto,
 		AgentSched: AgentBatch,
 		QueueSize:  2048,
-		PrioRT:     53,
+		Classes:    prism.DefaultClasses(),
 		Spread:     SpreadBusy,
 		Stay:       StayDirect,
 		Bare:       true,
@@ -232,7 +237,7 @@ func Defaults() Options {
 }
 
 // params are the keys `lanes apply --mode falcon*` accepts.
-var params = []plan.Param{
+var params = slices.Concat([]plan.Param{
 	plan.IRQParam,
 	{Key: "pipeline", Default: "true", Help: "place the bridge and container stages by hash(flow, device)"},
 	{Key: "split", Default: "auto; true in falcon-split", Help: "run skb allocation, GRO and decap on a split core (XDP + cpumap): true, false, auto (on, except on a veth underlay, where the XDP hook copies every frame), or rps (RPS on the underlay: decap and everything after on a split core, skb allocation and the underlay's GRO left on the IRQ core; static)"},
@@ -249,7 +254,7 @@ var params = []plan.Param{
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
-	{Key: "prio-rt", Default: "53", Help: "SCHED_FIFO priority of the high-priority queues' kthreads (above rt)"},
+}, prism.ClassParams(), []plan.Param{
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
 	// For comparison or diagnosis only (plan.ComparisonPrefix): each
 	// switches a mechanism off to measure what it saves, picks Falcon's
@@ -264,7 +269,7 @@ var params = []plan.Param{
 	{Key: keyBare, OldKeys: []string{"bare"}, Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up)"},
 	{Key: keyPark, OldKeys: []string{"park"}, Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on)"},
 	{Key: keyBulkInline, Default: "true", Help: "with prio: while no flow is marked, bulk flows whose first stage is at home run it in the IRQ core's NIC poll, as vanilla (false: in the IRQ core's bulk queue, one hop more)"},
-}
+})
 
 // Keys of the settings for comparison.
 const (
@@ -370,11 +375,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Spread = v
 		case "prio":
 			o.Prio, err = strconv.ParseBool(v)
-		case "prio-rt":
-			o.PrioRT, err = strconv.Atoi(v)
-			if err == nil && (o.PrioRT < 1 || o.PrioRT > 99) {
-				err = fmt.Errorf("want 1..99")
-			}
+		case "high", "high-rt", "high-auto-pps", "bulk-quiet", "bulk":
+			// PRISM's: parsed below, all together.
 		default:
 			return o, fmt.Errorf("unknown falcon setting %q", k)
 		}
@@ -388,8 +390,14 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if o.Hysteresis >= o.Threshold {
 		return o, fmt.Errorf("falcon hysteresis %.0f must be below the threshold %.0f", o.Hysteresis, o.Threshold)
 	}
-	if o.Prio && o.PrioRT <= o.RTPriority {
-		return o, fmt.Errorf("falcon prio-rt %d must be above rt %d: high-priority queues must preempt bulk ones", o.PrioRT, o.RTPriority)
+	if o.Classes, err = prism.ParseClasses(m); err != nil {
+		return o, err
+	}
+	if given := o.Classes.Params(); len(given) > 0 && !o.Prio {
+		return o, fmt.Errorf("falcon %s are PRISM's settings for marked flows, and prio is off: use --mode falcon-prism (or prio=true), or drop them", strings.Join(slices.Sorted(maps.Keys(given)), ", "))
+	}
+	if o.Prio && o.Classes.HighRT() <= o.RTPriority {
+		return o, fmt.Errorf("falcon high-rt %d must be above rt %d: high-priority queues must preempt bulk ones", o.Classes.HighRT(), o.RTPriority)
 	}
 	if o.SplitRPS && o.Spread == SpreadBusy {
 		// The kernel runs the later stages where the underlay's RPS
@@ -434,13 +442,13 @@ func (o Options) Params() map[string]string {
 		"queue-size":  strconv.FormatUint(uint64(o.QueueSize), 10),
 		"rt":          strconv.Itoa(o.RTPriority),
 		"prio":        strconv.FormatBool(o.Prio),
-		"prio-rt":     strconv.Itoa(o.PrioRT),
 		"spread":      o.Spread,
 		keyStay:       o.Stay,
 		keyBare:       strconv.FormatBool(o.Bare),
 		keyPark:       strconv.FormatBool(o.Park),
 		keyBulkInline: strconv.FormatBool(o.BulkInline),
 	}
+	maps.Copy(m, o.Classes.Params())
 	if o.SplitAuto {
 		m["split"] = "auto"
 	}

@@ -141,7 +141,7 @@ func TestFalconParkOff(t *testing.T) {
 		applied := pathKnobs(modetest.Snapshot(t, tb))
 		ag, stopAgent := a.StartAgent(t)
 		time.Sleep(1500 * time.Millisecond) // past parkAfter rounds at home
-		st := ag.Status().(falcon.AgentStatus)
+		st := plan.OwnStatus(ag.Status()).(falcon.AgentStatus)
 		if st.Parked || !strings.Contains(st.ParkOff, c.why) {
 			t.Errorf("%v: parked=%v, why not %q; want not parked because of %q", c.params, st.Parked, st.ParkOff, c.why)
 		}

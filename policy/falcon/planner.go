@@ -212,10 +212,22 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if o.Prio {
 		setup.CPUMap = queues
 		setup.HiCPUMap = queues
-		setup.HiRTPriority = o.PrioRT
-		if o.BulkInline {
-			bulkInline(&setup, lay, t, pl)
+		setup.HiRTPriority = o.Classes.HighRT()
+		home := -1 // the IRQ core, where it is one of the steering cores
+		if i, ok := HomeIndex(lay); ok {
+			home = lay.CPUs[i]
 		}
+		if o.BulkInline {
+			bulkInline(&setup, lay, t, home, pl)
+		}
+		// PRISM's own step: high=auto and bulk=auto at home, where
+		// bulkInline made a flow's move between the NIC poll and home's
+		// queues order-safe; its switch runs beside the balancer.
+		high, err := o.Classes.Compose(&setup, t, lay.IRQCPUs, home, pl)
+		if err != nil {
+			return nil, err
+		}
+		pl.Agent = plan.Agents(pl.Agent, high)
 	}
 
 	// bpffs, the pin directory and the loaded datapath come first and go
@@ -318,7 +330,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl.Notes = append(pl.Notes, fmt.Sprintf("cores: set %s, split %s, irq %s; flowlet %v, drain %v",
 		cpuset.FormatList(lay.Set), orNone(union(lay.SplitCPUs, rpsSplit)), orNone(lay.IRQCPUs), o.Flowlet, o.Drain))
 	if o.Prio {
-		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", cpuset.FormatList(queues), o.PrioRT, rtName(o.RTPriority)))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("prio: high-priority queues on cores %s at FIFO %d, bulk queues at %s; mark flows with `lanes prio add`", cpuset.FormatList(queues), o.Classes.HighRT(), rtName(o.RTPriority)))
 		if i, ok := HomeIndex(lay); ok && o.spreadBusy() && o.Split {
 			pl.Notes = append(pl.Notes, fmt.Sprintf("prio: every flow's first stage starts in core %d's queues (its IRQ core) and leaves for the split cores only once that core is busy", lay.CPUs[i]))
 		}
@@ -341,11 +353,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 // poll and that core's queues in order at once when the first rule comes.
 // A first stage the balancer spread to another core takes that core's
 // queue as before.
-func bulkInline(setup *steer.Setup, lay Layout, t *topology.Topology, pl *plan.Plan) {
-	home := -1 // the IRQ core, where it is one of the steering cores
-	if i, ok := HomeIndex(lay); ok {
-		home = lay.CPUs[i]
-	}
+func bulkInline(setup *steer.Setup, lay Layout, t *topology.Topology, home int, pl *plan.Plan) {
 	if why := plan.FastMoveBlocked(t, lay.IRQCPUs, home); why != "" {
 		pl.Notes = append(pl.Notes, "prio: bulk flows take their first stage's queue even while no flow is marked: "+why)
 		return

@@ -4,12 +4,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/lanesnet/lanes/control/baseline" // rps, for the refusal test
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/lanesnet/lanes/topology/topotest"
 )
@@ -229,7 +231,9 @@ func TestPlanBadParams(t *testing.T) {
 		"does nothing":     {"pipeline": "false", "split": "false", "balance": "false"},
 		"duration":         {"interval": "fast"},
 		"above rt":         {"prio": "true", "rt": "60", "prio-rt": "53"},
-		"want 1..99":       {"prio": "true", "prio-rt": "0"},
+		"from 1 to 99":     {"prio": "true", "high-rt": "0"},
+		"and prio is off":  {"high": "auto"},
+		"no queue for the": {"prio": "true", "bulk": "inline"},
 		"at most the thr":  {"home-room": "90"},
 		"want normal or":   {"x-agent-sched": "fifo"},
 		"split=rps with p": {"split": "rps", "prio": "true"},
@@ -311,12 +315,34 @@ func TestPlanPrio(t *testing.T) {
 	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "core 1's NIC poll") }) {
 		t.Errorf("notes %q do not say where bulk runs while no flow is marked", p.Notes)
 	}
+	// PRISM's own step at home: high=auto, bulk=auto and bulk-quiet at
+	// their defaults, with PRISM's switch beside the balancer.
+	if s.Config.HighAutoPPS != 5000 || s.Config.BulkAuto != prism.BulkAutoWindow || s.Config.BulkQuiet != 20*time.Millisecond {
+		t.Errorf("setup %+v, want PRISM's high=auto, bulk=auto and bulk-quiet at their defaults", s.Config)
+	}
+	if want := plan.Agents(AgentName, prism.HighAgentName); p.Agent != want {
+		t.Errorf("agent %q, want %q", p.Agent, want)
+	}
 	p, err = planFor(t, "falcon-prism", map[string]string{"x-bulk-inline": "false"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := setupOf(p); s.Config.PrioIdleInline {
-		t.Errorf("x-bulk-inline=false: setup %+v, want bulk in its queue", s.Config)
+	if s, _ := setupOf(p); s.Config.PrioIdleInline || s.Config.HighAutoPPS != 0 || s.Config.BulkAuto != 0 || p.Agent != AgentName {
+		t.Errorf("x-bulk-inline=false: setup %+v, agent %q, want both classes in their queues and the balancer alone", s.Config, p.Agent)
+	}
+	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "keeps its queue (high=queue)") }) {
+		t.Errorf("x-bulk-inline=false: notes %q do not say high=auto fell back", p.Notes)
+	}
+	// Given where it cannot run: an error, nothing planned.
+	if _, err := planFor(t, "falcon-prism", map[string]string{"x-bulk-inline": "false", "high": "auto"}); err == nil || !strings.Contains(err.Error(), "use high=queue,") {
+		t.Errorf("high=auto without the fast move: %v", err)
+	}
+	p, err = planFor(t, "falcon-prism", map[string]string{"high": "queue", "high-rt": "60"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := setupOf(p); s.Config.HighAutoPPS != 0 || s.Config.BulkAuto != 0 || s.HiRTPriority != 60 || !s.Config.PrioIdleInline || p.Agent != AgentName {
+		t.Errorf("high=queue high-rt=60: setup %+v, agent %q", s, p.Agent)
 	}
 	p, err = planFor(t, "falcon-prism", map[string]string{"spread": "always"})
 	if err != nil {

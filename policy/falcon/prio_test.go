@@ -1,14 +1,18 @@
 package falcon_test
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/policy/falcon"
+	"github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -22,7 +26,10 @@ import (
 // home: a move between cores while classes flip.
 func TestFalconPrism(t *testing.T) {
 	for _, spread := range []string{"busy", "always"} {
-		t.Run(spread, func(t *testing.T) { testFalconPrism(t, map[string]string{"spread": spread}) })
+		// bulk-quiet=0: with no bulk frame but the stream's own while
+		// its rule is away, the quiet would keep the marked flow in the
+		// NIC poll, and the class changes would move nothing.
+		t.Run(spread, func(t *testing.T) { testFalconPrism(t, map[string]string{"spread": spread, "bulk-quiet": "0"}) })
 	}
 }
 
@@ -100,4 +107,61 @@ func testFalconPrism(t *testing.T, params map[string]string) {
 	if _, err := control.OpenPrio(r.NetNS); err == nil {
 		t.Error("lanes prio still works after reset")
 	}
+}
+
+// TestFalconPrismHighAuto: falcon-prism takes PRISM's high=auto (its
+// parser, its planner step, its switch): the plan names Falcon's balancer
+// and PRISM's switch, and with both running a busy marked stream whose
+// first stage is at home moves from its real-time queue into the IRQ
+// core's NIC poll and arrives in order. bulk-quiet=0, so only the switch
+// can run it there.
+func TestFalconPrismHighAuto(t *testing.T) {
+	needsSplit(t)
+	tb := upTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+
+	a := apply(t, tb, "falcon-prism", map[string]string{"bulk-quiet": "0"})
+	if want := plan.Agents(falcon.AgentName, prism.HighAgentName); a.State.Plan.Agent != want {
+		t.Fatalf("plan agent %q, want %q (notes %q)", a.State.Plan.Agent, want, a.State.Plan.Notes)
+	}
+	dp := a.Open(t)
+	cfg, err := dp.Config()
+	if err != nil || !cfg.PrioIdleInline || cfg.HighAutoPPS != 5000 || cfg.BulkAuto == 0 || cfg.BulkQuiet != 0 {
+		t.Fatalf("config %+v (%v): want PRISM's high=auto and bulk=auto at home, no bulk quiet", cfg, err)
+	}
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
+	if err := modetest.Prio(t, r.NetNS).Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	ag, stopAgent := a.StartAgent(t)
+	st0, _ := dp.Stats()
+	// About 50,000 frames/s for most of a second: busy for the switch
+	// (5,000) from its third 100 ms sample.
+	res := overlaytest.Stream{Count: 40000, Size: 200, Burst: 100, Pause: 2 * time.Millisecond, CPU: 0}.Delivered(t, "busy marked stream under high=auto", true, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	st1, _ := dp.Stats()
+	b, _ := json.Marshal(ag.Status())
+	stopAgent()
+	d := sub(st1[steer.StageSplit], st0[steer.StageSplit])
+	t.Logf("%d datagrams; split stage %+v; agent %s", res.Received, d, b)
+	if d.High == 0 || d.Stayed == 0 || d.Steered == 0 {
+		t.Errorf("split stage %+v: want the marked stream in its queue first, then in the NIC poll", d)
+	}
+	if d.Undrained != 0 {
+		t.Errorf("split stage %+v: a move waited out the drain time", d)
+	}
+	var st struct {
+		High struct {
+			HighAuto *prism.HighStatus `json:"high_auto"`
+		} `json:"prism-high"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.High.HighAuto == nil || st.High.HighAuto.Switches == 0 {
+		t.Errorf("agent status %s (%v): want PRISM's switch under prism-high, having switched", b, err)
+	}
+	// Stopped, the switch put the rule's flows back in their queue.
+	if _, inline, err := dp.Prio().HighAuto(); err != nil || len(inline) != 0 {
+		t.Errorf("after the agent stopped: rules inline %v (%v), want none", inline, err)
+	}
+	a.ResetAndCheck(t, before)
 }

@@ -96,6 +96,9 @@ type Options struct {
 	// highBy names the setting that implied high=auto when high was not
 	// given (high-auto-pps, bulk-quiet), for error messages.
 	highBy string
+	// composed: the settings are a composing mode's (ParseClasses), for
+	// error messages.
+	composed bool
 	// HighAutoPPS is high=auto's threshold: a rule's flows run inline
 	// once steer_xdp classified at least this many frames per second under
 	// the rule for 0.3 s, and go back to their queue after 1 s below half

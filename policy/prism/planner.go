@@ -144,34 +144,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 		pl.Notes = append(pl.Notes, "no flow marked yet: bulk flows run in the NIC poll as in vanilla until the first rule (lanes prio add) sends them to the bulk queue; moving a flow there without an idle gap needs the NIC to merge no inner UDP: rx-gro-list and rx-udp-gro-forwarding were off at apply; turning either on later needs lanes apply again")
 	}
-	if o.High == HighAuto && !setup.Config.PrioIdleInline {
-		why := plan.FastMoveBlocked(t, irqCPUs, core)
-		if !o.highDefault {
-			return nil, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on the receive core (%d) alone and merges no inner UDP, and %s: use high=queue or high=inline, or fix that", o.highBy, core, why)
-		}
-		// Not given: the queue, as before auto existed.
-		o.High = HighQueue
-		also := ""
-		if o.bulkDefault && o.Bulk == BulkAuto {
-			also = ", and bulk its queue (bulk=queue)"
-		}
-		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto (the default) needs the NIC polled on the receive core (%d) alone and no inner UDP merged, and %s: the high-priority class keeps its queue (high=queue)%s", core, why, also))
-	}
-	if o.Bulk == BulkAuto && o.High != HighAuto {
-		if !o.bulkDefault {
-			return nil, fmt.Errorf("prism bulk=auto follows high=auto's busy rules, and high=auto cannot run here (%s): use bulk=queue", plan.FastMoveBlocked(t, irqCPUs, core))
-		}
-		o.Bulk = BulkQueue // the default follows high back to queue
-	}
-	if o.High == HighAuto {
-		// The threshold goes into the datapath's config, which the agent
-		// follows: a re-apply with other settings takes effect there.
-		setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
-		setup.Config.BulkQuiet = o.BulkQuiet
-	}
-	if o.Bulk == BulkAuto {
-		setup.Config.BulkAuto = BulkAutoWindow
-		pl.Notes = append(pl.Notes, fmt.Sprintf("bulk=auto: bulk flows run in the NIC poll while every high-priority frame of the last %v ran there as a busy rule's (no marked frame queued: the bulk queue's hop preempts nothing then); the first marked frame that takes its queue sends them back to the bulk queue, in order, and it and those right behind it find bulk still in the NIC poll", BulkAutoWindow))
+	switchHigh, err := o.autoClasses(&setup, t, irqCPUs, core, pl)
+	if err != nil {
+		return nil, err
 	}
 	if o.Quiet != 0 && !setup.Config.PrioIdleInline {
 		irq := "unknown (give --set " + plan.IRQKey + "=N)"
@@ -226,9 +201,8 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		pl.Agent = GuardAgentName
 		pl.Notes = append(pl.Notes, "the NIC poll runs real-time above bulk processing: run `lanes agent` so that under overload it is taken off the ladder before bulk throughput collapses")
 	}
-	if o.High == HighAuto {
+	if switchHigh {
 		pl.Agent = GuardAgentName
-		pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s", o.HighAutoPPS, bulkQuietNote(o)))
 	}
 	if o.BulkSched == SchedIdle {
 		pl.Agent = GuardAgentName
