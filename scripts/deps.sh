@@ -8,8 +8,9 @@ set -euo pipefail
 
 pkgs=(clang llvm libbpf-dev iperf3 sockperf memcached libmemcached-tools nginx-light wrk nftables
 	# clang 14 drops the kptr type tags the BPF qdisc (datapath/reorder) needs;
-	# its clang-format keeps the BPF C's layout one version's (make lint)
-	clang-19 clang-format-19
+	# its clang-format keeps the BPF C's layout one version's (make lint);
+	# bpf2go strips with the compiler's own llvm-strip (llvm-19)
+	clang-19 llvm-19 clang-format-19
 	# the real overlays' daemons (lanes testbed up --overlay flanneld|dockerd):
 	# flanneld's store, dockerd, the CNI plugins Flannel's delegates to, the
 	# containers' image, and iptables, which both daemons program
