@@ -32,6 +32,7 @@ const (
 	modePrioIdleInline = 0x400
 	modeVethClass      = 0x800
 	modeStayQueued     = 0x1000
+	modeHopBacklog     = 0x4000
 )
 
 // mflowFlag is the mode flag of each split point.
@@ -54,7 +55,7 @@ func modeOf(c Config) steerSteerMode {
 	}{
 		{c.Prio, modePrio}, {c.CountSplit, modeCountSplit}, {c.NoBridgeCount, modeNoBridgeCount},
 		{c.StayQueued, modeStayQueued}, {c.Sync, modeSync}, {c.PrioIdleInline, modePrioIdleInline},
-		{c.VethClass, modeVethClass},
+		{c.VethClass, modeVethClass}, {c.HopBacklog, modeHopBacklog},
 	} {
 		if f.on {
 			m.Flags |= f.flag
@@ -78,7 +79,7 @@ func modeString(m steerSteerMode) string {
 	}{
 		{modePrio, "prio"}, {modeCountSplit, "count-split"}, {modeMFlow, "mflow-irq"}, {modeMFlowBridge, "mflow-bridge"},
 		{modeNoBridgeCount, "no-bridge-count"}, {modeSync, "sync"}, {modePrioIdleInline, "prio-idle-inline"},
-		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"},
+		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeHopBacklog, "hop-backlog"},
 	} {
 		if m.Flags&f.flag != 0 {
 			s = append(s, f.name)

@@ -5,6 +5,7 @@ package steer
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -954,4 +955,74 @@ func TestPrioShapesSurviveConfigWriters(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("%d of 2000 flows of a rule just added were not classified high while the agent wrote the config", lost)
 	}
+}
+
+// PRISM's hop=backlog (Config.HopBacklog): a high-priority frame takes its
+// real-time queue only while frames wait in the receive core's queues
+// (enqueued, not yet seen out) for it to overtake; with none, it runs in
+// the NIC poll. Each way with the fast, in-order move: a flow leaves the
+// NIC poll only once a frame of it was counted and none is in flight, and
+// the queue once none of its frames is. A queue whose drops are not
+// traced is never told empty: the frame keeps its queue.
+func TestPrioHopBacklog(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.Flowlet, cfg.HopBacklog = time.Hour, true
+	if err := d.SetConfig(cfg); err == nil {
+		t.Error("hop=backlog without bulk inline while idle accepted")
+	}
+	cfg.PrioIdleInline = true
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Config(); !got.HopBacklog {
+		t.Fatalf("config %+v does not read back HopBacklog", got)
+	}
+	addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	hi := flowSpec{src: innerSrc, dst: innerDst, sport: 5000, dport: 7777, proto: protoUDP}
+	bulk := udpFlow(6000)
+	step := placeStep(t, d)
+	// Untracked: never empty, so the queue.
+	step("queues untracked: in the queue", hi, xdpRedirect, 1, 0)
+	drainFlows(t, d)
+
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Unpin(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := d.Order().TrackQueues(dir); err != nil {
+		t.Fatal(err)
+	}
+	seenAll := func() {
+		t.Helper()
+		var q steerSteerQueue
+		if err := d.objs.SteerQueues.Lookup(uint32(0), &q); err != nil {
+			t.Fatal(err)
+		}
+		q.Seen = q.Enq
+		if err := d.objs.SteerQueues.Put(uint32(0), &q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seenAll()
+	// Into the NIC poll at once; its frames go on counted until the
+	// flow's next segment end (a UDP datagram is one).
+	step("nothing queued, none in flight: in the NIC poll", hi, xdpPass, 1, Stay)
+	drainFlows(t, d)
+	step("bulk: its queue", bulk, xdpRedirect, 1, 0)
+	step("bulk queued, none of its own in flight: in its queue, ahead of bulk", hi, xdpRedirect, 1, 0)
+	// Its frame out of the queue with everything else (the queue is
+	// settled, so the flow is too): back into the NIC poll at once.
+	seenAll()
+	step("queue empty again: in the NIC poll", hi, xdpPass, 1, Stay)
+	// Bulk is not affected: it keeps its queue.
+	drainFlows(t, d)
+	seenAll()
+	step("bulk with nothing queued: still its queue", bulk, xdpRedirect, 1, 0)
 }
