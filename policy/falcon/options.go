@@ -375,7 +375,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Spread = v
 		case "prio":
 			o.Prio, err = strconv.ParseBool(v)
-		case "high", "high-rt", "high-auto-pps", "bulk-quiet", "hop", "bulk":
+		case "high", "high-rt", "high-auto-pps", "bulk-quiet", "bulk":
 			// PRISM's: parsed below, all together.
 		default:
 			return o, fmt.Errorf("unknown falcon setting %q", k)

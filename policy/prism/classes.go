@@ -21,7 +21,7 @@ import (
 // switch in guard.go).
 
 // classKeys are the settings Classes takes.
-var classKeys = []string{"high", "high-rt", "high-auto-pps", "bulk-quiet", "hop", "bulk"}
+var classKeys = []string{"high", "high-rt", "high-auto-pps", "bulk-quiet", "bulk"}
 
 // HighAgentName is the agent of high=auto's switch alone, which a
 // composing mode runs beside its own (plan.Agents).
@@ -149,10 +149,10 @@ func (o *Options) autoClasses(setup *steer.Setup, t *topology.Topology, irqCPUs 
 			if why == "" {
 				why = "bulk flows do not run in the NIC poll while no flow is marked"
 			}
-			return false, fmt.Errorf("prism hop=backlog moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on %s alone and merges no inner UDP, and %s: drop hop=backlog, or fix that", receiveCore(core), why)
+			return false, fmt.Errorf("prism x-hop=backlog moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on %s alone and merges no inner UDP, and %s: drop x-hop=backlog, or fix that", receiveCore(core), why)
 		}
 		setup.Config.HopBacklog = true
-		pl.Notes = append(pl.Notes, fmt.Sprintf("hop=backlog: a high-priority frame takes its real-time queue on core %d only while frames wait in that core's queues for it to overtake; otherwise it runs in the NIC poll, moving in order as under bulk-quiet", core))
+		pl.Notes = append(pl.Notes, fmt.Sprintf("x-hop=backlog: a high-priority frame takes its real-time queue on core %d only while frames wait in that core's queues for it to overtake; otherwise it runs in the NIC poll, moving in order as under bulk-quiet", core))
 	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
 		why := plan.FastMoveBlocked(t, irqCPUs, core)

@@ -35,15 +35,15 @@ func TestPlanHopBacklog(t *testing.T) {
 	if s, _, err := setupOf(nil); err != nil || s.Config.HopBacklog {
 		t.Errorf("defaults: hop backlog %v (%v), want off", s.Config.HopBacklog, err)
 	}
-	s, notes, err := setupOf(map[string]string{"hop": "backlog"})
+	s, notes, err := setupOf(map[string]string{"x-hop": "backlog"})
 	if err != nil || !s.Config.HopBacklog || !s.Config.PrioIdleInline {
 		t.Errorf("hop=backlog: config %+v (%v)", s.Config, err)
 	}
-	if !strings.Contains(strings.Join(notes, "\n"), "hop=backlog") {
+	if !strings.Contains(strings.Join(notes, "\n"), "x-hop=backlog") {
 		t.Errorf("notes %q do not say what hop=backlog does", notes)
 	}
 	// Receive core 0, NIC polled on 1: no fast moves.
-	if _, _, err := setupOf(map[string]string{"hop": "backlog", "cpu": "0"}); err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "drop hop=backlog") {
+	if _, _, err := setupOf(map[string]string{"x-hop": "backlog", "cpu": "0"}); err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "drop x-hop=backlog") {
 		t.Errorf("hop=backlog off the NIC's core: %v, want one line refusing it", err)
 	}
 }

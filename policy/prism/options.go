@@ -113,15 +113,17 @@ type Options struct {
 	// first bulk frame ends it, in steer_xdp, before the next high-priority
 	// frame is classified.
 	BulkQuiet time.Duration
-	// Hop is when a high-priority frame takes its real-time queue: "always"
-	// (PRISM's), or "backlog": only while frames wait in the receive
-	// core's queues for it to overtake, and otherwise in the NIC poll that
-	// classified it. Why: every marked frame that takes its queue pays the
-	// kthread's wake-up at the median (13-22 µs measured under 65-95%
-	// background), also the many that arrive while nothing is queued ahead
-	// of them, for which the queue buys nothing. Needs the fast moves of
-	// bulk inline while idle (the NIC polled on the receive core alone, no
-	// inner UDP merged). Off by default until measured in two runs.
+	// Hop (x-hop, for comparison) is when a high-priority frame takes its
+	// real-time queue: "always" (PRISM's), or "backlog": only while frames
+	// wait in the receive core's queues for it to overtake, and otherwise
+	// in the NIC poll that classified it, without the kthread's wake-up.
+	// Measured against always under a 65-95% background (docs/status.md,
+	// PRISM: no harm): the marked ping-pong's median longer, not shorter,
+	// and bulk's rate lower at 95%: a marked frame in the NIC poll of a
+	// loaded receive core waits longer than one in its real-time queue,
+	// even with nothing queued ahead. Needs the fast moves of bulk inline
+	// while idle (the NIC polled on the receive core alone, no inner UDP
+	// merged).
 	Hop string
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
@@ -232,6 +234,9 @@ const (
 	HopBacklog = "backlog"
 )
 
+// keyHop is Options.Hop's setting, for comparison.
+const keyHop = plan.ComparisonPrefix + "hop"
+
 // BulkAutoWindow is bulk=auto's window: bulk runs in the NIC poll while
 // every high-priority frame of the last BulkAutoWindow ran there as a busy
 // rule's. A light marked flow sending at least every 20 ms (PRISM's
@@ -336,7 +341,6 @@ var params = []plan.Param{
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
-	{Key: "hop", Default: HopAlways, Help: "when a high-priority frame takes its real-time queue: always, or backlog (only while frames wait in the receive core's queues for it to overtake; otherwise it runs in the NIC poll that classified it, no kthread hop)"},
 	{Key: "bulk", Default: "auto with high=auto, else queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
 	{Key: "guard-tasks", Default: fmt.Sprint(DefaultGuardTasks), Help: "with bulk-sched=idle: the guard gives a waiting bulk queue normal scheduling only while the receive core's applications (and kernel threads that are not receive work) take at least this percent of it (0-100; 0: whenever bulk waits); below it bulk waits for softirq and the high-priority queue, which normal scheduling would not take the core from"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
@@ -347,6 +351,8 @@ var params = []plan.Param{
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
+	// For comparison only (plan.ComparisonPrefix).
+	{Key: keyHop, Default: HopAlways, Help: "when a high-priority frame takes its real-time queue: always, or backlog (only while frames wait in the receive core's queues for it to overtake; otherwise in the NIC poll that classified it; measured to lengthen the marked median under load)"},
 }
 
 // Parse reads params over base; every error is one line saying what to fix.
@@ -417,7 +423,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s, %s or %s", BulkQueue, BulkInline, BulkAuto)
 			}
 			o.Bulk = v
-		case "hop":
+		case keyHop:
 			if v != HopAlways && v != HopBacklog {
 				err = fmt.Errorf("want %s or %s", HopAlways, HopBacklog)
 			}
@@ -509,7 +515,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		}
 	}
 	if o.Hop == HopBacklog && o.High == HighInline {
-		return o, fmt.Errorf("prism hop=backlog decides when a high-priority frame takes its queue, and high=inline has none: drop one of them")
+		return o, fmt.Errorf("prism x-hop=backlog decides when a high-priority frame takes its queue, and high=inline has none: drop one of them")
 	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")

@@ -936,7 +936,7 @@ func TestPrismBulkQuiet(t *testing.T) {
 // arrives in order, as does the bulk (no move waits out the drain time).
 // bulk-quiet=0, so only the backlog rule runs it inline.
 func TestPrismHopBacklog(t *testing.T) {
-	c := newClassCase(t, map[string]string{"hop": "backlog", "bulk-quiet": "0"})
+	c := newClassCase(t, map[string]string{"x-hop": "backlog", "bulk-quiet": "0"})
 	dp := c.dp
 	if cfg, err := dp.Config(); err != nil || !cfg.HopBacklog || !cfg.PrioIdleInline || cfg.BulkQuiet != 0 {
 		t.Fatalf("config %+v (%v): want hop=backlog with its fast moves, no bulk quiet", cfg, err)
