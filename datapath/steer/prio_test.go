@@ -5,7 +5,6 @@ package steer
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -987,18 +986,7 @@ func TestPrioHopBacklog(t *testing.T) {
 	step("queues untracked: in the queue", hi, xdpRedirect, 1, 0)
 	drainFlows(t, d)
 
-	dir := filepath.Join(bpffsDir(t), "lanes")
-	if err := d.Pin(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := Unpin(dir); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := d.Order().TrackQueues(dir); err != nil {
-		t.Fatal(err)
-	}
+	pinTracked(t, d)
 	seenAll := func() {
 		t.Helper()
 		var q steerSteerQueue
