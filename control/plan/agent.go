@@ -130,10 +130,9 @@ func (c *composed) Run(ctx context.Context) error {
 // name: readers of the mode's own status (its round's "at") find it where
 // they would without composition.
 func (c *composed) Status() any {
-	s := composedStatus{own: c.agents[0].Status(), also: map[string]any{}}
-	for i, a := range c.agents[1:] {
-		s.names = append(s.names, c.names[i+1])
-		s.also[c.names[i+1]] = a.Status()
+	s := composedStatus{names: c.names}
+	for _, a := range c.agents {
+		s.statuses = append(s.statuses, a.Status())
 	}
 	return s
 }
@@ -142,19 +141,19 @@ func (c *composed) Status() any {
 // first agent's of a composed one, st itself otherwise.
 func OwnStatus(st any) any {
 	if c, ok := st.(composedStatus); ok {
-		return c.own
+		return c.statuses[0]
 	}
 	return st
 }
 
+// composedStatus is each agent's status, in the plan's order.
 type composedStatus struct {
-	own   any
-	names []string
-	also  map[string]any
+	names    []string
+	statuses []any
 }
 
 func (s composedStatus) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(s.own)
+	b, err := json.Marshal(s.statuses[0])
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +162,8 @@ func (s composedStatus) MarshalJSON() ([]byte, error) {
 		// Not an object: keep it whole.
 		m = map[string]json.RawMessage{"status": b}
 	}
-	for _, n := range s.names {
-		if m[n], err = json.Marshal(s.also[n]); err != nil {
+	for i, n := range s.names[1:] {
+		if m[n], err = json.Marshal(s.statuses[i+1]); err != nil {
 			return nil, err
 		}
 	}
@@ -175,18 +174,10 @@ func (s composedStatus) MarshalJSON() ([]byte, error) {
 // status has them).
 func (s composedStatus) Summary() []string {
 	var out []string
-	for _, st := range append([]any{s.own}, statusValues(s)...) {
+	for _, st := range s.statuses {
 		if sum, ok := st.(interface{ Summary() []string }); ok {
 			out = append(out, sum.Summary()...)
 		}
-	}
-	return out
-}
-
-func statusValues(s composedStatus) []any {
-	out := make([]any, 0, len(s.names))
-	for _, n := range s.names {
-		out = append(out, s.also[n])
 	}
 	return out
 }

@@ -102,13 +102,6 @@ type Config struct {
 	// frame that takes its queue ends it at once; bulk flows move back to
 	// their queue in order.
 	BulkAuto time.Duration
-	// HopBacklog (with PrioIdleInline) sends a high-priority frame whose
-	// first stage is at InlineCPU to its real-time queue only while frames
-	// wait in that core's queues for it to overtake; with none waiting it
-	// runs in the NIC poll, no kthread hop (PRISM hop=backlog; bpf/prio.h's
-	// nothing_queued). The flow moves between the two in order, as under
-	// BulkQuiet.
-	HopBacklog bool
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -261,9 +254,6 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.BulkAuto != 0 && (c.HighAutoPPS == 0 || c.BulkAuto < time.Millisecond || c.BulkAuto > MaxPrioQuiet || c.BulkAuto%time.Millisecond != 0) {
 		return c, fmt.Errorf("bulk auto time %v: want whole milliseconds from 1ms to %v, with high=auto", c.BulkAuto, MaxPrioQuiet)
-	}
-	if c.HopBacklog && !c.PrioIdleInline {
-		return c, errors.New("hop=backlog needs bulk inline while idle (its fast, in-order moves)")
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

@@ -198,7 +198,6 @@ func (d *core) configOnly() (Config, error) {
 		Sync:           m.Flags&modeSync != 0,
 		PrioIdleInline: m.Flags&modePrioIdleInline != 0,
 		VethClass:      m.Flags&modeVethClass != 0,
-		HopBacklog:     m.Flags&modeHopBacklog != 0,
 		PrioQuiet:      time.Duration(m.PrioQuietMs) * time.Millisecond,
 		HighAutoPPS:    m.HighAutoPps,
 		BulkQuiet:      time.Duration(m.BulkQuietMs) * time.Millisecond,

@@ -32,7 +32,6 @@ const (
 	modePrioIdleInline = 0x400
 	modeVethClass      = 0x800
 	modeStayQueued     = 0x1000
-	modeHopBacklog     = 0x4000
 )
 
 // mflowFlag is the mode flag of each split point.
@@ -55,7 +54,7 @@ func modeOf(c Config) steerSteerMode {
 	}{
 		{c.Prio, modePrio}, {c.CountSplit, modeCountSplit}, {c.NoBridgeCount, modeNoBridgeCount},
 		{c.StayQueued, modeStayQueued}, {c.Sync, modeSync}, {c.PrioIdleInline, modePrioIdleInline},
-		{c.VethClass, modeVethClass}, {c.HopBacklog, modeHopBacklog},
+		{c.VethClass, modeVethClass},
 	} {
 		if f.on {
 			m.Flags |= f.flag
@@ -79,7 +78,7 @@ func modeString(m steerSteerMode) string {
 	}{
 		{modePrio, "prio"}, {modeCountSplit, "count-split"}, {modeMFlow, "mflow-irq"}, {modeMFlowBridge, "mflow-bridge"},
 		{modeNoBridgeCount, "no-bridge-count"}, {modeSync, "sync"}, {modePrioIdleInline, "prio-idle-inline"},
-		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeHopBacklog, "hop-backlog"},
+		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"},
 	} {
 		if m.Flags&f.flag != 0 {
 			s = append(s, f.name)

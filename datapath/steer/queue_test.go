@@ -35,13 +35,6 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 		t.Skip("needs two cores (the tests use cores 0 and 1)")
 	}
 	d := drainDatapath(t, drain)
-	return d, pinTracked(t, d)
-}
-
-// pinTracked pins d (unpinned when the test ends) and tracks its queues,
-// returning the pin directory.
-func pinTracked(t *testing.T, d *Datapath) string {
-	t.Helper()
 	dir := filepath.Join(bpffsDir(t), "lanes")
 	if err := d.Pin(dir); err != nil {
 		t.Fatal(err)
@@ -54,7 +47,7 @@ func pinTracked(t *testing.T, d *Datapath) string {
 	if err := d.Order().TrackQueues(dir); err != nil {
 		t.Fatal(err)
 	}
-	return dir
+	return d, dir
 }
 
 // idleGap is longer than any drain time the tests set plus the coarse

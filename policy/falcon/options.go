@@ -292,6 +292,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		return o, fmt.Errorf("falcon %v", err)
 	}
 	for k, v := range m {
+		if prism.ClassKey(k) {
+			continue // PRISM's: parsed below, all together
+		}
 		var err error
 		switch k {
 		case plan.IRQKey:
@@ -375,8 +378,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.Spread = v
 		case "prio":
 			o.Prio, err = strconv.ParseBool(v)
-		case "high", "high-rt", "high-auto-pps", "bulk-quiet", "bulk":
-			// PRISM's: parsed below, all together.
 		default:
 			return o, fmt.Errorf("unknown falcon setting %q", k)
 		}

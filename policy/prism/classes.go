@@ -23,6 +23,10 @@ import (
 // classKeys are the settings Classes takes.
 var classKeys = []string{"high", "high-rt", "high-auto-pps", "bulk-quiet", "bulk"}
 
+// ClassKey says whether k is one of the settings Classes takes, which a
+// composing mode's parser leaves to ParseClasses.
+func ClassKey(k string) bool { return slices.Contains(classKeys, k) }
+
 // HighAgentName is the agent of high=auto's switch alone, which a
 // composing mode runs beside its own (plan.Agents).
 const HighAgentName = "prism-high"
@@ -41,7 +45,7 @@ func init() {
 func ClassParams() []plan.Param {
 	var out []plan.Param
 	for _, q := range params {
-		if slices.Contains(classKeys, q.Key) {
+		if ClassKey(q.Key) {
 			if rest, ok := strings.CutPrefix(q.Help, "with "); ok {
 				q.Help = "with prio and " + rest
 			} else {
@@ -143,17 +147,6 @@ func (c Classes) Compose(setup *steer.Setup, t *topology.Topology, irqCPUs []int
 // note; a setting given is an error. It writes the settings into setup's
 // config and says whether high=auto's switch must run (lanes agent).
 func (o *Options) autoClasses(setup *steer.Setup, t *topology.Topology, irqCPUs []int, core int, pl *plan.Plan) (bool, error) {
-	if o.Hop == HopBacklog {
-		if !setup.Config.PrioIdleInline {
-			why := plan.FastMoveBlocked(t, irqCPUs, core)
-			if why == "" {
-				why = "bulk flows do not run in the NIC poll while no flow is marked"
-			}
-			return false, fmt.Errorf("prism x-hop=backlog moves high-priority flows between their queue and the NIC poll, which is order-safe only where the NIC is polled on %s alone and merges no inner UDP, and %s: drop x-hop=backlog, or fix that", receiveCore(core), why)
-		}
-		setup.Config.HopBacklog = true
-		pl.Notes = append(pl.Notes, fmt.Sprintf("x-hop=backlog: a high-priority frame takes its real-time queue on core %d only while frames wait in that core's queues for it to overtake; otherwise it runs in the NIC poll, moving in order as under bulk-quiet", core))
-	}
 	if o.High == HighAuto && !setup.Config.PrioIdleInline {
 		why := plan.FastMoveBlocked(t, irqCPUs, core)
 		if why == "" {

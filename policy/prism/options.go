@@ -113,18 +113,6 @@ type Options struct {
 	// first bulk frame ends it, in steer_xdp, before the next high-priority
 	// frame is classified.
 	BulkQuiet time.Duration
-	// Hop (x-hop, for comparison) is when a high-priority frame takes its
-	// real-time queue: "always" (PRISM's), or "backlog": only while frames
-	// wait in the receive core's queues for it to overtake, and otherwise
-	// in the NIC poll that classified it, without the kthread's wake-up.
-	// Measured against always under a 65-95% background (docs/status.md,
-	// PRISM: no harm): the marked ping-pong's median longer, not shorter,
-	// and bulk's rate lower at 95%: a marked frame in the NIC poll of a
-	// loaded receive core waits longer than one in its real-time queue,
-	// even with nothing queued ahead. Needs the fast moves of bulk inline
-	// while idle (the NIC polled on the receive core alone, no inner UDP
-	// merged).
-	Hop string
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
 	// hands on, so a high-priority frame behind bulk frames in the NIC's
@@ -229,13 +217,7 @@ const (
 
 	VethShared = "shared"
 	VethClass  = "class"
-
-	HopAlways  = "always"
-	HopBacklog = "backlog"
 )
-
-// keyHop is Options.Hop's setting, for comparison.
-const keyHop = plan.ComparisonPrefix + "hop"
 
 // BulkAutoWindow is bulk=auto's window: bulk runs in the NIC poll while
 // every high-priority frame of the last BulkAutoWindow ran there as a busy
@@ -247,7 +229,7 @@ const BulkAutoWindow = 20 * time.Millisecond
 // High and Bulk are left empty: Parse resolves them (bulkSchedDefault,
 // highDefault, bulkDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, Hop: HopAlways, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -351,8 +333,6 @@ var params = []plan.Param{
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
-	// For comparison only (plan.ComparisonPrefix).
-	{Key: keyHop, Default: HopAlways, Help: "when a high-priority frame takes its real-time queue: always, or backlog (only while frames wait in the receive core's queues for it to overtake; otherwise in the NIC poll that classified it; measured to lengthen the marked median under load)"},
 }
 
 // Parse reads params over base; every error is one line saying what to fix.
@@ -423,11 +403,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want %s, %s or %s", BulkQueue, BulkInline, BulkAuto)
 			}
 			o.Bulk = v
-		case keyHop:
-			if v != HopAlways && v != HopBacklog {
-				err = fmt.Errorf("want %s or %s", HopAlways, HopBacklog)
-			}
-			o.Hop = v
 		case "bulk-sched":
 			if v != SchedNormal && v != SchedBatch && v != SchedIdle {
 				err = fmt.Errorf("want %s, %s or %s", SchedNormal, SchedBatch, SchedIdle)
@@ -513,9 +488,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		if hi, bulk := vethPollerRT(o); hi <= bulk {
 			return o, fmt.Errorf("prism veth-queues=class would run the container veth's high-priority poller at %s, not above the bulk one at %s: give high=queue with a high-rt above bulk-rt (the default), or streamline=true", fifo(hi), fifo(bulk))
 		}
-	}
-	if o.Hop == HopBacklog && o.High == HighInline {
-		return o, fmt.Errorf("prism x-hop=backlog decides when a high-priority frame takes its queue, and high=inline has none: drop one of them")
 	}
 	if o.High == HighInline && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=inline and bulk=inline leave no class queued, so nothing could preempt anything: set one of them to queue")

@@ -166,19 +166,3 @@ func TestParseNetdevBudget(t *testing.T) {
 		"has no such queue": {"netdev-budget": "64", "high": "inline"},
 	})
 }
-
-// hop: always by default; backlog given; anything else, or backlog with
-// high=inline (no queue to take), refused in one line.
-func TestParseHop(t *testing.T) {
-	if o, err := prism.Parse(prism.Defaults(), nil); err != nil || o.Hop != prism.HopAlways {
-		t.Errorf("default hop %q (%v), want always", o.Hop, err)
-	}
-	if o, err := prism.Parse(prism.Defaults(), map[string]string{"x-hop": "backlog"}); err != nil || o.Hop != prism.HopBacklog {
-		t.Errorf("hop=backlog: %q (%v)", o.Hop, err)
-	}
-	for _, m := range []map[string]string{{"x-hop": "sometimes"}, {"x-hop": "backlog", "high": "inline"}} {
-		if _, err := prism.Parse(prism.Defaults(), m); err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "hop") {
-			t.Errorf("%v: %v, want one line about hop", m, err)
-		}
-	}
-}

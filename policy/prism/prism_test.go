@@ -930,43 +930,6 @@ func TestPrismBulkQuiet(t *testing.T) {
 	c.reset(t)
 }
 
-// TestPrismHopBacklog: with hop=backlog a marked flow takes its real-time
-// queue only while frames wait in the receive core's queues, and runs in
-// the NIC poll otherwise: beside bulk in bursts it takes both paths and
-// arrives in order, as does the bulk (no move waits out the drain time).
-// bulk-quiet=0, so only the backlog rule runs it inline.
-func TestPrismHopBacklog(t *testing.T) {
-	c := newClassCase(t, map[string]string{"x-hop": "backlog", "bulk-quiet": "0"})
-	dp := c.dp
-	if cfg, err := dp.Config(); err != nil || !cfg.HopBacklog || !cfg.PrioIdleInline || cfg.BulkQuiet != 0 {
-		t.Fatalf("config %+v (%v): want hop=backlog with its fast moves, no bulk quiet", cfg, err)
-	}
-	rule := modetest.Rule(t, "dst "+c.dst.Addr.Addr().String()+" udp")
-	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
-		t.Fatal(err)
-	}
-	other := c.bed.Receiver().Containers[1]
-	st0, _ := dp.Stats()
-	var bulk overlaytest.StreamResult
-	res := overlaytest.Stream{Count: 20000, Size: 200, Burst: 50, Pause: 200 * time.Microsecond, CPU: 0, During: func() {
-		bulk = overlaytest.Stream{Count: 20000, Size: 200, Burst: 200, Pause: 5 * time.Millisecond, CPU: 1}.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr())
-	}}.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
-	overlaytest.InOrder(t, "marked stream beside bulk in bursts", res)
-	overlaytest.InOrder(t, "bulk in bursts", bulk)
-	st1, _ := dp.Stats()
-	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
-	t.Logf("split stage %+v", d)
-	// Bulk always takes its queue here (a rule exists, no quiet): the
-	// frames in the NIC poll are marked ones.
-	if d.High == 0 || d.Stayed == 0 || d.Steered <= uint64(bulk.Received) || d.Moved == 0 {
-		t.Errorf("split stage %+v (%d bulk datagrams): want marked frames in the NIC poll and in their queue, moving between them", d, bulk.Received)
-	}
-	if d.Undrained != 0 {
-		t.Errorf("split stage %+v: a move waited out the drain time", d)
-	}
-	c.reset(t)
-}
-
 // movedInOrder checks that a marked stream and the bulk stream beside it
 // arrived in order, and that since st1 bulk took both paths (its queue and
 // the NIC poll) without a move waiting out the drain time.

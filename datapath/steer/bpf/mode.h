@@ -48,12 +48,6 @@
 /* The bridge stage stays through the RPS backlog, as before stay_direct:
  * for measuring what running on changes. */
 #define MODE_STAY_QUEUED 0x1000u
-/* PRISM hop=backlog (with MODE_PRIO_IDLE_INLINE): a high-priority frame
- * whose first stage is at inline_cpu takes its real-time queue only while
- * frames wait in that core's queues for it to overtake; with none waiting
- * the queue's kthread hop buys nothing, and the frame runs in the NIC poll
- * that classified it (nothing_queued). */
-#define MODE_HOP_BACKLOG 0x4000u
 struct steer_mode {
 	__u32 flags; /* MODE_* */
 	/* MODE_PRIO_IDLE_INLINE: bulk also stays in the NIC poll while no

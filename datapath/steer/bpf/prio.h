@@ -3,13 +3,13 @@
  * PRISM's priority classification: whether a flow is high priority (a
  * rule of steer_prio matches it), high=auto's per-rule switch into the
  * NIC poll, the quiet clocks (no high-priority frame, no bulk frame, bulk
- * beside busy marked flows) and the receive core's backlog (hop=backlog)
- * that keep a class in the NIC poll while queuing it would buy nothing,
- * and the mark of the per-class container queue's frames (veth.c).
+ * beside busy marked flows) that keep a class in the NIC poll while
+ * queuing it would buy nothing, and the mark of the per-class container
+ * queue's frames (veth.c).
  */
 #pragma once
 
-#include "order.h"
+#include "flow.h"
 
 static __always_inline __u32 prio_shapes(void)
 {
@@ -138,25 +138,6 @@ static __always_inline int prio_quiet(const struct steer_cfg *cfg)
 static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
 {
 	return quiet_for(cfg, &steer_bulk_seen, steer_mode.bulk_quiet_ms);
-}
-
-/*
- * Does no frame wait in inline_cpu's queues (MODE_HOP_BACKLOG)? Asked for
- * a high-priority frame classified there: with nothing queued ahead, its
- * real-time queue would only add the kthread's wake-up, and the NIC poll
- * runs it at once, as vanilla would with no competing frames. Frames of
- * this poll redirected before it are counted in already (enq at redirect),
- * so behind them it takes its queue and overtakes them. A queue whose
- * drops are not traced is never told empty: the frame takes its queue.
- */
-static __always_inline int nothing_queued(void)
-{
-	struct steer_queue *q;
-
-	if (!mode(MODE_HOP_BACKLOG))
-		return 0;
-	q = core_queue(steer_mode.inline_cpu);
-	return queue_tracked(q) && queue_empty_now(q, steer_mode.inline_cpu);
 }
 
 /*

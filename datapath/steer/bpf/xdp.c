@@ -51,7 +51,7 @@ int steer_xdp(struct xdp_md *ctx)
 		if (hi) {
 			busy = high_inline(cfg, &rule); /* counts the rule's frame too */
 			seen_high(cfg);
-			if (busy || bulk_quiet(cfg) || nothing_queued())
+			if (busy || bulk_quiet(cfg))
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
