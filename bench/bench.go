@@ -526,6 +526,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	}
 	r.file = f
 	err = r.all(ctx)
+	if note := stallNote(f.Runs); note != "" {
+		f.Notes = append(f.Notes, note)
+	}
 	f.Ended = time.Now().UTC()
 	if werr := r.write(); werr != nil && err == nil {
 		err = werr
@@ -648,6 +651,11 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 			what += fmt.Sprintf(" (only %.0f%% of the %.0f Kpps asked was offered)", 100*offered/asked, asked)
 		}
 	}
+	// Said at once too: a receive kthread on the generator's core
+	// waited for it (rxwait.go) a tenth of a second or more.
+	if ms := run.Extra["gen_core_cpumap_stall_ms"]; ms >= stallFlagMs {
+		what += fmt.Sprintf(" [a cpumap kthread on the generator's core stalled %.0f ms]", ms)
+	}
 	fmt.Fprintf(r.o.Progress, "[%d/%d] repeat %d/%d  %-22s %-8s %s  (%s)  eta %s\n",
 		done, total, run.Repeat+1, r.o.Repeats, point{workload: run.Workload, proto: run.Proto, msgSize: run.MsgSize, flows: run.Flows, background: run.Background, rate: run.Rate, awake: run.Awake}, run.Mode, what, strings.Join(cpus, ", "), eta)
 }
@@ -730,8 +738,19 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		work = startWork()
 	}
+	var stall *rxStall
+	if p.workload == "udp_stress" || isPrio(p.workload) && r.o.Background != BackgroundSockperf {
+		stall = startRxStall(r.stressGen().CPU)
+	}
 	guard0, guarded := guardStatus(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
+	if cm, ks, ok := stall.end(); ok {
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["gen_core_cpumap_stall_ms"] = float64(cm) / float64(time.Millisecond)
+		run.Extra["gen_core_ksoftirqd_stall_ms"] = float64(ks) / float64(time.Millisecond)
+	}
 	if guard1, ok := guardStatus(r.agent); ok && guarded && guard1.Demotions >= guard0.Demotions {
 		// What prism's guard did during the run: how often it stepped
 		// in, and whether it held its target demoted at the end (a
@@ -1004,7 +1023,8 @@ func (r *runner) stressTarget(native bool) stress.Target {
 // machines, so the receiver had every core. On 2 cores the generator's core
 // is the only one a mode can move receive work to; at normal priority a
 // saturating generator starves kthreads there (PREEMPT_NONE, see shared
-// FACTS), at SCHED_IDLE it sends with what receive work leaves.
+// FACTS), at SCHED_IDLE it sends with what receive work leaves (mostly:
+// see rxwait.go).
 func (r *runner) stressGen() stress.GenConfig {
 	cpu := 0
 	if r.o.IRQCPU == 0 {

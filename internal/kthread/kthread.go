@@ -78,6 +78,43 @@ func (t Thread) Stat() (flags uint64, cpu int, err error) {
 	return ps.Flags, ps.CPU, nil
 }
 
+// ProcStat reads t's /proc/PID/stat.
+func (t Thread) ProcStat() (ProcStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", t.PID))
+	if err != nil {
+		return ProcStat{}, err
+	}
+	return ParseProcStat(string(b))
+}
+
+// Schedstat reads /proc/PID/schedstat: the time t ran and the time it
+// waited runnable for a core, in ns. The scheduler adds a stretch to
+// either when it ends (at a switch), so a thread still waiting shows
+// nothing of that wait yet.
+func (t Thread) Schedstat() (run, wait uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", t.PID))
+	if err != nil {
+		return 0, 0, err
+	}
+	return ParseSchedstat(string(b))
+}
+
+// ParseSchedstat parses a schedstat line: run and wait time (ns), then the
+// count of timeslices.
+func ParseSchedstat(s string) (run, wait uint64, err error) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return 0, 0, fmt.Errorf("schedstat %q: want run and wait time", s)
+	}
+	if run, err = strconv.ParseUint(f[0], 10, 64); err == nil {
+		wait, err = strconv.ParseUint(f[1], 10, 64)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("schedstat %q: %w", s, err)
+	}
+	return run, wait, nil
+}
+
 // PFKthread is the PF_KTHREAD bit of ProcStat.Flags (include/linux/sched.h):
 // a kernel thread, not a user process that merely took its name.
 const PFKthread = 0x00200000
@@ -85,6 +122,7 @@ const PFKthread = 0x00200000
 // ProcStat is what lanes reads of /proc/PID/stat.
 type ProcStat struct {
 	Comm      string
+	State     byte   // field 3: R running or runnable, S sleeping, ...
 	Flags     uint64 // field 9
 	Kthread   bool   // Flags has PFKthread
 	Ticks     uint64 // utime + stime, USER_HZ
@@ -122,7 +160,7 @@ func ParseProcStat(s string) (ProcStat, error) {
 			return ProcStat{}, fmt.Errorf("pid stat: %w", err)
 		}
 	}
-	ps := ProcStat{Comm: s[open+1 : end], Flags: fl, Kthread: fl&PFKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}
+	ps := ProcStat{Comm: s[open+1 : end], State: f[0][0], Flags: fl, Kthread: fl&PFKthread != 0, Ticks: u + st, StartTime: start, CPU: cpu}
 	const policy = 41
 	if len(f) > policy-3 {
 		p, err := strconv.Atoi(f[policy-3])

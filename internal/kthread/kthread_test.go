@@ -14,20 +14,20 @@ func TestParseProcStat(t *testing.T) {
 	}{
 		// A threaded NAPI poller as 6.18 prints it.
 		{"3926 (napi/ul2-259) S 2 0 0 0 -1 2129984 0 0 0 0 0 14235 0 0 20 0 1 0 12336 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			ProcStat{Flags: 2129984, Comm: "napi/ul2-259", Kthread: true, Ticks: 14235, StartTime: 12336, CPU: 1}},
+			ProcStat{State: 'S', Flags: 2129984, Comm: "napi/ul2-259", Kthread: true, Ticks: 14235, StartTime: 12336, CPU: 1}},
 		// A user process whose comm holds spaces and parentheses.
 		{"4242 (evil) (napi/x) 1) R 1 4242 4242 34816 4242 4194304 120 0 0 0 7 3 0 0 20 0 1 0 99 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			ProcStat{Flags: 4194304, Comm: "evil) (napi/x) 1", Kthread: false, Ticks: 10, StartTime: 99, CPU: 0}},
+			ProcStat{State: 'R', Flags: 4194304, Comm: "evil) (napi/x) 1", Kthread: false, Ticks: 10, StartTime: 99, CPU: 0}},
 		// cpumap kthread, last on core 3.
 		{"812 (cpumap/3/map:17) S 2 0 0 0 -1 2129984 0 0 0 0 0 88 0 0 20 0 1 0 5000 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			ProcStat{Flags: 2129984, Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
+			ProcStat{State: 'S', Flags: 2129984, Comm: "cpumap/3/map:17", Kthread: true, Ticks: 88, StartTime: 5000, CPU: 3}},
 	}
 	// The stress generator's thread: SCHED_IDLE (policy 5, field 41).
 	cases = append(cases, struct {
 		in   string
 		want ProcStat
 	}{"777 (lanes) R 1 777 777 0 -1 4194368 0 0 0 0 10 290 0 0 39 19 1 0 4000 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 -1 0 0 5 0 0 0 0 0 0 0 0 0 0 0\n",
-		ProcStat{Flags: 4194368, Comm: "lanes", Ticks: 300, StartTime: 4000, CPU: 0, Policy: SchedIdle}})
+		ProcStat{State: 'R', Flags: 4194368, Comm: "lanes", Ticks: 300, StartTime: 4000, CPU: 0, Policy: SchedIdle}})
 	for _, tc := range cases {
 		got, err := ParseProcStat(tc.in)
 		if err != nil {
@@ -94,5 +94,17 @@ func TestOnThread(t *testing.T) {
 	}
 	if err := OnThread(12345, func() { t.Error("f ran although its policy could not be set") }); err == nil {
 		t.Error("OnThread with a bogus policy: no error")
+	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	run, wait, err := ParseSchedstat("521682886 6547457988 4564\n")
+	if err != nil || run != 521682886 || wait != 6547457988 {
+		t.Errorf("got %d %d %v", run, wait, err)
+	}
+	for _, bad := range []string{"", "12", "x 1 2", "1 -2 3"} {
+		if _, _, err := ParseSchedstat(bad); err == nil {
+			t.Errorf("ParseSchedstat(%q): no error", bad)
+		}
 	}
 }
