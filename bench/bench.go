@@ -34,6 +34,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/testbed"
 	"golang.org/x/sys/unix"
 )
@@ -738,18 +739,17 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		work = startWork()
 	}
-	var stall *rxStall
+	var stall *kthread.Stalls
 	if p.workload == "udp_stress" || isPrio(p.workload) && r.o.Background != BackgroundSockperf {
 		stall = startRxStall(r.stressGen().CPU)
 	}
 	guard0, guarded := guardStatus(r.agent)
 	res, werr := w.Run(ctx, srv, cli, wp)
-	if cm, ks, ok := stall.end(); ok {
+	if d, ok := longestStall(stall); ok {
 		if run.Extra == nil {
 			run.Extra = map[string]float64{}
 		}
-		run.Extra["gen_core_cpumap_stall_ms"] = float64(cm) / float64(time.Millisecond)
-		run.Extra["gen_core_ksoftirqd_stall_ms"] = float64(ks) / float64(time.Millisecond)
+		run.Extra["gen_core_cpumap_stall_ms"] = float64(d) / float64(time.Millisecond)
 	}
 	if guard1, ok := guardStatus(r.agent); ok && guarded && guard1.Demotions >= guard0.Demotions {
 		// What prism's guard did during the run: how often it stepped

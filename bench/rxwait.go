@@ -5,36 +5,24 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lanesnet/lanes/bench/results"
 	"github.com/lanesnet/lanes/internal/kthread"
 )
 
-// rxStall measures the longest stretch a receive kthread of the stress
-// generator's core (its ksoftirqd, which runs the softirq work that
-// overflows an interrupt's exit, and its cpumap kthreads, Falcon's split
-// stage there) stayed runnable without running while a run went on. A
-// sender on another machine takes nothing from them, and the generator,
-// which stands in for one, yields its core (SCHED_IDLE) for that reason.
-// On 6.18 it does not always: sched_switch traces showed the generator's
-// thread, looping inside BPF_PROG_RUN, keep that core for over a second
-// while its ksoftirqd and a cpumap kthread with frames queued stayed
-// runnable (1.4-2.9 s; SCHED_BATCH at nice 19 did the same), and a stage
-// placed there lost most of its frames. A run with a long stall measured
-// the apparatus as much as the mode.
-//
-// Sampled every stallEvery: a thread seen runnable (state R) whose run
-// time has not grown since the sample before waited all that while (a
-// runnable thread cannot sleep without running), so a stall is measured
-// to within one interval, never longer than it was.
-type rxStall struct {
-	stop    chan struct{}
-	done    chan struct{}
-	mu      sync.Mutex
-	longest map[string]time.Duration // by kind: "cpumap", "ksoftirqd"
-}
+// The stress generator stands in for a sender on another machine and
+// yields its core (SCHED_IDLE) for that reason. On 6.18 it does not
+// always: sched_switch traces showed its thread, looping inside
+// BPF_PROG_RUN, keep that core for over a second while a cpumap kthread
+// with frames queued there stayed runnable (1.4-4.4 s; SCHED_BATCH at
+// nice 19 did the same), and a stage placed there lost most of its frames.
+// So each repeat records the longest stretch a cpumap kthread on the
+// generator's core stayed runnable without running (kthread.Stalls); a
+// repeat with a long stall measured the apparatus as much as the mode.
+// The core's ksoftirqd is left out: the generator runs the softirqs
+// pending on its core itself at every batch, so a stalled ksoftirqd
+// there holds nothing back.
 
 const stallEvery = 20 * time.Millisecond
 
@@ -42,108 +30,28 @@ const stallEvery = 20 * time.Millisecond
 // beyond a scheduler slice (a few ms), which no yielding sender causes.
 const stallFlagMs = 100
 
-// coreRxKthread says whether comm names a receive kthread bound to core.
-func coreRxKthread(comm string, core int) bool {
-	c := strconv.Itoa(core)
-	return comm == "ksoftirqd/"+c || strings.HasPrefix(comm, "cpumap/"+c+"/")
+// coreCPUMap says whether comm names a cpumap kthread bound to core.
+func coreCPUMap(comm string, core int) bool {
+	return strings.HasPrefix(comm, "cpumap/"+strconv.Itoa(core)+"/")
 }
 
-// threadSample is one thread at one sample: runnable, and its run time.
-type threadSample struct {
-	runnable bool
-	run      uint64
+// startRxStall samples core's cpumap kthreads; nil if it has none (those
+// a mode creates during the run are not followed: apply comes first).
+func startRxStall(core int) *kthread.Stalls {
+	return kthread.StartStalls(func(comm string) bool { return coreCPUMap(comm, core) }, stallEvery)
 }
 
-// sampleThread reads a thread's state and run time; ok false once it is
-// gone.
-func sampleThread(pid int) (threadSample, bool) {
-	th := kthread.Thread{PID: pid}
-	st, err := th.ProcStat()
-	if err != nil {
-		return threadSample{}, false
+// longestStall is the longest stall among ss, and whether there was
+// anything to sample.
+func longestStall(ss *kthread.Stalls) (time.Duration, bool) {
+	if ss == nil {
+		return 0, false
 	}
-	run, _, err := th.Schedstat()
-	if err != nil {
-		return threadSample{}, false
+	var d time.Duration
+	for _, st := range ss.End() {
+		d = max(d, st.Longest)
 	}
-	return threadSample{runnable: st.State == 'R', run: run}, true
-}
-
-// stallTracker follows threads from sample to sample.
-type stallTracker struct {
-	prev  map[int]threadSample
-	since map[int]time.Time // runnable without running since
-}
-
-// observe takes a thread's sample at now and returns how long it has
-// been runnable without running (0: it ran or slept since the sample
-// before, or this is its first).
-func (tr *stallTracker) observe(pid int, cur threadSample, now time.Time) time.Duration {
-	was, seen := tr.prev[pid]
-	tr.prev[pid] = cur
-	if !seen || !was.runnable || cur.run != was.run {
-		delete(tr.since, pid)
-		if cur.runnable {
-			tr.since[pid] = now
-		}
-		return 0
-	}
-	if !cur.runnable {
-		// Cannot be: a runnable thread sleeps only after running.
-		delete(tr.since, pid)
-		return 0
-	}
-	return now.Sub(tr.since[pid])
-}
-
-// startRxStall starts sampling core's receive kthreads; nil if it has
-// none.
-func startRxStall(core int) *rxStall {
-	ths, err := kthread.List(func(comm string) bool { return coreRxKthread(comm, core) })
-	if err != nil || len(ths) == 0 {
-		return nil
-	}
-	s := &rxStall{stop: make(chan struct{}), done: make(chan struct{}), longest: map[string]time.Duration{}}
-	go func() {
-		defer close(s.done)
-		tr := stallTracker{prev: map[int]threadSample{}, since: map[int]time.Time{}}
-		tick := time.NewTicker(stallEvery)
-		defer tick.Stop()
-		for {
-			now := time.Now()
-			for _, th := range ths {
-				cur, ok := sampleThread(th.PID)
-				if !ok {
-					continue
-				}
-				if d := tr.observe(th.PID, cur, now); d > 0 {
-					kind, _, _ := strings.Cut(th.Comm, "/")
-					s.mu.Lock()
-					s.longest[kind] = max(s.longest[kind], d)
-					s.mu.Unlock()
-				}
-			}
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return s
-}
-
-// end stops sampling and returns the longest stall seen of a cpumap
-// kthread and of ksoftirqd.
-func (s *rxStall) end() (cpumap, ksoftirqd time.Duration, ok bool) {
-	if s == nil {
-		return 0, 0, false
-	}
-	close(s.stop)
-	<-s.done
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.longest["cpumap"], s.longest["ksoftirqd"], true
+	return d, true
 }
 
 // stallNote says, per mode and point, how many repeats had a cpumap

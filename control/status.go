@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 )
@@ -74,7 +75,26 @@ type Core struct {
 	// Stages are the (flow, stage) pairs the steering datapath placed on
 	// the core, busiest first, that saw traffic in the last seconds.
 	Stages []FlowStage `json:"stages,omitempty"`
+	// Stalled is the receive kthread (NAPI, cpumap) that last ran on the
+	// core and stayed runnable without running longest during the
+	// sample, if that was StallShown or more: its frames waited as long.
+	Stalled *CoreStall `json:"stalled,omitempty"`
 }
+
+// CoreStall is a receive kthread that waited for its core.
+type CoreStall struct {
+	Comm string  `json:"comm"`
+	PID  int     `json:"pid"`
+	Ms   float64 `json:"ms"` // runnable without running, at least this long
+}
+
+// StallShown is the shortest stall a status reports: a few scheduler
+// slices. Stalls are sampled every stallEvery, so a shorter one may be
+// missed or read shorter, never longer.
+const (
+	StallShown = 60 * time.Millisecond
+	stallEvery = 20 * time.Millisecond
+)
 
 // CoreThread is a NAPI thread seen on a core.
 type CoreThread struct {
@@ -199,7 +219,14 @@ func sampleCores(d time.Duration) ([]Core, error) {
 		return nil, err
 	}
 	start := time.Now()
+	stalls := kthread.StartStalls(cpuload.IsRxKthread, stallEvery)
 	time.Sleep(d)
+	worst := map[int]kthread.Stall{}
+	for _, st := range stalls.End() {
+		if st.Longest >= StallShown && st.Longest > worst[st.CPU].Longest {
+			worst[st.CPU] = st
+		}
+	}
 	s1, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
@@ -222,6 +249,9 @@ func sampleCores(d time.Duration) ([]Core, error) {
 		}
 		if cpu < len(n0) && cpu < len(n1) && secs > 0 {
 			c.NetRXPerSec = float64(n1[cpu]-n0[cpu]) / secs
+		}
+		if st, ok := worst[cpu]; ok {
+			c.Stalled = &CoreStall{Comm: st.Comm, PID: st.PID, Ms: float64(st.Longest) / float64(time.Millisecond)}
 		}
 		cores = append(cores, c)
 	}

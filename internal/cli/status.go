@@ -140,6 +140,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			c.CPU, c.SoftIRQ, c.System, c.User, c.Idle, c.NetRXPerSec, ctlOrDash(ths), ctlOrDash(rps))
 	}
 	w.Flush()
+	for _, c := range s.Cores {
+		if st := c.Stalled; st != nil {
+			fmt.Fprintf(out, "core %d: %s (pid %d) stayed runnable %.0f ms without running: frames queued to it waited as long, behind a task that held the core (docs/falcon.md, what a stock kernel forces)\n", c.CPU, st.Comm, st.PID, st.Ms)
+		}
+	}
 	if a := s.Agent; a != nil {
 		if a.Running {
 			fmt.Fprintf(out, "\nagent (pid %d, %s, report of %s):\n", a.PID, a.Mode, a.At.Local().Format(time.TimeOnly))

@@ -146,3 +146,20 @@ func TestStatusSaysWhatDaemonsFightOver(t *testing.T) {
 		t.Errorf("status:\n%s", b.String())
 	}
 }
+
+// A receive kthread that waited for its core is named under the cores.
+func TestStatusNamesAStalledKthread(t *testing.T) {
+	s := control.StatusReport{Mode: "falcon", Cores: []control.Core{
+		{CPU: 0, Stalled: &control.CoreStall{Comm: "cpumap/0/map:76", PID: 3647, Ms: 1450}},
+		{CPU: 1},
+	}}
+	var b strings.Builder
+	ctlPrintStatus(&b, &s)
+	out := b.String()
+	if !strings.Contains(out, "core 0: cpumap/0/map:76 (pid 3647) stayed runnable 1450 ms without running") {
+		t.Errorf("the stalled kthread is not named:\n%s", out)
+	}
+	if strings.Contains(out, "core 1:") {
+		t.Errorf("core 1 had no stall:\n%s", out)
+	}
+}
