@@ -11,18 +11,16 @@ import (
 	"github.com/lanesnet/lanes/internal/kthread"
 )
 
-// The stress generator stands in for a sender on another machine and
-// yields its core (SCHED_IDLE) for that reason. On 6.18 it does not
-// always: sched_switch traces showed its thread, looping inside
-// BPF_PROG_RUN, keep that core for over a second while a cpumap kthread
-// with frames queued there stayed runnable (1.4-4.4 s; SCHED_BATCH at
-// nice 19 did the same), and a stage placed there lost most of its frames.
-// So each repeat records the longest stretch a cpumap kthread on the
-// generator's core stayed runnable without running (kthread.Stalls); a
-// repeat with a long stall measured the apparatus as much as the mode.
-// The core's ksoftirqd is left out: the generator runs the softirqs
-// pending on its core itself at every batch, so a stalled ksoftirqd
-// there holds nothing back.
+// A repeat's stall figure: the longest stretch a cpumap kthread on the
+// stress generator's core stayed runnable without running
+// (kthread.Stalls). The generator stands in for a sender on another
+// machine and yields its core (SCHED_IDLE) so that a stage placed there
+// runs as it would on a receiver of its own; a long stall says it did not
+// (docs/testbed.md: on this kernel it held such a kthread off for
+// seconds), and that repeat measured the testbed's sender as much as the
+// mode. The core's ksoftirqd is left out: the generator runs the softirqs
+// pending on its core itself at every batch, so a waiting ksoftirqd there
+// holds nothing back.
 
 const stallEvery = 20 * time.Millisecond
 
@@ -44,14 +42,12 @@ func startRxStall(core int) *kthread.Stalls {
 // longestStall is the longest stall among ss, and whether there was
 // anything to sample.
 func longestStall(ss *kthread.Stalls) (time.Duration, bool) {
-	if ss == nil {
-		return 0, false
-	}
+	stalls, ok := ss.End()
 	var d time.Duration
-	for _, st := range ss.End() {
+	for _, st := range stalls {
 		d = max(d, st.Longest)
 	}
-	return d, true
+	return d, ok
 }
 
 // stallNote says, per mode and point, how many repeats had a cpumap
@@ -84,5 +80,5 @@ func stallNote(runs []results.Run) string {
 		return ""
 	}
 	slices.Sort(parts)
-	return fmt.Sprintf("A cpumap kthread on the stress generator's core stayed runnable for %d ms or more without running (the generator held the core; a sender on another machine would not): %s repeats. Those repeats measured the testbed's sender as much as the mode (gen_core_cpumap_stall_ms in results.json; bench/rxwait.go).", stallFlagMs, strings.Join(parts, "; "))
+	return fmt.Sprintf("A cpumap kthread on the stress generator's core stayed runnable for %d ms or more without running (a task on that core held it; in sched_switch traces of such repeats, the stress generator, which a sender on another machine would not be: docs/testbed.md): %s repeats. Those repeats measured the testbed's sender as much as the mode (gen_core_cpumap_stall_ms in results.json; bench/rxwait.go).", stallFlagMs, strings.Join(parts, "; "))
 }

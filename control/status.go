@@ -210,6 +210,9 @@ func sampleCores(d time.Duration) ([]Core, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Listing the threads walks /proc: before the load window opens.
+	stalls := kthread.StartStalls(cpuload.IsRxKthread, stallEvery)
+	defer stalls.End()
 	s0, err := cpuload.ReadStat()
 	if err != nil {
 		return nil, err
@@ -219,10 +222,10 @@ func sampleCores(d time.Duration) ([]Core, error) {
 		return nil, err
 	}
 	start := time.Now()
-	stalls := kthread.StartStalls(cpuload.IsRxKthread, stallEvery)
 	time.Sleep(d)
 	worst := map[int]kthread.Stall{}
-	for _, st := range stalls.End() {
+	stalled, _ := stalls.End()
+	for _, st := range stalled {
 		if st.Longest >= StallShown && st.Longest > worst[st.CPU].Longest {
 			worst[st.CPU] = st
 		}

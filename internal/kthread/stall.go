@@ -6,29 +6,33 @@ import (
 	"time"
 )
 
-// A kernel thread that stays runnable without running for long starves:
-// on 6.18 a low-weight thread looping in the kernel (SCHED_IDLE, or
-// SCHED_BATCH at nice 19) kept a woken receive kthread of its core off the
-// core for seconds now and then. Stalls finds such stretches by sampling:
-// a thread seen runnable (state R) whose run time has not grown since the
-// sample before waited all that while (a runnable thread cannot sleep
-// without running), so a stall is measured to within one interval, never
-// longer than it was.
+// Stalls finds stretches in which a kernel thread stayed runnable without
+// running, by sampling: a thread seen runnable (state R) at one sample
+// whose run time has not grown by the next waited all that while (a
+// runnable thread cannot sleep without running). Each sample reads the
+// run time before the state, and a stall counts from just after the
+// first sample's state read to just before the last one's run-time read,
+// so it is measured to within one interval and never longer than it was,
+// as long as the run time of a running thread keeps up: the scheduler
+// brings it up to date at every tick, so a core without ticks (nohz_full)
+// is not measured right.
 
 // Stall is the longest stretch one thread stayed runnable without running.
 type Stall struct {
 	PID     int
 	Comm    string
-	CPU     int // the core it last ran on
+	CPU     int // the core it was on when that stretch was seen
 	Longest time.Duration
 }
 
 // Stalls samples a set of kernel threads until End.
 type Stalls struct {
-	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
-	by   map[int]*Stall
+	stop    chan struct{}
+	once    sync.Once
+	done    chan struct{}
+	mu      sync.Mutex
+	by      map[int]*Stall
+	samples map[int]int // usable samples, by pid
 }
 
 // StartStalls samples the kernel threads whose comm satisfies match every
@@ -39,7 +43,7 @@ func StartStalls(match func(comm string) bool, every time.Duration) *Stalls {
 	if err != nil || len(ths) == 0 {
 		return nil
 	}
-	s := &Stalls{stop: make(chan struct{}), done: make(chan struct{}), by: map[int]*Stall{}}
+	s := &Stalls{stop: make(chan struct{}), done: make(chan struct{}), by: map[int]*Stall{}, samples: map[int]int{}}
 	for _, th := range ths {
 		s.by[th.PID] = &Stall{PID: th.PID, Comm: th.Comm, CPU: th.LastCPU}
 	}
@@ -49,17 +53,17 @@ func StartStalls(match func(comm string) bool, every time.Duration) *Stalls {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			now := time.Now()
 			for _, th := range ths {
-				cur, cpu, ok := sampleThread(th.PID)
+				cur, ok := sampleThread(th.PID)
 				if !ok {
 					continue
 				}
-				d := tr.observe(th.PID, cur, now)
+				d := tr.observe(th.PID, cur)
 				s.mu.Lock()
-				st := s.by[th.PID]
-				st.CPU = cpu
-				st.Longest = max(st.Longest, d)
+				s.samples[th.PID]++
+				if st := s.by[th.PID]; d > st.Longest {
+					st.Longest, st.CPU = d, cur.cpu
+				}
 				s.mu.Unlock()
 			}
 			select {
@@ -72,20 +76,23 @@ func StartStalls(match func(comm string) bool, every time.Duration) *Stalls {
 	return s
 }
 
-// End stops sampling and returns each thread's longest stall, by pid.
-func (s *Stalls) End() []Stall {
+// End stops sampling and returns the longest stall of each thread that
+// was sampled at least twice (ok false if none was: nothing measured). It
+// may be called again.
+func (s *Stalls) End() (stalls []Stall, ok bool) {
 	if s == nil {
-		return nil
+		return nil, false
 	}
-	close(s.stop)
+	s.once.Do(func() { close(s.stop) })
 	<-s.done
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Stall, 0, len(s.by))
-	for _, st := range s.by {
-		out = append(out, *st)
+	for pid, st := range s.by {
+		if s.samples[pid] >= 2 {
+			stalls = append(stalls, *st)
+		}
 	}
-	return out
+	return stalls, len(stalls) > 0
 }
 
 // Kind is a kthread's comm up to its first '/': "cpumap", "napi",
@@ -95,25 +102,29 @@ func (s Stall) Kind() string {
 	return k
 }
 
-// threadSample is one thread at one sample: runnable, and its run time.
+// threadSample is one thread at one sample.
 type threadSample struct {
-	runnable bool
-	run      uint64
+	run      uint64    // run time, read first
+	runAt    time.Time // just before that read
+	runnable bool      // state R, read second
+	stateAt  time.Time // just after that read
+	cpu      int
 }
 
-// sampleThread reads a thread's state, run time and last core; ok false
-// once it is gone.
-func sampleThread(pid int) (threadSample, int, bool) {
+// sampleThread reads a thread's run time, then its state; ok false once
+// it is gone, or where the kernel keeps no run time (schedstat all 0).
+func sampleThread(pid int) (threadSample, bool) {
 	th := Thread{PID: pid}
+	at := time.Now()
+	run, _, err := th.Schedstat()
+	if err != nil || run == 0 {
+		return threadSample{}, false
+	}
 	st, err := th.ProcStat()
 	if err != nil {
-		return threadSample{}, 0, false
+		return threadSample{}, false
 	}
-	run, _, err := th.Schedstat()
-	if err != nil {
-		return threadSample{}, 0, false
-	}
-	return threadSample{runnable: st.State == 'R', run: run}, st.CPU, true
+	return threadSample{run: run, runAt: at, runnable: st.State == 'R', stateAt: time.Now(), cpu: st.CPU}, true
 }
 
 // stallTracker follows threads from sample to sample.
@@ -122,10 +133,10 @@ type stallTracker struct {
 	since map[int]time.Time // runnable without running since
 }
 
-// observe takes a thread's sample at now and returns how long it has
-// been runnable without running (0: it ran or slept since the sample
-// before, or this is its first).
-func (tr *stallTracker) observe(pid int, cur threadSample, now time.Time) time.Duration {
+// observe takes a thread's sample and returns how long it has been
+// runnable without running (0: it ran or slept since the sample before,
+// or this is its first).
+func (tr *stallTracker) observe(pid int, cur threadSample) time.Duration {
 	was, seen := tr.prev[pid]
 	tr.prev[pid] = cur
 	if !seen || !was.runnable || cur.run != was.run || !cur.runnable {
@@ -133,9 +144,9 @@ func (tr *stallTracker) observe(pid int, cur threadSample, now time.Time) time.D
 		// running), since the sample before.
 		delete(tr.since, pid)
 		if cur.runnable {
-			tr.since[pid] = now
+			tr.since[pid] = cur.stateAt
 		}
 		return 0
 	}
-	return now.Sub(tr.since[pid])
+	return max(0, cur.runAt.Sub(tr.since[pid]))
 }
