@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -28,15 +27,10 @@ const stallEvery = 20 * time.Millisecond
 // beyond a scheduler slice (a few ms), which no yielding sender causes.
 const stallFlagMs = 100
 
-// coreCPUMap says whether comm names a cpumap kthread bound to core.
-func coreCPUMap(comm string, core int) bool {
-	return strings.HasPrefix(comm, "cpumap/"+strconv.Itoa(core)+"/")
-}
-
 // startRxStall samples core's cpumap kthreads; nil if it has none (those
 // a mode creates during the run are not followed: apply comes first).
 func startRxStall(core int) *kthread.Stalls {
-	return kthread.StartStalls(func(comm string) bool { return coreCPUMap(comm, core) }, stallEvery)
+	return kthread.StartStalls(func(comm string) bool { return kthread.CPUMapOn(comm, core) }, stallEvery)
 }
 
 // longestStall is the longest stall among ss, and whether there was

@@ -7,25 +7,6 @@ import (
 	"github.com/lanesnet/lanes/bench/results"
 )
 
-func TestCoreCPUMap(t *testing.T) {
-	for _, tc := range []struct {
-		comm string
-		core int
-		want bool
-	}{
-		{"ksoftirqd/0", 0, false},
-		{"cpumap/0/map:76", 0, true},
-		{"cpumap/10/map:76", 1, false},
-		{"cpumap/1/map:76", 1, true},
-		{"kworker/0:3", 0, false},
-		{"napi/ul1-3153", 1, false},
-	} {
-		if got := coreCPUMap(tc.comm, tc.core); got != tc.want {
-			t.Errorf("coreCPUMap(%q, %d) = %v, want %v", tc.comm, tc.core, got, tc.want)
-		}
-	}
-}
-
 // The note counts, per mode and point, the repeats whose cpumap kthread on
 // the generator's core stalled stallFlagMs or more; runs without the
 // figure (no generator) are left out, and no stall means no note.

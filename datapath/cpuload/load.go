@@ -290,7 +290,7 @@ func (s *Sampler) readThread(pid int) (st kthread.ProcStat, run uint64, precise,
 		return st, 0, false, true
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "schedstat")); err == nil {
-		if ns, err := parseSchedstat(string(b)); err == nil && (ns > 0 || st.Ticks == 0) {
+		if ns, _, err := kthread.ParseSchedstat(string(b)); err == nil && (ns > 0 || st.Ticks == 0) {
 			return st, ns, true, true
 		}
 	}
@@ -406,7 +406,7 @@ func (s *Sampler) readYielder(dir string) (kthread.ProcStat, uint64, bool) {
 	if err != nil {
 		return kthread.ProcStat{}, 0, false
 	}
-	ns, err := parseSchedstat(string(b))
+	ns, _, err := kthread.ParseSchedstat(string(b))
 	if err != nil {
 		return kthread.ProcStat{}, 0, false
 	}

@@ -78,37 +78,6 @@ func ParseStat(r io.Reader) (map[int]CPUTimes, error) {
 	return out, nil
 }
 
-// parseSchedstat returns the first field of /proc/PID/schedstat: the
-// thread's run time in nanoseconds (se.sum_exec_runtime).
-func parseSchedstat(s string) (uint64, error) {
-	f := strings.Fields(s)
-	if len(f) == 0 {
-		return 0, fmt.Errorf("schedstat: empty")
-	}
-	v, err := strconv.ParseUint(f[0], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("schedstat: %w", err)
-	}
-	return v, nil
-}
-
-// ParseSchedstatWait returns the first two fields of /proc/PID/schedstat:
-// the thread's run time and the time it spent runnable, waiting for a
-// core, both in nanoseconds.
-func ParseSchedstatWait(s string) (run, wait uint64, err error) {
-	f := strings.Fields(s)
-	if len(f) < 2 {
-		return 0, 0, fmt.Errorf("schedstat %q: want run and wait times", strings.TrimSpace(s))
-	}
-	if run, err = strconv.ParseUint(f[0], 10, 64); err == nil {
-		wait, err = strconv.ParseUint(f[1], 10, 64)
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("schedstat: %w", err)
-	}
-	return run, wait, nil
-}
-
 // parsePIDList parses a whitespace-separated pid list such as
 // /proc/2/task/2/children.
 func parsePIDList(s string) ([]int, error) {

@@ -65,31 +65,6 @@ func TestParseStatShapes(t *testing.T) {
 	}
 }
 
-func TestParseSchedstat(t *testing.T) {
-	if v, err := parseSchedstat("142359404534 58211072258 2606549\n"); err != nil || v != 142359404534 {
-		t.Errorf("got %d, %v", v, err)
-	}
-	if v, err := parseSchedstat("0 0 0\n"); err != nil || v != 0 {
-		t.Errorf("got %d, %v", v, err)
-	}
-	for _, bad := range []string{"", "\n", "abc 1 2"} {
-		if _, err := parseSchedstat(bad); err == nil {
-			t.Errorf("parseSchedstat(%q): no error", bad)
-		}
-	}
-}
-
-func TestParseSchedstatWait(t *testing.T) {
-	if r, w, err := ParseSchedstatWait("142359404534 58211072258 2606549\n"); err != nil || r != 142359404534 || w != 58211072258 {
-		t.Errorf("got %d %d, %v", r, w, err)
-	}
-	for _, bad := range []string{"", "\n", "12", "abc 1 2", "1 x 2"} {
-		if _, _, err := ParseSchedstatWait(bad); err == nil {
-			t.Errorf("ParseSchedstatWait(%q): no error", bad)
-		}
-	}
-}
-
 func TestParsePIDList(t *testing.T) {
 	got, err := parsePIDList("3 4 5 3922 3926 \n")
 	if err != nil || len(got) != 5 || got[3] != 3922 {

@@ -218,7 +218,7 @@ func coresAsleep(d *Datapath, cores []int) (map[int]bool, error) {
 		}
 		ths := append(soft, napi...)
 		for _, th := range append(bulk, hi...) {
-			if strings.HasPrefix(th.Comm, fmt.Sprintf("cpumap/%d/", core)) {
+			if kthread.CPUMapOn(th.Comm, core) {
 				ths = append(ths, th)
 			}
 		}

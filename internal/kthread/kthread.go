@@ -67,13 +67,9 @@ func (t Thread) LastCPU() (int, error) {
 // Stat returns the flags (field 9, e.g. PFKthread) and the last CPU
 // (field 39) of /proc/PID/stat.
 func (t Thread) Stat() (flags uint64, cpu int, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", t.PID))
+	ps, err := t.ProcStat()
 	if err != nil {
 		return 0, -1, err
-	}
-	ps, err := ParseProcStat(string(b))
-	if err != nil {
-		return 0, -1, fmt.Errorf("/proc/%d/stat: %w", t.PID, err)
 	}
 	return ps.Flags, ps.CPU, nil
 }
@@ -84,7 +80,17 @@ func (t Thread) ProcStat() (ProcStat, error) {
 	if err != nil {
 		return ProcStat{}, err
 	}
-	return ParseProcStat(string(b))
+	ps, err := ParseProcStat(string(b))
+	if err != nil {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %w", t.PID, err)
+	}
+	return ps, nil
+}
+
+// CPUMapOn says whether comm names a cpumap kthread of core
+// ("cpumap/<core>/map:<id>").
+func CPUMapOn(comm string, core int) bool {
+	return strings.HasPrefix(comm, "cpumap/"+strconv.Itoa(core)+"/")
 }
 
 // Schedstat reads /proc/PID/schedstat: the time t ran and the time it
@@ -99,12 +105,13 @@ func (t Thread) Schedstat() (run, wait uint64, err error) {
 	return ParseSchedstat(string(b))
 }
 
-// ParseSchedstat parses a schedstat line: run and wait time (ns), then the
-// count of timeslices.
+// ParseSchedstat parses /proc/PID/schedstat: the thread's run time
+// (se.sum_exec_runtime) and the time it spent runnable, waiting for a
+// core, both in ns; then the count of timeslices.
 func ParseSchedstat(s string) (run, wait uint64, err error) {
 	f := strings.Fields(s)
 	if len(f) < 2 {
-		return 0, 0, fmt.Errorf("schedstat %q: want run and wait time", s)
+		return 0, 0, fmt.Errorf("schedstat %q: want run and wait time", strings.TrimSpace(s))
 	}
 	if run, err = strconv.ParseUint(f[0], 10, 64); err == nil {
 		wait, err = strconv.ParseUint(f[1], 10, 64)

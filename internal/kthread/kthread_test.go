@@ -102,9 +102,34 @@ func TestParseSchedstat(t *testing.T) {
 	if err != nil || run != 521682886 || wait != 6547457988 {
 		t.Errorf("got %d %d %v", run, wait, err)
 	}
-	for _, bad := range []string{"", "12", "x 1 2", "1 -2 3"} {
+	if r, w, err := ParseSchedstat("142359404534 58211072258 2606549\n"); err != nil || r != 142359404534 || w != 58211072258 {
+		t.Errorf("got %d %d, %v", r, w, err)
+	}
+	if r, w, err := ParseSchedstat("0 0 0\n"); err != nil || r != 0 || w != 0 {
+		t.Errorf("got %d %d, %v", r, w, err)
+	}
+	for _, bad := range []string{"", "\n", "12", "x 1 2", "abc 1 2", "1 x 2", "1 -2 3"} {
 		if _, _, err := ParseSchedstat(bad); err == nil {
 			t.Errorf("ParseSchedstat(%q): no error", bad)
+		}
+	}
+}
+
+func TestCPUMapOn(t *testing.T) {
+	for _, tc := range []struct {
+		comm string
+		core int
+		want bool
+	}{
+		{"ksoftirqd/0", 0, false},
+		{"cpumap/0/map:76", 0, true},
+		{"cpumap/10/map:76", 1, false},
+		{"cpumap/1/map:76", 1, true},
+		{"kworker/0:3", 0, false},
+		{"napi/ul1-3153", 1, false},
+	} {
+		if got := CPUMapOn(tc.comm, tc.core); got != tc.want {
+			t.Errorf("CPUMapOn(%q, %d) = %v, want %v", tc.comm, tc.core, got, tc.want)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package kthread
 
 import (
-	"strings"
 	"sync"
 	"time"
 )
@@ -93,13 +92,6 @@ func (s *Stalls) End() (stalls []Stall, ok bool) {
 		}
 	}
 	return stalls, len(stalls) > 0
-}
-
-// Kind is a kthread's comm up to its first '/': "cpumap", "napi",
-// "ksoftirqd".
-func (s Stall) Kind() string {
-	k, _, _ := strings.Cut(s.Comm, "/")
-	return k
 }
 
 // threadSample is one thread at one sample.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/prometheus/client_golang/prometheus"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -711,8 +710,7 @@ func (b *bulkTarget) find() error {
 	if err != nil {
 		return fmt.Errorf("prism guard: the bulk queue's kthreads: %w", err)
 	}
-	prefix := fmt.Sprintf("cpumap/%d/", b.core)
-	b.threads = slices.DeleteFunc(ths, func(th kthread.Info) bool { return !strings.HasPrefix(th.Comm, prefix) })
+	b.threads = slices.DeleteFunc(ths, func(th kthread.Info) bool { return !kthread.CPUMapOn(th.Comm, b.core) })
 	if len(b.threads) == 0 {
 		return fmt.Errorf("prism guard: no bulk queue kthread on core %d", b.core)
 	}
@@ -761,11 +759,7 @@ func (b *bulkTarget) signal(_ []cpuload.Thread, interval time.Duration) (float64
 
 // schedstatWait is a thread's time spent waiting for a core, in ns.
 func schedstatWait(pid int) (uint64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		return 0, err
-	}
-	_, wait, err := cpuload.ParseSchedstatWait(string(raw))
+	_, wait, err := kthread.Thread{PID: pid}.Schedstat()
 	return wait, err
 }
 
