@@ -81,6 +81,9 @@ func (d *Datapath) SetConfig(c Config) error {
 	if err := d.clearHighInline(); err != nil {
 		return err
 	}
+	if err := d.Prio().SetAside(0); err != nil {
+		return err
+	}
 	// Bulk frames are stamped only while bulk quiet is on: a stamp left
 	// from before it was off would date the last bulk frame wrongly.
 	if d.mode.BulkQuietMs != 0 && was.BulkQuietMs == 0 {

@@ -166,6 +166,7 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerSyncLocal, &o.SteerSyncLocal},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
+		{steerMapSteerAside, &o.SteerAside},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
 		{steerMapSteerBulkSeen, &o.SteerBulkSeen},
 		{steerMapSteerHighSeen, &o.SteerHighSeen},

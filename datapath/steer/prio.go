@@ -90,6 +90,35 @@ func (d Prio) SetHighInline(r Rule, on bool) error {
 	return nil
 }
 
+// SetAside stands PRISM aside until the deadline (CLOCK_MONOTONIC, as
+// MonoNow; 0 ends it at once): steer_xdp runs both classes' first stage in
+// the NIC poll, as vanilla runs it, while the deadline has not passed.
+// Runtime state of PRISM's high=auto (lanes agent's aside-below), which
+// renews the deadline at every sample: an agent that dies leaves the
+// plan's placement back once it passes. The moves there and back are the
+// fast moves SetHighInline's are, in order; the programs heed it only
+// while the config has Config.HighAutoPPS, and setting it is refused
+// without.
+func (d Prio) SetAside(until time.Duration) error {
+	if until != 0 && d.mode.HighAutoPps == 0 {
+		return errors.New("PRISM steps aside only under high=auto (Config.HighAutoPPS), which the applied config does not have")
+	}
+	if err := d.objs.SteerAside.Put(uint32(0), uint64(until)); err != nil {
+		return fmt.Errorf("writing PRISM's aside deadline: %w", err)
+	}
+	return nil
+}
+
+// Aside says whether PRISM stands aside now (SetAside's deadline has not
+// passed, under a config with high=auto).
+func (d Prio) Aside() (bool, error) {
+	var until uint64
+	if err := d.objs.SteerAside.Lookup(uint32(0), &until); err != nil {
+		return false, fmt.Errorf("reading PRISM's aside deadline: %w", err)
+	}
+	return d.mode.HighAutoPps != 0 && until != 0 && time.Duration(until) > MonoNow(), nil
+}
+
 // clearHighInline puts every rule's flows back in the high-priority queue.
 func (d *core) clearHighInline() error {
 	on, err := d.highSwitches()
@@ -140,13 +169,14 @@ func (d Prio) HighRuleFrames() (map[Rule]uint64, error) {
 }
 
 // OpenHighAuto reopens only what high=auto's switch reads and writes: the
-// config, the rules, their frame counts and their switches. Cheap enough
+// config, the rules, their frame counts, their switches and the aside
+// deadline. Cheap enough
 // to reopen at every sample, so a re-apply's new pins are followed.
 func OpenHighAuto(dir string) (*Datapath, error) {
 	if !Pinned(dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
 	}
-	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerBulkSeen})
+	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerAside, steerMapSteerBulkSeen})
 	return d, err
 }
 

@@ -173,6 +173,7 @@ type steerVethClassState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	steerMapSteerAdopt            = "steer_adopt"
+	steerMapSteerAside            = "steer_aside"
 	steerMapSteerBulkSeen         = "steer_bulk_seen"
 	steerMapSteerCfg              = "steer_cfg"
 	steerMapSteerCpumap           = "steer_cpumap"
@@ -274,6 +275,7 @@ type steerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
 	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerAside      *ebpf.MapSpec `ebpf:"steer_aside"`
 	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
@@ -329,6 +331,7 @@ func (o *steerObjects) Close() error {
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
 	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
+	SteerAside      *ebpf.Map `ebpf:"steer_aside"`
 	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
@@ -359,6 +362,7 @@ type steerMaps struct {
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.SteerAdopt,
+		m.SteerAside,
 		m.SteerBulkSeen,
 		m.SteerCfg,
 		m.SteerCpumap,

@@ -187,8 +187,9 @@ func addrOf(v uint32) netip.Addr {
 	return netip.AddrFrom4(b)
 }
 
-// monoNow is CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock.
-func monoNow() time.Duration {
+// MonoNow is CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock: that of the
+// datapath's stamps and deadlines (sync's, SetAside's).
+func MonoNow() time.Duration {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		panic("CLOCK_MONOTONIC: " + err.Error()) // never fails on Linux
@@ -213,7 +214,7 @@ func (d Sync) Set(s SyncSet, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("sync set: a lifetime of %v", ttl)
 	}
-	deadline := uint64(monoNow() + ttl)
+	deadline := uint64(MonoNow() + ttl)
 	want := map[steerSyncKey]steerSyncDest{}
 	devs := map[uint32]bool{}
 	for _, t := range s.Targets {
@@ -337,7 +338,7 @@ func (d Sync) Targets() ([]SyncTarget, error) {
 	var k steerSyncKey
 	var v steerSyncDest
 	var out []SyncTarget
-	now := uint64(monoNow())
+	now := uint64(MonoNow())
 	it := d.objs.SteerSync.Iterate()
 	for it.Next(&k, &v) {
 		var dev uint32

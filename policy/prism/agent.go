@@ -464,7 +464,7 @@ func (a *syncAgent) refreshFDB(ns string) error {
 		return err
 	}
 	since := a.lastFDB
-	a.lastFDB = monoNow()
+	a.lastFDB = steer.MonoNow()
 	var errs []error
 	err = netnsx.Do(ns, func() error {
 		for _, s := range srcs {
@@ -489,15 +489,6 @@ func (a *syncAgent) refreshFDB(ns string) error {
 		return nil
 	})
 	return errors.Join(err, errors.Join(errs...))
-}
-
-// monoNow is CLOCK_MONOTONIC, the clock of the datapath's stamps.
-func monoNow() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0
-	}
-	return time.Duration(ts.Nano())
 }
 
 // runnable are the targets the datapath can use now: those whose container

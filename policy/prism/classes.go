@@ -103,6 +103,9 @@ func ParseClasses(m map[string]string) (Classes, error) {
 		return Classes{}, err
 	}
 	o.composed = true
+	// Stepping aside is PRISM's own modes': in a composed mode bulk's
+	// placement is the composing mode's, not bulk=auto's alone.
+	o.AsideBelow = 0
 	if len(given) == 0 {
 		given = nil
 	}
@@ -184,7 +187,7 @@ func (o *Options) autoClasses(setup *steer.Setup, t *topology.Topology, irqCPUs 
 	// follows: a re-apply with other settings takes effect there.
 	setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
 	setup.Config.BulkQuiet = o.BulkQuiet
-	pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s", o.HighAutoPPS, bulkQuietNote(*o)))
+	pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s%s", o.HighAutoPPS, bulkQuietNote(*o), asideNote(*o)))
 	return true, nil
 }
 

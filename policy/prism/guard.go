@@ -257,6 +257,8 @@ type guard struct {
 	// newSource opens the load sampler (openSampler; a test's fake).
 	newSource func() (cpuload.Source, error)
 	metrics   *guardMetrics // nil without a registry
+	// asideMetrics: stepping aside's (nil without a registry or aside).
+	asideMetrics *asideMetrics
 	// failed counts the samples failed in a row; set is what the
 	// target was last switched to (demoted), which a write that failed
 	// (another lanes process held the journal) leaves for the next round.
@@ -280,10 +282,69 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	// default fell back to the queue, it stands down.
 	if g == nil {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
+		if o.AsideBelow > 0 && g.core < 0 {
+			if g.core, err = receiveCoreOf(env, o); err != nil {
+				return nil, err
+			}
+		}
 	}
 	g.high = newHighSwitch(plan.PinDir(env.NetNS))
+	if o.AsideBelow > 0 && g.core >= 0 {
+		g.high.withAside(g.core, o.AsideBelow)
+		if env.Metrics != nil {
+			g.asideMetrics = newAsideMetrics(env.Metrics)
+		}
+	}
 	g.status.High = g.high.status()
 	return g, nil
+}
+
+// receiveCoreOf is the receive core o's plan put the queues on: cpu, or
+// the underlay's IRQ core (-1: unknown).
+func receiveCoreOf(env plan.AgentEnv, o Options) (int, error) {
+	if o.CPU >= 0 {
+		return o.CPU, nil
+	}
+	t, err := topology.Discover(env.NetNS)
+	if err != nil {
+		return -1, fmt.Errorf("prism guard: %w", err)
+	}
+	if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) > 0 {
+		return irq[0], nil
+	}
+	if len(env.CPUs) > 0 {
+		return env.CPUs[len(env.CPUs)-1], nil
+	}
+	return -1, nil
+}
+
+// asideMetrics are stepping aside's metrics.
+type asideMetrics struct {
+	aside  prometheus.Gauge
+	asides prometheus.Counter
+	rx     prometheus.Gauge
+	seen   uint64
+}
+
+func newAsideMetrics(reg prometheus.Registerer) *asideMetrics {
+	m := &asideMetrics{
+		aside:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_aside", Help: "1 while PRISM steps aside (aside-below): the receive core's receive work is too light for its queues to pay, and every flow runs in the NIC poll as in vanilla."}),
+		asides: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_asides_total", Help: "Times PRISM stepped aside for a receive core too lightly loaded for its queues to pay."}),
+		rx:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_receive_work_percent", Help: "The receive core's receive work (softirq and receive kthreads) in PRISM's last load sample, percent of the core (-1: not sampled)."}),
+	}
+	reg.MustRegister(m.aside, m.asides, m.rx)
+	return m
+}
+
+func (m *asideMetrics) set(s *HighStatus) {
+	v := 0.0
+	if s.Aside {
+		v = 1
+	}
+	m.aside.Set(v)
+	m.asides.Add(float64(s.Asides - m.seen))
+	m.seen = s.Asides
+	m.rx.Set(s.RxPercent)
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
@@ -461,7 +522,7 @@ func (g *guard) run(ctx context.Context) error {
 		}()
 	}
 	var src cpuload.Source
-	if g.target != nil {
+	if g.target != nil || (g.high != nil && g.high.aside != nil) {
 		open := g.openSampler
 		if g.newSource != nil {
 			open = g.newSource
@@ -485,13 +546,21 @@ func (g *guard) run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
+		var s cpuload.Sample
+		var err error
+		if src != nil {
+			s, err = src.Sample()
+		}
 		if g.high != nil {
+			if src != nil {
+				c, ok := s.Core(g.core)
+				g.high.load(c.Rx, err == nil && ok)
+			}
 			g.sampleHigh()
 		}
-		if src == nil {
+		if src == nil || g.target == nil {
 			continue
 		}
-		s, err := src.Sample()
 		if err != nil {
 			g.sampleFailed(err)
 			continue
@@ -559,7 +628,7 @@ func (g *guard) run(ctx context.Context) error {
 // the kernel lacks the tracing programs; then /proc, whose sampler also
 // walks all of /proc once a second, often on the very core it guards.
 func (g *guard) openSampler() (cpuload.Source, error) {
-	if !g.target.needsThreads() {
+	if g.target == nil || !g.target.needsThreads() {
 		if s, err := cpuload.NewSchedSampler(); err == nil {
 			g.setSampler("sched")
 			return s, nil
@@ -572,7 +641,7 @@ func (g *guard) openSampler() (cpuload.Source, error) {
 		return nil, err
 	}
 	g.setSampler("proc")
-	if g.rule.Tasks > 0 && !g.target.needsThreads() {
+	if g.target != nil && g.rule.Tasks > 0 && !g.target.needsThreads() {
 		// /proc/stat counts 10 ms ticks (10 in a 100 ms sample) and, on
 		// kernels without IRQ time accounting, books softirq on top of a
 		// receive kthread differently from its schedstat: the other
@@ -596,9 +665,13 @@ func (g *guard) sampleHigh() {
 	if msg := g.high.sample(time.Now()); msg != "" && g.env.Logf != nil {
 		g.env.Logf("%s", msg)
 	}
+	st := g.high.status()
+	if g.asideMetrics != nil {
+		g.asideMetrics.set(st)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.status.High = g.high.status()
+	g.status.High = st
 }
 
 func (g *guard) setSampler(v string) {

@@ -241,7 +241,9 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	src, dst, dst2 := tb.Sender().Containers[0], tb.Receiver().Containers[0], tb.Receiver().Containers[1]
 	// bulk-quiet=0: with no bulk these streams would all run in the NIC
 	// poll whatever the switches say (TestPrismBulkQuiet).
-	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal", "bulk-quiet": "0"})
+	// aside-below=0: these light streams leave the receive core mostly
+	// idle, where the agent would step aside (TestPrismStepsAside).
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"high": "auto", "high-auto-pps": "500", "bulk-sched": "normal", "bulk-quiet": "0", "aside-below": "0"})
 	if a.State.Plan.Agent != prism.GuardAgentName {
 		t.Fatalf("plan agent %q, want %q", a.State.Plan.Agent, prism.GuardAgentName)
 	}
@@ -361,6 +363,66 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	stopAgent()
 	if on, err := a.Open(t).Prio().HighInline(); len(on) != 0 || err != nil {
 		t.Errorf("after the agent stopped: inline %v (%v), want the queue", on, err)
+	}
+	a.ResetAndCheck(t, before)
+}
+
+// TestPrismStepsAside: at its defaults (aside-below 50) lanes agent steps
+// PRISM aside on a receive core that receive work leaves mostly idle: a
+// light marked stream and bulk beside it both run in the NIC poll, as
+// vanilla runs them, and arrive in order; the agent's status says so. A
+// stopped agent puts the plan's queues back. (Coming back
+// under load is TestHighSwitchStepsAside's, on synthetic samples: how
+// busy a given stream makes a core is the machine's.)
+func TestPrismStepsAside(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	before := modetest.Snapshot(t, tb)
+	src, dst, other := tb.Sender().Containers[0], tb.Receiver().Containers[0], tb.Receiver().Containers[1]
+	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-quiet": "0"})
+	if !slices.ContainsFunc(a.State.Plan.Notes, func(n string) bool { return strings.Contains(n, "(aside-below)") }) {
+		t.Errorf("plan notes %q: want stepping aside said", a.State.Plan.Notes)
+	}
+	dp := a.Open(t)
+	rule := modetest.Rule(t, "dst "+dst.Addr.Addr().String()+" udp")
+	if err := modetest.Prio(t, tb.Receiver().NetNS).Add(rule); err != nil {
+		t.Fatal(err)
+	}
+	ag, stopAgent := a.StartAgent(t)
+	var st prism.GuardStatus
+	for range 150 { // 1 s of samples, and slack
+		if st, _ = ag.Status().(prism.GuardStatus); st.High != nil && st.High.Aside {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.High == nil || !st.High.Aside || st.High.Asides != 1 || st.High.AsideBelow != prism.DefaultAsideBelow || st.High.RxPercent >= prism.DefaultAsideBelow {
+		t.Fatalf("agent status %+v: want PRISM stepped aside on an idle receive core", st.High)
+	}
+	if sum := strings.Join(st.Summary(), "\n"); !strings.Contains(sum, "stepped aside") {
+		t.Errorf("status summary %q does not say it stepped aside", sum)
+	}
+	if on, err := dp.Prio().Aside(); err != nil || !on {
+		t.Fatalf("stepped aside: the datapath's aside %v (%v), want on", on, err)
+	}
+	st0, _ := dp.Stats()
+	var bulk overlaytest.StreamResult
+	marked := overlaytest.Stream{Count: 400, Size: 200, Burst: 1, Pause: 2 * time.Millisecond, CPU: 0, During: func() {
+		bulk = overlaytest.Stream{Count: 2000, Size: 200, Burst: 10, Pause: 5 * time.Millisecond, CPU: 1}.Run(t, src.NetNS, other.NetNS, other.Addr.Addr())
+	}}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	overlaytest.InOrder(t, "light marked stream, PRISM stepped aside", marked)
+	overlaytest.InOrder(t, "bulk beside it", bulk)
+	st1, _ := dp.Stats()
+	if st, _ = ag.Status().(prism.GuardStatus); st.High == nil || !st.High.Aside {
+		t.Fatalf("agent status %+v: the streams took PRISM out of stepping aside (want them light)", st.High)
+	}
+	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])
+	if d.Steered != 0 || d.Stayed < uint64(marked.Received+bulk.Received) || d.Undrained != 0 {
+		t.Errorf("split stage %+v for %d marked and %d bulk datagrams: want every one in the NIC poll", d, marked.Received, bulk.Received)
+	}
+	stopAgent()
+	if on, err := a.Open(t).Prio().Aside(); on || err != nil {
+		t.Errorf("after the agent stopped: aside %v (%v), want the plan's queues", on, err)
 	}
 	a.ResetAndCheck(t, before)
 }

@@ -58,6 +58,51 @@ func highRule(pps int) HighRule {
 	return HighRule{InlineAt: float64(pps), InlineAfter: 3, QueueBelow: float64(pps) / 2, QueueAfter: 10}
 }
 
+// Stepping aside (aside-below). A marked frame waits for bulk work about
+// as often as it finds the receive core busy with it; the queues take
+// that wait away, and charge every marked frame a kthread hop and every
+// bulk frame a redirect and a second skb build. On a core that receive
+// work keeps rarely busy there is little wait to take, and the charge is
+// the marked flow's whole difference from vanilla (Options.AsideBelow
+// says where that was measured). So while the receive core's receive
+// work (softirq and receive kthreads, the guard's load samples) stays
+// under AsideBelow percent of the core for AsideAfter samples, the switch
+// stands PRISM aside (steer.Prio.SetAside): steer_xdp runs both classes'
+// first stage in the NIC poll, vanilla's path, only classifying and
+// counting; PRISM-sync's shortcut stays open to the marked frames it
+// takes. BackAfter samples at
+// or above the threshold put the plan's placement back. Each move is the
+// datapath's fast move, in order. One threshold suffices against
+// flapping: the queues' hop makes the same traffic cost the core more
+// with PRISM on than aside, so a load that stays under the threshold with
+// PRISM on also stays under it aside. A sample that could not be taken
+// counts as busy, and the deadline the switch renews at every sample
+// (asideTTL) ends stepping aside without it: the plan's placement is
+// what the switch falls back to.
+
+// AsideRule is when the switch steps aside and back.
+type AsideRule struct {
+	Below      float64 // receive work, percent of the receive core
+	AsideAfter int     // samples in a row under Below to step aside
+	BackAfter  int     // samples in a row at or above Below (or failed) to come back
+}
+
+// asideRule is the rule for aside-below on the guard's 100 ms samples:
+// 1 s quiet to step aside, 0.2 s busy to come back.
+func asideRule(below float64) AsideRule {
+	return AsideRule{Below: below, AsideAfter: 10, BackAfter: 2}
+}
+
+// asideState is the decision: on is stepped aside.
+type asideState struct{ latch }
+
+// step takes one sample of the receive core's receive work (ok: the
+// sample was taken) and says whether the decision changed.
+func (s *asideState) step(r AsideRule, rx float64, ok bool) bool {
+	quiet := ok && rx < r.Below
+	return s.latch.step(quiet, r.AsideAfter, !quiet, r.BackAfter)
+}
+
 // highState is one rule's decision: on is inline.
 type highState struct{ latch }
 
@@ -78,6 +123,7 @@ type highDatapath interface {
 	HighRuleFrames() (map[steer.Rule]uint64, error)
 	HighAuto() (pps uint32, inline []steer.Rule, err error)
 	SetHighInline(r steer.Rule, on bool) error
+	SetAside(until time.Duration) error
 	ForgetHigh(r steer.Rule) error
 	BulkQuietNow() (bool, error)
 	Close() error
@@ -100,6 +146,7 @@ type ruleSwitch struct {
 type highSwitch struct {
 	dir  string
 	open func(dir string) (highDatapath, error)
+	mono func() time.Duration // the datapath's clock (steer.MonoNow)
 
 	rule      HighRule
 	off       bool // the applied config is not high=auto
@@ -107,10 +154,58 @@ type highSwitch struct {
 	rules     map[steer.Rule]*ruleSwitch
 	switches  uint64
 	err       string // the last sample's error, cleared by the next good one
+
+	// Stepping aside; aside is nil where it is off (aside-below=0, or no
+	// receive core known). rx is the receive core's receive work in the
+	// last load sample (-1: none taken), core that core.
+	aside     *asideState
+	asideRule AsideRule
+	asides    uint64
+	rx        float64
+	core      int
+	asideMsg  string // what the last load sample changed, for the next sample's log
 }
 
+// withAside turns stepping aside on for the receive core.
+func (h *highSwitch) withAside(core int, below float64) *highSwitch {
+	h.aside, h.asideRule, h.core, h.rx = &asideState{}, asideRule(below), core, -1
+	return h
+}
+
+// load takes the receive core's receive work from a load sample (ok:
+// taken) and steps the aside decision; the next sample follows it.
+func (h *highSwitch) load(rx float64, ok bool) {
+	if h.aside == nil {
+		return
+	}
+	h.rx = -1
+	if ok {
+		h.rx = rx
+	}
+	if !h.aside.step(h.asideRule, rx, ok) || h.off {
+		return
+	}
+	if h.aside.on {
+		h.asides++
+		h.asideMsg = fmt.Sprintf("high=auto: receive work on core %d under %.0f%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", h.core, h.asideRule.Below, time.Duration(h.asideRule.AsideAfter)*guardRule.Interval, rx)
+	} else if ok {
+		h.asideMsg = fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %.0f%%): PRISM's queues again", h.core, rx, h.asideRule.Below)
+	} else {
+		h.asideMsg = fmt.Sprintf("high=auto: the load of core %d could not be sampled: PRISM's queues again until it can", h.core)
+	}
+}
+
+// asideTTL is how long a write of the aside deadline holds: the switch
+// renews it at every sample, so an agent that dies or hangs leaves the
+// plan's placement back within it.
+const asideTTL = time.Second
+
+// steppedAside: every flow runs in the NIC poll for want of work to
+// preempt.
+func (h *highSwitch) steppedAside() bool { return h.aside != nil && h.aside.on && !h.off }
+
 func newHighSwitch(dir string) *highSwitch {
-	return &highSwitch{dir: dir, open: func(dir string) (highDatapath, error) {
+	return &highSwitch{dir: dir, mono: steer.MonoNow, open: func(dir string) (highDatapath, error) {
 		dp, err := steer.OpenHighAuto(dir)
 		if err != nil {
 			return nil, err
@@ -147,6 +242,11 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	pps, cur, err := dp.HighAuto()
 	if err != nil {
 		return "", err
+	}
+	var msgs []string
+	if h.asideMsg != "" {
+		msgs = append(msgs, h.asideMsg)
+		h.asideMsg = ""
 	}
 	if pps == 0 {
 		// Applied without high=auto (a re-apply, or the default's
@@ -192,7 +292,14 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	if h.rules == nil {
 		h.rules = map[steer.Rule]*ruleSwitch{}
 	}
-	var msgs []string
+	if h.aside != nil {
+		// Written at every sample: aside, the renewal of its deadline.
+		var until time.Duration
+		if h.steppedAside() {
+			until = h.mono() + asideTTL
+		}
+		errs = append(errs, dp.SetAside(until))
+	}
 	for _, r := range rules {
 		rs := h.rules[r]
 		if rs == nil {
@@ -250,6 +357,9 @@ func (h *highSwitch) stop() error {
 	for _, r := range cur {
 		errs = append(errs, dp.SetHighInline(r, false))
 	}
+	if h.aside != nil {
+		errs = append(errs, dp.SetAside(0))
+	}
 	return errors.Join(errs...)
 }
 
@@ -265,6 +375,15 @@ type HighStatus struct {
 	// the default's fallback to the queue).
 	Off bool   `json:"off,omitempty"`
 	Err string `json:"error,omitempty"`
+	// Aside: stepped aside (aside-below), every rule's flows and bulk in
+	// the NIC poll; AsideBelow the threshold (0: stepping aside is off),
+	// Core the receive core, RxPercent its receive work in the last load
+	// sample (-1: none), Asides how often it stepped aside.
+	Aside      bool    `json:"aside,omitempty"`
+	AsideBelow float64 `json:"aside_below,omitempty"`
+	Core       int     `json:"core"`
+	RxPercent  float64 `json:"rx_percent"`
+	Asides     uint64  `json:"asides,omitempty"`
 }
 
 // HighRuleStatus is one rule's state.
@@ -276,6 +395,9 @@ type HighRuleStatus struct {
 
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
+	if h.aside != nil {
+		s.Aside, s.AsideBelow, s.Core, s.RxPercent, s.Asides = h.steppedAside(), h.asideRule.Below, h.core, h.rx, h.asides
+	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
 	}
@@ -315,11 +437,22 @@ func (s HighStatus) Summary() string {
 		return strings.Join(out, ", ")
 	}
 	head := fmt.Sprintf("high=auto (inline from %.0f frames/s a rule; %d switches): ", s.InlineAt, s.Switches)
-	if s.BulkQuiet {
+	if s.AsideBelow > 0 {
+		rx := "not sampled"
+		if s.RxPercent >= 0 {
+			rx = fmt.Sprintf("%.0f%%", s.RxPercent)
+		}
+		if s.Aside {
+			head += fmt.Sprintf("stepped aside (receive work on core %d %s, under %.0f%%; asides %d): every flow in the NIC poll as vanilla runs it; by their switches: ", s.Core, rx, s.AsideBelow, s.Asides)
+		} else {
+			head += fmt.Sprintf("receive work on core %d %s (steps aside under %.0f%%; asides %d); ", s.Core, rx, s.AsideBelow, s.Asides)
+		}
+	}
+	if s.BulkQuiet && !s.Aside {
 		head += "no bulk lately, so every rule's flows run in the NIC poll; by their switches: "
 	}
 	switch {
-	case len(s.Rules) == 0 && s.BulkQuiet:
+	case len(s.Rules) == 0 && (s.BulkQuiet || s.Aside):
 		return strings.TrimSuffix(head, "by their switches: ") + "no rules yet"
 	case len(s.Rules) == 0:
 		return head + "no rules yet"

@@ -55,6 +55,8 @@ type fakeHigh struct {
 	refuse    map[steer.Rule]bool // writes of these rules fail
 	bulkQuiet bool
 	bqFail    error // BulkQuietNow alone fails
+	aside     time.Duration
+	asideSets int
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -80,6 +82,14 @@ func (f *fakeHigh) SetHighInline(r steer.Rule, on bool) error {
 	}
 	f.sets++
 	f.inline[r] = on
+	return nil
+}
+func (f *fakeHigh) SetAside(until time.Duration) error {
+	if f.refuses {
+		return errors.New("refused")
+	}
+	f.asideSets++
+	f.aside = until
 	return nil
 }
 func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
@@ -315,5 +325,142 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 	tick()
 	if !dp.inline[a] || h.switches != 2 || h.err != "" || !strings.Contains(strings.Join(log, ""), a.String()+" busy") {
 		t.Errorf("write accepted again: inline %v, %d switches, error %q, log %q", dp.inline, h.switches, h.err, log)
+	}
+}
+
+// TestAsideRule: stepping aside takes AsideAfter samples in a row under
+// the threshold, coming back BackAfter in a row at or above it, and a
+// sample that could not be taken counts as busy.
+func TestAsideRule(t *testing.T) {
+	r := asideRule(20)
+	var s asideState
+	for i, step := range []struct {
+		rx    float64
+		ok    bool
+		aside bool
+	}{
+		{10, true, false}, {10, true, false}, {10, true, false}, {10, true, false}, {25, true, false}, // a busy sample restarts the count
+		{10, true, false}, {10, true, false}, {10, true, false}, {10, true, false}, {10, true, false},
+		{10, true, false}, {10, true, false}, {10, true, false}, {10, true, false}, {19.9, true, true}, // 1 s under 20%
+		{20, true, true}, {10, true, true}, {20, true, true}, {50, true, false}, // two in a row at or above
+		{0, true, false}, {0, true, false}, {0, true, false}, {0, true, false}, {0, true, false},
+		{0, true, false}, {0, true, false}, {0, true, false}, {0, true, false}, {0, true, true},
+		{0, false, true}, {0, false, false}, // unknown load: the plan's placement
+	} {
+		s.step(r, step.rx, step.ok)
+		if s.on != step.aside {
+			t.Fatalf("sample %d (%.1f%%, ok %v): aside %v, want %v", i, step.rx, step.ok, s.on, step.aside)
+		}
+	}
+}
+
+// TestHighSwitchStepsAside: stepped aside, the switch writes the aside
+// deadline asideTTL on at every sample, says so in its status and log,
+// and clears it when it comes back or stops; the rules' own switches are
+// left to their rates (the busy rule inline throughout, the light one in
+// its queue). The datapath follows at the sample after the load's.
+func TestHighSwitchStepsAside(t *testing.T) {
+	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
+	busy := testRule(t, "dst 198.19.0.22 port 11211 tcp")
+	dp := newFakeHigh(5000, light, busy)
+	h := newHighSwitch("/nowhere").withAside(1, 20)
+	h.open = func(string) (highDatapath, error) { return dp, nil }
+	mono := time.Hour
+	h.mono = func() time.Duration { return mono }
+	now := time.Unix(1000, 0)
+	step := func(rx float64) string {
+		now = now.Add(100 * time.Millisecond)
+		mono += 100 * time.Millisecond
+		dp.frames[light] += 100
+		dp.frames[busy] += 1000
+		h.load(rx, true)
+		return h.sample(now)
+	}
+	var log []string
+	for range 5 {
+		log = append(log, step(60))
+	}
+	if dp.aside != 0 || dp.inline[light] || !dp.inline[busy] {
+		t.Fatalf("busy load: aside until %v, inline %v; want not aside, the busy rule's flows inline", dp.aside, dp.inline)
+	}
+	for range 10 {
+		log = append(log, step(5))
+	}
+	if dp.aside != mono+asideTTL {
+		t.Fatalf("stepped aside: deadline %v, want %v", dp.aside, mono+asideTTL)
+	}
+	if dp.inline[light] || !dp.inline[busy] {
+		t.Errorf("stepped aside: inline %v, want the rules' own switches", dp.inline)
+	}
+	step(5)
+	if dp.aside != mono+asideTTL {
+		t.Errorf("stepped aside: deadline %v not renewed to %v", dp.aside, mono+asideTTL)
+	}
+	st := h.status()
+	if !st.Aside || st.Asides != 1 || st.RxPercent != 5 || st.Core != 1 {
+		t.Errorf("status %+v: want stepped aside once, at 5%% on core 1", st)
+	}
+	if sum := st.Summary(); !strings.Contains(sum, "stepped aside (receive work on core 1 5%, under 20%; asides 1)") {
+		t.Errorf("summary %q does not say it stepped aside", sum)
+	}
+	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM steps aside") {
+		t.Errorf("log %q does not say it stepped aside", j)
+	}
+	log = log[:0]
+	for range 2 {
+		log = append(log, step(40))
+	}
+	if dp.aside != 0 || !dp.inline[busy] {
+		t.Fatalf("back: aside until %v, inline %v; want not aside, the busy rule inline", dp.aside, dp.inline)
+	}
+	if st := h.status(); st.Aside || !strings.Contains(st.Summary(), "receive work on core 1 40% (steps aside under 20%; asides 1)") {
+		t.Errorf("back: status %+v, summary %q", st, st.Summary())
+	}
+	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM's queues again") {
+		t.Errorf("log %q does not say the queues are back", j)
+	}
+	// Unknown load: the plan's placement after BackAfter.
+	for range 10 {
+		step(5)
+	}
+	if dp.aside == 0 {
+		t.Fatal("not aside again")
+	}
+	h.load(0, false)
+	h.load(0, false)
+	h.sample(now.Add(100 * time.Millisecond))
+	if dp.aside != 0 {
+		t.Errorf("load unknown: still aside until %v", dp.aside)
+	}
+	if st := h.status(); st.RxPercent != -1 || !strings.Contains(st.Summary(), "not sampled") {
+		t.Errorf("load unknown: status %+v", st)
+	}
+	// Stopping ends it too.
+	for range 10 {
+		step(5)
+	}
+	if err := h.stop(); err != nil || dp.aside != 0 {
+		t.Errorf("stopped: aside until %v (%v), want 0", dp.aside, err)
+	}
+}
+
+// TestHighSwitchAsideOff: without aside-below the load changes nothing.
+func TestHighSwitchAsideOff(t *testing.T) {
+	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
+	dp := newFakeHigh(5000, light)
+	h := newHighSwitch("/nowhere")
+	h.open = func(string) (highDatapath, error) { return dp, nil }
+	now := time.Unix(1000, 0)
+	for range 20 {
+		now = now.Add(100 * time.Millisecond)
+		dp.frames[light] += 100
+		h.load(0, true)
+		h.sample(now)
+	}
+	if dp.inline[light] || dp.asideSets != 0 {
+		t.Errorf("aside off: the light rule's flows went inline (%v), or the deadline was written %d times", dp.inline[light], dp.asideSets)
+	}
+	if st := h.status(); st.AsideBelow != 0 || strings.Contains(st.Summary(), "aside") {
+		t.Errorf("aside off: status %+v, summary %q", st, st.Summary())
 	}
 }

@@ -166,3 +166,32 @@ func TestParseNetdevBudget(t *testing.T) {
 		"has no such queue": {"netdev-budget": "64", "high": "inline"},
 	})
 }
+
+// aside-below: the default with high=auto and bulk=auto, off where they
+// are not (nothing to step aside with), any percent given with them, a
+// one-line error otherwise.
+func TestParseAsideBelow(t *testing.T) {
+	for _, tc := range []struct {
+		params map[string]string
+		want   float64
+	}{
+		{nil, prism.DefaultAsideBelow},
+		{map[string]string{"prio-mode": "sync"}, prism.DefaultAsideBelow},
+		{map[string]string{"aside-below": "35"}, 35},
+		{map[string]string{"aside-below": "0"}, 0},
+		{map[string]string{"high": "queue"}, 0},
+		{map[string]string{"bulk": "queue"}, 0},
+		{map[string]string{"high": "queue", "aside-below": "0"}, 0},
+	} {
+		o, err := prism.Parse(prism.Defaults(), tc.params)
+		if err != nil || o.AsideBelow != tc.want {
+			t.Errorf("%v: aside-below %v (%v), want %v", tc.params, o.AsideBelow, err, tc.want)
+		}
+	}
+	parseRefuses(t, map[string]map[string]string{
+		"want a percent from 0 (off) to 100":                {"aside-below": "101"},
+		"bad prism setting aside-below":                     {"aside-below": "x"},
+		"drop aside-below or use high=auto and bulk=auto":   {"aside-below": "20", "high": "queue"},
+		"but high is auto and bulk queue: drop aside-below": {"aside-below": "20", "bulk": "queue"},
+	})
+}

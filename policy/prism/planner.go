@@ -332,3 +332,11 @@ func bulkQuietNote(o Options) string {
 	}
 	return fmt.Sprintf("; and steer_xdp runs every high-priority flow in the NIC poll while no bulk frame came for %v (bulk-quiet), agent or not", o.BulkQuiet)
 }
+
+// asideNote is what the plan says of stepping aside (aside-below).
+func asideNote(o Options) string {
+	if o.AsideBelow == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under %v%% of it for 1 s (aside-below), and puts the queues back after 0.2 s at or above it", o.AsideBelow)
+}

@@ -1058,5 +1058,46 @@ func TestPrismBulkAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	movedInOrder(t, dp, "bulk beside a flipping switch", res, bulk, st1)
+
+	// A light rule's flow (its queue) while the agent's aside deadline
+	// flips every 20 ms (aside-below): both classes leave their queues
+	// for the NIC poll and come back, in order.
+	if err := dp.Prio().SetHighInline(rule, false); err != nil {
+		t.Fatal(err)
+	}
+	st2, _ := dp.Stats()
+	stop = make(chan struct{})
+	go func() {
+		on := true
+		for {
+			select {
+			case <-stop:
+				flipped <- nil
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			on = !on
+			until := time.Duration(0)
+			if on {
+				until = steer.MonoNow() + time.Second
+			}
+			if err := dp.Prio().SetAside(until); err != nil {
+				flipped <- err
+				return
+			}
+		}
+	}()
+	res = m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	close(stop)
+	if err := <-flipped; err != nil {
+		t.Fatal(err)
+	}
+	movedInOrder(t, dp, "bulk beside a marked flow, stepping aside and back", res, bulk, st2)
+	if err := dp.Prio().SetAside(0); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := dp.Prio().Aside(); on || err != nil {
+		t.Errorf("aside %v (%v) after SetAside(0)", on, err)
+	}
 	c.reset(t)
 }

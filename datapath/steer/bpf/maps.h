@@ -420,6 +420,20 @@ struct {
 	__type(value, __u32); /* 1: inline */
 } steer_high_inline SEC(".maps");
 
+/* PRISM aside-below: until when (CLOCK_MONOTONIC ns; 0: not) PRISM stands
+ * aside, every flow running its first stage in the NIC poll as vanilla
+ * runs it: lanes agent sets it while the receive core's receive work is
+ * too light for the queues to pay, renewing the deadline at every sample,
+ * so an agent that dies leaves the plan's placement back within it. Heeded
+ * only while steer_mode.high_auto_pps is set (fast moves, as the rules'
+ * switches above). Runtime state of the agent, in a map of its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, __u64); /* deadline, CLOCK_MONOTONIC ns; 0: not aside */
+} steer_aside SEC(".maps");
+
 /* Frames each rule marked (while steer_mode.high_auto_pps is set), per core: the
  * agent's rate of the rule. */
 struct {

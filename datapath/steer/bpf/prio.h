@@ -2,7 +2,7 @@
 /*
  * PRISM's priority classification: whether a flow is high priority (a
  * rule of steer_prio matches it), high=auto's per-rule switch into the
- * NIC poll, the quiet clocks (no high-priority frame, no bulk frame, bulk
+ * NIC poll, stepping aside, the quiet clocks (no high-priority frame, no bulk frame, bulk
  * beside busy marked flows) that keep a class in the NIC poll while
  * queuing it would buy nothing, and the mark of the per-class container
  * queue's frames (veth.c).
@@ -33,6 +33,23 @@ static __always_inline int high_inline(const struct steer_cfg *cfg, const struct
 		bpf_map_update_elem(&steer_high_frames, r, &one, BPF_NOEXIST);
 	on = bpf_map_lookup_elem(&steer_high_inline, r);
 	return on && *on;
+}
+
+/*
+ * Does PRISM stand aside (steer_aside's deadline not passed)? Then both
+ * classes run in the NIC poll: the receive core is too lightly loaded for
+ * a queue to save a marked frame the wait its hop costs. The coarse clock
+ * lags by up to a tick, which only stretches the agent's deadline.
+ */
+static __always_inline int stepped_aside(void)
+{
+	__u32 zero = 0;
+	__u64 *until;
+
+	if (!steer_mode.high_auto_pps)
+		return 0;
+	until = bpf_map_lookup_elem(&steer_aside, &zero);
+	return until && *until && (__s64)(*until - bpf_ktime_get_coarse_ns()) > 0;
 }
 
 /*

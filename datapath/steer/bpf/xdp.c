@@ -51,11 +51,11 @@ int steer_xdp(struct xdp_md *ctx)
 		if (hi) {
 			busy = high_inline(cfg, &rule); /* counts the rule's frame too */
 			seen_high(cfg);
-			if (busy || bulk_quiet(cfg))
+			if (busy || bulk_quiet(cfg) || stepped_aside())
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
-			if (!prio_shapes() || prio_quiet(cfg)) {
+			if (!prio_shapes() || prio_quiet(cfg) || stepped_aside()) {
 				opts |= PLACE_STAY;
 			} else if (bulk_beside_busy(cfg)) {
 				opts |= PLACE_STAY;
