@@ -955,3 +955,52 @@ func TestPrioShapesSurviveConfigWriters(t *testing.T) {
 		t.Errorf("%d of 2000 flows of a rule just added were not classified high while the agent wrote the config", lost)
 	}
 }
+
+// PRISM's aside-below (Prio.SetAside): while the agent's deadline has not
+// passed, bulk and marked flows alike run in the NIC poll, each moved
+// there and back with the fast move; a deadline passed (an agent gone) is
+// the plan's placement again, and so is a new config. Refused without
+// high=auto.
+func TestPrioAside(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
+	if err := d.Prio().SetAside(MonoNow() + time.Hour); err == nil {
+		t.Error("aside without high=auto accepted")
+	}
+	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
+	light := flowSpec{src: innerSrc, dst: innerDst, sport: 5001, dport: 8888, proto: protoUDP}
+	bulk := udpFlow(6000)
+	step := placeStep(t, d)
+	aside := func(name string, want bool) {
+		t.Helper()
+		if got, err := d.Prio().Aside(); got != want || err != nil {
+			t.Errorf("%s: aside %v (%v), want %v", name, got, err, want)
+		}
+	}
+	aside("at the start", false)
+	step("bulk in its queue", bulk, xdpRedirect, 1, 0)
+	step("a light rule's flow in its queue", light, xdpRedirect, 1, 0)
+	if err := d.Prio().SetAside(MonoNow() + time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	aside("deadline ahead", true)
+	step("aside, one in flight: bulk stays in its queue", bulk, xdpRedirect, 2, 0)
+	drainFlows(t, d)
+	step("aside: bulk in the NIC poll", bulk, xdpPass, 1, Stay)
+	step("aside: the light rule's flow in the NIC poll", light, xdpPass, 1, Stay)
+	drainFlows(t, d)
+	if err := d.Prio().SetAside(MonoNow() - time.Second); err != nil {
+		t.Fatal(err)
+	}
+	aside("deadline passed", false)
+	step("deadline passed: bulk back in its queue", bulk, xdpRedirect, 1, 0)
+	step("deadline passed: the light rule's flow back in its queue", light, xdpRedirect, 1, 0)
+	if err := d.Prio().SetAside(MonoNow() + time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	aside("after a new config", false)
+}
