@@ -102,6 +102,12 @@ type Config struct {
 	// frame that takes its queue ends it at once; bulk flows move back to
 	// their queue in order.
 	BulkAuto time.Duration
+	// AsideBelow (with HighAutoPPS and BulkAuto; 0: off) is PRISM's
+	// aside-below, percent of InlineCPU: lanes agent stands PRISM aside
+	// (Prio.SetAside) while that core's receive work stays under it. The
+	// programs only check that it is set: SetAside is refused, and its
+	// deadline ignored, without it.
+	AsideBelow uint32
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -254,6 +260,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.BulkAuto != 0 && (c.HighAutoPPS == 0 || c.BulkAuto < time.Millisecond || c.BulkAuto > MaxPrioQuiet || c.BulkAuto%time.Millisecond != 0) {
 		return c, fmt.Errorf("bulk auto time %v: want whole milliseconds from 1ms to %v, with high=auto", c.BulkAuto, MaxPrioQuiet)
+	}
+	if c.AsideBelow != 0 && (c.HighAutoPPS == 0 || c.BulkAuto == 0 || c.AsideBelow > 100) {
+		return c, fmt.Errorf("aside below %d%%: want a percent from 1 to 100, with high=auto and bulk=auto", c.AsideBelow)
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

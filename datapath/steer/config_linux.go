@@ -206,6 +206,7 @@ func (d *core) configOnly() (Config, error) {
 		BulkQuiet:      time.Duration(m.BulkQuietMs) * time.Millisecond,
 		BulkAuto:       time.Duration(m.BulkAutoMs) * time.Millisecond,
 		InlineCPU:      int(m.InlineCpu),
+		AsideBelow:     m.AsidePct,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

@@ -66,6 +66,7 @@ func modeOf(c Config) steerSteerMode {
 	m.BulkQuietMs = uint32(c.BulkQuiet / time.Millisecond)
 	m.BulkAutoMs = uint32(c.BulkAuto / time.Millisecond)
 	m.InlineCpu = uint32(c.InlineCPU)
+	m.AsidePct = c.AsideBelow
 	return m
 }
 
@@ -87,7 +88,7 @@ func modeString(m steerSteerMode) string {
 	for _, v := range []struct {
 		n    uint32
 		name string
-	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}} {
+	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}, {m.AsidePct, "aside-pct"}} {
 		if v.n != 0 {
 			s = append(s, fmt.Sprintf("%s=%d", v.name, v.n))
 		}

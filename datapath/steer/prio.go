@@ -93,15 +93,14 @@ func (d Prio) SetHighInline(r Rule, on bool) error {
 // SetAside stands PRISM aside until the deadline (CLOCK_MONOTONIC, as
 // MonoNow; 0 ends it at once): steer_xdp runs both classes' first stage in
 // the NIC poll, as vanilla runs it, while the deadline has not passed.
-// Runtime state of PRISM's high=auto (lanes agent's aside-below), which
-// renews the deadline at every sample: an agent that dies leaves the
-// plan's placement back once it passes. The moves there and back are the
-// fast moves SetHighInline's are, in order; the programs heed it only
-// while the config has Config.HighAutoPPS, and setting it is refused
-// without.
+// Runtime state of lanes agent (PRISM's aside-below), which renews the
+// deadline at every sample: an agent that dies leaves the plan's
+// placement back once it passes. The moves there and back are the fast
+// moves SetHighInline's are, in order; the programs heed it only while
+// the config has Config.AsideBelow, and setting it is refused without.
 func (d Prio) SetAside(until time.Duration) error {
-	if until != 0 && d.mode.HighAutoPps == 0 {
-		return errors.New("PRISM steps aside only under high=auto (Config.HighAutoPPS), which the applied config does not have")
+	if until != 0 && d.mode.AsidePct == 0 {
+		return errors.New("PRISM steps aside only with aside-below (Config.AsideBelow), which the applied config does not have")
 	}
 	if err := d.objs.SteerAside.Put(uint32(0), uint64(until)); err != nil {
 		return fmt.Errorf("writing PRISM's aside deadline: %w", err)
@@ -110,13 +109,19 @@ func (d Prio) SetAside(until time.Duration) error {
 }
 
 // Aside says whether PRISM stands aside now (SetAside's deadline has not
-// passed, under a config with high=auto).
+// passed, under a config with Config.AsideBelow).
 func (d Prio) Aside() (bool, error) {
 	var until uint64
 	if err := d.objs.SteerAside.Lookup(uint32(0), &until); err != nil {
 		return false, fmt.Errorf("reading PRISM's aside deadline: %w", err)
 	}
-	return d.mode.HighAutoPps != 0 && until != 0 && time.Duration(until) > MonoNow(), nil
+	return d.mode.AsidePct != 0 && until != 0 && time.Duration(until) > MonoNow(), nil
+}
+
+// AsideConfig is the applied config's aside-below (percent; 0: off) and
+// the receive core it is measured on (Config.InlineCPU).
+func (d Prio) AsideConfig() (below uint32, core int) {
+	return d.mode.AsidePct, int(d.mode.InlineCpu)
 }
 
 // clearHighInline puts every rule's flows back in the high-priority queue.

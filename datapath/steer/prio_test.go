@@ -879,14 +879,14 @@ func TestPrioBulkAuto(t *testing.T) {
 }
 
 // PRISM's timed settings (quiet, high=auto's threshold, bulk-quiet,
-// bulk=auto) survive the knob's value: what apply journals and reset and
-// the follower read back.
+// bulk=auto, aside-below) survive the knob's value: what apply journals
+// and reset and the follower read back.
 func TestPrioSetupRoundTrip(t *testing.T) {
 	in := Config{Enabled: true, Prio: true, CountSplit: true, PrioIdleInline: true, CPUs: []int{1},
-		PrioQuiet: time.Second, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, BulkAuto: 20 * time.Millisecond}
+		PrioQuiet: time.Second, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, BulkAuto: 20 * time.Millisecond, AsideBelow: 50}
 	v, s := knobRoundTrip(t, in)
 	got := s.Config
-	if got.PrioQuiet != in.PrioQuiet || got.HighAutoPPS != in.HighAutoPPS || got.BulkQuiet != in.BulkQuiet || got.BulkAuto != in.BulkAuto || !got.PrioIdleInline {
+	if got.PrioQuiet != in.PrioQuiet || got.HighAutoPPS != in.HighAutoPPS || got.BulkQuiet != in.BulkQuiet || got.BulkAuto != in.BulkAuto || got.AsideBelow != in.AsideBelow || !got.PrioIdleInline {
 		t.Errorf("knob value %s decodes to %+v", v, got)
 	}
 }
@@ -960,15 +960,32 @@ func TestPrioShapesSurviveConfigWriters(t *testing.T) {
 // passed, bulk and marked flows alike run in the NIC poll, each moved
 // there and back with the fast move; a deadline passed (an agent gone) is
 // the plan's placement again, and so is a new config. Refused without
-// high=auto.
+// aside-below in the config.
 func TestPrioAside(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
 	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
-	if err := d.Prio().SetAside(MonoNow() + time.Hour); err == nil {
-		t.Error("aside without high=auto accepted")
-	}
 	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
+	if err := d.Prio().SetAside(MonoNow() + time.Hour); err == nil {
+		t.Error("aside without aside-below in the config accepted")
+	}
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.AsideBelow = 101 },
+		func(c *Config) { c.AsideBelow, c.BulkAuto = 50, 0 },
+	} {
+		c := cfg
+		bad(&c)
+		if err := d.SetConfig(c); err == nil {
+			t.Errorf("config with aside below %d, bulk auto %v accepted", c.AsideBelow, c.BulkAuto)
+		}
+	}
+	cfg.AsideBelow = 50
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if below, core := d.Prio().AsideConfig(); below != 50 || core != cfg.InlineCPU {
+		t.Errorf("aside config %d on core %d, want 50 on %d", below, core, cfg.InlineCPU)
+	}
 	light := flowSpec{src: innerSrc, dst: innerDst, sport: 5001, dport: 8888, proto: protoUDP}
 	bulk := udpFlow(6000)
 	step := placeStep(t, d)

@@ -112,6 +112,7 @@ type steerSteerMode struct {
 	BulkQuietMs uint32
 	BulkAutoMs  uint32
 	InlineCpu   uint32
+	AsidePct    uint32
 }
 
 type steerSteerQueue struct {

@@ -187,6 +187,9 @@ func (o *Options) autoClasses(setup *steer.Setup, t *topology.Topology, irqCPUs 
 	// follows: a re-apply with other settings takes effect there.
 	setup.Config.HighAutoPPS = uint32(o.HighAutoPPS)
 	setup.Config.BulkQuiet = o.BulkQuiet
+	if o.Bulk == BulkAuto && !o.composed {
+		setup.Config.AsideBelow = uint32(o.AsideBelow)
+	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s%s", o.HighAutoPPS, bulkQuietNote(*o), asideNote(*o)))
 	return true, nil
 }

@@ -282,40 +282,13 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 	// default fell back to the queue, it stands down.
 	if g == nil {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
-		if o.AsideBelow > 0 && g.core < 0 {
-			if g.core, err = receiveCoreOf(env, o); err != nil {
-				return nil, err
-			}
-		}
 	}
 	g.high = newHighSwitch(plan.PinDir(env.NetNS))
-	if o.AsideBelow > 0 && g.core >= 0 {
-		g.high.withAside(g.core, o.AsideBelow)
-		if env.Metrics != nil {
-			g.asideMetrics = newAsideMetrics(env.Metrics)
-		}
+	if env.Metrics != nil {
+		g.asideMetrics = newAsideMetrics(env.Metrics)
 	}
 	g.status.High = g.high.status()
 	return g, nil
-}
-
-// receiveCoreOf is the receive core o's plan put the queues on: cpu, or
-// the underlay's IRQ core (-1: unknown).
-func receiveCoreOf(env plan.AgentEnv, o Options) (int, error) {
-	if o.CPU >= 0 {
-		return o.CPU, nil
-	}
-	t, err := topology.Discover(env.NetNS)
-	if err != nil {
-		return -1, fmt.Errorf("prism guard: %w", err)
-	}
-	if irq := plan.IRQCPUsOr(t, o.IRQCPUs); len(irq) > 0 {
-		return irq[0], nil
-	}
-	if len(env.CPUs) > 0 {
-		return env.CPUs[len(env.CPUs)-1], nil
-	}
-	return -1, nil
 }
 
 // asideMetrics are stepping aside's metrics.
@@ -337,14 +310,20 @@ func newAsideMetrics(reg prometheus.Registerer) *asideMetrics {
 }
 
 func (m *asideMetrics) set(s *HighStatus) {
+	a := s.Aside
+	if a == nil {
+		a = &AsideStatus{RxPercent: -1, Asides: m.seen}
+	}
 	v := 0.0
-	if s.Aside {
+	if a.On {
 		v = 1
 	}
 	m.aside.Set(v)
-	m.asides.Add(float64(s.Asides - m.seen))
-	m.seen = s.Asides
-	m.rx.Set(s.RxPercent)
+	if a.Asides > m.seen {
+		m.asides.Add(float64(a.Asides - m.seen))
+	}
+	m.seen = a.Asides
+	m.rx.Set(a.RxPercent)
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
@@ -521,17 +500,21 @@ func (g *guard) run(ctx context.Context) error {
 			}
 		}()
 	}
+	open := g.openSampler
+	if g.newSource != nil {
+		open = g.newSource
+	}
 	var src cpuload.Source
-	if g.target != nil || (g.high != nil && g.high.aside != nil) {
-		open := g.openSampler
-		if g.newSource != nil {
-			open = g.newSource
+	defer func() {
+		if src != nil {
+			src.Close()
 		}
+	}()
+	if g.target != nil {
 		var err error
 		if src, err = open(); err != nil {
 			return fmt.Errorf("prism guard: %w", err)
 		}
-		defer src.Close()
 		defer func() {
 			if g.state.demoted() && g.env.Logf != nil && g.status.Stopped == "" {
 				g.env.Logf("prism guard: stopping while demoted: left demoted, the safe placement under overload (lanes reset restores the original)")
@@ -540,11 +523,24 @@ func (g *guard) run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(g.rule.Interval)
 	defer tick.Stop()
+	loadTried := false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if src == nil && g.high != nil && g.high.wantsLoad() && !loadTried {
+			// The applied config steps aside: the switch needs the
+			// receive core's load, opened once.
+			loadTried = true
+			var err error
+			if src, err = open(); err != nil {
+				src = nil
+				if g.env.Logf != nil {
+					g.env.Logf("high=auto: no load samples (%v): PRISM does not step aside", err)
+				}
+			}
 		}
 		var s cpuload.Sample
 		var err error
@@ -553,8 +549,7 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		if g.high != nil {
 			if src != nil {
-				c, ok := s.Core(g.core)
-				g.high.load(c.Rx, err == nil && ok)
+				g.high.takeLoad(s, err == nil)
 			}
 			g.sampleHigh()
 		}

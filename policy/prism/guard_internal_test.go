@@ -159,3 +159,36 @@ func TestGuardKthreadGoneAndStale(t *testing.T) {
 		t.Errorf("after a stale write: %d writes, status %+v: want the guard stopped at once", len(stale.calls()), g.Status())
 	}
 }
+
+// A guard with no target of its own (high=auto alone) opens a load
+// sampler once the applied config steps aside, and hands its samples of
+// the config's core to the switch, which then steps aside; with no
+// aside-below in the config it opens none.
+func TestGuardFeedsAside(t *testing.T) {
+	for _, below := range []uint32{20, 0} {
+		dp := newFakeHigh(5000)
+		dp.below, dp.core = below, 0
+		opens := 0
+		src := &fakeSource{idle: 100} // core 0, no receive work
+		h := newHighSwitch("/nowhere")
+		h.open = func(string) (highDatapath, error) { return dp, nil }
+		g := &guard{rule: GuardRule{Interval: time.Millisecond}, core: -1, high: h,
+			newSource: func() (cpuload.Source, error) { opens++; return src, nil }}
+		if err := runGuard(t, g, 200*time.Millisecond); err != nil {
+			t.Fatalf("aside-below %d: the guard ended: %v", below, err)
+		}
+		if below == 0 {
+			if opens != 0 || dp.asideSets != 0 {
+				t.Errorf("aside-below 0: %d samplers opened, deadline written %d times; want none", opens, dp.asideSets)
+			}
+			continue
+		}
+		st := g.Status()
+		if opens != 1 || st.High == nil || st.High.Aside == nil || st.High.Aside.Asides == 0 || st.High.Aside.RxPercent != 0 {
+			t.Errorf("aside-below %d: %d samplers opened, status %+v; want one, and PRISM stepped aside at 0%%", below, opens, st.High)
+		}
+		if dp.aside != 0 {
+			t.Errorf("the guard stopped, but the deadline %v stays", dp.aside)
+		}
+	}
+}

@@ -391,13 +391,16 @@ func TestPrismStepsAside(t *testing.T) {
 	ag, stopAgent := a.StartAgent(t)
 	var st prism.GuardStatus
 	for range 150 { // 1 s of samples, and slack
-		if st, _ = ag.Status().(prism.GuardStatus); st.High != nil && st.High.Aside {
+		if st, _ = ag.Status().(prism.GuardStatus); st.High != nil && st.High.Aside != nil && st.High.Aside.On {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if st.High == nil || !st.High.Aside || st.High.Asides != 1 || st.High.AsideBelow != prism.DefaultAsideBelow || st.High.RxPercent >= prism.DefaultAsideBelow {
+	if st.High == nil || st.High.Aside == nil || !st.High.Aside.On || st.High.Aside.Asides < 1 || st.High.Aside.Below != prism.DefaultAsideBelow || st.High.Aside.RxPercent >= prism.DefaultAsideBelow {
 		t.Fatalf("agent status %+v: want PRISM stepped aside on an idle receive core", st.High)
+	}
+	if cfg, err := dp.Config(); err != nil || cfg.AsideBelow != prism.DefaultAsideBelow || st.High.Aside.Core != cfg.InlineCPU {
+		t.Errorf("config %+v (%v): want aside-below %d on the status's core %d", cfg, err, prism.DefaultAsideBelow, st.High.Aside.Core)
 	}
 	if sum := strings.Join(st.Summary(), "\n"); !strings.Contains(sum, "stepped aside") {
 		t.Errorf("status summary %q does not say it stepped aside", sum)
@@ -413,7 +416,7 @@ func TestPrismStepsAside(t *testing.T) {
 	overlaytest.InOrder(t, "light marked stream, PRISM stepped aside", marked)
 	overlaytest.InOrder(t, "bulk beside it", bulk)
 	st1, _ := dp.Stats()
-	if st, _ = ag.Status().(prism.GuardStatus); st.High == nil || !st.High.Aside {
+	if st, _ = ag.Status().(prism.GuardStatus); st.High == nil || st.High.Aside == nil || !st.High.Aside.On {
 		t.Fatalf("agent status %+v: the streams took PRISM out of stepping aside (want them light)", st.High)
 	}
 	d := st1[steer.StageSplit].Sub(st0[steer.StageSplit])

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 )
 
@@ -63,22 +64,22 @@ func highRule(pps int) HighRule {
 // that wait away, and charge every marked frame a kthread hop and every
 // bulk frame a redirect and a second skb build. On a core that receive
 // work keeps rarely busy there is little wait to take, and the charge is
-// the marked flow's whole difference from vanilla (Options.AsideBelow
-// says where that was measured). So while the receive core's receive
-// work (softirq and receive kthreads, the guard's load samples) stays
-// under AsideBelow percent of the core for AsideAfter samples, the switch
-// stands PRISM aside (steer.Prio.SetAside): steer_xdp runs both classes'
-// first stage in the NIC poll, vanilla's path, only classifying and
-// counting; PRISM-sync's shortcut stays open to the marked frames it
-// takes. BackAfter samples at
-// or above the threshold put the plan's placement back. Each move is the
-// datapath's fast move, in order. One threshold suffices against
+// all the marked flow sees. So while the receive core's receive work
+// (softirq and receive kthreads, the guard's load samples) stays under
+// the applied config's AsideBelow percent of it for AsideAfter samples,
+// the switch stands PRISM aside (steer.Prio.SetAside): steer_xdp runs
+// both classes' first stage in the NIC poll, vanilla's path, only
+// classifying and counting; PRISM-sync's shortcut stays open to the
+// marked frames it takes. BackAfter samples at or above the threshold, or
+// that could not be taken, put the plan's placement back. Each move is
+// the datapath's fast move, in order. One threshold suffices against
 // flapping: the queues' hop makes the same traffic cost the core more
-// with PRISM on than aside, so a load that stays under the threshold with
-// PRISM on also stays under it aside. A sample that could not be taken
-// counts as busy, and the deadline the switch renews at every sample
-// (asideTTL) ends stepping aside without it: the plan's placement is
-// what the switch falls back to.
+// with PRISM on than aside, so a load under the threshold with PRISM on
+// is under it aside too. The deadline the switch renews at every sample
+// (asideTTL) ends stepping aside when the switch stops renewing it: the
+// plan's placement is what it falls back to. The threshold and the core
+// are the applied config's (steer.Config.AsideBelow, InlineCPU), followed
+// at every sample like high=auto's threshold.
 
 // AsideRule is when the switch steps aside and back.
 type AsideRule struct {
@@ -87,11 +88,18 @@ type AsideRule struct {
 	BackAfter  int     // samples in a row at or above Below (or failed) to come back
 }
 
-// asideRule is the rule for aside-below on the guard's 100 ms samples:
-// 1 s quiet to step aside, 0.2 s busy to come back.
+// asideRule is the rule for aside-below on the guard's samples: 1 s
+// quiet to step aside, 0.2 s busy to come back (at 100 ms).
 func asideRule(below float64) AsideRule {
 	return AsideRule{Below: below, AsideAfter: 10, BackAfter: 2}
 }
+
+// asideFor and asideBack say asideRule's times at the default interval,
+// for help and plan notes.
+var (
+	asideFor  = (time.Duration(asideRule(0).AsideAfter) * DefaultGuardRule.Interval).String()
+	asideBack = (time.Duration(asideRule(0).BackAfter) * DefaultGuardRule.Interval).String()
+)
 
 // asideState is the decision: on is stepped aside.
 type asideState struct{ latch }
@@ -124,6 +132,7 @@ type highDatapath interface {
 	HighAuto() (pps uint32, inline []steer.Rule, err error)
 	SetHighInline(r steer.Rule, on bool) error
 	SetAside(until time.Duration) error
+	AsideConfig() (below uint32, core int)
 	ForgetHigh(r steer.Rule) error
 	BulkQuietNow() (bool, error)
 	Close() error
@@ -155,43 +164,73 @@ type highSwitch struct {
 	switches  uint64
 	err       string // the last sample's error, cleared by the next good one
 
-	// Stepping aside; aside is nil where it is off (aside-below=0, or no
-	// receive core known). rx is the receive core's receive work in the
-	// last load sample (-1: none taken), core that core.
-	aside     *asideState
-	asideRule AsideRule
-	asides    uint64
-	rx        float64
-	core      int
-	asideMsg  string // what the last load sample changed, for the next sample's log
+	// Stepping aside: the decision, the applied config's threshold
+	// (below, 0: off) and core, the load sample the guard handed over for
+	// the next sample (loaded: one came; load nil: it failed), the
+	// receive work it read (rx, -1: none), and whether the datapath holds
+	// a deadline the last write set (asideSet).
+	aside    asideState
+	below    uint32
+	core     int
+	loaded   bool
+	load     *cpuload.Sample
+	rx       float64
+	asides   uint64
+	asideSet bool
 }
 
-// withAside turns stepping aside on for the receive core.
-func (h *highSwitch) withAside(core int, below float64) *highSwitch {
-	h.aside, h.asideRule, h.core, h.rx = &asideState{}, asideRule(below), core, -1
-	return h
-}
-
-// load takes the receive core's receive work from a load sample (ok:
-// taken) and steps the aside decision; the next sample follows it.
-func (h *highSwitch) load(rx float64, ok bool) {
-	if h.aside == nil {
-		return
-	}
-	h.rx = -1
+// takeLoad hands the switch a load sample (ok: taken) for its next
+// sample.
+func (h *highSwitch) takeLoad(s cpuload.Sample, ok bool) {
+	h.loaded, h.load = true, nil
 	if ok {
-		h.rx = rx
+		h.load = &s
 	}
-	if !h.aside.step(h.asideRule, rx, ok) || h.off {
-		return
+}
+
+// wantsLoad: the applied config steps aside, so the switch needs the
+// guard's load samples.
+func (h *highSwitch) wantsLoad() bool { return h.below != 0 }
+
+// stepAside follows the applied config's threshold and core and steps
+// the decision with the load handed over since the last sample; it says
+// what changed (for the log).
+func (h *highSwitch) stepAside(below uint32, core int) string {
+	if below == 0 {
+		was := h.below != 0
+		h.below, h.aside, h.rx, h.loaded, h.load = 0, asideState{}, -1, false, nil
+		if was {
+			return "high=auto: the applied plan does not step aside (aside-below=0): PRISM's queues"
+		}
+		return ""
 	}
-	if h.aside.on {
+	if h.below == 0 {
+		h.rx = -1
+	}
+	h.below, h.core = below, core
+	if !h.loaded {
+		return ""
+	}
+	h.loaded = false
+	rx, ok := -1.0, false
+	if h.load != nil {
+		if c, found := h.load.Core(core); found {
+			rx, ok = c.Rx, true
+		}
+	}
+	h.load, h.rx = nil, rx
+	r := asideRule(float64(below))
+	if !h.aside.step(r, rx, ok) {
+		return ""
+	}
+	switch {
+	case h.aside.on:
 		h.asides++
-		h.asideMsg = fmt.Sprintf("high=auto: receive work on core %d under %.0f%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", h.core, h.asideRule.Below, time.Duration(h.asideRule.AsideAfter)*guardRule.Interval, rx)
-	} else if ok {
-		h.asideMsg = fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %.0f%%): PRISM's queues again", h.core, rx, h.asideRule.Below)
-	} else {
-		h.asideMsg = fmt.Sprintf("high=auto: the load of core %d could not be sampled: PRISM's queues again until it can", h.core)
+		return fmt.Sprintf("high=auto: receive work on core %d under %d%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, below, time.Duration(r.AsideAfter)*guardRule.Interval, rx)
+	case ok:
+		return fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %d%%): PRISM's queues again", core, rx, below)
+	default:
+		return fmt.Sprintf("high=auto: the load of core %d could not be sampled: PRISM's queues again until it can", core)
 	}
 }
 
@@ -199,10 +238,6 @@ func (h *highSwitch) load(rx float64, ok bool) {
 // renews it at every sample, so an agent that dies or hangs leaves the
 // plan's placement back within it.
 const asideTTL = time.Second
-
-// steppedAside: every flow runs in the NIC poll for want of work to
-// preempt.
-func (h *highSwitch) steppedAside() bool { return h.aside != nil && h.aside.on && !h.off }
 
 func newHighSwitch(dir string) *highSwitch {
 	return &highSwitch{dir: dir, mono: steer.MonoNow, open: func(dir string) (highDatapath, error) {
@@ -234,6 +269,10 @@ func (h *highSwitch) sample(now time.Time) string {
 }
 
 func (h *highSwitch) try(now time.Time) (string, error) {
+	// Not renewed this sample unless the write below says so: the
+	// deadline lapses, and the status must not claim it.
+	set := h.asideSet
+	h.asideSet = false
 	dp, err := h.open(h.dir)
 	if err != nil {
 		return "", err
@@ -243,16 +282,14 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var msgs []string
-	if h.asideMsg != "" {
-		msgs = append(msgs, h.asideMsg)
-		h.asideMsg = ""
-	}
 	if pps == 0 {
 		// Applied without high=auto (a re-apply, or the default's
-		// fallback): nothing to switch; the programs ignore the switches.
+		// fallback): nothing to switch; the programs ignore the switches
+		// and the aside deadline.
 		was := !h.off
 		h.off, h.rules, h.bulkQuiet = true, nil, false
+		h.stepAside(0, 0)
+		h.asideSet = false
 		if was {
 			return "high=auto: the applied plan is not high=auto: the switch stands down", nil
 		}
@@ -292,13 +329,19 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 	if h.rules == nil {
 		h.rules = map[steer.Rule]*ruleSwitch{}
 	}
-	if h.aside != nil {
+	var msgs []string
+	if msg := h.stepAside(dp.AsideConfig()); msg != "" {
+		msgs = append(msgs, msg)
+	}
+	if h.below != 0 || set {
 		// Written at every sample: aside, the renewal of its deadline.
 		var until time.Duration
-		if h.steppedAside() {
+		if h.aside.on {
 			until = h.mono() + asideTTL
 		}
-		errs = append(errs, dp.SetAside(until))
+		err := dp.SetAside(until)
+		errs = append(errs, err)
+		h.asideSet = err == nil && until != 0
 	}
 	for _, r := range rules {
 		rs := h.rules[r]
@@ -357,9 +400,10 @@ func (h *highSwitch) stop() error {
 	for _, r := range cur {
 		errs = append(errs, dp.SetHighInline(r, false))
 	}
-	if h.aside != nil {
+	if below, _ := dp.AsideConfig(); below != 0 || h.asideSet {
 		errs = append(errs, dp.SetAside(0))
 	}
+	h.asideSet, h.aside = false, asideState{}
 	return errors.Join(errs...)
 }
 
@@ -375,15 +419,20 @@ type HighStatus struct {
 	// the default's fallback to the queue).
 	Off bool   `json:"off,omitempty"`
 	Err string `json:"error,omitempty"`
-	// Aside: stepped aside (aside-below), every rule's flows and bulk in
-	// the NIC poll; AsideBelow the threshold (0: stepping aside is off),
-	// Core the receive core, RxPercent its receive work in the last load
-	// sample (-1: none), Asides how often it stepped aside.
-	Aside      bool    `json:"aside,omitempty"`
-	AsideBelow float64 `json:"aside_below,omitempty"`
-	Core       int     `json:"core"`
-	RxPercent  float64 `json:"rx_percent"`
-	Asides     uint64  `json:"asides,omitempty"`
+	// Aside is stepping aside's state, where the applied config has it.
+	Aside *AsideStatus `json:"aside,omitempty"`
+}
+
+// AsideStatus is stepping aside's state: On while the datapath holds the
+// switch's deadline; Below the applied threshold and Core the receive
+// core; RxPercent its receive work in the last load sample (-1: none);
+// Asides how often it stepped aside.
+type AsideStatus struct {
+	On        bool    `json:"on"`
+	Below     uint32  `json:"below"`
+	Core      int     `json:"core"`
+	RxPercent float64 `json:"rx_percent"`
+	Asides    uint64  `json:"asides"`
 }
 
 // HighRuleStatus is one rule's state.
@@ -395,8 +444,8 @@ type HighRuleStatus struct {
 
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
-	if h.aside != nil {
-		s.Aside, s.AsideBelow, s.Core, s.RxPercent, s.Asides = h.steppedAside(), h.asideRule.Below, h.core, h.rx, h.asides
+	if h.below != 0 {
+		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Core: h.core, RxPercent: h.rx, Asides: h.asides}
 	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
@@ -437,22 +486,23 @@ func (s HighStatus) Summary() string {
 		return strings.Join(out, ", ")
 	}
 	head := fmt.Sprintf("high=auto (inline from %.0f frames/s a rule; %d switches): ", s.InlineAt, s.Switches)
-	if s.AsideBelow > 0 {
+	aside := s.Aside != nil && s.Aside.On
+	if a := s.Aside; a != nil {
 		rx := "not sampled"
-		if s.RxPercent >= 0 {
-			rx = fmt.Sprintf("%.0f%%", s.RxPercent)
+		if a.RxPercent >= 0 {
+			rx = fmt.Sprintf("%.0f%%", a.RxPercent)
 		}
-		if s.Aside {
-			head += fmt.Sprintf("stepped aside (receive work on core %d %s, under %.0f%%; asides %d): every flow in the NIC poll as vanilla runs it; by their switches: ", s.Core, rx, s.AsideBelow, s.Asides)
+		if a.On {
+			head += fmt.Sprintf("stepped aside (receive work on core %d %s, under %d%%; asides %d): every flow in the NIC poll as vanilla runs it; by their switches: ", a.Core, rx, a.Below, a.Asides)
 		} else {
-			head += fmt.Sprintf("receive work on core %d %s (steps aside under %.0f%%; asides %d); ", s.Core, rx, s.AsideBelow, s.Asides)
+			head += fmt.Sprintf("receive work on core %d %s (steps aside under %d%%; asides %d); ", a.Core, rx, a.Below, a.Asides)
 		}
 	}
-	if s.BulkQuiet && !s.Aside {
+	if s.BulkQuiet && !aside {
 		head += "no bulk lately, so every rule's flows run in the NIC poll; by their switches: "
 	}
 	switch {
-	case len(s.Rules) == 0 && (s.BulkQuiet || s.Aside):
+	case len(s.Rules) == 0 && (s.BulkQuiet || aside):
 		return strings.TrimSuffix(head, "by their switches: ") + "no rules yet"
 	case len(s.Rules) == 0:
 		return head + "no rules yet"

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 )
 
@@ -57,6 +58,8 @@ type fakeHigh struct {
 	bqFail    error // BulkQuietNow alone fails
 	aside     time.Duration
 	asideSets int
+	below     uint32 // the config's aside-below
+	core      int
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -92,6 +95,7 @@ func (f *fakeHigh) SetAside(until time.Duration) error {
 	f.aside = until
 	return nil
 }
+func (f *fakeHigh) AsideConfig() (uint32, int) { return f.below, f.core }
 func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
 	f.forgot = append(f.forgot, r)
 	delete(f.inline, r)
@@ -354,16 +358,23 @@ func TestAsideRule(t *testing.T) {
 	}
 }
 
-// TestHighSwitchStepsAside: stepped aside, the switch writes the aside
-// deadline asideTTL on at every sample, says so in its status and log,
-// and clears it when it comes back or stops; the rules' own switches are
-// left to their rates (the busy rule inline throughout, the light one in
-// its queue). The datapath follows at the sample after the load's.
+// loadOn is a load sample with receive work rx on core.
+func loadOn(core int, rx float64) cpuload.Sample {
+	return cpuload.Sample{Cores: []cpuload.Core{{CPU: core, Rx: rx}}}
+}
+
+// TestHighSwitchStepsAside: with aside-below in the applied config, the
+// switch steps aside on its load samples of the config's core and writes
+// the aside deadline asideTTL on at every sample, says so in its status
+// and log, and clears it when it comes back, when the config drops it and
+// when it stops; the rules' own switches are left to their rates. A
+// sample without that core, or a failed one, counts as busy.
 func TestHighSwitchStepsAside(t *testing.T) {
 	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
 	busy := testRule(t, "dst 198.19.0.22 port 11211 tcp")
 	dp := newFakeHigh(5000, light, busy)
-	h := newHighSwitch("/nowhere").withAside(1, 20)
+	dp.below, dp.core = 20, 1
+	h := newHighSwitch("/nowhere")
 	h.open = func(string) (highDatapath, error) { return dp, nil }
 	mono := time.Hour
 	h.mono = func() time.Duration { return mono }
@@ -373,7 +384,7 @@ func TestHighSwitchStepsAside(t *testing.T) {
 		mono += 100 * time.Millisecond
 		dp.frames[light] += 100
 		dp.frames[busy] += 1000
-		h.load(rx, true)
+		h.takeLoad(loadOn(1, rx), true)
 		return h.sample(now)
 	}
 	var log []string
@@ -382,6 +393,9 @@ func TestHighSwitchStepsAside(t *testing.T) {
 	}
 	if dp.aside != 0 || dp.inline[light] || !dp.inline[busy] {
 		t.Fatalf("busy load: aside until %v, inline %v; want not aside, the busy rule's flows inline", dp.aside, dp.inline)
+	}
+	if !h.wantsLoad() {
+		t.Error("the config steps aside, but the switch does not ask for load samples")
 	}
 	for range 10 {
 		log = append(log, step(5))
@@ -397,8 +411,8 @@ func TestHighSwitchStepsAside(t *testing.T) {
 		t.Errorf("stepped aside: deadline %v not renewed to %v", dp.aside, mono+asideTTL)
 	}
 	st := h.status()
-	if !st.Aside || st.Asides != 1 || st.RxPercent != 5 || st.Core != 1 {
-		t.Errorf("status %+v: want stepped aside once, at 5%% on core 1", st)
+	if a := st.Aside; a == nil || !a.On || a.Asides != 1 || a.RxPercent != 5 || a.Core != 1 || a.Below != 20 {
+		t.Errorf("status %+v: want stepped aside once, at 5%% on core 1", a)
 	}
 	if sum := st.Summary(); !strings.Contains(sum, "stepped aside (receive work on core 1 5%, under 20%; asides 1)") {
 		t.Errorf("summary %q does not say it stepped aside", sum)
@@ -406,6 +420,14 @@ func TestHighSwitchStepsAside(t *testing.T) {
 	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM steps aside") {
 		t.Errorf("log %q does not say it stepped aside", j)
 	}
+	// A sample that fails to reach the datapath: the deadline is not
+	// renewed, and the status does not claim it.
+	dp.fail = errors.New("gone")
+	step(5)
+	if st := h.status(); st.Aside != nil && st.Aside.On {
+		t.Errorf("a failed sample: status %+v still claims the deadline", st.Aside)
+	}
+	dp.fail = nil
 	log = log[:0]
 	for range 2 {
 		log = append(log, step(40))
@@ -413,38 +435,52 @@ func TestHighSwitchStepsAside(t *testing.T) {
 	if dp.aside != 0 || !dp.inline[busy] {
 		t.Fatalf("back: aside until %v, inline %v; want not aside, the busy rule inline", dp.aside, dp.inline)
 	}
-	if st := h.status(); st.Aside || !strings.Contains(st.Summary(), "receive work on core 1 40% (steps aside under 20%; asides 1)") {
-		t.Errorf("back: status %+v, summary %q", st, st.Summary())
+	if st := h.status(); st.Aside.On || !strings.Contains(st.Summary(), "receive work on core 1 40% (steps aside under 20%; asides 1)") {
+		t.Errorf("back: status %+v, summary %q", st.Aside, st.Summary())
 	}
 	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM's queues again") {
 		t.Errorf("log %q does not say the queues are back", j)
 	}
-	// Unknown load: the plan's placement after BackAfter.
+	// Unknown load (failed, or without the core): the plan's placement.
 	for range 10 {
 		step(5)
 	}
 	if dp.aside == 0 {
 		t.Fatal("not aside again")
 	}
-	h.load(0, false)
-	h.load(0, false)
+	h.takeLoad(cpuload.Sample{}, false)
 	h.sample(now.Add(100 * time.Millisecond))
+	h.takeLoad(loadOn(0, 5), true)
+	h.sample(now.Add(200 * time.Millisecond))
 	if dp.aside != 0 {
 		t.Errorf("load unknown: still aside until %v", dp.aside)
 	}
-	if st := h.status(); st.RxPercent != -1 || !strings.Contains(st.Summary(), "not sampled") {
-		t.Errorf("load unknown: status %+v", st)
+	if st := h.status(); st.Aside.RxPercent != -1 || !strings.Contains(st.Summary(), "not sampled") {
+		t.Errorf("load unknown: status %+v", st.Aside)
 	}
-	// Stopping ends it too.
+	// A re-apply without aside-below: back at once, said, not followed.
 	for range 10 {
 		step(5)
+	}
+	dp.below = 0
+	if msg := step(5); !strings.Contains(msg, "does not step aside") || dp.aside != 0 || h.wantsLoad() || h.status().Aside != nil {
+		t.Errorf("aside-below=0 applied: log %q, deadline %v, status %+v", msg, dp.aside, h.status().Aside)
+	}
+	// Stopping ends it too.
+	dp.below = 20
+	for range 10 {
+		step(5)
+	}
+	if dp.aside == 0 {
+		t.Fatal("not aside before the stop")
 	}
 	if err := h.stop(); err != nil || dp.aside != 0 {
 		t.Errorf("stopped: aside until %v (%v), want 0", dp.aside, err)
 	}
 }
 
-// TestHighSwitchAsideOff: without aside-below the load changes nothing.
+// TestHighSwitchAsideOff: without aside-below in the config the load
+// changes nothing, and the deadline is never written.
 func TestHighSwitchAsideOff(t *testing.T) {
 	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
 	dp := newFakeHigh(5000, light)
@@ -454,13 +490,13 @@ func TestHighSwitchAsideOff(t *testing.T) {
 	for range 20 {
 		now = now.Add(100 * time.Millisecond)
 		dp.frames[light] += 100
-		h.load(0, true)
+		h.takeLoad(loadOn(0, 0), true)
 		h.sample(now)
 	}
-	if dp.inline[light] || dp.asideSets != 0 {
+	if dp.inline[light] || dp.asideSets != 0 || h.wantsLoad() {
 		t.Errorf("aside off: the light rule's flows went inline (%v), or the deadline was written %d times", dp.inline[light], dp.asideSets)
 	}
-	if st := h.status(); st.AsideBelow != 0 || strings.Contains(st.Summary(), "aside") {
-		t.Errorf("aside off: status %+v, summary %q", st, st.Summary())
+	if st := h.status(); st.Aside != nil || strings.Contains(st.Summary(), "aside") {
+		t.Errorf("aside off: status %+v, summary %q", st.Aside, st.Summary())
 	}
 }

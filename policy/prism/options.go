@@ -116,22 +116,13 @@ type Options struct {
 	// AsideBelow (with high=auto and bulk=auto; 0: off) is where PRISM
 	// steps aside: while the receive core's receive work (softirq and the
 	// receive kthreads, lanes agent's samples) stays under this percent of
-	// the core for 1 s, the agent has steer_xdp run both classes in the
-	// NIC poll, vanilla's path, only classifying (highswitch.go). A marked
-	// frame waits for bulk work in proportion to how busy the core is with
-	// it; where it is rarely busy, the queues' hop costs the marked flow
-	// more at the median (and at idle the tail) than the wait it saves.
-	// Two samples (0.2 s) at or above it put the queues back. Why the
-	// default: receive work counts each frame's whole cost, which at low
-	// rates (a frame per poll) is several times what it is in a busy
-	// core's batches. On the 2-core testbed the bench's 10% background
-	// kept it at 40-45% of the core on vanilla's path, where prism-batch's
-	// marked p50 had been 1.3x vanilla's and its p99 1.15x; its 30%
-	// background at 60-73%, where the p99 gain begins (docs/decisions).
-	// The queues add receive work of their own, so a load that falls from
-	// above the threshold steps aside only once it is under it with the
-	// queues on.
-	AsideBelow float64
+	// the core, the agent has steer_xdp run both classes in the NIC poll,
+	// vanilla's path (highswitch.go says when and why). The default is
+	// where the testbed's light background stayed under it and its
+	// heavier ones did not (docs/decisions: receive work counts each
+	// frame's whole cost, so it is not the background's share of the
+	// core's capacity).
+	AsideBelow int
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
 	// hands on, so a high-priority frame behind bulk frames in the NIC's
@@ -345,7 +336,7 @@ var params = []plan.Param{
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
-	{Key: "aside-below", Default: fmt.Sprint(DefaultAsideBelow), Help: "with high=auto and bulk=auto: lanes agent steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under this percent of the core for 1 s, and puts the queues back after 0.2 s at or above it (0-100; 0: off): where the core is rarely busy with bulk work, a marked frame rarely waits for it, and the queues' hop costs more than it saves"},
+	{Key: "aside-below", Default: fmt.Sprint(DefaultAsideBelow), Help: "with high=auto and bulk=auto: lanes agent steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under this percent of the core for " + asideFor + ", and puts the queues back after " + asideBack + " at or above it (0-100; 0: off): where the core is rarely busy with bulk work, a marked frame rarely waits for it, and the queues' hop costs more than it saves"},
 	{Key: "bulk", Default: "auto with high=auto, else queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
 	{Key: "guard-tasks", Default: fmt.Sprint(DefaultGuardTasks), Help: "with bulk-sched=idle: the guard gives a waiting bulk queue normal scheduling only while the receive core's applications (and kernel threads that are not receive work) take at least this percent of it (0-100; 0: whenever bulk waits); below it bulk waits for softirq and the high-priority queue, which normal scheduling would not take the core from"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
@@ -439,9 +430,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 			bulkQuiet = true
 		case "aside-below":
-			o.AsideBelow, err = strconv.ParseFloat(v, 64)
-			if err == nil && !(o.AsideBelow >= 0 && o.AsideBelow <= 100) {
-				err = fmt.Errorf("want a percent from 0 (off) to 100")
+			o.AsideBelow, err = strconv.Atoi(v)
+			if err == nil && (o.AsideBelow < 0 || o.AsideBelow > 100) {
+				err = fmt.Errorf("want a whole percent from 0 (off) to 100")
 			}
 			asideGiven = true
 		case "quiet":
@@ -500,7 +491,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 		return o, fmt.Errorf("prism bulk-quiet is part of high=auto, but high is %s: drop bulk-quiet or set high=auto", o.High)
 	}
 	if asideGiven && o.AsideBelow != 0 && (o.High != HighAuto || o.Bulk != BulkAuto) {
-		return o, fmt.Errorf("prism aside-below=%v steps aside through high=auto's switch, with bulk following by bulk=auto, but high is %s and bulk %s: drop aside-below or use high=auto and bulk=auto", o.AsideBelow, o.High, o.Bulk)
+		return o, fmt.Errorf("prism aside-below=%d steps aside through high=auto's switch, with bulk following by bulk=auto, but high is %s and bulk %s: drop aside-below or use high=auto and bulk=auto", o.AsideBelow, o.High, o.Bulk)
 	}
 	if o.High != HighAuto || o.Bulk != BulkAuto {
 		o.AsideBelow = 0 // the default has nothing to step aside with

@@ -173,7 +173,7 @@ func TestParseNetdevBudget(t *testing.T) {
 func TestParseAsideBelow(t *testing.T) {
 	for _, tc := range []struct {
 		params map[string]string
-		want   float64
+		want   int
 	}{
 		{nil, prism.DefaultAsideBelow},
 		{map[string]string{"prio-mode": "sync"}, prism.DefaultAsideBelow},
@@ -189,7 +189,7 @@ func TestParseAsideBelow(t *testing.T) {
 		}
 	}
 	parseRefuses(t, map[string]map[string]string{
-		"want a percent from 0 (off) to 100":                {"aside-below": "101"},
+		"want a whole percent from 0 (off) to 100":          {"aside-below": "101"},
 		"bad prism setting aside-below":                     {"aside-below": "x"},
 		"drop aside-below or use high=auto and bulk=auto":   {"aside-below": "20", "high": "queue"},
 		"but high is auto and bulk queue: drop aside-below": {"aside-below": "20", "bulk": "queue"},

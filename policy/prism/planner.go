@@ -338,5 +338,5 @@ func asideNote(o Options) string {
 	if o.AsideBelow == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under %v%% of it for 1 s (aside-below), and puts the queues back after 0.2 s at or above it", o.AsideBelow)
+	return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under %d%% of it for %s (aside-below), and puts the queues back after %s at or above it", o.AsideBelow, asideFor, asideBack)
 }

@@ -425,8 +425,9 @@ struct {
  * runs it: lanes agent sets it while the receive core's receive work is
  * too light for the queues to pay, renewing the deadline at every sample,
  * so an agent that dies leaves the plan's placement back within it. Heeded
- * only while steer_mode.high_auto_pps is set (fast moves, as the rules'
- * switches above). Runtime state of the agent, in a map of its own. */
+ * only while steer_mode.aside_pct is set, which the planner does only with
+ * high=auto and bulk=auto (fast moves, as the rules' switches above).
+ * Runtime state of the agent, in a map of its own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

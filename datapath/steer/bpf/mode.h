@@ -71,6 +71,11 @@ struct steer_mode {
 	 * halves off, so a flow moves between them at once (PLACE_LOCAL);
 	 * a move to or from another core's queue waits for an idle gap. */
 	__u32 inline_cpu;
+	/* PRISM aside-below (with high=auto and bulk=auto): the receive
+	 * work, in percent of inline_cpu, under which lanes agent stands PRISM
+	 * aside (steer_aside); read by the agent. 0: off, and steer_aside is
+	 * ignored. */
+	__u32 aside_pct;
 };
 
 const volatile struct steer_mode steer_mode = {};

@@ -46,7 +46,7 @@ static __always_inline int stepped_aside(void)
 	__u32 zero = 0;
 	__u64 *until;
 
-	if (!steer_mode.high_auto_pps)
+	if (!steer_mode.aside_pct)
 		return 0;
 	until = bpf_map_lookup_elem(&steer_aside, &zero);
 	return until && *until && (__s64)(*until - bpf_ktime_get_coarse_ns()) > 0;
