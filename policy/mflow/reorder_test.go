@@ -101,10 +101,7 @@ func TestTagReachesVeth(t *testing.T) {
 	}
 	// What the receiver drops (a slow guest) is not the question here.
 	res := sendElephantAt(t, tb, elephantRate, 0.3)
-	waitFor(t, "the last micro-flow to reach tc ingress", func() bool {
-		m := elephantFlow(t, dp, res, steer.StageSplit).MicroFlow
-		return m.SeenAny && m.Seen == m.Started-1
-	})
+	waitLastSeen(t, func() steer.MicroFlowState { return elephantFlow(t, dp, res, steer.StageSplit).MicroFlow })
 	mf := elephantFlow(t, dp, res, steer.StageSplit).MicroFlow
 	n, last := probe.read(t)
 	flow, seq, ok := reorder.Tagged(last)
