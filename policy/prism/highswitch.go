@@ -72,10 +72,12 @@ func highRule(pps int) HighRule {
 // classifying and counting; PRISM-sync's shortcut stays open to the
 // marked frames it takes. BackAfter samples at or above the threshold, or
 // that could not be taken, put the plan's placement back. Each move is
-// the datapath's fast move, in order. One threshold suffices against
-// flapping: the queues' hop makes the same traffic cost the core more
-// with PRISM on than aside, so a load under the threshold with PRISM on
-// is under it aside too. The deadline the switch renews at every sample
+// the datapath's fast move, in order. One threshold: the queues' hop
+// makes the same traffic cost the core more with PRISM on than aside, so
+// a load under the threshold with PRISM on is under it aside too, and the
+// hop's own cost cannot make the switch flap; a load whose samples
+// straddle the threshold can, at most once per AsideAfter + BackAfter
+// samples. The deadline the switch renews at every sample
 // (asideTTL) ends stepping aside when the switch stops renewing it: the
 // plan's placement is what it falls back to. The threshold and the core
 // are the applied config's (steer.Config.AsideBelow, InlineCPU), followed
