@@ -930,6 +930,18 @@ func TestPrismBulkQuiet(t *testing.T) {
 	c.reset(t)
 }
 
+// flipEvery runs send while it flips a switch every 20 ms (off first),
+// and fails t if a flip failed.
+func flipEvery(t *testing.T, flip func(on bool) error, send func() overlaytest.StreamResult) overlaytest.StreamResult {
+	t.Helper()
+	stop := modetest.Every(20*time.Millisecond, func(i int) error { return flip(i%2 == 1) })
+	res := send()
+	if _, err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 // movedInOrder checks that a marked stream and the bulk stream beside it
 // arrived in order, and that since st1 bulk took both paths (its queue and
 // the NIC poll) without a move waiting out the drain time.
@@ -1033,30 +1045,10 @@ func TestPrismBulkAuto(t *testing.T) {
 	}
 	// The switch flips every 20 ms: the marked flow takes its queue and
 	// leaves it, and bulk follows.
-	stop := make(chan struct{})
-	flipped := make(chan error, 1)
-	go func() {
-		on := true
-		for {
-			select {
-			case <-stop:
-				flipped <- nil
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			on = !on
-			if err := dp.Prio().SetHighInline(rule, on); err != nil {
-				flipped <- err
-				return
-			}
-		}
-	}()
 	m.During = func() { bulk = bulkStream.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr()) }
-	res := m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
-	close(stop)
-	if err := <-flipped; err != nil {
-		t.Fatal(err)
-	}
+	res := flipEvery(t, func(on bool) error { return dp.Prio().SetHighInline(rule, on) }, func() overlaytest.StreamResult {
+		return m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
+	})
 	movedInOrder(t, dp, "bulk beside a flipping switch", res, bulk, st1)
 
 	// A light rule's flow (its queue) while the agent's aside deadline
@@ -1066,32 +1058,13 @@ func TestPrismBulkAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	st2, _ := dp.Stats()
-	stop = make(chan struct{})
-	go func() {
-		on := true
-		for {
-			select {
-			case <-stop:
-				flipped <- nil
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			on = !on
-			until := time.Duration(0)
-			if on {
-				until = steer.MonoNow() + time.Second
-			}
-			if err := dp.Prio().SetAside(until); err != nil {
-				flipped <- err
-				return
-			}
+	res = flipEvery(t, func(on bool) error {
+		until := time.Duration(0)
+		if on {
+			until = steer.MonoNow() + time.Second
 		}
-	}()
-	res = m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
-	close(stop)
-	if err := <-flipped; err != nil {
-		t.Fatal(err)
-	}
+		return dp.Prio().SetAside(until)
+	}, func() overlaytest.StreamResult { return m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr()) })
 	movedInOrder(t, dp, "bulk beside a marked flow, stepping aside and back", res, bulk, st2)
 	if err := dp.Prio().SetAside(0); err != nil {
 		t.Fatal(err)
