@@ -91,7 +91,7 @@ func (d Prio) SetHighInline(r Rule, on bool) error {
 }
 
 // SetAside stands PRISM aside until the deadline (CLOCK_MONOTONIC, as
-// MonoNow; 0 ends it at once): steer_xdp runs both classes' first stage in
+// Now; 0 ends it at once): steer_xdp runs both classes' first stage in
 // the NIC poll, as vanilla runs it, while the deadline has not passed.
 // Runtime state of lanes agent (PRISM's aside-below), which renews the
 // deadline at every sample: an agent that dies leaves the plan's
@@ -115,7 +115,7 @@ func (d Prio) Aside() (bool, error) {
 	if err := d.objs.SteerAside.Lookup(uint32(0), &until); err != nil {
 		return false, fmt.Errorf("reading PRISM's aside deadline: %w", err)
 	}
-	return d.mode.AsidePct != 0 && until != 0 && time.Duration(until) > MonoNow(), nil
+	return d.mode.AsidePct != 0 && until != 0 && time.Duration(until) > Now(), nil
 }
 
 // AsideConfig is the applied config's aside-below (percent; 0: off) and

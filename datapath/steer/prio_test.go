@@ -966,7 +966,7 @@ func TestPrioAside(t *testing.T) {
 	d := prioDatapath(t, true, time.Hour)
 	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
 	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
-	if err := d.Prio().SetAside(MonoNow() + time.Hour); err == nil {
+	if err := d.Prio().SetAside(Now() + time.Hour); err == nil {
 		t.Error("aside without aside-below in the config accepted")
 	}
 	for _, bad := range []func(*Config){
@@ -998,7 +998,7 @@ func TestPrioAside(t *testing.T) {
 	aside("at the start", false)
 	step("bulk in its queue", bulk, xdpRedirect, 1, 0)
 	step("a light rule's flow in its queue", light, xdpRedirect, 1, 0)
-	if err := d.Prio().SetAside(MonoNow() + time.Hour); err != nil {
+	if err := d.Prio().SetAside(Now() + time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	aside("deadline ahead", true)
@@ -1007,13 +1007,13 @@ func TestPrioAside(t *testing.T) {
 	step("aside: bulk in the NIC poll", bulk, xdpPass, 1, Stay)
 	step("aside: the light rule's flow in the NIC poll", light, xdpPass, 1, Stay)
 	drainFlows(t, d)
-	if err := d.Prio().SetAside(MonoNow() - time.Second); err != nil {
+	if err := d.Prio().SetAside(Now() - time.Second); err != nil {
 		t.Fatal(err)
 	}
 	aside("deadline passed", false)
 	step("deadline passed: bulk back in its queue", bulk, xdpRedirect, 1, 0)
 	step("deadline passed: the light rule's flow back in its queue", light, xdpRedirect, 1, 0)
-	if err := d.Prio().SetAside(MonoNow() + time.Hour); err != nil {
+	if err := d.Prio().SetAside(Now() + time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.SetConfig(cfg); err != nil {

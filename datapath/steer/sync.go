@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/netnsx"
@@ -187,16 +186,6 @@ func addrOf(v uint32) netip.Addr {
 	return netip.AddrFrom4(b)
 }
 
-// MonoNow is CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock: that of the
-// datapath's stamps and deadlines (sync's, SetAside's).
-func MonoNow() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic("CLOCK_MONOTONIC: " + err.Error()) // never fails on Linux
-	}
-	return time.Duration(ts.Nano())
-}
-
 // Set makes s the shortcut's set, replacing the previous one, with
 // every destination valid for ttl from now: the datapath voids a
 // destination at its deadline unless a later Set renews it, so a set
@@ -214,7 +203,7 @@ func (d Sync) Set(s SyncSet, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("sync set: a lifetime of %v", ttl)
 	}
-	deadline := uint64(MonoNow() + ttl)
+	deadline := uint64(Now() + ttl)
 	want := map[steerSyncKey]steerSyncDest{}
 	devs := map[uint32]bool{}
 	for _, t := range s.Targets {
@@ -338,7 +327,7 @@ func (d Sync) Targets() ([]SyncTarget, error) {
 	var k steerSyncKey
 	var v steerSyncDest
 	var out []SyncTarget
-	now := uint64(MonoNow())
+	now := uint64(Now())
 	it := d.objs.SteerSync.Iterate()
 	for it.Next(&k, &v) {
 		var dev uint32

@@ -464,7 +464,7 @@ func (a *syncAgent) refreshFDB(ns string) error {
 		return err
 	}
 	since := a.lastFDB
-	a.lastFDB = steer.MonoNow()
+	a.lastFDB = steer.Now()
 	var errs []error
 	err = netnsx.Do(ns, func() error {
 		for _, s := range srcs {

@@ -157,7 +157,7 @@ type ruleSwitch struct {
 type highSwitch struct {
 	dir  string
 	open func(dir string) (highDatapath, error)
-	mono func() time.Duration // the datapath's clock (steer.MonoNow)
+	mono func() time.Duration // the datapath's clock (steer.Now)
 
 	rule      HighRule
 	off       bool // the applied config is not high=auto
@@ -242,7 +242,7 @@ func (h *highSwitch) stepAside(below uint32, core int) string {
 const asideTTL = time.Second
 
 func newHighSwitch(dir string) *highSwitch {
-	return &highSwitch{dir: dir, mono: steer.MonoNow, open: func(dir string) (highDatapath, error) {
+	return &highSwitch{dir: dir, mono: steer.Now, open: func(dir string) (highDatapath, error) {
 		dp, err := steer.OpenHighAuto(dir)
 		if err != nil {
 			return nil, err

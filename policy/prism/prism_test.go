@@ -1061,7 +1061,7 @@ func TestPrismBulkAuto(t *testing.T) {
 	res = flipEvery(t, func(on bool) error {
 		until := time.Duration(0)
 		if on {
-			until = steer.MonoNow() + time.Second
+			until = steer.Now() + time.Second
 		}
 		return dp.Prio().SetAside(until)
 	}, func() overlaytest.StreamResult { return m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr()) })
