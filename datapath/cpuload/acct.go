@@ -48,12 +48,19 @@ type SchedSampler struct {
 	online   []int
 	onlineAt time.Time
 	prev     map[int]cpuTotals
+	// Watching a NIC's polls (WatchNAPIs): the program's link, the ids
+	// in nic_napis, and whether the previous reading counted them.
+	pollLink    link.Link
+	napis       []uint32
+	prevWatched bool
 }
 
 // cpuTotals is one core's cumulative time by class up to a reading.
 type cpuTotals struct {
 	at         uint64 // ns, CLOCK_MONOTONIC
 	wall, sirq [nCls]uint64
+	nicPolls   uint64
+	nicFrames  uint64
 }
 
 // NewSchedSampler loads and attaches the accounting programs and takes the
@@ -100,7 +107,52 @@ func (s *SchedSampler) Close() error {
 		l.Close()
 	}
 	s.links = nil
+	if s.pollLink != nil {
+		s.pollLink.Close()
+		s.pollLink = nil
+	}
 	return s.objs.Close()
+}
+
+// WatchNAPIs has the samples count the polls of the NAPI instances with
+// these ids (a NIC's: Core.NICPolls, NICFrames) and no others; the first
+// call attaches the counting program (tp_btf/napi_poll). The next Sample
+// still covers time before the change, so it is not NICWatched; the one
+// after is. No ids stops the counting.
+func (s *SchedSampler) WatchNAPIs(ids []uint32) error {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	if slices.Equal(ids, s.napis) && (s.pollLink != nil || len(ids) == 0) {
+		return nil
+	}
+	if len(ids) > int(s.objs.NicNapis.MaxEntries()) {
+		return fmt.Errorf("watching %d NAPI instances: at most %d", len(ids), s.objs.NicNapis.MaxEntries())
+	}
+	if s.pollLink == nil && len(ids) > 0 {
+		l, err := link.AttachTracing(link.TracingOptions{Program: s.objs.AcctPoll})
+		if err != nil {
+			return fmt.Errorf("attaching the NIC poll counter (tp_btf/napi_poll): %w", err)
+		}
+		s.pollLink = l
+	}
+	for _, id := range s.napis {
+		if !slices.Contains(ids, id) {
+			if err := s.objs.NicNapis.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("unwatching NAPI %d: %w", id, err)
+			}
+		}
+	}
+	s.napis = nil
+	for _, id := range ids {
+		if err := s.objs.NicNapis.Put(id, uint8(1)); err != nil {
+			return fmt.Errorf("watching NAPI %d: %w", id, err)
+		}
+		s.napis = append(s.napis, id)
+	}
+	// The interval up to the next reading mixes the old set and the new.
+	s.prevWatched = false
+	return nil
 }
 
 // Sample returns the load since the previous call (or NewSchedSampler).
@@ -110,12 +162,12 @@ func (s *SchedSampler) Sample() (Sample, error) {
 			return Sample{}, err
 		}
 	}
-	prev := s.prev
+	prev, watched := s.prev, s.prevWatched
 	at, err := s.read()
 	if err != nil {
 		return Sample{}, err
 	}
-	out := Sample{At: at}
+	out := Sample{At: at, NICWatched: watched && s.prevWatched}
 	for _, cpu := range s.online {
 		a, okA := prev[cpu]
 		b, okB := s.prev[cpu]
@@ -155,6 +207,7 @@ func coreLoad(cpu int, a, b cpuTotals) Core {
 	c.Rx = min(100, c.SoftIRQ+c.RxKthreads)
 	c.Yielding = min(c.Busy, pct(d(sirq[clsYield], wall[clsYield])))
 	c.Tasks = pct(d(sirq[clsOther], wall[clsOther]))
+	c.NICPolls, c.NICFrames = d(a.nicPolls, b.nicPolls), d(a.nicFrames, b.nicFrames)
 	return c
 }
 
@@ -171,6 +224,12 @@ func (s *SchedSampler) read() (time.Time, error) {
 		// another copy a moment later does not.
 		if try == readTries-1 || !slices.ContainsFunc(vals, func(v cpuacctAcct) bool { return v.End != v.Begin }) {
 			break
+		}
+	}
+	var polls []cpuacctNicPoll
+	if s.pollLink != nil {
+		if err := s.objs.NicPolls.Lookup(uint32(0), &polls); err != nil {
+			return time.Time{}, fmt.Errorf("reading the NIC poll counts: %w", err)
 		}
 	}
 	var ts unix.Timespec
@@ -192,6 +251,9 @@ func (s *SchedSampler) read() (time.Time, error) {
 			continue
 		}
 		t := cpuTotals{at: now, wall: v.Wall, sirq: v.Sirq}
+		if cpu < len(polls) {
+			t.nicPolls, t.nicFrames = polls[cpu].Polls, polls[cpu].Frames
+		}
 		// The running task's time since the last switch is not charged
 		// yet.
 		if v.Cls < nCls && now > v.Last {
@@ -199,7 +261,7 @@ func (s *SchedSampler) read() (time.Time, error) {
 		}
 		next[cpu] = t
 	}
-	s.prev = next
+	s.prev, s.prevWatched = next, s.pollLink != nil && len(s.napis) > 0
 	return at, nil
 }
 

@@ -30,6 +30,13 @@
  * from `last` and `cls`, or a core that runs one task for seconds without
  * switching would look idle.
  *
+ * acct_poll (tp_btf/napi_poll) counts, per core, the polls of the NAPI
+ * instances user space names in nic_napis (the underlay NIC's) that found
+ * frames, and the frames they took: frames per poll is how many frames a
+ * poll found waiting, the NIC's queue depth as its poller saw it. Polls
+ * that found nothing are not counted (a poller rescheduled on an empty
+ * ring). Attached only by a sampler asked to watch a NIC.
+ *
  * Consistency: user space copies each core's struct while that core may be
  * writing it. The writer bumps `begin` (the last field) first and copies
  * it into `end` (the first field) last; the kernel copies a per-CPU value
@@ -44,6 +51,10 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 
 /* Just the fields read, relocated against the running kernel's BTF
  * (CO-RE): no vmlinux.h needed. */
+struct napi_struct {
+	unsigned int napi_id;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	unsigned int flags;
@@ -79,6 +90,30 @@ struct {
 	__type(key, __u32);
 	__type(value, struct acct);
 } acct SEC(".maps");
+
+/* The NAPI instances acct_poll counts, by NAPI id (ids are unique on the
+ * host, across network namespaces). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u8);
+} nic_napis SEC(".maps");
+
+/* Each core's polls of those instances that found frames, and the frames.
+ * Two counters a core alone bumps: a copy may see one bumped and not the
+ * other, one poll's worth in thousands per sample. */
+struct nic_poll {
+	__u64 polls;
+	__u64 frames;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nic_poll);
+} nic_polls SEC(".maps");
 
 #define barrier() asm volatile("" ::: "memory")
 
@@ -155,5 +190,22 @@ int BPF_PROG(acct_sirq_exit, unsigned int vec)
 	a->sirq[c] += now - start;
 	barrier();
 	a->end = seq;
+	return 0;
+}
+
+SEC("tp_btf/napi_poll")
+int BPF_PROG(acct_poll, struct napi_struct *napi, int work, int budget)
+{
+	__u32 id = napi->napi_id;
+	__u32 k = 0;
+	struct nic_poll *p;
+
+	if (work <= 0 || !bpf_map_lookup_elem(&nic_napis, &id))
+		return 0;
+	p = bpf_map_lookup_elem(&nic_polls, &k);
+	if (!p)
+		return 0;
+	p->polls++;
+	p->frames += work;
 	return 0;
 }

@@ -24,11 +24,20 @@ type cpuacctAcct struct {
 	Begin     uint64
 }
 
+type cpuacctNicPoll struct {
+	_      structs.HostLayout
+	Polls  uint64
+	Frames uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	cpuacctMapAcct           = "acct"
+	cpuacctMapNicNapis       = "nic_napis"
+	cpuacctMapNicPolls       = "nic_polls"
+	cpuacctProgAcctPoll      = "acct_poll"
 	cpuacctProgAcctSirqEntry = "acct_sirq_entry"
 	cpuacctProgAcctSirqExit  = "acct_sirq_exit"
 	cpuacctProgAcctSwitch    = "acct_switch"
@@ -76,6 +85,7 @@ type cpuacctSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cpuacctProgramSpecs struct {
+	AcctPoll      *ebpf.ProgramSpec `ebpf:"acct_poll"`
 	AcctSirqEntry *ebpf.ProgramSpec `ebpf:"acct_sirq_entry"`
 	AcctSirqExit  *ebpf.ProgramSpec `ebpf:"acct_sirq_exit"`
 	AcctSwitch    *ebpf.ProgramSpec `ebpf:"acct_switch"`
@@ -85,7 +95,9 @@ type cpuacctProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cpuacctMapSpecs struct {
-	Acct *ebpf.MapSpec `ebpf:"acct"`
+	Acct     *ebpf.MapSpec `ebpf:"acct"`
+	NicNapis *ebpf.MapSpec `ebpf:"nic_napis"`
+	NicPolls *ebpf.MapSpec `ebpf:"nic_polls"`
 }
 
 // cpuacctVariableSpecs contains global variables before they are loaded into the kernel.
@@ -114,12 +126,16 @@ func (o *cpuacctObjects) Close() error {
 //
 // It can be passed to loadCpuacctObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cpuacctMaps struct {
-	Acct *ebpf.Map `ebpf:"acct"`
+	Acct     *ebpf.Map `ebpf:"acct"`
+	NicNapis *ebpf.Map `ebpf:"nic_napis"`
+	NicPolls *ebpf.Map `ebpf:"nic_polls"`
 }
 
 func (m *cpuacctMaps) Close() error {
 	return _CpuacctClose(
 		m.Acct,
+		m.NicNapis,
+		m.NicPolls,
 	)
 }
 
@@ -133,6 +149,7 @@ type cpuacctVariables struct {
 //
 // It can be passed to loadCpuacctObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cpuacctPrograms struct {
+	AcctPoll      *ebpf.Program `ebpf:"acct_poll"`
 	AcctSirqEntry *ebpf.Program `ebpf:"acct_sirq_entry"`
 	AcctSirqExit  *ebpf.Program `ebpf:"acct_sirq_exit"`
 	AcctSwitch    *ebpf.Program `ebpf:"acct_switch"`
@@ -140,6 +157,7 @@ type cpuacctPrograms struct {
 
 func (p *cpuacctPrograms) Close() error {
 	return _CpuacctClose(
+		p.AcctPoll,
 		p.AcctSirqEntry,
 		p.AcctSirqExit,
 		p.AcctSwitch,

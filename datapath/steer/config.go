@@ -108,6 +108,12 @@ type Config struct {
 	// programs only check that it is set: SetAside is refused, and its
 	// deadline ignored, without it.
 	AsideBelow uint32
+	// AsideDepth (with AsideBelow; 0: receive work alone) is PRISM's
+	// aside-depth in hundredths of a frame: where lanes agent can count
+	// the underlay NIC's polls on InlineCPU, it stands PRISM aside while
+	// they find fewer frames than this each, on average, instead of
+	// reading the receive work. Read by the agent only.
+	AsideDepth uint32
 	// VethClass (with Prio, not Sync) turns on steer_tc_veth_class and
 	// steer_tc_veth_seen: each class takes its own receive queue of the
 	// container-side veths they are attached to (PRISM's per-stage queues
@@ -117,6 +123,10 @@ type Config struct {
 
 // MaxPrioQuiet is the longest Config.PrioQuiet.
 const MaxPrioQuiet = time.Hour
+
+// MaxAsideDepth bounds Config.AsideDepth (hundredths of a frame): a NAPI
+// poll takes at most its budget, 64 frames.
+const MaxAsideDepth = 6400
 
 // SplitAt is where MFLOW splits elephant flows.
 type SplitAt uint8
@@ -263,6 +273,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.AsideBelow != 0 && (c.HighAutoPPS == 0 || c.BulkAuto == 0 || c.AsideBelow > 100) {
 		return c, fmt.Errorf("aside below %d%%: want a percent from 1 to 100, with high=auto and bulk=auto", c.AsideBelow)
+	}
+	if c.AsideDepth != 0 && (c.AsideBelow == 0 || c.AsideDepth < 100 || c.AsideDepth > MaxAsideDepth) {
+		return c, fmt.Errorf("aside depth %.2f frames per poll: want 1 to %d, with aside below", float64(c.AsideDepth)/100, MaxAsideDepth/100)
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")

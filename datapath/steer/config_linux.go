@@ -207,6 +207,7 @@ func (d *core) configOnly() (Config, error) {
 		BulkAuto:       time.Duration(m.BulkAutoMs) * time.Millisecond,
 		InlineCPU:      int(m.InlineCpu),
 		AsideBelow:     m.AsidePct,
+		AsideDepth:     m.AsideDepth,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

@@ -66,7 +66,7 @@ func (s Setup) Encode() (string, error) {
 		Port: s.Config.VXLANPort, VNIs: s.Config.VNIs, CPUMap: s.CPUMap, QueueSize: s.QueueSize, RTPriority: s.RTPriority,
 		Prio: s.Config.Prio, CountSplit: s.Config.CountSplit, HiCPUMap: s.HiCPUMap, HiRTPriority: s.HiRTPriority,
 		NoBridgeCount: s.Config.NoBridgeCount, StayQueued: s.Config.StayQueued, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
-		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond), HighAutoPPS: s.Config.HighAutoPPS, BulkQuietMS: int64(s.Config.BulkQuiet / time.Millisecond), BulkAutoMS: int64(s.Config.BulkAuto / time.Millisecond), InlineCPU: s.Config.InlineCPU, AsideBelow: s.Config.AsideBelow,
+		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond), HighAutoPPS: s.Config.HighAutoPPS, BulkQuietMS: int64(s.Config.BulkQuiet / time.Millisecond), BulkAutoMS: int64(s.Config.BulkAuto / time.Millisecond), InlineCPU: s.Config.InlineCPU, AsideBelow: s.Config.AsideBelow, AsideDepth: s.Config.AsideDepth,
 		BulkPolicy: s.BulkPolicy, VethClass: s.Config.VethClass,
 	})
 	return string(b), err
@@ -134,6 +134,7 @@ type setupDoc struct {
 	BulkQuietMS    int64  `json:"bulk_quiet_ms,omitempty"`
 	BulkAutoMS     int64  `json:"bulk_auto_ms,omitempty"`
 	AsideBelow     uint32 `json:"aside_below,omitempty"`
+	AsideDepth     uint32 `json:"aside_depth,omitempty"`
 	// InlineCPU: omitted when 0; with one core it is that core, which
 	// DecodeSetup fills in for values written before it existed.
 	InlineCPU  int    `json:"inline_cpu,omitempty"`
@@ -157,7 +158,7 @@ func DecodeSetup(v string) (Setup, error) {
 	return Setup{
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
 			NoBridgeCount: d.NoBridgeCount, StayQueued: d.StayQueued, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
-			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond, HighAutoPPS: d.HighAutoPPS, BulkQuiet: time.Duration(d.BulkQuietMS) * time.Millisecond, BulkAuto: time.Duration(d.BulkAutoMS) * time.Millisecond, InlineCPU: d.InlineCPU, AsideBelow: d.AsideBelow, VethClass: d.VethClass},
+			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond, HighAutoPPS: d.HighAutoPPS, BulkQuiet: time.Duration(d.BulkQuietMS) * time.Millisecond, BulkAuto: time.Duration(d.BulkAutoMS) * time.Millisecond, InlineCPU: d.InlineCPU, AsideBelow: d.AsideBelow, AsideDepth: d.AsideDepth, VethClass: d.VethClass},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil

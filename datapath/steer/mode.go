@@ -67,6 +67,7 @@ func modeOf(c Config) steerSteerMode {
 	m.BulkAutoMs = uint32(c.BulkAuto / time.Millisecond)
 	m.InlineCpu = uint32(c.InlineCPU)
 	m.AsidePct = c.AsideBelow
+	m.AsideDepth = c.AsideDepth
 	return m
 }
 
@@ -88,7 +89,7 @@ func modeString(m steerSteerMode) string {
 	for _, v := range []struct {
 		n    uint32
 		name string
-	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}, {m.AsidePct, "aside-pct"}} {
+	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}, {m.AsidePct, "aside-pct"}, {m.AsideDepth, "aside-depth"}} {
 		if v.n != 0 {
 			s = append(s, fmt.Sprintf("%s=%d", v.name, v.n))
 		}

@@ -124,6 +124,10 @@ func (d Prio) AsideConfig() (below uint32, core int) {
 	return d.mode.AsidePct, int(d.mode.InlineCpu)
 }
 
+// AsideDepth is the applied config's aside-depth, hundredths of a frame
+// per NIC poll (Config.AsideDepth; 0: receive work alone).
+func (d Prio) AsideDepth() uint32 { return d.mode.AsideDepth }
+
 // clearHighInline puts every rule's flows back in the high-priority queue.
 func (d *core) clearHighInline() error {
 	on, err := d.highSwitches()

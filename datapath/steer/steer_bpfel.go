@@ -113,6 +113,7 @@ type steerSteerMode struct {
 	BulkAutoMs  uint32
 	InlineCpu   uint32
 	AsidePct    uint32
+	AsideDepth  uint32
 }
 
 type steerSteerQueue struct {

@@ -3,6 +3,7 @@ package prism
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 
@@ -105,7 +106,7 @@ func ParseClasses(m map[string]string) (Classes, error) {
 	o.composed = true
 	// Stepping aside is PRISM's own modes': in a composed mode bulk's
 	// placement is the composing mode's, not bulk=auto's alone.
-	o.AsideBelow = 0
+	o.AsideBelow, o.AsideDepth = 0, 0
 	if len(given) == 0 {
 		given = nil
 	}
@@ -189,6 +190,7 @@ func (o *Options) autoClasses(setup *steer.Setup, t *topology.Topology, irqCPUs 
 	setup.Config.BulkQuiet = o.BulkQuiet
 	if o.Bulk == BulkAuto && !o.composed {
 		setup.Config.AsideBelow = uint32(o.AsideBelow)
+		setup.Config.AsideDepth = uint32(math.Round(o.AsideDepth * 100))
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("high=auto: run `lanes agent`, which runs the flows of each priority rule in the NIC poll while they carry at least %d frames/s and in their queue otherwise; until it runs, they take their queue%s%s", o.HighAutoPPS, bulkQuietNote(*o), asideNote(*o)))
 	return true, nil

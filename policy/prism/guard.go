@@ -259,6 +259,9 @@ type guard struct {
 	metrics   *guardMetrics // nil without a registry
 	// asideMetrics: stepping aside's (nil without a registry or aside).
 	asideMetrics *asideMetrics
+	// nics has the sampler count the NIC's polls for aside-depth (with
+	// high).
+	nics *nicWatch
 	// failed counts the samples failed in a row; set is what the
 	// target was last switched to (demoted), which a write that failed
 	// (another lanes process held the journal) leaves for the next round.
@@ -284,6 +287,7 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
 	}
 	g.high = newHighSwitch(plan.PinDir(env.NetNS))
+	g.nics = &nicWatch{netns: env.NetNS, logf: env.Logf}
 	if env.Metrics != nil {
 		g.asideMetrics = newAsideMetrics(env.Metrics)
 	}
@@ -296,23 +300,25 @@ type asideMetrics struct {
 	aside  prometheus.Gauge
 	asides prometheus.Counter
 	rx     prometheus.Gauge
+	depth  prometheus.Gauge
 	seen   uint64
 }
 
 func newAsideMetrics(reg prometheus.Registerer) *asideMetrics {
 	m := &asideMetrics{
-		aside:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_aside", Help: "1 while PRISM steps aside (aside-below): the receive core's receive work is too light for its queues to pay, and every flow runs in the NIC poll as in vanilla."}),
-		asides: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_asides_total", Help: "Times PRISM stepped aside for a receive core too lightly loaded for its queues to pay."}),
+		aside:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_aside", Help: "1 while PRISM steps aside (aside-depth, aside-below): the NIC's polls on the receive core find too few frames waiting (or, where they are not counted, its receive work is too light) for its queues to pay, and every flow runs in the NIC poll as in vanilla."}),
+		asides: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_asides_total", Help: "Times PRISM stepped aside for a receive core whose NIC queued too little for its queues to pay."}),
+		depth:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_nic_frames_per_poll", Help: "Frames the underlay NIC's polls on the receive core found waiting, on average, in PRISM's last load sample (-1: not counted)."}),
 		rx:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_receive_work_percent", Help: "The receive core's receive work (softirq and receive kthreads) in PRISM's last load sample, percent of the core (-1: not sampled)."}),
 	}
-	reg.MustRegister(m.aside, m.asides, m.rx)
+	reg.MustRegister(m.aside, m.asides, m.rx, m.depth)
 	return m
 }
 
 func (m *asideMetrics) set(s *HighStatus) {
 	a := s.Aside
 	if a == nil {
-		a = &AsideStatus{RxPercent: -1, Asides: m.seen}
+		a = &AsideStatus{RxPercent: -1, FramesPerPoll: -1, Asides: m.seen}
 	}
 	v := 0.0
 	if a.On {
@@ -324,6 +330,7 @@ func (m *asideMetrics) set(s *HighStatus) {
 	}
 	m.seen = a.Asides
 	m.rx.Set(a.RxPercent)
+	m.depth.Set(a.FramesPerPoll)
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
@@ -544,6 +551,9 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		var s cpuload.Sample
 		var err error
+		if ss, ok := src.(*cpuload.SchedSampler); ok && g.nics != nil && g.high.wantsDepth() {
+			g.nics.keep(ss, time.Now())
+		}
 		if src != nil {
 			s, err = src.Sample()
 		}

@@ -367,20 +367,21 @@ func TestPrismHighAutoAgent(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
-// TestPrismStepsAside: at its defaults (aside-below 50) lanes agent steps
-// PRISM aside on a receive core that receive work leaves mostly idle: a
-// light marked stream and bulk beside it both run in the NIC poll, as
-// vanilla runs them, and arrive in order; the agent's status says so. A
-// stopped agent puts the plan's queues back. (Coming back
-// under load is TestHighSwitchStepsAside's, on synthetic samples: how
-// busy a given stream makes a core is the machine's.)
+// TestPrismStepsAside: at its defaults (aside-depth 2, aside-below 50)
+// lanes agent counts the underlay NIC's polls and steps PRISM aside while
+// they find under two frames each: a light marked stream and bulk beside
+// it, one frame at a time, both run in the NIC poll, as vanilla runs
+// them, and arrive in order; the agent's status says so. A stopped agent
+// puts the plan's queues back. (Coming back under load is
+// TestHighSwitchStepsAsideByDepth's, on synthetic samples: how deep a
+// given stream makes the NIC's queue is the machine's.)
 func TestPrismStepsAside(t *testing.T) {
 	modetest.Online(t)
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	before := modetest.Snapshot(t, tb)
 	src, dst, other := tb.Sender().Containers[0], tb.Receiver().Containers[0], tb.Receiver().Containers[1]
 	a := modetest.Apply(t, tb, "prism-batch", map[string]string{"bulk-quiet": "0"})
-	if !slices.ContainsFunc(a.State.Plan.Notes, func(n string) bool { return strings.Contains(n, "(aside-below)") }) {
+	if !slices.ContainsFunc(a.State.Plan.Notes, func(n string) bool { return strings.Contains(n, "(aside-depth;") }) {
 		t.Errorf("plan notes %q: want stepping aside said", a.State.Plan.Notes)
 	}
 	dp := a.Open(t)
@@ -396,13 +397,14 @@ func TestPrismStepsAside(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if st.High == nil || st.High.Aside == nil || !st.High.Aside.On || st.High.Aside.Asides < 1 || st.High.Aside.Below != prism.DefaultAsideBelow || st.High.Aside.RxPercent >= prism.DefaultAsideBelow {
-		t.Fatalf("agent status %+v: want PRISM stepped aside on an idle receive core", st.High)
+	if st.High == nil || st.High.Aside == nil || !st.High.Aside.On || st.High.Aside.Asides < 1 || st.High.Aside.Below != prism.DefaultAsideBelow ||
+		st.High.Aside.Depth != prism.DefaultAsideDepth || st.High.Aside.FramesPerPoll < 0 || st.High.Aside.FramesPerPoll >= prism.DefaultAsideDepth {
+		t.Fatalf("agent status %+v: want PRISM stepped aside on an idle receive core, its NIC's polls counted", st.High)
 	}
-	if cfg, err := dp.Config(); err != nil || cfg.AsideBelow != prism.DefaultAsideBelow || st.High.Aside.Core != cfg.InlineCPU {
-		t.Errorf("config %+v (%v): want aside-below %d on the status's core %d", cfg, err, prism.DefaultAsideBelow, st.High.Aside.Core)
+	if cfg, err := dp.Config(); err != nil || cfg.AsideBelow != prism.DefaultAsideBelow || cfg.AsideDepth != uint32(prism.DefaultAsideDepth*100) || st.High.Aside.Core != cfg.InlineCPU {
+		t.Errorf("config %+v (%v): want aside-below %d, aside-depth %v on the status's core %d", cfg, err, prism.DefaultAsideBelow, prism.DefaultAsideDepth, st.High.Aside.Core)
 	}
-	if sum := strings.Join(st.Summary(), "\n"); !strings.Contains(sum, "stepped aside") {
+	if sum := strings.Join(st.Summary(), "\n"); !strings.Contains(sum, "stepped aside (the NIC's polls on core") {
 		t.Errorf("status summary %q does not say it stepped aside", sum)
 	}
 	if on, err := dp.Prio().Aside(); err != nil || !on {
@@ -411,7 +413,7 @@ func TestPrismStepsAside(t *testing.T) {
 	st0, _ := dp.Stats()
 	var bulk overlaytest.StreamResult
 	marked := overlaytest.Stream{Count: 400, Size: 200, Burst: 1, Pause: 2 * time.Millisecond, CPU: 0, During: func() {
-		bulk = overlaytest.Stream{Count: 2000, Size: 200, Burst: 10, Pause: 5 * time.Millisecond, CPU: 1}.Run(t, src.NetNS, other.NetNS, other.Addr.Addr())
+		bulk = overlaytest.Stream{Count: 2000, Size: 200, Burst: 1, Pause: time.Millisecond, CPU: 1}.Run(t, src.NetNS, other.NetNS, other.Addr.Addr())
 	}}.Run(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
 	overlaytest.InOrder(t, "light marked stream, PRISM stepped aside", marked)
 	overlaytest.InOrder(t, "bulk beside it", bulk)

@@ -59,57 +59,83 @@ func highRule(pps int) HighRule {
 	return HighRule{InlineAt: float64(pps), InlineAfter: 3, QueueBelow: float64(pps) / 2, QueueAfter: 10}
 }
 
-// Stepping aside (aside-below). A marked frame waits for bulk work about
-// as often as it finds the receive core busy with it; the queues take
-// that wait away, and charge every marked frame a kthread hop and every
-// bulk frame a redirect and a second skb build. On a core that receive
-// work keeps rarely busy there is little wait to take, and the charge is
-// all the marked flow sees. So while the receive core's receive work
-// (softirq and receive kthreads, the guard's load samples) stays under
-// the applied config's AsideBelow percent of it for AsideAfter samples,
-// the switch stands PRISM aside (steer.Prio.SetAside): steer_xdp runs
+// Stepping aside (aside-below, aside-depth). On vanilla's path a marked
+// frame waits behind the frames its NIC poll finds ahead of it; the
+// queues take that wait away, and charge every marked frame a kthread hop
+// and every bulk frame a redirect and a second skb build. Where the
+// NIC's polls find about one frame each there is no wait to take, and the
+// charge is all the marked flow sees. So while the underlay NIC's polls
+// on the receive core find fewer than the applied config's AsideDepth
+// frames each, on average (the guard's load samples count them where
+// tracing works), or, where they cannot be counted, while the core's
+// receive work (softirq and receive kthreads) stays under its AsideBelow
+// percent, for AsideAfter samples, the switch stands PRISM aside (steer.Prio.SetAside): steer_xdp runs
 // both classes' first stage in the NIC poll, vanilla's path, only
 // classifying and counting; PRISM-sync's shortcut stays open to the
 // marked frames it takes. BackAfter samples at or above the threshold, or
 // that could not be taken, put the plan's placement back. Each move is
 // the datapath's fast move, in order. One threshold: the queues' hop
 // makes the same traffic cost the core more with PRISM on than aside, so
-// a load under the threshold with PRISM on is under it aside too, and the
-// hop's own cost cannot make the switch flap; a load whose samples
+// a load under the threshold with PRISM on is under it aside too (the
+// NIC poll waits for the queues' batches, so its polls find more frames,
+// not fewer), and the hop's own cost cannot make the switch flap; a load whose samples
 // straddle the threshold can, at most once per AsideAfter + BackAfter
 // samples. The deadline the switch renews at every sample
 // (asideTTL) ends stepping aside when the switch stops renewing it: the
 // plan's placement is what it falls back to. The threshold and the core
-// are the applied config's (steer.Config.AsideBelow, InlineCPU), followed
-// at every sample like high=auto's threshold.
+// are the applied config's (steer.Config.AsideBelow, AsideDepth,
+// InlineCPU), followed at every sample like high=auto's threshold.
 
 // AsideRule is when the switch steps aside and back.
 type AsideRule struct {
 	Below      float64 // receive work, percent of the receive core
+	Depth      float64 // frames per NIC poll (0: receive work alone)
 	AsideAfter int     // samples in a row under Below to step aside
 	BackAfter  int     // samples in a row at or above Below (or failed) to come back
 }
 
 // asideRule is the rule for aside-below on the guard's samples: 1 s
 // quiet to step aside, 0.2 s busy to come back (at 100 ms).
-func asideRule(below float64) AsideRule {
-	return AsideRule{Below: below, AsideAfter: 10, BackAfter: 2}
+func asideRule(below, depth float64) AsideRule {
+	return AsideRule{Below: below, Depth: depth, AsideAfter: 10, BackAfter: 2}
 }
 
 // asideFor and asideBack say asideRule's times at the default interval,
 // for help and plan notes.
 var (
-	asideFor  = (time.Duration(asideRule(0).AsideAfter) * DefaultGuardRule.Interval).String()
-	asideBack = (time.Duration(asideRule(0).BackAfter) * DefaultGuardRule.Interval).String()
+	asideFor  = (time.Duration(asideRule(0, 0).AsideAfter) * DefaultGuardRule.Interval).String()
+	asideBack = (time.Duration(asideRule(0, 0).BackAfter) * DefaultGuardRule.Interval).String()
 )
 
 // asideState is the decision: on is stepped aside.
 type asideState struct{ latch }
 
-// step takes one sample of the receive core's receive work (ok: the
-// sample was taken) and says whether the decision changed.
-func (s *asideState) step(r AsideRule, rx float64, ok bool) bool {
-	quiet := ok && rx < r.Below
+// asideSample is one load sample of the receive core as stepping aside
+// reads it: its receive work (percent) and, where the NIC's polls were
+// counted (polled), the frames they found per poll; ok: the sample was
+// taken.
+type asideSample struct {
+	rx, depth float64
+	polled    bool
+	ok        bool
+}
+
+// quiet: the sample says PRISM's queues have nothing to take away, by
+// the NIC's poll depth where it was counted and the rule has a depth,
+// by the receive work otherwise.
+func (r AsideRule) quiet(s asideSample) bool {
+	if !s.ok {
+		return false
+	}
+	if r.Depth > 0 && s.polled {
+		return s.depth < r.Depth
+	}
+	return s.rx < r.Below
+}
+
+// step takes one sample and says whether the decision changed.
+func (s *asideState) step(r AsideRule, smp asideSample) bool {
+	quiet := r.quiet(smp)
 	return s.latch.step(quiet, r.AsideAfter, !quiet, r.BackAfter)
 }
 
@@ -135,6 +161,7 @@ type highDatapath interface {
 	SetHighInline(r steer.Rule, on bool) error
 	SetAside(until time.Duration) error
 	AsideConfig() (below uint32, core int)
+	AsideDepth() uint32
 	ForgetHigh(r steer.Rule) error
 	BulkQuietNow() (bool, error)
 	Close() error
@@ -166,17 +193,20 @@ type highSwitch struct {
 	switches  uint64
 	err       string // the last sample's error, cleared by the next good one
 
-	// Stepping aside: the decision, the applied config's threshold
-	// (below, 0: off) and core, the load sample the guard handed over for
-	// the next sample (loaded: one came; load nil: it failed), the
-	// receive work it read (rx, -1: none), and whether the datapath holds
-	// a deadline the last write set (asideSet).
+	// Stepping aside: the decision, the applied config's thresholds
+	// (below, 0: off; depth, hundredths of a frame per poll) and core, the
+	// load sample the guard handed over for the next sample (loaded: one
+	// came; load nil: it failed), the receive work and NIC poll depth it
+	// read (rx, depth; -1: none), and whether the datapath holds a
+	// deadline the last write set (asideSet).
 	aside    asideState
 	below    uint32
+	depth    uint32
 	core     int
 	loaded   bool
 	load     *cpuload.Sample
 	rx       float64
+	fpp      float64
 	asides   uint64
 	asideSet bool
 }
@@ -194,43 +224,56 @@ func (h *highSwitch) takeLoad(s cpuload.Sample, ok bool) {
 // guard's load samples.
 func (h *highSwitch) wantsLoad() bool { return h.below != 0 }
 
+// wantsDepth: the applied config steps aside by the NIC's poll depth, so
+// the guard's sampler should count the NIC's polls.
+func (h *highSwitch) wantsDepth() bool { return h.below != 0 && h.depth != 0 }
+
 // stepAside follows the applied config's threshold and core and steps
 // the decision with the load handed over since the last sample; it says
 // what changed (for the log).
-func (h *highSwitch) stepAside(below uint32, core int) string {
+func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 	if below == 0 {
 		was := h.below != 0
-		h.below, h.aside, h.rx, h.loaded, h.load = 0, asideState{}, -1, false, nil
+		h.below, h.depth, h.aside, h.rx, h.fpp, h.loaded, h.load = 0, 0, asideState{}, -1, -1, false, nil
 		if was {
 			return "high=auto: the applied plan does not step aside (aside-below=0): PRISM's queues"
 		}
 		return ""
 	}
 	if h.below == 0 {
-		h.rx = -1
+		h.rx, h.fpp = -1, -1
 	}
-	h.below, h.core = below, core
+	h.below, h.depth, h.core = below, depth, core
 	if !h.loaded {
 		return ""
 	}
 	h.loaded = false
-	rx, ok := -1.0, false
+	smp := asideSample{rx: -1, depth: -1}
 	if h.load != nil {
 		if c, found := h.load.Core(core); found {
-			rx, ok = c.Rx, true
+			smp.rx, smp.ok = c.Rx, true
+			if h.load.NICWatched {
+				smp.depth, smp.polled = c.FramesPerPoll(), true
+			}
 		}
 	}
-	h.load, h.rx = nil, rx
-	r := asideRule(float64(below))
-	if !h.aside.step(r, rx, ok) {
+	h.load, h.rx, h.fpp = nil, smp.rx, smp.depth
+	r := asideRule(float64(below), float64(depth)/100)
+	if !h.aside.step(r, smp) {
 		return ""
 	}
+	byDepth := r.Depth > 0 && smp.polled
 	switch {
+	case h.aside.on && byDepth:
+		h.asides++
+		return fmt.Sprintf("high=auto: the NIC's polls on core %d found under %.2f frames each for %v (%.2f now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, r.Depth, time.Duration(r.AsideAfter)*guardRule.Interval, smp.depth)
 	case h.aside.on:
 		h.asides++
-		return fmt.Sprintf("high=auto: receive work on core %d under %d%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, below, time.Duration(r.AsideAfter)*guardRule.Interval, rx)
-	case ok:
-		return fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %d%%): PRISM's queues again", core, rx, below)
+		return fmt.Sprintf("high=auto: receive work on core %d under %d%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, below, time.Duration(r.AsideAfter)*guardRule.Interval, smp.rx)
+	case smp.ok && byDepth:
+		return fmt.Sprintf("high=auto: the NIC's polls on core %d find %.2f frames each (from %.2f): PRISM's queues again", core, smp.depth, r.Depth)
+	case smp.ok:
+		return fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %d%%): PRISM's queues again", core, smp.rx, below)
 	default:
 		return fmt.Sprintf("high=auto: the load of core %d could not be sampled: PRISM's queues again until it can", core)
 	}
@@ -290,7 +333,7 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 		// and the aside deadline.
 		was := !h.off
 		h.off, h.rules, h.bulkQuiet = true, nil, false
-		h.stepAside(0, 0)
+		h.stepAside(0, 0, 0)
 		h.asideSet = false
 		if was {
 			return "high=auto: the applied plan is not high=auto: the switch stands down", nil
@@ -332,7 +375,8 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 		h.rules = map[steer.Rule]*ruleSwitch{}
 	}
 	var msgs []string
-	if msg := h.stepAside(dp.AsideConfig()); msg != "" {
+	below, core := dp.AsideConfig()
+	if msg := h.stepAside(below, dp.AsideDepth(), core); msg != "" {
 		msgs = append(msgs, msg)
 	}
 	if h.below != 0 || set {
@@ -426,16 +470,22 @@ type HighStatus struct {
 }
 
 // AsideStatus is stepping aside's state: On while the datapath holds the
-// switch's deadline; Below the applied threshold and Core the receive
-// core; RxPercent its receive work in the last load sample (-1: none);
-// Asides how often it stepped aside.
+// switch's deadline; Below and Depth the applied thresholds (Depth in
+// frames per NIC poll, 0: receive work alone) and Core the receive core;
+// RxPercent its receive work and FramesPerPoll its NIC's poll depth in
+// the last load sample (-1: none); Asides how often it stepped aside.
 type AsideStatus struct {
-	On        bool    `json:"on"`
-	Below     uint32  `json:"below"`
-	Core      int     `json:"core"`
-	RxPercent float64 `json:"rx_percent"`
-	Asides    uint64  `json:"asides"`
+	On            bool    `json:"on"`
+	Below         uint32  `json:"below"`
+	Depth         float64 `json:"depth,omitempty"`
+	Core          int     `json:"core"`
+	RxPercent     float64 `json:"rx_percent"`
+	FramesPerPoll float64 `json:"frames_per_poll"`
+	Asides        uint64  `json:"asides"`
 }
+
+// byDepth: the last sample decided by the NIC's poll depth.
+func (a AsideStatus) byDepth() bool { return a.Depth > 0 && a.FramesPerPoll >= 0 }
 
 // HighRuleStatus is one rule's state.
 type HighRuleStatus struct {
@@ -447,7 +497,7 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	if h.below != 0 {
-		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Core: h.core, RxPercent: h.rx, Asides: h.asides}
+		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides}
 	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
@@ -494,9 +544,14 @@ func (s HighStatus) Summary() string {
 		if a.RxPercent >= 0 {
 			rx = fmt.Sprintf("%.0f%%", a.RxPercent)
 		}
-		if a.On {
+		switch {
+		case a.On && a.byDepth():
+			head += fmt.Sprintf("stepped aside (the NIC's polls on core %d find %.2f frames each, under %.2f; receive work %s; asides %d): every flow in the NIC poll as vanilla runs it; by their switches: ", a.Core, a.FramesPerPoll, a.Depth, rx, a.Asides)
+		case a.byDepth():
+			head += fmt.Sprintf("the NIC's polls on core %d find %.2f frames each (steps aside under %.2f; receive work %s; asides %d); ", a.Core, a.FramesPerPoll, a.Depth, rx, a.Asides)
+		case a.On:
 			head += fmt.Sprintf("stepped aside (receive work on core %d %s, under %d%%; asides %d): every flow in the NIC poll as vanilla runs it; by their switches: ", a.Core, rx, a.Below, a.Asides)
-		} else {
+		default:
 			head += fmt.Sprintf("receive work on core %d %s (steps aside under %d%%; asides %d); ", a.Core, rx, a.Below, a.Asides)
 		}
 	}

@@ -59,6 +59,7 @@ type fakeHigh struct {
 	aside     time.Duration
 	asideSets int
 	below     uint32 // the config's aside-below
+	depth     uint32 // its aside-depth, hundredths
 	core      int
 }
 
@@ -96,6 +97,7 @@ func (f *fakeHigh) SetAside(until time.Duration) error {
 	return nil
 }
 func (f *fakeHigh) AsideConfig() (uint32, int) { return f.below, f.core }
+func (f *fakeHigh) AsideDepth() uint32         { return f.depth }
 func (f *fakeHigh) ForgetHigh(r steer.Rule) error {
 	f.forgot = append(f.forgot, r)
 	delete(f.inline, r)
@@ -336,7 +338,7 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 // the threshold, coming back BackAfter in a row at or above it, and a
 // sample that could not be taken counts as busy.
 func TestAsideRule(t *testing.T) {
-	r := asideRule(20)
+	r := asideRule(20, 0)
 	var s asideState
 	for i, step := range []struct {
 		rx    float64
@@ -351,10 +353,37 @@ func TestAsideRule(t *testing.T) {
 		{0, true, false}, {0, true, false}, {0, true, false}, {0, true, false}, {0, true, true},
 		{0, false, true}, {0, false, false}, // unknown load: the plan's placement
 	} {
-		s.step(r, step.rx, step.ok)
+		s.step(r, asideSample{rx: step.rx, ok: step.ok})
 		if s.on != step.aside {
 			t.Fatalf("sample %d (%.1f%%, ok %v): aside %v, want %v", i, step.rx, step.ok, s.on, step.aside)
 		}
+	}
+}
+
+// TestAsideRuleDepth: with a depth, a sample whose NIC polls were counted
+// is quiet by their depth alone, whatever the receive work; one whose
+// polls were not counted falls back to the receive work; one not taken
+// is busy.
+func TestAsideRuleDepth(t *testing.T) {
+	r := asideRule(50, 2.5)
+	for _, c := range []struct {
+		s     asideSample
+		quiet bool
+	}{
+		{asideSample{rx: 90, depth: 1.2, polled: true, ok: true}, true},   // busy core, no queue: aside
+		{asideSample{rx: 10, depth: 3.0, polled: true, ok: true}, false},  // light core, frames queue (coalescing): queues
+		{asideSample{rx: 90, depth: 2.5, polled: true, ok: true}, false},  // at the threshold: queues
+		{asideSample{rx: 10, depth: 0, polled: true, ok: true}, true},     // nothing polled
+		{asideSample{rx: 10, depth: -1, polled: false, ok: true}, true},   // not counted: receive work
+		{asideSample{rx: 60, depth: -1, polled: false, ok: true}, false},  // not counted: receive work
+		{asideSample{rx: 10, depth: 1.0, polled: true, ok: false}, false}, // not taken
+	} {
+		if got := r.quiet(c.s); got != c.quiet {
+			t.Errorf("%+v: quiet %v, want %v", c.s, got, c.quiet)
+		}
+	}
+	if r := asideRule(50, 0); !r.quiet(asideSample{rx: 10, depth: 5, polled: true, ok: true}) {
+		t.Error("without a depth the receive work decides")
 	}
 }
 
@@ -498,5 +527,72 @@ func TestHighSwitchAsideOff(t *testing.T) {
 	}
 	if st := h.status(); st.Aside != nil || strings.Contains(st.Summary(), "aside") {
 		t.Errorf("aside off: status %+v, summary %q", st.Aside, st.Summary())
+	}
+}
+
+// depthOn is a load sample with receive work rx on core whose NIC polls
+// were counted: polls polls of frames frames.
+func depthOn(core int, rx float64, polls, frames uint64) cpuload.Sample {
+	return cpuload.Sample{NICWatched: true, Cores: []cpuload.Core{{CPU: core, Rx: rx, NICPolls: polls, NICFrames: frames}}}
+}
+
+// TestHighSwitchStepsAsideByDepth: with aside-depth in the applied config
+// the NIC's poll depth decides where it was counted: a busy core whose
+// polls find a frame each steps aside, polls that find the threshold come
+// back, and a sample without counted polls falls back to the receive
+// work; the status and log say which signal decided.
+func TestHighSwitchStepsAsideByDepth(t *testing.T) {
+	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
+	dp := newFakeHigh(5000, light)
+	dp.below, dp.depth, dp.core = 50, 250, 1
+	h := newHighSwitch("/nowhere")
+	h.open = func(string) (highDatapath, error) { return dp, nil }
+	mono := time.Hour
+	h.mono = func() time.Duration { return mono }
+	now := time.Unix(1000, 0)
+	step := func(s cpuload.Sample) string {
+		now = now.Add(100 * time.Millisecond)
+		mono += 100 * time.Millisecond
+		dp.frames[light] += 100
+		h.takeLoad(s, true)
+		return h.sample(now)
+	}
+	var log []string
+	for range 11 {
+		log = append(log, step(depthOn(1, 80, 1000, 1200)))
+	}
+	if !h.wantsDepth() {
+		t.Error("the config steps aside by depth, but the switch does not ask for the NIC's polls")
+	}
+	if dp.aside != mono+asideTTL {
+		t.Fatalf("busy core, 1.2 frames a poll: deadline %v, want stepped aside until %v", dp.aside, mono+asideTTL)
+	}
+	st := h.status()
+	if a := st.Aside; a == nil || !a.On || a.FramesPerPoll != 1.2 || a.Depth != 2.5 || a.RxPercent != 80 {
+		t.Errorf("status %+v: want stepped aside at 1.2 frames a poll (2.5), 80%%", a)
+	}
+	if sum := st.Summary(); !strings.Contains(sum, "stepped aside (the NIC's polls on core 1 find 1.20 frames each, under 2.50; receive work 80%") {
+		t.Errorf("summary %q does not say the polls' depth stepped aside", sum)
+	}
+	if j := strings.Join(log, "\n"); !strings.Contains(j, "the NIC's polls on core 1 found under 2.50 frames each") {
+		t.Errorf("log %q does not say why it stepped aside", j)
+	}
+	// Polls deep enough: the queues again after two samples.
+	log = append(log, step(depthOn(1, 30, 1000, 2500)), step(depthOn(1, 30, 1000, 3000)))
+	if dp.aside != 0 {
+		t.Fatalf("2.5-3 frames a poll: still aside until %v", dp.aside)
+	}
+	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM's queues again") {
+		t.Errorf("log %q does not say it came back", j)
+	}
+	// Polls not counted: the receive work decides (30% < 50%).
+	for range 10 {
+		step(loadOn(1, 30))
+	}
+	if dp.aside != mono+asideTTL {
+		t.Fatalf("polls not counted, receive work 30%%: deadline %v, want aside", dp.aside)
+	}
+	if sum := h.status().Summary(); !strings.Contains(sum, "stepped aside (receive work on core 1 30%, under 50%") {
+		t.Errorf("summary %q: want the receive work's reason", sum)
 	}
 }

@@ -7,10 +7,12 @@ package prism
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
@@ -123,6 +125,16 @@ type Options struct {
 	// frame's whole cost, so it is not the background's share of the
 	// core's capacity).
 	AsideBelow int
+	// AsideDepth (with AsideBelow; 0: receive work alone) is how many
+	// frames the underlay NIC's polls on the receive core find waiting,
+	// on average, under which PRISM steps aside where lanes agent can
+	// count them (tracing on napi_poll): a marked frame on vanilla's path
+	// waits behind the frames its poll finds ahead of it, so a NIC whose
+	// polls find one frame each has no queue for PRISM to take away,
+	// whatever the core's load. Receive work decides only where the
+	// polls cannot be counted. The default lies between the testbed's
+	// light and heavy backgrounds (docs/decisions).
+	AsideDepth float64
 	// Bulk is where bulk frames run their first stage: "queue", the bulk
 	// cpumap queue and its kthread (the NIC poll only classifies and
 	// hands on, so a high-priority frame behind bulk frames in the NIC's
@@ -238,11 +250,14 @@ const BulkAutoWindow = 20 * time.Millisecond
 // DefaultAsideBelow is aside-below's default (Options.AsideBelow).
 const DefaultAsideBelow = 50
 
+// DefaultAsideDepth is aside-depth's default (Options.AsideDepth).
+const DefaultAsideDepth = 2.0
+
 // Defaults follow the paper: batch mode, everything on one core. BulkSched,
 // High and Bulk are left empty: Parse resolves them (bulkSchedDefault,
 // highDefault, bulkDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, AsideBelow: DefaultAsideBelow, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, AsideBelow: DefaultAsideBelow, AsideDepth: DefaultAsideDepth, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -336,7 +351,8 @@ var params = []plan.Param{
 	{Key: "high", Default: "auto (queue with bulk=inline, where the NIC is not polled on the receive core alone, or where its GRO merges inner UDP)", Help: "where high-priority frames run their first stage: queue (their own cpumap kthread, real-time), inline (in the NIC poll that classified them; only bulk is queued) or auto (lanes agent switches between the two rule by rule: a rule's flows inline while they are busy, high-auto-pps, in their queue while they are light)"},
 	{Key: "high-auto-pps", Default: "5000", Help: "with high=auto: frames per second of a rule's flows from which they run inline (back to their queue below half of it)"},
 	{Key: "bulk-quiet", Default: "20ms (with high=auto)", Help: "with high=auto: also run every high-priority flow in the NIC poll while no bulk frame came for this long (1ms..1h; 0: off): with no bulk work to preempt, a light flow's queue only costs it a kthread wake-up per frame; the first bulk frame sends the flows back to their queue, in order"},
-	{Key: "aside-below", Default: fmt.Sprint(DefaultAsideBelow), Help: "with high=auto and bulk=auto: lanes agent steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under this percent of the core for " + asideFor + ", and puts the queues back after " + asideBack + " at or above it (0-100; 0: off): where the core is rarely busy with bulk work, a marked frame rarely waits for it, and the queues' hop costs more than it saves"},
+	{Key: "aside-below", Default: fmt.Sprint(DefaultAsideBelow), Help: "with high=auto and bulk=auto: lanes agent steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under this percent of the core for " + asideFor + ", and puts the queues back after " + asideBack + " at or above it (0-100; 0: off): where the core is rarely busy with bulk work, a marked frame rarely waits for it, and the queues' hop costs more than it saves. Where the NIC's polls can be counted, aside-depth decides instead"},
+	{Key: "aside-depth", Default: fmt.Sprint(DefaultAsideDepth), Help: "with aside-below: where lanes agent can count the underlay NIC's polls on the receive core (BPF tracing), it steps PRISM aside while they find fewer than this many frames each, on average, and puts the queues back once they find this many (1-64; 0: receive work alone): a marked frame on vanilla's path waits only behind the frames its poll finds ahead of it"},
 	{Key: "bulk", Default: "auto with high=auto, else queue", Help: "where bulk frames run their first stage: queue (the bulk cpumap kthread; the NIC poll only classifies), inline (in the NIC poll, as vanilla: no cpumap hop per bulk frame; high-priority frames preempt the poll at its batch boundary) or auto (with high=auto: the queue, and the NIC poll while every high-priority frame of the last " + BulkAutoWindow.String() + " ran there as a busy rule's)"},
 	{Key: "guard-tasks", Default: fmt.Sprint(DefaultGuardTasks), Help: "with bulk-sched=idle: the guard gives a waiting bulk queue normal scheduling only while the receive core's applications (and kernel threads that are not receive work) take at least this percent of it (0-100; 0: whenever bulk waits); below it bulk waits for softirq and the high-priority queue, which normal scheduling would not take the core from"},
 	{Key: "guard-nice", Default: "0", Help: "with bulk-sched=idle: the nice value (0-19) the guard gives a starved bulk queue; higher leaves more of the core to a busy service"},
@@ -355,7 +371,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	autoPPS := false   // high-auto-pps given
 	bulkQuiet := false // bulk-quiet given
 	guardTasks := false
-	asideGiven := false
+	asideGiven, depthGiven := false, false
 	for k, v := range m {
 		var err error
 		switch k {
@@ -435,6 +451,12 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want a whole percent from 0 (off) to 100")
 			}
 			asideGiven = true
+		case "aside-depth":
+			o.AsideDepth, err = strconv.ParseFloat(v, 64)
+			if err == nil && o.AsideDepth != 0 && (o.AsideDepth < 1 || o.AsideDepth > steer.MaxAsideDepth/100 || math.IsNaN(o.AsideDepth)) {
+				err = fmt.Errorf("want 0 (receive work alone) or frames per poll from 1 to %d", steer.MaxAsideDepth/100)
+			}
+			depthGiven = true
 		case "quiet":
 			o.Quiet, err = time.ParseDuration(v)
 			if err == nil && o.Quiet != 0 && (o.Quiet < time.Millisecond || o.Quiet > time.Hour || o.Quiet%time.Millisecond != 0) {
@@ -493,8 +515,14 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	if asideGiven && o.AsideBelow != 0 && (o.High != HighAuto || o.Bulk != BulkAuto) {
 		return o, fmt.Errorf("prism aside-below=%d steps aside through high=auto's switch, with bulk following by bulk=auto, but high is %s and bulk %s: drop aside-below or use high=auto and bulk=auto", o.AsideBelow, o.High, o.Bulk)
 	}
+	if depthGiven && o.AsideDepth != 0 && (o.AsideBelow == 0 || o.High != HighAuto || o.Bulk != BulkAuto) {
+		return o, fmt.Errorf("prism aside-depth=%g says when to step aside, but stepping aside is off (aside-below=0, or not high=auto and bulk=auto): drop aside-depth or turn aside-below on", o.AsideDepth)
+	}
 	if o.High != HighAuto || o.Bulk != BulkAuto {
 		o.AsideBelow = 0 // the default has nothing to step aside with
+	}
+	if o.AsideBelow == 0 {
+		o.AsideDepth = 0
 	}
 	if o.High == HighAuto && o.Bulk == BulkInline {
 		return o, fmt.Errorf("prism high=auto%s moves high-priority flows between their queue and the NIC poll the way bulk flows move under bulk=queue, and bulk=inline leaves no such move: drop one of them", o.highBy)

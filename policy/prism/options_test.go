@@ -195,3 +195,28 @@ func TestParseAsideBelow(t *testing.T) {
 		"but high is auto and bulk queue: drop aside-below": {"aside-below": "20", "bulk": "queue"},
 	})
 }
+
+func TestParseAsideDepth(t *testing.T) {
+	for _, tc := range []struct {
+		params map[string]string
+		want   float64
+	}{
+		{nil, prism.DefaultAsideDepth},
+		{map[string]string{"aside-depth": "1.5"}, 1.5},
+		{map[string]string{"aside-depth": "0"}, 0},
+		{map[string]string{"aside-below": "0"}, 0}, // stepping aside off
+		{map[string]string{"bulk": "queue"}, 0},
+	} {
+		o, err := prism.Parse(prism.Defaults(), tc.params)
+		if err != nil || o.AsideDepth != tc.want {
+			t.Errorf("%v: aside-depth %v (%v), want %v", tc.params, o.AsideDepth, err, tc.want)
+		}
+	}
+	parseRefuses(t, map[string]map[string]string{
+		"want 0 (receive work alone) or frames per poll from 1 to 64": {"aside-depth": "0.5"},
+		"frames per poll from 1 to 64":                                {"aside-depth": "65"},
+		"bad prism setting aside-depth":                               {"aside-depth": "x"},
+		"stepping aside is off (aside-below=0":                        {"aside-depth": "2", "aside-below": "0"},
+		"drop aside-depth or turn aside-below on":                     {"aside-depth": "2", "high": "queue"},
+	})
+}

@@ -338,5 +338,8 @@ func asideNote(o Options) string {
 	if o.AsideBelow == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under %d%% of it for %s (aside-below), and puts the queues back after %s at or above it", o.AsideBelow, asideFor, asideBack)
+	if o.AsideDepth == 0 {
+		return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the receive core's receive work stays under %d%% of it for %s (aside-below), and puts the queues back after %s at or above it", o.AsideBelow, asideFor, asideBack)
+	}
+	return fmt.Sprintf("; the agent also steps PRISM aside (every flow in the NIC poll, as vanilla runs it) while the underlay NIC's polls on the receive core find fewer than %g frames each for %s (aside-depth; where it cannot count them, while the core's receive work stays under %d%%, aside-below), and puts the queues back after %s at or above it", o.AsideDepth, asideFor, o.AsideBelow, asideBack)
 }

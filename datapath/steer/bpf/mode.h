@@ -76,6 +76,12 @@ struct steer_mode {
 	 * aside (steer_aside); read by the agent. 0: off, and steer_aside is
 	 * ignored. */
 	__u32 aside_pct;
+	/* PRISM aside-depth (with aside_pct): the frames per poll of the
+	 * underlay NIC on inline_cpu, in hundredths, under which lanes agent
+	 * stands PRISM aside where it can count the NIC's polls (aside_pct's
+	 * receive work decides where it cannot); read by the agent. 0: the
+	 * receive work alone. */
+	__u32 aside_depth;
 };
 
 const volatile struct steer_mode steer_mode = {};
