@@ -527,8 +527,10 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	}
 	r.file = f
 	err = r.all(ctx)
-	if note := stallNote(f.Runs); note != "" {
-		f.Notes = append(f.Notes, note)
+	for _, note := range []string{stallNote(f.Runs), depthNote(f.Runs)} {
+		if note != "" {
+			f.Notes = append(f.Notes, note)
+		}
 	}
 	f.Ended = time.Now().UTC()
 	if werr := r.write(); werr != nil && err == nil {
@@ -646,6 +648,12 @@ func (r *runner) progress(done, total int, start time.Time, run results.Run) {
 	}
 	if isPrio(run.Workload) && run.Error == "" {
 		what += fmt.Sprintf(", background %.0f Kpps received", run.Extra["bg_received_kpps"])
+		if d, ok := run.Extra["nic_frames_per_poll"]; ok {
+			what += fmt.Sprintf(", %.2f frames a NIC poll", d)
+			if a, ok := run.Extra["prism_aside_at_end"]; ok && a == 1 {
+				what += " (PRISM aside)"
+			}
+		}
 		// Said at once: the point then ran under a lighter load than its
 		// label (the generator's core was busy), in every mode alike.
 		if asked, offered := run.Extra["bg_target_kpps"], run.Extra["bg_offered_kpps"]; asked > 0 && offered < 0.9*asked {
@@ -739,6 +747,10 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		}
 		work = startWork()
 	}
+	var nic *nicMeter
+	if isPrio(p.workload) {
+		nic = startNICPolls(r.tb.Receiver().NetNS, r.tb.Receiver().Underlay, r.o.IRQCPU)
+	}
 	var stall *kthread.Stalls
 	if p.workload == "udp_stress" || isPrio(p.workload) && r.o.Background != BackgroundSockperf {
 		stall = startRxStall(r.stressGen().CPU)
@@ -750,6 +762,20 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra["gen_core_cpumap_stall_ms"] = float64(d) / float64(time.Millisecond)
+	}
+	if fpp, ok := nic.stop(); ok {
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["nic_frames_per_poll"] = fpp
+		if r.agent != nil {
+			if on, ok := prismAside(r.agent.Status()); ok {
+				run.Extra["prism_aside_at_end"] = 0
+				if on {
+					run.Extra["prism_aside_at_end"] = 1
+				}
+			}
+		}
 	}
 	if guard1, ok := guardStatus(r.agent); ok && guarded && guard1.Demotions >= guard0.Demotions {
 		// What prism's guard did during the run: how often it stepped
