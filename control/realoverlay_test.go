@@ -35,12 +35,18 @@ func TestFollowRealOverlays(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFollowed(t, ag, "adopting "+c3.Name, adopted(c3, 1))
-			for _, d := range []struct{ ns, dev string }{{r.OverlayNS(), c3.HostVeth}, {c3.NetNS, c3.Veth}} {
-				if k := journaledOn(t, a, d.ns, d.dev); len(k) == 0 {
-					t.Errorf("nothing journaled on %s/%s after its adoption", d.ns, d.dev)
+			// The container's own device is adopted on an event of its
+			// own, after its host-side veth (Flannel's CNI moves it into
+			// the container and renames it): wait for both.
+			devs := []struct{ ns, dev string }{{r.OverlayNS(), c3.HostVeth}, {c3.NetNS, c3.Veth}}
+			waitFollowed(t, ag, "adopting "+c3.Name+" and journaling its devices", func(st control.FollowStatus) bool {
+				for _, d := range devs {
+					if len(journaledOn(t, a, d.ns, d.dev)) == 0 {
+						return false
+					}
 				}
-			}
+				return adopted(c3, 1)(st)
+			})
 			time.Sleep(1200 * time.Millisecond) // past the adoption window
 			overlaytest.Warm(t, src.NetNS, c3.NetNS, c3.Addr.Addr())
 			overlaytest.Stream{Count: 2000, Size: 64, Burst: 50, Pause: time.Millisecond, CPU: 0}.Delivered(t, "stream into "+c3.Name, true, src.NetNS, c3.NetNS, c3.Addr.Addr())
