@@ -1,9 +1,14 @@
 package cpuset_test
 
 import (
+	"os"
+	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/cpuset"
 )
@@ -94,5 +99,87 @@ func TestOnline(t *testing.T) {
 	}
 	if err := cpuset.Check([]int{cpus[len(cpus)-1] + 1}); err == nil || !strings.Contains(err.Error(), "is not online") {
 		t.Errorf("Check(beyond) = %v, want not online", err)
+	}
+}
+
+// TestKeepOff: the locked thread runs only outside the avoided cores
+// while held, and gets its cores back on release; avoiding every core
+// changes nothing.
+func TestKeepOff(t *testing.T) {
+	online, err := cpuset.Online()
+	if err != nil {
+		t.Skip(err)
+	}
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatal(err)
+	}
+	if len(online) < 2 || was.Count() < len(online) {
+		t.Skipf("needs two or more cores, all allowed (online %v, allowed %d)", online, was.Count())
+	}
+	avoid := online[len(online)-1]
+	off, release, err := cpuset.KeepOff([]int{avoid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	if set.IsSet(avoid) || set.Count() != len(online)-1 || len(off) != len(online)-1 || slices.Contains(off, avoid) {
+		t.Errorf("held off core %d: thread allowed %d cores (avoided one set: %v), off %v", avoid, set.Count(), set.IsSet(avoid), off)
+	}
+	release()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	if set != was {
+		t.Errorf("after release the thread has %d cores, had %d", set.Count(), was.Count())
+	}
+	off, release, err = cpuset.KeepOff(online)
+	release()
+	if err != nil || off != nil {
+		t.Errorf("avoiding every core: off %v (%v), want nothing changed", off, err)
+	}
+}
+
+// TestKeepProcessOff narrows every thread of a child process (this test
+// binary again, so that the test's own process keeps its cores).
+func TestKeepProcessOff(t *testing.T) {
+	if os.Getenv("LANES_KEEP_PROCESS_OFF") == "1" {
+		online, _ := cpuset.Online()
+		avoid := online[len(online)-1]
+		off, err := cpuset.KeepProcessOff([]int{avoid})
+		if err != nil || len(off) != len(online)-1 {
+			t.Fatalf("off %v (%v)", off, err)
+		}
+		// A thread started now inherits the narrowed set.
+		done := make(chan struct{})
+		go func() { runtime.LockOSThread(); close(done); select {} }()
+		<-done
+		tasks, _ := os.ReadDir("/proc/self/task")
+		for _, tk := range tasks {
+			b, err := os.ReadFile("/proc/self/task/" + tk.Name() + "/status")
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != cpuset.FormatList(off) {
+					t.Errorf("thread %s allowed %s, want %s", tk.Name(), strings.TrimSpace(v), cpuset.FormatList(off))
+				}
+			}
+		}
+		return
+	}
+	online, err := cpuset.Online()
+	if err != nil || len(online) < 2 {
+		t.Skipf("needs two or more cores (online %v, %v)", online, err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeepProcessOff$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "LANES_KEEP_PROCESS_OFF=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
 	}
 }
