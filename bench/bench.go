@@ -768,12 +768,10 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra["nic_frames_per_poll"] = fpp
-		if r.agent != nil {
-			if on, ok := prismAside(r.agent.Status()); ok {
-				run.Extra["prism_aside_at_end"] = 0
-				if on {
-					run.Extra["prism_aside_at_end"] = 1
-				}
+		if on, ok := prismAside(r.agent); ok {
+			run.Extra["prism_aside_at_end"] = 0
+			if on {
+				run.Extra["prism_aside_at_end"] = 1
 			}
 		}
 	}
@@ -1206,19 +1204,25 @@ func lockBench(prefix string) (unlock func(), err error) {
 	return nil, fmt.Errorf("bench lock %s: keeps being removed and made again", path)
 }
 
-// guardFields are what the benchmark reads of prism's guard's status.
+// guardFields are what the benchmark reads of prism's guard's status,
+// high=auto's stepping aside among them.
 type guardFields struct {
 	Watch     string `json:"watch"`
 	Demotions uint64 `json:"demotions"`
 	Demoted   bool   `json:"demoted"`
+	High      *struct {
+		Aside *struct {
+			On bool `json:"on"`
+		} `json:"aside"`
+	} `json:"high_auto"`
 }
 
-// guardStatus reads prism's guard's status from an agent (its JSON, as
+// guardOf reads prism's guard's status from an agent (its JSON, as
 // `lanes status --json` shows it, so the benchmark needs no policy
 // package): at the top (prism-batch's guard agent) or under "guard"
 // (prism-sync's agent, which runs the guard beside its own work); ok is
-// false for an agent without a guard, or whose guard has nothing to watch.
-func guardStatus(ag plan.Agent) (guardFields, bool) {
+// false where the agent has neither.
+func guardOf(ag plan.Agent) (guardFields, bool) {
 	if ag == nil {
 		return guardFields{}, false
 	}
@@ -1234,10 +1238,27 @@ func guardStatus(ag plan.Agent) (guardFields, bool) {
 		return guardFields{}, false
 	}
 	switch {
-	case v.Watch != "":
+	case v.Watch != "" || v.High != nil:
 		return v.guardFields, true
-	case v.Guard != nil && v.Guard.Watch != "":
+	case v.Guard != nil:
 		return *v.Guard, true
 	}
 	return guardFields{}, false
+}
+
+// guardStatus is the starvation guard's part: ok is false for an agent
+// without a guard, or whose guard has nothing to watch.
+func guardStatus(ag plan.Agent) (guardFields, bool) {
+	g, ok := guardOf(ag)
+	return g, ok && g.Watch != ""
+}
+
+// prismAside says whether PRISM stood aside (high_auto.aside.on); ok is
+// false for an agent that does not step aside.
+func prismAside(ag plan.Agent) (on, ok bool) {
+	g, _ := guardOf(ag)
+	if g.High == nil || g.High.Aside == nil {
+		return false, false
+	}
+	return g.High.Aside.On, true
 }

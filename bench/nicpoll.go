@@ -1,16 +1,13 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/lanesnet/lanes/bench/results"
 	"github.com/lanesnet/lanes/datapath/cpuload"
-	"github.com/lanesnet/lanes/internal/napi"
-	"github.com/lanesnet/lanes/internal/nsx"
-	"github.com/vishvananda/netlink"
+	"github.com/lanesnet/lanes/testbed"
 )
 
 // A priority point's queue, as the receiving NIC's poller saw it: the
@@ -24,46 +21,31 @@ import (
 
 // nicMeter counts the polls of one device's NAPI instances.
 type nicMeter struct {
-	s    *cpuload.SchedSampler
-	core int
+	c     *cpuload.NICCounter
+	start []cpuload.NICCount
+	core  int
 }
 
 // startNICPolls begins counting the polls of dev (in netns) on core; nil
 // when the kernel cannot (no tracing programs, NAPI instances not listed,
 // or the device polls without NAPI): the repeat then records no depth.
+// It counts polls alone, so it adds no tracing on task switches to any
+// mode's measurement.
 func startNICPolls(netns, dev string, core int) *nicMeter {
-	var idx int
-	if nsx.Do(netns, func() error {
-		l, err := netlink.LinkByName(dev)
-		if err == nil {
-			idx = l.Attrs().Index
-		}
-		return err
-	}) != nil {
+	ids, err := testbed.NAPIIDs(netns, dev)
+	if err != nil || len(ids) == 0 {
 		return nil
 	}
-	inst, err := napi.List(netns, idx)
-	if err != nil || len(inst) == 0 {
-		return nil
-	}
-	var ids []uint32
-	for _, in := range inst {
-		ids = append(ids, in.ID)
-	}
-	s, err := cpuload.NewSchedSampler()
+	c, err := cpuload.NewNICCounter(ids)
 	if err != nil {
 		return nil
 	}
-	if err := s.WatchNAPIs(ids); err != nil {
-		s.Close()
+	start, err := c.Read()
+	if err != nil {
+		c.Close()
 		return nil
 	}
-	// The sample spanning WatchNAPIs is not counted whole: start after it.
-	if _, err := s.Sample(); err != nil {
-		s.Close()
-		return nil
-	}
-	return &nicMeter{s: s, core: core}
+	return &nicMeter{c: c, start: start, core: core}
 }
 
 // stop ends the count: the frames per poll on the core (0 with nothing
@@ -72,48 +54,12 @@ func (m *nicMeter) stop() (float64, bool) {
 	if m == nil {
 		return 0, false
 	}
-	defer m.s.Close()
-	smp, err := m.s.Sample()
-	if err != nil || !smp.NICWatched {
+	defer m.c.Close()
+	end, err := m.c.Read()
+	if err != nil || m.core >= len(end) {
 		return 0, false
 	}
-	c, ok := smp.Core(m.core)
-	if !ok {
-		return 0, false
-	}
-	return c.FramesPerPoll(), true
-}
-
-// prismAside reads from an agent's status whether PRISM stood aside
-// (its JSON, as `lanes status --json` shows it: high_auto.aside.on, at the
-// top or under "guard"); ok false for an agent that does not step aside.
-func prismAside(status any) (on, ok bool) {
-	b, err := json.Marshal(status)
-	if err != nil {
-		return false, false
-	}
-	type high struct {
-		Aside *struct {
-			On bool `json:"on"`
-		} `json:"aside"`
-	}
-	var v struct {
-		High  *high `json:"high_auto"`
-		Guard *struct {
-			High *high `json:"high_auto"`
-		} `json:"guard"`
-	}
-	if json.Unmarshal(b, &v) != nil {
-		return false, false
-	}
-	h := v.High
-	if h == nil && v.Guard != nil {
-		h = v.Guard.High
-	}
-	if h == nil || h.Aside == nil {
-		return false, false
-	}
-	return h.Aside.On, true
+	return cpuload.Since(m.start, end, m.core).FramesPerPoll(), true
 }
 
 // depthNote says, per point, the median frames per NIC poll of each mode

@@ -5,28 +5,31 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/bench/results"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/policy/prism"
 )
 
+// TestPrismAside reads prism's own status types, as the agents report
+// them.
 func TestPrismAside(t *testing.T) {
-	type aside struct {
-		On bool `json:"on"`
-	}
-	type high struct {
-		Aside *aside `json:"aside,omitempty"`
-	}
+	high := func(on bool) *prism.HighStatus { return &prism.HighStatus{Aside: &prism.AsideStatus{On: on}} }
 	for _, c := range []struct {
-		status  any
-		on, ok  bool
-		comment string
+		name   string
+		ag     plan.Agent
+		on, ok bool
 	}{
-		{map[string]any{"high_auto": high{Aside: &aside{On: true}}}, true, true, "prism-batch's guard"},
-		{map[string]any{"guard": map[string]any{"high_auto": high{Aside: &aside{}}}}, false, true, "prism-sync's agent"},
-		{map[string]any{"high_auto": high{}}, false, false, "aside off"},
-		{map[string]any{"balancer": 1}, false, false, "falcon"},
+		{"prism-batch's guard, aside", fakeAgent{prism.GuardStatus{Watch: "bulk queue", High: high(true)}}, true, true},
+		{"high=auto alone, not aside", fakeAgent{prism.GuardStatus{High: high(false)}}, false, true},
+		{"prism-sync's guard", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{High: high(true)}}}, true, true},
+		{"aside off", fakeAgent{prism.GuardStatus{High: &prism.HighStatus{}}}, false, false},
+		{"falcon-like", fakeAgent{struct {
+			Moves int `json:"moves"`
+		}{3}}, false, false},
+		{"no agent", nil, false, false},
 	} {
-		on, ok := prismAside(c.status)
+		on, ok := prismAside(c.ag)
 		if on != c.on || ok != c.ok {
-			t.Errorf("%s: aside %v (%v), want %v (%v)", c.comment, on, ok, c.on, c.ok)
+			t.Errorf("%s: aside %v (%v), want %v (%v)", c.name, on, ok, c.on, c.ok)
 		}
 	}
 }

@@ -10,16 +10,11 @@ import (
 // NAPIThreads returns the NAPI poller kthreads of dev in netns, as the
 // kernel maps them (device -> NAPI id -> pid).
 func NAPIThreads(netns, dev string) ([]kthread.Thread, error) {
-	nh, closeH, err := handle(netns)
+	idx, err := ifindex(netns, dev)
 	if err != nil {
 		return nil, err
 	}
-	defer closeH()
-	l, err := nh.LinkByName(dev)
-	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", dev, netns, err)
-	}
-	inst, err := napi.List(netns, l.Attrs().Index)
+	inst, err := napi.List(netns, idx)
 	if err != nil {
 		return nil, err
 	}
@@ -31,4 +26,26 @@ func NAPIThreads(netns, dev string) ([]kthread.Thread, error) {
 		out = append(out, kthread.Thread{PID: in.PID, Comm: fmt.Sprintf("napi/%s-%d", dev, in.ID)})
 	}
 	return out, nil
+}
+
+// NAPIIDs returns the ids of dev's NAPI instances in netns, sorted.
+func NAPIIDs(netns, dev string) ([]uint32, error) {
+	idx, err := ifindex(netns, dev)
+	if err != nil {
+		return nil, err
+	}
+	return napi.IDs(netns, idx)
+}
+
+func ifindex(netns, dev string) (int, error) {
+	nh, closeH, err := handle(netns)
+	if err != nil {
+		return 0, err
+	}
+	defer closeH()
+	l, err := nh.LinkByName(dev)
+	if err != nil {
+		return 0, fmt.Errorf("%s in %s: %w", dev, netns, err)
+	}
+	return l.Attrs().Index, nil
 }

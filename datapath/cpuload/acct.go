@@ -48,10 +48,9 @@ type SchedSampler struct {
 	online   []int
 	onlineAt time.Time
 	prev     map[int]cpuTotals
-	// Watching a NIC's polls (WatchNAPIs): the program's link, the ids
-	// in nic_napis, and whether the previous reading counted them.
-	pollLink    link.Link
-	napis       []uint32
+	// Counting a NIC's polls (WatchNAPIs), and whether the previous
+	// reading did.
+	nic         nicPolls
 	prevWatched bool
 }
 
@@ -59,8 +58,7 @@ type SchedSampler struct {
 type cpuTotals struct {
 	at         uint64 // ns, CLOCK_MONOTONIC
 	wall, sirq [nCls]uint64
-	nicPolls   uint64
-	nicFrames  uint64
+	nic        NICCount
 }
 
 // NewSchedSampler loads and attaches the accounting programs and takes the
@@ -76,6 +74,7 @@ func NewSchedSampler() (*SchedSampler, error) {
 		return nil, fmt.Errorf("loading the scheduler accounting programs: %w", err)
 	}
 	s := &SchedSampler{objs: objs, prev: map[int]cpuTotals{}}
+	s.nic.objs = &s.objs
 	for _, p := range []*ebpf.Program{objs.AcctSwitch, objs.AcctSirqEntry, objs.AcctSirqExit} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p})
 		if err != nil {
@@ -107,52 +106,22 @@ func (s *SchedSampler) Close() error {
 		l.Close()
 	}
 	s.links = nil
-	if s.pollLink != nil {
-		s.pollLink.Close()
-		s.pollLink = nil
-	}
+	s.nic.close()
 	return s.objs.Close()
 }
 
 // WatchNAPIs has the samples count the polls of the NAPI instances with
-// these ids (a NIC's: Core.NICPolls, NICFrames) and no others; the first
-// call attaches the counting program (tp_btf/napi_poll). The next Sample
-// still covers time before the change, so it is not NICWatched; the one
-// after is. No ids stops the counting.
+// these ids (a NIC's: Core.NIC) and no others; the first call attaches
+// the counting program (tp_btf/napi_poll). The next Sample still covers
+// time before a change, so it is not NICWatched; the one after is. No
+// ids stops the counting.
 func (s *SchedSampler) WatchNAPIs(ids []uint32) error {
-	ids = slices.Clone(ids)
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	if slices.Equal(ids, s.napis) && (s.pollLink != nil || len(ids) == 0) {
-		return nil
+	changed, err := s.nic.watch(ids)
+	if changed {
+		// The interval up to the next reading mixes the old set and the new.
+		s.prevWatched = false
 	}
-	if len(ids) > int(s.objs.NicNapis.MaxEntries()) {
-		return fmt.Errorf("watching %d NAPI instances: at most %d", len(ids), s.objs.NicNapis.MaxEntries())
-	}
-	if s.pollLink == nil && len(ids) > 0 {
-		l, err := link.AttachTracing(link.TracingOptions{Program: s.objs.AcctPoll})
-		if err != nil {
-			return fmt.Errorf("attaching the NIC poll counter (tp_btf/napi_poll): %w", err)
-		}
-		s.pollLink = l
-	}
-	for _, id := range s.napis {
-		if !slices.Contains(ids, id) {
-			if err := s.objs.NicNapis.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("unwatching NAPI %d: %w", id, err)
-			}
-		}
-	}
-	s.napis = nil
-	for _, id := range ids {
-		if err := s.objs.NicNapis.Put(id, uint8(1)); err != nil {
-			return fmt.Errorf("watching NAPI %d: %w", id, err)
-		}
-		s.napis = append(s.napis, id)
-	}
-	// The interval up to the next reading mixes the old set and the new.
-	s.prevWatched = false
-	return nil
+	return err
 }
 
 // Sample returns the load since the previous call (or NewSchedSampler).
@@ -207,7 +176,7 @@ func coreLoad(cpu int, a, b cpuTotals) Core {
 	c.Rx = min(100, c.SoftIRQ+c.RxKthreads)
 	c.Yielding = min(c.Busy, pct(d(sirq[clsYield], wall[clsYield])))
 	c.Tasks = pct(d(sirq[clsOther], wall[clsOther]))
-	c.NICPolls, c.NICFrames = d(a.nicPolls, b.nicPolls), d(a.nicFrames, b.nicFrames)
+	c.NIC = b.nic.since(a.nic)
 	return c
 }
 
@@ -226,11 +195,9 @@ func (s *SchedSampler) read() (time.Time, error) {
 			break
 		}
 	}
-	var polls []cpuacctNicPoll
-	if s.pollLink != nil {
-		if err := s.objs.NicPolls.Lookup(uint32(0), &polls); err != nil {
-			return time.Time{}, fmt.Errorf("reading the NIC poll counts: %w", err)
-		}
+	polls, err := s.nic.read()
+	if err != nil {
+		return time.Time{}, err
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
@@ -252,7 +219,7 @@ func (s *SchedSampler) read() (time.Time, error) {
 		}
 		t := cpuTotals{at: now, wall: v.Wall, sirq: v.Sirq}
 		if cpu < len(polls) {
-			t.nicPolls, t.nicFrames = polls[cpu].Polls, polls[cpu].Frames
+			t.nic = polls[cpu]
 		}
 		// The running task's time since the last switch is not charged
 		// yet.
@@ -261,7 +228,7 @@ func (s *SchedSampler) read() (time.Time, error) {
 		}
 		next[cpu] = t
 	}
-	s.prev, s.prevWatched = next, s.pollLink != nil && len(s.napis) > 0
+	s.prev, s.prevWatched = next, s.nic.counting()
 	return at, nil
 }
 

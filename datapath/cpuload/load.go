@@ -66,20 +66,10 @@ type Core struct {
 	// server) from receive work that keeps the core (softirq, its
 	// ksoftirqd), which PRISM's starvation guard must tell apart.
 	Tasks float64
-	// NICPolls and NICFrames count the polls of the watched NIC's NAPI
-	// instances on this core that found frames, and the frames they took
+	// NIC is what the watched NIC's polls did on this core
 	// (SchedSampler.WatchNAPIs; Sample.NICWatched says whether any were
 	// watched).
-	NICPolls, NICFrames uint64
-}
-
-// FramesPerPoll is how many frames the watched NIC's polls on this core
-// found waiting, on average (0 with no frames polled).
-func (c Core) FramesPerPoll() float64 {
-	if c.NICPolls == 0 {
-		return 0
-	}
-	return float64(c.NICFrames) / float64(c.NICPolls)
+	NIC NICCount
 }
 
 // Contended is the core's busy time that receive work would compete for:

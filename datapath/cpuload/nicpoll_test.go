@@ -71,8 +71,8 @@ func TestNICPolls(t *testing.T) {
 	}
 	total := func(sm Sample) (polls, frames uint64) {
 		for _, c := range sm.Cores {
-			polls += c.NICPolls
-			frames += c.NICFrames
+			polls += c.NIC.Polls
+			frames += c.NIC.Frames
 		}
 		return
 	}
@@ -123,8 +123,8 @@ func TestNICPolls(t *testing.T) {
 		}
 	}
 	for _, c := range sm.Cores {
-		if c.NICPolls > 0 && (c.FramesPerPoll() < 1 || c.FramesPerPoll() > 64) {
-			t.Errorf("cpu%d: %.2f frames per poll", c.CPU, c.FramesPerPoll())
+		if fpp := c.NIC.FramesPerPoll(); c.NIC.Polls > 0 && (fpp < 1 || fpp > 64) {
+			t.Errorf("cpu%d: %.2f frames per poll", c.CPU, fpp)
 		}
 	}
 

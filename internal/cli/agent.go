@@ -169,10 +169,9 @@ first); on-exit is keep unless --on-exit says reset.`,
 				ag = idleAgent{st.Mode}
 			}
 			// The agent's own work (samples, map reads, rediscovery, the
-			// Go runtime) stays off the cores that poll the NIC, where it
-			// would wait in line with the receive path it steers: on the
-			// testbed an agent there lengthened an idle marked
-			// ping-pong's p99 by a third.
+			// Go runtime) stays off the cores that poll the NIC: there it
+			// takes turns with the receive path it steers, and delays
+			// the very frames it is to speed up (docs/status.md, PRISM).
 			if off, err := cpuset.KeepProcessOff(st.IRQCPUs); err != nil {
 				fmt.Fprintf(out, "agent threads stay on every core: %v\n", err)
 			} else if off != nil {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lanesnet/lanes/internal/cpuset"
 )
 
@@ -99,49 +97,6 @@ func TestOnline(t *testing.T) {
 	}
 	if err := cpuset.Check([]int{cpus[len(cpus)-1] + 1}); err == nil || !strings.Contains(err.Error(), "is not online") {
 		t.Errorf("Check(beyond) = %v, want not online", err)
-	}
-}
-
-// TestKeepOff: the locked thread runs only outside the avoided cores
-// while held, and gets its cores back on release; avoiding every core
-// changes nothing.
-func TestKeepOff(t *testing.T) {
-	online, err := cpuset.Online()
-	if err != nil {
-		t.Skip(err)
-	}
-	var was unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &was); err != nil {
-		t.Fatal(err)
-	}
-	if len(online) < 2 || was.Count() < len(online) {
-		t.Skipf("needs two or more cores, all allowed (online %v, allowed %d)", online, was.Count())
-	}
-	avoid := online[len(online)-1]
-	off, release, err := cpuset.KeepOff([]int{avoid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
-	if set.IsSet(avoid) || set.Count() != len(online)-1 || len(off) != len(online)-1 || slices.Contains(off, avoid) {
-		t.Errorf("held off core %d: thread allowed %d cores (avoided one set: %v), off %v", avoid, set.Count(), set.IsSet(avoid), off)
-	}
-	release()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
-	if set != was {
-		t.Errorf("after release the thread has %d cores, had %d", set.Count(), was.Count())
-	}
-	off, release, err = cpuset.KeepOff(online)
-	release()
-	if err != nil || off != nil {
-		t.Errorf("avoiding every core: off %v (%v), want nothing changed", off, err)
 	}
 }
 

@@ -49,6 +49,21 @@ type Instance struct {
 // (ifindex 0: every device's).
 func List(netns string, ifindex int) ([]Instance, error) { return list(netns, ifindex) }
 
+// IDs returns the ids of the NAPI instances of the device with ifindex in
+// netns, sorted.
+func IDs(netns string, ifindex int) ([]uint32, error) {
+	inst, err := list(netns, ifindex)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint32, 0, len(inst))
+	for _, in := range inst {
+		ids = append(ids, in.ID)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 func list(netns string, ifindex int) ([]Instance, error) {
 	msgs, err := dumpAttrs(netns, cmdNAPIGet, "NAPI instances")
 	if err != nil {

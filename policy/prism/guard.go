@@ -14,7 +14,6 @@ import (
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
@@ -261,8 +260,10 @@ type guard struct {
 	// asideMetrics: stepping aside's (nil without a registry or aside).
 	asideMetrics *asideMetrics
 	// nics has the sampler count the NIC's polls for aside-depth (with
-	// high).
-	nics *nicWatch
+	// high); underlays are the devices newTargetGuard's discovery found,
+	// which it starts from.
+	nics      *nicWatch
+	underlays []topology.Device
 	// failed counts the samples failed in a row; set is what the
 	// target was last switched to (demoted), which a write that failed
 	// (another lanes process held the journal) leaves for the next round.
@@ -288,7 +289,7 @@ func newGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		g = &guard{env: env, rule: guardRule, core: o.CPU}
 	}
 	g.high = newHighSwitch(plan.PinDir(env.NetNS))
-	g.nics = &nicWatch{netns: env.NetNS, logf: env.Logf}
+	g.nics = &nicWatch{netns: env.NetNS, logf: env.Logf, devs: g.underlays, found: g.underlays != nil}
 	if env.Metrics != nil {
 		g.asideMetrics = newAsideMetrics(env.Metrics)
 	}
@@ -352,7 +353,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 			core = env.CPUs[len(env.CPUs)-1]
 		}
 	}
-	g := &guard{env: env, rule: guardRule, core: core}
+	g := &guard{env: env, rule: guardRule, core: core, underlays: t.Underlays}
 	if o.Streamline {
 		nt := &nicTarget{onLadder: fmt.Sprintf("policy=fifo prio=%d nice=0", o.Ladder().NIC), off: guardOff, dir: env.StateDir, gen: journalGeneration(env.StateDir)}
 		for _, u := range t.Underlays {
@@ -501,26 +502,6 @@ func (g *guard) sampleFailed(err error) {
 // and every rule's flows in the high-priority queue, high=auto's start.
 // A round whose load cannot be sampled is skipped, not the end.
 func (g *guard) run(ctx context.Context) error {
-	// The loop's work every sample (map reads, the datapath's pins, /proc)
-	// is short, but on the receive core it lands beside the marked
-	// service it guards: on the testbed, stopping the agent took an idle
-	// marked ping-pong's p99 from 62-76 us to 43-51 us, keeping it off
-	// the receive core to 41-58 us. So the loop runs elsewhere where
-	// another core is online.
-	if g.core >= 0 {
-		off, release, err := cpuset.KeepOff([]int{g.core})
-		switch {
-		case err != nil:
-			if g.env.Logf != nil {
-				g.env.Logf("prism guard: cannot keep off the receive core %d (%v): its samples run there too", g.core, err)
-			}
-		case off != nil:
-			defer release()
-			if g.env.Logf != nil {
-				g.env.Logf("prism guard: sampling from cores %s, off the receive core %d", cpuset.FormatList(off), g.core)
-			}
-		}
-	}
 	if g.high != nil {
 		defer func() {
 			if err := g.high.stop(); err != nil && g.env.Logf != nil {
@@ -572,8 +553,8 @@ func (g *guard) run(ctx context.Context) error {
 		}
 		var s cpuload.Sample
 		var err error
-		if ss, ok := src.(*cpuload.SchedSampler); ok && g.nics != nil && g.high.wantsDepth() {
-			g.nics.keep(ss, time.Now())
+		if src != nil && g.nics != nil && g.high.wantsDepth() {
+			g.nics.keep(src, time.Now())
 		}
 		if src != nil {
 			s, err = src.Sample()

@@ -253,7 +253,7 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 		if c, found := h.load.Core(core); found {
 			smp.rx, smp.ok = c.Rx, true
 			if h.load.NICWatched {
-				smp.depth, smp.polled = c.FramesPerPoll(), true
+				smp.depth, smp.polled = c.NIC.FramesPerPoll(), true
 			}
 		}
 	}

@@ -533,7 +533,7 @@ func TestHighSwitchAsideOff(t *testing.T) {
 // depthOn is a load sample with receive work rx on core whose NIC polls
 // were counted: polls polls of frames frames.
 func depthOn(core int, rx float64, polls, frames uint64) cpuload.Sample {
-	return cpuload.Sample{NICWatched: true, Cores: []cpuload.Core{{CPU: core, Rx: rx, NICPolls: polls, NICFrames: frames}}}
+	return cpuload.Sample{NICWatched: true, Cores: []cpuload.Core{{CPU: core, Rx: rx, NIC: cpuload.NICCount{Polls: polls, Frames: frames}}}}
 }
 
 // TestHighSwitchStepsAsideByDepth: with aside-depth in the applied config

@@ -16,9 +16,9 @@ import (
 const nicWatchEvery = 5 * time.Second
 
 // nicWatch keeps the guard's sampler counting the polls of the underlay
-// NIC's NAPI instances, for aside-depth. The underlays are found once (a
-// topology discovery reads every namespace on the path, too costly to
-// repeat beside the marked service); their NAPI ids are listed again
+// NIC's NAPI instances, for aside-depth. The underlays are found once (the
+// guard's own discovery where it made one: a topology discovery reads
+// every namespace on the path, too costly to repeat); their NAPI ids are listed again
 // every nicWatchEvery (one netlink dump a device). Where either fails the
 // sampler counts nothing and stepping aside reads the receive work; it
 // says so once.
@@ -33,8 +33,14 @@ type nicWatch struct {
 	said  string
 }
 
-// keep lists the NAPI instances when due and has s watch them.
-func (w *nicWatch) keep(s *cpuload.SchedSampler, now time.Time) {
+// keep lists the NAPI instances when due and has src watch them, where
+// it can (the scheduler-event sampler; /proc has no such count).
+func (w *nicWatch) keep(src cpuload.Source, now time.Time) {
+	s, ok := src.(*cpuload.SchedSampler)
+	if !ok {
+		w.say("high=auto: the load sampler reads /proc, which cannot count the NIC's polls: stepping aside reads the receive work")
+		return
+	}
 	if !w.at.IsZero() && now.Sub(w.at) < nicWatchEvery {
 		return
 	}
@@ -75,13 +81,11 @@ func (w *nicWatch) list() ([]uint32, error) {
 	}
 	var ids []uint32
 	for _, d := range w.devs {
-		inst, err := napi.List(d.NetNS, d.Index)
+		got, err := napi.IDs(d.NetNS, d.Index)
 		if err != nil {
 			return nil, fmt.Errorf("listing %s's NAPI instances: %w", d.Name, err)
 		}
-		for _, in := range inst {
-			ids = append(ids, in.ID)
-		}
+		ids = append(ids, got...)
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids), nil
