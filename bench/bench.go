@@ -102,8 +102,13 @@ type Options struct {
 	// clock reads, in every mode that has programs, so they are off
 	// unless asked for.
 	BPFStats bool
-	Progress io.Writer
-	Args     []string
+	// AgentBinary runs each mode's agent as its own `lanes agent`
+	// process from this binary (the lanes binary's own path), as an
+	// operator runs it; "": inside the benchmark (tests, whose binary
+	// is not lanes).
+	AgentBinary string
+	Progress    io.Writer
+	Args        []string
 }
 
 // The tools that can offer the priority workloads' background (--background).
@@ -498,10 +503,10 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if st := testbed.StopStrays(o.Prefix); len(st) > 0 {
 		fmt.Fprintf(o.Progress, "stopped %d processes an earlier run left in the testbed: %s\n", len(st), strayList(st))
 	}
-	r := &runner{o: o, tb: tb, stateDir: stateDir, agentLog: io.Discard}
+	r := &runner{o: o, tb: tb, stateDir: stateDir, agentLog: &syncWriter{w: io.Discard}}
 	if lf, err := os.Create(filepath.Join(o.Out, "agent.log")); err == nil {
 		defer lf.Close()
-		r.agentLog = lf
+		r.agentLog.w = lf
 	}
 	defer func() {
 		// Restore every knob before the namespaces go, then remove them.
@@ -554,17 +559,15 @@ type runner struct {
 	file     *results.File
 	applied  string
 	// agent runs the applied mode's run-time part (Falcon's balancer)
-	// while that mode is measured.
-	agentStop func()
-	// agent is the running agent (nil: none): its status tells what a
+	// while that mode is measured (nil: none); its status tells what a
 	// guard did during each run.
-	agent plan.Agent
+	agent benchAgent
 	// xdpPassOff detaches vanilla:xdp-pass's program (xdppass.go).
 	xdpPassOff func() error
 	// agentLog receives the agents' decisions (agent.log in the output
 	// directory), stamped with the time and the mode: what the balancer
 	// did during a run is there to look at next to its figures.
-	agentLog io.Writer
+	agentLog *syncWriter
 	runs     int // measurements started, for port allocation
 	// capacity is what the receive core takes (packets/s) on the native
 	// path (true) and the overlay (false), measured before the priority
@@ -681,7 +684,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	if err := r.apply(mode); err != nil {
 		return fail(err)
 	}
-	if r.agentStop != nil {
+	if r.agent != nil {
 		fmt.Fprintf(r.agentLog, "%s %s: measuring %s, repeat %d\n", time.Now().UTC().Format("15:04:05.000"), mode, p, rep+1)
 	}
 	if p.awake {
@@ -755,8 +758,10 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	if p.workload == "udp_stress" || isPrio(p.workload) && r.o.Background != BackgroundSockperf {
 		stall = startRxStall(r.stressGen().CPU)
 	}
-	guard0, guarded := guardStatus(r.agent)
+	guard0, guarded := guardStatus(r.agentStatus(time.Time{}))
 	res, werr := w.Run(ctx, srv, cli, wp)
+	// What the agent says of the run: a report it published after it.
+	agentEnd := r.agentStatus(time.Now())
 	if d, ok := longestStall(stall); ok {
 		if run.Extra == nil {
 			run.Extra = map[string]float64{}
@@ -768,14 +773,14 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra["nic_frames_per_poll"] = fpp
-		if on, ok := prismAside(r.agent); ok {
+		if on, ok := prismAside(agentEnd); ok {
 			run.Extra["prism_aside_at_end"] = 0
 			if on {
 				run.Extra["prism_aside_at_end"] = 1
 			}
 		}
 	}
-	if guard1, ok := guardStatus(r.agent); ok && guarded && guard1.Demotions >= guard0.Demotions {
+	if guard1, ok := guardStatus(agentEnd); ok && guarded && guard1.Demotions >= guard0.Demotions {
 		// What prism's guard did during the run: how often it stepped
 		// in, and whether it held its target demoted at the end (a
 		// demotion from an earlier run may still hold).
@@ -925,18 +930,19 @@ func (r *runner) apply(mode string) error {
 	if wantsAgent && agentOff(want) {
 		fmt.Fprintf(r.agentLog, "%s %s: agent=false: no agent\n", time.Now().UTC().Format("15:04:05.000"), mode)
 	} else if wantsAgent {
-		logf := func(format string, args ...any) {
-			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
+		var err error
+		if r.o.AgentBinary != "" {
+			r.agent, err = startProcAgent(r.o.AgentBinary, st.NetNS, r.stateDir, &agentOutput{log: r.agentLog, mode: mode})
+		} else {
+			r.agent, err = startInAgent(st.NetNS, r.stateDir, func(format string, args ...any) {
+				fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
+			})
 		}
-		ag, _, err := control.NewAgent(control.AgentOptions{NetNS: st.NetNS, StateDir: r.stateDir, Logf: logf})
 		if err != nil {
+			r.agent = nil
 			return fmt.Errorf("starting the %s agent: %w", want, err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); ag.Run(ctx) }()
-		r.agentStop = func() { cancel(); <-done }
-		r.agent = ag
+		r.noteAgentOnce()
 		// Measure the mode as it runs on a host, not its first second:
 		// an agent needs a few rounds to bring Falcon's stages home
 		// and parkAfter rounds (1 s) to park them. A reconciler alone
@@ -954,11 +960,34 @@ func (r *runner) apply(mode string) error {
 const agentSettle = 1500 * time.Millisecond
 
 func (r *runner) stopAgent() {
-	if r.agentStop != nil {
-		r.agentStop()
-		r.agentStop = nil
+	if r.agent != nil {
+		r.agent.stop()
 		r.agent = nil
 	}
+}
+
+// noteAgentOnce says in the report, once, where the modes' agents ran.
+func (r *runner) noteAgentOnce() {
+	note := agentNoteIn
+	if r.o.AgentBinary != "" {
+		note = agentNoteProc
+	}
+	if !slices.Contains(r.file.Notes, note) {
+		r.file.Notes = append(r.file.Notes, note)
+	}
+}
+
+const (
+	agentNoteProc = "Each mode's agent ran as its own `lanes agent` process, as deployed: its threads off the cores that poll the NIC where another core is left."
+	agentNoteIn   = "Each mode's agent ran inside the benchmark's process, its threads on any core (a test binary; `lanes bench` runs them as their own process)."
+)
+
+// agentStatus is the running agent's status as of since (nil: no agent).
+func (r *runner) agentStatus(since time.Time) []byte {
+	if r.agent == nil {
+		return nil
+	}
+	return r.agent.status(since)
 }
 
 // endpoints: overlay modes run container to container across hosts; native
@@ -1222,12 +1251,8 @@ type guardFields struct {
 // package): at the top (prism-batch's guard agent) or under "guard"
 // (prism-sync's agent, which runs the guard beside its own work); ok is
 // false where the agent has neither.
-func guardOf(ag plan.Agent) (guardFields, bool) {
-	if ag == nil {
-		return guardFields{}, false
-	}
-	b, err := json.Marshal(ag.Status())
-	if err != nil {
+func guardOf(b []byte) (guardFields, bool) {
+	if b == nil {
 		return guardFields{}, false
 	}
 	var v struct {
@@ -1248,15 +1273,15 @@ func guardOf(ag plan.Agent) (guardFields, bool) {
 
 // guardStatus is the starvation guard's part: ok is false for an agent
 // without a guard, or whose guard has nothing to watch.
-func guardStatus(ag plan.Agent) (guardFields, bool) {
-	g, ok := guardOf(ag)
+func guardStatus(status []byte) (guardFields, bool) {
+	g, ok := guardOf(status)
 	return g, ok && g.Watch != ""
 }
 
 // prismAside says whether PRISM stood aside (high_auto.aside.on); ok is
 // false for an agent that does not step aside.
-func prismAside(ag plan.Agent) (on, ok bool) {
-	g, _ := guardOf(ag)
+func prismAside(status []byte) (on, ok bool) {
+	g, _ := guardOf(status)
 	if g.High == nil || g.High.Aside == nil {
 		return false, false
 	}

@@ -576,6 +576,15 @@ type fakeAgent struct{ st any }
 func (fakeAgent) Run(context.Context) error { return nil }
 func (f fakeAgent) Status() any             { return f.st }
 
+// statusOf is ag's status as the benchmark reads an agent it runs
+// inside itself (nil: no agent).
+func statusOf(ag plan.Agent) []byte {
+	if ag == nil {
+		return nil
+	}
+	return (&inAgent{ag: ag}).status(time.Time{})
+}
+
 // The guard's figures are read from an agent's status through its JSON:
 // prism's guard status counts, an agent without a guard (or a guard with
 // nothing to watch) does not.
@@ -604,7 +613,7 @@ func TestGuardStatus(t *testing.T) {
 		{"prism-sync's guard", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{Watch: "bulk queue at SCHED_IDLE", Demotions: 3}}}, 3, true, false},
 		{"prism-sync without a guard", fakeAgent{prism.SyncStatus{Refreshes: 2}}, 0, false, false},
 	} {
-		v, ok := guardStatus(tc.ag)
+		v, ok := guardStatus(statusOf(tc.ag))
 		if v.Demotions != tc.n || ok != tc.ok || v.Demoted != tc.end {
 			t.Errorf("%s: %d, %v, demoted %v; want %d, %v, %v", tc.name, v.Demotions, ok, v.Demoted, tc.n, tc.ok, tc.end)
 		}

@@ -27,7 +27,7 @@ func TestPrismAside(t *testing.T) {
 		}{3}}, false, false},
 		{"no agent", nil, false, false},
 	} {
-		on, ok := prismAside(c.ag)
+		on, ok := prismAside(statusOf(c.ag))
 		if on != c.on || ok != c.ok {
 			t.Errorf("%s: aside %v (%v), want %v (%v)", c.name, on, ok, c.on, c.ok)
 		}

@@ -42,6 +42,11 @@ also on Ctrl-C.`,
 			}
 			o.Progress = cmd.ErrOrStderr()
 			o.Args = os.Args
+			// The modes' agents run as this binary's `lanes agent`, as
+			// deployed, not inside the benchmark's process.
+			if self, err := os.Executable(); err == nil {
+				o.AgentBinary = self
+			}
 			bench.Version = Version()
 			if err = o.Validate(); err != nil {
 				return err
