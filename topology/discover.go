@@ -607,7 +607,7 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 		queues:   map[string][]RxQueue{},
 		nsids:    map[int]string{},
 	}
-	err := netnsx.DoSysfs(ns, func() error {
+	err := netnsx.SysfsAt(ns, func(sys string) error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return fmt.Errorf("listing links: %w", err)
@@ -640,10 +640,10 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 					}
 				}
 			}
-			if b, err := os.ReadFile("/sys/class/net/" + a.Name + "/threaded"); err == nil {
+			if b, err := os.ReadFile(sys + "/class/net/" + a.Name + "/threaded"); err == nil {
 				s.threaded[a.Name] = strings.TrimSpace(string(b))
 			}
-			s.queues[a.Name] = readQueues(a.Name)
+			s.queues[a.Name] = readQueues(sys, a.Name)
 			if a.NetNsID >= 0 {
 				wantIDs[a.NetNsID] = true
 			}
@@ -651,7 +651,7 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 		inst, nerr := napi.List("", 0)
 		s.napiInst = inst
 		s.napi, s.napiErr = napiThreadsOf(inst, nerr)
-		s.readPath()
+		s.readPath(sys)
 		s.resolveIDs(cat, wantIDs)
 		return nil
 	})
@@ -773,8 +773,9 @@ func (s *nsScan) device(l netlink.Link) Device {
 	return d
 }
 
-func readQueues(dev string) []RxQueue {
-	dir := "/sys/class/net/" + dev + "/queues"
+// readQueues reads dev's receive queues from sys, its namespace's sysfs.
+func readQueues(sys, dev string) []RxQueue {
+	dir := sys + "/class/net/" + dev + "/queues"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil

@@ -2,7 +2,10 @@ package topology
 
 import (
 	"bufio"
+	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -53,7 +56,7 @@ type irqScan struct {
 // driver reports IRQs.
 func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqScan {
 	var sc irqScan
-	netnsx.DoSysfs(ns, func() error {
+	netnsx.SysfsAt(ns, func(sys string) error {
 		var own []napi.Instance
 		for _, in := range inst {
 			if in.IfIndex == ifindex && in.IRQ > 0 {
@@ -75,7 +78,7 @@ func deviceIRQs(ns string, inst []napi.Instance, ifindex int, dev string) irqSca
 			slices.Sort(sc.nums)
 			sc.fromNAPI = true
 		} else {
-			sc.nums = busIRQs(dev)
+			sc.nums = busIRQs(sys, dev)
 		}
 		return nil
 	})
@@ -95,21 +98,65 @@ func mayHaveIRQs(l netlink.Link, inst []napi.Instance) bool {
 }
 
 // busIRQs lists the MSI vectors of the bus device behind dev, else its
-// legacy interrupt line. A virtio NIC's interrupts belong to the PCI
-// function the virtio device sits on: for one, the parent's.
-func busIRQs(dev string) []int {
+// legacy interrupt line, from sys (dev's namespace's sysfs). A virtio
+// NIC's interrupts belong to the PCI function the virtio device sits on:
+// for one, the parent's.
+func busIRQs(sys, dev string) []int {
 	// device is a link into the bus's tree; its parent is found there.
-	devDir, err := filepath.EvalSymlinks(filepath.Join(irqRoot, "sys/class/net", dev, "device"))
+	devDir, err := sysEval(sys, "class/net/"+dev+"/device")
 	if err != nil {
 		return nil
 	}
-	if nums := busVectors(devDir); len(nums) > 0 {
+	if nums := busVectors(filepath.Join(sys, devDir)); len(nums) > 0 {
 		return nums
 	}
-	if sub, err := filepath.EvalSymlinks(filepath.Join(devDir, "subsystem")); err == nil && filepath.Base(sub) == "virtio" {
-		return busVectors(filepath.Dir(devDir))
+	if sub, err := sysEval(sys, devDir+"/subsystem"); err == nil && path.Base(sub) == "virtio" {
+		return busVectors(filepath.Join(sys, path.Dir(devDir)))
 	}
 	return nil
+}
+
+// sysEval resolves the symbolic links of rel inside root, a sysfs (whose
+// links are relative), and returns the path it names relative to root:
+// filepath.EvalSymlinks would read root itself, which may be a
+// /proc/self/fd link to a detached mount (nsx.SysfsAt).
+func sysEval(root, rel string) (string, error) {
+	parts := strings.Split(rel, "/")
+	cur := ""
+	for hops := 0; len(parts) > 0; {
+		p := parts[0]
+		parts = parts[1:]
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			if cur = path.Dir(cur); cur == "." {
+				cur = ""
+			}
+			continue
+		}
+		next := path.Join(cur, p)
+		fi, err := os.Lstat(root + "/" + next)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return "", fmt.Errorf("%s: too many links", rel)
+		}
+		target, err := os.Readlink(root + "/" + next)
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			cur = ""
+		}
+		parts = append(strings.Split(target, "/"), parts...)
+	}
+	return cur, nil
 }
 
 // busVectors reads a bus device's MSI vectors, else its legacy line.

@@ -112,7 +112,7 @@ func TestBusIRQs(t *testing.T) {
 		{"eth3", []int{12}, []int{12}, []int{2}},
 		{"veth0", nil, nil, nil},
 	} {
-		nums := busIRQs(tc.dev)
+		nums := busIRQs(filepath.Join(irqRoot, "sys"), tc.dev)
 		if !slices.Equal(nums, tc.irqs) {
 			t.Errorf("%s: IRQs %v, want %v", tc.dev, nums, tc.irqs)
 			continue
@@ -201,7 +201,7 @@ func TestHostNICIRQs(t *testing.T) {
 	}
 	found := false
 	for _, e := range ents {
-		nums := busIRQs(e.Name())
+		nums := busIRQs("/sys", e.Name())
 		if len(nums) == 0 {
 			continue
 		}

@@ -77,8 +77,8 @@ func readUDPGRO(dev string) udpGRO {
 	return g
 }
 
-// readPath fills s.path; it runs in the namespace, with its /sys mounted.
-func (s *nsScan) readPath() {
+// readPath fills s.path; it runs in the namespace, sys showing its sysfs.
+func (s *nsScan) readPath(sys string) {
 	p := pathScan{
 		hooks: map[int]*Hooks{}, gro: map[string]bool{}, udpGRO: map[string]udpGRO{}, txq: map[string]int{}, maxq: map[string][2]int{}, xps: map[string]bool{}, xdpTarget: map[int]bool{},
 		brports: map[string]BridgePort{}, bridges: map[string]bridgeFacts{}, fdb: map[int][]FDBEntry{},
@@ -92,18 +92,18 @@ func (s *nsScan) readPath() {
 			p.gro[a.Name] = on
 		}
 		p.udpGRO[a.Name] = readUDPGRO(a.Name)
-		p.txq[a.Name] = countQueues(a.Name, "tx-")
-		p.xps[a.Name] = hasXPS(a.Name)
+		p.txq[a.Name] = countQueues(sys, a.Name, "tx-")
+		p.xps[a.Name] = hasXPS(sys, a.Name)
 		if c, err := ethtool.GetChannels("", a.Name); err == nil {
 			p.maxq[a.Name] = [2]int{int(c.MaxRX), int(c.MaxTX)}
 		}
 		if a.MasterIndex != 0 {
-			if bp, ok := readBridgePort(a.Name); ok {
+			if bp, ok := readBridgePort(sys, a.Name); ok {
 				p.brports[a.Name] = bp
 			}
 		}
 		if l.Type() == "bridge" {
-			dir := "/sys/class/net/" + a.Name + "/bridge/"
+			dir := sys + "/class/net/" + a.Name + "/bridge/"
 			p.bridges[a.Name] = bridgeFacts{
 				vlanFiltering: readBool(dir + "vlan_filtering"),
 				nfCall:        nsCall || readBool(dir+"nf_call_iptables"),
@@ -131,8 +131,8 @@ func readBool(path string) bool {
 
 // hasXPS reports whether any transmit queue of dev has an XPS map (by CPU
 // or by receive queue): the kernel then picks transmit queues by it.
-func hasXPS(dev string) bool {
-	qs, _ := filepath.Glob("/sys/class/net/" + dev + "/queues/tx-*")
+func hasXPS(sys, dev string) bool {
+	qs, _ := filepath.Glob(sys + "/class/net/" + dev + "/queues/tx-*")
 	for _, q := range qs {
 		for _, f := range []string{"xps_cpus", "xps_rxqs"} {
 			b, err := os.ReadFile(filepath.Join(q, f))
@@ -147,8 +147,8 @@ func hasXPS(dev string) bool {
 	return false
 }
 
-func countQueues(dev, prefix string) int {
-	ents, err := os.ReadDir("/sys/class/net/" + dev + "/queues")
+func countQueues(sys, dev, prefix string) int {
+	ents, err := os.ReadDir(sys + "/class/net/" + dev + "/queues")
 	if err != nil {
 		return 0
 	}
@@ -163,8 +163,8 @@ func countQueues(dev, prefix string) int {
 
 var stpStates = []string{"disabled", "listening", "learning", "forwarding", "blocking"}
 
-func readBridgePort(dev string) (BridgePort, bool) {
-	dir := "/sys/class/net/" + dev + "/brport/"
+func readBridgePort(sys, dev string) (BridgePort, bool) {
+	dir := sys + "/class/net/" + dev + "/brport/"
 	b, err := os.ReadFile(dir + "state")
 	if err != nil {
 		return BridgePort{}, false

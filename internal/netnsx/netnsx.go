@@ -422,14 +422,31 @@ func DoSysfs(ns string, fn func() error) error {
 	return do(ns, true, fn)
 }
 
+// SysfsAt runs fn on a thread inside namespace ns with sys, a directory
+// showing ns's sysfs, for reading (see nsx.SysfsAt: nothing is mounted or
+// unmounted per call, so an agent's rounds interrupt no core).
+func SysfsAt(ns string, fn func(sys string) error) error {
+	var sys string
+	return doWith(ns, func(name string, fn func() error) error {
+		return nsx.SysfsAt(name, func(root string) error { sys = root; return fn() })
+	}, func() error { return fn(sys) })
+}
+
 func do(ns string, sysfs bool, fn func() error) error {
+	run := nsx.Do
+	if sysfs {
+		run = nsx.DoSysfs
+	}
+	return doWith(ns, run, fn)
+}
+
+// doWith runs fn through nsxRun (an nsx function that runs its argument
+// inside a named namespace) in ns, whatever form ns takes.
+func doWith(ns string, nsxRun func(name string, fn func() error) error, fn func() error) error {
 	if err := CheckName(ns); err != nil {
 		return err
 	}
-	run := func(name string, fn func() error) error { return goneNS(ns, nsx.Do(name, fn)) }
-	if sysfs {
-		run = func(name string, fn func() error) error { return goneNS(ns, nsx.DoSysfs(name, fn)) }
-	}
+	run := func(name string, fn func() error) error { return goneNS(ns, nsxRun(name, fn)) }
 	if _, cookie, _ := pidForm(ns); cookie != 0 {
 		// Checked on the thread that runs fn: exactly the namespace fn
 		// sees. When the namespace is not there fn has not run, so it may

@@ -19,8 +19,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -301,4 +303,125 @@ func takePolicy(a *unix.SchedAttr) error {
 		return fmt.Errorf("giving the namespace's thread its caller's scheduling policy %d: %w", a.Policy, err)
 	}
 	return nil
+}
+
+// SysfsAt runs fn on a thread inside the named namespace ("" for the
+// process's own) with sys, a directory that shows that namespace's sysfs:
+// sys+"/class/net" lists its devices. It is for reading: fn must not write
+// there (DoSysfs is for writes).
+//
+// sys is a detached sysfs mount (fsopen, fsmount: no mount namespace, no
+// mount point) made the first time a namespace is asked for and kept while
+// it is asked for again within sysfsKeep, under /proc/self/fd. DoSysfs
+// instead unshares a mount namespace and mounts sysfs on every call, and
+// every unmount (its own, and the namespace's at thread exit) waits for
+// an expedited RCU grace period, which interrupts every busy core: an
+// agent that reads a host's namespaces every second would interrupt the
+// receive path it steers several times a second. A kept mount holds no
+// more than a passive reference on its namespace: the namespace's devices
+// still go when it dies. Where the kernel lacks the mount API (< 5.2) or
+// the netns cookie (< 5.14), it falls back to DoSysfs with sys "/sys".
+func SysfsAt(name string, fn func(sys string) error) error {
+	fallback := false
+	err := do(name, false, func() error {
+		root, err := sysfsRoot()
+		if errors.Is(err, errNoDetachedSysfs) {
+			fallback = true
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("sysfs of netns %s: %w", name, err)
+		}
+		return fn(root)
+	})
+	if fallback {
+		return DoSysfs(name, func() error { return fn("/sys") })
+	}
+	return err
+}
+
+// sysfsKeep is how long a namespace's detached sysfs mount is kept after
+// its last use; a namespace read every round keeps its mount for good.
+const sysfsKeep = 10 * time.Second
+
+var errNoDetachedSysfs = errors.New("no detached sysfs mounts here")
+
+// sysfsMounts are the detached sysfs mounts by netns cookie (cookies are
+// never reused, unlike namespace inode numbers).
+var sysfsMounts = struct {
+	sync.Mutex
+	byCookie map[uint64]*sysfsMount
+	none     bool // the kernel cannot make them: DoSysfs it is
+}{byCookie: map[uint64]*sysfsMount{}}
+
+type sysfsMount struct {
+	fd   int
+	used time.Time
+}
+
+// sysfsRoot is the root of the calling thread's namespace's sysfs; mounts
+// not used for sysfsKeep are let go on the way.
+func sysfsRoot() (string, error) {
+	m := &sysfsMounts
+	m.Lock()
+	defer m.Unlock()
+	if m.none {
+		return "", errNoDetachedSysfs
+	}
+	cookie, err := threadCookie()
+	if err != nil {
+		m.none = true
+		return "", errNoDetachedSysfs
+	}
+	now := time.Now()
+	for c, s := range m.byCookie {
+		if c != cookie && now.Sub(s.used) > sysfsKeep {
+			unix.Close(s.fd)
+			delete(m.byCookie, c)
+		}
+	}
+	s, ok := m.byCookie[cookie]
+	if !ok {
+		fd, err := mountSysfs()
+		if errors.Is(err, unix.ENOSYS) {
+			m.none = true
+			return "", errNoDetachedSysfs
+		}
+		if err != nil {
+			return "", err
+		}
+		s = &sysfsMount{fd: fd}
+		m.byCookie[cookie] = s
+	}
+	s.used = now
+	return "/proc/self/fd/" + strconv.Itoa(s.fd), nil
+}
+
+// mountSysfs makes a detached, read-only sysfs mount of the calling
+// thread's network namespace (sysfs takes the namespace of whoever
+// creates it).
+func mountSysfs() (int, error) {
+	fs, err := unix.Fsopen("sysfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen sysfs: %w", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("creating a sysfs superblock: %w", err)
+	}
+	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount sysfs: %w", err)
+	}
+	return fd, nil
+}
+
+// threadCookie is the cookie of the calling thread's network namespace.
+func threadCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 }

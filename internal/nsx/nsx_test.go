@@ -5,9 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -45,6 +47,62 @@ func TestDoSysfsSeesNamespaceDevices(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
 		t.Fatalf("root /sys lost: %v", err)
 	}
+}
+
+// SysfsAt shows a namespace's own devices through one detached mount
+// kept across calls (a second call mounts nothing), another namespace's
+// through another, and the process's own /sys stays as it was.
+func TestSysfsAtKeepsOneMountPerNamespace(t *testing.T) {
+	testenv.Root(t)
+	a := testNS(t, "lanes-nsx-at1")
+	b := testNS(t, "lanes-nsx-at2")
+	if err := Do(b, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "d0"}, PeerName: "d1"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	list := func(name string) (root string, devs []string) {
+		t.Helper()
+		err := SysfsAt(name, func(sys string) error {
+			root = sys
+			ents, err := os.ReadDir(sys + "/class/net")
+			for _, e := range ents {
+				devs = append(devs, e.Name())
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return root, devs
+	}
+	mountsBefore := countMounts(t)
+	rootA, devsA := list(a)
+	if !slices.Equal(devsA, []string{"lo"}) {
+		t.Errorf("%s's sysfs shows %v, want [lo]", a, devsA)
+	}
+	rootB, devsB := list(b)
+	if !slices.Equal(devsB, []string{"d0", "d1", "lo"}) {
+		t.Errorf("%s's sysfs shows %v, want [d0 d1 lo]", b, devsB)
+	}
+	if again, _ := list(a); again != rootA || rootA == rootB {
+		t.Errorf("roots %s, %s, then %s for the first again: want one kept mount per namespace", rootA, rootB, again)
+	}
+	if n := countMounts(t); n != mountsBefore {
+		t.Errorf("the process's mount table went from %d to %d entries: a detached mount is in none", mountsBefore, n)
+	}
+	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
+		t.Fatalf("root /sys lost: %v", err)
+	}
+}
+
+func countMounts(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
 }
 
 func TestStartInheritsNamespace(t *testing.T) {
