@@ -760,8 +760,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	}
 	guard0, guarded := guardStatus(r.agentStatus(time.Time{}))
 	res, werr := w.Run(ctx, srv, cli, wp)
-	// What the agent says of the run: a report it published after it.
-	agentEnd := r.agentStatus(time.Now())
+	runEnd := time.Now()
 	if d, ok := longestStall(stall); ok {
 		if run.Extra == nil {
 			run.Extra = map[string]float64{}
@@ -773,25 +772,6 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 			run.Extra = map[string]float64{}
 		}
 		run.Extra["nic_frames_per_poll"] = fpp
-		if on, ok := prismAside(agentEnd); ok {
-			run.Extra["prism_aside_at_end"] = 0
-			if on {
-				run.Extra["prism_aside_at_end"] = 1
-			}
-		}
-	}
-	if guard1, ok := guardStatus(agentEnd); ok && guarded && guard1.Demotions >= guard0.Demotions {
-		// What prism's guard did during the run: how often it stepped
-		// in, and whether it held its target demoted at the end (a
-		// demotion from an earlier run may still hold).
-		if run.Extra == nil {
-			run.Extra = map[string]float64{}
-		}
-		run.Extra["guard_demotions"] = float64(guard1.Demotions - guard0.Demotions)
-		run.Extra["guard_demoted_at_end"] = 0
-		if guard1.Demoted {
-			run.Extra["guard_demoted_at_end"] = 1
-		}
 	}
 	workNs, irqNs, window, workOK := work.stop(r.o.IRQCPU)
 	ran, costErr := cost.stop()
@@ -814,6 +794,31 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		run.Extra["steer_undrained"] = float64(d.Undrained)
 		run.Extra["steer_dropped"] = float64(d.Dropped)
 		run.Extra["steer_settled"] = float64(d.Settled)
+	}
+	// What the agent says of the run, from a report it published after
+	// the run's end (a process agent publishes once a round): read once
+	// every meter has stopped, so that the wait for it is in none.
+	agentEnd := r.agentStatus(runEnd)
+	if _, counted := run.Extra["nic_frames_per_poll"]; counted {
+		if on, ok := prismAside(agentEnd); ok {
+			run.Extra["prism_aside_at_end"] = 0
+			if on {
+				run.Extra["prism_aside_at_end"] = 1
+			}
+		}
+	}
+	if guard1, ok := guardStatus(agentEnd); ok && guarded && guard1.Demotions >= guard0.Demotions {
+		// What prism's guard did during the run: how often it stepped
+		// in, and whether it held its target demoted at the end (a
+		// demotion from an earlier run may still hold).
+		if run.Extra == nil {
+			run.Extra = map[string]float64{}
+		}
+		run.Extra["guard_demotions"] = float64(guard1.Demotions - guard0.Demotions)
+		run.Extra["guard_demoted_at_end"] = 0
+		if guard1.Demoted {
+			run.Extra["guard_demoted_at_end"] = 1
+		}
 	}
 	if werr != nil {
 		return fail(werr)
