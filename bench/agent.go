@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"regexp"
 	"runtime"
@@ -62,9 +63,8 @@ func (a *inAgent) stop() { a.cancel(); <-a.done }
 // procAgent is `lanes agent` in a process of its own, on the mode the
 // benchmark applied (--on-exit keep: the benchmark resets it).
 type procAgent struct {
-	pid  int
+	proc *os.Process
 	dir  string // where it publishes its report (control.AgentFile)
-	sig  func(syscall.Signal)
 	done chan struct{}
 	err  error // its exit, once done is closed
 	out  *agentOutput
@@ -81,7 +81,7 @@ const (
 )
 
 // startProcAgent starts bin as `lanes agent` on netns and waits for its
-// first report. Its output goes to log, a line at a time.
+// first report. Its output goes to out, a line at a time.
 func startProcAgent(bin, netns, stateDir string, out *agentOutput) (*procAgent, error) {
 	cmd := &exec.Cmd{
 		Path:   bin,
@@ -95,64 +95,50 @@ func startProcAgent(bin, netns, stateDir string, out *agentOutput) (*procAgent, 
 	}
 	a := &procAgent{dir: control.Dir(stateDir, netns), done: make(chan struct{}), out: out}
 	started := make(chan error, 1)
-	sigs := make(chan syscall.Signal)
 	go func() {
+		defer close(a.done)
 		// Pdeathsig fires when the thread that started the child ends,
-		// not the process: this goroutine holds its thread for the
-		// child's whole life, so that happens only with the benchmark.
+		// not the process: this goroutine holds its thread until the
+		// child is gone, so that happens only with the benchmark.
 		runtime.LockOSThread()
 		if err := cmd.Start(); err != nil {
 			started <- err
-			close(a.done)
 			return
 		}
 		started <- nil
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		for {
-			select {
-			case s := <-sigs:
-				cmd.Process.Signal(s)
-			case err := <-waited:
-				a.err = err
-				close(a.done)
-				return
-			}
-		}
+		a.err = cmd.Wait()
 	}()
 	if err := <-started; err != nil {
 		return nil, fmt.Errorf("starting lanes agent: %w", err)
 	}
-	a.pid = cmd.Process.Pid
-	a.sig = func(s syscall.Signal) {
-		select {
-		case sigs <- s:
-		case <-a.done:
-		}
-	}
-	deadline := time.Now().Add(agentStartWait)
-	for {
-		if r, err := control.ReadAgentReport(a.dir); err == nil && r != nil && r.PID == a.pid && r.Running {
-			return a, nil
-		}
+	a.proc = cmd.Process
+	if a.report(time.Time{}, agentStartWait) == nil {
 		select {
 		case <-a.done:
 			return nil, fmt.Errorf("lanes agent ended before it ran (%v): %s", a.err, out.tail())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
+		default:
 			a.stop()
 			return nil, fmt.Errorf("lanes agent published no report in %s: %s", agentStartWait, out.tail())
 		}
 	}
+	return a, nil
 }
 
 func (a *procAgent) status(since time.Time) []byte {
-	deadline := time.Now().Add(agentFreshWait)
+	if r := a.report(since, agentFreshWait); r != nil {
+		return r.Status
+	}
+	return nil
+}
+
+// report waits up to wait for a report this agent published at or after
+// since (nil: none came, or the agent ended).
+func (a *procAgent) report(since time.Time, wait time.Duration) *control.AgentReport {
+	deadline := time.Now().Add(wait)
 	for {
 		r, err := control.ReadAgentReport(a.dir)
-		if err == nil && r != nil && r.PID == a.pid && !r.At.Before(since) {
-			return r.Status
+		if err == nil && r != nil && r.PID == a.proc.Pid && r.Running && !r.At.Before(since) {
+			return r
 		}
 		if time.Now().After(deadline) {
 			return nil
@@ -166,15 +152,15 @@ func (a *procAgent) status(since time.Time) []byte {
 }
 
 func (a *procAgent) stop() {
-	a.sig(syscall.SIGTERM)
+	a.proc.Signal(syscall.SIGTERM)
 	select {
 	case <-a.done:
 	case <-time.After(agentStopWait):
-		a.sig(syscall.SIGKILL)
+		a.proc.Kill()
 		<-a.done
 	}
 	if a.err != nil {
-		fmt.Fprintf(a.out, "lanes agent (pid %d) ended: %v\n", a.pid, a.err)
+		fmt.Fprintf(a.out, "lanes agent (pid %d) ended: %v\n", a.proc.Pid, a.err)
 	}
 }
 

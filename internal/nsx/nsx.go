@@ -324,7 +324,7 @@ func takePolicy(a *unix.SchedAttr) error {
 func SysfsAt(name string, fn func(sys string) error) error {
 	fallback := false
 	err := do(name, false, func() error {
-		root, err := sysfsRoot()
+		root, release, err := sysfsRoot()
 		if errors.Is(err, errNoDetachedSysfs) {
 			fallback = true
 			return nil
@@ -332,6 +332,7 @@ func SysfsAt(name string, fn func(sys string) error) error {
 		if err != nil {
 			return fmt.Errorf("sysfs of netns %s: %w", name, err)
 		}
+		defer release()
 		return fn(root)
 	})
 	if fallback {
@@ -342,7 +343,7 @@ func SysfsAt(name string, fn func(sys string) error) error {
 
 // sysfsKeep is how long a namespace's detached sysfs mount is kept after
 // its last use; a namespace read every round keeps its mount for good.
-const sysfsKeep = 10 * time.Second
+var sysfsKeep = 10 * time.Second
 
 var errNoDetachedSysfs = errors.New("no detached sysfs mounts here")
 
@@ -355,27 +356,29 @@ var sysfsMounts = struct {
 }{byCookie: map[uint64]*sysfsMount{}}
 
 type sysfsMount struct {
-	fd   int
-	used time.Time
+	fd    int
+	used  time.Time
+	users int // callers reading through it now: never closed under them
 }
 
-// sysfsRoot is the root of the calling thread's namespace's sysfs; mounts
-// not used for sysfsKeep are let go on the way.
-func sysfsRoot() (string, error) {
+// sysfsRoot is the root of the calling thread's namespace's sysfs, held
+// until release; mounts nobody held for sysfsKeep are let go on the way
+// (their fd numbers are reused once closed).
+func sysfsRoot() (root string, release func(), err error) {
 	m := &sysfsMounts
 	m.Lock()
 	defer m.Unlock()
 	if m.none {
-		return "", errNoDetachedSysfs
+		return "", nil, errNoDetachedSysfs
 	}
 	cookie, err := threadCookie()
 	if err != nil {
 		m.none = true
-		return "", errNoDetachedSysfs
+		return "", nil, errNoDetachedSysfs
 	}
 	now := time.Now()
 	for c, s := range m.byCookie {
-		if c != cookie && now.Sub(s.used) > sysfsKeep {
+		if c != cookie && s.users == 0 && now.Sub(s.used) > sysfsKeep {
 			unix.Close(s.fd)
 			delete(m.byCookie, c)
 		}
@@ -385,16 +388,21 @@ func sysfsRoot() (string, error) {
 		fd, err := mountSysfs()
 		if errors.Is(err, unix.ENOSYS) {
 			m.none = true
-			return "", errNoDetachedSysfs
+			return "", nil, errNoDetachedSysfs
 		}
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		s = &sysfsMount{fd: fd}
 		m.byCookie[cookie] = s
 	}
-	s.used = now
-	return "/proc/self/fd/" + strconv.Itoa(s.fd), nil
+	s.users++
+	return "/proc/self/fd/" + strconv.Itoa(s.fd), func() {
+		m.Lock()
+		defer m.Unlock()
+		s.users--
+		s.used = time.Now()
+	}, nil
 }
 
 // mountSysfs makes a detached, read-only sysfs mount of the calling

@@ -96,6 +96,40 @@ func TestSysfsAtKeepsOneMountPerNamespace(t *testing.T) {
 	}
 }
 
+// A mount that has gone unused for sysfsKeep is let go, but never while a
+// caller still reads through it (its fd number would be reused).
+func TestSysfsAtLetsGoOnlyUnheldMounts(t *testing.T) {
+	testenv.Root(t)
+	a := testNS(t, "lanes-nsx-hold1")
+	b := testNS(t, "lanes-nsx-hold2")
+	old := sysfsKeep
+	sysfsKeep = 0
+	t.Cleanup(func() { sysfsKeep = old })
+	err := SysfsAt(a, func(sys string) error {
+		// a's mount is held while b's call sweeps the unused ones.
+		if err := SysfsAt(b, func(string) error { return nil }); err != nil {
+			return err
+		}
+		_, err := os.Stat(sys + "/class/net/lo")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("reading a held mount after a sweep: %v", err)
+	}
+	var rootA string
+	SysfsAt(a, func(sys string) error { rootA = sys; return nil })
+	var left int
+	SysfsAt(b, func(string) error {
+		sysfsMounts.Lock()
+		left = len(sysfsMounts.byCookie)
+		sysfsMounts.Unlock()
+		return nil
+	})
+	if left != 1 {
+		t.Errorf("%d mounts kept after a's went unused (root %s), want b's alone", left, rootA)
+	}
+}
+
 func countMounts(t *testing.T) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mounts")

@@ -18,8 +18,8 @@ const nicWatchEvery = 5 * time.Second
 // nicWatch keeps the guard's sampler counting the polls of the underlay
 // NIC's NAPI instances, for aside-depth. The underlays are found once (the
 // guard's own discovery where it made one: a topology discovery reads
-// every namespace on the path, too costly to repeat); their NAPI ids are listed again
-// every nicWatchEvery (one netlink dump a device). Where either fails the
+// every namespace on the path, too costly to repeat); their NAPI ids are
+// listed again every nicWatchEvery (one netlink dump a device). Where either fails the
 // sampler counts nothing and stepping aside reads the receive work; it
 // says so once.
 type nicWatch struct {
