@@ -103,7 +103,8 @@ func writeAgentReport(path, mode string, ag plan.Agent) AgentReport {
 	}
 	// Best effort: a status file that cannot be written costs `lanes
 	// status` a section, not the agent its work.
-	_ = knobs.WriteFileAtomic(path, append(b, '\n'))
+	// Not synced: a report that a crash loses the next agent rewrites.
+	_ = knobs.PublishFile(path, append(b, '\n'))
 	return r
 }
 

@@ -29,7 +29,21 @@ const DockerNetNSDir = "/var/run/docker/netns"
 
 // Discover finds the overlay whose VXLAN device lives in namespace ns (""
 // = the namespace lanes runs in).
-func Discover(ns string) (*Topology, error) {
+func Discover(ns string) (*Topology, error) { return discover(ns, true) }
+
+// DiscoverPath is Discover reading only what lies on a frame's path: the
+// devices, their addresses, MTUs, GRO, queue counts and hooks, bridges,
+// ports and forwarding tables, routes, netfilter, the containers behind
+// the veths. It leaves out what placing the receive stages needs and the
+// path does not: NAPI threads and instances, interrupts, the receive
+// queues' RPS settings (RxQueues lists the queues, RPS empty), XPS,
+// channel maxima, UDP GRO features, XDP redirect targets (those Device
+// fields stay zero). PRISM-sync's agent reads the path every second, on
+// the cores the receive path and its applications run on.
+func DiscoverPath(ns string) (*Topology, error) { return discover(ns, false) }
+
+// discover is Discover, or DiscoverPath where full is false.
+func discover(ns string, full bool) (*Topology, error) {
 	if !netnsx.Exists(ns) {
 		return nil, netnsx.NotFoundError(ns)
 	}
@@ -39,7 +53,7 @@ func Discover(ns string) (*Topology, error) {
 	}
 	defer cat.close()
 
-	d := &discovery{cat: cat, scans: map[string]*nsScan{}}
+	d := &discovery{cat: cat, scans: map[string]*nsScan{}, full: full}
 	host, err := d.scan(ns)
 	if err != nil {
 		return nil, err
@@ -120,6 +134,9 @@ func Discover(ns string) (*Topology, error) {
 		return nil, err
 	}
 	t.Kind = classify(t)
+	if !full {
+		return t, nil
+	}
 	if err := d.napiThreads(t); err != nil {
 		return nil, err
 	}
@@ -220,13 +237,14 @@ const dockerIngressSandbox = "ingress_sbox"
 type discovery struct {
 	cat   *catalog
 	scans map[string]*nsScan
+	full  bool // Discover, not DiscoverPath
 }
 
 func (d *discovery) scan(ns string) (*nsScan, error) {
 	if s := d.scans[ns]; s != nil {
 		return s, nil
 	}
-	s, err := scanNetNS(ns, d.cat)
+	s, err := scanNetNS(ns, d.cat, d.full)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +323,7 @@ func (d *discovery) underlays(t *Topology) error {
 		if !seen[key] {
 			seen[key] = true
 			dev := us.device(l)
-			if mayHaveIRQs(l, us.napiInst) {
+			if d.full && mayHaveIRQs(l, us.napiInst) {
 				dev.IRQs = describeIRQs(deviceIRQs(us.ns, us.napiInst, dev.Index, dev.Name))
 			}
 			t.Underlays = append(t.Underlays, dev)
@@ -596,7 +614,9 @@ type nsScan struct {
 	path     pathScan
 }
 
-func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
+// scanNetNS reads namespace ns; all of it where full, its path otherwise
+// (DiscoverPath).
+func scanNetNS(ns string, cat *catalog, full bool) (*nsScan, error) {
 	s := &nsScan{
 		ns:       ns,
 		byIndex:  map[int]netlink.Link{},
@@ -640,18 +660,22 @@ func scanNetNS(ns string, cat *catalog) (*nsScan, error) {
 					}
 				}
 			}
-			if b, err := os.ReadFile(sys + "/class/net/" + a.Name + "/threaded"); err == nil {
-				s.threaded[a.Name] = strings.TrimSpace(string(b))
+			if full {
+				if b, err := os.ReadFile(sys + "/class/net/" + a.Name + "/threaded"); err == nil {
+					s.threaded[a.Name] = strings.TrimSpace(string(b))
+				}
 			}
-			s.queues[a.Name] = readQueues(sys, a.Name)
+			s.queues[a.Name] = readQueues(sys, a.Name, full)
 			if a.NetNsID >= 0 {
 				wantIDs[a.NetNsID] = true
 			}
 		}
-		inst, nerr := napi.List("", 0)
-		s.napiInst = inst
-		s.napi, s.napiErr = napiThreadsOf(inst, nerr)
-		s.readPath(sys)
+		if full {
+			inst, nerr := napi.List("", 0)
+			s.napiInst = inst
+			s.napi, s.napiErr = napiThreadsOf(inst, nerr)
+		}
+		s.readPath(sys, full)
 		s.resolveIDs(cat, wantIDs)
 		return nil
 	})
@@ -773,8 +797,9 @@ func (s *nsScan) device(l netlink.Link) Device {
 	return d
 }
 
-// readQueues reads dev's receive queues from sys, its namespace's sysfs.
-func readQueues(sys, dev string) []RxQueue {
+// readQueues reads dev's receive queues from sys, its namespace's sysfs:
+// their RPS settings where settings, their indexes alone otherwise.
+func readQueues(sys, dev string, settings bool) []RxQueue {
 	dir := sys + "/class/net/" + dev + "/queues"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -791,6 +816,10 @@ func readQueues(sys, dev string) []RxQueue {
 			continue
 		}
 		q := RxQueue{Index: i, RPS: []int{}}
+		if !settings {
+			qs = append(qs, q)
+			continue
+		}
 		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "rps_cpus")); err == nil {
 			q.RPSCPUs = strings.TrimSpace(string(b))
 			if cpus, err := cpuset.ParseMask(q.RPSCPUs); err == nil && cpus != nil {

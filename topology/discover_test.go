@@ -102,6 +102,36 @@ func TestDiscoverDocker(t *testing.T) {
 			}
 		}
 	}
+
+	// DiscoverPath reads the same path, and leaves out only what it says.
+	// An RPS mask on a queue, so that setting has something to leave out.
+	err = netnsx.DoSysfs(h.NetNS, func() error {
+		return os.WriteFile("/sys/class/net/"+h.VXLAN+"/queues/rx-0/rps_cpus", []byte("1"), 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := topology.Discover(h.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, err := topology.DiscoverPath(h.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range full.AllDevices() {
+		d.Threaded, d.NAPIThreads, d.NAPIByName, d.IRQs = "", nil, false, nil
+		d.MaxRxQueues, d.MaxTxQueues, d.XPS, d.UDPGRO, d.FeaturesUnread, d.XDPTarget = 0, 0, false, nil, "", false
+		for i := range d.RxQueues {
+			d.RxQueues[i] = topology.RxQueue{Index: d.RxQueues[i].Index, RPS: []int{}}
+		}
+	}
+	full.Notes = slices.DeleteFunc(full.Notes, func(n string) bool { return strings.Contains(n, "NAPI threads") })
+	fb, _ := json.MarshalIndent(full, "", "  ")
+	pb, _ := json.MarshalIndent(path, "", "  ")
+	if string(fb) != string(pb) {
+		t.Errorf("DiscoverPath:\n%s\nwant Discover without the placement fields:\n%s", pb, fb)
+	}
 }
 
 func TestDiscoverFlannel(t *testing.T) {

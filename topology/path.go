@@ -78,7 +78,9 @@ func readUDPGRO(dev string) udpGRO {
 }
 
 // readPath fills s.path; it runs in the namespace, sys showing its sysfs.
-func (s *nsScan) readPath(sys string) {
+// Where not full (DiscoverPath) it leaves out what only placement reads:
+// UDP GRO features, XPS, channel maxima, XDP redirect targets.
+func (s *nsScan) readPath(sys string, full bool) {
 	p := pathScan{
 		hooks: map[int]*Hooks{}, gro: map[string]bool{}, udpGRO: map[string]udpGRO{}, txq: map[string]int{}, maxq: map[string][2]int{}, xps: map[string]bool{}, xdpTarget: map[int]bool{},
 		brports: map[string]BridgePort{}, bridges: map[string]bridgeFacts{}, fdb: map[int][]FDBEntry{},
@@ -91,11 +93,13 @@ func (s *nsScan) readPath(sys string) {
 		if on, err := ethtool.Get("", a.Name, ethtool.GRO); err == nil {
 			p.gro[a.Name] = on
 		}
-		p.udpGRO[a.Name] = readUDPGRO(a.Name)
 		p.txq[a.Name] = countQueues(sys, a.Name, "tx-")
-		p.xps[a.Name] = hasXPS(sys, a.Name)
-		if c, err := ethtool.GetChannels("", a.Name); err == nil {
-			p.maxq[a.Name] = [2]int{int(c.MaxRX), int(c.MaxTX)}
+		if full {
+			p.udpGRO[a.Name] = readUDPGRO(a.Name)
+			p.xps[a.Name] = hasXPS(sys, a.Name)
+			if c, err := ethtool.GetChannels("", a.Name); err == nil {
+				p.maxq[a.Name] = [2]int{int(c.MaxRX), int(c.MaxTX)}
+			}
 		}
 		if a.MasterIndex != 0 {
 			if bp, ok := readBridgePort(sys, a.Name); ok {
@@ -112,7 +116,9 @@ func (s *nsScan) readPath(sys string) {
 			p.fdb[a.Index] = s.readFDB(a.Index)
 		}
 	}
-	p.xdpTarget = xdpTargets()
+	if full {
+		p.xdpTarget = xdpTargets()
+	}
 	p.netfilter = readNetfilter()
 	s.path = p
 }

@@ -497,14 +497,22 @@ func ReadFileNoFollow(path string) ([]byte, error) {
 // WriteFileAtomic replaces path with b: temp file, fsync, rename. A crash
 // leaves the old or the new content, never a torn file. The temp file is
 // not opened through a symlink (the rename replaces one at path itself).
-func WriteFileAtomic(path string, b []byte) error {
+func WriteFileAtomic(path string, b []byte) error { return replaceFile(path, b, true) }
+
+// PublishFile is WriteFileAtomic without the fsync, for a status file
+// rewritten every second or so: readers see the old content or the new,
+// never a torn file, while the system runs; a crash may lose it. It
+// spares a journal commit each time where the directory is on a disk.
+func PublishFile(path string, b []byte) error { return replaceFile(path, b, false) }
+
+func replaceFile(path string, b []byte, sync bool) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(b)
-	if err == nil {
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

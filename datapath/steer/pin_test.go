@@ -320,3 +320,41 @@ func TestSyncTracesOnlyWithTheShortcut(t *testing.T) {
 		t.Errorf("reloaded without the shortcut: %v left attached", got)
 	}
 }
+
+// TestHighAutoStampFollowsThePins: the stamp stays while the same objects
+// are pinned, whatever their contents, and changes when another datapath
+// is pinned in their place; with nothing pinned it says the datapath is
+// gone.
+func TestHighAutoStampFollowsThePins(t *testing.T) {
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if _, err := HighAutoStamp(dir); !errors.Is(err, knobs.ErrGone) {
+		t.Fatalf("nothing pinned: %v, want ErrGone", err)
+	}
+	d, _ := newDatapath(t)
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	first, err := HighAutoStamp(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addRule(t, d, "dst 198.19.0.21 port 80 tcp")
+	if again, err := HighAutoStamp(dir); err != nil || again != first {
+		t.Errorf("same pins, a map written: stamp %q (%v), want %q", again, err, first)
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+	other, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer Unpin(dir)
+	if next, err := HighAutoStamp(dir); err != nil || next == first {
+		t.Errorf("another datapath pinned: stamp %q (%v), want a new one", next, err)
+	}
+}

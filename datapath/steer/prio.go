@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,16 +178,45 @@ func (d Prio) HighRuleFrames() (map[Rule]uint64, error) {
 	return out, nil
 }
 
-// OpenHighAuto reopens only what high=auto's switch reads and writes: the
-// config, the rules, their frame counts, their switches and the aside
-// deadline. Cheap enough
-// to reopen at every sample, so a re-apply's new pins are followed.
+// highAutoMaps are what high=auto's switch reads and writes: the config,
+// the rules, their frame counts, their switches, the aside deadline and
+// when bulk was last seen.
+var highAutoMaps = []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerAside, steerMapSteerBulkSeen}
+
+// OpenHighAuto reopens only highAutoMaps (and the mode, which the config
+// is read with).
 func OpenHighAuto(dir string) (*Datapath, error) {
 	if !Pinned(dir) {
 		return nil, fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
 	}
-	d, _, err := openMaps(dir, []string{steerMapSteerCfg, steerMapSteerPrio, steerMapSteerHighFrames, steerMapSteerHighInline, steerMapSteerAside, steerMapSteerBulkSeen})
+	d, _, err := openMaps(dir, highAutoMaps)
 	return d, err
+}
+
+// HighAutoStamp identifies the datapath OpenHighAuto opens as pinned
+// now: the inode numbers and change times of its config's pin and of the
+// mode's. Pins are never changed in place, and bpffs numbers new inodes
+// from a counter: a new datapath is pinned only where every pin of the
+// last one was removed (Pin refuses otherwise), so its config pin is new
+// too, and a mode change (setMode) pins a new mode map over the same
+// maps. A holder of an OpenHighAuto whose stamp still matches holds what
+// is pinned; one that opens half a new datapath's pins fails and opens
+// again. Two stats, where reopening costs an object get, an info query
+// and a close for each of seven maps: high=auto samples ten times a
+// second.
+func HighAutoStamp(dir string) (string, error) {
+	var b strings.Builder
+	for _, name := range []string{steerMapSteerCfg, PinMode} {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dir, name), &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return "", fmt.Errorf("steer datapath in %s: %w", dir, knobs.ErrGone)
+			}
+			return "", fmt.Errorf("steer datapath in %s: %w", dir, err)
+		}
+		fmt.Fprintf(&b, "%d:%d.%d ", st.Ino, st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return b.String(), nil
 }
 
 // Rule marks inner flows high priority (PRISM's IP/port database): those

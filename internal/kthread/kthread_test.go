@@ -1,6 +1,7 @@
 package kthread
 
 import (
+	"os/exec"
 	"runtime"
 	"testing"
 
@@ -131,5 +132,39 @@ func TestCPUMapOn(t *testing.T) {
 		if got := CPUMapOn(tc.comm, tc.core); got != tc.want {
 			t.Errorf("CPUMapOn(%q, %d) = %v, want %v", tc.comm, tc.core, got, tc.want)
 		}
+	}
+}
+
+// TestSchedstatsKeepsTheThread: reads through the kept file follow the
+// thread (its run time never goes back, nor is it ahead of a fresh
+// read's), and once the thread has exited the read fails and the file
+// is dropped, whoever gets the PID next.
+func TestSchedstatsKeepsTheThread(t *testing.T) {
+	var s Schedstats
+	defer s.Close()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer cmd.Process.Kill()
+	run1, _, err := s.Read(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run2, _, err := s.Read(pid)
+	if err != nil || run2 < run1 {
+		t.Fatalf("second read: run %d after %d (%v)", run2, run1, err)
+	}
+	if fresh, _, err := (Thread{PID: pid}).Schedstat(); err != nil || fresh < run2 {
+		t.Errorf("a fresh read: run %d after the kept file's %d (%v)", fresh, run2, err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, _, err := s.Read(pid); err == nil {
+		t.Error("the process was reaped, its schedstat still reads")
+	}
+	if len(s.files) != 0 {
+		t.Errorf("%d files kept after the thread exited", len(s.files))
 	}
 }

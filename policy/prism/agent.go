@@ -388,7 +388,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
-	t, err := topology.Discover(a.env.NetNS)
+	t, err := topology.DiscoverPath(a.env.NetNS)
 	if err != nil {
 		st.Err = err.Error()
 		return nil

@@ -758,10 +758,11 @@ type bulkTarget struct {
 	// between two reads, not of the sampler's interval, which the guard's
 	// own goroutine overruns on a busy core (that gave "waited 111%").
 	readAt time.Time
-	// now and readWait are time.Now and schedstatWait (a thread's wait
-	// in ns), or a test's clock and trace.
+	// now and readWait are time.Now and stats.Read's wait (a thread's
+	// wait in ns), or a test's clock and trace.
 	now      func() time.Time
 	readWait func(pid int) (uint64, error)
+	stats    kthread.Schedstats
 	// nice is the bulk kthread's nice value while demoted (guard-nice).
 	nice int
 	// stateDir and gen: the journal of the apply the guard works for,
@@ -771,7 +772,11 @@ type bulkTarget struct {
 }
 
 func newBulkTarget(netns string, core int) (*bulkTarget, error) {
-	b := &bulkTarget{dir: plan.PinDir(netns), core: core, wait: map[int]uint64{}, now: time.Now, readWait: schedstatWait}
+	b := &bulkTarget{dir: plan.PinDir(netns), core: core, wait: map[int]uint64{}, now: time.Now}
+	b.readWait = func(pid int) (uint64, error) {
+		_, wait, err := b.stats.Read(pid)
+		return wait, err
+	}
 	if err := b.find(); err != nil {
 		return nil, err
 	}
@@ -795,6 +800,7 @@ func (b *bulkTarget) find() error {
 		return fmt.Errorf("prism guard: no bulk queue kthread on core %d", b.core)
 	}
 	clear(b.wait)
+	b.stats.Close()
 	b.readAt = time.Time{}
 	return nil
 }
@@ -835,12 +841,6 @@ func (b *bulkTarget) signal(_ []cpuload.Thread, interval time.Duration) (float64
 	// schedstat's wait can lag or lead the clock by a tick: a share of
 	// the time is at most all of it.
 	return min(most, 100), nil
-}
-
-// schedstatWait is a thread's time spent waiting for a core, in ns.
-func schedstatWait(pid int) (uint64, error) {
-	_, wait, err := kthread.Thread{PID: pid}.Schedstat()
-	return wait, err
 }
 
 func (b *bulkTarget) set(demoted bool) error {

@@ -171,7 +171,7 @@ func TestGuardFeedsAside(t *testing.T) {
 		opens := 0
 		src := &fakeSource{idle: 100} // core 0, no receive work
 		h := newHighSwitch("/nowhere")
-		h.open = func(string) (highDatapath, error) { return dp, nil }
+		dp.serve(h)
 		g := &guard{rule: GuardRule{Interval: time.Millisecond}, core: -1, high: h,
 			newSource: func() (cpuload.Source, error) { opens++; return src, nil }}
 		if err := runGuard(t, g, 200*time.Millisecond); err != nil {

@@ -177,14 +177,21 @@ type ruleSwitch struct {
 }
 
 // highSwitch is high=auto's runtime part, stepped by the guard's loop. It
-// opens the pinned datapath at every sample (four maps), and its
-// threshold is the applied config's (steer.Config.HighAutoPPS): a
-// re-apply with another threshold is followed, and one without high=auto
-// (0) stands the switch down.
+// holds the pinned datapath open between samples and opens it again when
+// its pins change (stamp: a stat a pin, where reopening is an object get,
+// an info query and a close a map, ten times a second on a normal-policy
+// thread that the woken tasks of its core wait behind) or a sample fails.
+// Its threshold is the applied config's (steer.Config.HighAutoPPS), read
+// at every sample: a re-apply with another threshold is followed, and
+// one without high=auto (0) stands the switch down.
 type highSwitch struct {
-	dir  string
-	open func(dir string) (highDatapath, error)
-	mono func() time.Duration // the datapath's clock (steer.Now)
+	dir   string
+	open  func(dir string) (highDatapath, error)
+	stamp func(dir string) (string, error) // steer.HighAutoStamp
+	mono  func() time.Duration             // the datapath's clock (steer.Now)
+	// held is the datapath open since the sample that read heldStamp.
+	held      highDatapath
+	heldStamp string
 
 	rule      HighRule
 	off       bool // the applied config is not high=auto
@@ -285,7 +292,7 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 const asideTTL = time.Second
 
 func newHighSwitch(dir string) *highSwitch {
-	return &highSwitch{dir: dir, mono: steer.Now, open: func(dir string) (highDatapath, error) {
+	return &highSwitch{dir: dir, mono: steer.Now, stamp: steer.HighAutoStamp, open: func(dir string) (highDatapath, error) {
 		dp, err := steer.OpenHighAuto(dir)
 		if err != nil {
 			return nil, err
@@ -313,16 +320,49 @@ func (h *highSwitch) sample(now time.Time) string {
 	return msg
 }
 
-func (h *highSwitch) try(now time.Time) (string, error) {
+// datapath is the datapath pinned now: the one held, unless its pins
+// changed since.
+func (h *highSwitch) datapath() (highDatapath, error) {
+	st, err := h.stamp(h.dir)
+	if err != nil {
+		h.release()
+		return nil, err
+	}
+	if h.held != nil && st == h.heldStamp {
+		return h.held, nil
+	}
+	h.release()
+	dp, err := h.open(h.dir)
+	if err != nil {
+		return nil, err
+	}
+	h.held, h.heldStamp = dp, st
+	return dp, nil
+}
+
+// release closes the datapath held, if any.
+func (h *highSwitch) release() {
+	if h.held != nil {
+		h.held.Close()
+		h.held, h.heldStamp = nil, ""
+	}
+}
+
+func (h *highSwitch) try(now time.Time) (msg string, err error) {
 	// Not renewed this sample unless the write below says so: the
 	// deadline lapses, and the status must not claim it.
 	set := h.asideSet
 	h.asideSet = false
-	dp, err := h.open(h.dir)
+	dp, err := h.datapath()
 	if err != nil {
 		return "", err
 	}
-	defer dp.Close()
+	// A sample that failed opens the datapath afresh next time.
+	defer func() {
+		if err != nil {
+			h.release()
+		}
+	}()
 	pps, cur, err := dp.HighAuto()
 	if err != nil {
 		return "", err
@@ -433,6 +473,7 @@ func (h *highSwitch) try(now time.Time) (string, error) {
 // stop puts every rule's flows back in their queue, the plan's state.
 func (h *highSwitch) stop() error {
 	h.rules = nil
+	h.release()
 	dp, err := h.open(h.dir)
 	if err != nil {
 		return nil // nothing pinned: nothing to put back

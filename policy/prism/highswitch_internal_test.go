@@ -61,6 +61,14 @@ type fakeHigh struct {
 	below     uint32 // the config's aside-below
 	depth     uint32 // its aside-depth, hundredths
 	core      int
+	opens     int
+	pins      string // the pins' stamp
+}
+
+// serve makes h open f, under f's stamp.
+func (f *fakeHigh) serve(h *highSwitch) {
+	h.open = func(string) (highDatapath, error) { f.opens++; return f, nil }
+	h.stamp = func(string) (string, error) { return f.pins, nil }
 }
 
 func newFakeHigh(pps uint32, rules ...steer.Rule) *fakeHigh {
@@ -124,16 +132,15 @@ func testRule(t *testing.T, s string) steer.Rule {
 // TestHighSwitchFollows: the switch turns a rule's frame count into a
 // rate, sets the rule's switch when its decision changes and whenever the
 // switch differs from it, takes its threshold from the applied config at
-// every sample (a re-apply without high=auto stands it down), opens the
-// datapath at every sample, keeps an error in its status until the next
-// good sample, and puts the rule's flows back in their queue when it
-// stops.
+// every sample (a re-apply without high=auto stands it down), keeps an
+// error in its status until the next good sample, opens the datapath
+// afresh after one and when its pins change (and only then), and puts the
+// rule's flows back in their queue when it stops.
 func TestHighSwitchFollows(t *testing.T) {
 	a := testRule(t, "dst 198.19.0.21 port 11211 tcp")
 	dp := newFakeHigh(5000, a)
-	opens := 0
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { opens++; return dp, nil }
+	dp.serve(h)
 	at := time.Unix(1000, 0)
 	tick := func(frames uint64) string {
 		t.Helper()
@@ -190,15 +197,26 @@ func TestHighSwitchFollows(t *testing.T) {
 	}
 	dp.pps = 5000
 
+	if dp.opens != 1 || dp.closed != 0 {
+		t.Errorf("pins unchanged: %d opens, %d closes; want the first open held", dp.opens, dp.closed)
+	}
+	dp.pins = "re-pinned"
+	tick(0)
+	if dp.opens != 2 || dp.closed != 1 {
+		t.Errorf("pins changed: %d opens, %d closes; want the held one closed and one open", dp.opens, dp.closed)
+	}
 	dp.fail = errors.New("gone")
 	h.sample(at.Add(100 * time.Millisecond))
 	if h.err == "" || !strings.Contains(h.status().Summary(), "gone") {
 		t.Errorf("read error: status %+v", h.status())
 	}
+	if h.held != nil || dp.closed != dp.opens {
+		t.Errorf("after a failed sample: %d opens, %d closes; want the datapath let go", dp.opens, dp.closed)
+	}
 	dp.fail = nil
 	tick(0)
-	if h.status().Err != "" || opens != dp.closed {
-		t.Errorf("status %+v, %d opens and %d closes: want the error cleared, every open closed", h.status(), opens, dp.closed)
+	if h.status().Err != "" || dp.opens != 3 || dp.closed != 2 {
+		t.Errorf("status %+v, %d opens and %d closes: want the error cleared, a fresh open held", h.status(), dp.opens, dp.closed)
 	}
 	// Busy again, then a re-apply pins a new datapath: its count starts
 	// over and its flows in the queue, and the decision follows them there.
@@ -214,8 +232,8 @@ func TestHighSwitchFollows(t *testing.T) {
 		t.Errorf("after a new datapath: switch %v, decision %v, want both in the queue", dp.inline[a], h.rules[a].state.inline())
 	}
 	dp.inline[a], h.rules[a].state.on = true, true
-	if err := h.stop(); err != nil || dp.inline[a] {
-		t.Errorf("stop: %v, inline %v, want the flows back in their queue", err, dp.inline[a])
+	if err := h.stop(); err != nil || dp.inline[a] || h.held != nil || dp.closed != dp.opens {
+		t.Errorf("stop: %v, inline %v, %d opens and %d closes; want the flows back in their queue, every open closed", err, dp.inline[a], dp.opens, dp.closed)
 	}
 	dp.inline[a] = true
 	dp.refuses = true
@@ -235,7 +253,7 @@ func TestHighSwitchPerRule(t *testing.T) {
 	dp := newFakeHigh(5000, busy, light)
 	dp.frames[gone], dp.inline[gone] = 7, true // left by a rule deleted before
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { return dp, nil }
+	dp.serve(h)
 	at := time.Unix(1000, 0)
 	tick := func(b, l uint64) string {
 		t.Helper()
@@ -302,7 +320,7 @@ func TestHighSwitchOneRuleFails(t *testing.T) {
 	dp.refuse = map[steer.Rule]bool{a: true}
 	dp.bqFail = errors.New("bulk stamp unreadable") // status only: no rule waits for it
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { return dp, nil }
+	dp.serve(h)
 	at := time.Unix(1000, 0)
 	var log []string
 	tick := func() {
@@ -404,7 +422,7 @@ func TestHighSwitchStepsAside(t *testing.T) {
 	dp := newFakeHigh(5000, light, busy)
 	dp.below, dp.core = 20, 1
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { return dp, nil }
+	dp.serve(h)
 	mono := time.Hour
 	h.mono = func() time.Duration { return mono }
 	now := time.Unix(1000, 0)
@@ -514,7 +532,7 @@ func TestHighSwitchAsideOff(t *testing.T) {
 	light := testRule(t, "dst 198.19.0.21 port 11111 udp")
 	dp := newFakeHigh(5000, light)
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { return dp, nil }
+	dp.serve(h)
 	now := time.Unix(1000, 0)
 	for range 20 {
 		now = now.Add(100 * time.Millisecond)
@@ -546,7 +564,7 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	dp := newFakeHigh(5000, light)
 	dp.below, dp.depth, dp.core = 50, 250, 1
 	h := newHighSwitch("/nowhere")
-	h.open = func(string) (highDatapath, error) { return dp, nil }
+	dp.serve(h)
 	mono := time.Hour
 	h.mono = func() time.Duration { return mono }
 	now := time.Unix(1000, 0)
