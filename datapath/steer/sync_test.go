@@ -521,3 +521,46 @@ func TestSyncKnobSame(t *testing.T) {
 		}
 	}
 }
+
+// Stepped aside (Prio.SetAside), a marked frame for a destination takes
+// vanilla's path, the NIC poll, as bulk does, at once; once the deadline
+// passed it takes the shortcut again, but as any move onto the shortcut,
+// only after the flow's idle gap with none of its frames in flight on the
+// longer path.
+func TestSyncStepsAside(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := syncDatapath(t, time.Hour, 1500)
+	addRule(t, d, "dst "+innerDst.String()+" udp")
+	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
+	cfg.AsideBelow = 50
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	hi := frameSpec{flow: udpFlow(40000), payload: 100}
+	step := func(name string, verdict uint32, sync bool) {
+		t.Helper()
+		ret, _ := runXDP(t, d, vxlanFrame(hi))
+		fl := mustFlow(t, d, hi.flow, StageSplit)
+		if ret != verdict || fl.Sync != sync || (!sync && fl.CPUIndex != Stay) {
+			t.Errorf("%s: verdict %d, flow %+v; want verdict %d, on the shortcut %v, else in the NIC poll", name, ret, fl, verdict, sync)
+		}
+	}
+	step("not aside", xdpRedirect, true)
+	if err := d.Prio().SetAside(Now() + time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	step("aside", xdpPass, false)
+	step("aside, again", xdpPass, false)
+	if err := d.Prio().SetAside(Now() - time.Second); err != nil {
+		t.Fatal(err)
+	}
+	step("deadline passed, frames in flight on the NIC poll's path", xdpPass, false)
+	drainFlows(t, d)
+	step("deadline passed, none in flight, no idle gap", xdpPass, false)
+	cfg.Flowlet = time.Nanosecond
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	drainFlows(t, d)
+	step("deadline passed, none in flight, after the idle gap", xdpRedirect, true)
+}

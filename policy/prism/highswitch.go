@@ -71,8 +71,9 @@ func highRule(pps int) HighRule {
 // receive work (softirq and receive kthreads) stays under its AsideBelow
 // percent, for AsideAfter samples, the switch stands PRISM aside (steer.Prio.SetAside): steer_xdp runs
 // both classes' first stage in the NIC poll, vanilla's path, only
-// classifying and counting; PRISM-sync's shortcut stays open to the
-// marked frames it takes. BackAfter samples at or above the threshold, or
+// classifying and counting, and PRISM-sync's marked frames leave the
+// shortcut for it too (they return after an idle gap with none in
+// flight, as any move onto it). BackAfter samples at or above the threshold, or
 // that could not be taken, put the plan's placement back. Each move is
 // the datapath's fast move, in order. One threshold: the queues' hop
 // makes the same traffic cost the core more with PRISM on than aside, so

@@ -44,7 +44,12 @@ int steer_xdp(struct xdp_md *ctx)
 	hi = mode(MODE_PRIO) && high_prio(cfg, &t, &rule);
 	if (hi) {
 		count(STAGE_SPLIT, CNT_HIGH);
-		if (mode(MODE_SYNC))
+		/* Stepped aside, marked frames take vanilla's path as bulk
+		 * does: PRISM stands aside where the receive core has no queue
+		 * to take them out of, so the shortcut has nothing to save
+		 * them, and stepping aside is to be vanilla. Leaving the
+		 * shortcut needs no wait (place()). */
+		if (mode(MODE_SYNC) && !stepped_aside())
 			dest = sync_dest(ctx, &ov, &src, &ecn);
 	}
 	if (mode(MODE_PRIO_IDLE_INLINE)) {
