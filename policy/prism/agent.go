@@ -83,6 +83,8 @@ type SyncStatus struct {
 	// Watch says why the agent follows changes by its interval alone
 	// ("" while netlink notifications arrive).
 	Watch string `json:"watch,omitempty"`
+	// Aside: rounds wait while PRISM stands aside (the shortcut unused).
+	Aside bool `json:"aside,omitempty"`
 	Err   string `json:"error,omitempty"`
 	// Errors counts the rounds that failed; each left the shortcut
 	// withdrawn (batch mode for every high-priority flow) until a round
@@ -102,6 +104,9 @@ func (s SyncStatus) Summary() []string {
 	out := []string{fmt.Sprintf("sync destinations (%d refreshes, %d changes, %d failed): %s", s.Refreshes, s.Changes, s.Errors, t)}
 	if s.Withdrawals > 0 {
 		out = append(out, fmt.Sprintf("withdrawn at once %d times, last: %s", s.Withdrawals, s.Withdrawn))
+	}
+	if s.Aside {
+		out = append(out, "rounds paused: PRISM stands aside, marked frames take the NIC poll, not the shortcut; its destinations lapse and are read again when the queues come back")
 	}
 	if s.Watch != "" {
 		out = append(out, "watch: "+s.Watch)
@@ -195,6 +200,17 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	// may hold back, and a round that read the path before it does not
 	// write (gen). changed asks for a round.
 	changed := make(chan struct{}, 1)
+	ask := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if a.guard != nil {
+		// The queues are back: read the path at once, the
+		// destinations may have lapsed.
+		a.guard.whenAsideEnds(ask)
+	}
 	var w *watcher
 	watchNS := ""
 	defer func() {
@@ -230,10 +246,14 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			case <-ctx.Done():
 				return nil
 			case <-tick.C:
-				if skipped+1 < idleRounds && a.vouchesForNothing() {
+				switch {
+				case a.guard != nil && a.guard.standsAside():
+					skip = true
+				case skipped+1 < idleRounds && a.vouchesForNothing():
 					skipped++
 					skip = true
 				}
+				a.setAside(skip && a.guard != nil && a.guard.standsAside())
 			case <-changed:
 				// Let a burst of changes (a container starting) settle.
 				time.Sleep(20 * time.Millisecond)
@@ -270,6 +290,16 @@ func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
 	}
 }
 
+// A round is skipped while the datapath stands PRISM aside: marked
+// frames then take the NIC poll, not the shortcut, so there is nothing to
+// vouch for, and a round each second is CPU taken, beside the
+// applications, on a host too lightly loaded for PRISM to act. The
+// destinations lapse by their own deadline meanwhile (the datapath never
+// uses one longer than syncTTL after the round that read it), and the
+// guard asks for a round as soon as the queues are back (onAsideEnd);
+// until it wrote them, marked frames take their queue. A change the
+// watcher reports still withdraws them and runs a round.
+//
 // idleRounds: while the last round succeeded and listed no destination
 // (the path allows no shortcut: a netfilter table, an L3 overlay), the
 // agent reads the path again every idleRounds intervals, and at once on
@@ -284,6 +314,14 @@ func (a *syncAgent) vouchesForNothing() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.status.Err == "" && len(a.status.Targets) == 0
+}
+
+// setAside records in the status whether rounds wait for PRISM to stop
+// standing aside.
+func (a *syncAgent) setAside(on bool) {
+	a.mu.Lock()
+	a.status.Aside = on
+	a.mu.Unlock()
 }
 
 func (a *syncAgent) setWatch(why string) {
@@ -381,7 +419,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 		if st.Err != "" {
 			st.Errors++
 		}
-		st.Withdrawals, st.Withdrawn, st.Watch = a.status.Withdrawals, a.status.Withdrawn, a.status.Watch
+		st.Withdrawals, st.Withdrawn, st.Watch, st.Aside = a.status.Withdrawals, a.status.Withdrawn, a.status.Watch, a.status.Aside
 		a.status = st
 		a.mu.Unlock()
 	}()

@@ -273,6 +273,38 @@ type guard struct {
 	mu     sync.Mutex
 	state  guardState
 	status GuardStatus
+	// aside: the datapath stands PRISM aside now (the switch decided so
+	// and its deadline write succeeded); onAsideEnd is called (outside
+	// mu) when that ends, and when the guard stops while it held.
+	aside      bool
+	onAsideEnd func()
+}
+
+// standsAside says whether the datapath stands PRISM aside by the last
+// sample: both classes in the NIC poll, PRISM-sync's shortcut unused.
+func (g *guard) standsAside() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.aside
+}
+
+// whenAsideEnds has f called when the datapath no longer stands aside.
+func (g *guard) whenAsideEnds(f func()) {
+	g.mu.Lock()
+	g.onAsideEnd = f
+	g.mu.Unlock()
+}
+
+// setAside records whether the datapath stands aside, and calls
+// onAsideEnd when it no longer does.
+func (g *guard) setAside(on bool) {
+	g.mu.Lock()
+	was, end := g.aside, g.onAsideEnd
+	g.aside = on
+	g.mu.Unlock()
+	if was && !on && end != nil {
+		end()
+	}
 }
 
 // newGuard makes the guard o's plan needs: the ladder's (streamline=true,
@@ -507,6 +539,7 @@ func (g *guard) run(ctx context.Context) error {
 			if err := g.high.stop(); err != nil && g.env.Logf != nil {
 				g.env.Logf("high=auto: putting the high-priority flows back in their queue: %v", err)
 			}
+			g.setAside(false)
 		}()
 	}
 	open := g.openSampler
@@ -677,8 +710,9 @@ func (g *guard) sampleHigh() {
 		g.asideMetrics.set(st)
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.status.High = st
+	g.mu.Unlock()
+	g.setAside(g.high.standsAside())
 }
 
 func (g *guard) setSampler(v string) {

@@ -192,3 +192,49 @@ func TestGuardFeedsAside(t *testing.T) {
 		}
 	}
 }
+
+// The guard says while the datapath stands PRISM aside (the sync agent's
+// rounds wait then), and calls back when it no longer does: when the
+// load can no longer be sampled here, and when the guard stops.
+func TestGuardTellsWhenAsideEnds(t *testing.T) {
+	dp := newFakeHigh(5000)
+	dp.below, dp.core = 20, 0
+	src := &fakeSource{idle: 100} // core 0, no receive work: aside
+	h := newHighSwitch("/nowhere")
+	dp.serve(h)
+	g := &guard{rule: GuardRule{Interval: time.Millisecond}, core: -1, high: h,
+		newSource: func() (cpuload.Source, error) { return src, nil }}
+	ends := make(chan struct{}, 10)
+	g.whenAsideEnds(func() { ends <- struct{}{} })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.run(ctx) }()
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				cancel()
+				t.Fatalf("no %s in 10 s", what)
+			}
+		}
+	}
+	waitUntil("stepping aside", g.standsAside)
+	if len(ends) != 0 {
+		t.Errorf("called back %d times while aside", len(ends))
+	}
+	src.mu.Lock()
+	src.errs = []error{errors.New("no sample"), errors.New("no sample"), errors.New("no sample")}
+	src.mu.Unlock()
+	waitUntil("end of aside", func() bool { return len(ends) > 0 })
+	if g.standsAside() {
+		t.Error("called back, still aside")
+	}
+	waitUntil("stepping aside again", g.standsAside)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if g.standsAside() || len(ends) != 2 {
+		t.Errorf("stopped: aside %v, %d callbacks; want not aside, two", g.standsAside(), len(ends))
+	}
+}

@@ -341,6 +341,10 @@ func (h *highSwitch) datapath() (highDatapath, error) {
 	return dp, nil
 }
 
+// standsAside: the datapath holds the aside deadline the last sample
+// wrote (a write that failed leaves the plan's placement).
+func (h *highSwitch) standsAside() bool { return h.aside.on && h.asideSet }
+
 // release closes the datapath held, if any.
 func (h *highSwitch) release() {
 	if h.held != nil {

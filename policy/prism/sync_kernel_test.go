@@ -534,7 +534,9 @@ func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
 		overlaytest.UDPMost(t, c.NetNS, src.NetNS, src.Addr.Addr(), 100)
 		cs = append(cs, c)
 	}
-	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	// Stepped aside on an idle testbed, the agent would wait with its
+	// rounds (TestPrismSyncPausesWhileAside): off here.
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms", "aside-below": "0"})
 	dp := a.Open(t)
 	ag, stop := a.StartAgent(t)
 	defer stop()
@@ -566,4 +568,33 @@ func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
 	waitFor(t, "the removed namespace's destination to go", func() bool { return !has(cs[1]) })
 	n := rounds()
 	waitFor(t, "the agent to go on", func() bool { return rounds() > n+2 })
+}
+
+// While PRISM stands aside (an idle testbed: the NIC's polls find nothing)
+// marked frames take the NIC poll, not the shortcut, and the agent's
+// rounds wait: the status says so, and the destinations lapse by their
+// deadline.
+func TestPrismSyncPausesWhileAside(t *testing.T) {
+	modetest.Online(t)
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r, s := tb.Receiver(), tb.Sender()
+	src, c0 := s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	dp := a.Open(t)
+	ag, stop := a.StartAgent(t)
+	defer stop()
+	status := func() prism.SyncStatus { return ag.Status().(prism.SyncStatus) }
+	waitFor(t, "the rounds to wait for PRISM standing aside", func() bool { return status().Aside })
+	if !strings.Contains(strings.Join(status().Summary(), "\n"), "rounds paused") {
+		t.Errorf("status %q does not say the rounds wait", status().Summary())
+	}
+	n := status().Refreshes
+	time.Sleep(1500 * time.Millisecond) // the destinations' lifetime at 100 ms: 3 rounds + 1 s
+	if st := status(); st.Aside && st.Refreshes > n+1 {
+		t.Errorf("%d rounds in 1.5 s standing aside, want at most one", st.Refreshes-n)
+	}
+	if ts, _ := dp.Sync().Targets(); status().Aside && len(ts) != 0 {
+		t.Errorf("destinations %v held past their deadline while the rounds waited", ts)
+	}
 }
