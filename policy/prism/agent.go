@@ -84,7 +84,7 @@ type SyncStatus struct {
 	// ("" while netlink notifications arrive).
 	Watch string `json:"watch,omitempty"`
 	// Aside: rounds wait while PRISM stands aside (the shortcut unused).
-	Aside bool `json:"aside,omitempty"`
+	Aside bool   `json:"aside,omitempty"`
 	Err   string `json:"error,omitempty"`
 	// Errors counts the rounds that failed; each left the shortcut
 	// withdrawn (batch mode for every high-priority flow) until a round

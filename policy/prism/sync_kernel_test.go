@@ -205,6 +205,18 @@ func TestPrismSync(t *testing.T) {
 	a.ResetAndCheck(t, before)
 }
 
+// learnedTestbed is the Docker testbed whose receiving bridge has learned
+// the receiver's first container (c0) from its traffic to the sender's
+// (src): the shortcut's destination.
+func learnedTestbed(t *testing.T) (tb *testbed.Testbed, r, s *testbed.Host, src, c0 testbed.Container) {
+	t.Helper()
+	tb = modetest.UpTestbed(t, testbed.Docker)
+	r, s = tb.Receiver(), tb.Sender()
+	src, c0 = s.Containers[0], r.Containers[0]
+	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	return tb, r, s, src, c0
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -221,10 +233,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // stream takes it, in order, and the plan says what it skips.
 func TestPrismSyncTrustNetfilter(t *testing.T) {
 	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	r, s := tb.Receiver(), tb.Sender()
-	src, c0 := s.Containers[0], r.Containers[0]
-	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	tb, r, _, src, c0 := learnedTestbed(t)
 	before := modetest.Snapshot(t, tb)
 	nft := func(args ...string) {
 		t.Helper()
@@ -312,10 +321,7 @@ func firewallVXLAN(t *testing.T, ns string, peer netip.Addr) {
 // reading the path less often while it has no destination to vouch for.
 func TestPrismSyncHostFirewall(t *testing.T) {
 	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	r, s := tb.Receiver(), tb.Sender()
-	src, c0 := s.Containers[0], r.Containers[0]
-	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	tb, r, s, src, c0 := learnedTestbed(t)
 	before := modetest.Snapshot(t, tb)
 	firewallVXLAN(t, r.NetNS, s.UnderlayAddr.Addr())
 	const n = 200
@@ -369,10 +375,7 @@ func TestPrismSyncHostFirewall(t *testing.T) {
 // here), and they come back when it goes.
 func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	r, s := tb.Receiver(), tb.Sender()
-	src, c0 := s.Containers[0], r.Containers[0]
-	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	tb, r, s, _, c0 := learnedTestbed(t)
 	before := modetest.Snapshot(t, tb)
 	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-netfilter": "trust", "sync-interval": "1m"})
 	dp := a.Open(t)
@@ -412,10 +415,7 @@ func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 // path.
 func TestPrismSyncFailsClosed(t *testing.T) {
 	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	r, s := tb.Receiver(), tb.Sender()
-	src, c0 := s.Containers[0], r.Containers[0]
-	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	tb, r, _, src, c0 := learnedTestbed(t)
 	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
 	dp := a.Open(t)
 	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
@@ -576,10 +576,7 @@ func TestPrismSyncAgentSurvivesFaults(t *testing.T) {
 // deadline.
 func TestPrismSyncPausesWhileAside(t *testing.T) {
 	modetest.Online(t)
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	r, s := tb.Receiver(), tb.Sender()
-	src, c0 := s.Containers[0], r.Containers[0]
-	overlaytest.UDPMost(t, c0.NetNS, src.NetNS, src.Addr.Addr(), 100)
+	tb, _, _, _, _ := learnedTestbed(t)
 	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
 	dp := a.Open(t)
 	ag, stop := a.StartAgent(t)
