@@ -326,11 +326,11 @@ func TestSyncTracesOnlyWithTheShortcut(t *testing.T) {
 // is pinned in their place; with nothing pinned it says the datapath is
 // gone.
 func TestHighAutoStampFollowsThePins(t *testing.T) {
+	d, _ := newDatapath(t)
 	dir := filepath.Join(bpffsDir(t), "lanes")
 	if _, err := HighAutoStamp(dir); !errors.Is(err, knobs.ErrGone) {
 		t.Fatalf("nothing pinned: %v, want ErrGone", err)
 	}
-	d, _ := newDatapath(t)
 	if err := d.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
