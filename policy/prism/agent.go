@@ -246,14 +246,15 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			case <-ctx.Done():
 				return nil
 			case <-tick.C:
+				aside := a.guard != nil && a.guard.standsAside()
 				switch {
-				case a.guard != nil && a.guard.standsAside():
+				case aside:
 					skip = true
 				case skipped+1 < idleRounds && a.vouchesForNothing():
 					skipped++
 					skip = true
 				}
-				a.setAside(skip && a.guard != nil && a.guard.standsAside())
+				a.setAside(aside)
 			case <-changed:
 				// Let a burst of changes (a container starting) settle.
 				time.Sleep(20 * time.Millisecond)

@@ -23,7 +23,7 @@ int steer_xdp(struct xdp_md *ctx)
 	__u32 idx, core, dest = 0, opts = 0, ecn = SYNC_ECN_KEEP;
 	__u64 cpu;
 	long ret;
-	int hi, busy = 0, beside = 0;
+	int hi, busy = 0, beside = 0, aside = -1; /* -1: not looked up */
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED)) {
 		count(STAGE_SPLIT, CNT_DISABLED);
@@ -49,14 +49,14 @@ int steer_xdp(struct xdp_md *ctx)
 		 * to take them out of, so the shortcut has nothing to save
 		 * them, and stepping aside is to be vanilla. Leaving the
 		 * shortcut needs no wait (place()). */
-		if (mode(MODE_SYNC) && !stepped_aside())
+		if (mode(MODE_SYNC) && !(aside = stepped_aside()))
 			dest = sync_dest(ctx, &ov, &src, &ecn);
 	}
 	if (mode(MODE_PRIO_IDLE_INLINE)) {
 		if (hi) {
 			busy = high_inline(cfg, &rule); /* counts the rule's frame too */
 			seen_high(cfg);
-			if (busy || bulk_quiet(cfg) || stepped_aside())
+			if (busy || bulk_quiet(cfg) || (aside < 0 ? stepped_aside() : aside))
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
