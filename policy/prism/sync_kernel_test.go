@@ -596,12 +596,27 @@ func TestPrismSyncPausesWhileAside(t *testing.T) {
 	if !strings.Contains(strings.Join(status().Summary(), "\n"), "rounds paused") {
 		t.Errorf("status %q does not say the rounds wait", status().Summary())
 	}
-	n := status().Refreshes
-	time.Sleep(1500 * time.Millisecond) // the destinations' lifetime at 100 ms: 3 rounds + 1 s
-	if st := status(); st.Aside && st.Refreshes > n+1 {
-		t.Errorf("%d rounds in 1.5 s standing aside, want at most one", st.Refreshes-n)
+	// asides counts PRISM's steps aside: unchanged over the window, with
+	// PRISM aside at both ends, it stood aside throughout (stray frames
+	// on the testbed can bring the queues back for a while, and rounds
+	// with them).
+	asides := func(st prism.SyncStatus) uint64 {
+		if st.Guard == nil || st.Guard.High == nil || st.Guard.High.Aside == nil {
+			t.Fatalf("status %+v: no aside state", st)
+		}
+		return st.Guard.High.Aside.Asides
 	}
-	if ts, _ := dp.Sync().Targets(); status().Aside && len(ts) != 0 {
+	st0 := status()
+	time.Sleep(1500 * time.Millisecond) // the destinations' lifetime at 100 ms: 3 rounds + 1 s
+	st := status()
+	ts, _ := dp.Sync().Targets()
+	if !st.Aside || asides(st) != asides(st0) {
+		t.Skipf("PRISM did not stand aside throughout the window (%d steps aside)", asides(st)-asides(st0))
+	}
+	if st.Refreshes > st0.Refreshes+1 {
+		t.Errorf("%d rounds in 1.5 s standing aside, want at most one", st.Refreshes-st0.Refreshes)
+	}
+	if len(ts) != 0 {
 		t.Errorf("destinations %v held past their deadline while the rounds waited", ts)
 	}
 }
