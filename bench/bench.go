@@ -541,15 +541,23 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	if werr := r.write(); werr != nil && err == nil {
 		err = werr
 	}
-	files, perr := plot.All(f, o.Out)
-	if perr != nil {
-		f.Notes = append(f.Notes, "plotting failed: "+perr.Error())
-	}
-	if werr := report.Write(filepath.Join(o.Out, "report.md"), f, report.Options{Plots: files}); werr != nil && err == nil {
+	if werr := Render(f, o.Out); werr != nil && err == nil {
 		err = werr
 	}
 	r.write()
 	return f, err
+}
+
+// Render writes f's plots and report.md into dir: at the end of a run,
+// and again for a kept results.json (`lanes bench report DIR`), so an old
+// run gets the tables of the current build. A plot that fails is a note
+// in the report, not a failure.
+func Render(f *results.File, dir string) error {
+	files, err := plot.All(f, dir)
+	if err != nil {
+		f.Notes = append(f.Notes, "plotting failed: "+err.Error())
+	}
+	return report.Write(filepath.Join(dir, "report.md"), f, report.Options{Plots: files})
 }
 
 type runner struct {

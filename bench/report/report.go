@@ -196,6 +196,11 @@ func Markdown(f *results.File, opt Options) string {
 					"that vanilla shows here: where vanilla's loaded latency is not above its idle latency, it has nothing to remove.\n\n")
 				t.markdown(&b)
 			}
+			if t, ok := harmTable(a, wl); ok {
+				b.WriteString("\nAgainst vanilla at every load: each mode's latency statistics over vanilla's, with the same-repeat interval; " +
+					"worse or better where that interval lies wholly above or below 1, within noise where every interval reaches 1:\n\n")
+				t.markdown(&b)
+			}
 		}
 		if hasWork(a, wl) {
 			fmt.Fprintf(&b, "\nWork per datagram: CPU time of the receive path and the sink per delivered datagram, "+
@@ -577,6 +582,81 @@ func queueingTable(a *results.Agg, wl string) (table, bool) {
 			verdict = "no: nothing for PRISM to remove"
 		}
 		t.rows = append(t.rows, cells(pointLabel(p, a.Points(wl)), fmt.Sprintf("%.2f", p50), fmt.Sprintf("%.2f", p99), verdict))
+	}
+	return t, len(t.rows) > 0
+}
+
+// harmMetrics are the latency statistics a priority mode must not raise
+// above vanilla's at any load (p99.9 included: a tail the primary table
+// does not show).
+var harmMetrics = []results.Metric{results.LatP50, results.LatP99, results.LatP999}
+
+// harmTable sets every mode against vanilla at each point on the latency
+// statistics of harmMetrics, each ratio with its same-repeat interval,
+// and says per row where an interval lies wholly above 1 (worse than
+// vanilla) or below it (better); "within noise" where every interval
+// reaches 1, "undecided" where fewer than minPairs repeats pair up.
+// False when vanilla ran at no point.
+func harmTable(a *results.Agg, wl string) (table, bool) {
+	t := table{header: []string{"point", "mode"}, right: []bool{false, false}}
+	for _, m := range harmMetrics {
+		t.header = append(t.header, m.Name+" vs vanilla")
+		t.right = append(t.right, true)
+	}
+	t.header = append(t.header, "verdict")
+	t.right = append(t.right, false)
+	pts := a.Points(wl)
+	for _, p := range pts {
+		if g := a.Group(results.Key{Mode: "vanilla", Point: p}); g == nil || len(g.Runs) == 0 {
+			continue
+		}
+		label := pointLabel(p, pts)
+		for _, mode := range a.ModesAt(p) {
+			k := results.Key{Mode: mode, Point: p}
+			if mode == "vanilla" || mode == "native" {
+				continue
+			}
+			row := cells(label, mode)
+			var worse, better []string
+			decided := true
+			for _, m := range harmMetrics {
+				r, ok := a.Ratio(k, m, "vanilla")
+				if !ok {
+					row, decided = append(row, cell{v: "–"}), false
+					continue
+				}
+				c := cell{v: fmt.Sprintf("%.2f", r)}
+				lo, hi, _, n, ok := a.PairedRatio(k, m, "vanilla", intervalConf)
+				switch {
+				case !ok || n < minPairs:
+					decided = false
+				case lo > 1:
+					worse = append(worse, m.Name)
+				case hi < 1:
+					better = append(better, m.Name)
+				}
+				if ok && n >= minPairs {
+					c.rng = fmt.Sprintf("(%.2f–%.2f)", lo, hi)
+				}
+				row = append(row, c)
+			}
+			var verdict []string
+			if len(worse) > 0 {
+				verdict = append(verdict, "worse: "+strings.Join(worse, ", "))
+			}
+			if len(better) > 0 {
+				verdict = append(verdict, "better: "+strings.Join(better, ", "))
+			}
+			switch {
+			case len(verdict) > 0:
+			case decided:
+				verdict = append(verdict, "within noise")
+			default:
+				verdict = append(verdict, fmt.Sprintf("undecided (fewer than %d repeats)", minPairs))
+			}
+			t.rows = append(t.rows, append(row, cell{v: strings.Join(verdict, "; ")}))
+			label = ""
+		}
 	}
 	return t, len(t.rows) > 0
 }

@@ -250,6 +250,40 @@ func TestQueueingTable(t *testing.T) {
 	}
 }
 
+// The no-harm table: a mode's p50, p99 and p99.9 against vanilla's with
+// their same-repeat intervals, worse or better only where the interval
+// clears 1, undecided under five pairs.
+func TestHarmTable(t *testing.T) {
+	var runs []results.Run
+	add := func(mode string, bg float64, rep int, p50, p99, p999 float64) {
+		runs = append(runs, results.Run{Mode: mode, Workload: "prio_latency", Proto: "udp", MsgSize: 64, Flows: 1, Background: bg, Awake: true, Repeat: rep,
+			LatP50Us: p50, LatP99Us: p99, LatP999Us: p999})
+	}
+	for rep := range 5 {
+		j := 1 + 0.1*float64(rep)
+		add("vanilla", 0.65, rep, 40*j, 200*j, 800*j)
+		// p50 always 1.2x, p99 always half, p99.9 either side of 1.
+		add("prism-sync", 0.65, rep, 48*j, 100*j, []float64{600, 1000, 700, 1100, 900}[rep]*j)
+		add("vanilla", 0.3, rep, 40*j, 100*j, 500*j)
+		add("prism-sync", 0.3, rep, 40*j*[]float64{0.9, 1.1, 1, 0.95, 1.05}[rep], 100*j, 500*j)
+	}
+	for rep := range 3 {
+		add("vanilla", 0, rep, 30, 60, 300)
+		add("prism-sync", 0, rep, 45, 60, 300)
+	}
+	md := Markdown(&results.File{Runs: runs}, Options{})
+	for _, want := range []string{
+		"| point | mode | p50 vs vanilla | p99 vs vanilla | p99.9 vs vanilla | verdict |",
+		"| 64 B, bg 0%, awake | prism-sync | 1.50 | 1.00 | 1.00 | undecided (fewer than 5 repeats) |",
+		"| 64 B, bg 30%, awake | prism-sync | 1.01 (0.90–1.10) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | within noise |",
+		"| 64 B, bg 65%, awake | prism-sync | 1.20 (1.20–1.20) | 0.50 (0.50–0.50) | 1.15 (0.75–1.38) | worse: p50; better: p99 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q\n%s", want, md)
+		}
+	}
+}
+
 // The BPF cost table: lanes' programs' runs and time per datagram, their
 // share of the CPU per datagram, the programs that took most; a mode
 // without programs at zero, not missing; no table without the statistics.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/lanesnet/lanes/bench"
 	"github.com/lanesnet/lanes/bench/report"
+	"github.com/lanesnet/lanes/bench/results"
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -70,6 +72,7 @@ also on Ctrl-C.`,
 			return err
 		},
 	}
+	cmd.AddCommand(newBenchReportCmd())
 	fl := cmd.Flags()
 	fl.StringVar(&modes, "modes", "native,vanilla,rps", "comma-separated modes to compare: "+strings.Join(bench.KnownModes(), ","))
 	fl.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all; with --quick: "+strings.Join(bench.QuickWorkloads, ",")+")")
@@ -102,4 +105,28 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// newBenchReportCmd renders a kept run again with this build's tables.
+func newBenchReportCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "report DIR",
+		Short: "Write report.md and the plots of a finished run again from DIR/results.json",
+		Long: `report reads DIR/results.json, written by lanes bench --out DIR, and writes
+DIR/report.md and the PNG plots again with this build's tables: nothing is
+measured. Notes the run recorded (plotting failures included) are kept.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := filepath.Join(args[0], "results.json")
+			f, err := results.Read(path)
+			if err != nil {
+				return fmt.Errorf("reading %s: %w (give the --out directory of a lanes bench run)", path, err)
+			}
+			if err := bench.Render(f, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s and plots\n", filepath.Join(args[0], "report.md"))
+			return nil
+		},
+	}
 }
