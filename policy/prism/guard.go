@@ -101,6 +101,18 @@ type GuardRule struct {
 	// take the core from a light marked service. Idle time alone would
 	// never come on a core that receive work keeps busy.
 	Tasks float64
+	// Starved (bulk-sched=idle's guard): demote also when the signal
+	// (the bulk kthread's wait) reached this percent of the interval,
+	// whatever the other tasks ran. Waiting that long, the kthread runs
+	// almost never: what holds the core then is receive work that never
+	// runs out, the NIC poll under overload (its NAPI thread or
+	// ksoftirqd, both normal tasks that SCHED_IDLE yields to for good),
+	// which polls frames into a queue nobody drains: bulk would fall to a
+	// few percent of vanilla's. Bulk that keeps up at any load below the
+	// core's capacity runs a large share of the core and cannot wait
+	// this long. Only slack ends such a demotion: the applications were
+	// not what caused it. 0: off.
+	Starved float64
 }
 
 // DefaultGuardRule: 0.3 s of a saturated NIC poll to step in, 1 s of
@@ -125,7 +137,7 @@ var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, Promot
 // normal scheduling takes the core back from applications only; from
 // softirq and the real-time queue it takes nothing. So the guard acts
 // only while applications hold a share of the core.
-var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond}
+var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Starved: 90, Interval: 100 * time.Millisecond}
 
 // guardOff is the NIC poll's scheduling while the guard holds it off the
 // ladder: normal, at the lowest weight. The poll is work-conserving there:
@@ -176,8 +188,13 @@ func runLength(n int, yes bool) int {
 	return 0
 }
 
-// guardState is the guard's decision: on is demoted.
-type guardState struct{ latch }
+// guardState is the guard's decision: on is demoted; starved: demoted
+// by the Starved rule while the other tasks were under Tasks, so their
+// going does not end it.
+type guardState struct {
+	latch
+	starved bool
+}
 
 // guardSample is what one sample says, in percent of its interval: the
 // target's signal (for the NIC poll its threads' run time, for the bulk
@@ -187,8 +204,13 @@ type guardSample struct{ signal, idle, tasks float64 }
 
 // step takes one sample and says whether the state changed.
 func (s *guardState) step(r GuardRule, m guardSample) bool {
-	gone := r.Tasks > 0 && m.tasks < r.Tasks/2
-	return s.latch.step(m.signal >= r.Demote && m.tasks >= r.Tasks, r.DemoteAfter, m.idle >= r.Promote || gone, r.PromoteAfter)
+	starved := r.Starved > 0 && m.signal >= r.Starved
+	gone := r.Tasks > 0 && m.tasks < r.Tasks/2 && !s.starved
+	changed := s.latch.step(m.signal >= r.Demote && (m.tasks >= r.Tasks || starved), r.DemoteAfter, m.idle >= r.Promote || gone, r.PromoteAfter)
+	if changed {
+		s.starved = s.on && m.tasks < r.Tasks
+	}
+	return changed
 }
 
 // demoted: the guard holds its target at the demoted value now.
@@ -209,10 +231,13 @@ type GuardStatus struct {
 	// Tasks is the receive core's other tasks' run time (applications,
 	// kernel threads that are not receive work); TasksMin the share from
 	// which the guard acts (guard-tasks; 0: not a condition).
-	Tasks     float64 `json:"tasks_percent"`
-	TasksMin  float64 `json:"tasks_min_percent,omitempty"`
-	Demotions uint64  `json:"demotions"`
-	Err       string  `json:"error,omitempty"`
+	Tasks    float64 `json:"tasks_percent"`
+	TasksMin float64 `json:"tasks_min_percent,omitempty"`
+	// StarvedWait is the bulk kthread's wait from which the guard acts
+	// whatever the other tasks ran (GuardRule.Starved; 0: off).
+	StarvedWait float64 `json:"starved_wait_percent,omitempty"`
+	Demotions   uint64  `json:"demotions"`
+	Err         string  `json:"error,omitempty"`
 	// SampleErrors counts the rounds skipped because the load could not
 	// be sampled; Fallback says why the guard holds the safe placement
 	// (demoted) regardless of the load, "" while it follows it.
@@ -417,7 +442,7 @@ func newTargetGuard(env plan.AgentEnv, o Options) (*guard, error) {
 		g.rule.Tasks = o.GuardTasks
 	}
 	g.status.Core, g.status.Watch, g.status.Threads = core, g.target.watch(), g.target.names()
-	g.status.TasksMin = g.rule.Tasks
+	g.status.TasksMin, g.status.StarvedWait = g.rule.Tasks, g.rule.Starved
 	if env.Metrics != nil {
 		g.metrics = &guardMetrics{sampleErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_guard_sample_errors_total", Help: "Rounds the PRISM guard skipped because the load could not be sampled."})}
 		env.Metrics.MustRegister(g.metrics.sampleErrors)
@@ -452,7 +477,11 @@ func (s GuardStatus) Summary() []string {
 	}
 	when := ""
 	if s.TasksMin > 0 {
-		when = fmt.Sprintf(" (acts from %.0f%%)", s.TasksMin)
+		when = fmt.Sprintf(" (acts from %.0f%%", s.TasksMin)
+		if s.StarvedWait > 0 {
+			when += fmt.Sprintf(", or on a %.0f%% wait alone", s.StarvedWait)
+		}
+		when += ")"
 	}
 	out := []string{
 		fmt.Sprintf("guard on core %d: %s; %s", s.Core, s.Watch, state),
@@ -517,7 +546,7 @@ func (g *guard) sampleFailed(err error) {
 		m.sampleErrors.Inc()
 	}
 	if fallback {
-		g.state = guardState{latch{on: true}}
+		g.state = guardState{latch: latch{on: true}}
 		if serr := g.switchTarget(true); serr != nil && g.env.Logf != nil {
 			g.env.Logf("prism guard: falling back to the safe placement: %v", serr)
 		}

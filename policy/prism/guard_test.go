@@ -8,6 +8,8 @@ func TestGuardRule(t *testing.T) {
 	nic := GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, PromoteAfter: 2}
 	bulk := nic
 	bulk.Demote, bulk.Tasks = 50, 20
+	starve := bulk
+	starve.Starved = 95
 	type s struct {
 		sig, idle, tasks float64
 		demoted          bool
@@ -46,6 +48,24 @@ func TestGuardRule(t *testing.T) {
 			{90, 0, 5, true}, {90, 0, 4, false},
 			// Light service under load: stays where it is.
 			{90, 0, 4, false}, {90, 0, 4, false}, {90, 0, 4, false},
+		}},
+		// Bulk starved by receive work alone (the NIC poll under
+		// overload): demoted from Starved's wait whatever the tasks, and
+		// only slack ends it; a wait under Starved with no application
+		// does not.
+		{"overload starves bulk", starve, []s{
+			{89, 0, 0, false}, {89, 0, 0, false}, {89, 0, 0, false},
+			{97, 0, 0, false}, {98, 0, 0, false}, {99, 0, 1, true},
+			{50, 0, 0, true}, {50, 0, 0, true}, {50, 0, 0, true}, {50, 0, 0, true},
+			{30, 20, 0, true}, {30, 20, 0, false},
+		}},
+		// Demoted for an application, the application's going still ends
+		// it under overload; the starvation that follows demotes again.
+		{"the application's going, then overload", starve, []s{
+			{70, 0, 40, false}, {70, 0, 40, false}, {70, 0, 40, true},
+			{60, 0, 5, true}, {60, 0, 5, false},
+			{95, 0, 0, false}, {95, 0, 0, false}, {95, 0, 0, true},
+			{60, 0, 0, true}, {60, 0, 0, true},
 		}},
 		// Without Tasks (the ladder's guard, or guard-tasks=0) only slack
 		// promotes.
