@@ -308,15 +308,8 @@ func primaryTable(a *results.Agg, wl string) table {
 		for _, m := range ms {
 			row = append(row, statCell(g.Stat(m), m))
 			for _, base := range bases {
-				if r, ok := a.Ratio(k, m, base); ok {
-					c := cell{v: fmt.Sprintf("%.2f", r)}
-					if lo, hi, _, n, ok := a.PairedRatio(k, m, base, intervalConf); ok && n >= minPairs && g.Mode != base {
-						c.rng = fmt.Sprintf("(%.2f–%.2f)", lo, hi)
-					}
-					row = append(row, c)
-				} else {
-					row = append(row, cell{v: "–"})
-				}
+				c, _, _, _ := ratioCell(a, k, m, base)
+				row = append(row, c)
 			}
 		}
 		n := cell{v: fmt.Sprint(len(g.Runs))}
@@ -620,25 +613,16 @@ func harmTable(a *results.Agg, wl string) (table, bool) {
 			var worse, better []string
 			decided := true
 			for _, m := range harmMetrics {
-				r, ok := a.Ratio(k, m, "vanilla")
-				if !ok {
-					row, decided = append(row, cell{v: "–"}), false
-					continue
-				}
-				c := cell{v: fmt.Sprintf("%.2f", r)}
-				lo, hi, _, n, ok := a.PairedRatio(k, m, "vanilla", intervalConf)
+				c, lo, hi, ok := ratioCell(a, k, m, "vanilla")
+				row = append(row, c)
 				switch {
-				case !ok || n < minPairs:
+				case !ok:
 					decided = false
 				case lo > 1:
 					worse = append(worse, m.Name)
 				case hi < 1:
 					better = append(better, m.Name)
 				}
-				if ok && n >= minPairs {
-					c.rng = fmt.Sprintf("(%.2f–%.2f)", lo, hi)
-				}
-				row = append(row, c)
 			}
 			var verdict []string
 			if len(worse) > 0 {
@@ -659,6 +643,26 @@ func harmTable(a *results.Agg, wl string) (table, bool) {
 		}
 	}
 	return t, len(t.rows) > 0
+}
+
+// ratioCell is k's median of m over base's at k's point ("–" without
+// one), with the same-repeat interval where at least minPairs repeats
+// pair up; ok says the interval is there, lo and hi its ends.
+func ratioCell(a *results.Agg, k results.Key, m results.Metric, base string) (c cell, lo, hi float64, ok bool) {
+	r, has := a.Ratio(k, m, base)
+	if !has {
+		return cell{v: "–"}, 0, 0, false
+	}
+	c = cell{v: fmt.Sprintf("%.2f", r)}
+	if k.Mode == base {
+		return c, 0, 0, false
+	}
+	lo, hi, _, n, ok := a.PairedRatio(k, m, base, intervalConf)
+	if !ok || n < minPairs {
+		return c, 0, 0, false
+	}
+	c.rng = fmt.Sprintf("(%.2f–%.2f)", lo, hi)
+	return c, lo, hi, true
 }
 
 // intervalConf is the confidence of the ratios' intervals; minPairs the

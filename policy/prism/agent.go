@@ -200,16 +200,10 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	// may hold back, and a round that read the path before it does not
 	// write (gen). changed asks for a round.
 	changed := make(chan struct{}, 1)
-	ask := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
 	if a.guard != nil {
 		// The queues are back: read the path at once, the
 		// destinations may have lapsed.
-		a.guard.whenAsideEnds(ask)
+		a.guard.whenAsideEnds(func() { askRound(changed) })
 	}
 	var w *watcher
 	watchNS := ""
@@ -283,11 +277,17 @@ func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
 			if ev.withdraw {
 				a.withdraw(ev.why)
 			}
-			select {
-			case changed <- struct{}{}:
-			default:
-			}
+			askRound(changed)
 		}
+	}
+}
+
+// askRound asks the agent's loop for a round without waiting: one asked
+// and not yet taken covers any number more.
+func askRound(changed chan<- struct{}) {
+	select {
+	case changed <- struct{}{}:
+	default:
 	}
 }
 
