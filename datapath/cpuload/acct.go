@@ -43,11 +43,15 @@ const onlineEvery = time.Second
 // busy unless that was the idle task. Close detaches the programs; nothing
 // is pinned, so a crashed agent leaves nothing behind.
 type SchedSampler struct {
-	objs     cpuacctObjects
-	links    []link.Link
-	online   []int
-	onlineAt time.Time
-	prev     map[int]cpuTotals
+	objs cpuacctObjects
+	// links are the accounting programs' (none while SetAccounting is
+	// off); accounted: they were attached over the whole interval since
+	// the previous reading.
+	links     []link.Link
+	accounted bool
+	online    []int
+	onlineAt  time.Time
+	prev      map[int]cpuTotals
 	// Counting a NIC's polls (WatchNAPIs), and whether the previous
 	// reading did.
 	nic         nicPolls
@@ -75,37 +79,74 @@ func NewSchedSampler() (*SchedSampler, error) {
 	}
 	s := &SchedSampler{objs: objs, prev: map[int]cpuTotals{}}
 	s.nic.objs = &s.objs
-	for _, p := range []*ebpf.Program{objs.AcctSwitch, objs.AcctSirqEntry, objs.AcctSirqExit} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: p})
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("attaching %v: %w", p, err)
-		}
-		s.links = append(s.links, l)
-	}
 	if err := s.refreshOnline(); err != nil {
 		s.Close()
 		return nil, err
 	}
-	// A core only gets a class once it switches tasks; one that runs a
-	// single task (a busy NAPI thread) may not switch for seconds.
-	if err := visit(s.online); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("visiting every core once: %w", err)
-	}
-	if _, err := s.read(); err != nil {
+	if err := s.attach(); err != nil {
 		s.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-// Close detaches the programs and frees the map.
-func (s *SchedSampler) Close() error {
+// attach starts the scheduler accounting from zero and takes the reading
+// the next Sample measures from.
+func (s *SchedSampler) attach() error {
+	// Zeroed while nothing writes it: a core's last switch and softirq
+	// start from before a detach would charge the whole pause to
+	// whatever ran then.
+	if err := s.objs.Acct.Put(uint32(0), make([]cpuacctAcct, ebpf.MustPossibleCPU())); err != nil {
+		return fmt.Errorf("clearing the scheduler accounting map: %w", err)
+	}
+	for _, p := range []*ebpf.Program{s.objs.AcctSwitch, s.objs.AcctSirqEntry, s.objs.AcctSirqExit} {
+		l, err := link.AttachTracing(link.TracingOptions{Program: p})
+		if err != nil {
+			s.detach()
+			return fmt.Errorf("attaching %v: %w", p, err)
+		}
+		s.links = append(s.links, l)
+	}
+	// A core only gets a class once it switches tasks; one that runs a
+	// single task (a busy NAPI thread) may not switch for seconds.
+	if err := visit(s.online); err != nil {
+		s.detach()
+		return fmt.Errorf("visiting every core once: %w", err)
+	}
+	if _, err := s.read(); err != nil {
+		s.detach()
+		return err
+	}
+	return nil
+}
+
+func (s *SchedSampler) detach() {
 	for _, l := range s.links {
 		l.Close()
 	}
-	s.links = nil
+	s.links, s.accounted = nil, false
+}
+
+// SetAccounting turns the scheduler accounting (the programs on every
+// task switch and softirq) off or back on; the NIC's polls are counted
+// either way. Off, the cores pay for the NIC poll counter alone, and
+// samples say NICOnly; back on, the accounting starts from zero with a
+// reading of its own, so the next sample measures from the switch and is
+// accounted (the NIC's polls between the last sample and the switch are
+// in neither).
+func (s *SchedSampler) SetAccounting(on bool) error {
+	switch {
+	case on && s.links == nil:
+		return s.attach()
+	case !on && s.links != nil:
+		s.detach()
+	}
+	return nil
+}
+
+// Close detaches the programs and frees the map.
+func (s *SchedSampler) Close() error {
+	s.detach()
 	s.nic.close()
 	return s.objs.Close()
 }
@@ -131,19 +172,22 @@ func (s *SchedSampler) Sample() (Sample, error) {
 			return Sample{}, err
 		}
 	}
-	prev, watched := s.prev, s.prevWatched
+	prev, watched, accounted := s.prev, s.prevWatched, s.accounted
 	at, err := s.read()
 	if err != nil {
 		return Sample{}, err
 	}
-	out := Sample{At: at, NICWatched: watched && s.prevWatched}
+	out := Sample{At: at, NICWatched: watched && s.prevWatched, NICOnly: !accounted || !s.accounted}
 	for _, cpu := range s.online {
 		a, okA := prev[cpu]
 		b, okB := s.prev[cpu]
 		if !okA || !okB || b.at <= a.at {
 			continue
 		}
-		c := coreLoad(cpu, a, b)
+		c := Core{CPU: cpu, NIC: b.nic.since(a.nic)}
+		if !out.NICOnly {
+			c = coreLoad(cpu, a, b)
+		}
 		out.Cores = append(out.Cores, c)
 		if d := time.Duration(b.at - a.at); d > out.Interval {
 			out.Interval = d
@@ -182,10 +226,11 @@ func coreLoad(cpu int, a, b cpuTotals) Core {
 
 // read takes a reading of every online core into s.prev. A core whose copy
 // raced with its own update keeps its previous reading (its next sample
-// covers both intervals).
+// covers both intervals). With the accounting off it reads the NIC
+// counts alone.
 func (s *SchedSampler) read() (time.Time, error) {
 	var vals []cpuacctAcct
-	for try := 0; ; try++ {
+	for try := 0; s.links != nil; try++ {
 		if err := s.objs.Acct.Lookup(uint32(0), &vals); err != nil {
 			return time.Time{}, fmt.Errorf("reading the scheduler accounting map: %w", err)
 		}
@@ -206,6 +251,14 @@ func (s *SchedSampler) read() (time.Time, error) {
 	at, now := time.Now(), uint64(ts.Nano())
 	next := make(map[int]cpuTotals, len(s.online))
 	for _, cpu := range s.online {
+		if s.links == nil {
+			t := cpuTotals{at: now}
+			if cpu < len(polls) {
+				t.nic = polls[cpu]
+			}
+			next[cpu] = t
+			continue
+		}
 		if cpu >= len(vals) {
 			continue
 		}
@@ -228,7 +281,7 @@ func (s *SchedSampler) read() (time.Time, error) {
 		}
 		next[cpu] = t
 	}
-	s.prev, s.prevWatched = next, s.nic.counting()
+	s.prev, s.prevWatched, s.accounted = next, s.nic.counting(), s.links != nil
 	return at, nil
 }
 

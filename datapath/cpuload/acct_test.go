@@ -122,6 +122,58 @@ func spinAndSample(t *testing.T, s *SchedSampler, core int, policy uint32) strin
 	return ""
 }
 
+// TestSchedSamplerAccounting: with the accounting off samples say
+// NICOnly and carry no times; back on, the next sample is accounted again
+// with figures that add up, and a burned core reads busy.
+func TestSchedSamplerAccounting(t *testing.T) {
+	core := firstCore(t)
+	s := newSchedSampler(t)
+	if err := s.SetAccounting(false); err != nil {
+		t.Fatal(err)
+	}
+	stop := spin(t, core, unix.SCHED_NORMAL)
+	time.Sleep(200 * time.Millisecond)
+	sm, err := s.Sample()
+	stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sm.NICOnly || len(sm.Cores) == 0 {
+		t.Fatalf("accounting off: NICOnly %v, %d cores", sm.NICOnly, len(sm.Cores))
+	}
+	for _, c := range sm.Cores {
+		if c.Busy != 0 || c.Idle != 0 || c.Rx != 0 || c.Tasks != 0 {
+			t.Errorf("accounting off: cpu%d has times %+v", c.CPU, c)
+		}
+	}
+	if err := s.SetAccounting(false); err != nil { // already off: nothing to do
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := s.SetAccounting(true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if sm, err = s.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	if sm.NICOnly {
+		t.Fatal("the sample after the accounting came back says NICOnly")
+	}
+	checkFigures(t, sm)
+	// Back on, a burned core reads busy again.
+	for try := 0; ; try++ {
+		why := spinAndSample(t, s, core, unix.SCHED_NORMAL)
+		if why == "" {
+			break
+		}
+		if try == 2 {
+			t.Fatal(why)
+		}
+		t.Logf("try %d: %s", try+1, why)
+	}
+}
+
 // TestSchedSamplerIdle: with nothing running on a core but an occasional
 // sleeper, the core reads mostly idle, and a sample with no time passed
 // leaves the core out instead of dividing by zero.

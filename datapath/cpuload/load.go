@@ -85,6 +85,10 @@ type Sample struct {
 	// NICWatched: the NIC polls of every core were counted over the
 	// whole interval (SchedSampler.WatchNAPIs).
 	NICWatched bool
+	// NICOnly: the scheduler accounting was off for some of the interval
+	// (SchedSampler.SetAccounting): each core's NIC counts are figures,
+	// its times (Busy, Idle, Rx, ...) are not and read 0.
+	NICOnly bool
 }
 
 // Core returns the entry for cpu.

@@ -247,8 +247,10 @@ type GuardStatus struct {
 	// for was reset or replaced).
 	Stopped string `json:"stopped,omitempty"`
 	// Sampler is where the load comes from: "sched" (the scheduler's
-	// events) or "proc".
-	Sampler string `json:"sampler,omitempty"`
+	// events) or "proc"; LoadPaused: it counts the NIC's polls alone
+	// while PRISM stands aside, and the guard waits.
+	Sampler    string `json:"sampler,omitempty"`
+	LoadPaused bool   `json:"load_paused,omitempty"`
 	// High is high=auto's switch, which runs in the guard's loop.
 	High *HighStatus `json:"high_auto,omitempty"`
 }
@@ -294,6 +296,8 @@ type guard struct {
 	// (another lanes process held the journal) leaves for the next round.
 	failed int
 	set    *bool
+	// accountErr: turning the accounting off or on failed once (said).
+	accountErr bool
 
 	mu     sync.Mutex
 	state  guardState
@@ -483,9 +487,13 @@ func (s GuardStatus) Summary() []string {
 		}
 		when += ")"
 	}
+	last := fmt.Sprintf("last sample (from %s): %s, other tasks %.0f%%%s, core idle %.0f%%", s.Sampler, sig, s.Tasks, when, s.Idle)
+	if s.LoadPaused {
+		last = fmt.Sprintf("load not sampled while PRISM stands aside (%s counts the NIC's polls alone; no bulk queue to guard)", s.Sampler)
+	}
 	out := []string{
 		fmt.Sprintf("guard on core %d: %s; %s", s.Core, s.Watch, state),
-		fmt.Sprintf("last sample (from %s): %s, other tasks %.0f%%%s, core idle %.0f%%; demotions %d; threads %s", s.Sampler, sig, s.Tasks, when, s.Idle, s.Demotions, strings.Join(s.Threads, ", ")),
+		fmt.Sprintf("%s; demotions %d; threads %s", last, s.Demotions, strings.Join(s.Threads, ", ")),
 	}
 	if s.High != nil {
 		out = append(out, s.High.Summary())
@@ -626,12 +634,23 @@ func (g *guard) run(ctx context.Context) error {
 				g.high.takeLoad(s, err == nil)
 			}
 			g.sampleHigh()
+			if src != nil {
+				g.account(src)
+			}
 		}
 		if src == nil || g.target == nil {
 			continue
 		}
 		if err != nil {
 			g.sampleFailed(err)
+			continue
+		}
+		if s.NICOnly {
+			// Stood aside: nothing in the bulk queue to guard, and no
+			// load to judge by; the target stays as it was.
+			g.mu.Lock()
+			g.status.LoadPaused = true
+			g.mu.Unlock()
 			continue
 		}
 		if g.failed > 0 {
@@ -679,7 +698,7 @@ func (g *guard) run(ctx context.Context) error {
 		if g.state.demoted() && !g.status.Demoted {
 			g.status.Demotions++
 		}
-		g.status.At, g.status.Demoted, g.status.Idle, g.status.Tasks = s.At, g.state.demoted(), c.Idle, c.Tasks
+		g.status.At, g.status.Demoted, g.status.Idle, g.status.Tasks, g.status.LoadPaused = s.At, g.state.demoted(), c.Idle, c.Tasks, false
 		if _, ok := g.target.(*nicTarget); ok {
 			g.status.NICPercent = sig
 		} else {
@@ -726,6 +745,33 @@ func (g *guard) openSampler() (cpuload.Source, error) {
 		g.mu.Unlock()
 	}
 	return p, nil
+}
+
+// accounter is a sampler whose scheduler accounting can be turned off
+// (cpuload.SchedSampler).
+type accounter interface{ SetAccounting(on bool) error }
+
+// account keeps the sampler's scheduler accounting off while PRISM stands
+// aside by the NIC's poll depth: coming back needs the NIC poll counter
+// alone, and the accounting's programs on every task switch and softirq
+// of every core are the aside path's largest cost beyond vanilla's. On
+// again before the queues come back, so the guard judges them by load.
+// A failure leaves it on (the cost, not the decisions) and says so once.
+func (g *guard) account(src cpuload.Source) {
+	a, ok := src.(accounter)
+	if !ok {
+		return
+	}
+	on := !g.high.asideByDepth()
+	if err := a.SetAccounting(on); err != nil {
+		if !on {
+			_ = a.SetAccounting(true)
+		}
+		if !g.accountErr && g.env.Logf != nil {
+			g.env.Logf("high=auto: the scheduler accounting stays on while PRISM stands aside: %v", err)
+		}
+		g.accountErr = true
+	}
 }
 
 // sampleHigh steps high=auto's switch and records what it did (its

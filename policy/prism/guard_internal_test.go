@@ -193,6 +193,28 @@ func TestGuardFeedsAside(t *testing.T) {
 	}
 }
 
+// startGuard runs g until stop; waitUntil fails the test (stopping g)
+// when cond does not hold within 10 s.
+func startGuard(t *testing.T, g *guard) (waitUntil func(what string, cond func() bool), stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.run(ctx) }()
+	stop = func() error {
+		cancel()
+		return <-done
+	}
+	waitUntil = func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				stop()
+				t.Fatalf("no %s in 10 s", what)
+			}
+		}
+	}
+	return waitUntil, stop
+}
+
 // The guard says while the datapath stands PRISM aside (the sync agent's
 // rounds wait then), and calls back when it no longer does: when the
 // load can no longer be sampled here, and when the guard stops.
@@ -206,18 +228,7 @@ func TestGuardTellsWhenAsideEnds(t *testing.T) {
 		newSource: func() (cpuload.Source, error) { return src, nil }}
 	ends := make(chan struct{}, 10)
 	g.whenAsideEnds(func() { ends <- struct{}{} })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.run(ctx) }()
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				cancel()
-				t.Fatalf("no %s in 10 s", what)
-			}
-		}
-	}
+	waitUntil, stop := startGuard(t, g)
 	waitUntil("stepping aside", g.standsAside)
 	if len(ends) != 0 {
 		t.Errorf("called back %d times while aside", len(ends))
@@ -230,11 +241,88 @@ func TestGuardTellsWhenAsideEnds(t *testing.T) {
 		t.Error("called back, still aside")
 	}
 	waitUntil("stepping aside again", g.standsAside)
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if g.standsAside() || len(ends) != 2 {
 		t.Errorf("stopped: aside %v, %d callbacks; want not aside, two", g.standsAside(), len(ends))
+	}
+}
+
+// depthSource is a scheduler-event sampler's fake: its samples count the
+// NIC's polls on core 0 at fpp frames a poll and, like SchedSampler's,
+// say NICOnly while its accounting is off; it records the switches.
+type depthSource struct {
+	mu       sync.Mutex
+	fpp      float64
+	off      bool
+	switches []bool
+}
+
+func (f *depthSource) Sample() (cpuload.Sample, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := cpuload.Core{CPU: 0, Idle: 50, Rx: 50, NIC: cpuload.NICCount{Polls: 100, Frames: uint64(f.fpp * 100)}}
+	if f.off {
+		c.Idle, c.Rx = 0, 0
+	}
+	return cpuload.Sample{At: time.Now(), Interval: time.Millisecond, NICWatched: true, NICOnly: f.off, Cores: []cpuload.Core{c}}, nil
+}
+
+func (f *depthSource) SetAccounting(on bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.off == on {
+		f.switches = append(f.switches, on)
+	}
+	f.off = !on
+	return nil
+}
+
+func (f *depthSource) Close() error { return nil }
+
+func (f *depthSource) set(fpp float64) {
+	f.mu.Lock()
+	f.fpp = fpp
+	f.mu.Unlock()
+}
+
+// While PRISM stands aside by the NIC's poll depth the guard turns the
+// sampler's scheduler accounting off (the depth is all coming back
+// needs), leaves its target alone and says the load is not sampled; it
+// turns the accounting on again when the queues come back.
+func TestGuardPausesAccountingAside(t *testing.T) {
+	dp := newFakeHigh(5000)
+	dp.below, dp.depth, dp.core = 50, 200, 0
+	src := &depthSource{fpp: 1}
+	h := newHighSwitch("/nowhere")
+	dp.serve(h)
+	tg := &fakeTarget{}
+	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}, core: 0, high: h, target: tg,
+		newSource: func() (cpuload.Source, error) { return src, nil }}
+	g.status.Watch = tg.watch()
+	waitUntil, stop := startGuard(t, g)
+	paused := func() bool { return g.Status().LoadPaused }
+	waitUntil("load paused while aside", paused)
+	if !g.standsAside() {
+		t.Error("load paused, not aside")
+	}
+	if sum := strings.Join(g.Status().Summary(), "\n"); !strings.Contains(sum, "load not sampled while PRISM stands aside") {
+		t.Errorf("summary %q does not say the load is not sampled", sum)
+	}
+	sets := len(tg.calls())
+	time.Sleep(20 * time.Millisecond)
+	if n := len(tg.calls()); n != sets {
+		t.Errorf("target switched %d times while the load was not sampled", n-sets)
+	}
+	src.set(3)
+	waitUntil("load sampled again", func() bool { return !paused() && !g.standsAside() })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if !slices.Equal(src.switches, []bool{false, true}) {
+		t.Errorf("accounting switched %v; want off once aside, on once back", src.switches)
 	}
 }

@@ -140,7 +140,10 @@ func TestPrismBulkGuard(t *testing.T) {
 	}
 
 	t.Run("guard-tasks", func(t *testing.T) {
-		a := modetest.Apply(t, tb, "prism-batch", map[string]string{"guard-tasks": "50"})
+		// Not stepping aside: stood aside on this idle testbed, the guard
+		// pauses with its load sampling (bulk has no queue then), and
+		// this is the guard's test.
+		a := modetest.Apply(t, tb, "prism-batch", map[string]string{"guard-tasks": "50", "aside-below": "0"})
 		ths, err := a.Open(t).CPUMap().Kthreads()
 		if err != nil || len(ths) != 1 {
 			t.Fatalf("bulk queue kthreads %v (%v), want one on the IRQ core", ths, err)

@@ -257,16 +257,22 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 	}
 	h.loaded = false
 	smp := asideSample{rx: -1, depth: -1}
+	r := asideRule(float64(below), float64(depth)/100)
 	if h.load != nil {
 		if c, found := h.load.Core(core); found {
-			smp.rx, smp.ok = c.Rx, true
 			if h.load.NICWatched {
 				smp.depth, smp.polled = c.NIC.FramesPerPoll(), true
+			}
+			// A sample without the scheduler accounting (the guard
+			// turns it off while the depth keeps PRISM aside) has no
+			// receive work: it decides only by the depth.
+			smp.ok = !h.load.NICOnly || (smp.polled && r.Depth > 0)
+			if !h.load.NICOnly {
+				smp.rx = c.Rx
 			}
 		}
 	}
 	h.load, h.rx, h.fpp = nil, smp.rx, smp.depth
-	r := asideRule(float64(below), float64(depth)/100)
 	if !h.aside.step(r, smp) {
 		return ""
 	}
@@ -344,6 +350,10 @@ func (h *highSwitch) datapath() (highDatapath, error) {
 // standsAside: the datapath holds the aside deadline the last sample
 // wrote (a write that failed leaves the plan's placement).
 func (h *highSwitch) standsAside() bool { return h.aside.on && h.asideSet }
+
+// asideByDepth: PRISM stands aside and the last sample decided by the
+// NIC's poll depth, which is all that coming back needs.
+func (h *highSwitch) asideByDepth() bool { return h.standsAside() && h.depth != 0 && h.fpp >= 0 }
 
 // release closes the datapath held, if any.
 func (h *highSwitch) release() {

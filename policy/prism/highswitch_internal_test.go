@@ -595,8 +595,36 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	if j := strings.Join(log, "\n"); !strings.Contains(j, "the NIC's polls on core 1 found under 2.50 frames each") {
 		t.Errorf("log %q does not say why it stepped aside", j)
 	}
+	// Without the scheduler accounting (the guard turns it off while
+	// aside by depth) the depth alone keeps it aside, the receive work
+	// unknown; a sample that counted no polls either brings the queues
+	// back, as one that failed.
+	nicOnly := func(s cpuload.Sample) cpuload.Sample { s.NICOnly, s.Cores[0].Rx = true, 0; return s }
+	step(nicOnly(depthOn(1, 80, 1000, 1100)))
+	if !h.asideByDepth() || dp.aside != mono+asideTTL {
+		t.Fatalf("NIC counts alone, 1.1 frames a poll: aside by depth %v, deadline %v; want still aside", h.asideByDepth(), dp.aside)
+	}
+	if a := h.status().Aside; a.RxPercent != -1 || a.FramesPerPoll != 1.1 {
+		t.Errorf("NIC counts alone: status %+v; want no receive work, 1.1 frames a poll", a)
+	}
+	if sum := h.status().Summary(); !strings.Contains(sum, "receive work not sampled") {
+		t.Errorf("summary %q: want the receive work not sampled", sum)
+	}
+	unpolled := nicOnly(depthOn(1, 0, 0, 0))
+	unpolled.NICWatched = false
+	step(unpolled)
+	step(unpolled)
+	if dp.aside != 0 || h.asideByDepth() {
+		t.Fatalf("neither load nor polls: still aside until %v", dp.aside)
+	}
+	for range 10 {
+		step(depthOn(1, 80, 1000, 1200))
+	}
+	if !h.asideByDepth() {
+		t.Fatal("1.2 frames a poll: not aside again")
+	}
 	// Polls deep enough: the queues again after two samples.
-	log = append(log, step(depthOn(1, 30, 1000, 2500)), step(depthOn(1, 30, 1000, 3000)))
+	log = append(log, step(nicOnly(depthOn(1, 30, 1000, 2500))), step(depthOn(1, 30, 1000, 3000)))
 	if dp.aside != 0 {
 		t.Fatalf("2.5-3 frames a poll: still aside until %v", dp.aside)
 	}
