@@ -371,7 +371,9 @@ func TestAsideRule(t *testing.T) {
 		{0, true, false}, {0, true, false}, {0, true, false}, {0, true, false}, {0, true, true},
 		{0, false, true}, {0, false, false}, // unknown load: the plan's placement
 	} {
-		s.step(r, asideSample{rx: step.rx, ok: step.ok})
+		if _, probe := s.step(r, asideSample{rx: step.rx, ok: step.ok}); probe {
+			t.Fatalf("sample %d: a probe without counted polls", i)
+		}
 		if s.on != step.aside {
 			t.Fatalf("sample %d (%.1f%%, ok %v): aside %v, want %v", i, step.rx, step.ok, s.on, step.aside)
 		}
@@ -402,6 +404,73 @@ func TestAsideRuleDepth(t *testing.T) {
 	}
 	if r := asideRule(50, 0); !r.quiet(asideSample{rx: 10, depth: 5, polled: true, ok: true}) {
 		t.Error("without a depth the receive work decides")
+	}
+}
+
+// TestAsideRuleProbe: ten seconds in the queues with polls under twice
+// the depth on average (over it queued, as the queues' batches hold them)
+// step aside to read vanilla's depth; under it aside stays aside, at or
+// over it the queues come back after two samples and the count starts
+// again; polls at or over twice the depth on average, or not counted,
+// never probe.
+func TestAsideRuleProbe(t *testing.T) {
+	r := asideRule(50, 2)
+	queued := func(depth float64) asideSample { return asideSample{rx: 80, depth: depth, polled: true, ok: true} }
+	var s asideState
+	run := func(n int, smp asideSample) (changes, probes int) {
+		for range n {
+			c, p := s.step(r, smp)
+			if c {
+				changes++
+			}
+			if p {
+				probes++
+			}
+		}
+		return
+	}
+	if c, p := run(99, queued(2.7)); c != 0 || p != 0 || s.on {
+		t.Fatalf("99 samples at 2.7 queued: %d changes, %d probes, aside %v; want none yet", c, p, s.on)
+	}
+	if c, p := run(1, queued(2.7)); c != 1 || p != 1 || !s.on {
+		t.Fatalf("the 100th sample at 2.7 queued: %d changes, %d probes, aside %v; want a probe", c, p, s.on)
+	}
+	// Vanilla's depth under 2: aside it stays.
+	if c, _ := run(50, queued(1.7)); c != 0 || !s.on {
+		t.Fatalf("1.7 aside: %d changes, aside %v; want aside kept", c, s.on)
+	}
+	// A load where vanilla queues too: back after two samples, and the
+	// next probe ten seconds later.
+	s = asideState{}
+	run(100, queued(2.7))
+	if !s.on {
+		t.Fatal("no probe after 100 samples at 2.7")
+	}
+	if c, _ := run(2, queued(2.4)); c != 1 || s.on {
+		t.Fatalf("2.4 aside: %d changes, aside %v; want the queues back", c, s.on)
+	}
+	if _, p := run(99, queued(3.5)); p != 0 || s.on {
+		t.Fatalf("another probe within 10 s (%d), or aside %v", p, s.on)
+	}
+	if _, p := run(1, queued(3.5)); p != 1 {
+		t.Fatal("no probe after another 10 s under 4")
+	}
+	// A window whose samples swing either side of twice the depth goes
+	// by their mean.
+	s = asideState{}
+	for i := range 100 {
+		s.step(r, queued([]float64{2.5, 4.5}[i%2]))
+	}
+	if !s.on {
+		t.Error("10 s queued at 2.5 and 4.5 frames a poll by turns (3.5 on average): no probe")
+	}
+	// Deep polls, or polls not counted: never.
+	s = asideState{}
+	if _, p := run(300, queued(4)); p != 0 || s.on {
+		t.Errorf("4 frames a poll (2x the depth): %d probes", p)
+	}
+	if _, p := run(300, asideSample{rx: 80, depth: -1, ok: true}); p != 0 || s.on {
+		t.Errorf("polls not counted, receive work over aside-below: %d probes", p)
 	}
 }
 
@@ -640,5 +709,24 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	}
 	if sum := h.status().Summary(); !strings.Contains(sum, "stepped aside (receive work on core 1 30%, under 50%") {
 		t.Errorf("summary %q: want the receive work's reason", sum)
+	}
+	// Queued at 3 frames a poll (under twice 2.5) for 10 s: a probe,
+	// logged and counted.
+	step(depthOn(1, 80, 1000, 3000))
+	step(depthOn(1, 80, 1000, 3000))
+	if dp.aside != 0 {
+		t.Fatal("3 frames a poll: not back in the queues")
+	}
+	log = nil
+	for range 100 {
+		if msg := step(depthOn(1, 80, 1000, 3000)); msg != "" {
+			log = append(log, msg)
+		}
+	}
+	if dp.aside != mono+asideTTL || len(log) != 1 || !strings.Contains(log[0], "PRISM steps aside to read vanilla's depth") {
+		t.Fatalf("10 s queued at 3 frames a poll: deadline %v, log %q; want one probe", dp.aside, log)
+	}
+	if st := h.status(); st.Aside.Probes != 1 || !strings.Contains(st.Summary(), "1 to read vanilla's depth") {
+		t.Errorf("status %+v, summary %q: want the probe counted", st.Aside, st.Summary())
 	}
 }
