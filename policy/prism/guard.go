@@ -370,7 +370,7 @@ type asideMetrics struct {
 func newAsideMetrics(reg prometheus.Registerer) *asideMetrics {
 	m := &asideMetrics{
 		aside:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_aside", Help: "1 while PRISM steps aside (aside-depth, aside-below): the NIC's polls on the receive core find too few frames waiting (or, where they are not counted, its receive work is too light) for its queues to pay, and every flow runs in the NIC poll as in vanilla."}),
-		asides: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_asides_total", Help: "Times PRISM stepped aside for a receive core whose NIC queued too little for its queues to pay."}),
+		asides: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_prism_asides_total", Help: "Times PRISM stepped aside for a receive core whose NIC queued too little for its queues to pay, or to read the depth vanilla's path has (a probe, after 10 s in the queues under twice aside-depth)."}),
 		depth:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_nic_frames_per_poll", Help: "Frames the underlay NIC's polls on the receive core found waiting, on average, in PRISM's last load sample (-1: not counted)."}),
 		rx:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_receive_work_percent", Help: "The receive core's receive work (softirq and receive kthreads) in PRISM's last load sample, percent of the core (-1: not sampled)."}),
 	}
@@ -753,10 +753,10 @@ type accounter interface{ SetAccounting(on bool) error }
 
 // account keeps the sampler's scheduler accounting off while PRISM stands
 // aside by the NIC's poll depth: coming back needs the NIC poll counter
-// alone, and the accounting's programs on every task switch and softirq
-// of every core are the aside path's largest cost beyond vanilla's. On
-// again before the queues come back, so the guard judges them by load.
-// A failure leaves it on (the cost, not the decisions) and says so once.
+// alone, while the accounting's programs run on every task switch and
+// softirq of every core. On again in the round the queues come back, so
+// the guard's next sample judges them by load. A failure leaves it on
+// (the cost, not the decisions) and says so once.
 func (g *guard) account(src cpuload.Source) {
 	a, ok := src.(accounter)
 	if !ok {
