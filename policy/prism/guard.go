@@ -296,7 +296,11 @@ type guard struct {
 	// (another lanes process held the journal) leaves for the next round.
 	failed int
 	set    *bool
-	// accountErr: turning the accounting off or on failed once (said).
+	// accountOff: the sampler's scheduler accounting was last asked off
+	// (account); accountAt when it was last asked back on and failed
+	// (zero: it did not), accountErr whether that was said.
+	accountOff bool
+	accountAt  time.Time
 	accountErr bool
 
 	mu     sync.Mutex
@@ -634,15 +638,25 @@ func (g *guard) run(ctx context.Context) error {
 				g.high.takeLoad(s, err == nil)
 			}
 			g.sampleHigh()
-			if src != nil {
-				g.account(src)
-			}
+		}
+		// Whether s was taken with the accounting asked off; then ask
+		// for what the switch's decision needs next.
+		paused := g.accountOff
+		if src != nil && g.high != nil {
+			g.account(src)
 		}
 		if src == nil || g.target == nil {
 			continue
 		}
 		if err != nil {
 			g.sampleFailed(err)
+			continue
+		}
+		if s.NICOnly && !paused {
+			// Asked back on, the accounting did not come: no load to
+			// judge by, counted as a failed sample (the safe placement
+			// after guardFailLimit).
+			g.sampleFailed(errors.New("the scheduler accounting could not be turned back on"))
 			continue
 		}
 		if s.NICOnly {
@@ -755,23 +769,28 @@ type accounter interface{ SetAccounting(on bool) error }
 // aside by the NIC's poll depth: coming back needs the NIC poll counter
 // alone, while the accounting's programs run on every task switch and
 // softirq of every core. On again in the round the queues come back, so
-// the guard's next sample judges them by load. A failure leaves it on
-// (the cost, not the decisions) and says so once.
+// the guard's next sample judges them by load. Turning it back on visits
+// every core; where that fails it is tried again once a second (samples
+// meanwhile count as failed: run) and said once.
 func (g *guard) account(src cpuload.Source) {
 	a, ok := src.(accounter)
 	if !ok {
 		return
 	}
-	on := !g.high.asideByDepth()
-	if err := a.SetAccounting(on); err != nil {
-		if !on {
-			_ = a.SetAccounting(true)
-		}
+	off := g.high.asideByDepth()
+	if !off && !g.accountAt.IsZero() && time.Since(g.accountAt) < time.Second {
+		return
+	}
+	g.accountOff = off
+	if err := a.SetAccounting(!off); err != nil {
+		g.accountAt = time.Now()
 		if !g.accountErr && g.env.Logf != nil {
-			g.env.Logf("high=auto: the scheduler accounting stays on while PRISM stands aside: %v", err)
+			g.env.Logf("high=auto: the scheduler accounting did not come back after PRISM stood aside (trying again each second): %v", err)
 		}
 		g.accountErr = true
+		return
 	}
+	g.accountAt = time.Time{}
 }
 
 // sampleHigh steps high=auto's switch and records what it did (its

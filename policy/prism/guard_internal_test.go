@@ -257,6 +257,7 @@ type depthSource struct {
 	fpp      float64
 	off      bool
 	switches []bool
+	failOn   bool // SetAccounting(true) fails, leaving it off
 }
 
 func (f *depthSource) Sample() (cpuload.Sample, error) {
@@ -272,6 +273,9 @@ func (f *depthSource) Sample() (cpuload.Sample, error) {
 func (f *depthSource) SetAccounting(on bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if on && f.failOn {
+		return errors.New("attach refused")
+	}
 	if f.off == on {
 		f.switches = append(f.switches, on)
 	}
@@ -324,5 +328,34 @@ func TestGuardPausesAccountingAside(t *testing.T) {
 	defer src.mu.Unlock()
 	if !slices.Equal(src.switches, []bool{false, true}) {
 		t.Errorf("accounting switched %v; want off once aside, on once back", src.switches)
+	}
+}
+
+// When the accounting cannot be turned back on, the guard does not take
+// its NIC-only samples for a pause: they count as failed, and enough of
+// them hold the safe placement (demoted).
+func TestGuardAccountingNotBack(t *testing.T) {
+	dp := newFakeHigh(5000)
+	dp.below, dp.depth, dp.core = 50, 200, 0
+	src := &depthSource{fpp: 1, failOn: true}
+	h := newHighSwitch("/nowhere")
+	dp.serve(h)
+	tg := &fakeTarget{}
+	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}, core: 0, high: h, target: tg,
+		newSource: func() (cpuload.Source, error) { return src, nil }}
+	g.status.Watch = tg.watch()
+	waitUntil, stop := startGuard(t, g)
+	waitUntil("load paused while aside", func() bool { return g.Status().LoadPaused })
+	src.set(3)
+	waitUntil("the safe placement", func() bool { return g.Status().Fallback != "" })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := g.Status()
+	if !st.Demoted || st.SampleErrors < guardFailLimit || !strings.Contains(st.Err, "could not be turned back on") {
+		t.Errorf("status %+v: want demoted after %d failed samples, saying why", st, guardFailLimit)
+	}
+	if c := tg.calls(); len(c) == 0 || !c[len(c)-1] {
+		t.Errorf("target switched %v: want the safe placement last", c)
 	}
 }

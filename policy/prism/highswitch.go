@@ -108,10 +108,9 @@ type AsideRule struct {
 
 // asideRule is the rule for aside-below on the guard's samples: 1 s
 // quiet to step aside, 0.2 s busy to come back, a probe after 10 s in
-// the queues under twice the depth (at 100 ms). On the testbed the
-// queues' polls found 1.3-1.6 times vanilla's frames at 30% background,
-// 1.7 at 45%, 1.9 at 65% (4.4-9.4 frames against vanilla's 2.4-6.9 at
-// 65-95%).
+// the queues under twice the depth (at 100 ms): where vanilla's polls
+// find the depth or more, the queues' find more than twice it
+// (docs/prism.md, stepping aside).
 func asideRule(below, depth float64) AsideRule {
 	return AsideRule{Below: below, Depth: depth, AsideAfter: 10, BackAfter: 2, ProbeBelow: 2 * depth, ProbeAfter: 100}
 }
