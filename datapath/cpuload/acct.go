@@ -165,6 +165,23 @@ func (s *SchedSampler) WatchNAPIs(ids []uint32) error {
 	return err
 }
 
+// ArmWake has the kernel send a Wake (Wakes) for each window of window
+// in which the polls of the watched NAPI instances on core (-1: on any
+// core, each judged apart), at least minPolls of them, found depth frames
+// each or more on average (cpuacct.c, nic_wake): a caller that samples
+// slowly while the NIC queues little learns at once when it queues more.
+// Needs WatchNAPIs first. An arming replaces the one before.
+func (s *SchedSampler) ArmWake(core int, depth float64, window time.Duration, minPolls int) error {
+	return s.nic.armWake(core, depth, window, minPolls)
+}
+
+// DisarmWake stops the wakes; one already waiting is dropped.
+func (s *SchedSampler) DisarmWake() error { return s.nic.disarmWake() }
+
+// Wakes delivers the armed wake's windows, one waiting at most (nil
+// before the first ArmWake).
+func (s *SchedSampler) Wakes() <-chan Wake { return s.nic.wakes() }
+
 // Sample returns the load since the previous call (or NewSchedSampler).
 func (s *SchedSampler) Sample() (Sample, error) {
 	if time.Since(s.onlineAt) >= onlineEvery {

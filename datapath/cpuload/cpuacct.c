@@ -102,10 +102,15 @@ struct {
 
 /* Each core's polls of those instances that found frames, and the frames.
  * Two counters a core alone bumps: a copy may see one bumped and not the
- * other, one poll's worth in thousands per sample. */
+ * other, one poll's worth in thousands per sample. The win_ fields are the
+ * wake's window (nic_wake), the core's alone too. */
 struct nic_poll {
 	__u64 polls;
 	__u64 frames;
+	__u64 win_start;  /* ns (CLOCK_MONOTONIC) the window began */
+	__u64 win_polls;  /* polls and frames in it */
+	__u64 win_frames;
+	__u64 win_gen;    /* the arming (nic_wake.gen) the window belongs to */
 };
 
 struct {
@@ -114,6 +119,47 @@ struct {
 	__type(key, __u32);
 	__type(value, struct nic_poll);
 } nic_polls SEC(".maps");
+
+/*
+ * The wake: armed by user space (gen non-zero, a new value per arming;
+ * written only there), acct_poll judges the counted polls of core cpu
+ * (WAKE_ANY_CPU: every core's, each apart) in windows of window_ns, and
+ * sends one record to nic_wake_rb for each window whose polls (at least
+ * min_polls) found depth hundredths of a frame or more each, on average:
+ * lanes agent samples slowly while PRISM stands aside and this wakes it
+ * when the NIC's queue deepens. A window is judged at the first counted
+ * poll after it ends (one on an idle NIC waits for the next poll, which
+ * is the first frame that could need the queues). Disarmed, it costs one
+ * lookup a counted poll.
+ */
+#define WAKE_ANY_CPU 0xffffffffu
+
+struct nic_wake {
+	__u64 window_ns;
+	__u32 gen;
+	__u32 depth;
+	__u32 cpu;
+	__u32 min_polls;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nic_wake);
+} nic_wake SEC(".maps");
+
+struct nic_wake_rec {
+	__u32 gen;
+	__u32 cpu;
+	__u64 polls;
+	__u64 frames;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} nic_wake_rb SEC(".maps");
 
 #define barrier() asm volatile("" ::: "memory")
 
@@ -197,8 +243,10 @@ SEC("tp_btf/napi_poll")
 int BPF_PROG(acct_poll, struct napi_struct *napi, int work, int budget)
 {
 	__u32 id = napi->napi_id;
-	__u32 k = 0;
+	__u32 k = 0, cpu;
 	struct nic_poll *p;
+	struct nic_wake *w;
+	__u64 now;
 
 	if (work <= 0 || !bpf_map_lookup_elem(&nic_napis, &id))
 		return 0;
@@ -207,5 +255,32 @@ int BPF_PROG(acct_poll, struct napi_struct *napi, int work, int budget)
 		return 0;
 	p->polls++;
 	p->frames += work;
+
+	w = bpf_map_lookup_elem(&nic_wake, &k);
+	if (!w || !w->gen)
+		return 0;
+	cpu = bpf_get_smp_processor_id();
+	if (w->cpu != WAKE_ANY_CPU && w->cpu != cpu)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (p->win_gen != w->gen) {
+		/* A new arming: what an earlier one counted is not this one's. */
+		p->win_gen = w->gen;
+		p->win_start = now;
+		p->win_polls = 0;
+		p->win_frames = 0;
+	}
+	p->win_polls++;
+	p->win_frames += work;
+	if (now - p->win_start < w->window_ns)
+		return 0;
+	if (p->win_polls >= w->min_polls && p->win_frames * 100 >= (__u64)w->depth * p->win_polls) {
+		struct nic_wake_rec r = { .gen = w->gen, .cpu = cpu, .polls = p->win_polls, .frames = p->win_frames };
+
+		bpf_ringbuf_output(&nic_wake_rb, &r, sizeof(r), 0);
+	}
+	p->win_start = now;
+	p->win_polls = 0;
+	p->win_frames = 0;
 	return 0;
 }

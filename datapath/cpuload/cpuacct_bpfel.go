@@ -25,9 +25,22 @@ type cpuacctAcct struct {
 }
 
 type cpuacctNicPoll struct {
-	_      structs.HostLayout
-	Polls  uint64
-	Frames uint64
+	_         structs.HostLayout
+	Polls     uint64
+	Frames    uint64
+	WinStart  uint64
+	WinPolls  uint64
+	WinFrames uint64
+	WinGen    uint64
+}
+
+type cpuacctNicWake struct {
+	_        structs.HostLayout
+	WindowNs uint64
+	Gen      uint32
+	Depth    uint32
+	Cpu      uint32
+	MinPolls uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -37,6 +50,8 @@ const (
 	cpuacctMapAcct           = "acct"
 	cpuacctMapNicNapis       = "nic_napis"
 	cpuacctMapNicPolls       = "nic_polls"
+	cpuacctMapNicWake        = "nic_wake"
+	cpuacctMapNicWakeRb      = "nic_wake_rb"
 	cpuacctProgAcctPoll      = "acct_poll"
 	cpuacctProgAcctSirqEntry = "acct_sirq_entry"
 	cpuacctProgAcctSirqExit  = "acct_sirq_exit"
@@ -95,9 +110,11 @@ type cpuacctProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cpuacctMapSpecs struct {
-	Acct     *ebpf.MapSpec `ebpf:"acct"`
-	NicNapis *ebpf.MapSpec `ebpf:"nic_napis"`
-	NicPolls *ebpf.MapSpec `ebpf:"nic_polls"`
+	Acct      *ebpf.MapSpec `ebpf:"acct"`
+	NicNapis  *ebpf.MapSpec `ebpf:"nic_napis"`
+	NicPolls  *ebpf.MapSpec `ebpf:"nic_polls"`
+	NicWake   *ebpf.MapSpec `ebpf:"nic_wake"`
+	NicWakeRb *ebpf.MapSpec `ebpf:"nic_wake_rb"`
 }
 
 // cpuacctVariableSpecs contains global variables before they are loaded into the kernel.
@@ -126,9 +143,11 @@ func (o *cpuacctObjects) Close() error {
 //
 // It can be passed to loadCpuacctObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cpuacctMaps struct {
-	Acct     *ebpf.Map `ebpf:"acct"`
-	NicNapis *ebpf.Map `ebpf:"nic_napis"`
-	NicPolls *ebpf.Map `ebpf:"nic_polls"`
+	Acct      *ebpf.Map `ebpf:"acct"`
+	NicNapis  *ebpf.Map `ebpf:"nic_napis"`
+	NicPolls  *ebpf.Map `ebpf:"nic_polls"`
+	NicWake   *ebpf.Map `ebpf:"nic_wake"`
+	NicWakeRb *ebpf.Map `ebpf:"nic_wake_rb"`
 }
 
 func (m *cpuacctMaps) Close() error {
@@ -136,6 +155,8 @@ func (m *cpuacctMaps) Close() error {
 		m.Acct,
 		m.NicNapis,
 		m.NicPolls,
+		m.NicWake,
+		m.NicWakeRb,
 	)
 }
 

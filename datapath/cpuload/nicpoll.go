@@ -1,12 +1,18 @@
 package cpuload
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"os"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 )
 
 // NICCount is what a NIC's polls on one core did over an interval: the
@@ -43,6 +49,7 @@ type nicPolls struct {
 	objs  *cpuacctObjects
 	link  link.Link
 	napis []uint32
+	wake  *nicWake // nil until the first ArmWake
 }
 
 // watch makes ids (deduplicated) the counted set; changed says whether
@@ -102,10 +109,141 @@ func (n *nicPolls) read() ([]NICCount, error) {
 }
 
 func (n *nicPolls) close() {
+	if n.wake != nil {
+		n.wake.close()
+		n.wake = nil
+	}
 	if n.link != nil {
 		n.link.Close()
 		n.link = nil
 	}
+}
+
+// Wake is one window of a core's NIC polls that found the armed depth
+// (cpuacct.c, nic_wake): the core, and the polls and frames in the window.
+type Wake struct {
+	CPU           int
+	Polls, Frames uint64
+}
+
+// nicWake reads the wake's ring buffer: the records of the arming in
+// force (gen) go to ch, one waiting at most; those of an earlier arming,
+// still in the ring when it was disarmed, are dropped.
+type nicWake struct {
+	rd   *ringbuf.Reader
+	gen  uint32 // the arming in force, 0 none; read by run
+	mu   sync.Mutex
+	ch   chan Wake
+	done chan struct{}
+}
+
+// wakeRecord is struct nic_wake_rec's size (gen, cpu, polls, frames).
+const wakeRecord = 24
+
+func (w *nicWake) run() {
+	defer close(w.done)
+	for {
+		rec, err := w.rd.Read()
+		if errors.Is(err, os.ErrClosed) {
+			return
+		}
+		if err != nil || len(rec.RawSample) < wakeRecord {
+			continue
+		}
+		b := rec.RawSample
+		gen := binary.NativeEndian.Uint32(b)
+		w.mu.Lock()
+		current := gen != 0 && gen == w.gen
+		w.mu.Unlock()
+		if !current {
+			continue
+		}
+		wk := Wake{CPU: int(binary.NativeEndian.Uint32(b[4:])), Polls: binary.NativeEndian.Uint64(b[8:]), Frames: binary.NativeEndian.Uint64(b[16:])}
+		select {
+		case w.ch <- wk:
+		default: // one is waiting already: it wakes the reader as well
+		}
+	}
+}
+
+func (w *nicWake) close() {
+	w.rd.Close()
+	<-w.done
+}
+
+// armWake arms the wake for core (-1: every core, each judged apart):
+// windows of window, at least minPolls polls, depth frames a poll. An
+// arming replaces the one before, and its windows start afresh.
+func (n *nicPolls) armWake(core int, depth float64, window time.Duration, minPolls int) error {
+	if !n.counting() {
+		return errors.New("arming the NIC poll wake: no NIC's polls are counted")
+	}
+	if depth <= 0 || window <= 0 || minPolls < 1 || core < -1 {
+		return fmt.Errorf("arming the NIC poll wake: depth %.2f, window %v, %d polls, core %d", depth, window, minPolls, core)
+	}
+	if n.wake == nil {
+		rd, err := ringbuf.NewReader(n.objs.NicWakeRb)
+		if err != nil {
+			return fmt.Errorf("reading the NIC poll wake: %w", err)
+		}
+		n.wake = &nicWake{rd: rd, ch: make(chan Wake, 1), done: make(chan struct{})}
+		go n.wake.run()
+	}
+	cpu := uint32(math.MaxUint32) // WAKE_ANY_CPU
+	if core >= 0 {
+		cpu = uint32(core)
+	}
+	w := n.wake
+	w.mu.Lock()
+	gen := w.gen + 1
+	if gen == 0 {
+		gen = 1
+	}
+	w.mu.Unlock()
+	cfg := cpuacctNicWake{WindowNs: uint64(window), Gen: gen, Depth: uint32(math.Round(depth * 100)), Cpu: cpu, MinPolls: uint32(minPolls)}
+	if err := n.objs.NicWake.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("arming the NIC poll wake: %w", err)
+	}
+	w.mu.Lock()
+	w.gen = gen
+	w.mu.Unlock()
+	// A wake of the arming before is not one of this.
+	select {
+	case <-w.ch:
+	default:
+	}
+	return nil
+}
+
+// disarmWake disarms the wake; a wake already waiting is dropped.
+func (n *nicPolls) disarmWake() error {
+	if n.wake == nil {
+		return nil
+	}
+	if err := n.objs.NicWake.Put(uint32(0), &cpuacctNicWake{}); err != nil {
+		return fmt.Errorf("disarming the NIC poll wake: %w", err)
+	}
+	w := n.wake
+	w.mu.Lock()
+	w.gen++
+	if w.gen == 0 {
+		w.gen = 1
+	}
+	w.mu.Unlock()
+	select {
+	case <-w.ch:
+	default:
+	}
+	return nil
+}
+
+// wakes is where the armed wake's records arrive (nil before the first
+// arming: never ready).
+func (n *nicPolls) wakes() <-chan Wake {
+	if n.wake == nil {
+		return nil
+	}
+	return n.wake.ch
 }
 
 // NICCounter counts the polls of a NIC's NAPI instances per core and

@@ -14,11 +14,11 @@ import (
 	"github.com/lanesnet/lanes/topology/topotest"
 )
 
-// TestNICPolls counts the receiving underlay's polls while datagrams
-// cross it: every frame sent is polled (frames >= sent, within what else
-// crosses the wire: ARP, the host's own), each counted poll found at
-// least one frame, and a NAPI instance not watched counts nothing.
-func TestNICPolls(t *testing.T) {
+// nicPollBed is a two-host testbed whose receiving underlay's NAPI
+// instances (ids) a fresh SchedSampler may watch, and send, which sends n
+// datagrams across it.
+func nicPollBed(t *testing.T) (s *SchedSampler, ids []uint32, send func(n int)) {
+	t.Helper()
 	f := topotest.New(t, topotest.Options{Containers: 1})
 	rx := f.Hosts[1]
 	var idx int
@@ -35,7 +35,6 @@ func TestNICPolls(t *testing.T) {
 	if err != nil || len(inst) == 0 {
 		t.Skipf("no NAPI instances listed for %s: %v", rx.Underlay, err)
 	}
-	var ids []uint32
 	for _, in := range inst {
 		ids = append(ids, in.ID)
 	}
@@ -44,8 +43,8 @@ func TestNICPolls(t *testing.T) {
 	if err := ethtool.Set(f.Hosts[0].NetNS, f.Hosts[0].Underlay, ethtool.TSO, false); err != nil {
 		t.Fatal(err)
 	}
-	s := newSchedSampler(t)
-	send := func(n int) {
+	s = newSchedSampler(t)
+	send = func(n int) {
 		t.Helper()
 		if err := nsx.Do(f.Hosts[0].NetNS, func() error {
 			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: rx.UnderIP, Port: 9})
@@ -69,6 +68,15 @@ func TestNICPolls(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return s, ids, send
+}
+
+// TestNICPolls counts the receiving underlay's polls while datagrams
+// cross it: every frame sent is polled (frames >= sent, within what else
+// crosses the wire: ARP, the host's own), each counted poll found at
+// least one frame, and a NAPI instance not watched counts nothing.
+func TestNICPolls(t *testing.T) {
+	s, ids, send := nicPollBed(t)
 	total := func(sm Sample) (polls, frames uint64) {
 		for _, c := range sm.Cores {
 			polls += c.NIC.Polls
@@ -142,4 +150,64 @@ func TestNICPolls(t *testing.T) {
 	if p, fr := total(sm); sm.NICWatched || p != 0 || fr != 0 {
 		t.Fatalf("unwatched again: watched %v, %d polls, %d frames", sm.NICWatched, p, fr)
 	}
+}
+
+// TestNICWake: armed, the poll counter sends a wake for a window of the
+// NIC's polls that found the armed depth; none for a depth its polls
+// never reach, none once disarmed, and none before it is armed.
+func TestNICWake(t *testing.T) {
+	s, ids, send := nicPollBed(t)
+	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err == nil {
+		t.Fatal("armed without a NIC watched")
+	}
+	if s.Wakes() != nil {
+		t.Fatal("wakes before the first arming")
+	}
+	if err := s.WatchNAPIs(ids); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		core, polls   int
+		depth, window float64
+	}{{-2, 1, 1, 1}, {-1, 0, 1, 1}, {-1, 1, 0, 1}, {-1, 1, 1, 0}} {
+		if err := s.ArmWake(bad.core, bad.depth, time.Duration(bad.window*float64(time.Millisecond)), bad.polls); err == nil {
+			t.Errorf("armed with %+v", bad)
+		}
+	}
+	woken := func(what string, want bool) {
+		t.Helper()
+		select {
+		case w := <-s.Wakes():
+			if !want {
+				t.Errorf("%s: woken by %+v", what, w)
+			} else if w.Polls == 0 || w.Frames < w.Polls || w.CPU < 0 {
+				t.Errorf("%s: wake %+v", what, w)
+			}
+		case <-time.After(500 * time.Millisecond):
+			if want {
+				t.Errorf("%s: no wake", what)
+			}
+		}
+	}
+	// Every poll finds a frame at least: a depth of one wakes at the
+	// first window's end (the coarse clock's tick at most).
+	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err != nil {
+		t.Fatal(err)
+	}
+	send(500)
+	woken("armed at a depth every poll reaches", true)
+	// No poll takes more than its budget (64).
+	if err := s.ArmWake(-1, 100, time.Millisecond, 1); err != nil {
+		t.Fatal(err)
+	}
+	send(500)
+	woken("armed at a depth no poll reaches", false)
+	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DisarmWake(); err != nil {
+		t.Fatal(err)
+	}
+	send(500)
+	woken("disarmed", false)
 }

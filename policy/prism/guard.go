@@ -113,11 +113,21 @@ type GuardRule struct {
 	// this long. Only slack ends such a demotion: the applications were
 	// not what caused it. 0: off.
 	Starved float64
+	// Doze: while PRISM stands aside by the NIC's poll depth (samples
+	// without the scheduler accounting, dozeAfter of them in a row), the
+	// guard samples every Doze instead of every Interval, and the kernel
+	// wakes it (cpuload.SchedSampler.ArmWake) as soon as a window of
+	// Interval finds the NIC's polls on the receive core at the depth
+	// that brings the queues back: then it samples every Interval again.
+	// Standing aside, there is no queue to guard and the depth is all
+	// the switch needs; the agent's rounds on the cores it shares with
+	// the applications are what vanilla does not pay. 0: never dozes.
+	Doze time.Duration
 }
 
 // DefaultGuardRule: 0.3 s of a saturated NIC poll to step in, 1 s of
 // slack to step back.
-var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond}
+var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Interval: 100 * time.Millisecond, Doze: time.Second}
 
 // DefaultBulkGuardRule: 0.3 s of the bulk kthread waiting for the core
 // more than half the time to step in, 1 s of slack to step back. Its Tasks
@@ -137,7 +147,7 @@ var DefaultGuardRule = GuardRule{Demote: 85, DemoteAfter: 3, Promote: 10, Promot
 // normal scheduling takes the core back from applications only; from
 // softirq and the real-time queue it takes nothing. So the guard acts
 // only while applications hold a share of the core.
-var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Starved: 90, Interval: 100 * time.Millisecond}
+var DefaultBulkGuardRule = GuardRule{Demote: 50, DemoteAfter: 3, Promote: 10, PromoteAfter: 10, Starved: 90, Interval: 100 * time.Millisecond, Doze: time.Second}
 
 // guardOff is the NIC poll's scheduling while the guard holds it off the
 // ladder: normal, at the lowest weight. The poll is work-conserving there:
@@ -302,6 +312,12 @@ type guard struct {
 	accountOff bool
 	accountAt  time.Time
 	accountErr bool
+	// dozing: the guard samples every rule.Doze, the kernel's wake
+	// armed; quiet counts the samples in a row that could doze (doze),
+	// dozeErr whether a wake that could not be armed was said.
+	dozing  bool
+	quiet   int
+	dozeErr bool
 
 	mu     sync.Mutex
 	state  guardState
@@ -368,6 +384,7 @@ type asideMetrics struct {
 	asides prometheus.Counter
 	rx     prometheus.Gauge
 	depth  prometheus.Gauge
+	doze   prometheus.Gauge
 	seen   uint64
 }
 
@@ -378,7 +395,8 @@ func newAsideMetrics(reg prometheus.Registerer) *asideMetrics {
 		depth:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_nic_frames_per_poll", Help: "Frames the underlay NIC's polls on the receive core found waiting, on average, in PRISM's last load sample (-1: not counted)."}),
 		rx:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_receive_work_percent", Help: "The receive core's receive work (softirq and receive kthreads) in PRISM's last load sample, percent of the core (-1: not sampled)."}),
 	}
-	reg.MustRegister(m.aside, m.asides, m.rx, m.depth)
+	m.doze = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_dozing", Help: "1 while lanes agent, PRISM standing aside by the NIC's poll depth, samples once a doze (a second) instead of every 100 ms, until the kernel wakes it as the NIC's polls deepen."})
+	reg.MustRegister(m.aside, m.asides, m.rx, m.depth, m.doze)
 	return m
 }
 
@@ -398,6 +416,11 @@ func (m *asideMetrics) set(s *HighStatus) {
 	m.seen = a.Asides
 	m.rx.Set(a.RxPercent)
 	m.depth.Set(a.FramesPerPoll)
+	doze := 0.0
+	if a.Doze > 0 {
+		doze = 1
+	}
+	m.doze.Set(doze)
 }
 
 // newTargetGuard makes the guard of the ladder or of bulk-sched=idle, or
@@ -612,6 +635,13 @@ func (g *guard) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		case w := <-g.wakes(src):
+			// Sampled at once: the sample spans the doze, and the ones
+			// after it an Interval each.
+			g.wakeUp(src.(waker), tick)
+			if g.env.Logf != nil {
+				g.env.Logf("high=auto: the NIC's polls on core %d found %.2f frames each over %v: the agent samples every %v again", w.CPU, float64(w.Frames)/float64(max(w.Polls, 1)), g.rule.Interval, g.rule.Interval)
+			}
 		}
 		if src == nil && g.high != nil && g.high.wantsLoad() && !loadTried {
 			// The applied config steps aside: the switch needs the
@@ -644,6 +674,7 @@ func (g *guard) run(ctx context.Context) error {
 		paused := g.accountOff
 		if src != nil && g.high != nil {
 			g.account(src)
+			g.doze(src, tick)
 		}
 		if src == nil || g.target == nil {
 			continue
@@ -793,12 +824,99 @@ func (g *guard) account(src cpuload.Source) {
 	g.accountAt = time.Time{}
 }
 
+// waker is a sampler the kernel can wake (cpuload.SchedSampler).
+type waker interface {
+	ArmWake(core int, depth float64, window time.Duration, minPolls int) error
+	DisarmWake() error
+	Wakes() <-chan cpuload.Wake
+}
+
+// dozeAfter is how many samples in a row PRISM stands aside by the depth
+// before the guard dozes: a second at the default interval, so a wake
+// that found a burst the samples after it do not confirm samples that
+// long before it dozes again. dozeMinPolls: the polls a window needs to
+// wake it, so that a lone poll of a burst does not.
+const (
+	dozeAfter    = 10
+	dozeMinPolls = 8
+)
+
+// wakes is the sampler's wakes while the guard dozes (nil otherwise:
+// never ready).
+func (g *guard) wakes(src cpuload.Source) <-chan cpuload.Wake {
+	if !g.dozing {
+		return nil
+	}
+	return src.(waker).Wakes()
+}
+
+// doze has the guard sample every rule.Doze while PRISM stands aside by
+// the NIC's poll depth (the accounting off: account), after dozeAfter
+// such samples in a row, with the kernel's wake armed at the depth that
+// brings the queues back, over windows of rule.Interval on the receive
+// core; any other round ends the doze. Where the wake cannot be armed
+// (or the deadline written for the longer sample), the guard samples at
+// its interval, as before, and says so once.
+func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
+	w, ok := src.(waker)
+	if !ok || g.rule.Doze <= 0 {
+		return
+	}
+	if !g.high.asideByDepth() || !g.accountOff {
+		g.quiet = 0
+		if g.dozing {
+			g.wakeUp(w, tick)
+		}
+		return
+	}
+	if g.dozing {
+		return
+	}
+	if g.quiet++; g.quiet < dozeAfter {
+		return
+	}
+	depth := float64(g.high.depth) / 100
+	err := w.ArmWake(g.high.core, depth, g.rule.Interval, dozeMinPolls)
+	if err == nil {
+		if err = g.high.setDoze(g.rule.Doze); err != nil {
+			w.DisarmWake()
+		}
+	}
+	if err != nil {
+		if !g.dozeErr && g.env.Logf != nil {
+			g.env.Logf("high=auto: the agent samples every %v while PRISM stands aside (no doze: %v)", g.rule.Interval, err)
+		}
+		g.dozeErr = true
+		return
+	}
+	g.dozing = true
+	tick.Reset(g.rule.Doze)
+	g.publishHigh()
+	if g.env.Logf != nil {
+		g.env.Logf("high=auto: PRISM stands aside: the agent samples every %v, woken by the kernel when the NIC's polls on core %d find %.2f frames each over %v", g.rule.Doze, g.high.core, depth, g.rule.Interval)
+	}
+}
+
+// wakeUp ends the doze: the wake disarmed (one that cannot be only
+// wakes the guard early), samples every rule.Interval again.
+func (g *guard) wakeUp(w waker, tick *time.Ticker) {
+	w.DisarmWake()
+	g.high.setDoze(0)
+	g.dozing, g.quiet = false, 0
+	tick.Reset(g.rule.Interval)
+}
+
 // sampleHigh steps high=auto's switch and records what it did (its
 // errors in its own status, cleared by the next good sample).
 func (g *guard) sampleHigh() {
 	if msg := g.high.sample(time.Now()); msg != "" && g.env.Logf != nil {
 		g.env.Logf("%s", msg)
 	}
+	g.publishHigh()
+}
+
+// publishHigh makes the switch's state the status's and the metrics'.
+func (g *guard) publishHigh() {
 	st := g.high.status()
 	if g.asideMetrics != nil {
 		g.asideMetrics.set(st)

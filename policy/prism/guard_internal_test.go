@@ -331,6 +331,106 @@ func TestGuardPausesAccountingAside(t *testing.T) {
 	}
 }
 
+// wakeSource is a depthSource the kernel can wake (waker): the test
+// sends the wakes.
+type wakeSource struct {
+	depthSource
+	samples int
+	arms    []float64 // the depths armed, in order
+	disarms int
+	window  time.Duration
+	polls   int
+	wakes   chan cpuload.Wake
+}
+
+func (f *wakeSource) Sample() (cpuload.Sample, error) {
+	f.mu.Lock()
+	f.samples++
+	f.mu.Unlock()
+	return f.depthSource.Sample()
+}
+
+func (f *wakeSource) ArmWake(core int, depth float64, window time.Duration, minPolls int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.arms, f.window, f.polls = append(f.arms, depth), window, minPolls
+	return nil
+}
+
+func (f *wakeSource) DisarmWake() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.disarms++
+	return nil
+}
+
+func (f *wakeSource) Wakes() <-chan cpuload.Wake { return f.wakes }
+
+func (f *wakeSource) count() (samples, arms, disarms int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.samples, len(f.arms), f.disarms
+}
+
+// Stood aside by the depth for dozeAfter samples, the guard dozes: the
+// kernel's wake armed at the depth over windows of its interval, no
+// sample until the next doze tick (an hour here) or a wake, the deadline
+// written to hold three doze ticks, the status saying so. A wake has it
+// sample at once and at its interval again; a wake the depth does not
+// confirm has it doze again after dozeAfter samples, and one it does
+// brings the queues back, undozed.
+func TestGuardDozesAside(t *testing.T) {
+	dp := newFakeHigh(5000)
+	dp.below, dp.depth, dp.core = 50, 200, 0
+	src := &wakeSource{depthSource: depthSource{fpp: 1}, wakes: make(chan cpuload.Wake, 1)}
+	h := newHighSwitch("/nowhere")
+	h.mono = func() time.Duration { return 0 } // deadlines are their TTL
+	dp.serve(h)
+	tg := &fakeTarget{}
+	const doze = time.Hour
+	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond, Doze: doze}, core: 0, high: h, target: tg,
+		newSource: func() (cpuload.Source, error) { return src, nil }}
+	g.status.Watch = tg.watch()
+	waitUntil, stop := startGuard(t, g)
+	dozing := func() bool {
+		st := g.Status()
+		return st.High != nil && st.High.Aside != nil && st.High.Aside.Doze == doze
+	}
+	waitUntil("dozing", dozing)
+	if sum := strings.Join(g.Status().Summary(), "\n"); !strings.Contains(sum, "the agent samples every 1h0m0s until the NIC's polls deepen") {
+		t.Errorf("summary %q does not say the agent dozes", sum)
+	}
+	n, arms, _ := src.count()
+	time.Sleep(20 * time.Millisecond)
+	if m, _, _ := src.count(); m != n {
+		t.Errorf("%d samples while dozing, before any wake", m-n)
+	}
+	if arms != 1 {
+		t.Errorf("wake armed %d times, want once", arms)
+	}
+	src.wakes <- cpuload.Wake{CPU: 0, Polls: 10, Frames: 25}
+	waitUntil("a sample after the wake", func() bool { m, _, _ := src.count(); return m > n })
+	// Still aside by the depth (1 frame a poll): dozing again.
+	waitUntil("dozing again", func() bool { _, a, _ := src.count(); return a == 2 && dozing() })
+	src.set(3)
+	src.wakes <- cpuload.Wake{CPU: 0, Polls: 10, Frames: 30}
+	waitUntil("the queues back", func() bool { return !g.standsAside() && !g.Status().LoadPaused })
+	if dozing() {
+		t.Error("dozing with the queues back")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if !slices.Equal(src.arms, []float64{2, 2}) || src.window != time.Millisecond || src.polls != dozeMinPolls || src.disarms < 2 {
+		t.Errorf("armed %v over %v, %d polls, disarmed %d times: want depth 2 twice over the interval, %d polls, disarmed on each wake", src.arms, src.window, src.polls, src.disarms, dozeMinPolls)
+	}
+	if dp.asideMax != 3*doze {
+		t.Errorf("latest aside deadline %v ahead, want %v (three doze ticks)", dp.asideMax, 3*doze)
+	}
+}
+
 // When the accounting cannot be turned back on, the guard does not take
 // its NIC-only samples for a pause: they count as failed, and enough of
 // them hold the safe placement (demoted).

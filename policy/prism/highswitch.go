@@ -254,6 +254,9 @@ type highSwitch struct {
 	asides   uint64
 	probes   uint64
 	asideSet bool
+	// doze: the guard samples this seldom while aside (guard.doze; 0:
+	// every Interval), which the deadline's writes cover (ttl).
+	doze time.Duration
 }
 
 // takeLoad hands the switch a load sample (ok: taken) for its next
@@ -337,8 +340,28 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 
 // asideTTL is how long a write of the aside deadline holds: the switch
 // renews it at every sample, so an agent that dies or hangs leaves the
-// plan's placement back within it.
+// plan's placement back within it. While the guard dozes, a write holds
+// three of its samples (ttl).
 const asideTTL = time.Second
+
+func (h *highSwitch) ttl() time.Duration { return max(asideTTL, 3*h.doze) }
+
+// setDoze says how seldom the guard samples from now on (0: every
+// Interval); standing aside, the deadline is written again to cover it,
+// or the guard's next sample would find it lapsed. An error leaves the
+// switch as it was.
+func (h *highSwitch) setDoze(d time.Duration) error {
+	was := h.doze
+	h.doze = d
+	if d == 0 || !h.standsAside() || h.held == nil {
+		return nil
+	}
+	if err := h.held.SetAside(h.mono() + h.ttl()); err != nil {
+		h.doze = was
+		return err
+	}
+	return nil
+}
 
 func newHighSwitch(dir string) *highSwitch {
 	return &highSwitch{dir: dir, mono: steer.Now, stamp: steer.HighAutoStamp, open: func(dir string) (highDatapath, error) {
@@ -480,7 +503,7 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 		// Written at every sample: aside, the renewal of its deadline.
 		var until time.Duration
 		if h.aside.on {
-			until = h.mono() + asideTTL
+			until = h.mono() + h.ttl()
 		}
 		err := dp.SetAside(until)
 		errs = append(errs, err)
@@ -583,6 +606,17 @@ type AsideStatus struct {
 	Asides        uint64  `json:"asides"`
 	// Probes: how many of the asides were probes (AsideRule.ProbeAfter).
 	Probes uint64 `json:"probes,omitempty"`
+	// Doze: lanes agent samples this seldom while it stands aside, until
+	// the kernel wakes it (GuardRule.Doze); 0: at its interval.
+	Doze time.Duration `json:"doze,omitempty"`
+}
+
+// dozeNote says how seldom the agent samples ("" while it does not doze).
+func (a AsideStatus) dozeNote() string {
+	if a.Doze == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the agent samples every %v until the NIC's polls deepen", a.Doze)
 }
 
 // probeNote says how many asides were probes ("" for none).
@@ -606,7 +640,7 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	if h.below != 0 {
-		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes}
+		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, Doze: h.doze}
 	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})
@@ -655,7 +689,7 @@ func (s HighStatus) Summary() string {
 		}
 		switch {
 		case a.On && a.byDepth():
-			head += fmt.Sprintf("stepped aside (the NIC's polls on core %d find %.2f frames each, under %.2f; receive work %s; asides %d%s): every flow in the NIC poll as vanilla runs it; by their switches: ", a.Core, a.FramesPerPoll, a.Depth, rx, a.Asides, a.probeNote())
+			head += fmt.Sprintf("stepped aside (the NIC's polls on core %d find %.2f frames each, under %.2f; receive work %s; asides %d%s%s): every flow in the NIC poll as vanilla runs it; by their switches: ", a.Core, a.FramesPerPoll, a.Depth, rx, a.Asides, a.probeNote(), a.dozeNote())
 		case a.byDepth():
 			head += fmt.Sprintf("the NIC's polls on core %d find %.2f frames each (steps aside under %.2f; receive work %s; asides %d%s); ", a.Core, a.FramesPerPoll, a.Depth, rx, a.Asides, a.probeNote())
 		case a.On:

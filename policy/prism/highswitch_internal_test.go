@@ -57,6 +57,7 @@ type fakeHigh struct {
 	bulkQuiet bool
 	bqFail    error // BulkQuietNow alone fails
 	aside     time.Duration
+	asideMax  time.Duration // the latest deadline written
 	asideSets int
 	below     uint32 // the config's aside-below
 	depth     uint32 // its aside-depth, hundredths
@@ -102,6 +103,7 @@ func (f *fakeHigh) SetAside(until time.Duration) error {
 	}
 	f.asideSets++
 	f.aside = until
+	f.asideMax = max(f.asideMax, until)
 	return nil
 }
 func (f *fakeHigh) AsideConfig() (uint32, int) { return f.below, f.core }
