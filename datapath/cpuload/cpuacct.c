@@ -130,7 +130,8 @@ struct {
  * when the NIC's queue deepens. A window is judged at the first counted
  * poll after it ends (one on an idle NIC waits for the next poll, which
  * is the first frame that could need the queues). Disarmed, it costs one
- * lookup a counted poll.
+ * lookup a counted poll. The ring buffer needs Linux 5.8, as the object
+ * does as a whole.
  */
 #define WAKE_ANY_CPU 0xffffffffu
 

@@ -152,18 +152,34 @@ func (w *nicWake) run() {
 		}
 		b := rec.RawSample
 		gen := binary.NativeEndian.Uint32(b)
-		w.mu.Lock()
-		current := gen != 0 && gen == w.gen
-		w.mu.Unlock()
-		if !current {
-			continue
-		}
 		wk := Wake{CPU: int(binary.NativeEndian.Uint32(b[4:])), Polls: binary.NativeEndian.Uint64(b[8:]), Frames: binary.NativeEndian.Uint64(b[16:])}
-		select {
-		case w.ch <- wk:
-		default: // one is waiting already: it wakes the reader as well
+		// Under mu: an arming or disarming between the check and the
+		// send would let an earlier arming's record past its drain.
+		w.mu.Lock()
+		if gen != 0 && gen == w.gen {
+			select {
+			case w.ch <- wk:
+			default: // one is waiting already: it wakes the reader as well
+			}
 		}
+		w.mu.Unlock()
 	}
+}
+
+// next makes the arming after the one in force current (none while gen
+// is 0 in the map: disarmed) and drops a wake of the one before.
+func (w *nicWake) next() uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gen++
+	if w.gen == 0 {
+		w.gen = 1
+	}
+	select {
+	case <-w.ch:
+	default:
+	}
+	return w.gen
 }
 
 func (w *nicWake) close() {
@@ -193,24 +209,14 @@ func (n *nicPolls) armWake(core int, depth float64, window time.Duration, minPol
 	if core >= 0 {
 		cpu = uint32(core)
 	}
-	w := n.wake
-	w.mu.Lock()
-	gen := w.gen + 1
-	if gen == 0 {
-		gen = 1
-	}
-	w.mu.Unlock()
+	// Current before the write, so that none of its records is dropped.
+	// The program reads the entry's fields one by one while the write
+	// copies them: a poll during it may judge one window by a mix of
+	// the old and the new, a wake early at worst.
+	gen := n.wake.next()
 	cfg := cpuacctNicWake{WindowNs: uint64(window), Gen: gen, Depth: uint32(math.Round(depth * 100)), Cpu: cpu, MinPolls: uint32(minPolls)}
 	if err := n.objs.NicWake.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("arming the NIC poll wake: %w", err)
-	}
-	w.mu.Lock()
-	w.gen = gen
-	w.mu.Unlock()
-	// A wake of the arming before is not one of this.
-	select {
-	case <-w.ch:
-	default:
 	}
 	return nil
 }
@@ -223,17 +229,7 @@ func (n *nicPolls) disarmWake() error {
 	if err := n.objs.NicWake.Put(uint32(0), &cpuacctNicWake{}); err != nil {
 		return fmt.Errorf("disarming the NIC poll wake: %w", err)
 	}
-	w := n.wake
-	w.mu.Lock()
-	w.gen++
-	if w.gen == 0 {
-		w.gen = 1
-	}
-	w.mu.Unlock()
-	select {
-	case <-w.ch:
-	default:
-	}
+	n.wake.next() // no arming's: the records still in the ring are dropped
 	return nil
 }
 

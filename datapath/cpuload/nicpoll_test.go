@@ -154,7 +154,8 @@ func TestNICPolls(t *testing.T) {
 
 // TestNICWake: armed, the poll counter sends a wake for a window of the
 // NIC's polls that found the armed depth; none for a depth its polls
-// never reach, none once disarmed, and none before it is armed.
+// never reach, a window with fewer polls than armed, another core's
+// polls, or once disarmed; arming needs the NIC watched and sane values.
 func TestNICWake(t *testing.T) {
 	s, ids, send := nicPollBed(t)
 	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err == nil {
@@ -190,7 +191,7 @@ func TestNICWake(t *testing.T) {
 		}
 	}
 	// Every poll finds a frame at least: a depth of one wakes at the
-	// first window's end (the coarse clock's tick at most).
+	// first counted poll after the first window's end.
 	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +203,16 @@ func TestNICWake(t *testing.T) {
 	}
 	send(500)
 	woken("armed at a depth no poll reaches", false)
+	if err := s.ArmWake(-1, 1, time.Millisecond, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	send(500)
+	woken("armed for more polls a window than come", false)
+	if err := s.ArmWake(4095, 1, time.Millisecond, 1); err != nil {
+		t.Fatal(err)
+	}
+	send(500)
+	woken("armed for a core that polls nothing", false)
 	if err := s.ArmWake(-1, 1, time.Millisecond, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -318,6 +318,7 @@ type guard struct {
 	dozing  bool
 	quiet   int
 	dozeErr bool
+	armed   armed // what the wake was armed for
 
 	mu     sync.Mutex
 	state  guardState
@@ -640,7 +641,7 @@ func (g *guard) run(ctx context.Context) error {
 			// after it an Interval each.
 			g.wakeUp(src.(waker), tick)
 			if g.env.Logf != nil {
-				g.env.Logf("high=auto: the NIC's polls on core %d found %.2f frames each over %v: the agent samples every %v again", w.CPU, float64(w.Frames)/float64(max(w.Polls, 1)), g.rule.Interval, g.rule.Interval)
+				g.env.Logf("high=auto: the NIC's polls on core %d found %.2f frames each over %v or more: the agent samples every %v again", w.CPU, float64(w.Frames)/float64(max(w.Polls, 1)), g.rule.Interval, g.rule.Interval)
 			}
 		}
 		if src == nil && g.high != nil && g.high.wantsLoad() && !loadTried {
@@ -831,6 +832,12 @@ type waker interface {
 	Wakes() <-chan cpuload.Wake
 }
 
+// armed is the receive core and depth (hundredths) a wake was armed for.
+type armed struct {
+	core  int
+	depth uint32
+}
+
 // dozeAfter is how many samples in a row PRISM stands aside by the depth
 // before the guard dozes: a second at the default interval, so a wake
 // that found a burst the samples after it do not confirm samples that
@@ -854,14 +861,20 @@ func (g *guard) wakes(src cpuload.Source) <-chan cpuload.Wake {
 // the NIC's poll depth (the accounting off: account), after dozeAfter
 // such samples in a row, with the kernel's wake armed at the depth that
 // brings the queues back, over windows of rule.Interval on the receive
-// core; any other round ends the doze. Where the wake cannot be armed
-// (or the deadline written for the longer sample), the guard samples at
-// its interval, as before, and says so once.
+// core. A round that does not stand aside so ends the doze, and so does
+// one whose sample found the depth (the wake may not fire: a window with
+// too few polls) or whose config names another depth or core than the
+// one armed: the guard samples every Interval and, still aside, dozes
+// again after dozeAfter samples with the config's. Where the wake cannot
+// be armed (or the deadline written for the longer sample), the guard
+// samples at its interval, says so once, and tries again after another
+// dozeAfter samples.
 func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 	w, ok := src.(waker)
 	if !ok || g.rule.Doze <= 0 {
 		return
 	}
+	depth := float64(g.high.depth) / 100
 	if !g.high.asideByDepth() || !g.accountOff {
 		g.quiet = 0
 		if g.dozing {
@@ -870,12 +883,15 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 		return
 	}
 	if g.dozing {
+		if g.high.fpp >= depth || g.armed != (armed{g.high.core, g.high.depth}) {
+			g.wakeUp(w, tick)
+		}
 		return
 	}
 	if g.quiet++; g.quiet < dozeAfter {
 		return
 	}
-	depth := float64(g.high.depth) / 100
+	g.quiet = 0
 	err := w.ArmWake(g.high.core, depth, g.rule.Interval, dozeMinPolls)
 	if err == nil {
 		if err = g.high.setDoze(g.rule.Doze); err != nil {
@@ -889,7 +905,7 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 		g.dozeErr = true
 		return
 	}
-	g.dozing = true
+	g.dozing, g.dozeErr, g.armed = true, false, armed{g.high.core, g.high.depth}
 	tick.Reset(g.rule.Doze)
 	g.publishHigh()
 	if g.env.Logf != nil {
@@ -897,13 +913,18 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 	}
 }
 
-// wakeUp ends the doze: the wake disarmed (one that cannot be only
-// wakes the guard early), samples every rule.Interval again.
+// wakeUp ends the doze: the wake disarmed, samples every rule.Interval
+// again. A disarm that fails leaves acct_poll judging windows (one more
+// lookup and a clock read a counted poll) and sending records nobody
+// takes, until the next arming replaces it or the sampler closes.
 func (g *guard) wakeUp(w waker, tick *time.Ticker) {
-	w.DisarmWake()
+	if err := w.DisarmWake(); err != nil && g.env.Logf != nil {
+		g.env.Logf("high=auto: %v", err)
+	}
 	g.high.setDoze(0)
 	g.dozing, g.quiet = false, 0
 	tick.Reset(g.rule.Interval)
+	g.publishHigh()
 }
 
 // sampleHigh steps high=auto's switch and records what it did (its

@@ -431,6 +431,43 @@ func TestGuardDozesAside(t *testing.T) {
 	}
 }
 
+// Dozing, a sample that found the depth ends the doze though no wake
+// came (a window of too few polls wakes nothing), and so does a config
+// with another threshold or core than the wake was armed for; a quiet
+// one at the armed depth and core does not. Each end disarms.
+func TestGuardDozeEnds(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fpp   float64
+		depth uint32
+		core  int
+		ends  bool
+	}{
+		{"quiet", 1, 200, 0, false},
+		{"the depth found", 2, 200, 0, true},
+		{"another threshold", 1, 150, 0, true},
+		{"another core", 1, 200, 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := &wakeSource{depthSource: depthSource{off: true}}
+			h := newHighSwitch("/nowhere")
+			h.aside.on, h.asideSet = true, true
+			h.depth, h.core, h.fpp, h.doze = c.depth, c.core, c.fpp, time.Hour
+			g := &guard{rule: GuardRule{Interval: time.Millisecond, Doze: time.Hour}, high: h, accountOff: true,
+				dozing: true, armed: armed{core: 0, depth: 200}}
+			tick := time.NewTicker(time.Hour)
+			defer tick.Stop()
+			g.doze(src, tick)
+			if _, _, disarms := src.count(); g.dozing == c.ends || (disarms == 1) != c.ends {
+				t.Errorf("dozing %v after the round, disarmed %d times; want the doze ended: %v", g.dozing, disarms, c.ends)
+			}
+			if c.ends && h.doze != 0 {
+				t.Errorf("the switch still told of a %v doze", h.doze)
+			}
+		})
+	}
+}
+
 // When the accounting cannot be turned back on, the guard does not take
 // its NIC-only samples for a pause: they count as failed, and enough of
 // them hold the safe placement (demoted).
