@@ -312,10 +312,9 @@ type guard struct {
 	accountOff bool
 	accountAt  time.Time
 	accountErr bool
-	// dozing: the guard samples every rule.Doze, the kernel's wake
-	// armed; quiet counts the samples in a row that could doze (doze),
-	// dozeErr whether a wake that could not be armed was said.
-	dozing  bool
+	// quiet counts the samples in a row that could doze (doze),
+	// dozeErr whether a wake that could not be armed was said. Whether
+	// the guard dozes is the switch's (highSwitch.doze, dozing).
 	quiet   int
 	dozeErr bool
 	armed   armed // what the wake was armed for
@@ -848,10 +847,14 @@ const (
 	dozeMinPolls = 8
 )
 
+// dozing: the guard samples every rule.Doze, the kernel's wake armed
+// (the switch's deadline written to cover it: highSwitch.setDoze).
+func (g *guard) dozing() bool { return g.high != nil && g.high.doze > 0 }
+
 // wakes is the sampler's wakes while the guard dozes (nil otherwise:
 // never ready).
 func (g *guard) wakes(src cpuload.Source) <-chan cpuload.Wake {
-	if !g.dozing {
+	if !g.dozing() {
 		return nil
 	}
 	return src.(waker).Wakes()
@@ -877,12 +880,12 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 	depth := float64(g.high.depth) / 100
 	if !g.high.asideByDepth() || !g.accountOff {
 		g.quiet = 0
-		if g.dozing {
+		if g.dozing() {
 			g.wakeUp(w, tick)
 		}
 		return
 	}
-	if g.dozing {
+	if g.dozing() {
 		if g.high.fpp >= depth || g.armed != (armed{g.high.core, g.high.depth}) {
 			g.wakeUp(w, tick)
 		}
@@ -905,7 +908,7 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 		g.dozeErr = true
 		return
 	}
-	g.dozing, g.dozeErr, g.armed = true, false, armed{g.high.core, g.high.depth}
+	g.dozeErr, g.armed = false, armed{g.high.core, g.high.depth}
 	tick.Reset(g.rule.Doze)
 	g.publishHigh()
 	if g.env.Logf != nil {
@@ -922,7 +925,7 @@ func (g *guard) wakeUp(w waker, tick *time.Ticker) {
 		g.env.Logf("high=auto: %v", err)
 	}
 	g.high.setDoze(0)
-	g.dozing, g.quiet = false, 0
+	g.quiet = 0
 	tick.Reset(g.rule.Interval)
 	g.publishHigh()
 }

@@ -291,20 +291,28 @@ func (f *depthSource) set(fpp float64) {
 	f.mu.Unlock()
 }
 
+// asideGuard is a guard with high=auto stepping aside by the depth
+// (threshold 2 frames a poll on core 0) over src, sampling every
+// millisecond and dozing every doze (0: never), with a target to guard.
+func asideGuard(src cpuload.Source, doze time.Duration) (*guard, *fakeHigh, *fakeTarget) {
+	dp := newFakeHigh(5000)
+	dp.below, dp.depth, dp.core = 50, 200, 0
+	h := newHighSwitch("/nowhere")
+	dp.serve(h)
+	tg := &fakeTarget{}
+	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond, Doze: doze}, core: 0, high: h, target: tg,
+		newSource: func() (cpuload.Source, error) { return src, nil }}
+	g.status.Watch = tg.watch()
+	return g, dp, tg
+}
+
 // While PRISM stands aside by the NIC's poll depth the guard turns the
 // sampler's scheduler accounting off (the depth is all coming back
 // needs), leaves its target alone and says the load is not sampled; it
 // turns the accounting on again when the queues come back.
 func TestGuardPausesAccountingAside(t *testing.T) {
-	dp := newFakeHigh(5000)
-	dp.below, dp.depth, dp.core = 50, 200, 0
 	src := &depthSource{fpp: 1}
-	h := newHighSwitch("/nowhere")
-	dp.serve(h)
-	tg := &fakeTarget{}
-	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}, core: 0, high: h, target: tg,
-		newSource: func() (cpuload.Source, error) { return src, nil }}
-	g.status.Watch = tg.watch()
+	g, _, tg := asideGuard(src, 0)
 	waitUntil, stop := startGuard(t, g)
 	paused := func() bool { return g.Status().LoadPaused }
 	waitUntil("load paused while aside", paused)
@@ -380,17 +388,10 @@ func (f *wakeSource) count() (samples, arms, disarms int) {
 // confirm has it doze again after dozeAfter samples, and one it does
 // brings the queues back, undozed.
 func TestGuardDozesAside(t *testing.T) {
-	dp := newFakeHigh(5000)
-	dp.below, dp.depth, dp.core = 50, 200, 0
 	src := &wakeSource{depthSource: depthSource{fpp: 1}, wakes: make(chan cpuload.Wake, 1)}
-	h := newHighSwitch("/nowhere")
-	h.mono = func() time.Duration { return 0 } // deadlines are their TTL
-	dp.serve(h)
-	tg := &fakeTarget{}
 	const doze = time.Hour
-	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond, Doze: doze}, core: 0, high: h, target: tg,
-		newSource: func() (cpuload.Source, error) { return src, nil }}
-	g.status.Watch = tg.watch()
+	g, dp, _ := asideGuard(src, doze)
+	g.high.mono = func() time.Duration { return 0 } // deadlines are their TTL
 	waitUntil, stop := startGuard(t, g)
 	dozing := func() bool {
 		st := g.Status()
@@ -454,12 +455,12 @@ func TestGuardDozeEnds(t *testing.T) {
 			h.aside.on, h.asideSet = true, true
 			h.depth, h.core, h.fpp, h.doze = c.depth, c.core, c.fpp, time.Hour
 			g := &guard{rule: GuardRule{Interval: time.Millisecond, Doze: time.Hour}, high: h, accountOff: true,
-				dozing: true, armed: armed{core: 0, depth: 200}}
+				armed: armed{core: 0, depth: 200}}
 			tick := time.NewTicker(time.Hour)
 			defer tick.Stop()
 			g.doze(src, tick)
-			if _, _, disarms := src.count(); g.dozing == c.ends || (disarms == 1) != c.ends {
-				t.Errorf("dozing %v after the round, disarmed %d times; want the doze ended: %v", g.dozing, disarms, c.ends)
+			if _, _, disarms := src.count(); g.dozing() == c.ends || (disarms == 1) != c.ends {
+				t.Errorf("dozing %v after the round, disarmed %d times; want the doze ended: %v", g.dozing(), disarms, c.ends)
 			}
 			if c.ends && h.doze != 0 {
 				t.Errorf("the switch still told of a %v doze", h.doze)
@@ -472,15 +473,8 @@ func TestGuardDozeEnds(t *testing.T) {
 // its NIC-only samples for a pause: they count as failed, and enough of
 // them hold the safe placement (demoted).
 func TestGuardAccountingNotBack(t *testing.T) {
-	dp := newFakeHigh(5000)
-	dp.below, dp.depth, dp.core = 50, 200, 0
 	src := &depthSource{fpp: 1, failOn: true}
-	h := newHighSwitch("/nowhere")
-	dp.serve(h)
-	tg := &fakeTarget{}
-	g := &guard{rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}, core: 0, high: h, target: tg,
-		newSource: func() (cpuload.Source, error) { return src, nil }}
-	g.status.Watch = tg.watch()
+	g, _, tg := asideGuard(src, 0)
 	waitUntil, stop := startGuard(t, g)
 	waitUntil("load paused while aside", func() bool { return g.Status().LoadPaused })
 	src.set(3)
