@@ -51,6 +51,12 @@ type Counters struct {
 	SyncExpired uint64
 	SyncDropped uint64
 
+	// Aside (split stage) is frames PRISM's aside pass let through at
+	// once while it stood aside with nothing queued on the receive core:
+	// vanilla's path, not parsed, classified or tracked, so not in High,
+	// Stayed or Passed either (bpf/prio.h's aside_pass).
+	Aside uint64
+
 	// Home is frames that took the stage's at-home fast path (SetHome):
 	// vanilla placement without per-flow state; not in Stayed.
 	Home uint64
@@ -88,7 +94,7 @@ type Counters struct {
 // fields lists c's counters in bpf/counters.h's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

@@ -167,6 +167,7 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerAside, &o.SteerAside},
+		{steerMapSteerAsidePass, &o.SteerAsidePass},
 		{steerMapSteerHighFrames, &o.SteerHighFrames},
 		{steerMapSteerBulkSeen, &o.SteerBulkSeen},
 		{steerMapSteerHighSeen, &o.SteerHighSeen},

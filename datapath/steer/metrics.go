@@ -67,6 +67,7 @@ var counterEvents = []struct {
 	{"home", func(c *Counters) uint64 { return c.Home }},
 	{"direct", func(c *Counters) uint64 { return c.Direct }},
 	{"bulk_beside", func(c *Counters) uint64 { return c.BulkBeside }},
+	{"aside", func(c *Counters) uint64 { return c.Aside }},
 	{"unmarked", func(c *Counters) uint64 { return c.Unmarked }},
 	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
 	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},

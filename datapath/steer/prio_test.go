@@ -5,6 +5,7 @@ package steer
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -1020,4 +1021,91 @@ func TestPrioAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	aside("after a new config", false)
+}
+
+// The aside pass (bpf/prio.h's aside_pass): stood aside, steer_xdp passes
+// frames at once, untracked, but only once the receive core's queues are
+// told empty, so no passed frame overtakes one still queued; a lapsed
+// deadline ends it, and every flow that may have had frames passed (a
+// state from before, or none, within a flowlet gap of the end) leaves the
+// NIC poll for its queue by the usual rules: here not at its first frame
+// (an hour's flowlet gap), but by the fast move once a frame of it was
+// counted there and none is in flight.
+func TestPrioAsidePass(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL and the pass: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Unpin(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := d.Order().TrackQueues(dir); err != nil {
+		t.Fatal(err)
+	}
+	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
+	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
+	cfg.AsideBelow = 50
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	light := flowSpec{src: innerSrc, dst: innerDst, sport: 5001, dport: 8888, proto: protoUDP}
+	bulk := udpFlow(6000)
+	late := udpFlow(6001) // first seen while the pass is on
+	step := placeStep(t, d)
+	passed := func(name string, f flowSpec, want uint64) {
+		t.Helper()
+		before := stats(t, d)[StageSplit]
+		ret, _ := runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+		got := stats(t, d)[StageSplit].Sub(before)
+		if ret != xdpPass || got.Aside != want {
+			t.Errorf("%s: verdict %d, %d frames passed aside (%+v), want XDP_PASS and %d", name, ret, got.Aside, got, want)
+		}
+	}
+
+	step("bulk in its queue", bulk, xdpRedirect, 1, 0)
+	step("a light rule's flow in its queue", light, xdpRedirect, 1, 0)
+	if err := d.Prio().SetAside(Now() + time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	step("aside, two frames queued: no pass, bulk stays in its queue", bulk, xdpRedirect, 2, 0)
+	// The kernel reports the queue's three frames dropped: it is empty.
+	id := cpumapID(t, d.objs.SteerCpumap)
+	idHi := cpumapID(t, d.objs.SteerCpumapHi)
+	reportDrops(t, d.objs.SteerDropsRing, 0, id, 2, 2, 0)
+	reportDrops(t, d.objs.SteerDropsRing, 0, idHi, 1, 1, 0)
+	if q := queueOf(t, d, 0); q.Enqueued != 3 || q.DroppedRing != 3 {
+		t.Fatalf("queue after the drop reports: %+v", q)
+	}
+	before := mustFlow(t, d, bulk, StageSplit)
+	passed("aside, queues empty: bulk passed", bulk, 1)
+	passed("aside: the light rule's flow passed", light, 1)
+	passed("aside: a new flow passed", late, 1)
+	if after := mustFlow(t, d, bulk, StageSplit); after.Packets != before.Packets || after.CPUIndex != 0 {
+		t.Errorf("bulk's state changed while passed: %+v, was %+v", after, before)
+	}
+	if fl, ok := flowState(t, d, late, StageSplit); ok {
+		t.Errorf("a flow first seen while passed has a state: %+v", fl)
+	}
+	if q := queueOf(t, d, 0); q.Enqueued != 3 {
+		t.Errorf("frames passed went through the queue's accounting: %+v", q)
+	}
+
+	if err := d.Prio().SetAside(Now() - time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Not to its queue at once: a frame passed may still be in the NIC
+	// poll's GRO or the later stages' queues.
+	step("deadline passed: bulk from before the pass in the NIC poll", bulk, xdpPass, 0, Stay)
+	step("deadline passed: the light rule's flow in the NIC poll", light, xdpPass, 0, Stay)
+	step("deadline passed: the flow first seen while passed in the NIC poll", late, xdpPass, 0, Stay)
+	// Now each frame is marked and counted in the NIC poll, and once none
+	// is in flight the flow moves at once.
+	step("bulk counted in the NIC poll", bulk, xdpPass, 1, Stay)
+	passed("no pass after the deadline", bulk, 0)
+	drainFlows(t, d)
+	step("none in flight: bulk back in its queue", bulk, xdpRedirect, 1, 0)
 }

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type steerAsidePass struct {
+	_     structs.HostLayout
+	On    uint32
+	Gen   uint32
+	EndNs uint64
+}
+
 type steerBpfCpumapVal struct {
 	_       structs.HostLayout
 	Qsize   uint32
@@ -102,6 +109,8 @@ type steerSteerFlowState struct {
 	Epoch       uint32
 	Stay        uint32
 	StayCpu     uint32
+	PassGen     uint32
+	_           [4]byte
 }
 
 type steerSteerMode struct {
@@ -176,6 +185,7 @@ type steerVethClassState struct {
 const (
 	steerMapSteerAdopt            = "steer_adopt"
 	steerMapSteerAside            = "steer_aside"
+	steerMapSteerAsidePass        = "steer_aside_pass"
 	steerMapSteerBulkSeen         = "steer_bulk_seen"
 	steerMapSteerCfg              = "steer_cfg"
 	steerMapSteerCpumap           = "steer_cpumap"
@@ -278,6 +288,7 @@ type steerProgramSpecs struct {
 type steerMapSpecs struct {
 	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
 	SteerAside      *ebpf.MapSpec `ebpf:"steer_aside"`
+	SteerAsidePass  *ebpf.MapSpec `ebpf:"steer_aside_pass"`
 	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
@@ -334,6 +345,7 @@ func (o *steerObjects) Close() error {
 type steerMaps struct {
 	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
 	SteerAside      *ebpf.Map `ebpf:"steer_aside"`
+	SteerAsidePass  *ebpf.Map `ebpf:"steer_aside_pass"`
 	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
 	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
 	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
@@ -365,6 +377,7 @@ func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.SteerAdopt,
 		m.SteerAside,
+		m.SteerAsidePass,
 		m.SteerBulkSeen,
 		m.SteerCfg,
 		m.SteerCpumap,

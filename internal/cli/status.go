@@ -235,7 +235,11 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 			} else if st.BulkAutoMs > 0 && len(st.Rules) > 0 && !(st.QuietMs > 0 && st.Quiet) {
 				fmt.Fprintf(out, "  bulk=auto: bulk flows take the bulk queue (a high-priority frame took its queue in the last %dms, or no busy rule's frame came; %d bulk frames ran in the NIC poll beside busy ones so far)\n", st.BulkAutoMs, st.Stages["split"].BulkBeside)
 			}
-			fmt.Fprintf(out, "  split     %d frames of high-priority flows\n", st.Stages["split"].High)
+			fmt.Fprintf(out, "  split     %d frames of high-priority flows", st.Stages["split"].High)
+			if n := st.Stages["split"].Aside; n > 0 {
+				fmt.Fprintf(out, "; %d frames passed at once while PRISM stood aside with nothing queued (not classified)", n)
+			}
+			fmt.Fprintln(out)
 		}
 		if st.Sync {
 			k := st.Stages["split"]

@@ -70,9 +70,10 @@ func highRule(pps int) HighRule {
 // tracing works), or, where they cannot be counted, while the core's
 // receive work (softirq and receive kthreads) stays under its AsideBelow
 // percent, for AsideAfter samples, the switch stands PRISM aside (steer.Prio.SetAside): steer_xdp runs
-// both classes' first stage in the NIC poll, vanilla's path, only
-// classifying and counting, and PRISM-sync's marked frames leave the
-// shortcut for it too (they return after an idle gap with none in
+// both classes' first stage in the NIC poll, vanilla's path, and once
+// nothing is queued on the receive core passes every frame at once,
+// unclassified (its aside pass; the rules' rates hold meanwhile), and
+// PRISM-sync's marked frames leave the shortcut for it too (they return after an idle gap with none in
 // flight, as any move onto it). BackAfter samples at or above the threshold, or
 // that could not be taken, put the plan's placement back. Each move is
 // the datapath's fast move, in order. One threshold: the queues' hop
@@ -522,7 +523,10 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 			// their queue, and so does the decision.
 			*rs = ruleSwitch{}
 		}
-		if !rs.at.IsZero() && now.After(rs.at) {
+		// Stood aside since the last sample, the datapath may have
+		// passed the rule's frames uncounted (its aside pass): no rate
+		// over that time, and the rule's decision holds across it.
+		if !rs.at.IsZero() && now.After(rs.at) && !set {
 			rs.rate = float64(n-rs.frames) / now.Sub(rs.at).Seconds()
 			rs.state.step(h.rule, rs.rate)
 		}

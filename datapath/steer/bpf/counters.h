@@ -32,5 +32,6 @@ enum counter {
 	CNT_SYNC_REFUSED, /* high-priority frames with a destination that the kernel's own path would not deliver (sync_accept): batch path, where the kernel decides */
 	CNT_SYNC_EXPIRED, /* high-priority frames whose destination's deadline passed (no agent renewed it): batch path */
 	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
+	CNT_ASIDE,        /* frames PRISM's aside pass let through untouched: not parsed, classified or tracked (aside_pass) */
 	NUM_COUNTERS,
 };

@@ -122,6 +122,9 @@ struct steer_flow_state {
 	/* Bridge stage at STAY: STAY_* (see stay_direct); 0 after every move. */
 	__u32 stay;
 	__u32 stay_cpu; /* STAY_DIRECT: the core whose GRO cell it runs on */
+	/* Split stage under aside_pct: the aside pass's gen at the flow's last
+	 * frame placed (struct aside_pass). */
+	__u32 pass_gen;
 };
 
 /* Sized per host at load (steer.FlowEntries): the LRU keeps part of its
@@ -434,6 +437,30 @@ struct {
 	__type(key, __u32); /* always 0 */
 	__type(value, __u64); /* deadline, CLOCK_MONOTONIC ns; 0: not aside */
 } steer_aside SEC(".maps");
+
+/*
+ * The aside pass (aside_pass, prio.h): while PRISM stands aside and the
+ * receive core's queues hold nothing, steer_xdp passes every frame at once,
+ * without parsing, classifying or tracking it. gen is odd while the pass
+ * is on and goes up by one at each start and end, so a flow state stamped
+ * with another gen (steer_flow_state.pass_gen) may have had frames passed
+ * since; end_ns (precise, NS_PRECISE) is when the last pass ended. State
+ * of steer_xdp on steer_mode.inline_cpu, its one writer (the NIC is
+ * polled there alone under MODE_PRIO_IDLE_INLINE); read by the agent for
+ * the status only.
+ */
+struct aside_pass {
+	__u32 on;
+	__u32 gen;
+	__u64 end_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct aside_pass);
+} steer_aside_pass SEC(".maps");
 
 /* Frames each rule marked (while steer_mode.high_auto_pps is set), per core: the
  * agent's rate of the rule. */

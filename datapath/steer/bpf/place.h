@@ -8,7 +8,7 @@
  */
 #pragma once
 
-#include "order.h"
+#include "prio.h"
 
 /* place()'s opts, for PRISM's classes under MODE_PRIO_IDLE_INLINE (bulk's
  * while no rule exists or the high class is quiet, high's while
@@ -23,6 +23,40 @@ static __always_inline int inline_place(const struct steer_cfg *cfg, __u32 i)
 	__u32 c = i & ~CLASS_HI;
 
 	return i == STAY || (c < cfg->ncpus && cfg->cpus[c & (MAX_CPUS - 1)] == steer_mode.inline_cpu);
+}
+
+/*
+ * The split stage after PRISM's aside pass (aside_pass): a flow state
+ * stamped before the pass's latest start or end may have had frames
+ * passed since, unplaced and untracked, which all ran in the NIC poll; so
+ * it is taken as a flow in the NIC poll whose last frame came when the
+ * pass ended (or now, while it lasts), with no frame counted there: its
+ * move to a queue waits for an idle gap, or for a counted frame (the fast
+ * move), as any flow's out of the NIC poll. A flow without a state may have
+ * had frames passed too if it comes within a flowlet gap of the end: it
+ * starts in the NIC poll. Returns whether the flow starts there.
+ */
+static __always_inline int pass_return(const struct steer_cfg *cfg, __u32 stage, struct steer_flow_state *st)
+{
+	struct aside_pass *p;
+	__u64 at;
+
+	if (stage != STAGE_SPLIT || !pass_possible(cfg))
+		return 0;
+	p = pass_state();
+	if (!p || !p->gen)
+		return 0;
+	if (!st)
+		return p->on || idle_since(cfg, p->end_ns, bpf_ktime_get_ns()) < cfg->flowlet_ns;
+	if (st->pass_gen == p->gen)
+		return 0;
+	at = p->on ? (bpf_ktime_get_ns() | NS_PRECISE) : p->end_ns;
+	st->pass_gen = p->gen;
+	st->cpu_idx = STAY;
+	st->inline_mark = 0;
+	if (at > st->last_ns)
+		st->last_ns = at;
+	return 0;
 }
 
 /*
@@ -74,6 +108,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
+		if (pass_return(cfg, stage, NULL))
+			want = STAY;
 		now = now_ns(cfg, precise);
 		if (stage == STAGE_CONTAINER && want != STAY && adopting(ifindex))
 			want = STAY;
@@ -91,6 +127,10 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
 			.stay_cpu = bpf_get_smp_processor_id(),
 		};
+		struct aside_pass *p = stage == STAGE_SPLIT && pass_possible(cfg) ? pass_state() : NULL;
+
+		if (p)
+			fresh.pass_gen = p->gen;
 
 		/* A failed insert only loses the history: place by the table.
 		 * NOEXIST: if another core inserted the flow meanwhile, its
@@ -100,6 +140,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		return want;
 	}
 
+	pass_return(cfg, stage, st);
 	/* A pending move needs the precise clock for its flowlet test, and
 	 * so does the next packet's test: stamp this one precisely too. */
 	now = now_ns(cfg, precise || st->cpu_idx != want);

@@ -9,7 +9,7 @@
  */
 #pragma once
 
-#include "flow.h"
+#include "order.h"
 
 static __always_inline __u32 prio_shapes(void)
 {
@@ -50,6 +50,72 @@ static __always_inline int stepped_aside(void)
 		return 0;
 	until = bpf_map_lookup_elem(&steer_aside, &zero);
 	return until && *until && (__s64)(*until - bpf_ktime_get_coarse_ns()) > 0;
+}
+
+/*
+ * The aside pass: stood aside, every frame runs in the NIC poll, so while
+ * nothing of any flow is queued there is nothing for the full path to
+ * keep in order, and steer_xdp passes the frame at once: the cost of the
+ * hook alone, not of parsing, classifying and tracking it (stood aside is
+ * where there is no queueing to remove, so that cost was all PRISM added).
+ * Only where stood aside means every flow in the NIC poll: the split stage
+ * on inline_cpu alone (no Falcon spreading, no micro-flows) and every
+ * frame polled there.
+ *
+ * On: at a frame on inline_cpu once its queues' accounting tells them
+ * empty (queue_empty_now; never while untracked): every frame a queue took
+ * has been seen past the NIC poll's GRO into the later stages' queues on
+ * this core, so a frame passed now comes behind them, as place()'s fast
+ * move has it. Off: at the first frame after the deadline lapsed (the
+ * agent's return, a new config, an agent gone), which takes the full path.
+ * place() then takes every flow state stamped before as if its last frame
+ * went through the NIC poll at the pass's end (pass_return), so a flow
+ * that had frames passed leaves for a queue by the usual rules: an idle
+ * gap, or the fast move after a counted frame. *aside says whether PRISM
+ * stands aside, where it was looked up (left as it was otherwise).
+ */
+static __always_inline int pass_possible(const struct steer_cfg *cfg)
+{
+	return mode(MODE_PRIO_IDLE_INLINE) && steer_mode.aside_pct && !mode(MODE_MFLOW);
+}
+
+static __always_inline struct aside_pass *pass_state(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&steer_aside_pass, &zero);
+}
+
+static __always_inline int aside_pass(const struct steer_cfg *cfg, int *aside)
+{
+	struct aside_pass *p;
+	struct steer_queue *q;
+	__u32 core = steer_mode.inline_cpu;
+
+	if (!pass_possible(cfg))
+		return 0;
+	p = pass_state();
+	if (!p)
+		return 0;
+	*aside = stepped_aside();
+	if (!*aside) {
+		if (p->on) {
+			p->end_ns = bpf_ktime_get_ns() | NS_PRECISE;
+			p->gen++;
+			p->on = 0;
+		}
+		return 0;
+	}
+	if (p->on)
+		return 1;
+	if (bpf_get_smp_processor_id() != core || cfg->ncpus != 1 || cfg->cpus[0] != core)
+		return 0;
+	q = core_queue(core);
+	if (!queue_tracked(q) || !queue_empty_now(q, core))
+		return 0;
+	p->gen++;
+	p->on = 1;
+	return 1;
 }
 
 /*

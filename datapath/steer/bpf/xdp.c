@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (MIT OR GPL-2.0) */
 /*
- * steer_xdp, the split stage on the underlay's XDP hook: classify (prio.h),
+ * steer_xdp, the split stage on the underlay's XDP hook: pass at once while
+ * PRISM stands aside with nothing queued (aside_pass), classify (prio.h),
  * take PRISM-sync's shortcut (sync.h), cut micro-flows (mflow.h), or place
  * the frame's first stage on a core's cpumap queue (place.h), counted in
  * flight (order.h).
@@ -29,6 +30,10 @@ int steer_xdp(struct xdp_md *ctx)
 		count(STAGE_SPLIT, CNT_DISABLED);
 		return XDP_PASS;
 	}
+	if (aside_pass(cfg, &aside)) {
+		count(STAGE_SPLIT, CNT_ASIDE);
+		return XDP_PASS;
+	}
 	if ((cfg->flags & CFG_HOME(STAGE_SPLIT)) && !mode(MODE_PRIO | MODE_MFLOW)) {
 		count(STAGE_SPLIT, CNT_HOME);
 		return XDP_PASS;
@@ -49,8 +54,12 @@ int steer_xdp(struct xdp_md *ctx)
 		 * to take them out of, so the shortcut has nothing to save
 		 * them, and stepping aside is to be vanilla. Leaving the
 		 * shortcut needs no wait (place()). */
-		if (mode(MODE_SYNC) && !(aside = stepped_aside()))
-			dest = sync_dest(ctx, &ov, &src, &ecn);
+		if (mode(MODE_SYNC)) {
+			if (aside < 0)
+				aside = stepped_aside();
+			if (!aside)
+				dest = sync_dest(ctx, &ov, &src, &ecn);
+		}
 	}
 	if (mode(MODE_PRIO_IDLE_INLINE)) {
 		if (hi) {
@@ -60,7 +69,7 @@ int steer_xdp(struct xdp_md *ctx)
 				opts |= PLACE_STAY;
 		} else {
 			seen_bulk(cfg);
-			if (!prio_shapes() || prio_quiet(cfg) || stepped_aside()) {
+			if (!prio_shapes() || prio_quiet(cfg) || (aside < 0 ? stepped_aside() : aside)) {
 				opts |= PLACE_STAY;
 			} else if (bulk_beside_busy(cfg)) {
 				opts |= PLACE_STAY;
