@@ -110,7 +110,7 @@ type steerSteerFlowState struct {
 	Stay        uint32
 	StayCpu     uint32
 	PassGen     uint32
-	_           [4]byte
+	Pad         uint32
 }
 
 type steerSteerMode struct {
@@ -130,7 +130,8 @@ type steerSteerQueue struct {
 	Enq            uint64
 	DroppedEnq     uint64
 	Untracked      uint64
-	Pad0           [5]uint64
+	MarkedAt       uint64
+	Pad0           [4]uint64
 	Seen           uint64
 	DroppedKthread uint64
 	EmptyAt        uint64

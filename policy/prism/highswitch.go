@@ -434,6 +434,9 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 	// deadline lapses, and the status must not claim it.
 	set := h.asideSet
 	h.asideSet = false
+	// Stood aside at the last sample (written or not: an earlier deadline
+	// may hold): the rules' frames may have gone uncounted since.
+	uncounted := set || h.aside.on
 	dp, err := h.datapath()
 	if err != nil {
 		return "", err
@@ -526,7 +529,7 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 		// Stood aside since the last sample, the datapath may have
 		// passed the rule's frames uncounted (its aside pass): no rate
 		// over that time, and the rule's decision holds across it.
-		if !rs.at.IsZero() && now.After(rs.at) && !set {
+		if !rs.at.IsZero() && now.After(rs.at) && !uncounted {
 			rs.rate = float64(n-rs.frames) / now.Sub(rs.at).Seconds()
 			rs.state.step(h.rule, rs.rate)
 		}

@@ -125,6 +125,7 @@ struct steer_flow_state {
 	/* Split stage under aside_pct: the aside pass's gen at the flow's last
 	 * frame placed (struct aside_pass). */
 	__u32 pass_gen;
+	__u32 pad;
 };
 
 /* Sized per host at load (steer.FlowEntries): the LRU keeps part of its
@@ -356,7 +357,13 @@ struct steer_queue {
 	 * frames enq never did, so the core can never be told empty.
 	 * Sticky: its flows fall back to the drain time for good. */
 	__u64 untracked;
-	__u64 pad0[5];
+	/* Under the aside pass (mode_aside_pass): when the core last counted
+	 * a frame in, queued or marked in the NIC poll (coarse clock, stamped
+	 * when the tick changed): the pass starts only a flowlet gap after
+	 * it, when the shared GRO cell holds no marked frame a passed one
+	 * could overtake. */
+	__u64 marked_at;
+	__u64 pad0[4];
 	__u64 seen;            /* frames of the core's queues the skb side saw */
 	__u64 dropped_kthread; /* frames dropped in the kthread before an skb existed (xdp_cpumap_kthread) */
 	__u64 empty_at;        /* the highest enq at which the queue was seen empty */
@@ -445,9 +452,9 @@ struct {
  * is on and goes up by one at each start and end, so a flow state stamped
  * with another gen (steer_flow_state.pass_gen) may have had frames passed
  * since; end_ns (precise, NS_PRECISE) is when the last pass ended. State
- * of steer_xdp on steer_mode.inline_cpu, its one writer (the NIC is
- * polled there alone under MODE_PRIO_IDLE_INLINE); read by the agent for
- * the status only.
+ * of steer_xdp alone (the NIC is polled on steer_mode.inline_cpu alone
+ * under MODE_PRIO_IDLE_INLINE); kept across a re-apply with the flow
+ * states it describes.
  */
 struct aside_pass {
 	__u32 on;

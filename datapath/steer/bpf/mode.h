@@ -91,3 +91,12 @@ static __always_inline int mode(__u32 f)
 {
 	return (steer_mode.flags & f) != 0;
 }
+
+/* Does the mode have PRISM's aside pass (prio.h's aside_pass)? Stepping
+ * aside (aside_pct, which the planner sets only with high=auto, bulk=auto
+ * and so MODE_PRIO_IDLE_INLINE); never with micro-flows, which the control
+ * plane does not compose with it. */
+static __always_inline int mode_aside_pass(void)
+{
+	return mode(MODE_PRIO_IDLE_INLINE) && steer_mode.aside_pct && !mode(MODE_MFLOW);
+}

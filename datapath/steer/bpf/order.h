@@ -299,6 +299,8 @@ static __always_inline int mark_counted(struct xdp_md *ctx, const struct steer_c
 		return 0;
 	}
 	if (q) {
+		if (mode_aside_pass())
+			stamp_at(&q->marked_at);
 		epoch = __sync_fetch_and_add(&q->enq, 1) + 1;
 		if (st) {
 			st->q_epoch = epoch;

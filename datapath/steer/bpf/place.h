@@ -34,18 +34,24 @@ static __always_inline int inline_place(const struct steer_cfg *cfg, __u32 i)
  * move to a queue waits for an idle gap, or for a counted frame (the fast
  * move), as any flow's out of the NIC poll. A flow without a state may have
  * had frames passed too if it comes within a flowlet gap of the end: it
- * starts in the NIC poll. Returns whether the flow starts there.
+ * starts in the NIC poll. In every mode, as a re-apply keeps the maps: one
+ * without the pass ends one left on. Returns whether a flow without a
+ * state starts in the NIC poll; *gen is the pass's gen, for its state.
  */
-static __always_inline int pass_return(const struct steer_cfg *cfg, __u32 stage, struct steer_flow_state *st)
+static __always_inline int pass_return(const struct steer_cfg *cfg, __u32 stage, struct steer_flow_state *st,
+				       __u32 *gen)
 {
 	struct aside_pass *p;
 	__u64 at;
 
-	if (stage != STAGE_SPLIT || !pass_possible(cfg))
+	if (stage != STAGE_SPLIT)
 		return 0;
 	p = pass_state();
 	if (!p || !p->gen)
 		return 0;
+	if (p->on && !mode_aside_pass())
+		pass_end(p);
+	*gen = p->gen;
 	if (!st)
 		return p->on || idle_since(cfg, p->end_ns, bpf_ktime_get_ns()) < cfg->flowlet_ns;
 	if (st->pass_gen == p->gen)
@@ -93,7 +99,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	/* MFLOW's rate windows want real arrival times. */
 	int precise = cfg->mf_ncores != 0;
 	__u64 now, idle;
-	__u32 was, held = STAY;
+	__u32 was, held = STAY, gen = 0;
 
 	if (want >= cfg->ncpus)
 		want = STAY;
@@ -108,7 +114,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
-		if (pass_return(cfg, stage, NULL))
+		if (pass_return(cfg, stage, NULL, &gen))
 			want = STAY;
 		now = now_ns(cfg, precise);
 		if (stage == STAGE_CONTAINER && want != STAY && adopting(ifindex))
@@ -126,11 +132,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 			/* A staying container stage queues here (stay_core). */
 			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
 			.stay_cpu = bpf_get_smp_processor_id(),
+			.pass_gen = gen,
 		};
-		struct aside_pass *p = stage == STAGE_SPLIT && pass_possible(cfg) ? pass_state() : NULL;
-
-		if (p)
-			fresh.pass_gen = p->gen;
 
 		/* A failed insert only loses the history: place by the table.
 		 * NOEXIST: if another core inserted the flow meanwhile, its
@@ -140,7 +143,7 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 		return want;
 	}
 
-	pass_return(cfg, stage, st);
+	pass_return(cfg, stage, st, &gen);
 	/* A pending move needs the precise clock for its flowlet test, and
 	 * so does the next packet's test: stamp this one precisely too. */
 	now = now_ns(cfg, precise || st->cpu_idx != want);

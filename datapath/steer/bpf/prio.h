@@ -63,27 +63,33 @@ static __always_inline int stepped_aside(void)
  * frame polled there.
  *
  * On: at a frame on inline_cpu once its queues' accounting tells them
- * empty (queue_empty_now; never while untracked): every frame a queue took
- * has been seen past the NIC poll's GRO into the later stages' queues on
- * this core, so a frame passed now comes behind them, as place()'s fast
- * move has it. Off: at the first frame after the deadline lapsed (the
- * agent's return, a new config, an agent gone), which takes the full path.
- * place() then takes every flow state stamped before as if its last frame
- * went through the NIC poll at the pass's end (pass_return), so a flow
- * that had frames passed leaves for a queue by the usual rules: an idle
- * gap, or the fast move after a counted frame. *aside says whether PRISM
- * stands aside, where it was looked up (left as it was otherwise).
+ * empty (queue_empty_now; never while untracked) and no frame was counted
+ * in for a flowlet gap (marked_at). Empty, every frame a queue took was
+ * seen past its GRO; the gap is place()'s rule for the rest of the way,
+ * the shared VXLAN GRO cell above all, where a marked frame held would be
+ * overtaken by a passed, unmarked one ending a segment (mark_inline). So a
+ * frame passed then comes behind every earlier frame of its flow. Off: at
+ * the first frame after the deadline lapsed (the agent's return, a new
+ * config, an agent gone) or under a config where it cannot be on, which
+ * takes the full path. place() then takes every flow state stamped before
+ * as if its last frame went through the NIC poll at the pass's end
+ * (pass_return), so a flow that had frames passed leaves for a queue by
+ * the usual rules: an idle gap, or the fast move after a counted frame.
+ * *aside says whether PRISM stands aside, where it was looked up (left as
+ * it was otherwise).
  */
-static __always_inline int pass_possible(const struct steer_cfg *cfg)
-{
-	return mode(MODE_PRIO_IDLE_INLINE) && steer_mode.aside_pct && !mode(MODE_MFLOW);
-}
-
 static __always_inline struct aside_pass *pass_state(void)
 {
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&steer_aside_pass, &zero);
+}
+
+static __always_inline void pass_end(struct aside_pass *p)
+{
+	p->end_ns = bpf_ktime_get_ns() | NS_PRECISE;
+	p->gen++;
+	p->on = 0;
 }
 
 static __always_inline int aside_pass(const struct steer_cfg *cfg, int *aside)
@@ -92,26 +98,24 @@ static __always_inline int aside_pass(const struct steer_cfg *cfg, int *aside)
 	struct steer_queue *q;
 	__u32 core = steer_mode.inline_cpu;
 
-	if (!pass_possible(cfg))
+	if (!mode_aside_pass())
 		return 0;
 	p = pass_state();
 	if (!p)
 		return 0;
 	*aside = stepped_aside();
-	if (!*aside) {
-		if (p->on) {
-			p->end_ns = bpf_ktime_get_ns() | NS_PRECISE;
-			p->gen++;
-			p->on = 0;
-		}
+	if (!*aside || cfg->ncpus != 1 || cfg->cpus[0] != core) {
+		if (p->on)
+			pass_end(p);
 		return 0;
 	}
 	if (p->on)
 		return 1;
-	if (bpf_get_smp_processor_id() != core || cfg->ncpus != 1 || cfg->cpus[0] != core)
+	if (bpf_get_smp_processor_id() != core)
 		return 0;
 	q = core_queue(core);
-	if (!queue_tracked(q) || !queue_empty_now(q, core))
+	if (!queue_tracked(q) || idle_since(cfg, q->marked_at, bpf_ktime_get_ns()) < cfg->flowlet_ns ||
+	    !queue_empty_now(q, core))
 		return 0;
 	p->gen++;
 	p->on = 1;
