@@ -5,7 +5,6 @@ package steer
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -1035,18 +1034,7 @@ func TestPrioAside(t *testing.T) {
 func TestPrioAsidePass(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL and the pass: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
-	dir := filepath.Join(bpffsDir(t), "lanes")
-	if err := d.Pin(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := Unpin(dir); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := d.Order().TrackQueues(dir); err != nil {
-		t.Fatal(err)
-	}
+	trackQueues(t, d)
 	addRule(t, d, "dst "+innerDst.String()+" port 8888 udp")
 	cfg := highAutoConfig(t, d, "bulk auto", func(c *Config) *time.Duration { return &c.BulkAuto })
 	cfg.AsideBelow = 50

@@ -35,6 +35,13 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 		t.Skip("needs two cores (the tests use cores 0 and 1)")
 	}
 	d := drainDatapath(t, drain)
+	return d, trackQueues(t, d)
+}
+
+// trackQueues pins d in a bpffs directory removed with the test, attaches
+// its drop tracepoints there (TrackQueues) and returns the directory.
+func trackQueues(t *testing.T, d *Datapath) string {
+	t.Helper()
 	dir := filepath.Join(bpffsDir(t), "lanes")
 	if err := d.Pin(dir); err != nil {
 		t.Fatal(err)
@@ -47,7 +54,7 @@ func trackedDatapathDir(t *testing.T, drain time.Duration) (*Datapath, string) {
 	if err := d.Order().TrackQueues(dir); err != nil {
 		t.Fatal(err)
 	}
-	return d, dir
+	return dir
 }
 
 // idleGap is longer than any drain time the tests set plus the coarse
