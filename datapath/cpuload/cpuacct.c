@@ -100,6 +100,20 @@ struct {
 	__type(value, __u8);
 } nic_napis SEC(".maps");
 
+/* A filter in front of nic_napis: bit (id % 4096) is set for every id in
+ * it (user space writes the bits after the ids, and may leave a bit of an
+ * id it dropped). Every NAPI poll of the host runs acct_poll, and most are
+ * not the NIC's: an array read turns those away, where a hash lookup
+ * costs several times that. */
+#define NAPI_BITS_WORDS 64
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NAPI_BITS_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} nic_napi_bits SEC(".maps");
+
 /* Each core's polls of those instances that found frames, and the frames.
  * Two counters a core alone bumps: a copy may see one bumped and not the
  * other, one poll's worth in thousands per sample. The win_ fields are the
@@ -244,12 +258,16 @@ SEC("tp_btf/napi_poll")
 int BPF_PROG(acct_poll, struct napi_struct *napi, int work, int budget)
 {
 	__u32 id = napi->napi_id;
-	__u32 k = 0, cpu;
+	__u32 k = 0, cpu, word = (id / 64) % NAPI_BITS_WORDS;
+	__u64 *bits;
 	struct nic_poll *p;
 	struct nic_wake *w;
 	__u64 now;
 
-	if (work <= 0 || !bpf_map_lookup_elem(&nic_napis, &id))
+	if (work <= 0)
+		return 0;
+	bits = bpf_map_lookup_elem(&nic_napi_bits, &word);
+	if (!bits || !(*bits & (1ull << (id % 64))) || !bpf_map_lookup_elem(&nic_napis, &id))
 		return 0;
 	p = bpf_map_lookup_elem(&nic_polls, &k);
 	if (!p)

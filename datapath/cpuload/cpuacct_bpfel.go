@@ -48,6 +48,7 @@ type cpuacctNicWake struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	cpuacctMapAcct           = "acct"
+	cpuacctMapNicNapiBits    = "nic_napi_bits"
 	cpuacctMapNicNapis       = "nic_napis"
 	cpuacctMapNicPolls       = "nic_polls"
 	cpuacctMapNicWake        = "nic_wake"
@@ -110,11 +111,12 @@ type cpuacctProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cpuacctMapSpecs struct {
-	Acct      *ebpf.MapSpec `ebpf:"acct"`
-	NicNapis  *ebpf.MapSpec `ebpf:"nic_napis"`
-	NicPolls  *ebpf.MapSpec `ebpf:"nic_polls"`
-	NicWake   *ebpf.MapSpec `ebpf:"nic_wake"`
-	NicWakeRb *ebpf.MapSpec `ebpf:"nic_wake_rb"`
+	Acct        *ebpf.MapSpec `ebpf:"acct"`
+	NicNapiBits *ebpf.MapSpec `ebpf:"nic_napi_bits"`
+	NicNapis    *ebpf.MapSpec `ebpf:"nic_napis"`
+	NicPolls    *ebpf.MapSpec `ebpf:"nic_polls"`
+	NicWake     *ebpf.MapSpec `ebpf:"nic_wake"`
+	NicWakeRb   *ebpf.MapSpec `ebpf:"nic_wake_rb"`
 }
 
 // cpuacctVariableSpecs contains global variables before they are loaded into the kernel.
@@ -143,16 +145,18 @@ func (o *cpuacctObjects) Close() error {
 //
 // It can be passed to loadCpuacctObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cpuacctMaps struct {
-	Acct      *ebpf.Map `ebpf:"acct"`
-	NicNapis  *ebpf.Map `ebpf:"nic_napis"`
-	NicPolls  *ebpf.Map `ebpf:"nic_polls"`
-	NicWake   *ebpf.Map `ebpf:"nic_wake"`
-	NicWakeRb *ebpf.Map `ebpf:"nic_wake_rb"`
+	Acct        *ebpf.Map `ebpf:"acct"`
+	NicNapiBits *ebpf.Map `ebpf:"nic_napi_bits"`
+	NicNapis    *ebpf.Map `ebpf:"nic_napis"`
+	NicPolls    *ebpf.Map `ebpf:"nic_polls"`
+	NicWake     *ebpf.Map `ebpf:"nic_wake"`
+	NicWakeRb   *ebpf.Map `ebpf:"nic_wake_rb"`
 }
 
 func (m *cpuacctMaps) Close() error {
 	return _CpuacctClose(
 		m.Acct,
+		m.NicNapiBits,
 		m.NicNapis,
 		m.NicPolls,
 		m.NicWake,

@@ -49,8 +49,13 @@ type nicPolls struct {
 	objs  *cpuacctObjects
 	link  link.Link
 	napis []uint32
-	wake  *nicWake // nil until the first ArmWake
+	bits  [napiBitsWords]uint64 // nic_napi_bits as written
+	wake  *nicWake              // nil until the first ArmWake
 }
+
+// napiBitsWords is cpuacct.c's NAPI_BITS_WORDS: nic_napi_bits, the filter
+// in front of nic_napis, has a bit for each id modulo 64 times this.
+const napiBitsWords = 64
 
 // watch makes ids (deduplicated) the counted set; changed says whether
 // it differs from the one before.
@@ -84,6 +89,22 @@ func (n *nicPolls) watch(ids []uint32) (changed bool, err error) {
 			return true, fmt.Errorf("watching NAPI %d: %w", id, err)
 		}
 		n.napis = append(n.napis, id)
+	}
+	// The filter's bits after the ids: a new id's polls go uncounted only
+	// until its bit is written, as before its id was; a dropped id's bit
+	// cleared late costs lookups that miss, never a poll counted.
+	var bits [napiBitsWords]uint64
+	for _, id := range ids {
+		bits[id/64%napiBitsWords] |= 1 << (id % 64)
+	}
+	for w := range bits {
+		if bits[w] == n.bits[w] {
+			continue
+		}
+		if err := n.objs.NicNapiBits.Put(uint32(w), bits[w]); err != nil {
+			return true, fmt.Errorf("watching NAPI ids %d-%d: %w", w*64, w*64+63, err)
+		}
+		n.bits[w] = bits[w]
 	}
 	return true, nil
 }

@@ -74,7 +74,8 @@ func nicPollBed(t *testing.T) (s *SchedSampler, ids []uint32, send func(n int)) 
 // TestNICPolls counts the receiving underlay's polls while datagrams
 // cross it: every frame sent is polled (frames >= sent, within what else
 // crosses the wire: ARP, the host's own), each counted poll found at
-// least one frame, and a NAPI instance not watched counts nothing.
+// least one frame, and a NAPI instance not watched counts nothing, not
+// even one whose filter bit a watched id shares.
 func TestNICPolls(t *testing.T) {
 	s, ids, send := nicPollBed(t)
 	total := func(sm Sample) (polls, frames uint64) {
@@ -149,6 +150,26 @@ func TestNICPolls(t *testing.T) {
 	}
 	if p, fr := total(sm); sm.NICWatched || p != 0 || fr != 0 {
 		t.Fatalf("unwatched again: watched %v, %d polls, %d frames", sm.NICWatched, p, fr)
+	}
+
+	// Ids no NAPI instance has that share the real ones' bits in the
+	// filter (nic_napi_bits): the lookup behind it turns the real ones away.
+	var alias []uint32
+	for _, id := range ids {
+		alias = append(alias, id+napiBitsWords*64*1_000_000)
+	}
+	if err := s.WatchNAPIs(alias); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = s.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	send(200)
+	if sm, err = s.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	if p, fr := total(sm); p != 0 || fr != 0 {
+		t.Fatalf("watching %v, which share %v's filter bits: %d polls, %d frames", alias, ids, p, fr)
 	}
 }
 
