@@ -137,40 +137,33 @@ func TestNICPolls(t *testing.T) {
 		}
 	}
 
+	// Watching watch (a sample spans the change), 200 datagrams count
+	// nothing; the sample after them says watched as watched says.
+	countsNothing := func(name string, watch []uint32, watched bool) {
+		t.Helper()
+		if err := s.WatchNAPIs(watch); err != nil {
+			t.Fatal(err)
+		}
+		if _, err = s.Sample(); err != nil {
+			t.Fatal(err)
+		}
+		send(200)
+		if sm, err = s.Sample(); err != nil {
+			t.Fatal(err)
+		}
+		if p, fr := total(sm); sm.NICWatched != watched || p != 0 || fr != 0 {
+			t.Fatalf("%s: watched %v, %d polls, %d frames", name, sm.NICWatched, p, fr)
+		}
+	}
 	// Unwatched again: the counting stops.
-	if err := s.WatchNAPIs(nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err = s.Sample(); err != nil {
-		t.Fatal(err)
-	}
-	send(200)
-	if sm, err = s.Sample(); err != nil {
-		t.Fatal(err)
-	}
-	if p, fr := total(sm); sm.NICWatched || p != 0 || fr != 0 {
-		t.Fatalf("unwatched again: watched %v, %d polls, %d frames", sm.NICWatched, p, fr)
-	}
-
+	countsNothing("unwatched again", nil, false)
 	// Ids no NAPI instance has that share the real ones' bits in the
 	// filter (nic_napi_bits): the lookup behind it turns the real ones away.
 	var alias []uint32
 	for _, id := range ids {
 		alias = append(alias, id+napiBitsWords*64*1_000_000)
 	}
-	if err := s.WatchNAPIs(alias); err != nil {
-		t.Fatal(err)
-	}
-	if _, err = s.Sample(); err != nil {
-		t.Fatal(err)
-	}
-	send(200)
-	if sm, err = s.Sample(); err != nil {
-		t.Fatal(err)
-	}
-	if p, fr := total(sm); p != 0 || fr != 0 {
-		t.Fatalf("watching %v, which share %v's filter bits: %d polls, %d frames", alias, ids, p, fr)
-	}
+	countsNothing(fmt.Sprintf("watching %v, which share %v's filter bits", alias, ids), alias, true)
 }
 
 // TestNICWake: armed, the poll counter sends a wake for a window of the

@@ -30,38 +30,37 @@ static __always_inline int inline_place(const struct steer_cfg *cfg, __u32 i)
  * stamped before the pass's latest start or end may have had frames
  * passed since, unplaced and untracked, which all ran in the NIC poll; so
  * it is taken as a flow in the NIC poll whose last frame came when the
- * pass ended (or now, while it lasts), with no frame counted there: its
- * move to a queue waits for an idle gap, or for a counted frame (the fast
- * move), as any flow's out of the NIC poll. A flow without a state may have
- * had frames passed too if it comes within a flowlet gap of the end: it
- * starts in the NIC poll. In every mode, as a re-apply keeps the maps: one
- * without the pass ends one left on. Returns whether a flow without a
+ * pass ended, with no frame counted there: its move to a queue waits for
+ * an idle gap, or for a counted frame (the fast move), as any flow's out
+ * of the NIC poll. A flow without a state may have had frames passed too
+ * if it comes within a flowlet gap of the end: it starts in the NIC poll.
+ * A frame here while the pass is on is one aside_pass no longer passes,
+ * so the pass ends with it: the one place it ends. In every mode, as a
+ * mode change (setMode) keeps the maps. Returns whether a flow without a
  * state starts in the NIC poll; *gen is the pass's gen, for its state.
  */
 static __always_inline int pass_return(const struct steer_cfg *cfg, __u32 stage, struct steer_flow_state *st,
 				       __u32 *gen)
 {
 	struct aside_pass *p;
-	__u64 at;
 
 	if (stage != STAGE_SPLIT)
 		return 0;
 	p = pass_state();
 	if (!p || !p->gen)
 		return 0;
-	if (p->on && !mode_aside_pass())
+	if (p->on)
 		pass_end(p);
 	*gen = p->gen;
 	if (!st)
-		return p->on || idle_since(cfg, p->end_ns, bpf_ktime_get_ns()) < cfg->flowlet_ns;
+		return idle_since(cfg, p->end_ns, bpf_ktime_get_ns()) < cfg->flowlet_ns;
 	if (st->pass_gen == p->gen)
 		return 0;
-	at = p->on ? (bpf_ktime_get_ns() | NS_PRECISE) : p->end_ns;
 	st->pass_gen = p->gen;
 	st->cpu_idx = STAY;
 	st->inline_mark = 0;
-	if (at > st->last_ns)
-		st->last_ns = at;
+	if (p->end_ns > st->last_ns)
+		st->last_ns = p->end_ns;
 	return 0;
 }
 

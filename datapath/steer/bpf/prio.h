@@ -69,9 +69,9 @@ static __always_inline int stepped_aside(void)
  * the shared VXLAN GRO cell above all, where a marked frame held would be
  * overtaken by a passed, unmarked one ending a segment (mark_inline). So a
  * frame passed then comes behind every earlier frame of its flow. Off: at
- * the first frame after the deadline lapsed (the agent's return, a new
- * config, an agent gone) or under a config where it cannot be on, which
- * takes the full path. place() then takes every flow state stamped before
+ * the first frame that takes the full path (the deadline lapsed: the
+ * agent's return, a new config, an agent gone; or a config or mode where
+ * it cannot be on), in place() (pass_return), which takes every flow state stamped before
  * as if its last frame went through the NIC poll at the pass's end
  * (pass_return), so a flow that had frames passed leaves for a queue by
  * the usual rules: an idle gap, or the fast move after a counted frame.
@@ -100,15 +100,13 @@ static __always_inline int aside_pass(const struct steer_cfg *cfg, int *aside)
 
 	if (!mode_aside_pass())
 		return 0;
+	*aside = stepped_aside();
+	/* Not now: the full path, whose place() ends a pass left on. */
+	if (!*aside || cfg->ncpus != 1 || cfg->cpus[0] != core)
+		return 0;
 	p = pass_state();
 	if (!p)
 		return 0;
-	*aside = stepped_aside();
-	if (!*aside || cfg->ncpus != 1 || cfg->cpus[0] != core) {
-		if (p->on)
-			pass_end(p);
-		return 0;
-	}
 	if (p->on)
 		return 1;
 	if (bpf_get_smp_processor_id() != core)
