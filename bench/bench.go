@@ -767,6 +767,7 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 		stall = startRxStall(r.stressGen().CPU)
 	}
 	guard0, guarded := guardStatus(r.agentStatus(time.Time{}))
+	runStart := time.Now()
 	res, werr := w.Run(ctx, srv, cli, wp)
 	runEnd := time.Now()
 	if d, ok := longestStall(stall); ok {
@@ -808,7 +809,9 @@ func (r *runner) one(ctx context.Context, mode string, p point, rep int) results
 	// every meter has stopped, so that the wait for it is in none.
 	agentEnd := r.agentStatus(runEnd)
 	if _, counted := run.Extra["nic_frames_per_poll"]; counted {
-		if on, ok := prismAside(agentEnd); ok {
+		// At the repeat's length from its start: inside the measured
+		// window, which the workload's warm-up puts after the start.
+		if on, ok := prismAside(agentEnd, runStart.Add(wp.Duration)); ok {
 			run.Extra["prism_aside_at_end"] = 0
 			if on {
 				run.Extra["prism_aside_at_end"] = 1
@@ -1254,7 +1257,8 @@ type guardFields struct {
 	Demoted   bool   `json:"demoted"`
 	High      *struct {
 		Aside *struct {
-			On bool `json:"on"`
+			On    bool      `json:"on"`
+			Since time.Time `json:"since"`
 		} `json:"aside"`
 	} `json:"high_auto"`
 }
@@ -1291,12 +1295,21 @@ func guardStatus(status []byte) (guardFields, bool) {
 	return g, ok && g.Watch != ""
 }
 
-// prismAside says whether PRISM stood aside (high_auto.aside.on); ok is
-// false for an agent that does not step aside.
-func prismAside(status []byte) (on, ok bool) {
+// prismAside says whether PRISM stood aside (high_auto.aside.on) at
+// the moment at (zero: when the agent reported); ok is false for an agent
+// that does not step aside. A report comes after the repeat, when the
+// background has stopped and PRISM steps aside within a second; where
+// the state changed after at (aside.since), it stood the other way at at:
+// one change is what the second or two until the report holds, as
+// stepping aside takes a second of samples and coming back two.
+func prismAside(status []byte, at time.Time) (on, ok bool) {
 	g, _ := guardOf(status)
 	if g.High == nil || g.High.Aside == nil {
 		return false, false
 	}
-	return g.High.Aside.On, true
+	a := g.High.Aside
+	if !at.IsZero() && a.Since.After(at) {
+		return !a.On, true
+	}
+	return a.On, true
 }

@@ -17,7 +17,8 @@ import (
 // its poll finds ahead of it, so this is the queue PRISM can take away at
 // that point: about one frame a poll, nothing. PRISM's agent steps aside
 // on the same count (policy/prism, aside-depth); whether it stood aside
-// when the repeat ended is prism_aside_at_end.
+// at the end of the repeat, inside its measured window while the
+// background still ran, is prism_aside_at_end.
 
 // nicMeter counts the polls of one device's NAPI instances.
 type nicMeter struct {

@@ -3,6 +3,7 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/bench/results"
 	"github.com/lanesnet/lanes/control/plan"
@@ -10,24 +11,31 @@ import (
 )
 
 // TestPrismAside reads prism's own status types, as the agents report
-// them.
+// them, and what held at a moment before the report.
 func TestPrismAside(t *testing.T) {
-	high := func(on bool) *prism.HighStatus { return &prism.HighStatus{Aside: &prism.AsideStatus{On: on}} }
+	at := time.Unix(1000, 0)
+	high := func(on bool, since time.Time) *prism.HighStatus {
+		return &prism.HighStatus{Aside: &prism.AsideStatus{On: on, Since: since}}
+	}
 	for _, c := range []struct {
 		name   string
 		ag     plan.Agent
+		at     time.Time
 		on, ok bool
 	}{
-		{"prism-batch's guard, aside", fakeAgent{prism.GuardStatus{Watch: "bulk queue", High: high(true)}}, true, true},
-		{"high=auto alone, not aside", fakeAgent{prism.GuardStatus{High: high(false)}}, false, true},
-		{"prism-sync's guard", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{High: high(true)}}}, true, true},
-		{"aside off", fakeAgent{prism.GuardStatus{High: &prism.HighStatus{}}}, false, false},
+		{"prism-batch's guard, aside", fakeAgent{prism.GuardStatus{Watch: "bulk queue", High: high(true, time.Time{})}}, at, true, true},
+		{"high=auto alone, not aside", fakeAgent{prism.GuardStatus{High: high(false, time.Time{})}}, at, false, true},
+		{"prism-sync's guard", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{High: high(true, at.Add(-time.Second))}}}, at, true, true},
+		{"aside after the moment: queued then", fakeAgent{prism.SyncStatus{Guard: &prism.GuardStatus{High: high(true, at.Add(time.Second))}}}, at, false, true},
+		{"back after the moment: aside then", fakeAgent{prism.GuardStatus{High: high(false, at.Add(time.Second))}}, at, true, true},
+		{"no moment: as reported", fakeAgent{prism.GuardStatus{High: high(true, at.Add(time.Second))}}, time.Time{}, true, true},
+		{"aside off", fakeAgent{prism.GuardStatus{High: &prism.HighStatus{}}}, at, false, false},
 		{"falcon-like", fakeAgent{struct {
 			Moves int `json:"moves"`
-		}{3}}, false, false},
-		{"no agent", nil, false, false},
+		}{3}}, at, false, false},
+		{"no agent", nil, at, false, false},
 	} {
-		on, ok := prismAside(statusOf(c.ag))
+		on, ok := prismAside(statusOf(c.ag), c.at)
 		if on != c.on || ok != c.ok {
 			t.Errorf("%s: aside %v (%v), want %v (%v)", c.name, on, ok, c.on, c.ok)
 		}

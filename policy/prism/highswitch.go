@@ -255,6 +255,9 @@ type highSwitch struct {
 	asides   uint64
 	probes   uint64
 	asideSet bool
+	// asideSince: the sample (its wall clock) at which asideSet, what the
+	// status calls On, last changed.
+	asideSince time.Time
 	// doze: the guard samples this seldom while aside (guard.doze; 0:
 	// every Interval), which the deadline's writes cover (ttl).
 	doze time.Duration
@@ -434,6 +437,11 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 	// deadline lapses, and the status must not claim it.
 	set := h.asideSet
 	h.asideSet = false
+	defer func() {
+		if h.asideSet != set {
+			h.asideSince = now
+		}
+	}()
 	// Stood aside at the last sample (written or not: an earlier deadline
 	// may hold): the rules' frames may have gone uncounted since.
 	uncounted := set || h.aside.on
@@ -616,6 +624,9 @@ type AsideStatus struct {
 	// Doze: lanes agent samples this seldom while it stands aside, until
 	// the kernel wakes it (GuardRule.Doze); 0: at its interval.
 	Doze time.Duration `json:"doze,omitempty"`
+	// Since: the sample at which On last changed (zero: never), so that a
+	// report read later says what held at an earlier moment.
+	Since time.Time `json:"since,omitzero"`
 }
 
 // dozeNote says how seldom the agent samples ("" while it does not doze).
@@ -647,7 +658,7 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	if h.below != 0 {
-		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, Doze: h.doze}
+		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, Doze: h.doze, Since: h.asideSince}
 	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})

@@ -660,6 +660,11 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	if a := st.Aside; a == nil || !a.On || a.FramesPerPoll != 1.2 || a.Depth != 2.5 || a.RxPercent != 80 {
 		t.Errorf("status %+v: want stepped aside at 1.2 frames a poll (2.5), 80%%", a)
 	}
+	// The tenth sample stepped aside (AsideAfter), the eleventh renewed.
+	asideAt := now.Add(-100 * time.Millisecond)
+	if a := st.Aside; a != nil && !a.Since.Equal(asideAt) {
+		t.Errorf("stepped aside at %v: status says since %v", asideAt, a.Since)
+	}
 	if sum := st.Summary(); !strings.Contains(sum, "stepped aside (the NIC's polls on core 1 find 1.20 frames each, under 2.50; receive work 80%") {
 		t.Errorf("summary %q does not say the polls' depth stepped aside", sum)
 	}
@@ -698,6 +703,9 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	log = append(log, step(nicOnly(depthOn(1, 30, 1000, 2500))), step(depthOn(1, 30, 1000, 3000)))
 	if dp.aside != 0 {
 		t.Fatalf("2.5-3 frames a poll: still aside until %v", dp.aside)
+	}
+	if a := h.status().Aside; a.On || !a.Since.Equal(now) {
+		t.Errorf("back in the queues at %v: status on %v since %v", now, a.On, a.Since)
 	}
 	if j := strings.Join(log, "\n"); !strings.Contains(j, "PRISM's queues again") {
 		t.Errorf("log %q does not say it came back", j)
