@@ -1295,13 +1295,12 @@ func guardStatus(status []byte) (guardFields, bool) {
 	return g, ok && g.Watch != ""
 }
 
-// prismAside says whether PRISM stood aside (high_auto.aside.on) at
-// the moment at (zero: when the agent reported); ok is false for an agent
-// that does not step aside. A report comes after the repeat, when the
-// background has stopped and PRISM steps aside within a second; where
-// the state changed after at (aside.since), it stood the other way at at:
-// one change is what the second or two until the report holds, as
-// stepping aside takes a second of samples and coming back two.
+// prismAside says whether PRISM stood aside (high_auto.aside.on) at the
+// moment at (zero: when the agent reported); ok is false for an agent
+// that does not step aside. The report comes a second or two after at,
+// with the background stopped: a state that changed after at
+// (aside.since) held the other way at at, as no two changes fit in that
+// time (stepping aside takes a second of samples).
 func prismAside(status []byte, at time.Time) (on, ok bool) {
 	g, _ := guardOf(status)
 	if g.High == nil || g.High.Aside == nil {

@@ -49,13 +49,9 @@ type nicPolls struct {
 	objs  *cpuacctObjects
 	link  link.Link
 	napis []uint32
-	bits  [napiBitsWords]uint64 // nic_napi_bits as written
-	wake  *nicWake              // nil until the first ArmWake
+	bits  []uint64 // nic_napi_bits as written, a word per entry
+	wake  *nicWake // nil until the first ArmWake
 }
-
-// napiBitsWords is cpuacct.c's NAPI_BITS_WORDS: nic_napi_bits, the filter
-// in front of nic_napis, has a bit for each id modulo 64 times this.
-const napiBitsWords = 64
 
 // watch makes ids (deduplicated) the counted set; changed says whether
 // it differs from the one before.
@@ -93,9 +89,13 @@ func (n *nicPolls) watch(ids []uint32) (changed bool, err error) {
 	// The filter's bits after the ids: a new id's polls go uncounted only
 	// until its bit is written, as before its id was; a dropped id's bit
 	// cleared late costs lookups that miss, never a poll counted.
-	var bits [napiBitsWords]uint64
+	words := n.objs.NicNapiBits.MaxEntries()
+	if len(n.bits) != int(words) {
+		n.bits = make([]uint64, words)
+	}
+	bits := make([]uint64, words)
 	for _, id := range ids {
-		bits[id/64%napiBitsWords] |= 1 << (id % 64)
+		bits[id/64%words] |= 1 << (id % 64)
 	}
 	for w := range bits {
 		if bits[w] == n.bits[w] {
