@@ -102,18 +102,25 @@ type AsideRule struct {
 	// every one with its polls counted, found under ProbeBelow frames on
 	// average, the switch steps aside to read the depth vanilla's path
 	// has: BackAfter samples at or over Depth bring the queues back, as
-	// any time aside (0: never).
+	// any time aside (0: never). A probe that finds vanilla's depth at
+	// Depth or over (the queues back before AsideAfter samples aside)
+	// doubles the samples before the next, up to ProbeMax: where vanilla
+	// queues too (the testbed's 65%: 2.0-3.2 frames a poll, 3.1-6.4
+	// queued) every probe would hand the marked flow vanilla's wait for
+	// 0.2-0.3 s. A probe that stays aside, or stepping aside by the rule,
+	// starts again from ProbeAfter.
 	ProbeBelow float64
 	ProbeAfter int
+	ProbeMax   int
 }
 
 // asideRule is the rule for aside-below on the guard's samples: 1 s
 // quiet to step aside, 0.2 s busy to come back, a probe after 10 s in
-// the queues under twice the depth (at 100 ms): where vanilla's polls
-// find the depth or more, the queues' find more than twice it
-// (docs/prism.md, stepping aside).
+// the queues under twice the depth (at 100 ms), after 80 s at most
+// once probes keep finding vanilla's polls at the depth (docs/prism.md,
+// stepping aside).
 func asideRule(below, depth float64) AsideRule {
-	return AsideRule{Below: below, Depth: depth, AsideAfter: 10, BackAfter: 2, ProbeBelow: 2 * depth, ProbeAfter: 100}
+	return AsideRule{Below: below, Depth: depth, AsideAfter: 10, BackAfter: 2, ProbeBelow: 2 * depth, ProbeAfter: 100, ProbeMax: 800}
 }
 
 // asideFor and asideBack say asideRule's times at the default interval,
@@ -125,11 +132,14 @@ var (
 
 // asideState is the decision: on is stepped aside; band counts the
 // samples in a row in the queues with their polls counted, bandSum adds
-// up their depths.
+// up their depths; probeAfter is the band that probes now (0: the rule's
+// ProbeAfter), probing the samples aside since a probe (0: none).
 type asideState struct {
 	latch
-	band    int
-	bandSum float64
+	band       int
+	bandSum    float64
+	probeAfter int
+	probing    int
 }
 
 // asideSample is one load sample of the receive core as stepping aside
@@ -165,16 +175,40 @@ func (s *asideState) step(r AsideRule, smp asideSample) (changed, probe bool) {
 	default:
 		s.band++
 		s.bandSum += smp.depth
-		if s.band >= r.ProbeAfter {
+		if s.band >= max(s.probeAfter, r.ProbeAfter) {
 			probe := s.bandSum/float64(s.band) < r.ProbeBelow && !quiet
 			s.band, s.bandSum = 0, 0
 			if probe {
 				s.on, s.over, s.under = true, 0, 0
+				s.probing = 1
 				return true, true
 			}
 		}
 	}
-	return s.latch.step(quiet, r.AsideAfter, !quiet, r.BackAfter), false
+	changed = s.latch.step(quiet, r.AsideAfter, !quiet, r.BackAfter)
+	switch {
+	case s.probing > 0 && !s.on:
+		// Vanilla's polls found the depth: the queues are where they
+		// belong at this load, so look again later.
+		s.probing = 0
+		s.probeAfter = min(2*max(s.probeAfter, r.ProbeAfter), max(r.ProbeMax, r.ProbeAfter))
+	case s.probing > 0:
+		if s.probing++; s.probing > r.AsideAfter {
+			s.probing, s.probeAfter = 0, 0 // a probe that found the load light
+		}
+	case changed && s.on:
+		s.probeAfter = 0 // aside by the rule: the load changed
+	}
+	return changed, false
+}
+
+// nextProbe is how long in the queues, in samples, the next probe waits
+// for (0: probes are off).
+func (s *asideState) nextProbe(r AsideRule) int {
+	if r.ProbeAfter <= 0 || r.Depth <= 0 {
+		return 0
+	}
+	return max(s.probeAfter, r.ProbeAfter)
 }
 
 // highState is one rule's decision: on is inline.
@@ -317,16 +351,22 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 		}
 	}
 	h.load, h.rx, h.fpp = nil, smp.rx, smp.depth
+	band := time.Duration(h.aside.nextProbe(r)) * guardRule.Interval
+	wasProbing := h.aside.probing > 0
 	changed, probe := h.aside.step(r, smp)
 	if !changed {
 		return ""
+	}
+	next := ""
+	if wasProbing && !h.aside.on {
+		next = fmt.Sprintf("; the next probe after %v in the queues", time.Duration(h.aside.nextProbe(r))*guardRule.Interval)
 	}
 	byDepth := r.Depth > 0 && smp.polled
 	switch {
 	case probe:
 		h.asides++
 		h.probes++
-		return fmt.Sprintf("high=auto: the NIC's polls on core %d found under %.2f frames each in PRISM's queues over %v (%.2f now), where the queues' own batches can hold the depth over %.2f: PRISM steps aside to read vanilla's depth", core, r.ProbeBelow, time.Duration(r.ProbeAfter)*guardRule.Interval, smp.depth, r.Depth)
+		return fmt.Sprintf("high=auto: the NIC's polls on core %d found under %.2f frames each in PRISM's queues over %v (%.2f now), where the queues' own batches can hold the depth over %.2f: PRISM steps aside to read vanilla's depth", core, r.ProbeBelow, band, smp.depth, r.Depth)
 	case h.aside.on && byDepth:
 		h.asides++
 		return fmt.Sprintf("high=auto: the NIC's polls on core %d found under %.2f frames each for %v (%.2f now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, r.Depth, time.Duration(r.AsideAfter)*guardRule.Interval, smp.depth)
@@ -334,7 +374,7 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 		h.asides++
 		return fmt.Sprintf("high=auto: receive work on core %d under %d%% of it for %v (%.0f%% now): PRISM steps aside, both classes in the NIC poll as vanilla runs them", core, below, time.Duration(r.AsideAfter)*guardRule.Interval, smp.rx)
 	case smp.ok && byDepth:
-		return fmt.Sprintf("high=auto: the NIC's polls on core %d find %.2f frames each (from %.2f): PRISM's queues again", core, smp.depth, r.Depth)
+		return fmt.Sprintf("high=auto: the NIC's polls on core %d find %.2f frames each (from %.2f): PRISM's queues again%s", core, smp.depth, r.Depth, next)
 	case smp.ok:
 		return fmt.Sprintf("high=auto: receive work on core %d at %.0f%% (from %d%%): PRISM's queues again", core, smp.rx, below)
 	default:
@@ -619,8 +659,10 @@ type AsideStatus struct {
 	RxPercent     float64 `json:"rx_percent"`
 	FramesPerPoll float64 `json:"frames_per_poll"`
 	Asides        uint64  `json:"asides"`
-	// Probes: how many of the asides were probes (AsideRule.ProbeAfter).
-	Probes uint64 `json:"probes,omitempty"`
+	// Probes: how many of the asides were probes (AsideRule.ProbeAfter);
+	// NextProbe: how long in the queues the next one waits for.
+	Probes    uint64        `json:"probes,omitempty"`
+	NextProbe time.Duration `json:"next_probe,omitempty"`
 	// Doze: lanes agent samples this seldom while it stands aside, until
 	// the kernel wakes it (GuardRule.Doze); 0: at its interval.
 	Doze time.Duration `json:"doze,omitempty"`
@@ -642,7 +684,7 @@ func (a AsideStatus) probeNote() string {
 	if a.Probes == 0 {
 		return ""
 	}
-	return fmt.Sprintf(", %d to read vanilla's depth", a.Probes)
+	return fmt.Sprintf(", %d to read vanilla's depth, the next after %v in the queues", a.Probes, a.NextProbe)
 }
 
 // byDepth: the last sample decided by the NIC's poll depth.
@@ -658,7 +700,8 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	if h.below != 0 {
-		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, Doze: h.doze, Since: h.asideSince}
+		next := h.aside.nextProbe(asideRule(float64(h.below), float64(h.depth)/100))
+		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, NextProbe: time.Duration(next) * guardRule.Interval, Doze: h.doze, Since: h.asideSince}
 	}
 	for r, rs := range h.rules {
 		s.Rules = append(s.Rules, HighRuleStatus{Rule: r.String(), Inline: rs.applied, Rate: rs.rate})

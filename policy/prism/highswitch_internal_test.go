@@ -412,9 +412,10 @@ func TestAsideRuleDepth(t *testing.T) {
 // TestAsideRuleProbe: ten seconds in the queues with polls under twice
 // the depth on average (over it queued, as the queues' batches hold them)
 // step aside to read vanilla's depth; under it aside stays aside, at or
-// over it the queues come back after two samples and the count starts
-// again; polls at or over twice the depth on average, or not counted,
-// never probe.
+// over it the queues come back after two samples and the next probe
+// waits twice as long, up to 80 s; a probe that stays aside, or stepping
+// aside by the rule, brings the wait back to 10 s; polls at or over
+// twice the depth on average, or not counted, never probe.
 func TestAsideRuleProbe(t *testing.T) {
 	r := asideRule(50, 2)
 	queued := func(depth float64) asideSample { return asideSample{rx: 80, depth: depth, polled: true, ok: true} }
@@ -441,21 +442,47 @@ func TestAsideRuleProbe(t *testing.T) {
 	if c, _ := run(50, queued(1.7)); c != 0 || !s.on {
 		t.Fatalf("1.7 aside: %d changes, aside %v; want aside kept", c, s.on)
 	}
-	// A load where vanilla queues too: back after two samples, and the
-	// next probe ten seconds later.
+	// A load where vanilla queues too: back after two samples, and each
+	// next probe twice as late, up to 80 s.
 	s = asideState{}
 	run(100, queued(2.7))
 	if !s.on {
 		t.Fatal("no probe after 100 samples at 2.7")
 	}
-	if c, _ := run(2, queued(2.4)); c != 1 || s.on {
-		t.Fatalf("2.4 aside: %d changes, aside %v; want the queues back", c, s.on)
+	for _, wait := range []int{200, 400, 800, 800} {
+		if c, _ := run(2, queued(2.4)); c != 1 || s.on {
+			t.Fatalf("2.4 aside: %d changes, aside %v; want the queues back", c, s.on)
+		}
+		if got := s.nextProbe(r); got != wait {
+			t.Fatalf("next probe after %d samples, want %d", got, wait)
+		}
+		if _, p := run(wait-1, queued(3.5)); p != 0 || s.on {
+			t.Fatalf("a probe within %d samples (%d), or aside %v", wait, p, s.on)
+		}
+		if _, p := run(1, queued(3.5)); p != 1 || !s.on {
+			t.Fatalf("no probe after %d samples under 4", wait)
+		}
 	}
-	if _, p := run(99, queued(3.5)); p != 0 || s.on {
-		t.Fatalf("another probe within 10 s (%d), or aside %v", p, s.on)
+	// One that finds vanilla's polls light stays aside: 10 s again for
+	// the next, once a burst brought the queues back.
+	run(r.AsideAfter+1, queued(1.5))
+	if !s.on || s.nextProbe(r) != 100 {
+		t.Fatalf("a probe aside at 1.5 for 1.1 s: aside %v, next probe after %d samples; want aside, 100", s.on, s.nextProbe(r))
 	}
-	if _, p := run(1, queued(3.5)); p != 1 {
-		t.Fatal("no probe after another 10 s under 4")
+	run(2, queued(2.4))
+	if _, p := run(100, queued(3.5)); !s.on || p != 1 {
+		t.Fatalf("after a light probe: %d probes in 10 s queued, aside %v; want one", p, s.on)
+	}
+	// Stepping aside by the rule does the same.
+	s = asideState{}
+	run(100, queued(2.7))
+	run(2, queued(2.4))
+	if s.nextProbe(r) != 200 {
+		t.Fatalf("after one probe that came back: next after %d samples, want 200", s.nextProbe(r))
+	}
+	run(r.AsideAfter, queued(1.5))
+	if !s.on || s.nextProbe(r) != 100 {
+		t.Fatalf("aside by the rule: aside %v, next probe after %d samples; want aside, 100", s.on, s.nextProbe(r))
 	}
 	// A window whose samples swing either side of twice the depth goes
 	// by their mean.
