@@ -102,13 +102,14 @@ type AsideRule struct {
 	// every one with its polls counted, found under ProbeBelow frames on
 	// average, the switch steps aside to read the depth vanilla's path
 	// has: BackAfter samples at or over Depth bring the queues back, as
-	// any time aside (0: never). A probe that finds vanilla's depth at
-	// Depth or over (the queues back before AsideAfter samples aside)
-	// doubles the samples before the next, up to ProbeMax: where vanilla
-	// queues too (the testbed's 65%: 2.0-3.2 frames a poll, 3.1-6.4
-	// queued) every probe would hand the marked flow vanilla's wait for
-	// 0.2-0.3 s. A probe that stays aside, or stepping aside by the rule,
-	// starts again from ProbeAfter.
+	// any time aside (0: never). Where vanilla's polls find about Depth
+	// and the queued ones under twice it, every probe hands the marked
+	// flow vanilla's wait for BackAfter samples or more; so a probe whose
+	// queues come back within AsideAfter samples aside on samples with
+	// the polls counted at Depth or over doubles the samples before the
+	// next, up to ProbeMax (at or under ProbeAfter: no doubling). A probe
+	// that stays aside longer, or stepping aside by the rule, starts
+	// again from ProbeAfter.
 	ProbeBelow float64
 	ProbeAfter int
 	ProbeMax   int
@@ -133,7 +134,8 @@ var (
 // asideState is the decision: on is stepped aside; band counts the
 // samples in a row in the queues with their polls counted, bandSum adds
 // up their depths; probeAfter is the band that probes now (0: the rule's
-// ProbeAfter), probing the samples aside since a probe (0: none).
+// ProbeAfter); probing is 1 + the samples aside since a probe stepped
+// aside (0: no probe aside).
 type asideState struct {
 	latch
 	band       int
@@ -188,10 +190,13 @@ func (s *asideState) step(r AsideRule, smp asideSample) (changed, probe bool) {
 	changed = s.latch.step(quiet, r.AsideAfter, !quiet, r.BackAfter)
 	switch {
 	case s.probing > 0 && !s.on:
-		// Vanilla's polls found the depth: the queues are where they
-		// belong at this load, so look again later.
 		s.probing = 0
-		s.probeAfter = min(2*max(s.probeAfter, r.ProbeAfter), max(r.ProbeMax, r.ProbeAfter))
+		if smp.ok && smp.polled && r.Depth > 0 {
+			// Vanilla's polls found the depth: the queues are where
+			// they belong at this load, so look again later. (Back on
+			// failed or uncounted samples, the probe read nothing.)
+			s.probeAfter = min(2*max(s.probeAfter, r.ProbeAfter), max(r.ProbeMax, r.ProbeAfter))
+		}
 	case s.probing > 0:
 		if s.probing++; s.probing > r.AsideAfter {
 			s.probing, s.probeAfter = 0, 0 // a probe that found the load light
@@ -328,6 +333,10 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 	}
 	if h.below == 0 {
 		h.rx, h.fpp = -1, -1
+	}
+	if depth != h.depth || core != h.core {
+		// The probes' wait was learned against the old threshold.
+		h.aside.probeAfter = 0
 	}
 	h.below, h.depth, h.core = below, depth, core
 	if !h.loaded {
@@ -660,7 +669,8 @@ type AsideStatus struct {
 	FramesPerPoll float64 `json:"frames_per_poll"`
 	Asides        uint64  `json:"asides"`
 	// Probes: how many of the asides were probes (AsideRule.ProbeAfter);
-	// NextProbe: how long in the queues the next one waits for.
+	// NextProbe: how long in the queues the next one waits for (during a
+	// probe, the wait before it: doubled if it comes back).
 	Probes    uint64        `json:"probes,omitempty"`
 	NextProbe time.Duration `json:"next_probe,omitempty"`
 	// Doze: lanes agent samples this seldom while it stands aside, until

@@ -473,6 +473,42 @@ func TestAsideRuleProbe(t *testing.T) {
 	if _, p := run(100, queued(3.5)); !s.on || p != 1 {
 		t.Fatalf("after a light probe: %d probes in 10 s queued, aside %v; want one", p, s.on)
 	}
+	// The window: back on the tenth sample aside (AsideAfter) still
+	// doubles; aside for the whole of it brings the wait back to 10 s.
+	s = asideState{}
+	run(100, queued(2.7))
+	run(r.AsideAfter-2, queued(1.5))
+	run(2, queued(2.4))
+	if s.on || s.nextProbe(r) != 200 {
+		t.Fatalf("a probe back on its 10th sample: aside %v, next after %d samples; want the queues, 200", s.on, s.nextProbe(r))
+	}
+	s = asideState{}
+	run(100, queued(2.7))
+	run(r.AsideAfter, queued(1.5))
+	if !s.on || s.nextProbe(r) != 100 {
+		t.Fatalf("a probe aside for 10 samples: aside %v, next after %d samples; want aside, 100", s.on, s.nextProbe(r))
+	}
+	// Back on samples that read no depth: nothing learned, no doubling.
+	s = asideState{}
+	run(100, queued(2.7))
+	run(r.BackAfter, asideSample{})
+	if s.on || s.nextProbe(r) != 100 {
+		t.Fatalf("a probe ended by failed samples: aside %v, next after %d samples; want the queues, 100", s.on, s.nextProbe(r))
+	}
+	// Without a ProbeMax over ProbeAfter, no doubling.
+	flat := r
+	flat.ProbeMax = 0
+	s = asideState{}
+	for i := range 3 {
+		for range 99 {
+			s.step(flat, queued(3.5))
+		}
+		if _, p := s.step(flat, queued(3.5)); !p {
+			t.Fatalf("ProbeMax 0: no probe at the 100th sample of round %d", i)
+		}
+		s.step(flat, queued(2.4))
+		s.step(flat, queued(2.4))
+	}
 	// Stepping aside by the rule does the same.
 	s = asideState{}
 	run(100, queued(2.7))
@@ -765,5 +801,32 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	}
 	if st := h.status(); st.Aside.Probes != 1 || !strings.Contains(st.Summary(), "1 to read vanilla's depth") {
 		t.Errorf("status %+v, summary %q: want the probe counted", st.Aside, st.Summary())
+	}
+	// Vanilla's polls at the depth: the queues back, the next probe
+	// after 20 s, said in the log and the status, and its log says so.
+	step(depthOn(1, 80, 1000, 3000))
+	msg := step(depthOn(1, 80, 1000, 3000))
+	if dp.aside != 0 || !strings.Contains(msg, "PRISM's queues again; the next probe after 20s in the queues") {
+		t.Fatalf("probe at 3 frames a poll: deadline %v, log %q; want the queues back and the next probe after 20s", dp.aside, msg)
+	}
+	if st := h.status(); st.Aside.NextProbe != 20*time.Second || !strings.Contains(st.Summary(), "the next after 20s in the queues") {
+		t.Errorf("status %+v, summary %q: want the next probe after 20s", st.Aside, st.Summary())
+	}
+	log = nil
+	for range 200 {
+		if msg := step(depthOn(1, 80, 1000, 3000)); msg != "" {
+			log = append(log, msg)
+		}
+	}
+	if len(log) != 1 || !strings.Contains(log[0], "in PRISM's queues over 20s") {
+		t.Errorf("20 s queued at 3 frames a poll: log %q; want one probe, over 20s", log)
+	}
+	// A new threshold: the wait learned against the old one goes.
+	step(depthOn(1, 80, 1000, 3000))
+	step(depthOn(1, 80, 1000, 3000))
+	dp.depth = 300
+	step(depthOn(1, 80, 1000, 3500))
+	if st := h.status(); st.Aside.NextProbe != 10*time.Second {
+		t.Errorf("aside-depth 3 after two probes at 2.5: next probe after %v, want 10s", st.Aside.NextProbe)
 	}
 }
