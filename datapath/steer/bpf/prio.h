@@ -112,7 +112,8 @@ static __always_inline int aside_pass(const struct steer_cfg *cfg, int *aside)
 	if (bpf_get_smp_processor_id() != core)
 		return 0;
 	q = core_queue(core);
-	if (!queue_tracked(q) || idle_since(cfg, q->marked_at, bpf_ktime_get_ns()) < cfg->flowlet_ns ||
+	/* marked_at 0: no frame was ever counted in, however short the uptime. */
+	if (!queue_tracked(q) || (q->marked_at && idle_since(cfg, q->marked_at, bpf_ktime_get_ns()) < cfg->flowlet_ns) ||
 	    !queue_empty_now(q, core))
 		return 0;
 	p->gen++;
