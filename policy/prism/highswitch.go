@@ -177,7 +177,7 @@ func (s *asideState) step(r AsideRule, smp asideSample) (changed, probe bool) {
 	default:
 		s.band++
 		s.bandSum += smp.depth
-		if s.band >= max(s.probeAfter, r.ProbeAfter) {
+		if s.band >= s.nextProbe(r) {
 			probe := s.bandSum/float64(s.band) < r.ProbeBelow && !quiet
 			s.band, s.bandSum = 0, 0
 			if probe {
@@ -195,7 +195,7 @@ func (s *asideState) step(r AsideRule, smp asideSample) (changed, probe bool) {
 			// Vanilla's polls found the depth: the queues are where
 			// they belong at this load, so look again later. (Back on
 			// failed or uncounted samples, the probe read nothing.)
-			s.probeAfter = min(2*max(s.probeAfter, r.ProbeAfter), max(r.ProbeMax, r.ProbeAfter))
+			s.probeAfter = min(2*s.nextProbe(r), max(r.ProbeMax, r.ProbeAfter))
 		}
 	case s.probing > 0:
 		if s.probing++; s.probing > r.AsideAfter {
@@ -208,7 +208,7 @@ func (s *asideState) step(r AsideRule, smp asideSample) (changed, probe bool) {
 }
 
 // nextProbe is how long in the queues, in samples, the next probe waits
-// for (0: probes are off).
+// for (0: probes are off): the one place the current wait is read.
 func (s *asideState) nextProbe(r AsideRule) int {
 	if r.ProbeAfter <= 0 || r.Depth <= 0 {
 		return 0
@@ -311,6 +311,11 @@ func (h *highSwitch) takeLoad(s cpuload.Sample, ok bool) {
 	}
 }
 
+// asideRule is the rule for the applied config's thresholds.
+func (h *highSwitch) asideRule() AsideRule {
+	return asideRule(float64(h.below), float64(h.depth)/100)
+}
+
 // wantsLoad: the applied config steps aside, so the switch needs the
 // guard's load samples.
 func (h *highSwitch) wantsLoad() bool { return h.below != 0 }
@@ -344,7 +349,7 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 	}
 	h.loaded = false
 	smp := asideSample{rx: -1, depth: -1}
-	r := asideRule(float64(below), float64(depth)/100)
+	r := h.asideRule()
 	if h.load != nil {
 		if c, found := h.load.Core(core); found {
 			if h.load.NICWatched {
@@ -710,7 +715,7 @@ type HighRuleStatus struct {
 func (h *highSwitch) status() *HighStatus {
 	s := &HighStatus{InlineAt: h.rule.InlineAt, Switches: h.switches, BulkQuiet: h.bulkQuiet, Off: h.off, Err: h.err}
 	if h.below != 0 {
-		next := h.aside.nextProbe(asideRule(float64(h.below), float64(h.depth)/100))
+		next := h.aside.nextProbe(h.asideRule())
 		s.Aside = &AsideStatus{On: h.asideSet, Below: h.below, Depth: float64(h.depth) / 100, Core: h.core, RxPercent: h.rx, FramesPerPoll: h.fpp, Asides: h.asides, Probes: h.probes, NextProbe: time.Duration(next) * guardRule.Interval, Doze: h.doze, Since: h.asideSince}
 	}
 	for r, rs := range h.rules {
