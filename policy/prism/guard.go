@@ -276,6 +276,9 @@ type guardTarget interface {
 	needsThreads() bool
 	// set switches the target: demoted or the plan's value.
 	set(demoted bool) error
+	// current reads where the target is: demoted or not, and whether
+	// all of it is at one of the two values (known).
+	current() (demoted, known bool)
 	names() []string
 	// watch names the target; demote and promote are log lines, demote
 	// with the signal, the core and the other tasks' share as arguments,
@@ -562,6 +565,24 @@ func (g *guard) switchTarget(demoted bool) error {
 	return err
 }
 
+// resume starts the guard from where its target is: a guard that
+// stopped while demoted left it demoted (the safe placement under
+// overload), and the one started after it holds it there until the load
+// says otherwise, rather than putting the NIC poll back on the ladder
+// for its first samples. A target not all at one value is written at
+// the first sample.
+func (g *guard) resume() {
+	demoted, known := g.target.current()
+	g.state = guardState{latch: latch{on: demoted}}
+	g.set = nil
+	if known {
+		g.set = &demoted
+	}
+	g.mu.Lock()
+	g.status.Demoted = demoted
+	g.mu.Unlock()
+}
+
 // sampleFailed skips a round whose load could not be sampled; after
 // guardFailLimit in a row the guard holds the safe placement, demoted
 // (under overload the ladder starves bulk work, off it nothing
@@ -621,6 +642,7 @@ func (g *guard) run(ctx context.Context) error {
 		if src, err = open(); err != nil {
 			return fmt.Errorf("prism guard: %w", err)
 		}
+		g.resume()
 		defer func() {
 			if g.state.demoted() && g.env.Logf != nil && g.status.Stopped == "" {
 				g.env.Logf("prism guard: stopping while demoted: left demoted, the safe placement under overload (lanes reset restores the original)")
@@ -1003,6 +1025,18 @@ func (n *nicTarget) set(demoted bool) error {
 	return first
 }
 
+// current: demoted when a thread is at the demoted value, known when
+// every thread is at the same one of the two.
+func (n *nicTarget) current() (demoted, known bool) {
+	at := map[string]int{}
+	for _, th := range n.threads {
+		if b, err := knobs.Sched(th.Comm, th.Index).Read(); err == nil {
+			at[strings.TrimSpace(string(b))]++
+		}
+	}
+	return at[n.off] > 0, at[n.off] == len(n.threads) || at[n.onLadder] == len(n.threads)
+}
+
 func (n *nicTarget) names() []string { return comms(n.threads) }
 
 func (n *nicTarget) watch() string { return "NIC poll on the real-time ladder (streamline)" }
@@ -1131,6 +1165,10 @@ func (b *bulkTarget) set(demoted bool) error {
 	}
 	return first
 }
+
+// current: the guard is made only over a bulk kthread at SCHED_IDLE
+// (newTargetGuard), the plan's value.
+func (b *bulkTarget) current() (demoted, known bool) { return false, true }
 
 func (b *bulkTarget) names() []string { return comms(b.threads) }
 

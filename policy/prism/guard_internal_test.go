@@ -79,15 +79,19 @@ func (f *fakeSource) Sample() (cpuload.Sample, error) {
 func (f *fakeSource) Close() error { return nil }
 
 // fakeTarget records what the guard switches it to; err is what set
-// returns.
+// returns, sig the signal it shows, at what current says it is at
+// (demoted, known).
 type fakeTarget struct {
 	mu   sync.Mutex
 	sets []bool
 	err  error
+	sig  float64
+	at   [2]bool
 }
 
-func (f *fakeTarget) signal([]cpuload.Thread, time.Duration) (float64, error) { return 0, nil }
+func (f *fakeTarget) signal([]cpuload.Thread, time.Duration) (float64, error) { return f.sig, nil }
 func (f *fakeTarget) needsThreads() bool                                      { return false }
+func (f *fakeTarget) current() (demoted, known bool)                          { return f.at[0], f.at[1] }
 func (f *fakeTarget) set(d bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -137,6 +141,39 @@ func TestGuardSurvivesSamplerFailures(t *testing.T) {
 	// Stopped while demoted: left demoted, the last switch is to demoted.
 	if c := tg.calls(); c[len(c)-1] != true {
 		t.Errorf("switches %v: the guard put the plan's value back on its way out", c)
+	}
+}
+
+// A guard restarted under overload over a target its predecessor left
+// demoted starts demoted: it never puts the NIC poll back on the ladder
+// for its first samples (the collapse it exists to prevent) to demote it
+// again three samples later. One over a target at the plan's value
+// starts there and demotes once; one over a target it cannot tell
+// writes its decision at the first sample.
+func TestGuardResumesWhereItsTargetIs(t *testing.T) {
+	rule := GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond}
+	for _, c := range []struct {
+		name string
+		at   [2]bool
+		want []bool
+	}{
+		{"left demoted", [2]bool{true, true}, nil},
+		{"at the plan's value", [2]bool{false, true}, []bool{true}},
+		{"not known", [2]bool{false, false}, []bool{false, true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tg := &fakeTarget{sig: 100, at: c.at} // overload: the NIC poll runs all the time, the core never idles
+			g := &guard{rule: rule, target: tg, newSource: func() (cpuload.Source, error) { return &fakeSource{idle: 0}, nil }}
+			waitUntil, stop := startGuard(t, g)
+			waitUntil("a demoted guard", func() bool { return g.Status().Demoted })
+			time.Sleep(20 * time.Millisecond) // more samples under overload
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := tg.calls(); !slices.Equal(got, c.want) {
+				t.Errorf("switches %v under overload, want %v", got, c.want)
+			}
+		})
 	}
 }
 
