@@ -429,35 +429,55 @@ var ErrStale = errors.New("the apply this process worked for is gone")
 // still is generation gen's (Generation; else ErrStale: a reset or a newer
 // apply came, and their values stand) and holds k (the plan set k, so its
 // original is kept: an agent never touches a knob the plan did not), and
-// it records value as what lanes wrote. A journal another lanes process
+// it records value as what lanes wrote. The write goes to what the journal
+// names, not to k as the caller built it: a kernel thread is the one the
+// apply changed (its start time), and one that took its name since is
+// ErrGone, left as its runtime made it. A journal another lanes process
 // holds at the moment is ErrBusy: the caller tries again later.
 func RuntimeWrite(dir, gen string, k Knob, value []byte) error {
-	doc, err := readDoc(filepath.Join(dir, JournalFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%s: %w (no journal in %s: reset)", k.Key(), ErrStale, dir)
-	}
-	if err != nil {
-		return err
-	}
-	j, err := open(dir, doc.Target, false, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%s: %w (%s removed: reset)", k.Key(), ErrStale, dir)
-	}
+	j, err := openRuntime(dir, gen, k.Key())
 	if err != nil {
 		return err
 	}
 	defer j.Close()
-	if g := Generation(j.doc.Entries); gen == "" || g != gen {
-		return fmt.Errorf("%s: %w (journal generation %q, not %q: reset or applied again)", k.Key(), ErrStale, g, gen)
-	}
-	if !j.keys[k.Key()] {
+	i := j.index(k.Key())
+	if i < 0 {
 		return fmt.Errorf("%s: not set by the applied plan (not journaled): a runtime writer changes only knobs the plan set", k.Key())
 	}
-	if err := k.Write(value); err != nil {
+	journaled, err := j.doc.Entries[i].Decode()
+	if err != nil {
+		return err
+	}
+	if err := journaled.Write(value); err != nil {
 		return err
 	}
 	_, err = j.Wrote(k, value)
 	return err
+}
+
+// openRuntime opens the journal in dir for a runtime writer of
+// generation gen: ErrStale when it is gone or another apply's, ErrBusy
+// when another lanes process holds it.
+func openRuntime(dir, gen, what string) (*Journal, error) {
+	doc, err := readDoc(filepath.Join(dir, JournalFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w (no journal in %s: reset)", what, ErrStale, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	j, err := open(dir, doc.Target, false, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w (%s removed: reset)", what, ErrStale, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if g := Generation(j.doc.Entries); gen == "" || g != gen {
+		j.Close()
+		return nil, fmt.Errorf("%s: %w (journal generation %q, not %q: reset or applied again)", what, ErrStale, g, gen)
+	}
+	return j, nil
 }
 
 // testAfterRecord lets crash tests die between a durable record and the

@@ -1005,8 +1005,11 @@ func (n *nicTarget) signal(threads []cpuload.Thread, _ time.Duration) (float64, 
 	return nic, nil
 }
 
-// set writes the scheduling to every guarded thread. A thread that is
-// gone (its device went away) is skipped.
+// set writes the scheduling to every guarded thread, as the apply
+// journaled it (knobs.RuntimeWrite). A thread that is gone (its device
+// went away, or another took its name: threaded NAPI switched off and
+// on) is skipped, and one of the same name is left as its runtime made
+// it: the reset would skip it too.
 func (n *nicTarget) set(demoted bool) error {
 	v := n.onLadder
 	if demoted {
