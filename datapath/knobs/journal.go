@@ -455,6 +455,21 @@ func RuntimeWrite(dir, gen string, k Knob, value []byte) error {
 	return err
 }
 
+// RuntimeDo runs f for a process working for an apply, under the
+// journal's lock and only while the journal in dir still is generation
+// gen's, as RuntimeWrite writes a knob: for what an agent changes that is
+// the apply's but no knob (the bulk queue's kthread, which dies with the
+// datapath), so that no reset or other apply runs between the check and
+// f. what names the change in errors.
+func RuntimeDo(dir, gen, what string, f func() error) error {
+	j, err := openRuntime(dir, gen, what)
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	return f()
+}
+
 // openRuntime opens the journal in dir for a runtime writer of
 // generation gen: ErrStale when it is gone or another apply's, ErrBusy
 // when another lanes process holds it.

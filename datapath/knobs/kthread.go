@@ -85,21 +85,58 @@ func (t *Kthread) resolve(record bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("kernel thread %s (pid %d): %w", t, pid, gone(err))
-	}
-	ps, err := kthread.ParseProcStat(string(b))
+	started, err := startedAt(pid)
 	if err != nil {
 		return 0, fmt.Errorf("kernel thread %s (pid %d): %w", t, pid, err)
 	}
 	switch {
 	case t.Started == 0 && record:
-		t.Started = ps.StartTime
-	case t.Started != 0 && ps.StartTime != t.Started:
-		return 0, fmt.Errorf("kernel thread %s: %w: the thread lanes changed (started at tick %d) was replaced by pid %d (started at tick %d)", t, ErrGone, t.Started, pid, ps.StartTime)
+		t.Started = started
+	case t.Started != 0 && started != t.Started:
+		return 0, fmt.Errorf("kernel thread %s: %w: the thread lanes changed (started at tick %d) was replaced by pid %d (started at tick %d)", t, ErrGone, t.Started, pid, started)
 	}
 	return pid, nil
+}
+
+// startedAt is pid's start time (boot-relative ticks): with the pid, what
+// tells a thread from one that took its pid or its name since.
+func startedAt(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("%w: %w", ErrGone, err)
+	}
+	if err != nil {
+		return 0, err
+	}
+	ps, err := kthread.ParseProcStat(string(b))
+	if err != nil {
+		return 0, err
+	}
+	return ps.StartTime, nil
+}
+
+// Thread is one thread by pid and start time, for a writer that found it
+// by other means than a name (the bulk queue's kthread, which is lanes'
+// own and not a knob): a pid that was reused since names another thread.
+type Thread struct {
+	PID     int
+	Started uint64
+}
+
+// SetSched sets t's scheduling, or fails with ErrGone when t's pid is
+// gone or names another thread now.
+func (t Thread) SetSched(a *unix.SchedAttr) error {
+	started, err := startedAt(t.PID)
+	if err == nil && started != t.Started {
+		err = fmt.Errorf("%w: pid %d started at tick %d, not %d: another thread took it", ErrGone, t.PID, started, t.Started)
+	}
+	if err == nil {
+		err = gone(unix.SchedSetAttr(t.PID, a, 0))
+	}
+	if err != nil {
+		return fmt.Errorf("setting the scheduling of pid %d: %w", t.PID, err)
+	}
+	return nil
 }
 
 func gone(err error) error {

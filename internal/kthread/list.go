@@ -20,6 +20,9 @@ type Info struct {
 	Priority int    `json:"priority"`        // RT priority (fifo, rr), 0 otherwise
 	Nice     int    `json:"nice"`
 	LastCPU  int    `json:"last_cpu"` // the CPU it last ran on
+	// Started is its start time (boot-relative ticks): with PID, what
+	// tells it from a thread that took its pid since.
+	Started uint64 `json:"started,omitempty"`
 }
 
 // List returns the kernel threads whose comm satisfies match, in pid
@@ -44,11 +47,11 @@ func List(match func(comm string) bool) ([]Info, error) {
 		if !match(comm) {
 			continue
 		}
-		flags, lastCPU, err := Thread{PID: pid}.Stat()
-		if err != nil || flags&PFKthread == 0 {
+		ps, err := Thread{PID: pid}.ProcStat()
+		if err != nil || !ps.Kthread {
 			continue
 		}
-		info := Info{PID: pid, Comm: comm, LastCPU: lastCPU}
+		info := Info{PID: pid, Comm: comm, LastCPU: ps.CPU, Started: ps.StartTime}
 		if cpus, err := (Thread{PID: pid}).Affinity(); err == nil {
 			info.CPUs = cpus
 		}

@@ -1073,8 +1073,9 @@ type bulkTarget struct {
 	// nice is the bulk kthread's nice value while demoted (guard-nice).
 	nice int
 	// stateDir and gen: the journal of the apply the guard works for,
-	// whose generation set checks (the kthread is lanes' own, not a
-	// journaled knob, but a reset or a new apply ends the guard's say).
+	// under whose lock and generation set writes (the kthread is lanes'
+	// own, not a journaled knob, but a reset or a new apply ends the
+	// guard's say).
 	stateDir, gen string
 }
 
@@ -1150,23 +1151,29 @@ func (b *bulkTarget) signal(_ []cpuload.Thread, interval time.Duration) (float64
 	return min(most, 100), nil
 }
 
+// set writes the bulk kthreads' scheduling, each to the thread find
+// listed (its pid and start time: a pid reused since is not written),
+// under the journal's lock while it still is the apply's the guard works
+// for (knobs.RuntimeDo): a reset or a newer apply ends the guard's say,
+// and none runs between that check and the write.
 func (b *bulkTarget) set(demoted bool) error {
-	if b.stateDir != "" {
-		if g := journalGeneration(b.stateDir); g == "" || g != b.gen {
-			return fmt.Errorf("bulk queue of core %d: %w (journal generation %q, not %q)", b.core, knobs.ErrStale, g, b.gen)
-		}
-	}
 	a := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
 	if demoted {
 		a.Policy, a.Nice = unix.SCHED_NORMAL, int32(b.nice)
 	}
-	var first error
-	for _, th := range b.threads {
-		if err := unix.SchedSetAttr(th.PID, a, 0); err != nil && first == nil {
-			first = fmt.Errorf("setting the scheduling of %s: %w", th.Comm, err)
+	write := func() error {
+		var first error
+		for _, th := range b.threads {
+			if err := (knobs.Thread{PID: th.PID, Started: th.Started}).SetSched(a); err != nil && first == nil {
+				first = fmt.Errorf("%s: %w", th.Comm, err)
+			}
 		}
+		return first
 	}
-	return first
+	if b.stateDir == "" {
+		return write()
+	}
+	return knobs.RuntimeDo(b.stateDir, b.gen, fmt.Sprintf("bulk queue of core %d", b.core), write)
 }
 
 // current: the guard is made only over a bulk kthread at SCHED_IDLE

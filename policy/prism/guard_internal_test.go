@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/kthread"
+	"golang.org/x/sys/unix"
 )
 
 // TestBulkWaitShare: the bulk kthread's wait is a share of the time between
@@ -52,6 +55,82 @@ func TestBulkWaitShare(t *testing.T) {
 		if got != step.want {
 			t.Errorf("read %d: %.1f%%, want %.1f%%", i, got, step.want)
 		}
+	}
+}
+
+// noteKnob is a knob that changes nothing, to make a journal of an
+// apply with.
+type noteKnob struct{ Name string }
+
+func (k noteKnob) Kind() string          { return "test-note" }
+func (k noteKnob) Key() string           { return "test-note:" + k.Name }
+func (k noteKnob) Read() ([]byte, error) { return []byte("x"), nil }
+func (k noteKnob) Write(v []byte) error  { return nil }
+
+// The bulk queue's guard writes its kthread under the journal's lock,
+// while the journal is its apply's, and only to the thread it listed:
+// while a reset holds the journal it writes nothing (it once checked the
+// generation unlocked, then wrote whatever the reset left), and a pid
+// another thread took since (started at another time: a pid reused after
+// a reset) is not written. A child process stands for the kthread (its
+// nice value only rises here, which needs no privilege).
+func TestBulkGuardWritesItsThreadUnderTheJournal(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	pid := child.Process.Pid
+	ps, err := kthread.Thread{PID: pid}.ProcStat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nice := func() int32 {
+		t.Helper()
+		a, err := unix.SchedGetAttr(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Nice
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	j, err := knobs.Open(state, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Record(noteKnob{"apply"}); err != nil {
+		t.Fatal(err)
+	}
+	gen := knobs.Generation(j.Entries())
+	j.Close()
+	b := &bulkTarget{core: 1, threads: []kthread.Info{{PID: pid, Comm: "cpumap/1/map:7", Started: ps.StartTime}}, nice: 3, stateDir: state, gen: gen}
+	if err := b.set(true); err != nil || nice() != 3 {
+		t.Fatalf("premise: the guard demotes its thread to nice 3: %v, nice %d", err, nice())
+	}
+
+	j, err = knobs.Open(state, "test") // a reset, under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.nice = 5
+	if err := b.set(true); !errors.Is(err, knobs.ErrBusy) {
+		t.Errorf("the guard's write while a reset holds the journal: %v, want busy", err)
+	}
+	if n := nice(); n != 3 {
+		t.Errorf("nice %d after the guard's write during a reset, want 3 left", n)
+	}
+	j.Close()
+
+	b.threads[0].Started++ // the listed thread gone, its pid taken by another
+	b.nice = 6
+	if err := b.set(true); !errors.Is(err, knobs.ErrGone) {
+		t.Errorf("the guard's write to a pid another thread took: %v, want gone", err)
+	}
+	if n := nice(); n != 3 {
+		t.Errorf("nice %d after the guard wrote a reused pid, want 3 left", n)
 	}
 }
 
