@@ -99,7 +99,8 @@ func OpenWait(dir, target string, wait time.Duration) (*Journal, error) {
 // The error matches os.ErrNotExist when dir is gone.
 func OpenExisting(dir, target string) (*Journal, error) { return open(dir, target, false, 0) }
 
-// lockPoll is how often OpenWait tries the lock again.
+// lockPoll is how long a wait for a lock (OpenWait, LockDir) sleeps at
+// most between two tries; the first tries come sooner.
 const lockPoll = 50 * time.Millisecond
 
 func open(dir, target string, create bool, wait time.Duration) (*Journal, error) {
@@ -215,27 +216,40 @@ func lockDir(dir string, create bool, deadline time.Time) (*os.File, error) {
 			return nil, fmt.Errorf("creating state dir: %w", err)
 		}
 	}
-	// Not through a symlink: the state directory is where reset removes
-	// files, and a link could point it anywhere.
+	lock, err := LockDir(dir, time.Until(deadline))
+	if err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	return lock, nil
+}
+
+// LockDir takes the exclusive lock (flock) on directory dir, trying again
+// until wait has passed while another process, or another open of dir in
+// this one, holds it (then ErrBusy). Closing the file drops the lock, and
+// so does the death of the process: a killed holder never blocks the
+// next. Not through a symlink: a state directory is where reset removes
+// files, and a link could point it anywhere.
+func LockDir(dir string, wait time.Duration) (*os.File, error) {
 	lock, err := os.OpenFile(dir, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return nil, fmt.Errorf("opening state dir (not a symlink): %w", err)
+		return nil, fmt.Errorf("opening %s (not a symlink): %w", dir, err)
 	}
-	for {
+	deadline := time.Now().Add(wait)
+	for poll := time.Millisecond; ; poll = min(2*poll, lockPoll) {
 		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(lockPoll)
+		time.Sleep(poll)
 	}
 	if err == nil {
 		return lock, nil
 	}
 	lock.Close()
 	if errors.Is(err, syscall.EWOULDBLOCK) {
-		return nil, fmt.Errorf("state dir %s is in use by another lanes process: try again once it is done (%w)", dir, ErrBusy)
+		return nil, fmt.Errorf("%s is in use by another lanes process: try again once it is done (%w)", dir, ErrBusy)
 	}
-	return nil, fmt.Errorf("locking state dir %s: %w", dir, err)
+	return nil, fmt.Errorf("locking %s: %w", dir, err)
 }
 
 // sameDir reports whether the open directory f still is the one at path.

@@ -64,6 +64,8 @@ type core struct {
 	// dropsSkbErr: why steer_drops_skb could not load (a stub took its
 	// place), or nil.
 	dropsSkbErr error
+	// rulesMu is withRules' lock within this process.
+	rulesMu sync.Mutex
 }
 
 // Load loads the embedded object for Falcon's placement alone (the zero
@@ -418,11 +420,12 @@ var retiredPins = []string{
 }
 
 // Unpin removes the pins Pin creates in dir (and those of earlier builds,
-// retiredPins), and dir if that leaves it empty. Missing pins are not an
-// error. Attached programs keep running until detached.
+// retiredPins), the rule set's lock (PinRulesLock), and dir if that
+// leaves it empty. Missing pins are not an error. Attached programs keep
+// running until detached.
 func Unpin(dir string) error {
 	var errs []error
-	for _, name := range append(pinNames(), retiredPins...) {
+	for _, name := range slices.Concat(pinNames(), retiredPins, []string{PinRulesLock}) {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpinning: %w", err))
 		}

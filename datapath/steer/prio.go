@@ -6,7 +6,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -369,7 +371,10 @@ func (d *core) prioShapes() (uint32, error) {
 // syncPrioShapes writes the rules' shape mask (bpf/maps.h's
 // steer_prio_shapes, whose one writer this is), so the programs look up
 // only shapes that exist. After an add, the new shape is in the mask once
-// this returns; after a delete, a stale bit only costs a lookup.
+// this returns; after a delete, a stale bit only costs a lookup. It reads
+// the rule set and writes the mask: callers hold the rule set's lock
+// (withRules), or a mask computed from a set another writer changed
+// meanwhile could replace one with its rule's shape.
 func (d *core) syncPrioShapes() error {
 	shapes, err := d.prioShapes()
 	if err != nil {
@@ -398,6 +403,41 @@ func (r Rule) key() steerPrioRule {
 	return k
 }
 
+// PinRulesLock is the directory in a datapath's pin directory whose lock
+// (knobs.LockDir) every change of the rule set holds with the shape mask
+// it writes: `lanes prio` and lanes agent are different processes. A
+// directory, the one kind of file bpffs makes besides pins (and no dot:
+// bpffs refuses names with one).
+const PinRulesLock = "steer_prio_lock"
+
+// rulesWait is how long a rule change waits for another to finish.
+const rulesWait = 10 * time.Second
+
+// withRules runs f, a change of the rule set and its shape mask, holding
+// the rule set's lock: the pinned datapath's PinRulesLock (made on first
+// use: datapaths pinned before it are locked the same), so that no other
+// process's change runs between the set f reads and the mask it writes;
+// a datapath pinned nowhere, only this process can reach.
+func (d *core) withRules(f func() error) error {
+	d.rulesMu.Lock()
+	defer d.rulesMu.Unlock()
+	if d.pinDir == "" {
+		return f()
+	}
+	dir := filepath.Join(d.pinDir, PinRulesLock)
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("steer datapath in %s: %w (reset)", d.pinDir, knobs.ErrGone)
+	} else if err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("the priority rules' lock: %w", err)
+	}
+	lock, err := knobs.LockDir(dir, rulesWait)
+	if err != nil {
+		return fmt.Errorf("the priority rules' lock: %w", err)
+	}
+	defer lock.Close()
+	return f()
+}
+
 // AddRule marks r's flows high priority from their next packet on (a flow
 // changes class like any move: once its old queue has drained). Adding a
 // rule that is there is not an error.
@@ -405,13 +445,15 @@ func (d Prio) AddRule(r Rule) error {
 	if err := r.check(); err != nil {
 		return err
 	}
-	if err := d.objs.SteerPrio.Update(r.key(), uint8(1), ebpf.UpdateAny); err != nil {
-		if errors.Is(err, unix.E2BIG) {
-			return fmt.Errorf("adding priority rule %s: the table holds at most %d rules", r, maxRules)
+	return d.withRules(func() error {
+		if err := d.objs.SteerPrio.Update(r.key(), uint8(1), ebpf.UpdateAny); err != nil {
+			if errors.Is(err, unix.E2BIG) {
+				return fmt.Errorf("adding priority rule %s: the table holds at most %d rules", r, maxRules)
+			}
+			return fmt.Errorf("adding priority rule %s: %w", r, err)
 		}
-		return fmt.Errorf("adding priority rule %s: %w", r, err)
-	}
-	return d.syncPrioShapes()
+		return d.syncPrioShapes()
+	})
 }
 
 // DelRule removes r; it is an error if r is not there.
@@ -419,13 +461,16 @@ func (d Prio) DelRule(r Rule) error {
 	if err := r.check(); err != nil {
 		return err
 	}
-	if err := d.objs.SteerPrio.Delete(r.key()); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("no priority rule %s (lanes prio list shows them)", r)
+	err := d.withRules(func() error {
+		if err := d.objs.SteerPrio.Delete(r.key()); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("no priority rule %s (lanes prio list shows them)", r)
+			}
+			return fmt.Errorf("removing priority rule %s: %w", r, err)
 		}
-		return fmt.Errorf("removing priority rule %s: %w", r, err)
-	}
-	if err := d.syncPrioShapes(); err != nil {
+		return d.syncPrioShapes()
+	})
+	if err != nil {
 		return err
 	}
 	// The rule's high=auto state goes with it, so the same rule added

@@ -3,10 +3,14 @@
 package steer
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,6 +256,72 @@ func TestPrioShapes(t *testing.T) {
 	}
 	if m := shapes(); m != 0 {
 		t.Errorf("shapes %#x after deleting every rule", m)
+	}
+}
+
+// TestPrioRuleWritersRace: two writers of one pinned datapath's rules
+// (lanes prio and lanes agent are two processes, each with its own
+// handle) add rules of different shapes at once, round after round: after
+// each round the shape mask holds both rules' shapes, so the programs
+// look up every rule reported added. Unpin takes the rules' lock along.
+func TestPrioRuleWritersRace(t *testing.T) {
+	d := prioDatapath(t, false, 0)
+	dir := filepath.Join(bpffsDir(t), "lanes")
+	if err := d.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unpin(dir) })
+	var writers [2]*Datapath
+	for i := range writers {
+		w, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		writers[i] = w
+	}
+	rules := [2]Rule{
+		{Addr: innerDst, Port: 80, Proto: ipProtoTCP},  // dst, port and protocol
+		{Src: true, Addr: innerSrc, Proto: ipProtoUDP}, // src, protocol only
+	}
+	const rounds = 3000
+	lost := 0
+	for range rounds {
+		var errs [2]error
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, w := range writers {
+			wg.Go(func() {
+				<-start
+				errs[i] = w.Prio().AddRule(rules[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if m, err := d.Prio().Shapes(); err != nil {
+			t.Fatal(err)
+		} else if m != rules[0].shape()|rules[1].shape() {
+			lost++
+		}
+		for _, r := range rules {
+			if err := d.Prio().DelRule(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d rounds left a rule reported added out of the shape mask", lost, rounds)
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin directory left after Unpin: %v", err)
 	}
 }
 
