@@ -10,6 +10,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -43,6 +44,17 @@ type ParamPlanner interface {
 	Planner
 	// Params lists the keys the mode accepts, with one-line help each.
 	Params() []Param
+}
+
+// Retired is a ParamPlanner that no longer takes some settings it once
+// did. CheckParams refuses such a key with the line RetiredParams gives
+// for it (what took its place, and to remove the setting) rather than as
+// an unknown one: a file or command line written for the older lanes
+// then says what changed.
+type Retired interface {
+	ParamPlanner
+	// RetiredParams maps each retired key to its one-line refusal.
+	RetiredParams() map[string]string
 }
 
 // Prioritizer is a Planner whose plans can classify flows by the `lanes
@@ -163,7 +175,14 @@ func CheckParams(p Planner, params map[string]string) error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	retired := map[string]string{}
+	if r, ok := p.(Retired); ok {
+		retired = r.RetiredParams()
+	}
 	for _, k := range keys {
+		if why, gone := retired[k]; gone && !known[k] {
+			return errors.New(why)
+		}
 		if !known[k] {
 			return fmt.Errorf("mode %s has no setting %q: it takes %s", p.Mode(), k, strings.Join(names, ", "))
 		}

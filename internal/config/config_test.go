@@ -119,6 +119,10 @@ func TestParseBad(t *testing.T) {
 			"lanes.yaml:2: settings: want a mapping of the mode's settings (KEY: VALUE lines, `lanes modes` lists them), not a list"}},
 		{"prism setting", "mode: prism\nsettings:\n  prio-mode: fast\n", []string{
 			`lanes.yaml:3: bad prism setting prio-mode="fast": want batch or sync`}},
+		{"retired setting", "mode: prism-sync\nsettings:\n  sync-interval: 1s\n  sync-netfilter: trust\n", []string{
+			`lanes.yaml:4: ` + retiredSyncNetfilter}},
+		{"retired setting, its old default", "mode: prism\nsettings:\n  prio-mode: sync\n  sync-netfilter: check\n", []string{
+			`lanes.yaml:4: ` + retiredSyncNetfilter}},
 		{"prio without classes", "mode: rps\nprio:\n  - dst 198.18.2.21 port 11111 udp\n", []string{
 			`lanes.yaml:2: mode rps has no priority classes, so prio rules would do nothing: drop prio, or use a mode that has them (falcon-prism, prism, prism-batch, prism-sync)`}},
 		{"prio needs the falcon setting", "mode: falcon\nprio:\n  - dst 198.18.2.21\n", []string{
@@ -170,6 +174,10 @@ func TestParseBad(t *testing.T) {
 		}
 	}
 }
+
+// retiredSyncNetfilter is the line that refuses prism's retired
+// sync-netfilter, whatever its value.
+const retiredSyncNetfilter = "sync-netfilter is gone: PRISM-sync takes its shortcut only where no netfilter table (iptables, nftables, legacy ebtables) can see the overlay's frames, and never past one; remove the setting"
 
 func onlineList(t *testing.T) string {
 	t.Helper()

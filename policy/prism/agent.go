@@ -42,10 +42,8 @@ func init() { plan.RegisterAgent(SyncAgentName, newSyncAgent) }
 type syncAgent struct {
 	env      plan.AgentEnv
 	interval time.Duration
-	// trustNetfilter is sync-netfilter=trust (see Sync).
-	trustNetfilter bool
-	dp             *steer.Datapath
-	guard          *guard // the overload guard (guard.go); nil without one
+	dp       *steer.Datapath
+	guard    *guard // the overload guard (guard.go); nil without one
 
 	// lastFDB is when refreshFDB last ran (CLOCK_MONOTONIC, as the
 	// datapath's seen stamps); bridge and vxlan name the bridge port of
@@ -154,7 +152,7 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 		dp.Close()
 		return nil, err
 	}
-	a := &syncAgent{env: env, interval: o.SyncInterval, trustNetfilter: o.SyncNetfilter == NetfilterTrust, dp: dp, guard: g}
+	a := &syncAgent{env: env, interval: o.SyncInterval, dp: dp, guard: g}
 	if env.Metrics != nil {
 		a.m = &syncMetrics{
 			targets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
@@ -438,7 +436,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 			namespaces = append(namespaces, v.UnderlayNetNS)
 		}
 	}
-	sp := Sync(t, a.trustNetfilter, ReadSyncFacts(t))
+	sp := Sync(t, ReadSyncFacts(t))
 	st.Notes = sp.Notes
 	targets := runnable(sp)
 	have, err := a.dp.Sync().Get()

@@ -6,6 +6,7 @@
 package prism
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -31,15 +32,6 @@ type Options struct {
 	// (besides on every link or forwarding-table change) to keep the
 	// shortcut's destinations true.
 	SyncInterval time.Duration
-	// SyncNetfilter is what sync mode makes of netfilter tables on the
-	// shortcut's path (the host's and, for an underlay in another
-	// namespace, that namespace's): "check" turns the shortcut off while
-	// any table exists that can see the overlay's IPv4 frames, since lanes
-	// cannot tell what their rules do; "trust" is the operator's word that
-	// none of their rules acts on the overlay's frames (every Docker and
-	// Kubernetes host has tables, for its own NAT and published ports), so
-	// high-priority frames skip them and the plan lists what they skip.
-	SyncNetfilter string
 	// CPU is the receive core: the cpumap queues and every later stage
 	// run there (-1: the underlay's IRQ core).
 	CPU int
@@ -230,9 +222,6 @@ const (
 	BulkInline = "inline"
 	BulkAuto   = "auto"
 
-	NetfilterCheck = "check"
-	NetfilterTrust = "trust"
-
 	SchedNormal = "normal"
 	SchedBatch  = "batch"
 	SchedIdle   = "idle"
@@ -257,7 +246,7 @@ const DefaultAsideDepth = 2.0
 // High and Bulk are left empty: Parse resolves them (bulkSchedDefault,
 // highDefault, bulkDefault).
 func Defaults() Options {
-	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, SyncNetfilter: NetfilterCheck, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, AsideBelow: DefaultAsideBelow, AsideDepth: DefaultAsideDepth, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
+	return Options{PrioMode: "batch", CPU: -1, RT: 50, HighRT: -1, QueueSize: 2048, Pin: true, Streamline: false, SyncInterval: time.Second, HighAutoPPS: 5000, BulkQuiet: 20 * time.Millisecond, AsideBelow: DefaultAsideBelow, AsideDepth: DefaultAsideDepth, VethQueues: VethShared, GuardTasks: DefaultGuardTasks}
 }
 
 // Ladder is the SCHED_FIFO priority of each rung, from the base RT:
@@ -361,8 +350,14 @@ var params = []plan.Param{
 	{Key: "veth-queues", Default: "shared", Help: "container stage: shared (one queue per container veth, as the kernel runs it) or class (a second receive queue per container veth for high-priority frames, each polled by its own NAPI thread; turns TSO off on host-side veths, which costs bulk TCP)"},
 	{Key: "netdev-budget", Default: "0 (left as it is)", Help: "set the host's net.core.netdev_budget (frames per NET_RX softirq round, 1..100000): the high-priority queue's kthread gets the core only when the round ends, so a smaller budget (e.g. 64: one poll of a NIC polled in softirq) lets it preempt bulk sooner; host-wide (lanes must run in the host's network namespace; one target at a time), lanes reset puts back the value it had; costs busy TCP services"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
-	{Key: "sync-netfilter", Default: "check", Help: "sync: check (no shortcut while netfilter tables that can see the overlay's frames exist on its path) or trust (you vouch that no rule of theirs acts on the overlay's frames: high-priority frames skip them)"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
+}
+
+// retiredParams are settings prism no longer takes, each with the one
+// line that refuses it (plan.Retired): any value, since what replaced the
+// setting is no choice.
+var retiredParams = map[string]string{
+	"sync-netfilter": "sync-netfilter is gone: PRISM-sync takes its shortcut only where no netfilter table (iptables, nftables, legacy ebtables) can see the overlay's frames, and never past one; remove the setting",
 }
 
 // Parse reads params over base; every error is one line saying what to fix.
@@ -387,11 +382,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			if err == nil && (o.SyncInterval < 10*time.Millisecond || o.SyncInterval > time.Minute) {
 				err = fmt.Errorf("want 10ms..1m")
 			}
-		case "sync-netfilter":
-			if v != NetfilterCheck && v != NetfilterTrust {
-				err = fmt.Errorf("want %s or %s", NetfilterCheck, NetfilterTrust)
-			}
-			o.SyncNetfilter = v
 		case "cpu":
 			o.CPU, err = strconv.Atoi(v)
 			if err == nil && o.CPU < 0 {
@@ -484,6 +474,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 				err = fmt.Errorf("want a nice value from 0 to 19")
 			}
 		default:
+			if why, gone := retiredParams[k]; gone {
+				return o, errors.New(why)
+			}
 			return o, fmt.Errorf("unknown prism setting %q", k)
 		}
 		if err != nil {
@@ -529,9 +522,6 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		return o, fmt.Errorf("prism bulk=auto runs bulk in the NIC poll beside the busy rules high=auto runs there, but high is %s: drop bulk=auto or set high=auto", o.High)
-	}
-	if o.SyncNetfilter == NetfilterTrust && o.PrioMode != "sync" {
-		return o, fmt.Errorf("prism sync-netfilter=trust is a sync setting, but prio-mode is %s: drop it or use prism-sync", o.PrioMode)
 	}
 	if o.VethQueues == VethClass && o.PrioMode == "sync" {
 		return o, fmt.Errorf("prism veth-queues=class is a batch setting: sync already hands high-priority frames straight to the container veth's NAPI; drop one of them")

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/policy/prism"
 )
 
@@ -59,19 +60,32 @@ func TestParseGuardTasks(t *testing.T) {
 	})
 }
 
-// sync-netfilter: check by default, trust only with sync, anything else a
-// one-line error saying what to set.
-func TestParseSyncNetfilter(t *testing.T) {
-	if o, err := prism.Parse(prism.Defaults(), map[string]string{"prio-mode": "sync"}); err != nil || o.SyncNetfilter != prism.NetfilterCheck {
-		t.Errorf("default sync-netfilter %q (%v), want %q", o.SyncNetfilter, err, prism.NetfilterCheck)
+// sync-netfilter is gone, whatever its value: Parse refuses it with one
+// line saying what replaced it (PRISM-sync takes the shortcut only where
+// no netfilter table can see the overlay's frames), and so does every
+// prism mode's setting check, which the command line and the config file
+// go through.
+func TestSyncNetfilterRetired(t *testing.T) {
+	for _, params := range []map[string]string{
+		{"prio-mode": "sync", "sync-netfilter": "trust"},
+		{"prio-mode": "sync", "sync-netfilter": "check"},
+		{"sync-netfilter": "trust"},
+		{"sync-netfilter": "yes"},
+	} {
+		_, err := prism.Parse(prism.Defaults(), params)
+		if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "no netfilter table") || !strings.Contains(err.Error(), "remove the setting") {
+			t.Errorf("%v: %v, want one line naming what replaced sync-netfilter", params, err)
+		}
+		for _, mode := range []string{"prism", "prism-sync", "prism-batch"} {
+			p, err := plan.Lookup(mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cerr := plan.CheckParams(p, params); cerr == nil || !strings.Contains(cerr.Error(), "no netfilter table") {
+				t.Errorf("mode %s, %v: setting check says %v", mode, params, cerr)
+			}
+		}
 	}
-	if o, err := prism.Parse(prism.Defaults(), map[string]string{"prio-mode": "sync", "sync-netfilter": "trust"}); err != nil || o.SyncNetfilter != prism.NetfilterTrust {
-		t.Errorf("sync-netfilter=trust: %q (%v)", o.SyncNetfilter, err)
-	}
-	parseRefuses(t, map[string]map[string]string{
-		"want check or trust":       {"prio-mode": "sync", "sync-netfilter": "yes"},
-		"drop it or use prism-sync": {"sync-netfilter": "trust"},
-	})
 }
 
 // quiet: off by default, whole milliseconds up to an hour, and only where

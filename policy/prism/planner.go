@@ -32,6 +32,9 @@ func (p *planner) Mode() string         { return p.mode }
 func (p *planner) Summary() string      { return p.summary }
 func (p *planner) Params() []plan.Param { return params }
 
+// RetiredParams are the settings prism no longer takes (plan.Retired).
+func (p *planner) RetiredParams() map[string]string { return retiredParams }
+
 // Prioritizes: every prism mode has the two classes.
 func (p *planner) Prioritizes(map[string]string) bool { return true }
 
@@ -163,7 +166,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
 	var sp SyncPlan
 	if setup.Config.Sync {
-		sp = Sync(t, o.SyncNetfilter == NetfilterTrust, ReadSyncFacts(t))
+		sp = Sync(t, ReadSyncFacts(t))
 		// GRO gives a container's veth its NAPI, without which its host
 		// side drops every redirected frame; before anything redirects.
 		for _, g := range sp.GRO {

@@ -51,8 +51,7 @@ type SyncPlan struct {
 	// Notes say, for people, why destinations were left to batch mode.
 	Notes []string
 
-	trustNetfilter bool
-	facts          SyncFacts
+	facts SyncFacts
 }
 
 // netfilterMayAct says why netfilter in namespace ns may act on an IPv4
@@ -73,6 +72,27 @@ func netfilterMayAct(nf topology.Netfilter, ns string) string {
 	}
 	if len(tabs) > 0 {
 		return fmt.Sprintf("nftables tables %s exist in %s and may filter the overlay's frames", strings.Join(tabs, ", "), label(ns))
+	}
+	return ""
+}
+
+// filtersMayAct says why the packet filters of namespace ns may act on a
+// frame of the overlay on the path the shortcut skips ("" when nothing
+// can): nf its netfilter tables, f the rest (legacy ebtables, IPsec, which
+// drops the plaintext datagrams of an encrypted overlay on their way to
+// the VXLAN socket). lanes does not read what the rules do: where one
+// may exist, the shortcut is off.
+func filtersMayAct(nf topology.Netfilter, f topology.Filters, ns string) string {
+	if why := netfilterMayAct(nf, ns); why != "" {
+		return why
+	}
+	switch {
+	case f.Err != "":
+		return fmt.Sprintf("the packet filters of %s could not be read (%s), so rules may filter the path", label(ns), f.Err)
+	case len(f.Ebtables) > 0:
+		return fmt.Sprintf("legacy ebtables tables %s exist in %s and may filter the bridged frames", strings.Join(f.Ebtables, ", "), label(ns))
+	case len(f.XFRM) > 0:
+		return fmt.Sprintf("%s has IPsec policies or states (%s), whose checks on the overlay's datagrams the shortcut would skip", label(ns), strings.Join(f.XFRM, "; "))
 	}
 	return ""
 }
@@ -123,41 +143,17 @@ func (sp SyncPlan) Set() steer.SyncSet {
 // Sync computes the shortcut's targets on t. It is conservative: whatever
 // it cannot show to be a plain L2 forward to a container's veth (a filter
 // that might act, state it could not read, a routed overlay) is left out.
-// trustNetfilter (sync-netfilter=trust) is the operator's word that no
-// netfilter rule on the path acts on the overlay's frames: netfilter tables
-// then no longer turn the shortcut off, and the plan says which it skips;
-// but a rule lanes can see acting on the overlay's datagrams before they
-// reach the VXLAN socket (one that tests the VXLAN port, drops or rewrites
-// what may be one, a dropping policy), or IPsec (an encrypted overlay,
-// whose plaintext datagrams such a rule drops), refuses the trust.
-func Sync(t *topology.Topology, trustNetfilter bool, facts SyncFacts) SyncPlan {
-	sp := SyncPlan{trustNetfilter: trustNetfilter, facts: facts}
+// In particular the shortcut runs only where no netfilter table that can
+// see the overlay's frames exists on its path, in t's namespace or the
+// underlay's: lanes does not judge what a rule does, so a firewall's verdict
+// always stands (a table added later withdraws the destinations:
+// syncAgent, watch.go).
+func Sync(t *topology.Topology, facts SyncFacts) SyncPlan {
+	sp := SyncPlan{facts: facts}
 	note := func(format string, args ...any) { sp.Notes = append(sp.Notes, fmt.Sprintf(format, args...)) }
-	if t.Netfilter.Err != "" {
-		// Trust is for rules the operator knows; not for what nobody read.
-		note("sync off: %s; high-priority flows use batch mode", netfilterMayAct(t.Netfilter, t.NetNS))
+	if why := filtersMayAct(t.Netfilter, facts.Filters[t.NetNS], t.NetNS); why != "" {
+		note("sync off: %s; high-priority flows use batch mode", why)
 		return sp
-	}
-	hostFilters := facts.Filters[t.NetNS]
-	if hostFilters.Err != "" {
-		note("sync off: the packet filters of %s could not be read (%s); high-priority flows use batch mode", label(t.NetNS), hostFilters.Err)
-		return sp
-	}
-	why := netfilterMayAct(t.Netfilter, t.NetNS)
-	if len(hostFilters.Ebtables) > 0 {
-		e := fmt.Sprintf("legacy ebtables tables %s exist in %s and may filter the bridged frames", strings.Join(hostFilters.Ebtables, ", "), label(t.NetNS))
-		if why == "" {
-			why = e
-		} else {
-			why += "; " + e
-		}
-	}
-	if why != "" {
-		if !trustNetfilter {
-			note("sync off: %s; high-priority flows use batch mode (sync-netfilter=trust overrides this if no rule acts on the overlay's frames)", why)
-			return sp
-		}
-		note("sync: %s; trusted (sync-netfilter=trust): high-priority frames for the destinations below skip them", why)
 	}
 	for i := range t.VXLANs {
 		sp.vxlan(t, &t.VXLANs[i])
@@ -209,22 +205,15 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 		note("underlay %s has receive programs or filters (%s) the shortcut would skip; batch mode", u.Name, strings.Join(h, ", "))
 		return
 	}
-	if v.UnderlayNetNS != t.NetNS && v.UnderlayNetfilter == nil {
-		note("netfilter of the underlay's namespace %s was not read; batch mode", label(v.UnderlayNetNS))
-		return
-	}
-	if v.UnderlayNetfilter != nil {
-		if why := netfilterMayAct(*v.UnderlayNetfilter, v.UnderlayNetNS); why != "" {
-			switch {
-			case v.UnderlayNetfilter.Err != "":
-				// Trust is for rules the operator knows; not for what nobody read.
-				note("its datagrams arrive through %s: %s; batch mode", label(v.UnderlayNetNS), why)
-				return
-			case !sp.trustNetfilter:
-				note("its datagrams arrive through %s: %s; batch mode (sync-netfilter=trust overrides this if no rule acts on them)", label(v.UnderlayNetNS), why)
-				return
-			}
-			note("its datagrams arrive through %s: %s; trusted (sync-netfilter=trust)", label(v.UnderlayNetNS), why)
+	if v.UnderlayNetNS != t.NetNS {
+		uf, read := sp.facts.Filters[v.UnderlayNetNS]
+		if v.UnderlayNetfilter == nil || !read {
+			note("the packet filters of the underlay's namespace %s were not read; batch mode", label(v.UnderlayNetNS))
+			return
+		}
+		if why := filtersMayAct(*v.UnderlayNetfilter, uf, v.UnderlayNetNS); why != "" {
+			note("its datagrams arrive through %s: %s; batch mode", label(v.UnderlayNetNS), why)
+			return
 		}
 	}
 	p, ok := sp.facts.Paths[v.Name]
@@ -240,29 +229,6 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	if why != "" {
 		note("%s; batch mode", why)
 		return
-	}
-	if sp.trustNetfilter {
-		uf := sp.facts.Filters[v.UnderlayNetNS]
-		m := outerModel{Port: uint16(v.Port), Dev: v.Underlay, Ifindex: p.UnderlayIndex}
-		for _, s := range srcs {
-			if !slices.Contains(m.VTEPs, s.VTEP) {
-				m.VTEPs = append(m.VTEPs, s.VTEP)
-			}
-		}
-		for _, l := range locals {
-			m.Locals = append(m.Locals, l.Addr)
-		}
-		switch acts := outerActors(uf, m); {
-		case uf.Err != "":
-			note("sync-netfilter=trust refused: the packet filters of %s could not be read (%s); batch mode", label(v.UnderlayNetNS), uf.Err)
-			return
-		case len(uf.XFRM) > 0:
-			note("sync-netfilter=trust refused: %s has IPsec policies or states (%s), as an encrypted overlay does, whose plaintext datagrams a rule must drop; batch mode", label(v.UnderlayNetNS), strings.Join(uf.XFRM, "; "))
-			return
-		case len(acts) > 0:
-			note("sync-netfilter=trust refused: on the way from %s to the VXLAN socket, %s; batch mode", v.Underlay, strings.Join(acts, "; "))
-			return
-		}
 	}
 	br := bridgeNamed(t, v.Master)
 	if br == nil {

@@ -2,6 +2,7 @@ package prism
 
 import (
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
@@ -67,7 +68,7 @@ func dockerFacts(t *topology.Topology) SyncFacts {
 }
 
 // syncOn is Sync with dockerFacts.
-func syncOn(t *topology.Topology, trust bool) SyncPlan { return Sync(t, trust, dockerFacts(t)) }
+func syncOn(t *topology.Topology) SyncPlan { return Sync(t, dockerFacts(t)) }
 
 func macs(sp SyncPlan) string {
 	var out []string
@@ -78,7 +79,7 @@ func macs(sp SyncPlan) string {
 }
 
 func TestSyncTargets(t *testing.T) {
-	sp := syncOn(dockerTopo(), false)
+	sp := syncOn(dockerTopo())
 	if got, want := macs(sp), "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2"; got != want {
 		t.Fatalf("targets %q, want %q (notes %v)", got, want, sp.Notes)
 	}
@@ -95,7 +96,7 @@ func TestSyncTargets(t *testing.T) {
 	// GRO already on: nothing to turn on.
 	topo := dockerTopo()
 	topo.Containers[0].Interfaces[0].GRO = true
-	if sp := syncOn(topo, false); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
+	if sp := syncOn(topo); len(sp.GRO) != 1 || sp.GRO[0].HostVeth != "veth2" {
 		t.Errorf("GRO to turn on with c1's on already: %+v", sp.GRO)
 	}
 }
@@ -137,11 +138,18 @@ func TestSyncFallsBack(t *testing.T) {
 			movedUnderlay(t, topology.Netfilter{IPTables: []string{"nat", "filter"}})
 		}},
 		{"underlay namespace unread", "", "could not be read", func(t *topology.Topology) { movedUnderlay(t, topology.Netfilter{Err: "EPERM"}) }},
+		{"underlay namespace nft table", "", `nftables tables "inet docker" exist in host0`, func(t *topology.Topology) {
+			movedUnderlay(t, topology.Netfilter{NFTables: []string{"inet docker"}})
+		}},
+		{"underlay namespace not read", "", "host0 were not read", func(t *topology.Topology) {
+			movedUnderlay(t, topology.Netfilter{})
+			t.VXLANs[0].UnderlayNetfilter = nil
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			topo := dockerTopo()
 			c.edit(topo)
-			sp := syncOn(topo, false)
+			sp := syncOn(topo)
 			if got := macs(sp); got != c.want {
 				t.Errorf("targets %q, want %q", got, c.want)
 			}
@@ -160,50 +168,6 @@ func movedUnderlay(t *topology.Topology, nf topology.Netfilter) {
 	t.Underlays[0].NetNS = "host0"
 }
 
-// sync-netfilter=trust: netfilter tables on the path, the device's
-// namespace's and the underlay's, no longer turn the shortcut off, and the
-// notes say what it skips; everything else still does.
-func TestSyncTrustNetfilter(t *testing.T) {
-	topo := dockerTopo()
-	topo.Netfilter = topology.Netfilter{IPTables: []string{"filter", "nat"}, NFTables: []string{"ip6 filter"}}
-	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"inet docker"}})
-	if sp := syncOn(topo, false); len(sp.Targets) != 0 {
-		t.Errorf("targets %q past iptables tables without trust", macs(sp))
-	}
-	sp := syncOn(topo, true)
-	if got := macs(sp); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
-		t.Errorf("targets %q with trust (notes %q)", got, sp.Notes)
-	}
-	notes := strings.Join(sp.Notes, "\n")
-	for _, want := range []string{"iptables tables filter, nat exist in h2", `nftables tables "inet docker" exist in host0`, "trusted"} {
-		if !strings.Contains(notes, want) {
-			t.Errorf("notes %q do not say %q", sp.Notes, want)
-		}
-	}
-	if strings.Contains(notes, "ip6 filter") {
-		t.Errorf("notes %q name an ip6 table, which never sees the overlay's IPv4 frames", sp.Notes)
-	}
-	// Trust covers rules the operator knows, not what nobody could read.
-	topo.Netfilter = topology.Netfilter{Err: "EPERM"}
-	if got := macs(syncOn(topo, true)); got != "" {
-		t.Errorf("targets %q with trust when netfilter could not be read", got)
-	}
-	topo.Netfilter = topology.Netfilter{}
-	movedUnderlay(topo, topology.Netfilter{Err: "EPERM"})
-	if got := macs(syncOn(topo, true)); got != "" {
-		t.Errorf("targets %q with trust when the underlay namespace's netfilter could not be read", got)
-	}
-	topo.VXLANs[0].UnderlayNetfilter = nil
-	if got := macs(syncOn(topo, true)); got != "" {
-		t.Errorf("targets %q with the underlay in another namespace whose netfilter was not read", got)
-	}
-	movedUnderlay(topo, topology.Netfilter{})
-	topo.Underlays[0].Hooks = &topology.Hooks{Ingress: []string{"tc:u32"}}
-	if got := macs(syncOn(topo, true)); got != "" {
-		t.Errorf("targets %q past a tc filter on the underlay: trust covers netfilter only", got)
-	}
-}
-
 // What cannot act on an IPv4 frame, or is lanes' own, does not stop it.
 func TestSyncIgnoresHarmless(t *testing.T) {
 	topo := dockerTopo()
@@ -212,7 +176,104 @@ func TestSyncIgnoresHarmless(t *testing.T) {
 	topo.Veths[0].Hooks = &topology.Hooks{XDP: "some_prog", Ingress: []string{"tc:bpf:x"}, Egress: []string{"tcx:steer_tc_egres"}}
 	topo.Underlays[0].Hooks = &topology.Hooks{XDP: "steer_xdp", Ingress: []string{"tcx:steer_tc_split"}, Egress: []string{"qdisc:mq"}}
 	movedUnderlay(topo, topology.Netfilter{NFTables: []string{"ip6 filter"}})
-	if got := macs(syncOn(topo, false)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
+	if got := macs(syncOn(topo)); got != "02:00:00:00:02:01>veth1 02:00:00:00:02:02>veth2" {
 		t.Errorf("targets %q", got)
+	}
+}
+
+// Sources are the remote MACs the bridge forwards from the VXLAN port
+// whose static VXLAN entry names their VTEP; local addresses the
+// underlay's; destinations take the smaller MTU of the two veth ends.
+func TestSyncSourcesAndLocals(t *testing.T) {
+	topo := dockerTopo()
+	topo.Veths[0].MTU = 1400
+	sp := syncOn(topo)
+	set := sp.Set()
+	if len(set.Sources) != 1 || set.Sources[0].MAC.String() != "02:00:00:00:01:01" || set.Sources[0].VTEP.String() != "198.18.0.1" || set.Sources[0].VNI != 42 {
+		t.Errorf("sources %v", set.Sources)
+	}
+	if len(set.Locals) != 1 || set.Locals[0].Ifindex != 7 || set.Locals[0].Addr.String() != "198.18.0.2" || set.Locals[0].MAC.String() != "02:00:00:00:00:07" {
+		t.Errorf("locals %v", set.Locals)
+	}
+	if set.Targets[0].MTU != 1400 {
+		t.Errorf("target %v: want the host side's smaller MTU", set.Targets[0])
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*topology.Topology, *SyncFacts)
+	}{
+		{"bridge does not forward the source from the VXLAN port", func(t *topology.Topology, f *SyncFacts) { t.Bridges[0].FDB[0].Port = "veth1" }},
+		{"no static VXLAN entry", func(t *topology.Topology, f *SyncFacts) {
+			p := f.Paths["vxlan0"]
+			p.Sources = nil
+			f.Paths["vxlan0"] = p
+		}},
+		{"strict rp_filter, VTEP routed elsewhere", func(t *topology.Topology, f *SyncFacts) {
+			p := f.Paths["vxlan0"]
+			p.RPFilter, p.VTEPRoutes = 1, map[netip.Addr]int{netip.MustParseAddr("198.18.0.1"): 99}
+			f.Paths["vxlan0"] = p
+		}},
+		{"local address not on the underlay", func(t *topology.Topology, f *SyncFacts) {
+			t.VXLANs[0].Local = netip.MustParseAddr("198.18.9.9")
+		}},
+		{"path unread", func(t *topology.Topology, f *SyncFacts) {
+			f.Paths["vxlan0"] = topology.SyncPath{Err: "EPERM"}
+		}},
+		{"VXLAN device down", func(t *topology.Topology, f *SyncFacts) { t.VXLANs[0].Up = false }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			topo := dockerTopo()
+			facts := dockerFacts(topo)
+			c.edit(topo, &facts)
+			if sp := Sync(topo, facts); len(sp.Targets) != 0 || len(sp.Notes) == 0 {
+				t.Errorf("targets %q, notes %q: want none, with a note", macs(sp), sp.Notes)
+			}
+		})
+	}
+}
+
+// The packet filters besides netfilter's tables, in the host's namespace
+// or the underlay's: legacy ebtables tables (where its table code is in
+// the kernel, its tables cannot be listed without creating them, so
+// discovery reports them unread), IPsec (an encrypted overlay, whose
+// plaintext datagrams the kernel drops), and filters that could not be
+// read each keep the shortcut off.
+func TestSyncPacketFilters(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		syms string
+		err  bool
+	}{
+		{"ffffffffa0000000 T ipt_do_table\nffffffffa0001000 t br_handle_frame\n", false},
+		{"ffffffffa0000000 T ebt_do_table\t[ebtables]\n", true},
+	} {
+		p := dir + "/kallsyms"
+		if err := os.WriteFile(p, []byte(c.syms), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := topology.LegacyEbtables(p); (err != nil) != c.err {
+			t.Errorf("kallsyms %q: error %v, want one: %v", c.syms, err, c.err)
+		}
+	}
+	for _, c := range []struct {
+		name, note string
+		filters    topology.Filters
+	}{
+		{"legacy ebtables", "legacy ebtables tables filter", topology.Filters{Ebtables: []string{"filter"}}},
+		{"ebtables unread", "could not be read", topology.Filters{Err: "ebtables: legacy ebtables is loaded, and its tables cannot be listed without creating them"}},
+		{"IPsec", "IPsec", topology.Filters{XFRM: []string{"policy in 198.18.0.1/32 -> 198.18.0.2/32 proto 17 dport 4789"}}},
+	} {
+		for _, moved := range []bool{false, true} {
+			topo := dockerTopo()
+			if moved {
+				movedUnderlay(topo, topology.Netfilter{})
+			}
+			facts := dockerFacts(topo)
+			facts.Filters[topo.VXLANs[0].UnderlayNetNS] = c.filters
+			sp := Sync(topo, facts)
+			if notes := strings.Join(sp.Notes, "\n"); len(sp.Targets) != 0 || !strings.Contains(notes, c.note) {
+				t.Errorf("%s in %s: targets %q, notes %q: want none, saying %q", c.name, topo.VXLANs[0].UnderlayNetNS, macs(sp), sp.Notes, c.note)
+			}
+		}
 	}
 }
