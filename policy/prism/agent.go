@@ -205,10 +205,15 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	}
 	var w *watcher
 	watchNS := ""
+	// Run returns once its followers did: no withdrawal comes from an
+	// agent that stopped (its last round's destinations lapse by their
+	// deadline, untouched).
+	var following sync.WaitGroup
 	defer func() {
 		if w != nil {
 			w.close()
 		}
+		following.Wait()
 	}()
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
@@ -228,7 +233,8 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 				watchNS = key
 				a.setWatch("")
 				w.setMACs(a.macs())
-				go a.follow(w, changed)
+				fw := w
+				following.Go(func() { a.follow(fw, changed) })
 			}
 		}
 		// A tick skipped for idleRounds waits for the next event or tick.

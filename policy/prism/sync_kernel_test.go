@@ -338,21 +338,47 @@ func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 
 // A dead agent leaves the shortcut closed: once the agent stops renewing
 // them, the destinations lapse, and high-priority frames take the batch
-// path.
+// path. The premise is a destination in the datapath when the agent stops:
+// a change the agent sees (here a link change the test makes, as the
+// apply's own changes can make late) withdraws every destination until
+// its next round writes them back, and an agent stopped in between would
+// leave nothing to lapse. So the test waits for the destination to be
+// back before it stops the agent, and checks it is still there after.
 func TestPrismSyncFailsClosed(t *testing.T) {
 	modetest.Online(t)
 	tb, r, _, src, c0 := learnedTestbed(t)
-	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	// Stepped aside, marked frames would take the NIC poll, not the
+	// shortcut, whatever its destinations: off here.
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms", "aside-below": "0"})
 	dp := a.Open(t)
 	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
 		t.Fatal(err)
 	}
-	ag, stop := a.StartAgent(t)
-	waitFor(t, "the agent's first round", func() bool {
-		st, ok := ag.Status().(prism.SyncStatus)
-		return ok && st.Refreshes > 1
-	})
-	stop()                              // as a crash would: nothing renews the destinations from here
+	has := func() bool {
+		ts, err := dp.Sync().Targets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(steer.FormatSync(ts), "/"+c0.MAC.String()+">")
+	}
+	for try := 1; ; try++ {
+		ag, stop := a.StartAgent(t)
+		status := func() prism.SyncStatus { st, _ := ag.Status().(prism.SyncStatus); return st }
+		waitFor(t, "the agent's rounds and c0's destination (premise)", func() bool { return status().Refreshes > 1 && has() })
+		if try == 1 {
+			linkChange(t, r.NetNS, c0.HostVeth)
+			waitFor(t, "the link change to withdraw the destinations (premise)", func() bool { return status().Withdrawals > 0 })
+			waitFor(t, "c0's destination back after the withdrawal (premise)", func() bool { return has() && status().Refreshes > 1 })
+		}
+		stop() // as a crash would: nothing renews the destinations from here
+		if has() {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("premise: c0's destination was gone when the agent stopped, %d times (last withdrawn: %s)", try, status().Withdrawn)
+		}
+		t.Logf("c0's destination withdrawn as the agent stopped (%s): again", status().Withdrawn)
+	}
 	time.Sleep(1500 * time.Millisecond) // the lifetime: 3 rounds + 1 s
 	if ts, _ := dp.Sync().Targets(); len(ts) != 0 {
 		t.Errorf("destinations %v outlived their agent", ts)
@@ -363,6 +389,25 @@ func TestPrismSyncFailsClosed(t *testing.T) {
 	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); d.Sync != 0 || d.SyncExpired < uint64(res.Received) {
 		t.Errorf("after the agent stopped: %d on the shortcut, %d expired, %d received", d.Sync, d.SyncExpired, res.Received)
 	}
+}
+
+// linkChange makes the kernel announce a change of device dev in ns (its
+// alias set, and cleared when the test ends).
+func linkChange(t *testing.T, ns, dev string) {
+	t.Helper()
+	set := func(alias string) error {
+		return netnsx.Do(ns, func() error {
+			l, err := netlink.LinkByName(dev)
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetAlias(l, alias)
+		})
+	}
+	if err := set("lanes-test"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set("") })
 }
 
 // The frames the shortcut takes skip the bridge, whose learning would
