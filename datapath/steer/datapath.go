@@ -34,6 +34,9 @@ const (
 	// ingress.
 	PinTCVethClass = steerProgSteerTcVethClass
 	PinTCVethSeen  = steerProgSteerTcVethSeen
+	// PinSyncNotify counts the changes lanes agent's netlink sockets are
+	// told of, which void PRISM-sync's destinations (Sync.CountChanges).
+	PinSyncNotify = steerProgSteerSyncNotify
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -166,6 +169,7 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
 		{steerMapSteerSyncSrc, &o.SteerSyncSrc},
 		{steerMapSteerSyncLocal, &o.SteerSyncLocal},
+		{steerMapSteerSyncChanges, &o.SteerSyncChanges},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerAside, &o.SteerAside},
@@ -193,6 +197,7 @@ func (d *core) pinnedProgs() []pinnedProg {
 		{PinTCSplitSeen, &o.SteerTcSplitSeen},
 		{PinTCVethClass, &o.SteerTcVethClass},
 		{PinTCVethSeen, &o.SteerTcVethSeen},
+		{PinSyncNotify, &o.SteerSyncNotify},
 	}
 }
 

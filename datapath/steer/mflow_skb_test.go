@@ -27,10 +27,9 @@ import (
 
 var skbSideSeq atomic.Int32
 
-// skbSide creates a throwaway namespace with prog on its loopback device's
-// tc ingress and returns a function that runs fn inside it. Everything
-// goes when the test ends.
-func skbSide(t *testing.T, prog *ebpf.Program) func(fn func() error) {
+// scratchNetNS creates a network namespace of the test's own, deleted
+// when the test ends, and returns its name.
+func scratchNetNS(t *testing.T) string {
 	t.Helper()
 	name := fmt.Sprintf("lanes-steer-%d-%d", os.Getpid(), skbSideSeq.Add(1))
 	if err := nsx.Create(name); err != nil {
@@ -41,6 +40,15 @@ func skbSide(t *testing.T, prog *ebpf.Program) func(fn func() error) {
 			t.Error(err)
 		}
 	})
+	return name
+}
+
+// skbSide creates a throwaway namespace with prog on its loopback device's
+// tc ingress and returns a function that runs fn inside it. Everything
+// goes when the test ends.
+func skbSide(t *testing.T, prog *ebpf.Program) func(fn func() error) {
+	t.Helper()
+	name := scratchNetNS(t)
 	var l link.Link
 	err := nsx.Do(name, func() error {
 		lo, err := netlink.LinkByName("lo")

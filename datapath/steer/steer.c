@@ -52,7 +52,8 @@
  * here and redirected to that container's host-side veth: it reaches the
  * socket in one pass of the receive core, and only where the kernel's own
  * path would have delivered the same inner frame there. See sync_dest()
- * and sync_accept().
+ * and sync_accept(); steer_sync_notify voids the destinations the moment
+ * a change on their path is announced.
  *
  * Nothing here rewrites a packet byte, drops or consumes a frame, with one
  * exception: PRISM-sync strips the outer headers of the frames it hands to
@@ -75,5 +76,6 @@
 #include "bpf/tc.c"
 #include "bpf/veth.c"
 #include "bpf/trace.c"
+#include "bpf/notify.c"
 
 char __license[] SEC("license") = "Dual MIT/GPL";

@@ -144,6 +144,7 @@ type steerSyncDest struct {
 	Ifindex  uint32
 	Mtu      uint32
 	Deadline uint64
+	Changes  uint64
 }
 
 type steerSyncKey struct {
@@ -206,6 +207,7 @@ const (
 	steerMapSteerQueues           = "steer_queues"
 	steerMapSteerStats            = "steer_stats"
 	steerMapSteerSync             = "steer_sync"
+	steerMapSteerSyncChanges      = "steer_sync_changes"
 	steerMapSteerSyncDev          = "steer_sync_dev"
 	steerMapSteerSyncLocal        = "steer_sync_local"
 	steerMapSteerSyncSrc          = "steer_sync_src"
@@ -215,6 +217,7 @@ const (
 	steerProgSteerDropsKthread    = "steer_drops_kthread"
 	steerProgSteerDropsRing       = "steer_drops_ring"
 	steerProgSteerDropsSkb        = "steer_drops_skb"
+	steerProgSteerSyncNotify      = "steer_sync_notify"
 	steerProgSteerSyncRedirectErr = "steer_sync_redirect_err"
 	steerProgSteerSyncXmit        = "steer_sync_xmit"
 	steerProgSteerTcEgress        = "steer_tc_egress"
@@ -272,6 +275,7 @@ type steerProgramSpecs struct {
 	SteerDropsKthread    *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
 	SteerDropsRing       *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
 	SteerDropsSkb        *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
+	SteerSyncNotify      *ebpf.ProgramSpec `ebpf:"steer_sync_notify"`
 	SteerSyncRedirectErr *ebpf.ProgramSpec `ebpf:"steer_sync_redirect_err"`
 	SteerSyncXmit        *ebpf.ProgramSpec `ebpf:"steer_sync_xmit"`
 	SteerTcEgress        *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
@@ -287,34 +291,35 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
-	SteerAside      *ebpf.MapSpec `ebpf:"steer_aside"`
-	SteerAsidePass  *ebpf.MapSpec `ebpf:"steer_aside_pass"`
-	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
-	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
-	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
-	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
-	SteerHighSeen   *ebpf.MapSpec `ebpf:"steer_high_seen"`
-	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
-	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerPrioShapes *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
-	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
-	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerSyncLocal  *ebpf.MapSpec `ebpf:"steer_sync_local"`
-	SteerSyncSrc    *ebpf.MapSpec `ebpf:"steer_sync_src"`
-	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
-	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerAdopt       *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerAside       *ebpf.MapSpec `ebpf:"steer_aside"`
+	SteerAsidePass   *ebpf.MapSpec `ebpf:"steer_aside_pass"`
+	SteerBulkSeen    *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
+	SteerCfg         *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerCpumap      *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi    *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerEpochs      *ebpf.MapSpec `ebpf:"steer_epochs"`
+	SteerFlows       *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighFrames  *ebpf.MapSpec `ebpf:"steer_high_frames"`
+	SteerHighInline  *ebpf.MapSpec `ebpf:"steer_high_inline"`
+	SteerHighSeen    *ebpf.MapSpec `ebpf:"steer_high_seen"`
+	SteerMfCores     *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPassedTick  *ebpf.MapSpec `ebpf:"steer_passed_tick"`
+	SteerPrio        *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen    *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerPrioShapes  *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
+	SteerQmaps       *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost   *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues      *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats       *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync        *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncChanges *ebpf.MapSpec `ebpf:"steer_sync_changes"`
+	SteerSyncDev     *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerSyncLocal   *ebpf.MapSpec `ebpf:"steer_sync_local"`
+	SteerSyncSrc     *ebpf.MapSpec `ebpf:"steer_sync_src"`
+	SteerTable       *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass   *ebpf.MapSpec `ebpf:"steer_veth_class"`
+	SteerVni         *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -344,34 +349,35 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
-	SteerAside      *ebpf.Map `ebpf:"steer_aside"`
-	SteerAsidePass  *ebpf.Map `ebpf:"steer_aside_pass"`
-	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
-	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
-	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
-	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
-	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
-	SteerHighSeen   *ebpf.Map `ebpf:"steer_high_seen"`
-	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
-	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerPrioShapes *ebpf.Map `ebpf:"steer_prio_shapes"`
-	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
-	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerSyncLocal  *ebpf.Map `ebpf:"steer_sync_local"`
-	SteerSyncSrc    *ebpf.Map `ebpf:"steer_sync_src"`
-	SteerTable      *ebpf.Map `ebpf:"steer_table"`
-	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
-	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
+	SteerAdopt       *ebpf.Map `ebpf:"steer_adopt"`
+	SteerAside       *ebpf.Map `ebpf:"steer_aside"`
+	SteerAsidePass   *ebpf.Map `ebpf:"steer_aside_pass"`
+	SteerBulkSeen    *ebpf.Map `ebpf:"steer_bulk_seen"`
+	SteerCfg         *ebpf.Map `ebpf:"steer_cfg"`
+	SteerCpumap      *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi    *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerEpochs      *ebpf.Map `ebpf:"steer_epochs"`
+	SteerFlows       *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighFrames  *ebpf.Map `ebpf:"steer_high_frames"`
+	SteerHighInline  *ebpf.Map `ebpf:"steer_high_inline"`
+	SteerHighSeen    *ebpf.Map `ebpf:"steer_high_seen"`
+	SteerMfCores     *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPassedTick  *ebpf.Map `ebpf:"steer_passed_tick"`
+	SteerPrio        *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen    *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerPrioShapes  *ebpf.Map `ebpf:"steer_prio_shapes"`
+	SteerQmaps       *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost   *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues      *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats       *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync        *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncChanges *ebpf.Map `ebpf:"steer_sync_changes"`
+	SteerSyncDev     *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerSyncLocal   *ebpf.Map `ebpf:"steer_sync_local"`
+	SteerSyncSrc     *ebpf.Map `ebpf:"steer_sync_src"`
+	SteerTable       *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass   *ebpf.Map `ebpf:"steer_veth_class"`
+	SteerVni         *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
@@ -398,6 +404,7 @@ func (m *steerMaps) Close() error {
 		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,
+		m.SteerSyncChanges,
 		m.SteerSyncDev,
 		m.SteerSyncLocal,
 		m.SteerSyncSrc,
@@ -421,6 +428,7 @@ type steerPrograms struct {
 	SteerDropsKthread    *ebpf.Program `ebpf:"steer_drops_kthread"`
 	SteerDropsRing       *ebpf.Program `ebpf:"steer_drops_ring"`
 	SteerDropsSkb        *ebpf.Program `ebpf:"steer_drops_skb"`
+	SteerSyncNotify      *ebpf.Program `ebpf:"steer_sync_notify"`
 	SteerSyncRedirectErr *ebpf.Program `ebpf:"steer_sync_redirect_err"`
 	SteerSyncXmit        *ebpf.Program `ebpf:"steer_sync_xmit"`
 	SteerTcEgress        *ebpf.Program `ebpf:"steer_tc_egress"`
@@ -437,6 +445,7 @@ func (p *steerPrograms) Close() error {
 		p.SteerDropsKthread,
 		p.SteerDropsRing,
 		p.SteerDropsSkb,
+		p.SteerSyncNotify,
 		p.SteerSyncRedirectErr,
 		p.SteerSyncXmit,
 		p.SteerTcEgress,

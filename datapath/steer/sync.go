@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/netnsx"
@@ -122,6 +123,11 @@ type SyncSet struct {
 	Targets []SyncTarget
 	Sources []SyncSource
 	Locals  []SyncLocal
+	// Changes is the count of changes on the path (Sync.Changes) read
+	// before the facts the set comes from: once another change is
+	// counted, the datapath takes none of its destinations. Not part of
+	// the set's text (FormatSyncSet).
+	Changes uint64
 }
 
 func (s SyncSet) check() error {
@@ -207,7 +213,7 @@ func (d Sync) Set(s SyncSet, ttl time.Duration) error {
 	want := map[steerSyncKey]steerSyncDest{}
 	devs := map[uint32]bool{}
 	for _, t := range s.Targets {
-		want[t.key()] = steerSyncDest{Ifindex: t.Ifindex, Mtu: t.MTU, Deadline: deadline}
+		want[t.key()] = steerSyncDest{Ifindex: t.Ifindex, Mtu: t.MTU, Deadline: deadline, Changes: s.Changes}
 		devs[t.Ifindex] = true
 	}
 	for ifi := range devs {
@@ -320,18 +326,50 @@ func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *
 	return nil
 }
 
+// Changes is the count of the changes on the shortcut's path announced
+// to a socket CountChanges watches: a set whose Changes it is (Set) holds
+// until the next one.
+func (d Sync) Changes() (uint64, error) {
+	var n uint64
+	if err := d.objs.SteerSyncChanges.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("reading the sync change count: %w", err)
+	}
+	return n, nil
+}
+
+// CountChanges makes every message the kernel sends to the netlink socket
+// fd (one subscribed to changes on the shortcut's path: nftables, IPsec)
+// count a change (bpf/notify.c): the kernel counts it as it sends the
+// notification, before the process that made the change gets its answer,
+// and every destination written before is void from then on. The socket
+// gets every message whole.
+func (d Sync) CountChanges(fd int) error {
+	if d.objs.SteerSyncNotify == nil {
+		return errors.New("counting sync changes: the datapath has no steer_sync_notify")
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, d.objs.SteerSyncNotify.FD()); err != nil {
+		return fmt.Errorf("counting sync changes: attaching steer_sync_notify to the socket: %w", err)
+	}
+	return nil
+}
+
 // Targets reads the shortcut's live destinations, sorted by VNI and MAC. A
-// destination whose device left the devmap (the device is gone) or whose
-// deadline passed is left out: the programs no longer use it.
+// destination whose device left the devmap (the device is gone), whose
+// deadline passed, or that a change counted since voided is left out: the
+// programs no longer use it.
 func (d Sync) Targets() ([]SyncTarget, error) {
 	var k steerSyncKey
 	var v steerSyncDest
 	var out []SyncTarget
+	changes, err := d.Changes()
+	if err != nil {
+		return nil, err
+	}
 	now := uint64(Now())
 	it := d.objs.SteerSync.Iterate()
 	for it.Next(&k, &v) {
 		var dev uint32
-		if v.Deadline <= now || d.objs.SteerSyncDev.Lookup(v.Ifindex, &dev) != nil {
+		if v.Deadline <= now || v.Changes != changes || d.objs.SteerSyncDev.Lookup(v.Ifindex, &dev) != nil {
 			continue
 		}
 		out = append(out, SyncTarget{VNI: k.Vni, MAC: net.HardwareAddr(append([]byte(nil), k.Mac[:]...)), Ifindex: v.Ifindex, MTU: v.Mtu})
@@ -519,7 +557,8 @@ func init() { knobs.Register(KindSync, func() knobs.Knob { return &SyncKnob{} })
 // devices live in NetNS. Its value is FormatSyncSet's text; with the
 // datapath gone there is nothing to restore (knobs.ErrGone). Written
 // destinations hold for TTL (DefaultSyncTTL when 0), so a set written at
-// apply closes by itself unless lanes agent renews it. An agent changes
+// apply closes by itself unless lanes agent renews it, and under change
+// count 0, where a datapath's count starts (SyncSet.Changes). An agent changes
 // the set after the apply; reset puts back what was there before the
 // apply, normally nothing, and removing the datapath removes the rest.
 type SyncKnob struct {
@@ -536,7 +575,7 @@ func (k *SyncKnob) Key() string  { return KindSync + ":" + k.Dir }
 
 // open opens the sync maps alone (see openForRestore).
 func (k *SyncKnob) open() (*Datapath, error) {
-	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev, steerMapSteerSyncSrc, steerMapSteerSyncLocal)
+	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev, steerMapSteerSyncSrc, steerMapSteerSyncLocal, steerMapSteerSyncChanges)
 }
 
 func (k *SyncKnob) Read() ([]byte, error) {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -368,6 +367,22 @@ func TestSyncECN(t *testing.T) {
 	}
 }
 
+// wantVoid runs frame, whose destination must be void (why says why), and
+// checks it took the batch path whole, counted once as void (expired), and
+// that Sync lists no destination.
+func wantVoid(t *testing.T, d *Datapath, frame []byte, why string) {
+	t.Helper()
+	st0 := stats(t, d)[StageSplit]
+	_, out := runXDP(t, d, frame)
+	sameBytes(t, why, frame, out) // whole: the batch path
+	if st := stats(t, d)[StageSplit].Sub(st0); st.Sync != 0 || st.SyncExpired != 1 {
+		t.Errorf("%s: counters %+v: want the batch path and one void destination", why, st)
+	}
+	if ts, _ := d.Sync().Targets(); len(ts) != 0 {
+		t.Errorf("%s: Sync lists %v", why, ts)
+	}
+}
+
 // A destination the agent stops renewing lapses: a dead agent leaves
 // the shortcut closed, and its frames take the batch path.
 func TestSyncDestinationsExpire(t *testing.T) {
@@ -381,15 +396,7 @@ func TestSyncDestinationsExpire(t *testing.T) {
 		t.Fatalf("verdict %d while the destination is fresh, want XDP_REDIRECT", ret)
 	}
 	time.Sleep(100 * time.Millisecond)
-	st0 := stats(t, d)[StageSplit]
-	_, out := runXDP(t, d, frame)
-	sameBytes(t, "expired", frame, out) // whole: the batch path
-	if st := stats(t, d)[StageSplit].Sub(st0); st.Sync != 0 || st.SyncExpired != 1 {
-		t.Errorf("counters %+v: want the batch path and one expired", st)
-	}
-	if ts, _ := d.Sync().Targets(); len(ts) != 0 {
-		t.Errorf("Sync lists %v past its deadline", ts)
-	}
+	wantVoid(t, d, frame, "past its deadline")
 	// Renewed, it opens again.
 	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
 		t.Fatal(err)
@@ -404,15 +411,7 @@ func TestSyncDestinationsExpire(t *testing.T) {
 func TestSyncDevmapDropsCounted(t *testing.T) {
 	d := syncDatapath(t, 0, 0)
 	addRule(t, d, "dst "+innerDst.String()+" udp")
-	name := fmt.Sprintf("lanes-sync-%d", os.Getpid())
-	if err := nsx.Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := nsx.Delete(name); err != nil {
-			t.Error(err)
-		}
-	})
+	name := scratchNetNS(t)
 	dir := t.TempDir()
 	var links []link.Link
 	t.Cleanup(func() {

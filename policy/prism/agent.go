@@ -33,12 +33,15 @@ func init() { plan.RegisterAgent(SyncAgentName, newSyncAgent) }
 // that still hold. It does so every Interval in any case (legacy iptables
 // sends no notification), and every write gives the destinations a
 // deadline a few intervals on (syncTTL): an agent that dies leaves the
-// shortcut to close by itself. It refreshes the bridge's forwarding
-// entries of the remote MACs whose frames took the shortcut, as the
-// bridge's own learning would have (refreshFDB). It never turns a
-// container's GRO on (agents change maps, not knobs): a container that
-// came after the apply and lacks it is left to batch mode until the next
-// apply.
+// shortcut to close by itself. nftables and IPsec changes void the
+// destinations in the datapath already as the kernel announces them,
+// before the command that made one returns (steer.Sync.CountChanges on the
+// watch's sockets): a firewall rule does not wait for the agent to read
+// of it. It refreshes the bridge's forwarding entries of the remote MACs
+// whose frames took the shortcut, as the bridge's own learning would have
+// (refreshFDB). It never turns a container's GRO on (agents change maps,
+// not knobs): a container that came after the apply and lacks it is left
+// to batch mode until the next apply.
 type syncAgent struct {
 	env      plan.AgentEnv
 	interval time.Duration
@@ -226,7 +229,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 				w.close()
 			}
 			var err error
-			if w, err = watch(ctx, namespaces); err != nil {
+			if w, err = watch(ctx, namespaces, a.dp.Sync().CountChanges); err != nil {
 				w = nil
 				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
 			} else {
@@ -431,6 +434,16 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
+	// The changes counted so far, before the path is read: the datapath
+	// takes the destinations only while no other change came (the watch
+	// counts them as the kernel announces them: steer.Sync.CountChanges),
+	// so a table added while this round reads voids them even if the
+	// round did not see it.
+	changes, err := a.dp.Sync().Changes()
+	if err != nil {
+		st.Err = err.Error()
+		return nil
+	}
 	t, err := topology.DiscoverPath(a.env.NetNS)
 	if err != nil {
 		st.Err = err.Error()
@@ -452,6 +465,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	}
 	set := sp.Set()
 	set.Targets = toSteer(targets)
+	set.Changes = changes
 	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
 	// Written every round, changed or not: the write is the renewal. Not
 	// where a withdrawal came since the path was read (what it read may

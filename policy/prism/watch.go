@@ -110,7 +110,10 @@ type watcher struct {
 
 // watch subscribes in each namespace (deduplicated); it fails if any
 // subscription does (the caller falls back to its interval, and says so).
-func watch(ctx context.Context, namespaces []string) (*watcher, error) {
+// count (nil: none) is given each nftables and IPsec socket, to count the
+// changes the kernel announces there as it announces them, before the
+// process that made one gets its answer (steer.Sync.CountChanges).
+func watch(ctx context.Context, namespaces []string, count func(fd int) error) (*watcher, error) {
 	w := &watcher{events: make(chan watchEvent, 64), done: make(chan struct{})}
 	subs := []struct {
 		proto  int
@@ -131,6 +134,11 @@ func watch(ctx context.Context, namespaces []string) (*watcher, error) {
 			err := netnsx.Do(ns, func() error {
 				var err error
 				s, err = nl.Subscribe(sub.proto, sub.groups...)
+				if err == nil && count != nil && sub.proto != unix.NETLINK_ROUTE {
+					if err = count(s.GetFd()); err != nil {
+						s.Close()
+					}
+				}
 				return err
 			})
 			if err != nil {

@@ -28,7 +28,7 @@ func TestWatchOverflowWithdraws(t *testing.T) {
 	t.Cleanup(func() { nsx.Delete(ns) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	w, err := watch(ctx, []string{ns})
+	w, err := watch(ctx, []string{ns}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

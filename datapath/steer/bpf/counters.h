@@ -30,7 +30,7 @@ enum counter {
 	CNT_BULK_BESIDE, /* bulk frames bulk=auto kept in the NIC poll beside busy marked flows (bulk_beside_busy) */
 	CNT_UNMARKED,    /* frames sent to a core's queue without lanes' metadata (no room left): that queue's counts no longer balance */
 	CNT_SYNC_REFUSED, /* high-priority frames with a destination that the kernel's own path would not deliver (sync_accept): batch path, where the kernel decides */
-	CNT_SYNC_EXPIRED, /* high-priority frames whose destination's deadline passed (no agent renewed it): batch path */
+	CNT_SYNC_EXPIRED, /* high-priority frames whose destination was void (its deadline passed: no agent renewed it; or a change on its path was announced since its facts were read): batch path */
 	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
 	CNT_ASIDE,        /* frames PRISM's aside pass let through untouched: not parsed, classified or tracked (aside_pass) */
 	NUM_COUNTERS,

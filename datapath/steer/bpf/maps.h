@@ -246,6 +246,7 @@ struct sync_dest {
 	__u32 ifindex;   /* host-side veth, key of steer_sync_dev */
 	__u32 mtu;       /* the smaller of the two veth ends' MTUs: longer inner frames take the batch path */
 	__u64 deadline;  /* bpf_ktime_get_ns(): from then on the destination is void */
+	__u64 changes;   /* steer_sync_changes when its facts were read: once the count moves on, the destination is void */
 };
 
 struct {
@@ -261,6 +262,25 @@ struct {
 	__type(key, __u32); /* ifindex */
 	__type(value, __u32); /* the same ifindex (struct bpf_devmap_val without a program) */
 } steer_sync_dev SEC(".maps");
+
+/*
+ * PRISM-sync's count of the changes announced on the shortcut's path that
+ * may make a destination unsafe: nftables and IPsec changes in every
+ * namespace the path runs through, counted by steer_sync_notify on lanes
+ * agent's netlink sockets. The kernel runs that filter as it sends the
+ * notification, in the changing process's context, before the command
+ * that made the change returns. Every destination records the count under
+ * which lanes read its facts (sync_dest.changes): once it moved on, the
+ * destination is void until the agent has read the path again, so no
+ * frame that arrives after the command returned takes the shortcut past
+ * the new rule, however late the agent itself reads the notification.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, __u64); /* changes counted */
+} steer_sync_changes SEC(".maps");
 
 /*
  * PRISM-sync's local VTEPs: a frame takes the shortcut only if its outer
