@@ -1,43 +1,112 @@
 package control
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
-	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// Apply and reset refuse a target whose agent runs, in one line naming
-// its PID: the agent would go on working for a plan that is gone.
-func TestApplyResetRefuseRunningAgent(t *testing.T) {
-	stateDir := t.TempDir()
-	dir := Dir(stateDir, "lanes-agentrun")
+// holdAgentLock holds dir's agent lock as an agent of another process
+// would (its own open file, pid written) until the test ends or release.
+func holdAgentLock(t *testing.T, dir string, pid int) (release func()) {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pid := os.Getppid() // a live process that is not this one
-	b, _ := json.Marshal(AgentReport{PID: pid, Mode: "falcon", At: time.Now()})
-	if err := os.WriteFile(filepath.Join(dir, AgentFile), b, 0o644); err != nil {
+	f, err := os.OpenFile(filepath.Join(dir, AgentLockFile), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err := Reset("lanes-agentrun", stateDir)
-	if err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(pid)) || strings.Contains(err.Error(), "\n") {
-		t.Errorf("reset with an agent running: %v, want one line naming pid %d", err, pid)
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatalf("premise: the agent lock is free: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, AgentFile)); err != nil {
+	f.WriteString(strconv.Itoa(pid) + "\n")
+	t.Cleanup(func() { f.Close() })
+	return func() { f.Close() }
+}
+
+// Apply, reset and reset --all refuse a target whose agent runs (holds
+// its lock), in one line naming its PID, and change nothing: reset --all
+// resets no target while any agent runs. Once the agent is gone (its
+// lock dropped, as the kernel drops a dead process's), reset works.
+func TestApplyResetRefuseRunningAgent(t *testing.T) {
+	stateDir := t.TempDir()
+	dir := Dir(stateDir, "lanes-agentrun")
+	other := Dir(stateDir, "lanes-other")
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeState(other, &State{Mode: "rps", Target: "lanes-other", Phase: Applied}); err != nil {
+		t.Fatal(err)
+	}
+	pid := os.Getppid() // a live process that is not this one
+	release := holdAgentLock(t, dir, pid)
+	want := "pid " + strconv.Itoa(pid)
+	oneLine := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s with an agent running: %v, want one line naming pid %d", what, err, pid)
+		}
+	}
+	_, err := Reset("lanes-agentrun", stateDir)
+	oneLine("reset", err)
+	_, err = ResetAll(stateDir)
+	oneLine("reset --all", err)
+	if _, err := os.Stat(filepath.Join(other, StateFile)); err != nil {
+		t.Errorf("the refused reset --all reset another target: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, AgentLockFile)); err != nil {
 		t.Errorf("the refused reset touched the target: %v", err)
 	}
-	if err := agentRunning(dir, "apply"); err == nil {
-		t.Error("apply's check passes with an agent running")
+	_, err = holdAgentOff(dir, "apply", true)
+	oneLine("apply", err)
+
+	release()
+	if _, err := ResetAll(stateDir); err != nil {
+		t.Errorf("reset --all with no agent running: %v", err)
 	}
-	// A report the agent's own process reads, or a stale one, does not refuse.
-	b, _ = json.Marshal(AgentReport{PID: pid, Mode: "falcon", At: time.Now().Add(-time.Minute)})
-	os.WriteFile(filepath.Join(dir, AgentFile), b, 0o644)
-	if err := agentRunning(dir, "reset"); err != nil {
-		t.Errorf("a stale report refused: %v", err)
+	if ents, _ := os.ReadDir(stateDir); len(ents) != 0 {
+		t.Errorf("state left after reset --all: %v", ents)
+	}
+}
+
+// Agents started at once for one target: exactly one takes the lock, the
+// others are refused naming it; the lock's file and the state directory
+// it made go when it lets go.
+func TestOneAgentAtOnce(t *testing.T) {
+	stateDir := t.TempDir()
+	const n = 8
+	locks := make([]*AgentLock, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { locks[i], errs[i] = LockAgent(stateDir, "lanes-once") })
+	}
+	wg.Wait()
+	var held *AgentLock
+	for i := range n {
+		switch {
+		case errs[i] == nil && held != nil:
+			t.Errorf("two agents hold the lock")
+		case errs[i] == nil:
+			held = locks[i]
+		case !strings.Contains(errs[i].Error(), "already runs") || !strings.Contains(errs[i].Error(), "pid "+strconv.Itoa(os.Getpid())):
+			t.Errorf("agent %d refused with %v, want the running agent's pid %d", i, errs[i], os.Getpid())
+		}
+	}
+	if held == nil {
+		t.Fatal("no agent took the lock")
+	}
+	if err := held.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(stateDir); len(ents) != 0 {
+		t.Errorf("left after the agent let go: %v", ents)
 	}
 }
 

@@ -184,9 +184,11 @@ func Apply(opts Options) (*State, error) {
 	if err := hostSysctlsHeld(v.StateDir, dir, p); err != nil {
 		return nil, err
 	}
-	if err := agentRunning(dir, "apply"); err != nil {
+	release, err := holdAgentOff(dir, "apply", true)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
 	if err != nil {
 		return nil, err
@@ -312,26 +314,15 @@ func Reset(netns, stateDir string) (*ResetResult, error) {
 	if err := netnsx.CheckName(netns); err != nil {
 		return nil, err
 	}
-	if err := agentRunning(Dir(stateDir, netns), "reset"); err != nil {
+	dir := Dir(stateDir, netns)
+	release, err := holdAgentOff(dir, "reset", false)
+	if err != nil {
 		return nil, err
 	}
-	res, err := resetDir(Dir(stateDir, netns))
+	res, err := resetDir(dir)
+	release()
 	removeDefaultDir(stateDir)
 	return res, err
-}
-
-// agentRunning refuses an apply or reset of a target whose agent runs
-// (its report is fresh and its process alive): the agent works for the
-// applied plan, and would go on placing flows and switching knobs for
-// one that is gone. Its runtime writes check the journal's generation
-// (knobs.RuntimeWrite) and so change nothing after, but its maps and
-// placement would still follow the old plan's.
-func agentRunning(dir, what string) error {
-	r, err := ReadAgentReport(dir)
-	if err != nil || r == nil || !r.Running || r.PID == os.Getpid() {
-		return nil
-	}
-	return fmt.Errorf("lanes agent (pid %d, %s) runs for %s: stop it first (kill %d), then %s again", r.PID, r.Mode, filepath.Base(dir), r.PID, what)
 }
 
 // removeDefaultDir removes /run/lanes once no target is left in it; a
@@ -354,13 +345,23 @@ func ResetAll(stateDir string) ([]*ResetResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing state dir: %w", err)
 	}
+	// Every target's agent is held off before any is reset: with one
+	// running, nothing is.
+	var dirs []string
+	for _, e := range ents {
+		if dir := filepath.Join(stateDir, e.Name()); e.IsDir() && isTargetDir(dir) {
+			release, err := holdAgentOff(dir, "reset --all", false)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+			dirs = append(dirs, dir)
+		}
+	}
 	var out []*ResetResult
 	var errs []error
-	for _, e := range ents {
-		if !e.IsDir() || !isTargetDir(filepath.Join(stateDir, e.Name())) {
-			continue
-		}
-		r, err := resetDir(filepath.Join(stateDir, e.Name()))
+	for _, dir := range dirs {
+		r, err := resetDir(dir)
 		if r != nil {
 			out = append(out, r)
 		}
@@ -372,11 +373,11 @@ func ResetAll(stateDir string) ([]*ResetResult, error) {
 	return out, errors.Join(errs...)
 }
 
-// isTargetDir: a target's directory holds its journal or its state file;
-// other directories under the state dir (the testbed's records) are not
-// targets, and reset --all does not list them.
+// isTargetDir: a target's directory holds its journal, its state file or
+// its agent's lock; other directories under the state dir (the testbed's
+// records) are not targets, and reset --all does not list them.
 func isTargetDir(dir string) bool {
-	for _, f := range []string{knobs.JournalFile, StateFile} {
+	for _, f := range []string{knobs.JournalFile, StateFile, AgentLockFile} {
 		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
 			return true
 		}
@@ -514,6 +515,7 @@ func removeState(dir string) {
 	os.Remove(filepath.Join(dir, DevicesFile))
 	os.Remove(filepath.Join(dir, DevicesFile+".tmp"))
 	removeAgentReport(dir)
+	os.Remove(filepath.Join(dir, AgentLockFile))
 	os.Remove(filepath.Join(dir, StateFile+".tmp"))
 	os.Remove(filepath.Join(dir, StateFile))
 }

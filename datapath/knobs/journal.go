@@ -116,7 +116,7 @@ func open(dir, target string, create bool, wait time.Duration) (*Journal, error)
 		// waited for that lock then holds one on a directory that is no
 		// longer the one at dir, and two processes would journal into
 		// what looks like the same place. Check, and start over.
-		if sameDir(lock, dir) {
+		if StillAt(lock, dir) {
 			break
 		}
 		lock.Close()
@@ -252,8 +252,9 @@ func LockDir(dir string, wait time.Duration) (*os.File, error) {
 	return nil, fmt.Errorf("locking %s: %w", dir, err)
 }
 
-// sameDir reports whether the open directory f still is the one at path.
-func sameDir(f *os.File, path string) bool {
+// StillAt reports whether the open file (or directory) f still is the one
+// at path: one removed, or replaced, while its lock was waited for is not.
+func StillAt(f *os.File, path string) bool {
 	a, err := f.Stat()
 	if err != nil {
 		return false

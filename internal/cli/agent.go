@@ -105,10 +105,12 @@ first); on-exit is keep unless --on-exit says reset.`,
 			o.StateDir = apply.StateDir
 
 			// One agent per target: a second would run a second balancer
-			// and follower on the same knobs.
-			if r, err := control.ReadAgentReport(control.Dir(o.StateDir, o.NetNS)); err == nil && r != nil && r.Running {
-				return fmt.Errorf("an agent (pid %d) already runs for netns %s: stop it first (systemctl stop lanes, or kill %d)", r.PID, ctlNSLabel(o.NetNS), r.PID)
+			// and follower on the same knobs. Held for the agent's life.
+			lock, err := control.LockAgent(o.StateDir, o.NetNS)
+			if err != nil {
+				return err
 			}
+			defer lock.Close()
 
 			// The address is taken before anything is applied: a busy
 			// port fails the start with nothing changed.

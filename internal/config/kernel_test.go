@@ -304,14 +304,22 @@ func TestAgentRestartPicksUp(t *testing.T) {
 	modetest.NoState(t, stateDir)
 }
 
+// vanillaFile is a file applying vanilla to a testbed's receiver, its
+// agent on a port of its own and keeping the state on exit; reset when
+// the test ends.
+func vanillaFile(t *testing.T) (ns, stateDir, path string) {
+	t.Helper()
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	ns, stateDir = tb.Receiver().NetNS, t.TempDir()
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	path = writeFile(t, fmt.Sprintf("netns: %s\nmode: vanilla\nagent:\n  metrics-addr: 127.0.0.1:0\n  on-exit: keep\nstate-dir: %s\n", ns, stateDir))
+	return ns, stateDir, path
+}
+
 // A file whose mode changes nothing (vanilla) still runs an agent that
 // serves health until SIGTERM, with on-exit keep leaving the state.
 func TestAgentVanilla(t *testing.T) {
-	tb := modetest.UpTestbed(t, testbed.Docker)
-	ns := tb.Receiver().NetNS
-	stateDir := t.TempDir()
-	t.Cleanup(func() { control.Reset(ns, stateDir) })
-	path := writeFile(t, fmt.Sprintf("netns: %s\nmode: vanilla\nagent:\n  metrics-addr: 127.0.0.1:0\n  on-exit: keep\nstate-dir: %s\n", ns, stateDir))
+	ns, stateDir, path := vanillaFile(t)
 	a := startAgent(t, path)
 	base := a.base(t)
 	waitReady(t, base)
@@ -327,5 +335,51 @@ func TestAgentVanilla(t *testing.T) {
 	}
 	if st, _ := control.ReadState(control.Dir(stateDir, ns)); st == nil || st.Mode != "vanilla" {
 		t.Errorf("state after on-exit keep: %+v", st)
+	}
+}
+
+// waitRunning waits until each agent either runs (said so) or exited, and
+// returns those that run.
+func waitRunning(t *testing.T, agents ...*agentProc) (running []*agentProc, exited []*agentProc) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for _, a := range agents {
+		for {
+			if strings.Contains(a.output(), " running (on exit: ") {
+				running = append(running, a)
+				break
+			}
+			select {
+			case err := <-a.done:
+				a.done <- err
+				exited = append(exited, a)
+			case <-time.After(50 * time.Millisecond):
+				if time.Now().After(deadline) {
+					t.Fatalf("agent neither running nor gone after 60 s:\n%s", a.output())
+				}
+				continue
+			}
+			break
+		}
+	}
+	return running, exited
+}
+
+// Two agents of one file started at once: exactly one runs, the other is
+// refused naming it, whichever took the lock first.
+func TestTwoAgentsAtOnce(t *testing.T) {
+	_, _, path := vanillaFile(t)
+	a, b := startAgent(t, path), startAgent(t, path)
+	running, exited := waitRunning(t, a, b)
+	if len(running) != 1 || len(exited) != 1 {
+		t.Fatalf("%d agents run, %d exited; want one each:\n%s\n---\n%s", len(running), len(exited), a.output(), b.output())
+	}
+	win, lose := running[0], exited[0]
+	if want := fmt.Sprintf("an agent (pid %d) already runs", win.cmd.Process.Pid); !strings.Contains(lose.output(), want) {
+		t.Errorf("the refused agent said:\n%s\nwant %q", lose.output(), want)
+	}
+	win.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-win.done; err != nil {
+		t.Errorf("agent on SIGTERM: %v\n%s", err, win.output())
 	}
 }
