@@ -135,7 +135,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 				} else {
 					fmt.Fprintf(out, "applied %s to netns %s from %s: %d changes on cores %s\n", st.Mode, ctlNSLabel(st.NetNS), configPath, st.Plan.Changes, st.CPUs)
 				}
-				if err := addPrioRules(out, st.NetNS, cfg.Prio); err != nil {
+				if err := setPrioRules(out, st.NetNS, configPath, cfg.Prio); err != nil {
 					if !picked {
 						return resetAfter(out, st.NetNS, apply.StateDir, err)
 					}

@@ -75,7 +75,7 @@ Modes:
 			}
 			out := cmd.OutOrStdout()
 			if cfg != nil {
-				if err := addPrioRules(out, st.NetNS, cfg.Prio); err != nil {
+				if err := setPrioRules(out, st.NetNS, configPath, cfg.Prio); err != nil {
 					return resetAfter(out, st.NetNS, o.StateDir, err)
 				}
 			}
@@ -125,22 +125,19 @@ func noModeFlags(cmd *cobra.Command) error {
 	return nil
 }
 
-// addPrioRules adds a file's priority rules to the applied mode's set
-// (adding a rule that is there changes nothing); rules added by hand with
-// lanes prio stay.
-func addPrioRules(out io.Writer, netns string, rules []steer.Rule) error {
-	if len(rules) == 0 {
-		return nil
+// setPrioRules makes a file's priority rules the applied mode's set:
+// rules not in the file (added by hand with lanes prio, or kept from an
+// earlier version of the file by an apply picked up) are removed, and
+// said so.
+func setPrioRules(out io.Writer, netns, path string, rules []steer.Rule) error {
+	_, removed, err := control.SetPrio(netns, rules)
+	for _, r := range removed {
+		fmt.Fprintf(out, "high priority: removed %s (not in %s)\n", r, path)
 	}
-	set, err := control.OpenPrio(netns)
 	if err != nil {
 		return err
 	}
-	defer set.Close()
 	for _, r := range rules {
-		if err := set.Add(r); err != nil {
-			return err
-		}
 		fmt.Fprintf(out, "high priority: %s\n", r)
 	}
 	return nil

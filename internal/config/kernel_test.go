@@ -383,3 +383,58 @@ func TestTwoAgentsAtOnce(t *testing.T) {
 		t.Errorf("agent on SIGTERM: %v\n%s", err, win.output())
 	}
 }
+
+// The file's priority rules are the applied mode's set: an agent that
+// picks up an apply whose rules were {A, B} with a file that lists {A}
+// removes B from the datapath and says so.
+func TestAgentRulesAreTheFile(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	addr := tb.Receiver().Containers[0].Addr.Addr()
+	a, b := "dst "+addr.String()+" udp", "dst "+addr.String()+" port 80 tcp"
+	file := func(rules ...string) string {
+		return fmt.Sprintf("netns: %s\nmode: prism\nprio:\n  - %s\nagent:\n  metrics-addr: 127.0.0.1:0\n  on-exit: keep\nstate-dir: %s\n", ns, strings.Join(rules, "\n  - "), stateDir)
+	}
+	rules := func() []string {
+		set := modetest.Prio(t, ns)
+		defer set.Close()
+		rs, err := set.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.String())
+		}
+		return out
+	}
+	run := func(path string) string {
+		ag := startAgent(t, path)
+		waitReady(t, ag.base(t))
+		ag.cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-ag.done; err != nil {
+			t.Fatalf("agent on SIGTERM: %v\n%s", err, ag.output())
+		}
+		return ag.output()
+	}
+	path := writeFile(t, file(a, b))
+	run(path)
+	if got := rules(); len(got) != 2 {
+		t.Fatalf("premise: the first agent's rules are %q, want %q and %q", got, a, b)
+	}
+	if err := os.WriteFile(path, []byte(file(a)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := run(path)
+	if !strings.Contains(out, "picked up prism") {
+		t.Fatalf("premise: the second agent picks the apply up:\n%s", out)
+	}
+	if got := rules(); len(got) != 1 || got[0] != a {
+		t.Errorf("rules after the restart: %q, want only %q", got, a)
+	}
+	if want := "high priority: removed " + b + " (not in " + path + ")"; !strings.Contains(out, want) {
+		t.Errorf("the agent did not say %q:\n%s", want, out)
+	}
+}
