@@ -123,13 +123,15 @@ first); on-exit is keep unless --on-exit says reset.`,
 				defer ln.Close()
 			}
 
+			// fresh: this start applied the mode (not one picked up).
+			fresh := false
 			switch {
 			case cfg != nil:
 				st, picked, err := control.Ensure(apply)
 				if err != nil {
 					return err
 				}
-				o.NetNS = st.NetNS
+				o.NetNS, fresh = st.NetNS, !picked
 				if picked {
 					fmt.Fprintf(out, "picked up %s on netns %s as applied at %s (%s): nothing applied again\n", st.Mode, ctlNSLabel(st.NetNS), st.Applied.Local().Format(time.DateTime), configPath)
 				} else {
@@ -152,7 +154,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 				if err != nil {
 					return err
 				}
-				o.NetNS = st.NetNS
+				o.NetNS, fresh = st.NetNS, true
 				fmt.Fprintf(out, "applied %s to netns %s: %d changes on cores %s\n", st.Mode, ctlNSLabel(st.NetNS), st.Plan.Changes, st.CPUs)
 			}
 			if ctx.Err() != nil {
@@ -171,7 +173,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 				// still gets an agent that serves health until it is
 				// stopped, so a service manager does not restart it.
 				if cfg == nil || st == nil || st.Phase != control.Applied || st.Plan.Changes != 0 || st.Plan.Agent != "" {
-					return err
+					return notStarted(out, fresh, o.NetNS, o.StateDir, err)
 				}
 				ag = idleAgent{st.Mode}
 			}
@@ -272,8 +274,28 @@ func resetAfter(out io.Writer, netns, stateDir string, cause error) error {
 	if _, err := control.Reset(netns, stateDir); err != nil {
 		return fmt.Errorf("%w; resetting the mode failed too: %v (run lanes reset%s)", cause, err, ctlNSFlag(netns))
 	}
-	return fmt.Errorf("%w (the mode was reset: nothing of the file is applied)", cause)
+	return fmt.Errorf("%w (the mode was reset: nothing of this start is left applied)", cause)
 }
+
+// notStarted ends an agent that could not be built. Where this start
+// applied the mode, it is reset: left applied with nothing running it, a
+// service manager would restart the agent into the same failure for good
+// (each start applying it again). The exit status is then
+// config.ExitConfig, on which the systemd unit does not restart: another
+// file or mode is what mends it. An apply picked up stays, and the error
+// is an ordinary failure, for a restart to try again.
+func notStarted(out io.Writer, fresh bool, netns, stateDir string, err error) error {
+	if !fresh {
+		return err
+	}
+	return exitConfig{resetAfter(out, netns, stateDir, fmt.Errorf("the agent cannot run the mode this start applied: %w", err))}
+}
+
+// exitConfig is an error that makes lanes exit with config.ExitConfig.
+type exitConfig struct{ error }
+
+func (e exitConfig) Unwrap() error { return e.error }
+func (e exitConfig) ExitCode() int { return config.ExitConfig }
 
 // idleAgent is the agent of a mode that changes nothing: it waits.
 type idleAgent struct{ mode string }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -242,5 +243,27 @@ func TestExitCode(t *testing.T) {
 	_, err = Load(filepath.Join(t.TempDir(), "none.yaml"))
 	if !errors.As(err, &c) || c.ExitCode() != ExitConfig || !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// The systemd unit restarts a failed agent, but not one that exits with
+// ExitConfig: a refused file, or a mode its own start applied and could
+// not run (reset before it exits).
+func TestUnitDoesNotRestartOnConfigError(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/systemd/lanes.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := map[string]string{}
+	for l := range strings.Lines(string(b)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && !strings.HasPrefix(k, "#") {
+			unit[k] = v
+		}
+	}
+	if unit["Restart"] != "on-failure" {
+		t.Errorf("Restart=%s, want on-failure", unit["Restart"])
+	}
+	if want := strconv.Itoa(ExitConfig); !slices.Contains(strings.Fields(unit["RestartPreventExitStatus"]), want) {
+		t.Errorf("RestartPreventExitStatus=%s, want %s among them", unit["RestartPreventExitStatus"], want)
 	}
 }

@@ -3,6 +3,7 @@ package config_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,9 +17,13 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/cli"
+	"github.com/lanesnet/lanes/internal/config"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
+	"github.com/lanesnet/lanes/topology"
 )
 
 // lanesArgsEnv makes the test binary run lanes with these arguments
@@ -28,12 +33,12 @@ const lanesArgsEnv = "LANES_CONFIG_TEST_LANES_ARGS"
 
 func TestMain(m *testing.M) {
 	if args := os.Getenv(lanesArgsEnv); args != "" {
-		root := cli.NewRoot()
-		root.SetArgs(strings.Split(args, "\x1f"))
-		if err := root.Execute(); err != nil {
-			fmt.Fprintln(os.Stderr, "lanes:", err)
-			os.Exit(1)
-		}
+		// The test mode is the children's alone: the tests' own lists
+		// of modes do not have it.
+		registerAgentFail()
+		// As the binary runs: its exit status is the error's.
+		os.Args = append(os.Args[:1], strings.Split(args, "\x1f")...)
+		cli.Execute()
 		os.Exit(0)
 	}
 	modetest.Main(m, "tcf")
@@ -116,13 +121,19 @@ type agentProc struct {
 
 func startAgent(t *testing.T, path string) *agentProc {
 	t.Helper()
+	return startLanes(t, "agent", "--config", path)
+}
+
+// startLanes runs lanes with args in a child process.
+func startLanes(t *testing.T, args ...string) *agentProc {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &agentProc{addr: make(chan string, 1), done: make(chan error, 1)}
 	a.cmd = exec.Command(self)
-	a.cmd.Env = append(os.Environ(), lanesArgsEnv+"="+strings.Join([]string{"agent", "--config", path}, "\x1f"))
+	a.cmd.Env = append(os.Environ(), lanesArgsEnv+"="+strings.Join(args, "\x1f"))
 	pr, pw := io.Pipe()
 	a.cmd.Stdout, a.cmd.Stderr = pw, pw
 	if err := a.cmd.Start(); err != nil {
@@ -436,5 +447,81 @@ func TestAgentRulesAreTheFile(t *testing.T) {
 	}
 	if want := "high priority: removed " + b + " (not in " + path + ")"; !strings.Contains(out, want) {
 		t.Errorf("the agent did not say %q:\n%s", want, out)
+	}
+}
+
+// agentFailMode is a mode whose plan changes one knob and whose agent
+// never starts: what an agent meets that cannot run the mode it applied.
+type agentFailMode struct{}
+
+const agentFailName = "x-test-agentfail"
+
+func (agentFailMode) Mode() string    { return agentFailName }
+func (agentFailMode) Summary() string { return "test: a mode whose agent cannot start" }
+func (agentFailMode) Plan(t *topology.Topology, _ plan.Config) (*plan.Plan, error) {
+	p := &plan.Plan{Mode: agentFailName, Agent: agentFailName}
+	p.Add(knobs.Sysctl(t.NetNS, "net.core.somaxconn"), "1111", "somaxconn", "a knob for the reset to put back")
+	return p, nil
+}
+
+func registerAgentFail() {
+	plan.Register(agentFailMode{})
+	plan.RegisterAgent(agentFailName, func(plan.AgentEnv) (plan.Agent, error) {
+		return nil, errors.New("this test's agent never starts")
+	})
+}
+
+// An agent that cannot start the mode its own start applied resets it
+// and exits with ExitConfig, on which the systemd unit does not restart;
+// one that picked up an earlier apply leaves it and exits 1, for a
+// restart to try again.
+func TestAgentStartFailsWhole(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	ns := tb.Receiver().NetNS
+	stateDir := t.TempDir()
+	t.Cleanup(func() { control.Reset(ns, stateDir) })
+	knob := knobs.Sysctl(ns, "net.core.somaxconn")
+	before, err := knob.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := writeFile(t, fmt.Sprintf("netns: %s\nmode: %s\nagent:\n  metrics-addr: \"\"\nstate-dir: %s\n", ns, agentFailName, stateDir))
+	exit := func(a *agentProc) int {
+		t.Helper()
+		select {
+		case <-a.done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("agent still running after 60 s:\n%s", a.output())
+		}
+		return a.cmd.ProcessState.ExitCode()
+	}
+
+	a := startAgent(t, path)
+	if code := exit(a); code != config.ExitConfig {
+		t.Errorf("exit status %d after its own apply, want %d:\n%s", code, config.ExitConfig, a.output())
+	}
+	if !strings.Contains(a.output(), "applied "+agentFailName) {
+		t.Fatalf("premise: the agent applied the mode:\n%s", a.output())
+	}
+	if !strings.Contains(a.output(), "this test's agent never starts") || !strings.Contains(a.output(), "the mode was reset") {
+		t.Errorf("the agent did not say why and what it did:\n%s", a.output())
+	}
+	if v, err := knob.Read(); err != nil || string(v) != string(before) {
+		t.Errorf("somaxconn %q after the agent, %q before (%v)", v, before, err)
+	}
+	modetest.NoState(t, stateDir)
+
+	if ap := startLanes(t, "apply", "--config", path); exit(ap) != 0 {
+		t.Fatalf("apply --config:\n%s", ap.output())
+	}
+	b := startAgent(t, path)
+	if code := exit(b); code != 1 {
+		t.Errorf("exit status %d on a picked-up apply, want 1:\n%s", code, b.output())
+	}
+	if !strings.Contains(b.output(), "picked up "+agentFailName) {
+		t.Fatalf("premise: the agent picked the apply up:\n%s", b.output())
+	}
+	if st, _ := control.ReadState(control.Dir(stateDir, ns)); st == nil || st.Mode != agentFailName {
+		t.Errorf("the picked-up apply did not stay: state %+v", st)
 	}
 }
