@@ -27,6 +27,15 @@ type Agent interface {
 	Status() any
 }
 
+// Discard lets go of what an agent that is not to run holds since it was
+// built (a pinned datapath it opened): its Close method, where it has one.
+// Run lets go of it otherwise.
+func Discard(a Agent) {
+	if c, ok := a.(interface{ Close() error }); ok {
+		c.Close()
+	}
+}
+
 // AgentEnv is what an agent gets: the applied state, as journaled.
 type AgentEnv struct {
 	NetNS  string
@@ -90,11 +99,21 @@ func NewAgent(name string, env AgentEnv) (Agent, error) {
 	for _, n := range names {
 		a, err := newAgent(n, env)
 		if err != nil {
+			// Those built already will not run.
+			c.Close()
 			return nil, err
 		}
 		c.agents = append(c.agents, a)
 	}
 	return c, nil
+}
+
+// Close discards the agents of a composed agent that is not to run.
+func (c *composed) Close() error {
+	for _, a := range c.agents {
+		Discard(a)
+	}
+	return nil
 }
 
 // composed runs the agents of a composed plan together: each works on

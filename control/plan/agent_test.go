@@ -106,3 +106,26 @@ func TestAgentsComposed(t *testing.T) {
 		t.Errorf("unknown agent in a composition: %v", err)
 	}
 }
+
+// closingAgent counts the times it was let go of without running.
+type closingAgent struct {
+	fakeAgent
+	closed *int
+}
+
+func (a closingAgent) Close() error { *a.closed++; return nil }
+
+// A composed agent whose later agent cannot be built lets go of those
+// built before it: they will never run, and would hold what they opened.
+func TestAgentsComposedFailedBuildDiscards(t *testing.T) {
+	closed := 0
+	RegisterAgent("t-holds", func(AgentEnv) (Agent, error) { return closingAgent{closed: &closed}, nil })
+	RegisterAgent("t-unbuilt", func(AgentEnv) (Agent, error) { return nil, errors.New("cannot build") })
+	RegisterAgent("t-holds2", func(AgentEnv) (Agent, error) { return closingAgent{closed: &closed}, nil })
+	if _, err := NewAgent(Agents("t-holds", "t-holds2", "t-unbuilt"), AgentEnv{}); err == nil || !strings.Contains(err.Error(), "cannot build") {
+		t.Fatalf("premise: the composed agent fails at its last: %v", err)
+	}
+	if closed != 2 {
+		t.Errorf("%d of the 2 agents built before the failure were let go of", closed)
+	}
+}

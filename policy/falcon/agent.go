@@ -231,6 +231,10 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	return a, nil
 }
 
+// Close lets go of the datapath of an agent that is not to run
+// (plan.Discard); Run does otherwise.
+func (a *agent) Close() error { return a.dp.Close() }
+
 func (a *agent) Status() any {
 	a.mu.Lock()
 	defer a.mu.Unlock()

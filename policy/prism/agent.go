@@ -168,6 +168,11 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 	return a, nil
 }
 
+// Close lets go of the datapath of an agent that is not to run
+// (plan.Discard); Run does otherwise. Its guard holds nothing until it
+// runs.
+func (a *syncAgent) Close() error { return a.dp.Close() }
+
 func (a *syncAgent) Status() any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
