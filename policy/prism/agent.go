@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/netnsx"
@@ -62,6 +63,10 @@ type syncAgent struct {
 	// does not write what it read.
 	gen uint64
 	m   *syncMetrics
+	// applyGen is the generation of the apply the agent works for
+	// (knobs.Generation of its journal when it was built): a reset or a
+	// newer apply ends it (stale).
+	applyGen string
 }
 
 // syncTTL is how long the destinations an agent writes hold without it:
@@ -156,6 +161,7 @@ func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 		return nil, err
 	}
 	a := &syncAgent{env: env, interval: o.SyncInterval, dp: dp, guard: g}
+	a.applyGen = journalGeneration(env.StateDir)
 	if env.Metrics != nil {
 		a.m = &syncMetrics{
 			targets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_prism_sync_targets", Help: "Destinations PRISM-sync hands high-priority frames to directly."}),
@@ -269,12 +275,29 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 				default:
 				}
 			}
+			if err := a.stale(); err != nil {
+				return err
+			}
 		}
 		skipped = 0
 		if w != nil {
 			w.setMACs(a.macs())
 		}
 	}
+}
+
+// stale says (knobs.ErrStale) when the apply the agent works for is gone:
+// reset, or applied again. The agent then ends, as the guard and the
+// container follower do: what it would write is for a plan that is gone,
+// and a restarted agent works for the one there now.
+func (a *syncAgent) stale() error {
+	if a.env.StateDir == "" {
+		return nil
+	}
+	if g := journalGeneration(a.env.StateDir); g != a.applyGen {
+		return fmt.Errorf("prism-sync: %w (journal generation %q, not %q: reset or applied again)", knobs.ErrStale, g, a.applyGen)
+	}
+	return nil
 }
 
 // follow handles w's events until it closes: a change that may make a

@@ -3,6 +3,7 @@ package prism_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -810,5 +811,36 @@ func TestPrismSyncFirewall(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// A reset under a running sync agent makes its journal stale: the agent
+// ends (knobs.ErrStale), as the guard and the follower do, rather than
+// serve a plan that is gone and keep the pod unready for good.
+func TestPrismSyncEndsWhenStale(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms"})
+	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: a.NS, StateDir: a.StateDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	waitFor(t, "the agent's first round", func() bool {
+		st, ok := ag.Status().(prism.SyncStatus)
+		return ok && st.Refreshes > 0
+	})
+	a.Reset(t)
+	select {
+	case err := <-done:
+		if !errors.Is(err, knobs.ErrStale) {
+			t.Errorf("the agent ended with %v, want ErrStale", err)
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-done
+		t.Errorf("the agent still ran 30 s after the reset")
 	}
 }
