@@ -218,6 +218,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 		a.guard.whenAsideEnds(func() { askRound(changed) })
 	}
 	var w *watcher
+	var watched []string // the namespaces w subscribed in
 	watchNS := ""
 	// Run returns once its followers did: no withdrawal comes from an
 	// agent that stopped (its last round's destinations lapse by their
@@ -232,23 +233,19 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
 	for skipped := 0; ; {
+		if w != nil && w.broken() != nil {
+			// A subscription failed (follow withdrew on it): subscribe
+			// again before the round reads the path.
+			if w = a.rewatch(ctx, w, watched, changed, &following); w == nil {
+				watchNS = ""
+			}
+		}
 		namespaces := a.refreshIdle()
 		// (Re)subscribe where the path runs: the namespaces can change
 		// with the topology (an underlay found late).
 		if key := strings.Join(namespaces, "\x00"); key != watchNS && len(namespaces) > 0 {
-			if w != nil {
-				w.close()
-			}
-			var err error
-			if w, err = watch(ctx, namespaces, a.dp.Sync().CountChanges); err != nil {
-				w = nil
-				a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
-			} else {
-				watchNS = key
-				a.setWatch("")
-				w.setMACs(a.macs())
-				fw := w
-				following.Go(func() { a.follow(fw, changed) })
+			if w = a.rewatch(ctx, w, namespaces, changed, &following); w != nil {
+				watchNS, watched = key, namespaces
 			}
 		}
 		// A tick skipped for idleRounds waits for the next event or tick.
@@ -300,9 +297,28 @@ func (a *syncAgent) stale() error {
 	return nil
 }
 
+// rewatch ends w (nil: none) and subscribes in namespaces, followed by
+// follow; nil where it cannot, which the status says: the interval alone
+// follows the path then.
+func (a *syncAgent) rewatch(ctx context.Context, w *watcher, namespaces []string, changed chan<- struct{}, following *sync.WaitGroup) *watcher {
+	if w != nil {
+		w.close()
+	}
+	w, err := watch(ctx, namespaces, a.dp.Sync().CountChanges)
+	if err != nil {
+		a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
+		return nil
+	}
+	a.setWatch("")
+	w.setMACs(a.macs())
+	following.Go(func() { a.follow(w, changed) })
+	return w
+}
+
 // follow handles w's events until it closes: a change that may make a
 // destination unsafe withdraws every destination at once, and any change
-// asks for a round.
+// asks for a round. A subscription that failed withdraws too, and the
+// status says so until the agent's loop has subscribed again.
 func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
 	for {
 		select {
@@ -311,6 +327,9 @@ func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
 		case ev := <-w.events:
 			if ev.withdraw {
 				a.withdraw(ev.why)
+			}
+			if err := w.broken(); err != nil {
+				a.setWatch(fmt.Sprintf("%v: subscribing again", err))
 			}
 			askRound(changed)
 		}

@@ -13,3 +13,19 @@ func SetGuardRule(r GuardRule) (undo func()) {
 // GuardOff is the NIC poll's scheduling while the guard holds it off the
 // ladder.
 const GuardOff = guardOff
+
+// OnWatch tells f of each netlink watch a sync agent subscribes, with a
+// function that breaks it as an unexpected read error would (one of its
+// sockets closed under its reader), until undo.
+func OnWatch(f func(breakIt func())) (undo func()) {
+	testWatched = func(w *watcher) {
+		f(func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if len(w.socks) > 0 {
+				w.socks[0].Close()
+			}
+		})
+	}
+	return func() { testWatched = nil }
+}

@@ -844,3 +844,56 @@ func TestPrismSyncEndsWhenStale(t *testing.T) {
 		t.Errorf("the agent still ran 30 s after the reset")
 	}
 }
+
+// A netlink subscription that fails under the sync agent withdraws every
+// destination, the status saying why, and the agent subscribes again: a
+// change after that is seen (withdrawn at once, the interval a minute).
+func TestPrismSyncWatchResubscribes(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	r := tb.Receiver()
+	watches := make(chan func(), 4)
+	defer prism.OnWatch(func(b func()) { watches <- b })()
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "1m"})
+	ag, stop := a.StartAgent(t)
+	defer stop()
+	status := func() prism.SyncStatus { return ag.Status().(prism.SyncStatus) }
+	var breakIt func()
+	select {
+	case breakIt = <-watches:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("premise: the agent subscribes: status %+v", status())
+	}
+	waitFor(t, "the agent's first round", func() bool { return status().Refreshes > 0 && status().Watch == "" })
+	n := status().Withdrawals
+	breakIt()
+	waitFor(t, "a withdrawal for the failed watch", func() bool {
+		st := status()
+		return st.Withdrawals > n && strings.Contains(st.Withdrawn, "netlink watch failed")
+	})
+	select {
+	case <-watches:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the agent did not subscribe again: status %+v", status())
+	}
+	waitFor(t, "the status to say the watch is back", func() bool { return status().Watch == "" })
+	n = status().Withdrawals
+	err := nsx.Do(r.NetNS, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lw-resub"}, PeerName: "lw-resub-p"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		nsx.Do(r.NetNS, func() error {
+			l, err := netlink.LinkByName("lw-resub")
+			if err == nil {
+				err = netlink.LinkDel(l)
+			}
+			return err
+		})
+	})
+	waitFor(t, "the new watch to see a link change", func() bool {
+		st := status()
+		return st.Withdrawals > n && strings.Contains(st.Withdrawn, "link")
+	})
+}

@@ -97,7 +97,9 @@ func classify(proto int, m syscall.NetlinkMessage, macs shortcutMACs) watchEvent
 	return watchEvent{why: fmt.Sprintf("netlink message %d", m.Header.Type)}
 }
 
-// watcher holds the subscriptions of a set of namespaces.
+// watcher holds the subscriptions of a set of namespaces: one reader a
+// subscription, and one goroutine that stops it with its context, all
+// ended by close.
 type watcher struct {
 	events chan watchEvent
 	done   chan struct{}
@@ -105,8 +107,12 @@ type watcher struct {
 	mu     sync.Mutex
 	macs   shortcutMACs
 	socks  []*nl.NetlinkSocket
+	err    error // the first subscription that failed (broken)
 	wg     sync.WaitGroup
 }
+
+// testWatched, when set, is told of each watcher watch makes.
+var testWatched func(w *watcher)
 
 // watch subscribes in each namespace (deduplicated); it fails if any
 // subscription does (the caller falls back to its interval, and says so).
@@ -150,7 +156,16 @@ func watch(ctx context.Context, namespaces []string, count func(fd int) error) (
 			go w.read(s, sub.proto)
 		}
 	}
-	go func() { <-ctx.Done(); w.close() }()
+	w.wg.Go(func() {
+		select {
+		case <-ctx.Done():
+			w.stop()
+		case <-w.done:
+		}
+	})
+	if testWatched != nil {
+		testWatched(w)
+	}
 	return w, nil
 }
 
@@ -175,7 +190,21 @@ func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 				continue
 			}
-			return // closed
+			select {
+			case <-w.done:
+				return // closed
+			default:
+			}
+			// Changes on this subscription go unseen from here: the
+			// shortcut cannot be vouched for until the agent subscribes
+			// again (it does, on this event).
+			w.mu.Lock()
+			if w.err == nil {
+				w.err = fmt.Errorf("reading %s notifications: %w", protoName(proto), err)
+			}
+			w.mu.Unlock()
+			w.send(watchEvent{true, fmt.Sprintf("the netlink watch failed (%s: %v)", protoName(proto), err)})
+			return
 		}
 		w.mu.Lock()
 		macs := w.macs
@@ -187,6 +216,19 @@ func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
 			w.send(classify(proto, m, macs))
 		}
 	}
+}
+
+// protoName names a netlink protocol the watch subscribes to.
+func protoName(proto int) string {
+	switch proto {
+	case unix.NETLINK_ROUTE:
+		return "rtnetlink"
+	case unix.NETLINK_NETFILTER:
+		return "nfnetlink"
+	case unix.NETLINK_XFRM:
+		return "xfrm"
+	}
+	return fmt.Sprintf("netlink protocol %d", proto)
 }
 
 // send delivers ev, or, with the channel full, makes sure a withdrawal
@@ -205,7 +247,16 @@ func (w *watcher) send(ev watchEvent) {
 	}
 }
 
-func (w *watcher) close() {
+// broken is the error of the first subscription that failed (nil: all
+// read).
+func (w *watcher) broken() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// stop ends the subscriptions: their readers return.
+func (w *watcher) stop() {
 	w.once.Do(func() { close(w.done) })
 	w.mu.Lock()
 	socks := w.socks
@@ -214,4 +265,10 @@ func (w *watcher) close() {
 	for _, s := range socks {
 		s.Close()
 	}
+}
+
+// close stops the subscriptions and waits for their goroutines.
+func (w *watcher) close() {
+	w.stop()
+	w.wg.Wait()
 }

@@ -3,6 +3,7 @@ package prism
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -20,12 +21,7 @@ import (
 // change it saw. The overflow is forced with a receive buffer at the
 // kernel's minimum and a burst of link changes (veth pairs made) in a throwaway namespace.
 func TestWatchOverflowWithdraws(t *testing.T) {
-	testenv.Root(t)
-	ns := fmt.Sprintf("lanes-watch-%d", os.Getpid())
-	if err := nsx.Create(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nsx.Delete(ns) })
+	ns := watchNetNS(t, "lanes-watch")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w, err := watch(ctx, []string{ns}, nil)
@@ -66,4 +62,74 @@ func TestWatchOverflowWithdraws(t *testing.T) {
 			t.Fatal("no withdrawal after the socket overflowed")
 		}
 	}
+}
+
+// A watch ends every goroutine it started when it is closed, however
+// often the agent subscribes again under one context, and when its
+// context ends.
+func TestWatchEndsItsGoroutines(t *testing.T) {
+	ns := watchNetNS(t, "lanes-watchg")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := runtime.NumGoroutine()
+	for range 20 {
+		w, err := watch(ctx, []string{ns}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.close()
+	}
+	if n := runtime.NumGoroutine(); n != before {
+		t.Errorf("%d goroutines after 20 watches closed, %d before", n, before)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	w, err := watch(wctx, []string{ns}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wcancel()
+	w.wg.Wait() // the context's end stopped it: its readers return
+	if n := runtime.NumGoroutine(); n != before {
+		t.Errorf("%d goroutines once the watch's context ended, %d before", n, before)
+	}
+}
+
+// A subscription whose reader fails unexpectedly (its socket closed under
+// it) is not left silent: the watch says it is broken and sends a
+// withdrawal naming the failure.
+func TestWatchReportsBrokenSubscription(t *testing.T) {
+	ns := watchNetNS(t, "lanes-watchb")
+	w, err := watch(context.Background(), []string{ns}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	if w.broken() != nil {
+		t.Fatalf("premise: a fresh watch is whole: %v", w.broken())
+	}
+	w.socks[0].Close()
+	select {
+	case ev := <-w.events:
+		if !ev.withdraw || !strings.Contains(ev.why, "netlink watch failed") {
+			t.Errorf("event %+v: want a withdrawal for the failed watch", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event after a subscription failed")
+	}
+	if w.broken() == nil {
+		t.Error("the watch does not say it is broken")
+	}
+}
+
+// watchNetNS is a namespace of the test's own, named after prefix, gone
+// when the test ends.
+func watchNetNS(t *testing.T, prefix string) string {
+	t.Helper()
+	testenv.Root(t)
+	ns := fmt.Sprintf("%s-%d", prefix, os.Getpid())
+	if err := nsx.Create(ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nsx.Delete(ns) })
+	return ns
 }
