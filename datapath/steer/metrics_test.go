@@ -87,7 +87,7 @@ func TestCollector(t *testing.T) {
 		if err := d.Prio().AddRule(r); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.Prio().SetHighInline(r, true); err != nil {
+		if err := d.Prio().SetHighInline(r, switchUntil(true)); err != nil {
 			t.Fatal(err)
 		}
 	}

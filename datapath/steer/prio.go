@@ -45,30 +45,34 @@ func (d Prio) HighAuto() (pps uint32, inline []Rule, err error) {
 	return pps, on, nil
 }
 
-// highSwitches reads steer_high_inline alone: the rules SetHighInline
-// turned on (heeded only under a config with high=auto), in Rules' order.
+// highSwitches reads steer_high_inline alone: the rules whose switch
+// SetHighInline set and whose deadline has not passed (heeded only under
+// a config with high=auto), in Rules' order.
 func (d *core) highSwitches() ([]Rule, error) {
-	return rulesIn(d.objs.SteerHighInline, "the high-priority switches", func(on uint32) bool { return on != 0 })
+	now := Now()
+	return rulesIn(d.objs.SteerHighInline, "the high-priority switches", func(until uint64) bool { return until != 0 && time.Duration(until) > now })
 }
 
 // SetHighInline switches where the flows rule r marks run their first
-// stage: on, in the NIC poll that classified them (PRISM's high=inline);
-// off, in the receive core's high-priority queue (high=queue). It is
-// runtime state of PRISM's high=auto (lanes agent), in a map of its own,
-// so that writing it never rewrites what lanes prio and apply write; the
-// programs heed it only while the config has Config.HighAutoPPS, which
-// needs Config.PrioIdleInline: there steer_xdp moves each flow between the
-// queue and the NIC poll as soon as none of its frames is left on the old
-// path (place()'s PLACE_LOCAL), so the switch never reorders a flow;
-// without it a busy flow would wait for an idle gap. A flow marked by
-// several rules goes by the first that steer_xdp finds (MarkingRule).
-// Switching on is refused without high=auto in the config; off always
-// works.
-func (d Prio) SetHighInline(r Rule, on bool) error {
+// stage: until the deadline (CLOCK_MONOTONIC, as Now), in the NIC poll
+// that classified them (PRISM's high=inline); once it passed, or with 0,
+// in the receive core's high-priority queue (high=queue). It is runtime
+// state of PRISM's high=auto (lanes agent), which renews the deadline at
+// every sample, as SetAside's, so the switches of an agent that dies lapse
+// with it; in a map of its own, so that writing it never rewrites what
+// lanes prio and apply write. The programs heed it only while the config
+// has Config.HighAutoPPS, which needs Config.PrioIdleInline: there
+// steer_xdp moves each flow between the queue and the NIC poll as soon as
+// none of its frames is left on the old path (place()'s PLACE_LOCAL), so
+// the switch (and its lapsing) never reorders a flow; without it a busy
+// flow would wait for an idle gap. A flow marked by several rules goes by
+// the first that steer_xdp finds (MarkingRule). Switching on is refused
+// without high=auto in the config; off always works.
+func (d Prio) SetHighInline(r Rule, until time.Duration) error {
 	if err := r.check(); err != nil {
 		return err
 	}
-	if !on {
+	if until == 0 {
 		if err := d.objs.SteerHighInline.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("clearing the high-priority switch of %s: %w", r, err)
 		}
@@ -77,7 +81,7 @@ func (d Prio) SetHighInline(r Rule, on bool) error {
 	if d.mode.HighAutoPps == 0 {
 		return errors.New("high-priority flows switch to the NIC poll only under high=auto (Config.HighAutoPPS), which the applied config does not have")
 	}
-	if err := d.objs.SteerHighInline.Put(r.key(), uint32(1)); err != nil {
+	if err := d.objs.SteerHighInline.Put(r.key(), uint64(until)); err != nil {
 		return fmt.Errorf("writing the high-priority switch of %s: %w", r, err)
 	}
 	// A rule deleted meanwhile (lanes prio del drops its switch, maybe
@@ -85,7 +89,7 @@ func (d Prio) SetHighInline(r Rule, on bool) error {
 	// start inline.
 	var one uint8
 	if err := d.objs.SteerPrio.Lookup(r.key(), &one); errors.Is(err, ebpf.ErrKeyNotExist) {
-		if err := d.SetHighInline(r, false); err != nil {
+		if err := d.SetHighInline(r, 0); err != nil {
 			return err
 		}
 		return fmt.Errorf("priority rule %s: deleted while its high-priority switch was set", r)
@@ -131,14 +135,15 @@ func (d Prio) AsideConfig() (below uint32, core int) {
 // per NIC poll (Config.AsideDepth; 0: receive work alone).
 func (d Prio) AsideDepth() uint32 { return d.mode.AsideDepth }
 
-// clearHighInline puts every rule's flows back in the high-priority queue.
+// clearHighInline puts every rule's flows back in the high-priority queue
+// (every switch written, lapsed or not).
 func (d *core) clearHighInline() error {
-	on, err := d.highSwitches()
+	on, err := rulesIn(d.objs.SteerHighInline, "the high-priority switches", func(uint64) bool { return true })
 	if err != nil {
 		return err
 	}
 	for _, r := range on {
-		if err := (Prio{d}).SetHighInline(r, false); err != nil {
+		if err := (Prio{d}).SetHighInline(r, 0); err != nil {
 			return err
 		}
 	}
@@ -148,7 +153,7 @@ func (d *core) clearHighInline() error {
 // ForgetHigh drops what high=auto keeps for rule r (its switch and its
 // frame count), for a rule that is gone.
 func (d Prio) ForgetHigh(r Rule) error {
-	if err := d.SetHighInline(r, false); err != nil {
+	if err := d.SetHighInline(r, 0); err != nil {
 		return err
 	}
 	if err := d.objs.SteerHighFrames.Delete(r.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

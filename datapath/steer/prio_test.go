@@ -571,7 +571,7 @@ func TestPrioHighInline(t *testing.T) {
 	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
 	d := prioDatapath(t, true, time.Hour)
 	rule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
-	if err := d.Prio().SetHighInline(rule, true); err == nil {
+	if err := d.Prio().SetHighInline(rule, switchUntil(true)); err == nil {
 		t.Error("SetHighInline without high=auto accepted")
 	}
 	cfg, _ := d.Config()
@@ -601,7 +601,7 @@ func TestPrioHighInline(t *testing.T) {
 	if on, err := d.Prio().HighInline(); len(on) != 0 || err != nil {
 		t.Fatalf("HighInline %v (%v) before the switch", on, err)
 	}
-	if err := d.Prio().SetHighInline(rule, true); err != nil {
+	if err := d.Prio().SetHighInline(rule, switchUntil(true)); err != nil {
 		t.Fatal(err)
 	}
 	if on, err := d.Prio().HighInline(); !slices.Equal(on, []Rule{rule}) || err != nil {
@@ -617,7 +617,7 @@ func TestPrioHighInline(t *testing.T) {
 	lightFlow.dport = 8888
 	step("another rule's flow, its switch off: in the queue", lightFlow, xdpRedirect, true, 1, 0)
 
-	if err := d.Prio().SetHighInline(rule, false); err != nil {
+	if err := d.Prio().SetHighInline(rule, 0); err != nil {
 		t.Fatal(err)
 	}
 	step("queue, one in flight: stays in the NIC poll", hi, xdpPass, true, 2, Stay)
@@ -642,7 +642,7 @@ func TestPrioHighInline(t *testing.T) {
 	// drops the rule's switch and count; a config without high=auto makes
 	// the programs ignore the switches.
 	for _, r := range []Rule{rule, light} {
-		if err := d.Prio().SetHighInline(r, true); err != nil {
+		if err := d.Prio().SetHighInline(r, switchUntil(true)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -652,7 +652,7 @@ func TestPrioHighInline(t *testing.T) {
 	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Errorf("SetConfig kept the runtime switches %v", on)
 	}
-	if err := d.Prio().SetHighInline(light, true); err != nil {
+	if err := d.Prio().SetHighInline(light, switchUntil(true)); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Prio().DelRule(light); err != nil {
@@ -666,20 +666,20 @@ func TestPrioHighInline(t *testing.T) {
 	}
 	// A switch set for a rule not in the set (deleted meanwhile) does
 	// not stay.
-	if err := d.Prio().SetHighInline(light, true); err == nil {
+	if err := d.Prio().SetHighInline(light, switchUntil(true)); err == nil {
 		t.Error("a switch set for a deleted rule")
 	}
 	if on, _ := d.Prio().HighInline(); len(on) != 0 {
 		t.Errorf("a deleted rule's switch left: %v", on)
 	}
-	if err := d.Prio().SetHighInline(rule, true); err != nil {
+	if err := d.Prio().SetHighInline(rule, switchUntil(true)); err != nil {
 		t.Fatal(err)
 	}
 	cfg.HighAutoPPS = 0
 	if err := d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.objs.SteerHighInline.Put(rule.key(), uint32(1)); err != nil {
+	if err := d.objs.SteerHighInline.Put(rule.key(), uint64(switchUntil(true))); err != nil {
 		t.Fatal(err)
 	}
 	third := hi
@@ -900,7 +900,7 @@ func TestPrioBulkAuto(t *testing.T) {
 	}
 	besideBusy("no marked frame yet", false)
 	step("no busy rule: bulk in its queue", bulk, xdpRedirect, 1, 0)
-	if err := d.Prio().SetHighInline(busyRule, true); err != nil {
+	if err := d.Prio().SetHighInline(busyRule, switchUntil(true)); err != nil {
 		t.Fatal(err)
 	}
 	step("a busy rule's flow starts in the NIC poll", busy, xdpPass, 0, Stay)
@@ -1176,4 +1176,50 @@ func TestPrioAsidePass(t *testing.T) {
 	passed("no pass after the deadline", bulk, 0)
 	drainFlows(t, d)
 	step("none in flight: bulk back in its queue", bulk, xdpRedirect, 1, 0)
+}
+
+// A high=auto switch holds until its deadline: past it, the rule's new
+// flows start in their queue again, as an agent that died leaves them
+// (the agent renews the deadline at every sample).
+func TestPrioHighInlineLapses(t *testing.T) {
+	defer pinThread(t, 0)() // PLACE_LOCAL: BPF_PROG_RUN on the config's one core
+	d := prioDatapath(t, true, time.Hour)
+	cfg, _ := d.Config()
+	cfg.HighAutoPPS, cfg.PrioIdleInline, cfg.Flowlet = 5000, true, time.Hour
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	rule := addRule(t, d, "dst "+innerDst.String()+" port 7777 udp")
+	start := func(name string, sport uint16, verdict uint32) {
+		t.Helper()
+		f := flowSpec{src: innerSrc, dst: innerDst, sport: sport, dport: 7777, proto: protoUDP}
+		if ret, _, _ := runXDPMeta(t, d, vxlanFrame(frameSpec{flow: f})); ret != verdict {
+			t.Errorf("%s: verdict %d, want %d", name, ret, verdict)
+		}
+	}
+	until := Now() + 50*time.Millisecond
+	if err := d.Prio().SetHighInline(rule, until); err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := d.Prio().HighInline(); len(on) != 1 {
+		t.Fatalf("premise: the switch is on before its deadline: %v", on)
+	}
+	start("before the deadline: a new flow starts in the NIC poll", 5000, xdpPass)
+	// The programs read the coarse clock, up to a tick behind.
+	for Now() < until+20*time.Millisecond {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if on, _ := d.Prio().HighInline(); len(on) != 0 {
+		t.Errorf("HighInline %v past the deadline", on)
+	}
+	start("past the deadline: a new flow starts in its queue", 5001, xdpRedirect)
+}
+
+// switchUntil is the deadline of a high=auto switch (Prio.SetHighInline)
+// on for the rest of a test, or off (0).
+func switchUntil(on bool) time.Duration {
+	if on {
+		return Now() + time.Hour
+	}
+	return 0
 }

@@ -37,8 +37,9 @@ import (
 // soon as none of its frames is left on the old path
 // (steer.Prio.SetHighInline), so a switch never reorders a flow. The
 // switches are runtime state of the datapath, not host knobs: they go
-// with the datapath at reset, and a stopped agent puts every rule's flows
-// back in their queue (the plan's state).
+// with the datapath at reset, a stopped agent puts every rule's flows
+// back in their queue (the plan's state), and each carries a deadline the
+// agent renews at every sample, so those of an agent killed lapse.
 
 // HighRule is when high=auto switches a rule's flows.
 type HighRule struct {
@@ -235,7 +236,7 @@ type highDatapath interface {
 	Rules() ([]steer.Rule, error)
 	HighRuleFrames() (map[steer.Rule]uint64, error)
 	HighAuto() (pps uint32, inline []steer.Rule, err error)
-	SetHighInline(r steer.Rule, on bool) error
+	SetHighInline(r steer.Rule, until time.Duration) error
 	SetAside(until time.Duration) error
 	AsideConfig() (below uint32, core int)
 	AsideDepth() uint32
@@ -396,17 +397,18 @@ func (h *highSwitch) stepAside(below, depth uint32, core int) string {
 	}
 }
 
-// asideTTL is how long a write of the aside deadline holds: the switch
-// renews it at every sample, so an agent that dies or hangs leaves the
-// plan's placement back within it. While the guard dozes, a write holds
-// three of its samples (ttl).
+// asideTTL is how long a write of a deadline (the aside deadline, a
+// rule's switch into the NIC poll) holds: the switch renews them at every
+// sample, so an agent that dies or hangs leaves the plan's placement back
+// within it. While the guard dozes, a write holds three of its samples
+// (ttl).
 const asideTTL = time.Second
 
 func (h *highSwitch) ttl() time.Duration { return max(asideTTL, 3*h.doze) }
 
 // setDoze says how seldom the guard samples from now on (0: every
-// Interval); standing aside, the deadline is written again to cover it,
-// or the guard's next sample would find it lapsed. An error leaves the
+// Interval); standing aside, the deadlines are written again to cover it,
+// or the guard's next sample would find them lapsed. An error leaves the
 // switch as it was.
 func (h *highSwitch) setDoze(d time.Duration) error {
 	was := h.doze
@@ -414,7 +416,14 @@ func (h *highSwitch) setDoze(d time.Duration) error {
 	if d == 0 || !h.standsAside() || h.held == nil {
 		return nil
 	}
-	if err := h.held.SetAside(h.mono() + h.ttl()); err != nil {
+	until := h.mono() + h.ttl()
+	errs := []error{h.held.SetAside(until)}
+	for r, rs := range h.rules {
+		if rs.applied {
+			errs = append(errs, h.held.SetHighInline(r, until))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		h.doze = was
 		return err
 	}
@@ -597,8 +606,14 @@ func (h *highSwitch) try(now time.Time) (msg string, err error) {
 		}
 		rs.frames, rs.at = n, now
 		want := rs.state.inline()
-		if slices.Contains(cur, r) != want {
-			if err := dp.SetHighInline(r, want); err != nil {
+		// Written at every sample while inline: the renewal of its
+		// deadline.
+		if want || slices.Contains(cur, r) {
+			var until time.Duration
+			if want {
+				until = h.mono() + h.ttl()
+			}
+			if err := dp.SetHighInline(r, until); err != nil {
 				errs = append(errs, err)
 				continue // tried again at the next sample
 			}
@@ -634,7 +649,7 @@ func (h *highSwitch) stop() error {
 	}
 	var errs []error
 	for _, r := range cur {
-		errs = append(errs, dp.SetHighInline(r, false))
+		errs = append(errs, dp.SetHighInline(r, 0))
 	}
 	if below, _ := dp.AsideConfig(); below != 0 || h.asideSet {
 		errs = append(errs, dp.SetAside(0))

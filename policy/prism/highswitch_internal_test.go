@@ -48,6 +48,7 @@ type fakeHigh struct {
 	frames    map[steer.Rule]uint64
 	pps       uint32
 	inline    map[steer.Rule]bool
+	until     map[steer.Rule]time.Duration // the switches' deadlines
 	forgot    []steer.Rule
 	sets      int
 	fail      error
@@ -89,12 +90,21 @@ func (f *fakeHigh) HighAuto() (uint32, []steer.Rule, error) {
 	}
 	return f.pps, on, f.fail
 }
-func (f *fakeHigh) SetHighInline(r steer.Rule, on bool) error {
+
+// SetHighInline counts the switches (sets), not their renewals.
+func (f *fakeHigh) SetHighInline(r steer.Rule, until time.Duration) error {
 	if f.refuses || f.refuse[r] {
 		return errors.New("refused")
 	}
-	f.sets++
+	on := until != 0
+	if f.inline[r] != on {
+		f.sets++
+	}
 	f.inline[r] = on
+	if f.until == nil {
+		f.until = map[steer.Rule]time.Duration{}
+	}
+	f.until[r] = until
 	return nil
 }
 func (f *fakeHigh) SetAside(until time.Duration) error {
@@ -828,5 +838,50 @@ func TestHighSwitchStepsAsideByDepth(t *testing.T) {
 	step(depthOn(1, 80, 1000, 3500))
 	if st := h.status(); st.Aside.NextProbe != 10*time.Second {
 		t.Errorf("aside-depth 3 after two probes at 2.5: next probe after %v, want 10s", st.Aside.NextProbe)
+	}
+}
+
+// A rule's switch into the NIC poll carries a deadline, which the switch
+// renews at every sample while the rule is busy (asideTTL ahead, three
+// samples while the guard dozes), so that an agent that dies leaves its
+// flows to their queue; light again, the switch is cleared.
+func TestHighSwitchRenewsInline(t *testing.T) {
+	a := testRule(t, "dst 198.19.0.21 port 11211 tcp")
+	dp := newFakeHigh(5000, a)
+	h := newHighSwitch("/nowhere")
+	dp.serve(h)
+	var mono time.Duration
+	h.mono = func() time.Duration { return mono }
+	at := time.Unix(1000, 0)
+	tick := func(frames uint64) {
+		t.Helper()
+		at, mono = at.Add(100*time.Millisecond), mono+100*time.Millisecond
+		dp.frames[a] += frames
+		if h.sample(at); h.err != "" {
+			t.Fatal(h.err)
+		}
+	}
+	tick(0)
+	for range 3 {
+		tick(800)
+	}
+	if !dp.inline[a] {
+		t.Fatal("premise: 8000 frames/s goes inline")
+	}
+	for range 3 {
+		if tick(800); dp.until[a] != mono+asideTTL {
+			t.Errorf("deadline %v at %v, want renewed to %v", dp.until[a], mono, mono+asideTTL)
+		}
+	}
+	h.doze = time.Second
+	if tick(80); dp.until[a] != mono+3*time.Second {
+		t.Errorf("dozing: deadline %v at %v, want three dozes ahead", dp.until[a], mono)
+	}
+	h.doze = 0
+	for range 10 {
+		tick(100)
+	}
+	if dp.inline[a] || dp.until[a] != 0 {
+		t.Errorf("light again: switch %v until %v, want cleared", dp.inline[a], dp.until[a])
 	}
 }

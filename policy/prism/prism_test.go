@@ -877,12 +877,12 @@ func TestPrismHighAuto(t *testing.T) {
 	if err := modetest.Prio(t, c.ns).Add(rule); err != nil {
 		t.Fatal(err)
 	}
-	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.Prio().SetHighInline(rule, i%2 == 0) })
+	d := flipDuring(t, dp, c.src, c.dst, "marked stream while high=auto's switch flips", "switches", true, func(i int) error { return dp.Prio().SetHighInline(rule, switchUntil(i%2 == 0)) })
 	// Every move the fast one: none waited out the drain time.
 	if d.Moved < 10 || d.Undrained != 0 {
 		t.Errorf("split stage %+v: want many moves, none after the drain time", d)
 	}
-	if err := dp.Prio().SetHighInline(rule, false); err != nil {
+	if err := dp.Prio().SetHighInline(rule, 0); err != nil {
 		t.Fatal(err)
 	}
 	c.reset(t)
@@ -1007,7 +1007,7 @@ func TestPrismBulkAuto(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the agent does for a busy rule.
-	if err := dp.Prio().SetHighInline(rule, true); err != nil {
+	if err := dp.Prio().SetHighInline(rule, switchUntil(true)); err != nil {
 		t.Fatal(err)
 	}
 	other := c.bed.Receiver().Containers[1]
@@ -1048,7 +1048,7 @@ func TestPrismBulkAuto(t *testing.T) {
 	// The switch flips every 20 ms: the marked flow takes its queue and
 	// leaves it, and bulk follows.
 	m.During = func() { bulk = bulkStream.Run(t, c.src.NetNS, other.NetNS, other.Addr.Addr()) }
-	res := flipEvery(t, func(on bool) error { return dp.Prio().SetHighInline(rule, on) }, func() overlaytest.StreamResult {
+	res := flipEvery(t, func(on bool) error { return dp.Prio().SetHighInline(rule, switchUntil(on)) }, func() overlaytest.StreamResult {
 		return m.Run(t, c.src.NetNS, c.dst.NetNS, c.dst.Addr.Addr())
 	})
 	movedInOrder(t, dp, "bulk beside a flipping switch", res, bulk, st1)
@@ -1056,7 +1056,7 @@ func TestPrismBulkAuto(t *testing.T) {
 	// A light rule's flow (its queue) while the agent's aside deadline
 	// flips every 20 ms (aside-below): both classes leave their queues
 	// for the NIC poll and come back, in order.
-	if err := dp.Prio().SetHighInline(rule, false); err != nil {
+	if err := dp.Prio().SetHighInline(rule, 0); err != nil {
 		t.Fatal(err)
 	}
 	st2, _ := dp.Stats()
@@ -1075,4 +1075,13 @@ func TestPrismBulkAuto(t *testing.T) {
 		t.Errorf("aside %v (%v) after SetAside(0)", on, err)
 	}
 	c.reset(t)
+}
+
+// switchUntil is the deadline of a high=auto switch (Prio.SetHighInline)
+// on for the rest of a test, or off (0).
+func switchUntil(on bool) time.Duration {
+	if on {
+		return steer.Now() + time.Hour
+	}
+	return 0
 }

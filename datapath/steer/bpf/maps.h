@@ -429,8 +429,9 @@ struct {
 	__type(value, __u32); /* its kernel map id (0: drops not tracked) */
 } steer_qmaps SEC(".maps");
 
-/* PRISM high=auto, rule by rule: 1 while the high-priority flows a rule
- * marks run their first stage in the NIC poll that classified them, as
+/* PRISM high=auto, rule by rule: until when (CLOCK_MONOTONIC ns; 0: not)
+ * the high-priority flows a rule marks run their first stage in the NIC
+ * poll that classified them, as
  * bulk does under MODE_PRIO_IDLE_INLINE while no rule exists, instead of
  * taking the high-priority queue. Runtime state of lanes agent, which
  * switches each rule by its frame rate (steer_high_frames): a busy marked
@@ -442,12 +443,13 @@ struct {
  * without an idle gap. Maps of their own, not a cfg flag nor steer_prio's
  * value: the agent writes them without rewriting what other writers (lanes
  * prio) write. A flow marked by several rules goes by the first that
- * high_prio() finds. */
+ * high_prio() finds. The agent renews each deadline at every sample, as
+ * steer_aside's, so the switches of an agent that dies lapse with it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
 	__type(key, struct prio_rule);
-	__type(value, __u32); /* 1: inline */
+	__type(value, __u64); /* deadline, CLOCK_MONOTONIC ns; 0: in the queue */
 } steer_high_inline SEC(".maps");
 
 /* PRISM aside-below: until when (CLOCK_MONOTONIC ns; 0: not) PRISM stands

@@ -19,10 +19,14 @@ static __always_inline __u32 prio_shapes(void)
 	return v ? *v : 0;
 }
 
+/*
+ * Does rule r's switch run its flows in the NIC poll (steer_high_inline's
+ * deadline not passed)? Counts the frame for the agent's rate. The coarse
+ * clock lags by up to a tick, which only stretches the agent's deadline.
+ */
 static __always_inline int high_inline(const struct steer_cfg *cfg, const struct prio_rule *r)
 {
-	__u64 one = 1, *n;
-	__u32 *on;
+	__u64 one = 1, *n, *until;
 
 	if (!steer_mode.high_auto_pps)
 		return 0;
@@ -31,8 +35,8 @@ static __always_inline int high_inline(const struct steer_cfg *cfg, const struct
 		*n += 1; /* this core's slot: no other writer */
 	else
 		bpf_map_update_elem(&steer_high_frames, r, &one, BPF_NOEXIST);
-	on = bpf_map_lookup_elem(&steer_high_inline, r);
-	return on && *on;
+	until = bpf_map_lookup_elem(&steer_high_inline, r);
+	return until && *until && (__s64)(*until - bpf_ktime_get_coarse_ns()) > 0;
 }
 
 /*
