@@ -13,6 +13,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -24,6 +25,9 @@ type AgentOptions struct {
 	StateDir string
 	Metrics  prometheus.Registerer
 	Logf     func(string, ...any)
+	// Beats is where the agent's loops beat, for its liveness (nil:
+	// nowhere).
+	Beats *heartbeat.Board
 }
 
 // NewAgent builds the run-time part of the mode applied to a namespace,
@@ -51,6 +55,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	if err != nil {
 		return nil, st, err
 	}
+	f.beats = o.Beats
 	if src, ok := plan.StatusOf(st.Mode); ok && src.Collector != nil && o.Metrics != nil {
 		if err := o.Metrics.Register(src.Collector(st.NetNS)); err != nil {
 			return nil, st, fmt.Errorf("%s's metrics: %w", st.Mode, err)
@@ -60,6 +65,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 	var r *steer.Reconciler
 	if steer.Pinned(pins) {
 		r = steer.NewReconciler(pins, o.Logf)
+		r.Beats = o.Beats
 	}
 	if st.Plan.Agent == "" {
 		// A static mode still has its containers to follow, and
@@ -74,7 +80,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 		return nil, st, fmt.Errorf("state file %s: cpus: %w", dir, err)
 	}
 	a, err := plan.NewAgent(st.Plan.Agent, plan.AgentEnv{
-		NetNS: st.NetNS, Mode: st.Mode, Params: st.Params, CPUs: cpus, StateDir: dir, Metrics: o.Metrics, Logf: o.Logf,
+		NetNS: st.NetNS, Mode: st.Mode, Params: st.Params, CPUs: cpus, StateDir: dir, Metrics: o.Metrics, Logf: o.Logf, Beats: o.Beats,
 	})
 	if err != nil {
 		return nil, st, err

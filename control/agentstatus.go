@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,8 +30,9 @@ const AgentPublishEvery = time.Second
 
 // AgentStaleAfter is how old an agent's last status round may be before
 // it counts as not running (`lanes status`) and unhealthy (/healthz): a
-// round reads the agent's status, which waits for a round of the agent's
-// own that holds its lock, so a hung agent stops the rounds.
+// round reads the agent's status, so a status that hangs (behind a lock a
+// stuck round holds) stops them. A loop that hangs holding no such lock
+// is told by its own heartbeat (Health, heartbeat.Board).
 const AgentStaleAfter = 5 * AgentPublishEvery
 
 // AgentReport is an agent's last word about itself.
@@ -128,10 +131,12 @@ func removeAgentReport(dir string) {
 }
 
 // Health is what a running agent's /healthz and /readyz answer from: its
-// status rounds (PublishAgentHealth) and the target's applied state.
+// status rounds (PublishAgentHealth), its loops' heartbeats and the
+// target's applied state.
 type Health struct {
 	dir, mode, gen string
 	started        time.Time
+	beats          *heartbeat.Board
 	// now is the clock (tests move it).
 	now func() time.Time
 
@@ -149,10 +154,10 @@ const readyCache = time.Second
 
 // NewHealth is the health of the agent that works for dir's apply of mode
 // now (its journal's generation: a reset or another apply makes it not
-// ready).
-func NewHealth(dir, mode string) *Health {
+// ready), whose loops beat on beats (AgentOptions.Beats; nil: none).
+func NewHealth(dir, mode string, beats *heartbeat.Board) *Health {
 	ents, _ := knobs.ReadEntries(dir)
-	return &Health{dir: dir, mode: mode, gen: knobs.Generation(ents), started: time.Now(), now: time.Now}
+	return &Health{dir: dir, mode: mode, gen: knobs.Generation(ents), started: time.Now(), now: time.Now, beats: beats}
 }
 
 func (h *Health) round(r AgentReport) {
@@ -176,12 +181,28 @@ type Liveness struct {
 	// balancer, PRISM's guard), when its status tells; for people and
 	// alerts: each agent's rounds have their own interval.
 	AgentRoundAge *float64 `json:"agent_round_age_seconds,omitempty"`
-	Uptime        float64  `json:"uptime_seconds"`
-	Reason        string   `json:"reason,omitempty"`
+	// Loops are the agent's loops (the guard, the sync rounds, Falcon's
+	// balancer, the container follower, the queue reconciler) with the
+	// age of their last beat; one overdue makes the agent unhealthy.
+	Loops  []heartbeat.Loop `json:"loops,omitempty"`
+	Uptime float64          `json:"uptime_seconds"`
+	Reason string           `json:"reason,omitempty"`
 }
 
-// Live says whether the agent's loop is alive.
+// Live says whether the agent's loops are alive: its status rounds, and
+// every loop's heartbeat.
 func (h *Health) Live() Liveness {
+	l := h.rounds()
+	l.Loops = h.beats.Loops()
+	if stuck := heartbeat.Stuck(l.Loops); len(stuck) > 0 {
+		l.OK = false
+		l.Reason = strings.TrimPrefix(l.Reason+"; ", "; ") + "a loop is stuck: " + strings.Join(stuck, "; ")
+	}
+	return l
+}
+
+// rounds is Live as the status rounds tell it.
+func (h *Health) rounds() Liveness {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.now()
@@ -232,8 +253,9 @@ func (h *Health) Ready() Readiness {
 	return r
 }
 
-// ServeHealthz answers /healthz: 200 while the agent's loop is alive, 503
-// once its rounds are stale; JSON either way.
+// ServeHealthz answers /healthz: 200 while the agent's loops are alive,
+// 503 once its status rounds are stale or a loop's beat is overdue; JSON
+// either way.
 func (h *Health) ServeHealthz(w http.ResponseWriter, _ *http.Request) {
 	l := h.Live()
 	writeHealth(w, l.OK, l)

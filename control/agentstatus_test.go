@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/testenv"
 )
 
@@ -151,7 +152,7 @@ func TestCheckReady(t *testing.T) {
 func TestHealthEndpoints(t *testing.T) {
 	dir := t.TempDir()
 	writeTestTarget(t, dir, "falcon", Applied, attach.TCX{Device: "lanesnodev0", Direction: "ingress", Prog: "/p", Link: "/l"})
-	h := NewHealth(dir, "falcon")
+	h := NewHealth(dir, "falcon", nil)
 	now := time.Now()
 	h.now = func() time.Time { return now }
 	get := func(handler http.HandlerFunc) (int, map[string]any) {
@@ -209,5 +210,50 @@ func TestHealthEndpoints(t *testing.T) {
 	now = now.Add(readyCache)
 	if code, body = get(h.ServeReadyz); code != 503 || body["reason"] != "no mode applied" {
 		t.Errorf("after a reset: %d %v", code, body)
+	}
+}
+
+// /healthz is 503 once one of the agent's loops stops beating, naming it,
+// while the status rounds still come (a loop that holds no lock across
+// its round hangs without stopping them); a loop that dozes longer than
+// that, having said so, keeps it 200.
+func TestHealthzNamesStuckLoop(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	beats := heartbeat.NewBoard(clock)
+	h := NewHealth(t.TempDir(), "prism", beats)
+	h.now = clock
+	guard := beats.Loop("prism guard", 100*time.Millisecond)
+	follower := beats.Loop("container follower", time.Second)
+	dozer := beats.Loop("dozer", 100*time.Millisecond)
+	live := func() (int, Liveness) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHealthz(rec, httptest.NewRequest("GET", "/healthz", nil))
+		var l Liveness
+		if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Code, l
+	}
+	step := func(d time.Duration) {
+		now = now.Add(d)
+		h.round(AgentReport{At: now}) // the status rounds go on
+		guard.Beat()
+	}
+	dozer.Doze(time.Hour)
+	for range 10 {
+		step(time.Second)
+		follower.Beat()
+	}
+	if code, l := live(); code != 200 || len(l.Loops) != 3 {
+		t.Fatalf("premise: every loop beats (the dozer dozes): %d %+v", code, l)
+	}
+	for range 10 {
+		step(time.Second) // the follower hangs
+	}
+	code, l := live()
+	if code != 503 || l.OK || !strings.Contains(l.Reason, "container follower: no beat for 10.0s") || strings.Contains(l.Reason, "dozer") || strings.Contains(l.Reason, "guard") {
+		t.Errorf("the follower stuck: %d %+v, want 503 naming it alone", code, l)
 	}
 }

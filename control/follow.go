@@ -18,6 +18,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/reorder"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/topology"
 	"github.com/vishvananda/netlink"
@@ -170,6 +171,8 @@ type follower struct {
 	seen map[string]string
 	// over: the apply followed is gone (errNotOurs); Run stops.
 	over bool
+	// beats is where Run beats (nil: nowhere).
+	beats *heartbeat.Board
 
 	mu     sync.Mutex
 	status FollowStatus
@@ -272,6 +275,8 @@ func (f *follower) Status() FollowStatus {
 // of link events in the target namespace, and one whenever the list of
 // its links changed without an event reaching it.
 func (f *follower) Run(ctx context.Context) {
+	beat := f.beats.Loop("container follower", followCheckEvery)
+	defer beat.Stop()
 	events, stop := f.subscribe(ctx)
 	defer func() { stop() }()
 	check := time.NewTicker(followCheckEvery)
@@ -292,7 +297,7 @@ func (f *follower) Run(ctx context.Context) {
 	if f.round() {
 		retry = time.After(followRetry)
 	}
-	for !f.over {
+	for ; !f.over; beat.Beat() {
 		select {
 		case <-ctx.Done():
 			return

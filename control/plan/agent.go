@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -52,6 +53,10 @@ type AgentEnv struct {
 	Metrics prometheus.Registerer
 	// Logf reports decisions worth a line (fallback, resume); nil = quiet.
 	Logf func(format string, args ...any)
+	// Beats is where each of the agent's loops beats at every turn
+	// (heartbeat.Board.Loop, from the loop's start to its end), for the
+	// agent's liveness; nil = nowhere (a nil Board's beats do nothing).
+	Beats *heartbeat.Board
 }
 
 // AgentStateFile is the one file an agent may keep in its StateDir.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,8 @@ type Reconciler struct {
 	every   time.Duration // between checks
 	quiet   time.Duration // each half of the quiet window
 	lastErr string
+	// Beats is where Run beats, for the agent's liveness (nil: nowhere).
+	Beats *heartbeat.Board
 }
 
 // NewReconciler reconciles the datapath pinned in dir; logf reports what it
@@ -52,9 +55,11 @@ func NewReconciler(dir string, logf func(string, ...any)) *Reconciler {
 // it changes (a datapath of another version would otherwise log every
 // second).
 func (r *Reconciler) Run(ctx context.Context) {
+	beat := r.Beats.Loop("queue reconciler", r.every)
+	defer beat.Stop()
 	t := time.NewTicker(r.every)
 	defer t.Stop()
-	for {
+	for ; ; beat.Beat() {
 		select {
 		case <-ctx.Done():
 			return

@@ -16,6 +16,7 @@ import (
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/internal/config"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -56,7 +57,7 @@ func newAgentCmd() *cobra.Command {
 		Long: `agent runs what a mode does at run time (Falcon's balancer: sample core load
 every interval, move (flow, stage) pairs off busy cores at flowlet boundaries,
 fall back to vanilla placement when the whole core set is busy) and serves
-Prometheus metrics (/metrics) and health (/healthz: its loop is alive;
+Prometheus metrics (/metrics) and health (/healthz: its loops are alive;
 /readyz: the mode is applied and its programs attached). Beside it, for every
 mode but vanilla, it adopts containers started after the apply and lets go of
 those removed (docs/containers.md).
@@ -164,6 +165,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector())
 			o.Metrics = reg
+			o.Beats = heartbeat.NewBoard(nil)
 			o.Logf = func(f string, a ...any) {
 				fmt.Fprintf(out, time.Now().Format("15:04:05.000")+" "+f+"\n", a...)
 			}
@@ -197,7 +199,7 @@ first); on-exit is keep unless --on-exit says reset.`,
 				debug.SetGCPercent(agentGCPercent)
 			}
 			dir := control.Dir(o.StateDir, o.NetNS)
-			health := control.NewHealth(dir, st.Mode)
+			health := control.NewHealth(dir, st.Mode, o.Beats)
 			if ln != nil {
 				srv := agentServer(reg, health)
 				go srv.Serve(ln)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -287,6 +288,16 @@ func TestAgentRestartPicksUp(t *testing.T) {
 	code, body := get(t, base+"/healthz")
 	if code != 200 || body["ok"] != true {
 		t.Errorf("/healthz: %d %v", code, body)
+	}
+	// Every loop of the agent beats: the mode's own (the guard's, which
+	// runs high=auto), the follower's, the reconciler's.
+	var loops []string
+	for _, l := range body["loops"].([]any) {
+		loops = append(loops, l.(map[string]any)["name"].(string))
+	}
+	slices.Sort(loops)
+	if want := []string{"container follower", "prism guard", "queue reconciler"}; !slices.Equal(loops, want) {
+		t.Errorf("/healthz loops %q, want %q", loops, want)
 	}
 	code, body = get(t, base+"/readyz")
 	if code != 200 || body["mode"] != "prism" || body["programs"].(float64) < 2 || body["programs"] != body["attached"] {

@@ -268,7 +268,9 @@ func (a *agent) Run(ctx context.Context) error {
 func (a *agent) loop(ctx context.Context, sampler cpuload.Source) error {
 	tick := time.NewTicker(a.o.Interval)
 	defer tick.Stop()
-	for {
+	beat := a.env.Beats.Loop("falcon balancer", a.o.Interval)
+	defer beat.Stop()
+	for ; ; beat.Beat() {
 		select {
 		case <-ctx.Done():
 			return nil

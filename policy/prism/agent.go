@@ -232,6 +232,8 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	}()
 	tick := time.NewTicker(a.interval)
 	defer tick.Stop()
+	beat := a.env.Beats.Loop("prism-sync rounds", a.interval)
+	defer beat.Stop()
 	for skipped := 0; ; {
 		if w != nil && w.broken() != nil {
 			// A subscription failed (follow withdrew on it): subscribe
@@ -241,6 +243,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			}
 		}
 		namespaces := a.refreshIdle()
+		beat.Beat()
 		// (Re)subscribe where the path runs: the namespaces can change
 		// with the topology (an underlay found late).
 		if key := strings.Join(namespaces, "\x00"); key != watchNS && len(namespaces) > 0 {
@@ -272,6 +275,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 				default:
 				}
 			}
+			beat.Beat()
 			if err := a.stale(); err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/topology"
 	"golang.org/x/sys/unix"
@@ -321,6 +322,8 @@ type guard struct {
 	quiet   int
 	dozeErr bool
 	armed   armed // what the wake was armed for
+	// beat is the loop's heartbeat (env.Beats), from run's start.
+	beat *heartbeat.Beat
 
 	mu     sync.Mutex
 	state  guardState
@@ -651,8 +654,10 @@ func (g *guard) run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(g.rule.Interval)
 	defer tick.Stop()
+	g.beat = g.env.Beats.Loop("prism guard", g.rule.Interval)
+	defer g.beat.Stop()
 	loadTried := false
-	for {
+	for ; ; g.beat.Beat() {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -932,6 +937,7 @@ func (g *guard) doze(src cpuload.Source, tick *time.Ticker) {
 	}
 	g.dozeErr, g.armed = false, armed{g.high.core, g.high.depth}
 	tick.Reset(g.rule.Doze)
+	g.beat.Doze(g.rule.Doze)
 	g.publishHigh()
 	if g.env.Logf != nil {
 		g.env.Logf("high=auto: PRISM stands aside: the agent samples every %v, woken by the kernel when the NIC's polls on core %d find %.2f frames each over %v", g.rule.Doze, g.high.core, depth, g.rule.Interval)
@@ -949,6 +955,7 @@ func (g *guard) wakeUp(w waker, tick *time.Ticker) {
 	g.high.setDoze(0)
 	g.quiet = 0
 	tick.Reset(g.rule.Interval)
+	g.beat.Doze(0)
 	g.publishHigh()
 }
 

@@ -9,11 +9,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/knobs"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"golang.org/x/sys/unix"
 )
@@ -604,5 +607,86 @@ func TestGuardAccountingNotBack(t *testing.T) {
 	}
 	if c := tg.calls(); len(c) == 0 || !c[len(c)-1] {
 		t.Errorf("target switched %v: want the safe placement last", c)
+	}
+}
+
+// hangSource is a fakeSource whose Sample hangs, once hang is set, until
+// release closes: a guard round stuck in the kernel or behind a lock.
+type hangSource struct {
+	fakeSource
+	hang    atomic.Bool
+	hung    chan struct{} // closed when a Sample hangs
+	release chan struct{}
+}
+
+func (f *hangSource) Sample() (cpuload.Sample, error) {
+	if f.hang.CompareAndSwap(true, false) {
+		close(f.hung)
+		<-f.release
+	}
+	return f.fakeSource.Sample()
+}
+
+// testClock is a clock a test moves, read by other goroutines.
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) add(d time.Duration)     { c.ns.Add(int64(d)) }
+func stuckLoops(b *heartbeat.Board) []string { return heartbeat.Stuck(b.Loops()) }
+
+// The guard's loop beats at every turn: while it turns, time passing
+// leaves it alive; stuck in a round (a sample that hangs), it is overdue
+// on the agent's board, by name.
+func TestGuardHeartbeat(t *testing.T) {
+	clock := &testClock{}
+	board := heartbeat.NewBoard(clock.now)
+	src := &hangSource{fakeSource: fakeSource{idle: 100}, hung: make(chan struct{}), release: make(chan struct{})}
+	g := &guard{env: plan.AgentEnv{Beats: board}, rule: GuardRule{Demote: 90, DemoteAfter: 3, Promote: 10, PromoteAfter: 3, Interval: time.Millisecond},
+		target: &fakeTarget{}, newSource: func() (cpuload.Source, error) { return src, nil }}
+	_, stop := startGuard(t, g)
+	defer func() {
+		close(src.release)
+		stop()
+	}()
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s in 10 s: loops %+v", what, board.Loops())
+			}
+		}
+	}
+	wait("guard's loop on the board", func() bool { return len(board.Loops()) == 1 })
+	clock.add(heartbeat.StaleAfter + time.Second)
+	wait("beat after the clock moved on", func() bool { return len(stuckLoops(board)) == 0 })
+	src.hang.Store(true)
+	<-src.hung
+	clock.add(heartbeat.StaleAfter + time.Second)
+	if s := stuckLoops(board); len(s) != 1 || !strings.HasPrefix(s[0], "prism guard: no beat") {
+		t.Errorf("stuck %q, want the guard", s)
+	}
+}
+
+// A guard that dozes (standing aside, sampling every Doze) says so: its
+// beat is due only after five dozes, so a doze longer than StaleAfter is
+// not a hang.
+func TestGuardDozeIsNotStuck(t *testing.T) {
+	clock := &testClock{}
+	board := heartbeat.NewBoard(clock.now)
+	src := &wakeSource{depthSource: depthSource{fpp: 1}, wakes: make(chan cpuload.Wake, 1)}
+	g, _, _ := asideGuard(src, time.Hour)
+	g.env.Beats = board
+	waitUntil, stop := startGuard(t, g)
+	defer stop()
+	waitUntil("dozing", func() bool {
+		st := g.Status()
+		return st.High != nil && st.High.Aside != nil && st.High.Aside.Doze == time.Hour
+	})
+	clock.add(10 * time.Minute)
+	if s := stuckLoops(board); len(s) != 0 {
+		t.Errorf("stuck %q while dozing", s)
+	}
+	if l := board.Loops(); len(l) != 1 || !l[0].Dozing {
+		t.Errorf("loops %+v, want the guard, dozing", l)
 	}
 }
