@@ -29,7 +29,6 @@ import (
 	"io"
 	"maps"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -119,11 +118,12 @@ func (e readError) Unwrap() error { return e.err }
 func (e readError) ExitCode() int { return ExitConfig }
 
 // Load reads and checks the file at path. Its error lists every problem
-// found, one *Error a line (errors.Join).
+// found, one *Error a line (errors.Join). A file that someone other than
+// root or lanes' user could have written is refused unread (readSafe).
 func Load(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
+	b, err := readSafe(path)
 	if err != nil {
-		return nil, readError{err}
+		return nil, err
 	}
 	return Parse(path, b)
 }
