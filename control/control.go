@@ -47,9 +47,8 @@ type Options struct {
 	Params map[string]string
 }
 
-// Target is the name of a namespace's state directory: "host" for the
-// namespace lanes runs in, the namespace's name otherwise (paths and
-// "pid:N" forms made filesystem-safe, "pid:N@C" the same as "pid:N").
+// Target is the name of a namespace's state directory, distinct for
+// distinct namespaces (plan.Target).
 func Target(netns string) string { return plan.Target(netns) }
 
 // Dir is the state directory of a namespace.
@@ -140,9 +139,6 @@ func (o Options) validate() (*validated, error) {
 	// reset never act on another namespace whose process got the PID.
 	if o.NetNS, err = netnsx.Pin(o.NetNS); err != nil {
 		return nil, err
-	}
-	if Target(o.NetNS) == "host" && o.NetNS != "" {
-		return nil, fmt.Errorf("netns %q clashes with the name lanes uses for its own namespace's state: rename it", o.NetNS)
 	}
 	if err := plan.CheckParams(p, o.Params); err != nil {
 		return nil, err

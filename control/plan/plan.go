@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -270,9 +271,15 @@ func Modes() []string {
 }
 
 // Target is the name a namespace's lanes state goes by: "host" for the
-// namespace lanes runs in, the namespace's name otherwise (paths and "pid:N"
-// forms made filesystem-safe, "pid:N@C" the same as "pid:N"). It names the state directory under /run/lanes
-// and the BPF pin directory under /sys/fs/bpf/lanes.
+// namespace lanes runs in, the namespace's name otherwise, with the slashes
+// of a path and the colon of "pid:N" made underscores ("pid:N@C" is the
+// same as "pid:N"). It names the state directory under /run/lanes and the
+// BPF pin directory under /sys/fs/bpf/lanes, so two namespaces must never
+// share one: a name whose underscores would read back as something else
+// (the name run_netns_a_b, read back as the path /run/netns/a_b), or that
+// holds a character bpffs refuses ('.') or the escape '%', is written as
+// "%" and its escaped form instead. Targets are therefore distinct for
+// distinct namespaces, and the usual ones keep the names they always had.
 func Target(netns string) string {
 	if netns == "" {
 		return "host"
@@ -281,17 +288,56 @@ func Target(netns string) string {
 	if strings.HasPrefix(netns, "pid:") {
 		netns, _, _ = strings.Cut(netns, "@")
 	}
-	r := strings.NewReplacer("/", "_", ":", "_")
-	return r.Replace(strings.TrimPrefix(netns, "/"))
+	flat := targetFlat.Replace(strings.TrimPrefix(netns, "/"))
+	if !strings.ContainsAny(netns, "%.") && unflatTarget(flat) == netns {
+		return flat
+	}
+	return "%" + targetEscape.Replace(netns)
+}
+
+var (
+	targetFlat = strings.NewReplacer("/", "_", ":", "_")
+	// targetEscape is reversible: '_' stands for '/' alone, every other
+	// character it changes becomes a %XX no name holds.
+	targetEscape = strings.NewReplacer("%", "%25", ".", "%2E", "_", "%5F", ":", "%3A", "/", "_")
+	// targetDirs are directories whose namespace files keep their own
+	// underscores in a target (Docker's ingress_sbox): after the prefix a
+	// flat target is one file name.
+	targetDirs = []string{"/run/netns/", "/var/run/netns/", "/run/docker/netns/", "/var/run/docker/netns/"}
+	// targetRoots are the top directories a flat target is read back as a
+	// path under, every underscore a slash (/proc/N/ns/net).
+	targetRoots = []string{"run", "var", "proc", "tmp"}
+	pidTarget   = regexp.MustCompile(`^pid_[0-9]+$`)
+)
+
+// unflatTarget is the namespace a flat target reads back as: the one
+// namespace Target gives that target to.
+func unflatTarget(t string) string {
+	switch {
+	case t == "host":
+		return ""
+	case pidTarget.MatchString(t):
+		return "pid:" + strings.TrimPrefix(t, "pid_")
+	}
+	for _, d := range targetDirs {
+		if rest, ok := strings.CutPrefix(t, targetFlat.Replace(d[1:])); ok {
+			return d + rest
+		}
+	}
+	if root, _, ok := strings.Cut(t, "_"); ok && slices.Contains(targetRoots, root) {
+		return "/" + strings.ReplaceAll(t, "_", "/")
+	}
+	return t
 }
 
 // BPFFS is where lanes mounts (or finds) bpffs for its pins.
 const BPFFS = attach.DefaultBPFFS
 
 // PinDir is where a namespace's BPF objects are pinned: one directory per
-// target, so reset removes exactly what lanes pinned for it.
+// target, so reset removes exactly what lanes pinned for it. A target
+// holds no '.', which bpffs refuses in a name.
 func PinDir(netns string) string {
-	return BPFFS + "/lanes/" + BPFFSName(Target(netns))
+	return BPFFS + "/lanes/" + Target(netns)
 }
 
 // RPSByHash adds the knobs that make RPS on receive queue q of d pick its
