@@ -75,6 +75,9 @@ func (c counts) String() string {
 }
 
 func main() {
+	if os.Getenv(reapEnv) != "" {
+		os.Exit(reapMain(os.Args[1:]))
+	}
 	var (
 		guest   = flag.String("guest", "", "`PLAN`: run a plan's test binaries (inside a guest; used by vmtest itself)")
 		kernels = flag.String("kernels", strings.Join(matrix, ","), "the `kernels` to run on, of "+strings.Join(matrix, ", "))
@@ -128,7 +131,7 @@ func main() {
 	if r.out, err = filepath.Abs(*out); err != nil {
 		fail("%v", err)
 	}
-	os.Exit(r.matrix(ks, es, *require))
+	os.Exit(guarded(func() int { return r.matrix(ks, es, *require) }))
 }
 
 func fail(format string, a ...any) {
@@ -247,7 +250,7 @@ func (r *runner) kernel(k string, es []entry) (counts, error) {
 		if err != nil {
 			return counts{}, err
 		}
-		err = r.logged(console, exec.Command(r.self, "-guest", planFile))
+		err = r.logged(console, exec.Command(r.self, "-guest", planFile), false)
 		unlock()
 		if err != nil {
 			return counts{}, err
@@ -260,7 +263,7 @@ func (r *runner) kernel(k string, es []entry) (counts, error) {
 			fmt.Printf("vm-test: kernel %s: booting %s under TCG for %d test binaries\n", k, vmlinuz, len(p.Items))
 			cmd := exec.Command(filepath.Join(r.root, "scripts/vm/run.sh"), "--kernel", k, "--out", dir, "--console",
 				"--timeout", fmt.Sprint(int((wall + bootMargin).Seconds())), "--", r.self, "-guest", planFile)
-			if err := r.logged(console, cmd); err != nil {
+			if err := r.logged(console, cmd, true); err != nil {
 				var ee *exec.ExitError
 				if !errors.As(err, &ee) {
 					return counts{}, err
@@ -441,9 +444,10 @@ func (r *runner) build(es []entry) error {
 	return nil
 }
 
-// logged runs cmd with its output in file, and on stdout the harness's own
-// lines (or everything, with -v).
-func (r *runner) logged(file string, cmd *exec.Cmd) error {
+// logged runs cmd under a reaper (runReaped; in a PID namespace of its
+// own with pidns) with its output in file, and on stdout the harness's
+// own lines (or everything, with -v).
+func (r *runner) logged(file string, cmd *exec.Cmd, pidns bool) error {
 	f, err := os.Create(file)
 	if err != nil {
 		return err
@@ -476,7 +480,7 @@ func (r *runner) logged(file string, cmd *exec.Cmd) error {
 			}
 		}
 	}()
-	err = cmd.Run()
+	err = runReaped(cmd, pidns)
 	pw.Close()
 	<-done
 	return err
