@@ -70,12 +70,13 @@ func (k *ProcSysFile) Read() ([]byte, error) {
 }
 
 func (k *ProcSysFile) Write(v []byte) error {
-	return writeIn(netnsx.Do, k.NetNS, k.Path, "/proc/sys/", k, v)
+	return writeIn(netnsx.DoProcSys, k.NetNS, k.Path, "/proc/sys/", k, v)
 }
 
 // readIn and writeIn access a file knob from a thread that enter placed in
 // namespace ns: sysfs needs its own mount there (netnsx.DoSysfs), /proc/sys
-// only the thread's netns (netnsx.Do).
+// only the thread's netns (netnsx.Do), and a writable mount to write
+// (netnsx.DoProcSys: a container's is read-only).
 func readIn(enter func(string, func() error) error, ns, path, under string, k fmt.Stringer) ([]byte, error) {
 	if err := checkPath(path, under); err != nil {
 		return nil, err

@@ -422,6 +422,12 @@ func DoSysfs(ns string, fn func() error) error {
 	return do(ns, true, fn)
 }
 
+// DoProcSys runs fn inside namespace ns where it may write /proc/sys,
+// also in a container that mounts it read-only (see nsx.DoProcSys).
+func DoProcSys(ns string, fn func() error) error {
+	return doWith(ns, nsx.DoProcSys, fn)
+}
+
 // SysfsAt runs fn on a thread inside namespace ns with sys, a directory
 // showing ns's sysfs, for reading (see nsx.SysfsAt: nothing is mounted or
 // unmounted per call, so an agent's rounds interrupt no core).

@@ -132,7 +132,7 @@ func List(prefix string) []string {
 
 // Do runs fn on a thread inside the named namespace.
 func Do(name string, fn func() error) error {
-	return do(name, false, fn)
+	return do(name, false, false, fn)
 }
 
 // DoSysfs runs fn inside the named namespace with a private mount namespace
@@ -140,11 +140,56 @@ func Do(name string, fn func() error) error {
 // namespace's devices (what `ip netns exec` does). /proc/sys/net follows the
 // thread's netns already; /sys does not, because sysfs binds its view at mount.
 func DoSysfs(name string, fn func() error) error {
-	return do(name, true, fn)
+	return do(name, true, false, fn)
 }
 
-func do(name string, sysfs bool, fn func() error) error {
-	if name == "" && !sysfs {
+// DoProcSys runs fn inside the named namespace where it may write
+// /proc/sys. A container runtime mounts the container's /proc/sys
+// read-only (runc's readonly paths), a bind mount no volume may replace;
+// there fn runs in a private mount namespace whose copy of that mount is
+// made writable. The runtime's mount keeps its read-only flag: only
+// lanes' private copy, which no other process sees, can write.
+func DoProcSys(name string, fn func() error) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/proc/sys", &st); err != nil || st.Flags&unix.ST_RDONLY == 0 {
+		return Do(name, fn)
+	}
+	return do(name, false, true, func() error {
+		if err := privateMounts(); err != nil {
+			return err
+		}
+		flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND)
+		for _, f := range []struct{ st, ms uintptr }{{unix.ST_NOSUID, unix.MS_NOSUID}, {unix.ST_NODEV, unix.MS_NODEV}, {unix.ST_NOEXEC, unix.MS_NOEXEC}} {
+			if uintptr(st.Flags)&f.st != 0 {
+				flags |= f.ms
+			}
+		}
+		if err := unix.Mount("", "/proc/sys", "", flags, ""); err != nil {
+			return fmt.Errorf("/proc/sys is read-only (a container runtime mounted it so) and could not be made writable: %w", err)
+		}
+		return fn()
+	})
+}
+
+// privateMounts gives the calling (locked, discarded) thread a mount
+// namespace of its own, whose changes reach no other.
+func privateMounts() error {
+	// CLONE_FS first: Go's threads share one fs_struct, and a new
+	// mount namespace needs a private one.
+	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	return nil
+}
+
+// do runs fn inside the named namespace, with /sys mounted from it with
+// sysfs; on a thread of its own, which is discarded after, unless fn
+// needs none (lanes' own namespace, no mounts, not thread).
+func do(name string, sysfs, thread bool, fn func() error) error {
+	if name == "" && !sysfs && !thread {
 		return fn()
 	}
 	policy := callerPolicy()
@@ -158,13 +203,8 @@ func do(name string, sysfs bool, fn func() error) error {
 				return err
 			}
 			if sysfs {
-				// CLONE_FS first: Go's threads share one fs_struct, and a new
-				// mount namespace needs a private one.
-				if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-					return fmt.Errorf("unshare mount namespace: %w", err)
-				}
-				if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-					return fmt.Errorf("making mounts private: %w", err)
+				if err := privateMounts(); err != nil {
+					return err
 				}
 			}
 			if name != "" {
@@ -323,7 +363,7 @@ func takePolicy(a *unix.SchedAttr) error {
 // the netns cookie (< 5.14), it falls back to DoSysfs with sys "/sys".
 func SysfsAt(name string, fn func(sys string) error) error {
 	fallback := false
-	err := do(name, false, func() error {
+	err := do(name, false, false, func() error {
 		root, release, err := sysfsRoot()
 		if errors.Is(err, errNoDetachedSysfs) {
 			fallback = true
