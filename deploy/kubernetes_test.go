@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/lanesnet/lanes/internal/cli"
@@ -59,8 +61,10 @@ func lanesContainer(t *testing.T, ds *appsv1.DaemonSet) *corev1.Container {
 }
 
 // The DaemonSet runs lanes agent on the ConfigMap's file in the node's
-// network and PID namespaces, with the capabilities lanes uses, and on
-// termination gives the agent time to reset.
+// network and PID namespaces, unprivileged, with the capabilities lanes
+// needs (TestCapabilities) and no other, from an image pinned by digest;
+// a restarted container (a liveness kill) keeps the mode: on-exit is keep
+// and no hook resets.
 func TestDaemonSet(t *testing.T) {
 	ds, raw, cm, c := manifests(t)
 	if ds.APIVersion != "apps/v1" || ds.Kind != "DaemonSet" || cm.APIVersion != "v1" || cm.Kind != "ConfigMap" {
@@ -82,11 +86,11 @@ func TestDaemonSet(t *testing.T) {
 	if spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 		t.Errorf("dnsPolicy %s", spec.DNSPolicy)
 	}
-	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 30 {
-		t.Errorf("terminationGracePeriodSeconds %v: the agent resets on SIGTERM and needs the time", g)
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 10 {
+		t.Errorf("terminationGracePeriodSeconds %v: the agent puts the static placement back on SIGTERM and needs the time", g)
 	}
-	if c.Agent.OnExit != config.OnExitReset {
-		t.Errorf("the ConfigMap's on-exit is %s: a terminated pod must reset", c.Agent.OnExit)
+	if c.Agent.OnExit != config.OnExitKeep {
+		t.Errorf("the ConfigMap's on-exit is %s: a liveness kill would reset the node under load (keep, and uninstall.yaml resets)", c.Agent.OnExit)
 	}
 
 	ctr := lanesContainer(t, ds)
@@ -102,17 +106,54 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("lanes agent refuses %v: %v", rest, err)
 	}
 
+	if ctr.Lifecycle != nil && ctr.Lifecycle.PreStop != nil {
+		t.Errorf("a preStop hook %+v: the kubelet runs it for a liveness kill too", ctr.Lifecycle.PreStop)
+	}
+	checkSecurity(t, "daemonset.yaml", ctr)
+	if strings.Contains(string(raw), "privileged: true") {
+		t.Error("privileged: true in the manifest")
+	}
+	checkPinned(t, "daemonset.yaml", ctr.Image)
+}
+
+// checkSecurity: not privileged, every capability dropped but lanesCaps,
+// the runtime's seccomp profile, and no AppArmor (which forbids mount).
+func checkSecurity(t *testing.T, what string, ctr *corev1.Container) {
+	t.Helper()
 	sc := ctr.SecurityContext
 	if sc == nil || sc.Capabilities == nil {
-		t.Fatal("no securityContext with capabilities")
+		t.Fatalf("%s: %s has no securityContext with capabilities", what, ctr.Name)
 	}
-	for _, c := range []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_NICE", "SYS_PTRACE"} {
-		if !slices.Contains(sc.Capabilities.Add, c) {
-			t.Errorf("capability %s not listed", c)
-		}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("%s: %s is privileged: lanesCaps suffice", what, ctr.Name)
 	}
-	if sc.Privileged != nil && *sc.Privileged && !strings.Contains(string(raw), "privileged is unavoidable") {
-		t.Error("privileged without the reason beside it")
+	var add []string
+	for _, c := range sc.Capabilities.Add {
+		add = append(add, string(c))
+	}
+	slices.Sort(add)
+	if !slices.Equal(add, lanesCaps) || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("%s: %s adds %v and drops %v, want exactly %v (TestCapabilities) and every other dropped", what, ctr.Name, add, sc.Capabilities.Drop, lanesCaps)
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("%s: %s seccomp %+v, want RuntimeDefault", what, ctr.Name, sc.SeccompProfile)
+	}
+	if sc.AppArmorProfile == nil || sc.AppArmorProfile.Type != corev1.AppArmorProfileTypeUnconfined {
+		t.Errorf("%s: %s AppArmor %+v: the runtime's default profile forbids the mounts lanes makes", what, ctr.Name, sc.AppArmorProfile)
+	}
+	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+		t.Errorf("%s: %s: the API server refuses allowPrivilegeEscalation false beside CAP_SYS_ADMIN", what, ctr.Name)
+	}
+}
+
+// An image named by digest: every node runs the same one, whatever a tag
+// points at later.
+var pinnedImage = regexp.MustCompile(`^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9./_-]+@sha256:[0-9a-f]{64}$`)
+
+func checkPinned(t *testing.T, what, image string) {
+	t.Helper()
+	if !pinnedImage.MatchString(image) {
+		t.Errorf("%s: image %s is not pinned by digest (REGISTRY/NAME@sha256:...)", what, image)
 	}
 }
 
@@ -126,8 +167,8 @@ func TestDaemonSetProbes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("metrics-addr %q: %v", c.Agent.MetricsAddr, err)
 	}
-	if host != "" && host != "0.0.0.0" && host != "::" {
-		t.Errorf("metrics-addr %s: the kubelet probes the node's address, not %s", c.Agent.MetricsAddr, host)
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		t.Errorf("metrics-addr %s: the agent's plain HTTP must stay on the node's loopback (kube-rbac-proxy serves it outside)", c.Agent.MetricsAddr)
 	}
 	var named *corev1.ContainerPort
 	for i, p := range ctr.Ports {
@@ -148,8 +189,8 @@ func TestDaemonSetProbes(t *testing.T) {
 			continue
 		}
 		g := pr.p.HTTPGet
-		if g.Path != pr.path || g.Port.String() != "metrics" || g.Host != "" {
-			t.Errorf("%s probe: %s on %s (host %q), want %s on metrics", pr.what, g.Path, g.Port.String(), g.Host, pr.path)
+		if g.Path != pr.path || g.Port.String() != "metrics" || g.Host != host {
+			t.Errorf("%s probe: %s on %s (host %q), want %s on metrics at %s, where the agent listens", pr.what, g.Path, g.Port.String(), g.Host, pr.path, host)
 		}
 	}
 	// Liveness fails only after the agent's own staleness (5 s) has been
@@ -157,9 +198,8 @@ func TestDaemonSetProbes(t *testing.T) {
 	if l := ctr.LivenessProbe; l.PeriodSeconds*l.FailureThreshold < 15 {
 		t.Errorf("liveness gives up after %d s", l.PeriodSeconds*l.FailureThreshold)
 	}
-	a := ds.Spec.Template.Annotations
-	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != port || a["prometheus.io/path"] != "/metrics" {
-		t.Errorf("scrape annotations %v", a)
+	if a := ds.Spec.Template.Annotations; a["prometheus.io/scrape"] != "" {
+		t.Errorf("scrape annotations %v: nobody reaches the node's loopback", a)
 	}
 }
 
@@ -184,7 +224,7 @@ func TestDaemonSetMounts(t *testing.T) {
 		path        string
 		propagation corev1.MountPropagationMode
 	}{
-		{"/sys/fs/bpf", corev1.MountPropagationBidirectional},
+		{"/sys/fs/bpf", corev1.MountPropagationHostToContainer},
 		{c.StateDir, ""},
 		{"/run/netns", corev1.MountPropagationHostToContainer},
 		{topology.DockerNetNSDir, corev1.MountPropagationHostToContainer},
@@ -216,7 +256,8 @@ func TestDaemonSetMounts(t *testing.T) {
 }
 
 // The PodMonitor (the Prometheus Operator's type, not in k8s.io/api)
-// selects the DaemonSet's pods and scrapes their metrics port.
+// selects the DaemonSet's pods and scrapes the kube-rbac-proxy sidecar's
+// port over TLS: the agent's own port is on the node's loopback.
 func TestPodMonitor(t *testing.T) {
 	ds, _, _, _ := manifests(t)
 	var pm struct {
@@ -230,8 +271,9 @@ func TestPodMonitor(t *testing.T) {
 				MatchLabels map[string]string `json:"matchLabels"`
 			} `json:"selector"`
 			Endpoints []struct {
-				Port string `json:"port"`
-				Path string `json:"path"`
+				Port   string `json:"port"`
+				Path   string `json:"path"`
+				Scheme string `json:"scheme"`
 			} `json:"podMetricsEndpoints"`
 		} `json:"spec"`
 	}
@@ -250,9 +292,134 @@ func TestPodMonitor(t *testing.T) {
 			t.Errorf("selector %s=%s does not select the DaemonSet's pods", k, v)
 		}
 	}
-	if len(pm.Spec.Endpoints) != 1 || pm.Spec.Endpoints[0].Port != "metrics" || pm.Spec.Endpoints[0].Path != "/metrics" {
-		t.Errorf("endpoints %+v", pm.Spec.Endpoints)
+	proxy := proxyContainer(t)
+	if len(pm.Spec.Endpoints) != 1 || pm.Spec.Endpoints[0].Path != "/metrics" || pm.Spec.Endpoints[0].Scheme != "https" ||
+		!slices.ContainsFunc(proxy.Ports, func(p corev1.ContainerPort) bool { return p.Name == pm.Spec.Endpoints[0].Port }) {
+		t.Errorf("endpoints %+v: want /metrics over https on a port of the kube-rbac-proxy sidecar", pm.Spec.Endpoints)
 	}
+}
+
+// proxyContainer is metrics-proxy-patch.yaml's sidecar.
+func proxyContainer(t *testing.T) *corev1.Container {
+	t.Helper()
+	var patch appsv1.DaemonSet
+	decode(t, "kubernetes/metrics-proxy-patch.yaml", &patch)
+	ds, _, _, _ := manifests(t)
+	if patch.Name != ds.Name || patch.Namespace != ds.Namespace {
+		t.Errorf("the patch is of %s/%s, the DaemonSet %s/%s", patch.Namespace, patch.Name, ds.Namespace, ds.Name)
+	}
+	cs := patch.Spec.Template.Spec.Containers
+	if len(cs) != 1 || cs[0].Name != "kube-rbac-proxy" {
+		t.Fatalf("the patch's containers %v: want the kube-rbac-proxy sidecar alone", cs)
+	}
+	return &cs[0]
+}
+
+// The kube-rbac-proxy sidecar serves the agent's loopback endpoint (the
+// ConfigMap's metrics-addr) to authenticated clients only, unprivileged,
+// under the service account metrics-proxy-rbac.yaml lets review tokens.
+func TestMetricsProxy(t *testing.T) {
+	_, _, _, c := manifests(t)
+	proxy := proxyContainer(t)
+	checkPinned(t, "metrics-proxy-patch.yaml", proxy.Image)
+	if !slices.Contains(proxy.Args, "--upstream=http://"+c.Agent.MetricsAddr+"/") || !slices.Contains(proxy.Args, "--allow-paths=/metrics") {
+		t.Errorf("kube-rbac-proxy args %q: want --upstream=http://%s/ and --allow-paths=/metrics", proxy.Args, c.Agent.MetricsAddr)
+	}
+	if sc := proxy.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+		t.Errorf("kube-rbac-proxy securityContext %+v: want non-root, every capability dropped", sc)
+	}
+	var patch appsv1.DaemonSet
+	decode(t, "kubernetes/metrics-proxy-patch.yaml", &patch)
+	sa := patch.Spec.Template.Spec.ServiceAccountName
+	b, err := os.ReadFile("kubernetes/metrics-proxy-rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(b), "\n---\n")
+	var acct corev1.ServiceAccount
+	var role rbacv1.ClusterRole
+	var bind rbacv1.ClusterRoleBinding
+	for i, v := range []any{&acct, &role, &bind} {
+		if i >= len(docs) {
+			t.Fatalf("metrics-proxy-rbac.yaml: %d documents, want 3", len(docs))
+		}
+		if err := yaml.UnmarshalStrict([]byte(docs[i]), v); err != nil {
+			t.Fatalf("metrics-proxy-rbac.yaml document %d: %v", i+1, err)
+		}
+	}
+	if acct.Name != sa || acct.Namespace != patch.Namespace || bind.RoleRef.Name != role.Name ||
+		len(bind.Subjects) != 1 || bind.Subjects[0].Name != sa || bind.Subjects[0].Namespace != patch.Namespace {
+		t.Errorf("the service account %s/%s, bound to %s, is not the sidecar's %s", acct.Namespace, acct.Name, bind.RoleRef.Name, sa)
+	}
+	var verbs []string
+	for _, r := range role.Rules {
+		verbs = append(verbs, strings.Join(r.Resources, ",")+":"+strings.Join(r.Verbs, ","))
+	}
+	if !slices.Equal(verbs, []string{"tokenreviews:create", "subjectaccessreviews:create"}) {
+		t.Errorf("the proxy's role grants %v: want token and access reviews, nothing else", verbs)
+	}
+}
+
+// The uninstall DaemonSet resets every node with lanes reset --all, from
+// the agents' image, capabilities and state, then waits to be deleted.
+func TestUninstall(t *testing.T) {
+	ds, _, _, c := manifests(t)
+	var un appsv1.DaemonSet
+	decode(t, "kubernetes/uninstall.yaml", &un)
+	spec := un.Spec.Template.Spec
+	if !spec.HostNetwork || !spec.HostPID || un.Namespace != ds.Namespace {
+		t.Errorf("hostNetwork %v, hostPID %v, namespace %s: the agents' node, not %s", spec.HostNetwork, spec.HostPID, un.Namespace, ds.Namespace)
+	}
+	for k, v := range un.Spec.Selector.MatchLabels {
+		if un.Spec.Template.Labels[k] != v || ds.Spec.Template.Labels[k] == v {
+			t.Errorf("selector %s=%s: must select the uninstall pods, not the agents", k, v)
+		}
+	}
+	agent := lanesContainer(t, ds)
+	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
+		t.Fatalf("%d init containers, %d containers: want the reset and the one that waits", len(spec.InitContainers), len(spec.Containers))
+	}
+	for _, w := range []struct {
+		ctr  *corev1.Container
+		args []string
+	}{{&spec.InitContainers[0], []string{"reset", "--all"}}, {&spec.Containers[0], []string{"reset", "--all", "--wait"}}} {
+		ctr := w.ctr
+		if ctr.Image != agent.Image || !slices.Equal(ctr.Command, append([]string{"/lanes"}, w.args...)) {
+			t.Errorf("%s runs %s %q, want the agents' image %s with /lanes %q", ctr.Name, ctr.Image, ctr.Command, agent.Image, w.args)
+		}
+		cmd, rest, err := cli.NewRoot().Find(w.args)
+		if err != nil || cmd.Name() != "reset" || cmd.ParseFlags(rest) != nil {
+			t.Errorf("lanes refuses %q: %v", w.args, err)
+		}
+		checkSecurity(t, "uninstall.yaml", ctr)
+		mounts := map[string]corev1.VolumeMount{}
+		for _, m := range ctr.VolumeMounts {
+			mounts[m.MountPath] = m
+		}
+		for _, m := range agent.VolumeMounts {
+			if m.Name == "config" {
+				continue
+			}
+			if got, ok := mounts[m.MountPath]; !ok || !equalPropagation(got, m) {
+				t.Errorf("%s: mount %s %+v, want the agent's %+v", ctr.Name, m.MountPath, got, m)
+			}
+		}
+		if _, ok := mounts[c.StateDir]; !ok {
+			t.Errorf("%s: the state dir %s is not mounted", ctr.Name, c.StateDir)
+		}
+	}
+}
+
+func equalPropagation(a, b corev1.VolumeMount) bool {
+	pa, pb := corev1.MountPropagationMode(""), corev1.MountPropagationMode("")
+	if a.MountPropagation != nil {
+		pa = *a.MountPropagation
+	}
+	if b.MountPropagation != nil {
+		pb = *b.MountPropagation
+	}
+	return a.Name == b.Name && pa == pb
 }
 
 // The image holds the static binary alone, where the DaemonSet runs it.

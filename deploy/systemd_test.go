@@ -51,8 +51,8 @@ func unit(t *testing.T, path string) map[string]map[string][]string {
 const unitPath = "systemd/lanes.service"
 
 // The unit runs lanes agent on the configuration file lanes looks for,
-// restarts it on failure but not for a bad file, and orders it after the
-// network and the overlay daemons.
+// bounded to the capabilities lanes needs, restarts it on failure but not
+// for a bad file, and orders it after the network and the overlay daemons.
 func TestSystemdUnit(t *testing.T) {
 	u := unit(t, unitPath)
 	one := func(sec, key, want string) {
@@ -70,6 +70,16 @@ func TestSystemdUnit(t *testing.T) {
 		if !slices.Contains(after, w) {
 			t.Errorf("After= %v lacks %s", after, w)
 		}
+	}
+	want := make([]string, len(lanesCaps))
+	for i, c := range lanesCaps {
+		want[i] = "CAP_" + c
+	}
+	if got := strings.Fields(strings.Join(u["Service"]["CapabilityBoundingSet"], " ")); !slices.Equal(got, want) {
+		t.Errorf("CapabilityBoundingSet %v, want exactly %v (TestCapabilities)", got, want)
+	}
+	if u["Service"]["AmbientCapabilities"] != nil || u["Service"]["User"] != nil {
+		t.Errorf("AmbientCapabilities %v, User %v: the agent runs as root, bounded", u["Service"]["AmbientCapabilities"], u["Service"]["User"])
 	}
 	if u["Service"]["ExecStopPost"] != nil {
 		t.Errorf("ExecStopPost %v: a reset there would also run between a crash and the restart", u["Service"]["ExecStopPost"])

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/signal"
+	"syscall"
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ func newResetCmd() *cobra.Command {
 	var (
 		netns    string
 		all      bool
+		wait     bool
 		stateDir string
 	)
 	cmd := &cobra.Command{
@@ -23,9 +26,22 @@ func newResetCmd() *cobra.Command {
 		Long: `reset writes back the original value of every knob lanes changed in a
 namespace (or, with --all, in every namespace it has state for), newest first,
 from the journal alone: it works after lanes was killed mid-apply. Knobs whose
-device or namespace is gone are skipped and listed.`,
+device or namespace is gone are skipped and listed.
+
+With --wait, once it reset it waits for SIGTERM or SIGINT: the pods of the
+uninstall DaemonSet (deploy/kubernetes/uninstall.yaml) stay up, their node
+reset, until it is deleted.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if wait {
+				defer func() {
+					if err == nil {
+						ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+						defer stop()
+						<-ctx.Done()
+					}
+				}()
+			}
 			out := cmd.OutOrStdout()
 			if all {
 				if cmd.Flags().Changed("netns") {
@@ -50,6 +66,7 @@ device or namespace is gone are skipped and listed.`,
 	f := cmd.Flags()
 	f.StringVar(&netns, "netns", "", "network namespace to reset (default: lanes' own)")
 	f.BoolVar(&all, "all", false, "reset every namespace lanes has state for")
+	f.BoolVar(&wait, "wait", false, "once reset, wait for SIGTERM or SIGINT (an uninstall pod that stays up)")
 	f.StringVar(&stateDir, "state-dir", control.DefaultStateDir, "where journals and state live")
 	return cmd
 }

@@ -134,12 +134,27 @@ func NotFoundError(ns string) error {
 		hint = "want pid:N with N a process id"
 	case ok && cookie != 0:
 		hint = "process " + pid + " is gone or now runs in another namespace (a reused PID): give a process of the container, pid:N"
+	case ok && procDenied(pid) != nil:
+		hint = fmt.Sprintf("process %s runs but its namespace cannot be opened (%v): lanes needs CAP_SYS_PTRACE for a process of another user or with capabilities lanes lacks", pid, procDenied(pid))
 	case ok:
 		hint = "no process " + pid
 	case filepath.IsAbs(ns):
 		hint = "no namespace file at that path"
 	}
 	return fmt.Errorf("netns %q does not exist: %s", ns, hint)
+}
+
+// procDenied is the error of opening a running process's namespace file
+// when the kernel refuses it (ptrace access), nil otherwise.
+func procDenied(pid string) error {
+	f, err := os.Open(filepath.Join("/proc", pid, "ns", "net"))
+	if err == nil {
+		f.Close()
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return err
+	}
+	return nil
 }
 
 // Exists reports whether a namespace can be entered (and, for

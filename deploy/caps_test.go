@@ -1,0 +1,164 @@
+package deploy_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// lanesCaps are the Linux capabilities lanes needs, measured by
+// TestCapabilities: every mode applies, runs its agent and resets with
+// these alone, and without any one of them something fails. The DaemonSet
+// adds exactly these (dropping every other), the systemd unit bounds the
+// agent to them.
+//
+// CAP_BPF and CAP_PERFMON are not among them: lanes needs CAP_SYS_ADMIN
+// (setns into the overlay's namespace, mounting sysfs there), which the
+// kernel accepts for everything they grant (bpf_capable,
+// perfmon_capable); with CAP_SYS_ADMIN present they change nothing.
+var lanesCaps = []string{"NET_ADMIN", "SYS_ADMIN", "SYS_NICE", "SYS_PTRACE"}
+
+// capsWhy says what fails without each capability: the mode that fails
+// and a piece of its error.
+var capsWhy = map[string]struct {
+	mode, netns, fails string
+}{
+	// rps_cpus and a device's other net attributes, ethtool channels.
+	"NET_ADMIN": {"rps", "", "rps_cpus: operation not permitted"},
+	// setns(2) into the overlay's namespace.
+	"SYS_ADMIN": {"rps", "", "entering netns"},
+	// SCHED_FIFO for the cpumap and NAPI kernel threads.
+	"SYS_NICE": {"prism-batch", "", "setting the scheduling policy"},
+	// /proc/PID/ns/net of a process whose capabilities lanes' do not
+	// cover (any root process of a container runtime): pid:N namespaces.
+	"SYS_PTRACE": {"rps", "pid", "lanes needs CAP_SYS_PTRACE"},
+}
+
+// buildLanes builds the static binary, as make build does.
+func buildLanes(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "lanes")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/lanesnet/lanes/cmd/lanes")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the static binary: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// capsAgent runs `lanes agent --config` on mode under a capability
+// bounding set of caps alone (setpriv), as the DaemonSet's container or
+// the systemd unit runs it; once it runs, SIGTERM makes it reset
+// (on-exit: reset). It returns the agent's output and whether it ran and
+// exited 0.
+func capsAgent(t *testing.T, bin, netns, mode string, caps []string) (string, bool) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("netns: %s\nmode: %s\nagent:\n  metrics-addr: \"\"\n  on-exit: reset\nstate-dir: %s\n", netns, mode, filepath.Join(dir, "state"))
+	if strings.HasPrefix(mode, "prism") {
+		cfg += "prio:\n  - dst 198.19.0.21 port 11111 udp\n"
+	}
+	path := filepath.Join(dir, "lanes.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bound := "-all"
+	for _, c := range caps {
+		bound += ",+" + strings.ToLower(c)
+	}
+	out := filepath.Join(dir, "out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("setpriv", "--bounding-set="+bound, "--", bin, "agent", "--config", path)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	read := func() string { b, _ := os.ReadFile(out); return string(b) }
+	var err2 error
+	ran, done := false, false
+wait:
+	for end := time.Now().Add(2 * time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		select {
+		case err2 = <-exited:
+			done = true
+			break wait
+		default:
+		}
+		if strings.Contains(read(), "running (on exit: reset)") {
+			ran = true
+			cmd.Process.Signal(syscall.SIGTERM)
+			err2, done = <-exited, true
+			break wait
+		}
+	}
+	if !done {
+		cmd.Process.Kill()
+		err2 = <-exited
+	}
+	modetest.NoState(t, filepath.Join(dir, "state"))
+	return read(), ran && err2 == nil
+}
+
+// Every mode applies, runs its agent and resets with lanesCaps alone,
+// leaving the testbed as it was; without any one of them lanes fails with
+// the error capsWhy names, and leaves nothing applied.
+func TestCapabilities(t *testing.T) {
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv (util-linux)")
+	}
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	bin := buildLanes(t)
+	ns := tb.Receiver().NetNS
+	before := modetest.Snapshot(t, tb)
+	// A process of the receiver's namespace with every capability, as a
+	// container runtime's root processes have more than lanes keeps.
+	holder := exec.Command("ip", "netns", "exec", ns, "sleep", "1000")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	netnsOf := func(form string) string {
+		if form == "pid" {
+			return fmt.Sprintf("pid:%d", holder.Process.Pid)
+		}
+		return ns
+	}
+	modes := strings.Fields("vanilla rps falcon falcon-balance falcon-pipeline falcon-prism falcon-split mflow prism prism-batch prism-sync")
+	for _, m := range modes {
+		if out, ok := capsAgent(t, bin, ns, m, lanesCaps); !ok {
+			t.Errorf("mode %s with %v: the agent did not run and reset:\n%s", m, lanesCaps, out)
+		}
+	}
+	if out, ok := capsAgent(t, bin, netnsOf("pid"), "rps", lanesCaps); !ok {
+		t.Errorf("rps on pid:N with %v:\n%s", lanesCaps, out)
+	}
+	modetest.SameSnapshot(t, "after every mode with lanes' capabilities", modetest.Snapshot(t, tb), before)
+	for _, c := range lanesCaps {
+		why := capsWhy[c]
+		var less []string
+		for _, o := range lanesCaps {
+			if o != c {
+				less = append(less, o)
+			}
+		}
+		out, ok := capsAgent(t, bin, netnsOf(why.netns), why.mode, less)
+		if ok || !strings.Contains(out, why.fails) {
+			t.Errorf("without %s, %s on %s: ran %v, want a failure saying %q:\n%s", c, why.mode, netnsOf(why.netns), ok, why.fails, out)
+		}
+	}
+	modetest.SameSnapshot(t, "after the refused applies", modetest.Snapshot(t, tb), before)
+}
