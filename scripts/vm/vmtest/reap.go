@@ -92,7 +92,11 @@ func runReaped(cmd *exec.Cmd, pidns bool) error {
 	err = w.Wait()
 	guests.Lock()
 	delete(guests.m, w)
+	stopping := guests.stopped
 	guests.Unlock()
+	if stopping {
+		select {} // guardProcess exits; no result of a guest it ended
+	}
 	return err
 }
 
