@@ -53,9 +53,15 @@ func manifests(t *testing.T) (*appsv1.DaemonSet, []byte, *corev1.ConfigMap, *con
 
 func lanesContainer(t *testing.T, ds *appsv1.DaemonSet) *corev1.Container {
 	t.Helper()
+	return onlyContainer(t, ds, "lanes")
+}
+
+// onlyContainer is ds's one container, which must be called name.
+func onlyContainer(t *testing.T, ds *appsv1.DaemonSet, name string) *corev1.Container {
+	t.Helper()
 	cs := ds.Spec.Template.Spec.Containers
-	if len(cs) != 1 || cs[0].Name != "lanes" {
-		t.Fatalf("containers %v: want one, lanes", cs)
+	if len(cs) != 1 || cs[0].Name != name {
+		t.Fatalf("%s: containers %v: want one, %s", ds.Name, cs, name)
 	}
 	return &cs[0]
 }
@@ -292,15 +298,16 @@ func TestPodMonitor(t *testing.T) {
 			t.Errorf("selector %s=%s does not select the DaemonSet's pods", k, v)
 		}
 	}
-	proxy := proxyContainer(t)
+	_, proxy := proxyPatch(t)
 	if len(pm.Spec.Endpoints) != 1 || pm.Spec.Endpoints[0].Path != "/metrics" || pm.Spec.Endpoints[0].Scheme != "https" ||
 		!slices.ContainsFunc(proxy.Ports, func(p corev1.ContainerPort) bool { return p.Name == pm.Spec.Endpoints[0].Port }) {
 		t.Errorf("endpoints %+v: want /metrics over https on a port of the kube-rbac-proxy sidecar", pm.Spec.Endpoints)
 	}
 }
 
-// proxyContainer is metrics-proxy-patch.yaml's sidecar.
-func proxyContainer(t *testing.T) *corev1.Container {
+// proxyPatch is metrics-proxy-patch.yaml (a patch of the DaemonSet) and
+// its one container, the kube-rbac-proxy sidecar.
+func proxyPatch(t *testing.T) (*appsv1.DaemonSet, *corev1.Container) {
 	t.Helper()
 	var patch appsv1.DaemonSet
 	decode(t, "kubernetes/metrics-proxy-patch.yaml", &patch)
@@ -308,11 +315,7 @@ func proxyContainer(t *testing.T) *corev1.Container {
 	if patch.Name != ds.Name || patch.Namespace != ds.Namespace {
 		t.Errorf("the patch is of %s/%s, the DaemonSet %s/%s", patch.Namespace, patch.Name, ds.Namespace, ds.Name)
 	}
-	cs := patch.Spec.Template.Spec.Containers
-	if len(cs) != 1 || cs[0].Name != "kube-rbac-proxy" {
-		t.Fatalf("the patch's containers %v: want the kube-rbac-proxy sidecar alone", cs)
-	}
-	return &cs[0]
+	return &patch, onlyContainer(t, &patch, "kube-rbac-proxy")
 }
 
 // The kube-rbac-proxy sidecar serves the agent's loopback endpoint (the
@@ -320,7 +323,7 @@ func proxyContainer(t *testing.T) *corev1.Container {
 // under the service account metrics-proxy-rbac.yaml lets review tokens.
 func TestMetricsProxy(t *testing.T) {
 	_, _, _, c := manifests(t)
-	proxy := proxyContainer(t)
+	patch, proxy := proxyPatch(t)
 	checkPinned(t, "metrics-proxy-patch.yaml", proxy.Image)
 	if !slices.Contains(proxy.Args, "--upstream=http://"+c.Agent.MetricsAddr+"/") || !slices.Contains(proxy.Args, "--allow-paths=/metrics") {
 		t.Errorf("kube-rbac-proxy args %q: want --upstream=http://%s/ and --allow-paths=/metrics", proxy.Args, c.Agent.MetricsAddr)
@@ -329,8 +332,6 @@ func TestMetricsProxy(t *testing.T) {
 		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
 		t.Errorf("kube-rbac-proxy securityContext %+v: want non-root, every capability dropped", sc)
 	}
-	var patch appsv1.DaemonSet
-	decode(t, "kubernetes/metrics-proxy-patch.yaml", &patch)
 	sa := patch.Spec.Template.Spec.ServiceAccountName
 	b, err := os.ReadFile("kubernetes/metrics-proxy-rbac.yaml")
 	if err != nil {

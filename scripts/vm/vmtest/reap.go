@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -248,6 +249,15 @@ func killTree() {
 
 // children are the processes whose parent is ppid, from /proc.
 func children(ppid string) []int {
+	return procsWhere("stat", func(b []byte) bool {
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return len(f) > 1 && f[1] == ppid
+	})
+}
+
+// procsWhere lists the processes whose /proc/PID/file match says yes to.
+func procsWhere(file string, match func([]byte) bool) []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range ents {
@@ -255,13 +265,7 @@ func children(ppid string) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if len(f) > 1 && f[1] == ppid {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/" + file); err == nil && match(b) {
 			out = append(out, pid)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -67,19 +66,9 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 // marked lists the live processes whose environment holds mark: the
 // harness and everything it started, however deep or regrouped.
 func marked(mark string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err == nil && bytes.Contains(env, []byte("\x00"+markEnv+"="+mark+"\x00")) {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return procsWhere("environ", func(env []byte) bool {
+		return bytes.Contains(env, []byte("\x00"+markEnv+"="+mark+"\x00"))
+	})
 }
 
 // Whatever ends vmtest's harness (SIGTERM, which make passes on, SIGINT,
