@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -137,7 +138,10 @@ func TestCapabilities(t *testing.T) {
 		}
 		return ns
 	}
-	modes := strings.Fields("vanilla rps falcon falcon-balance falcon-pipeline falcon-prism falcon-split mflow prism prism-batch prism-sync")
+	modes := plan.Modes()
+	if len(modes) < 11 {
+		t.Fatalf("premise: lanes' modes are registered: %v", modes)
+	}
 	for _, m := range modes {
 		if out, ok := capsAgent(t, bin, ns, m, lanesCaps); !ok {
 			t.Errorf("mode %s with %v: the agent did not run and reset:\n%s", m, lanesCaps, out)
