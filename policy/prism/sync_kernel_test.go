@@ -639,13 +639,15 @@ func nftVmap(t *testing.T, ns, rule string) (del func()) {
 
 // iptablesRule appends a rule to chain of iptables' filter table in ns.
 // iptables must be iptables-nft: its table is then an nftables table,
-// which del removes whole, leaving the namespace as it was (a legacy
-// table, once made, stays).
+// which del removes whole where the rule made it, leaving the namespace
+// as it was (a legacy table, once made, stays); a table that was there
+// before keeps all but the rule.
 func iptablesRule(t *testing.T, ns, chain string, rule ...string) (del func()) {
 	t.Helper()
 	if out, err := exec.Command("iptables", "-V").CombinedOutput(); err != nil || !strings.Contains(string(out), "nf_tables") {
 		t.Skipf("iptables is not iptables-nft (%q, %v): a legacy table could not be removed from the testbed", out, err)
 	}
+	had := exec.Command("nsenter", "--net="+nsx.Path(ns), "nft", "list", "table", "ip", "filter").Run() == nil
 	ipt := func(args ...string) error {
 		out, err := exec.Command("nsenter", append([]string{"--net=" + nsx.Path(ns), "iptables", "-w"}, args...)...).CombinedOutput()
 		if err != nil {
@@ -660,7 +662,9 @@ func iptablesRule(t *testing.T, ns, chain string, rule ...string) (del func()) {
 		if err := ipt(append([]string{"-D", chain}, rule...)...); err != nil {
 			t.Error(err)
 		}
-		nftIn(t, ns, "delete", "table", "ip", "filter")
+		if !had {
+			nftIn(t, ns, "delete", "table", "ip", "filter")
+		}
 	})
 }
 
