@@ -38,11 +38,14 @@ func TestResetWait(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
-	for !strings.Contains(out.String(), "nothing to restore") {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "nothing to restore"); {
 		select {
 		case err := <-done:
 			t.Fatalf("premise: reset --all ran: %v\n%s", err, out.String())
 		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("premise: reset --all ran: not done after 30 s\n%s", out.String())
 		}
 	}
 	select {
