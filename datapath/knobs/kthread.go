@@ -124,7 +124,14 @@ type Thread struct {
 }
 
 // SetSched sets t's scheduling, or fails with ErrGone when t's pid is
-// gone or names another thread now.
+// gone or names another thread now. The start time is checked, then the
+// scheduling set: two system calls, between which the pid would name
+// another thread only if t exited and its pid were handed out again, and
+// the kernel hands pids out in turn, a freed one again only after every
+// other up to pid_max. The thread it is used for, the bulk queue's
+// kthread, ends with its datapath, which a reset or an apply tears down:
+// the journal's lock its caller holds (RuntimeDo) keeps both out
+// meanwhile.
 func (t Thread) SetSched(a *unix.SchedAttr) error {
 	started, err := startedAt(t.PID)
 	if err == nil && started != t.Started {
