@@ -6,9 +6,10 @@ import (
 )
 
 // Namespaces that share a target would share a journal and a pin
-// directory: a reset of one would restore the other's knobs. Pairs that
-// shared one when slashes, colons and dots all became underscores get
-// two targets, and the forms lanes meets keep the targets they had.
+// directory: a reset of one would restore the other's knobs. Pairs whose
+// names differ only where a flat target writes an underscore (a slash,
+// a colon, a dot, or an underscore itself) get two targets, and the forms
+// lanes meets keep their flat targets.
 func TestTargetInjective(t *testing.T) {
 	for _, pair := range [][2]string{
 		{"/run/netns/a_b", "run_netns_a_b"},
@@ -42,7 +43,7 @@ func TestTargetInjective(t *testing.T) {
 		"pid:42@8193":                        "pid_42",
 	} {
 		if got := Target(ns); got != want {
-			t.Errorf("Target(%q) = %q, want %q (the target it had)", ns, got, want)
+			t.Errorf("Target(%q) = %q, want %q (its flat target)", ns, got, want)
 		}
 	}
 }

@@ -10,10 +10,10 @@ import (
 
 // The agent of an applied prism-sync starts whatever sync settings the
 // apply took: a journal with sync settings and no prio-mode (which the
-// mode's name gives) once stopped it with "prio-mode is batch", leaving
-// the destinations frozen with no agent watching. A journal that still
-// names the retired sync-netfilter is refused with the line saying what
-// replaced it.
+// mode's name gives) is read as prio-mode=sync, never refused as batch,
+// which would leave the destinations with no agent renewing them. A
+// journal that still names the retired sync-netfilter is refused with the
+// line saying what replaced it.
 func TestSyncAgentStartsForAppliedSettings(t *testing.T) {
 	for _, params := range []map[string]string{
 		{"sync-interval": "200ms"},
