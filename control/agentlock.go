@@ -175,25 +175,39 @@ func holdAgentOff(dir, what string, mkdir bool) (release func(), err error) {
 	if ownAgentLock(dir) {
 		return none, nil
 	}
-	if !mkdir {
-		if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
-			return none, nil
+	for {
+		if !mkdir {
+			if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+				return none, nil
+			}
 		}
-	}
-	f, err := openAgentLock(dir, mkdir)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		pid, _ := lockHolder(f)
+		f, err := openAgentLock(dir, mkdir)
+		if err != nil {
+			return nil, err
+		}
+		if testAgentLockOpened != nil {
+			testAgentLockOpened()
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+			pid, _ := lockHolder(f)
+			f.Close()
+			if !errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
+			}
+			if pid == 0 {
+				return nil, fmt.Errorf("lanes agent is starting for %s: stop it first, then %s again", filepath.Base(dir), what)
+			}
+			return nil, fmt.Errorf("lanes agent (pid %d) runs for %s: stop it first (kill %d), then %s again", pid, filepath.Base(dir), pid, what)
+		}
+		if knobs.StillAt(f, filepath.Join(dir, AgentLockFile)) {
+			return func() { f.Close() }, nil
+		}
+		// A reset removed it between the open and the lock: an agent
+		// would take the one there now (or made next) beside us.
 		f.Close()
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
-		}
-		if pid == 0 {
-			return nil, fmt.Errorf("lanes agent is starting for %s: stop it first, then %s again", filepath.Base(dir), what)
-		}
-		return nil, fmt.Errorf("lanes agent (pid %d) runs for %s: stop it first (kill %d), then %s again", pid, filepath.Base(dir), pid, what)
 	}
-	return func() { f.Close() }, nil
 }
+
+// testAgentLockOpened, when set, runs in holdAgentOff between the open of
+// the agent lock and its flock.
+var testAgentLockOpened func()

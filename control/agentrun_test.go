@@ -1,11 +1,13 @@
 package control
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -107,6 +109,41 @@ func TestOneAgentAtOnce(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(stateDir); len(ents) != 0 {
 		t.Errorf("left after the agent let go: %v", ents)
+	}
+}
+
+// A reset that removes the agent lock between an apply's open of it and
+// its flock would leave the apply holding a file no agent opens again:
+// the apply holds the one at the path instead, so an agent that comes
+// next (LockAgent's exclusive try) is still held off.
+func TestHoldAgentOffLockRemoved(t *testing.T) {
+	dir := Dir(t.TempDir(), "lanes-removed")
+	path := filepath.Join(dir, AgentLockFile)
+	removed := false
+	testAgentLockOpened = func() {
+		if !removed {
+			removed = true
+			if err := os.Remove(path); err != nil {
+				t.Errorf("removing the agent lock as a reset does: %v", err)
+			}
+		}
+	}
+	defer func() { testAgentLockOpened = nil }()
+	release, err := holdAgentOff(dir, "apply", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if !removed {
+		t.Fatal("premise: the agent lock was removed under the apply")
+	}
+	f, err := openAgentLock(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		t.Errorf("an agent takes the lock beside the apply (flock: %v), want EWOULDBLOCK", err)
 	}
 }
 
