@@ -109,14 +109,17 @@ func lockedAgent(f *os.File, dir, stateDir, netns string) (*AgentLock, error) {
 }
 
 // openAgentLock opens dir's agent lock file, making it (and, with mkdir,
-// dir) where there is none; not through a symlink.
+// dir) where there is none; not through a symlink. Both are their
+// owner's alone (0700, 0600): a flock needs no more than a read-only
+// open, and anyone who could open the file could hold it and make apply,
+// reset and the agent refuse the target.
 func openAgentLock(dir string, mkdir bool) (*os.File, error) {
 	if mkdir {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating state dir: %w", err)
 		}
 	}
-	f, err := os.OpenFile(filepath.Join(dir, AgentLockFile), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, AgentLockFile), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening the agent lock (not a symlink): %w", err)
 	}

@@ -2,7 +2,9 @@ package control
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"golang.org/x/sys/unix"
 )
 
@@ -144,6 +147,60 @@ func TestHoldAgentOffLockRemoved(t *testing.T) {
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
 		t.Errorf("an agent takes the lock beside the apply (flock: %v), want EWOULDBLOCK", err)
+	}
+}
+
+// A target's state directory and agent lock are their owner's alone: a
+// flock needs only a read-only open, so another user who could open the
+// lock (or the directory, whose flock is the journal's lock) could hold
+// it and make apply, reset and the agent refuse the target.
+func TestStateDirPrivate(t *testing.T) {
+	stateDir := t.TempDir()
+	// Made as an apply makes them, and left unlocked: what another user
+	// could take is what is there between lanes' commands.
+	dir := Dir(stateDir, "lanes-private")
+	release, err := holdAgentOff(dir, "apply", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	other := Dir(stateDir, "lanes-journal")
+	j, err := knobs.Open(other, "lanes-journal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	lock := filepath.Join(dir, AgentLockFile)
+	for path, want := range map[string]os.FileMode{dir: 0o700, lock: 0o600, other: 0o700} {
+		if fi, err := os.Lstat(path); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v (%v), want %v", path, fi.Mode().Perm(), err, want)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return // the check as another user needs root to be one
+	}
+	// t.TempDir's own directories are 0700: open them to all, so that
+	// only lanes' modes stand in the way.
+	for _, d := range []string{filepath.Dir(stateDir), stateDir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asNobody := func(path string) error {
+		cmd := exec.Command("flock", "--nonblock", "--shared", path, "true")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := asNobody(stateDir); err != nil {
+		t.Fatalf("premise: nobody can flock the state dir itself: %v", err)
+	}
+	for _, path := range []string{dir, lock, other} {
+		if err := asNobody(path); err == nil || !strings.Contains(err.Error(), "ermission denied") {
+			t.Errorf("nobody flocked %s: %v, want permission denied", path, err)
+		}
 	}
 }
 

@@ -209,10 +209,12 @@ func hostCookie() (uint64, error) {
 }
 
 // lockDir opens dir (making it when create) and takes its lock, trying
-// again until deadline while another process holds it.
+// again until deadline while another process holds it. A directory it
+// makes is its owner's alone (0700): anyone who could open it could hold
+// its lock and keep apply and reset out.
 func lockDir(dir string, create bool, deadline time.Time) (*os.File, error) {
 	if create {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating state dir: %w", err)
 		}
 	}
