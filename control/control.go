@@ -180,16 +180,20 @@ func Apply(opts Options) (*State, error) {
 	if err := hostSysctlsHeld(v.StateDir, dir, p); err != nil {
 		return nil, err
 	}
-	release, err := holdAgentOff(dir, "apply", true)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
+	// The journal first: an apply that cannot have it (another lanes
+	// process holds it) leaves no agent lock behind, which would make
+	// the directory a target; and with it held, no reset removes the
+	// agent lock held next (removeState runs under the journal's lock).
 	j, err := knobs.OpenWait(dir, Target(v.NetNS), lockWait)
 	if err != nil {
 		return nil, err
 	}
 	defer j.Close()
+	release, err := holdAgentOff(dir, "apply", true)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if j.Len() > 0 {
 		if _, err := j.Restore(); err != nil {
 			return nil, fmt.Errorf("restoring the previous mode before applying %s: %w (nothing new applied; see `lanes reset`)", v.Mode, err)

@@ -362,6 +362,30 @@ func TestApplyValidatesFirst(t *testing.T) {
 	noState(t, stateDir)
 }
 
+// An apply that cannot have the target's journal (another lanes process
+// holds it) leaves nothing of its own in the state directory: no agent
+// lock that would make it a target, listed by status and reset --all.
+func TestApplyBusyLeavesNothing(t *testing.T) {
+	f := topotest.New(t, topotest.Options{Containers: 1})
+	h := f.Hosts[0]
+	stateDir := t.TempDir()
+	dir := Dir(stateDir, h.NetNS)
+	j, err := knobs.Open(dir, Target(h.NetNS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if isTargetDir(dir) {
+		t.Fatalf("premise: %s is no target before the apply", dir)
+	}
+	if _, err := Apply(Options{Mode: "rps", NetNS: h.NetNS, StateDir: stateDir}); !errors.Is(err, knobs.ErrBusy) {
+		t.Fatalf("premise: apply with the journal held: %v, want busy", err)
+	}
+	if ents, _ := os.ReadDir(dir); isTargetDir(dir) {
+		t.Errorf("the busy apply left %v in %s: a target now", ents, dir)
+	}
+}
+
 func TestResetAll(t *testing.T) {
 	f := topotest.New(t, topotest.Options{Containers: 1})
 	stateDir := t.TempDir()
