@@ -59,6 +59,47 @@ func Dir(stateDir, netns string) string {
 	return filepath.Join(stateDir, Target(netns))
 }
 
+// legacyTarget is the target a former lanes gave a namespace: its name
+// with the slashes of a path and the colon of "pid:N" made underscores,
+// whatever that reads back as. Target differs from it for a name that
+// holds a '.' or a '%', or whose flat form reads back as another
+// namespace; a former lanes kept such a namespace's state under this one.
+func legacyTarget(netns string) string {
+	if netns == "" {
+		return "host"
+	}
+	if strings.HasPrefix(netns, "pid:") {
+		netns, _, _ = strings.Cut(netns, "@")
+	}
+	return strings.NewReplacer("/", "_", ":", "_").Replace(strings.TrimPrefix(netns, "/"))
+}
+
+// stateDirOf is where a namespace's state is: Dir, or, where that holds
+// none, the directory of its legacy target when that one's state file
+// names the namespace. unsure names the legacy directory when it holds
+// state with no state file to say whose it is (it may be another
+// namespace's of the same flat name): lanes reset --all restores it.
+func stateDirOf(stateDir, netns string) (dir, unsure string) {
+	dir = Dir(stateDir, netns)
+	old := filepath.Join(filepath.Dir(dir), legacyTarget(netns))
+	if old == dir || isTargetDir(dir) || !isTargetDir(old) {
+		return dir, ""
+	}
+	st, err := ReadState(old)
+	switch {
+	case err == nil && st != nil && Target(st.NetNS) == Target(netns):
+		return old, ""
+	case err == nil && st != nil:
+		return dir, "" // another namespace's
+	}
+	return dir, old
+}
+
+// legacyNote says what to do about state stateDirOf could not place.
+func legacyNote(unsure string) string {
+	return fmt.Sprintf("a former lanes kept state under the old name %s, which may be this namespace's: run lanes reset --all", filepath.Base(unsure))
+}
+
 // State is what state.json says about the mode applied to a target.
 type State struct {
 	Mode   string `json:"mode"`
@@ -314,7 +355,7 @@ func Reset(netns, stateDir string) (*ResetResult, error) {
 	if err := netnsx.CheckName(netns); err != nil {
 		return nil, err
 	}
-	dir := Dir(stateDir, netns)
+	dir, unsure := stateDirOf(stateDir, netns)
 	release, err := holdAgentOff(dir, "reset", false)
 	if err != nil {
 		return nil, err
@@ -322,6 +363,9 @@ func Reset(netns, stateDir string) (*ResetResult, error) {
 	res, err := resetDir(dir)
 	release()
 	removeDefaultDir(stateDir)
+	if err == nil && unsure != "" {
+		err = errors.New(legacyNote(unsure))
+	}
 	return res, err
 }
 

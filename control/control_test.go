@@ -386,6 +386,85 @@ func TestApplyBusyLeavesNothing(t *testing.T) {
 	}
 }
 
+// A former lanes kept a namespace's state under its flat name, which
+// Target no longer gives a name with a '.' (nor one whose flat form reads
+// back as another namespace). Where the state file there names the
+// namespace, reset restores it and status reads it; with no state file to
+// say whose it is, both name the directory and reset --all, which
+// restores it.
+func TestResetFindsLegacyState(t *testing.T) {
+	testenv.Root(t)
+	ns := topotest.Namespace(t, topotest.NewPrefix()+".old")
+	stateDir := t.TempDir()
+	old := filepath.Join(stateDir, legacyTarget(ns))
+	if old == Dir(stateDir, ns) {
+		t.Fatalf("premise: %s has its flat name for a target", ns)
+	}
+	knob := knobs.Sysctl(ns, "net.core.somaxconn")
+	before, err := knob.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { knob.Write(before) })
+	journal := func() {
+		t.Helper()
+		j, err := knobs.Open(old, legacyTarget(ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer j.Close()
+		if err := j.Set(knob, []byte("1111")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func() *StatusReport {
+		t.Helper()
+		s, err := Status(StatusOptions{NetNS: ns, StateDir: stateDir, Sample: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	restored := func(what string) {
+		t.Helper()
+		if v, err := knob.Read(); err != nil || !bytes.Equal(v, before) {
+			t.Errorf("%s: somaxconn %q, was %q (%v)", what, v, before, err)
+		}
+		noState(t, stateDir)
+	}
+
+	journal()
+	if err := writeState(old, &State{Mode: "rps", NetNS: ns, Target: legacyTarget(ns), Phase: Applied}); err != nil {
+		t.Fatal(err)
+	}
+	if s := status(); s.Mode != "rps" || s.Journaled != 1 {
+		t.Errorf("status: mode %s, %d journaled, want rps and 1 from %s", s.Mode, s.Journaled, old)
+	}
+	res, err := Reset(ns, stateDir)
+	if err != nil || res.Nothing || res.Report == nil || len(res.Report.Restored) != 1 {
+		t.Errorf("reset: %+v, %v, want the knob under %s restored", res, err, old)
+	}
+	restored("after reset")
+
+	journal()
+	hint := func(what, s string) {
+		t.Helper()
+		if !strings.Contains(s, filepath.Base(old)) || !strings.Contains(s, "lanes reset --all") {
+			t.Errorf("%s %q: want the old name %s and lanes reset --all", what, s, filepath.Base(old))
+		}
+	}
+	hint("status", status().OldState)
+	if _, err := Reset(ns, stateDir); err == nil {
+		t.Errorf("reset with the state's owner unknown: no error, want the old name and reset --all")
+	} else {
+		hint("reset", err.Error())
+	}
+	if _, err := ResetAll(stateDir); err != nil {
+		t.Errorf("reset --all: %v", err)
+	}
+	restored("after reset --all")
+}
+
 func TestResetAll(t *testing.T) {
 	f := topotest.New(t, topotest.Options{Containers: 1})
 	stateDir := t.TempDir()

@@ -35,6 +35,9 @@ type StatusReport struct {
 	// target.
 	Mode  string `json:"mode"`
 	State *State `json:"state,omitempty"`
+	// OldState says where state a former lanes kept under the
+	// namespace's old name may be, when it holds none under its own.
+	OldState string `json:"old_state,omitempty"`
 	// Journaled is how many knobs lanes changed and can restore.
 	Journaled     int                `json:"journaled"`
 	Topology      *topology.Topology `json:"topology,omitempty"`
@@ -124,8 +127,11 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 	if opts.Sample <= 0 {
 		opts.Sample = 500 * time.Millisecond
 	}
-	dir := Dir(opts.StateDir, opts.NetNS)
-	s := &StatusReport{NetNS: opts.NetNS, Target: Target(opts.NetNS), Mode: "vanilla", SampleSeconds: opts.Sample.Seconds()}
+	dir, unsure := stateDirOf(opts.StateDir, opts.NetNS)
+	s := &StatusReport{NetNS: opts.NetNS, Target: filepath.Base(dir), Mode: "vanilla", SampleSeconds: opts.Sample.Seconds()}
+	if unsure != "" {
+		s.OldState = legacyNote(unsure)
+	}
 	st, err := ReadState(dir)
 	if err != nil {
 		return nil, err
@@ -134,7 +140,7 @@ func Status(opts StatusOptions) (*StatusReport, error) {
 		s.State, s.Mode = st, st.Mode
 		// The applied form ("pid:N@C" for "pid:N"), so devices are
 		// named as the journal names them.
-		if Target(st.NetNS) == s.Target {
+		if Target(st.NetNS) == Target(opts.NetNS) {
 			opts.NetNS = st.NetNS
 		}
 	}

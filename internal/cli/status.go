@@ -100,6 +100,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		}
 	}
 	fmt.Fprintf(out, ", %d knobs journaled\n", s.Journaled)
+	if s.OldState != "" {
+		fmt.Fprintf(out, "  %s\n", s.OldState)
+	}
 	if st := s.State; st != nil {
 		// What the plan assumed and chose, as apply printed it.
 		for _, n := range st.Plan.Notes {
