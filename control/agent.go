@@ -71,7 +71,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 		// A static mode still has its containers to follow, and
 		// with a steering datapath the queue reconciler to run.
 		if st.Plan.Changes == 0 {
-			return nil, st, fmt.Errorf("mode %s changes nothing: lanes agent has nothing to run for it", st.Mode)
+			return nil, st, plan.ConfigError{Err: fmt.Errorf("mode %s changes nothing: lanes agent has nothing to run for it", st.Mode)}
 		}
 		return running{Agent: static{st.Mode, r != nil}, r: r, f: f}, st, nil
 	}

@@ -3,6 +3,7 @@ package plan
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -57,6 +58,22 @@ type AgentEnv struct {
 	// (heartbeat.Board.Loop, from the loop's start to its end), for the
 	// agent's liveness; nil = nowhere (a nil Board's beats do nothing).
 	Beats *heartbeat.Board
+}
+
+// ConfigError is an agent's failure to start that its settings cause (a
+// setting it cannot take, an agent this lanes does not have): another
+// start with the same settings fails the same way, so lanes agent does
+// not ask to be restarted into it. Any other failure (a busy journal, a
+// device that went away) may pass.
+type ConfigError struct{ Err error }
+
+func (e ConfigError) Error() string { return e.Err.Error() }
+func (e ConfigError) Unwrap() error { return e.Err }
+
+// IsConfigError says whether err is, or wraps, a ConfigError.
+func IsConfigError(err error) bool {
+	var c ConfigError
+	return errors.As(err, &c)
 }
 
 // AgentStateFile is the one file an agent may keep in its StateDir.
@@ -216,7 +233,7 @@ func newAgent(name string, env AgentEnv) (Agent, error) {
 	mu.Unlock()
 	if start == nil {
 		sort.Strings(names)
-		return nil, fmt.Errorf("no agent %q in this lanes (it has %v): was the state written by another version?", name, names)
+		return nil, ConfigError{fmt.Errorf("no agent %q in this lanes (it has %v): was the state written by another version?", name, names)}
 	}
 	return start(env)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/internal/config"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/heartbeat"
@@ -280,17 +281,23 @@ func resetAfter(out io.Writer, netns, stateDir string, cause error) error {
 }
 
 // notStarted ends an agent that could not be built. Where this start
-// applied the mode, it is reset: left applied with nothing running it, a
+// applied the mode, it is reset: nothing is left applied with nothing
+// running it. Where its settings are the cause (plan.ConfigError), a
 // service manager would restart the agent into the same failure for good
-// (each start applying it again). The exit status is then
-// config.ExitConfig, on which the systemd unit does not restart: another
-// file or mode is what mends it. An apply picked up stays, and the error
-// is an ordinary failure, for a restart to try again.
+// (each start applying it again): the exit status is then
+// config.ExitConfig, on which the systemd unit does not restart, since
+// another file or mode is what mends it. Any other cause (a busy journal,
+// a device that went away) is an ordinary failure, for a restart to try
+// again. An apply picked up stays.
 func notStarted(out io.Writer, fresh bool, netns, stateDir string, err error) error {
 	if !fresh {
 		return err
 	}
-	return exitConfig{resetAfter(out, netns, stateDir, fmt.Errorf("the agent cannot run the mode this start applied: %w", err))}
+	err = resetAfter(out, netns, stateDir, fmt.Errorf("the agent cannot run the mode this start applied: %w", err))
+	if plan.IsConfigError(err) {
+		return exitConfig{err}
+	}
+	return err
 }
 
 // exitConfig is an error that makes lanes exit with config.ExitConfig.

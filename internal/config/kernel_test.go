@@ -475,17 +475,25 @@ func (agentFailMode) Plan(t *topology.Topology, _ plan.Config) (*plan.Plan, erro
 	return p, nil
 }
 
+// agentFailBusyEnv, set to 1, makes the test mode's agent fail as a
+// start may that a restart mends (a busy journal), not for its settings.
+const agentFailBusyEnv = "LANES_TEST_AGENT_FAIL_BUSY"
+
 func registerAgentFail() {
 	plan.Register(agentFailMode{})
 	plan.RegisterAgent(agentFailName, func(plan.AgentEnv) (plan.Agent, error) {
-		return nil, errors.New("this test's agent never starts")
+		if os.Getenv(agentFailBusyEnv) == "1" {
+			return nil, fmt.Errorf("this test's agent finds the journal %w", knobs.ErrBusy)
+		}
+		return nil, plan.ConfigError{Err: errors.New("this test's agent never starts")}
 	})
 }
 
-// An agent that cannot start the mode its own start applied resets it
-// and exits with ExitConfig, on which the systemd unit does not restart;
-// one that picked up an earlier apply leaves it and exits 1, for a
-// restart to try again.
+// An agent that cannot start the mode its own start applied resets it.
+// Where its settings are the cause it exits with ExitConfig, on which the
+// systemd unit does not restart; where the cause may pass (a busy
+// journal) it exits 1, for the unit to restart it. One that picked up an
+// earlier apply leaves it and exits 1, for a restart to try again.
 func TestAgentStartFailsWhole(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	ns := tb.Receiver().NetNS
@@ -535,4 +543,23 @@ func TestAgentStartFailsWhole(t *testing.T) {
 	if st, _ := control.ReadState(control.Dir(stateDir, ns)); st == nil || st.Mode != agentFailName {
 		t.Errorf("the picked-up apply did not stay: state %+v", st)
 	}
+
+	if _, err := control.Reset(ns, stateDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(agentFailBusyEnv, "1")
+	c := startAgent(t, path)
+	if code := exit(c); code != 1 {
+		t.Errorf("exit status %d after its own apply, failing on a busy journal, want 1:\n%s", code, c.output())
+	}
+	if !strings.Contains(c.output(), "applied "+agentFailName) {
+		t.Fatalf("premise: the agent applied the mode:\n%s", c.output())
+	}
+	if !strings.Contains(c.output(), "busy") || !strings.Contains(c.output(), "the mode was reset") {
+		t.Errorf("the agent did not say why and what it did:\n%s", c.output())
+	}
+	if v, err := knob.Read(); err != nil || string(v) != string(before) {
+		t.Errorf("somaxconn %q after the agent failing on a busy journal, %q before (%v)", v, before, err)
+	}
+	modetest.NoState(t, stateDir)
 }

@@ -131,7 +131,7 @@ type AgentStatus struct {
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	o, err := OptionsFor(env.Mode, env.Params)
 	if err != nil {
-		return nil, err
+		return nil, plan.ConfigError{Err: err}
 	}
 	dir := plan.PinDir(env.NetNS)
 	dp, err := steer.Open(dir)

@@ -149,7 +149,7 @@ func syncAgentOptions(env plan.AgentEnv) (Options, error) {
 func newSyncAgent(env plan.AgentEnv) (plan.Agent, error) {
 	o, err := syncAgentOptions(env)
 	if err != nil {
-		return nil, err
+		return nil, plan.ConfigError{Err: err}
 	}
 	dp, err := steer.Open(plan.PinDir(env.NetNS))
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // mode's name gives) is read as prio-mode=sync, never refused as batch,
 // which would leave the destinations with no agent renewing them. A
 // journal that still names the retired sync-netfilter is refused with the
-// line saying what replaced it.
+// line saying what replaced it, as a configuration error.
 func TestSyncAgentStartsForAppliedSettings(t *testing.T) {
 	for _, params := range []map[string]string{
 		{"sync-interval": "200ms"},
@@ -32,6 +32,11 @@ func TestSyncAgentStartsForAppliedSettings(t *testing.T) {
 		_, err := syncAgentOptions(plan.AgentEnv{Mode: "prism-sync", Params: map[string]string{"sync-netfilter": v}})
 		if err == nil || err.Error() != retiredParams["sync-netfilter"] {
 			t.Errorf("journal with sync-netfilter=%s: %v, want %q", v, err, retiredParams["sync-netfilter"])
+		}
+		// Its settings are the cause: no restart mends it.
+		env := plan.AgentEnv{NetNS: "lanes-no-such-netns", Mode: "prism-sync", Params: map[string]string{"sync-netfilter": v}}
+		if _, err := plan.NewAgent(SyncAgentName, env); !plan.IsConfigError(err) {
+			t.Errorf("agent for a journal with sync-netfilter=%s: %v, want a plan.ConfigError", v, err)
 		}
 	}
 }

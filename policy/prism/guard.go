@@ -63,7 +63,7 @@ func init() {
 	plan.RegisterAgent(GuardAgentName, func(env plan.AgentEnv) (plan.Agent, error) {
 		o, err := Parse(Defaults(), env.Params)
 		if err != nil {
-			return nil, err
+			return nil, plan.ConfigError{Err: err}
 		}
 		g, err := newGuard(env, o)
 		if err != nil {
