@@ -515,20 +515,27 @@ func TestAgentStartFailsWhole(t *testing.T) {
 		return a.cmd.ProcessState.ExitCode()
 	}
 
-	a := startAgent(t, path)
-	if code := exit(a); code != config.ExitConfig {
-		t.Errorf("exit status %d after its own apply, want %d:\n%s", code, config.ExitConfig, a.output())
+	// failsWhole starts the agent, which applies the mode and fails
+	// (saying why), and checks it exits with code, the mode reset.
+	failsWhole := func(code int, why string) {
+		t.Helper()
+		a := startAgent(t, path)
+		if got := exit(a); got != code {
+			t.Errorf("exit status %d after its own apply, failing with %q, want %d:\n%s", got, why, code, a.output())
+		}
+		if !strings.Contains(a.output(), "applied "+agentFailName) {
+			t.Fatalf("premise: the agent applied the mode:\n%s", a.output())
+		}
+		if !strings.Contains(a.output(), why) || !strings.Contains(a.output(), "the mode was reset") {
+			t.Errorf("the agent did not say why and what it did:\n%s", a.output())
+		}
+		if v, err := knob.Read(); err != nil || string(v) != string(before) {
+			t.Errorf("somaxconn %q after the agent, %q before (%v)", v, before, err)
+		}
+		modetest.NoState(t, stateDir)
 	}
-	if !strings.Contains(a.output(), "applied "+agentFailName) {
-		t.Fatalf("premise: the agent applied the mode:\n%s", a.output())
-	}
-	if !strings.Contains(a.output(), "this test's agent never starts") || !strings.Contains(a.output(), "the mode was reset") {
-		t.Errorf("the agent did not say why and what it did:\n%s", a.output())
-	}
-	if v, err := knob.Read(); err != nil || string(v) != string(before) {
-		t.Errorf("somaxconn %q after the agent, %q before (%v)", v, before, err)
-	}
-	modetest.NoState(t, stateDir)
+
+	failsWhole(config.ExitConfig, "this test's agent never starts")
 
 	if ap := startLanes(t, "apply", "--config", path); exit(ap) != 0 {
 		t.Fatalf("apply --config:\n%s", ap.output())
@@ -548,18 +555,5 @@ func TestAgentStartFailsWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(agentFailBusyEnv, "1")
-	c := startAgent(t, path)
-	if code := exit(c); code != 1 {
-		t.Errorf("exit status %d after its own apply, failing on a busy journal, want 1:\n%s", code, c.output())
-	}
-	if !strings.Contains(c.output(), "applied "+agentFailName) {
-		t.Fatalf("premise: the agent applied the mode:\n%s", c.output())
-	}
-	if !strings.Contains(c.output(), "busy") || !strings.Contains(c.output(), "the mode was reset") {
-		t.Errorf("the agent did not say why and what it did:\n%s", c.output())
-	}
-	if v, err := knob.Read(); err != nil || string(v) != string(before) {
-		t.Errorf("somaxconn %q after the agent failing on a busy journal, %q before (%v)", v, before, err)
-	}
-	modetest.NoState(t, stateDir)
+	failsWhole(1, "this test's agent finds the journal busy")
 }
