@@ -218,8 +218,9 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 		a.guard.whenAsideEnds(func() { askRound(changed) })
 	}
 	var w *watcher
-	var watched []string // the namespaces w subscribed in
-	watchNS := ""
+	// watched are the namespaces the path ran through at the last round
+	// that read it; w's, where w is set.
+	var watched []string
 	// Run returns once its followers did: no withdrawal comes from an
 	// agent that stopped (its last round's destinations lapse by their
 	// deadline, untouched).
@@ -235,20 +236,21 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	beat := a.env.Beats.Loop("prism-sync rounds", a.interval)
 	defer beat.Stop()
 	for skipped := 0; ; {
-		if w != nil && w.broken() != nil {
-			// A subscription failed (follow withdrew on it): subscribe
-			// again before the round reads the path.
-			if w = a.rewatch(ctx, w, watched, changed, &following); w == nil {
-				watchNS = ""
-			}
+		if (w == nil || w.broken() != nil) && watched != nil {
+			// None subscribed, or a subscription failed (follow
+			// withdrew on it): subscribe again before the round reads
+			// the path, which it vouches for only under a live watch.
+			w = a.rewatch(ctx, w, watched, changed, &following)
 		}
-		namespaces := a.refreshIdle()
+		namespaces := a.refreshIdle(w, watched)
 		beat.Beat()
-		// (Re)subscribe where the path runs: the namespaces can change
-		// with the topology (an underlay found late).
-		if key := strings.Join(namespaces, "\x00"); key != watchNS && len(namespaces) > 0 {
-			if w = a.rewatch(ctx, w, namespaces, changed, &following); w != nil {
-				watchNS, watched = key, namespaces
+		// The path runs through other namespaces (the first round, an
+		// underlay found late): the round wrote nothing; subscribe
+		// there and read the path again at once.
+		if len(namespaces) > 0 && !slices.Equal(namespaces, watched) {
+			watched = namespaces
+			if w = a.rewatch(ctx, w, watched, changed, &following); w != nil {
+				askRound(changed)
 			}
 		}
 		// A tick skipped for idleRounds waits for the next event or tick.
@@ -302,15 +304,16 @@ func (a *syncAgent) stale() error {
 }
 
 // rewatch ends w (nil: none) and subscribes in namespaces, followed by
-// follow; nil where it cannot, which the status says: the interval alone
-// follows the path then.
+// follow; nil where it cannot, which the status says: with no watch
+// counting the path's changes, no round writes a destination (refresh),
+// and the agent tries again before each round.
 func (a *syncAgent) rewatch(ctx context.Context, w *watcher, namespaces []string, changed chan<- struct{}, following *sync.WaitGroup) *watcher {
 	if w != nil {
 		w.close()
 	}
 	w, err := watch(ctx, namespaces, a.dp.Sync().CountChanges)
 	if err != nil {
-		a.setWatch(fmt.Sprintf("%v; changes are followed every %v only (every %v while no destination is listed)", err, a.interval, idleRounds*a.interval))
+		a.setWatch(fmt.Sprintf("%v: no destination until a subscription holds (tried again every %v)", err, a.interval))
 		return nil
 	}
 	a.setWatch("")
@@ -368,11 +371,12 @@ func askRound(changed chan<- struct{}) {
 const idleRounds = 10
 
 // vouchesForNothing says the last round succeeded and listed no
-// destination.
+// destination, with the watch live (without one, the agent subscribes
+// again before every round).
 func (a *syncAgent) vouchesForNothing() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.status.Err == "" && len(a.status.Targets) == 0
+	return a.status.Err == "" && a.status.Watch == "" && len(a.status.Targets) == 0
 }
 
 // setAside records in the status whether rounds wait for PRISM to stop
@@ -440,21 +444,27 @@ func (a *syncAgent) withdraw(why string) {
 // mode) until the next round, never open on stale facts. Withdrawals on
 // a change run beside it at the agent's normal policy (follow), so
 // closing is never the part that waits.
-func (a *syncAgent) refreshIdle() (namespaces []string) {
-	err := kthread.OnThread(unix.SCHED_IDLE, func() { namespaces = a.refresh() })
+func (a *syncAgent) refreshIdle(w *watcher, watched []string) (namespaces []string) {
+	round := func() { namespaces = a.refresh(w, watched) }
+	err := kthread.OnThread(unix.SCHED_IDLE, round)
 	if err != nil {
 		if !a.idleFailed && a.env.Logf != nil {
 			a.env.Logf("prism-sync: rounds run at normal scheduling: %v", err)
 		}
 		a.idleFailed = true
-		namespaces = a.refresh()
+		round()
 	}
 	return namespaces
 }
 
 // refresh rediscovers the path and writes the destinations that hold,
 // with a new deadline; it returns the namespaces the path runs through.
-func (a *syncAgent) refresh() (namespaces []string) {
+// It writes only under w, subscribed in exactly those namespaces (watched)
+// and live before the change count was read: the count voids the
+// destinations on a change w's sockets announce, and only from their
+// subscription on. Otherwise it withdraws them (the agent subscribes,
+// then reads the path again).
+func (a *syncAgent) refresh(w *watcher, watched []string) (namespaces []string) {
 	st := SyncStatus{At: time.Now()}
 	defer func() {
 		if st.Err != "" {
@@ -485,6 +495,7 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
+	live := w != nil && w.broken() == nil
 	// The changes counted so far, before the path is read: the datapath
 	// takes the destinations only while no other change came (the watch
 	// counts them as the kernel announces them: steer.Sync.CountChanges),
@@ -506,6 +517,17 @@ func (a *syncAgent) refresh() (namespaces []string) {
 			namespaces = append(namespaces, v.UnderlayNetNS)
 		}
 	}
+	if !live || !slices.Equal(namespaces, watched) {
+		// Changes here are not all counted: a table added since the
+		// count was read would go unseen until a later round.
+		if err := netnsx.Do(a.env.NetNS, a.dp.Sync().Withdraw); err != nil {
+			st.Err = "withdrawing: " + err.Error()
+		}
+		if a.m != nil {
+			a.m.targets.Set(0)
+		}
+		return namespaces
+	}
 	sp := Sync(t, ReadSyncFacts(t))
 	st.Notes = sp.Notes
 	targets := runnable(sp)
@@ -520,10 +542,11 @@ func (a *syncAgent) refresh() (namespaces []string) {
 	changed := steer.FormatSyncSet(have) != steer.FormatSyncSet(set)
 	// Written every round, changed or not: the write is the renewal. Not
 	// where a withdrawal came since the path was read (what it read may
-	// be what changed; the change asked for another round), and under
+	// be what changed; the change asked for another round), nor where
+	// the watch failed since (its withdrawal is on its way), and under
 	// the lock a withdrawal takes, so none comes in between.
 	a.mu.Lock()
-	stale := a.gen != gen
+	stale := a.gen != gen || w.broken() != nil
 	if !stale {
 		err = netnsx.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) })
 	}

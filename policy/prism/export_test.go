@@ -1,5 +1,7 @@
 package prism
 
+import "errors"
+
 // SetGuardRule makes new guards (the ladder's and bulk-sched's) use r
 // until the returned undo. r.Tasks does not reach bulk-sched's guard: it
 // takes the plan's guard-tasks (give "guard-tasks": "0" to drop the
@@ -28,4 +30,20 @@ func OnWatch(f func(breakIt func())) (undo func()) {
 		})
 	}
 	return func() { testWatched = nil }
+}
+
+// RefuseWatch makes every netlink watch a sync agent subscribes fail, as
+// a subscription the kernel refuses would, until undo.
+func RefuseWatch() (undo func()) {
+	f := func([]string) error { return errors.New("test: subscriptions refused") }
+	testSubscribe.Store(&f)
+	return func() { testSubscribe.Store(nil) }
+}
+
+// BeforeWatch runs f before each netlink watch a sync agent subscribes,
+// on the agent's goroutine, until undo.
+func BeforeWatch(f func()) (undo func()) {
+	g := func([]string) error { f(); return nil }
+	testSubscribe.Store(&g)
+	return func() { testSubscribe.Store(nil) }
 }

@@ -308,9 +308,9 @@ func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 		t.Fatalf("destinations %q lack %s", applied, c0.MAC)
 	}
 	ag, stop := a.StartAgent(t)
-	waitFor(t, "the agent's first round", func() bool {
+	waitFor(t, "the agent's rounds and its destinations (premise)", func() bool {
 		st, ok := ag.Status().(prism.SyncStatus)
-		return ok && st.Refreshes > 0 && st.Watch == ""
+		return ok && st.Refreshes > 0 && st.Watch == "" && targets() == applied
 	})
 	at := time.Now()
 	firewallVXLAN(t, r.NetNS, s.UnderlayAddr.Addr())
@@ -348,20 +348,8 @@ func TestPrismSyncWithdrawsAtOnce(t *testing.T) {
 func TestPrismSyncFailsClosed(t *testing.T) {
 	modetest.Online(t)
 	tb, r, _, src, c0 := learnedTestbed(t)
-	// Stepped aside, marked frames would take the NIC poll, not the
-	// shortcut, whatever its destinations: off here.
-	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms", "aside-below": "0"})
-	dp := a.Open(t)
-	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c0.Addr.Addr().String()+" udp")); err != nil {
-		t.Fatal(err)
-	}
-	has := func() bool {
-		ts, err := dp.Sync().Targets()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(steer.FormatSync(ts), "/"+c0.MAC.String()+">")
-	}
+	a, dp := applyMarked(t, tb, r, c0, "100ms")
+	has := hasTarget(t, dp, c0)
 	for try := 1; ; try++ {
 		ag, stop := a.StartAgent(t)
 		status := func() prism.SyncStatus { st, _ := ag.Status().(prism.SyncStatus); return st }
@@ -900,4 +888,129 @@ func TestPrismSyncWatchResubscribes(t *testing.T) {
 		st := status()
 		return st.Withdrawals > n && strings.Contains(st.Withdrawn, "link")
 	})
+}
+
+// applyMarked applies prism-sync to r at sync-interval interval, with a
+// priority rule marking c's UDP. It never stands aside: stepped aside,
+// marked frames would take the NIC poll, not the shortcut, whatever its
+// destinations.
+func applyMarked(t *testing.T, tb *testbed.Testbed, r *testbed.Host, c testbed.Container, interval string) (*modetest.Applied, *steer.Datapath) {
+	t.Helper()
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": interval, "aside-below": "0"})
+	dp := a.Open(t)
+	if err := modetest.Prio(t, r.NetNS).Add(modetest.Rule(t, "dst "+c.Addr.Addr().String()+" udp")); err != nil {
+		t.Fatal(err)
+	}
+	return a, dp
+}
+
+// syncTarget says whether the datapath lists c's destination.
+func syncTarget(dp *steer.Datapath, c testbed.Container) (bool, error) {
+	ts, err := dp.Sync().Targets()
+	return strings.Contains(steer.FormatSync(ts), "/"+c.MAC.String()+">"), err
+}
+
+// hasTarget is syncTarget on the test's goroutine, failing it on an error.
+func hasTarget(t *testing.T, dp *steer.Datapath, c testbed.Container) func() bool {
+	return func() bool {
+		ok, err := syncTarget(dp, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+}
+
+// With no netlink watch live, nothing counts the nftables and IPsec
+// changes on the path: the agent writes no destination, whatever the path
+// allows, withdraws those the apply wrote, and its status says why. Once
+// it can subscribe, the destinations come.
+func TestPrismSyncNoWatchNoDestination(t *testing.T) {
+	modetest.Online(t)
+	tb, _, _, _, c0 := learnedTestbed(t)
+	undo := prism.RefuseWatch()
+	defer undo()
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms", "aside-below": "0"})
+	dp := a.Open(t)
+	has := hasTarget(t, dp, c0)
+	if !has() {
+		t.Fatalf("premise: the apply wrote c0's destination")
+	}
+	ag, stop := a.StartAgent(t)
+	defer stop()
+	status := func() prism.SyncStatus { return ag.Status().(prism.SyncStatus) }
+	waitFor(t, "three rounds", func() bool { return status().Refreshes >= 3 })
+	if has() {
+		t.Errorf("c0's destination after %d rounds with no watch (status %+v)", status().Refreshes, status())
+	}
+	if st := status(); !strings.Contains(st.Watch, "subscriptions refused") || len(st.Targets) != 0 {
+		t.Errorf("status %+v: want no target and the watch's failure", st)
+	}
+	undo()
+	waitFor(t, "c0's destination once the agent subscribes", has)
+}
+
+// An nftables change the agent's first round did not read and that came
+// before its watch counted changes (here a table dropping the peer's
+// VXLAN, added as the agent subscribes) never lets a frame past it on the
+// shortcut: that round writes no destination (it withdraws the apply's)
+// before its watch is live, and the round after reads the table.
+func TestPrismSyncSubscribesBeforeItWrites(t *testing.T) {
+	modetest.Online(t)
+	tb, r, s, src, c0 := learnedTestbed(t)
+	a, dp := applyMarked(t, tb, r, c0, "1m")
+	if ok, err := syncTarget(dp, c0); err != nil || !ok {
+		t.Fatalf("premise: the apply wrote c0's destination (%v)", err)
+	}
+	table := fmt.Sprintf("table inet lanes_fw {\n chain input {\n  type filter hook input priority 0; policy accept;\n  ip saddr %s udp dport %d drop\n }\n}\n", s.UnderlayAddr.Addr(), r.Port)
+	t.Cleanup(func() {
+		exec.Command("nsenter", "--net="+nsx.Path(r.NetNS), "nft", "delete", "table", "inet", "lanes_fw").Run()
+	})
+	type early struct {
+		wrote bool
+		err   error
+	}
+	first := make(chan early, 1)
+	var once sync.Once
+	defer prism.BeforeWatch(func() {
+		once.Do(func() {
+			var e early
+			e.wrote, e.err = syncTarget(dp, c0)
+			if e.err == nil {
+				cmd := exec.Command("nsenter", "--net="+nsx.Path(r.NetNS), "nft", "-f", "-")
+				cmd.Stdin = strings.NewReader(table)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					e.err = fmt.Errorf("nft -f %q: %v: %s", table, err, out)
+				}
+			}
+			first <- e
+		})
+	})()
+	watches := make(chan func(), 4)
+	defer prism.OnWatch(func(b func()) { watches <- b })()
+	_, stop := a.StartAgent(t)
+	defer stop()
+	var e early
+	select {
+	case e = <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("premise: the agent subscribes")
+	}
+	if e.err != nil {
+		t.Fatalf("premise: %v", e.err)
+	}
+	if e.wrote {
+		t.Errorf("the round before the watch left c0's destination in place")
+	}
+	select {
+	case <-watches:
+	case <-time.After(30 * time.Second):
+		t.Fatal("premise: the agent's watch is live")
+	}
+	st0, _ := dp.Stats()
+	got := newUDPFlow(t, src, c0).send(t, 200)
+	st1, _ := dp.Stats()
+	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); got != 0 || d.Sync != 0 {
+		t.Errorf("%d of 200 datagrams delivered past the table, %d frames on the shortcut; want none", got, d.Sync)
+	}
 }

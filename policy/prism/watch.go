@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/vishvananda/netlink/nl"
@@ -111,15 +112,25 @@ type watcher struct {
 	wg     sync.WaitGroup
 }
 
-// testWatched, when set, is told of each watcher watch makes.
-var testWatched func(w *watcher)
+// testWatched, when set, is told of each watcher watch makes;
+// testSubscribe runs before watch subscribes, and its error is watch's.
+var (
+	testWatched   func(w *watcher)
+	testSubscribe atomic.Pointer[func(namespaces []string) error]
+)
 
 // watch subscribes in each namespace (deduplicated); it fails if any
-// subscription does (the caller falls back to its interval, and says so).
+// subscription does (the caller then writes no destination until one
+// holds, and says so).
 // count (nil: none) is given each nftables and IPsec socket, to count the
 // changes the kernel announces there as it announces them, before the
 // process that made one gets its answer (steer.Sync.CountChanges).
 func watch(ctx context.Context, namespaces []string, count func(fd int) error) (*watcher, error) {
+	if f := testSubscribe.Load(); f != nil {
+		if err := (*f)(namespaces); err != nil {
+			return nil, err
+		}
+	}
 	w := &watcher{events: make(chan watchEvent, 64), done: make(chan struct{})}
 	subs := []struct {
 		proto  int
