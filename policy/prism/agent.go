@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -242,8 +243,12 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 			// the path, which it vouches for only under a live watch.
 			w = a.rewatch(ctx, w, watched, changed, &following)
 		}
+		// A round waits for the CPU at SCHED_IDLE as long as the host
+		// is busy: starved, it is not hung (the destinations' deadline
+		// closes the shortcut meanwhile), so the loop dozes for it.
+		beat.Doze(idleRoundDoze)
 		namespaces := a.refreshIdle(w, watched)
-		beat.Beat()
+		beat.Doze(0)
 		// The path runs through other namespaces (the first round, an
 		// underlay found late): the round wrote nothing; subscribe
 		// there and read the path again at once.
@@ -379,6 +384,11 @@ func (a *syncAgent) vouchesForNothing() bool {
 	return a.status.Err == "" && a.status.Watch == "" && len(a.status.Targets) == 0
 }
 
+// idleRoundDoze is how long the loop's beat lets a round wait at
+// SCHED_IDLE (heartbeat.Beat.Doze): a round still waiting after five of
+// them is hung, not starved by a busy host.
+const idleRoundDoze = time.Minute
+
 // setAside records in the status whether rounds wait for PRISM to stop
 // standing aside.
 func (a *syncAgent) setAside(on bool) {
@@ -445,7 +455,12 @@ func (a *syncAgent) withdraw(why string) {
 // a change run beside it at the agent's normal policy (follow), so
 // closing is never the part that waits.
 func (a *syncAgent) refreshIdle(w *watcher, watched []string) (namespaces []string) {
-	round := func() { namespaces = a.refresh(w, watched) }
+	round := func() {
+		if f := testRound.Load(); f != nil {
+			(*f)()
+		}
+		namespaces = a.refresh(w, watched)
+	}
 	err := kthread.OnThread(unix.SCHED_IDLE, round)
 	if err != nil {
 		if !a.idleFailed && a.env.Logf != nil {
@@ -456,6 +471,9 @@ func (a *syncAgent) refreshIdle(w *watcher, watched []string) (namespaces []stri
 	}
 	return namespaces
 }
+
+// testRound, when set, runs at the start of each round, on its thread.
+var testRound atomic.Pointer[func()]
 
 // refresh rediscovers the path and writes the destinations that hold,
 // with a new deadline; it returns the namespaces the path runs through.

@@ -1,6 +1,9 @@
 package prism
 
-import "errors"
+import (
+	"errors"
+	"sync"
+)
 
 // SetGuardRule makes new guards (the ladder's and bulk-sched's) use r
 // until the returned undo. r.Tasks does not reach bulk-sched's guard: it
@@ -46,4 +49,19 @@ func BeforeWatch(f func()) (undo func()) {
 	g := func([]string) error { f(); return nil }
 	testSubscribe.Store(&g)
 	return func() { testSubscribe.Store(nil) }
+}
+
+// HoldSyncRound makes the next round of a sync agent wait, from its
+// start, until release; held is closed once it waits.
+func HoldSyncRound() (held <-chan struct{}, release func()) {
+	h, r := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	f := func() { once.Do(func() { close(h); <-r }) }
+	testRound.Store(&f)
+	return h, func() {
+		released.Do(func() {
+			testRound.Store(nil)
+			close(r)
+		})
+	}
 }

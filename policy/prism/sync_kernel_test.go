@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
@@ -1012,5 +1014,57 @@ func TestPrismSyncSubscribesBeforeItWrites(t *testing.T) {
 	st1, _ := dp.Stats()
 	if d := st1[steer.StageSplit].Sub(st0[steer.StageSplit]); got != 0 || d.Sync != 0 {
 		t.Errorf("%d of 200 datagrams delivered past the table, %d frames on the shortcut; want none", got, d.Sync)
+	}
+}
+
+// testClock is a clock a test moves, read by other goroutines.
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) add(d time.Duration) { c.ns.Add(int64(d)) }
+
+// A round that waits for the CPU (SCHED_IDLE on a busy host) is no hang:
+// the agent's liveness holds past the loop's due time while it waits.
+// One that never ends is a hang once it waited five dozes.
+func TestPrismSyncStarvedRoundIsNotStuck(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	a := modetest.Apply(t, tb, "prism-sync", map[string]string{"sync-interval": "100ms", "aside-below": "0"})
+	clock := &testClock{}
+	board := heartbeat.NewBoard(clock.now)
+	ag, _, err := control.NewAgent(control.AgentOptions{NetNS: a.NS, StateDir: a.StateDir, Logf: t.Logf, Beats: board})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	held, release := prism.HoldSyncRound()
+	defer func() {
+		release()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("premise: a round starts")
+	}
+	stuck := func() string {
+		for _, s := range heartbeat.Stuck(board.Loops()) {
+			if strings.HasPrefix(s, "prism-sync rounds") {
+				return s
+			}
+		}
+		return ""
+	}
+	clock.add(heartbeat.StaleAfter + time.Second)
+	if s := stuck(); s != "" {
+		t.Errorf("a round waiting %v is taken for a hang: %s", heartbeat.StaleAfter+time.Second, s)
+	}
+	clock.add(10 * time.Minute)
+	if s := stuck(); s == "" {
+		t.Errorf("a round waiting 10 min is not taken for a hang: loops %+v", board.Loops())
 	}
 }
