@@ -89,12 +89,18 @@ type Counters struct {
 	// queue they went to is then untracked (Queue.Untracked), and moves
 	// out of it wait for the drain time.
 	Unmarked uint64
+
+	// Remade is flow states made anew (the LRU had evicted the flow's)
+	// whose slot still noted the old one: each started where the old
+	// state's frames went, in another count epoch, so its frames queue
+	// behind any of those still in flight (bpf/order.h's remake).
+	Remade uint64
 }
 
 // fields lists c's counters in bpf/counters.h's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

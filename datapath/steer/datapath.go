@@ -372,8 +372,9 @@ func hostSpec() (*ebpf.CollectionSpec, error) {
 // (at least 16384 states, a power of two, at most 2^20). The kernel's LRU
 // keeps part of its free entries on each CPU's own list and evicts per
 // CPU, so a map of fixed size on a large host evicts busy flows long
-// before it is full; an evicted flow starts afresh at its next frame (and
-// in a new count epoch: bpf/flow.h's next_epoch).
+// before it is full; an evicted flow's next frame makes its state anew
+// where the old one's frames went, in another count epoch (bpf/order.h's
+// remake).
 func FlowEntries(cpus int) uint32 {
 	n := uint32(16384)
 	for n < uint32(cpus)*4096 && n < 1<<20 {

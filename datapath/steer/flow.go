@@ -133,15 +133,17 @@ const epochSlots = 65536
 func (d *core) nextEpoch(k *steerSteerFlowKey, cur uint32) uint32 {
 	fh := FlowHash(addrOf(k.Saddr), addrOf(k.Daddr), htons16(k.Sport), htons16(k.Dport), k.Proto)
 	slot := uint32(k.Stage)*epochSlots + fh%epochSlots
-	var n uint32
-	if err := d.objs.SteerEpochs.Lookup(slot, &n); err != nil {
+	var s steerFlowSlot
+	if err := d.objs.SteerEpochs.Lookup(slot, &s); err != nil {
 		return (cur + 1) % HashEpochs
 	}
-	if n%HashEpochs == cur {
-		n++
+	if uint32(s.N)%HashEpochs == cur {
+		s.N++
 	}
-	_ = d.objs.SteerEpochs.Put(slot, n+1)
-	return n % HashEpochs
+	e := uint32(s.N) % HashEpochs
+	s.N++
+	_ = d.objs.SteerEpochs.Put(slot, &s)
+	return e
 }
 
 // htons16 turns a __be16 field as Go reads it into the number it holds.

@@ -146,10 +146,13 @@ const (
 	metaMFlow  = 0x2        // part of a micro-flow: the sequence number follows
 	metaLen    = 8          // struct lanes_meta
 	metaMFLen  = 12         // struct lanes_meta_mflow
-	// Bits 8-15 of the flags: the core whose queue accounting counted the
-	// frame in, plus one; 0: none.
+	// Bits 0-1 of the flags are the flags above; bits 2-4 the count
+	// epoch of the flow's split-stage state the frame was counted in.
+	metaFlagMask   = 0x3
+	metaEpochShift = 2
+	// Bits 8-15: the core whose queue accounting counted the frame in,
+	// plus one; 0: none.
 	metaQIDShift = 8
-	metaFlagMask = 0xff
 	// Bits 16-31: the marking datapath's generation (metaGen).
 	metaGenShift = 16
 )

@@ -47,11 +47,7 @@ func TestEvictedFlowNewEpoch(t *testing.T) {
 		old[f.sport] = e
 	}
 	// Enough other flows to evict every one of them.
-	for i := range int(capacity) + int(capacity)/2 {
-		f := udpFlow(uint16(i))
-		f.dst = netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
-		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
-	}
+	floodFlows(t, d)
 	same := 0
 	for i := range flows {
 		f := udpFlow(uint16(1000 + i))
@@ -70,4 +66,19 @@ func TestEvictedFlowNewEpoch(t *testing.T) {
 	if same > 0 {
 		t.Errorf("%d of %d flows made anew after eviction took their evicted state's epoch", same, flows)
 	}
+}
+
+// floodFlows runs one frame of each of half again as many new flows as
+// steer_flows holds through steer_xdp: enough to evict every older state
+// made on the calling thread's core (pin it: an LRU hash keeps each CPU's
+// new entries on that CPU's pending list). It returns how many.
+func floodFlows(t *testing.T, d *Datapath) int {
+	t.Helper()
+	n := int(d.objs.SteerFlows.MaxEntries()) * 3 / 2
+	for i := range n {
+		f := udpFlow(uint16(i))
+		f.dst = netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+		runXDP(t, d, vxlanFrame(frameSpec{flow: f}))
+	}
+	return n
 }

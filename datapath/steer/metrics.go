@@ -69,6 +69,7 @@ var counterEvents = []struct {
 	{"bulk_beside", func(c *Counters) uint64 { return c.BulkBeside }},
 	{"aside", func(c *Counters) uint64 { return c.Aside }},
 	{"unmarked", func(c *Counters) uint64 { return c.Unmarked }},
+	{"remade", func(c *Counters) uint64 { return c.Remade }},
 	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
 	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},
 }

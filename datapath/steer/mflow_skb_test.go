@@ -43,13 +43,12 @@ func scratchNetNS(t *testing.T) string {
 	return name
 }
 
-// skbSide creates a throwaway namespace with prog on its loopback device's
-// tc ingress and returns a function that runs fn inside it. Everything
-// goes when the test ends.
-func skbSide(t *testing.T, prog *ebpf.Program) func(fn func() error) {
+// skbSide creates a throwaway namespace with progs on its loopback device's
+// tc ingress, in that order, and returns a function that runs fn inside
+// it. Everything goes when the test ends.
+func skbSide(t *testing.T, progs ...*ebpf.Program) func(fn func() error) {
 	t.Helper()
 	name := scratchNetNS(t)
-	var l link.Link
 	err := nsx.Do(name, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
@@ -58,13 +57,18 @@ func skbSide(t *testing.T, prog *ebpf.Program) func(fn func() error) {
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return err
 		}
-		l, err = link.AttachTCX(link.TCXOptions{Interface: lo.Attrs().Index, Program: prog, Attach: ebpf.AttachTCXIngress})
-		return err
+		for _, p := range progs {
+			l, err := link.AttachTCX(link.TCXOptions{Interface: lo.Attrs().Index, Program: p, Attach: ebpf.AttachTCXIngress, Anchor: link.Tail()})
+			if err != nil {
+				return fmt.Errorf("%s: %w", p, err)
+			}
+			t.Cleanup(func() { l.Close() })
+		}
+		return nil
 	})
 	if err != nil {
-		t.Fatalf("attaching %s to lo in %s: %v", prog, name, err)
+		t.Fatalf("attaching to lo in %s: %v", name, err)
 	}
-	t.Cleanup(func() { l.Close() })
 	return func(fn func() error) {
 		t.Helper()
 		if err := nsx.Do(name, fn); err != nil {
@@ -147,31 +151,39 @@ func TestMflowSeqReachesSkb(t *testing.T) {
 // the run returns, so the order of arrival is the test's.
 func metaProg(t *testing.T, d *Datapath, seq uint32) *ebpf.Program {
 	t.Helper()
+	return markProg(t, d, metaMFlow, &seq)
+}
+
+// markProg is metaProg for any flags (d's generation added): with seq,
+// the micro-flow metadata (struct lanes_meta_mflow), else struct lanes_meta.
+func markProg(t *testing.T, d *Datapath, flags uint32, seq *uint32) *ebpf.Program {
+	t.Helper()
 	gen, err := d.metaGen()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "mflow_meta",
-		Type: ebpf.XDP,
-		Instructions: asm.Instructions{
-			asm.Mov.Reg(asm.R6, asm.R1),
-			asm.Mov.Imm(asm.R2, -metaMFLen),
-			asm.FnXdpAdjustMeta.Call(),
-			asm.JNE.Imm(asm.R0, 0, "pass"),
-			asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // data
-			asm.LoadMem(asm.R3, asm.R6, 8, asm.Word), // data_meta
-			asm.Mov.Reg(asm.R4, asm.R3),
-			asm.Add.Imm(asm.R4, metaMFLen),
-			asm.JGT.Reg(asm.R4, asm.R2, "pass"),
-			asm.StoreImm(asm.R3, 0, metaMagic, asm.Word),
-			asm.StoreImm(asm.R3, 4, int64(metaMFlow|gen<<metaGenShift), asm.Word),
-			asm.StoreImm(asm.R3, 8, int64(int32(seq)), asm.Word),
-			asm.Mov.Imm(asm.R0, xdpPass).WithSymbol("pass"),
-			asm.Return(),
-		},
-		License: "MIT",
-	})
+	n := int32(metaLen)
+	if seq != nil {
+		n = metaMFLen
+	}
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.Mov.Imm(asm.R2, -n),
+		asm.FnXdpAdjustMeta.Call(),
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // data
+		asm.LoadMem(asm.R3, asm.R6, 8, asm.Word), // data_meta
+		asm.Mov.Reg(asm.R4, asm.R3),
+		asm.Add.Imm(asm.R4, n),
+		asm.JGT.Reg(asm.R4, asm.R2, "pass"),
+		asm.StoreImm(asm.R3, 0, metaMagic, asm.Word),
+		asm.StoreImm(asm.R3, 4, int64(int32(flags|gen<<metaGenShift)), asm.Word),
+	}
+	if seq != nil {
+		insns = append(insns, asm.StoreImm(asm.R3, 8, int64(int32(*seq)), asm.Word))
+	}
+	insns = append(insns, asm.Mov.Imm(asm.R0, xdpPass).WithSymbol("pass"), asm.Return())
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "lanes_meta", Type: ebpf.XDP, Instructions: insns, License: "MIT"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -323,6 +323,7 @@ func (d *core) leavingHome(stage int) error {
 		v.Inflight = 0
 		v.Epoch = d.nextEpoch(&e.k, v.Epoch)
 		v.Stay = stayFresh
+		v.SlotWin = 0 // noted anew in its slot at its next frame
 		// Exist only: an entry evicted meanwhile stays gone, and the
 		// fast path runs that flow on as one without state.
 		if err := d.objs.SteerFlows.Update(&e.k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -29,6 +29,16 @@ type steerBpfCpumapVal struct {
 	}
 }
 
+type steerFlowSlot struct {
+	_       structs.HostLayout
+	Fh      uint32
+	Place   uint32
+	Win     uint32
+	N       uint16
+	Epoch   uint8
+	StayCpu uint8
+}
+
 type steerHighSeen struct {
 	_      structs.HostLayout
 	Busy   uint64
@@ -110,7 +120,7 @@ type steerSteerFlowState struct {
 	Stay        uint32
 	StayCpu     uint32
 	PassGen     uint32
-	Pad         uint32
+	SlotWin     uint32
 }
 
 type steerSteerMode struct {

@@ -14,6 +14,13 @@
 /* lanes_meta.flags */
 #define LANES_META_QUEUED 0x1 /* counted in its (flow, stage)'s in-flight frames */
 #define LANES_META_MFLOW 0x2  /* part of a micro-flow: the metadata is a struct lanes_meta_mflow */
+/* Bits 2-4: the count epoch of the flow's split-stage state the frame was
+ * counted in (steer_flow_state.epoch), so a frame of an older count (one
+ * presumed drained, or that of a state the LRU evicted) is not counted out
+ * of the current one. Constant while the state counts, so GRO still
+ * merges the flow's frames. */
+#define LANES_META_EPOCH_SHIFT 2
+#define LANES_META_EPOCH_MASK 0x7
 /*
  * Bits 8-15: the core whose split-stage queue accounting counted the frame
  * in (its cpumap entries of both classes, or its NIC poll), plus one (0:

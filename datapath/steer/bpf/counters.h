@@ -33,5 +33,6 @@ enum counter {
 	CNT_SYNC_EXPIRED, /* high-priority frames whose destination was void (its deadline passed: no agent renewed it; or a change on its path was announced since its facts were read): batch path */
 	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
 	CNT_ASIDE,        /* frames PRISM's aside pass let through untouched: not parsed, classified or tracked (aside_pass) */
+	CNT_REMADE,       /* flow states made anew where their slot's note was their flow's: they start where the old state's frames went (remake) */
 	NUM_COUNTERS,
 };

@@ -84,27 +84,39 @@ static __always_inline struct steer_flow_key flow_key(const struct tuple *t, __u
 	return key;
 }
 
-static __always_inline __u32 next_epoch(__u32 stage, __u32 fh)
+/* A flow stage's slot of steer_epochs (struct flow_slot), or NULL. */
+static __always_inline struct flow_slot *flow_slot(__u32 stage, __u32 fh)
 {
 	__u32 key = stage * EPOCH_SLOTS + (fh % EPOCH_SLOTS);
-	__u32 *n = bpf_map_lookup_elem(&steer_epochs, &key);
 
-	if (!n)
+	return bpf_map_lookup_elem(&steer_epochs, &key);
+}
+
+/* The slot's next count epoch; a random one without the slot. */
+static __always_inline __u32 slot_epoch(struct flow_slot *s)
+{
+	if (!s)
 		return bpf_get_prandom_u32() % HASH_EPOCHS;
 	/* Not atomic: two cores handing out the same epoch at once do so for
 	 * two flows (one flow's states are made one at a time), which is no
 	 * reuse. */
-	*n += 1;
-	return (*n - 1) % HASH_EPOCHS;
+	s->n += 1;
+	return (__u16)(s->n - 1) % HASH_EPOCHS;
+}
+
+/* The slot's next count epoch other than cur. */
+static __always_inline __u32 slot_epoch_after(struct flow_slot *s, __u32 cur)
+{
+	__u32 e = slot_epoch(s);
+
+	return e != cur ? e : slot_epoch(s);
 }
 
 /* A state's next count epoch when it starts counting afresh: the slot's
  * next, never the one it counts in now. */
 static __always_inline __u32 next_epoch_after(__u32 stage, __u32 fh, __u32 cur)
 {
-	__u32 e = next_epoch(stage, fh);
-
-	return e != cur ? e : next_epoch(stage, fh);
+	return slot_epoch_after(flow_slot(stage, fh), cur);
 }
 
 /*

@@ -125,7 +125,9 @@ struct steer_flow_state {
 	/* Split stage under aside_pct: the aside pass's gen at the flow's last
 	 * frame placed (struct aside_pass). */
 	__u32 pass_gen;
-	__u32 pad;
+	/* The window (slot_window) in which the state last noted itself in
+	 * its slot of steer_epochs (note_slot); 0: at its next frame. */
+	__u32 slot_win;
 };
 
 /* Sized per host at load (steer.FlowEntries): the LRU keeps part of its
@@ -139,21 +141,36 @@ struct {
 } steer_flows SEC(".maps");
 
 /*
- * The count epochs handed out, per stage and slot of flows (flow hash
- * modulo EPOCH_SLOTS). A flow state takes the next epoch of its slot when
- * it is made and whenever it starts counting afresh, so a state made anew
- * after the LRU evicted its flow's (frames of the old one may still be in
- * flight, carrying its epoch in their hash) never takes the epoch the old
- * one had last, unless seven other epochs were handed out in the slot in
- * between: what a random epoch did one time in eight.
+ * Per stage and slot of flows (flow hash modulo EPOCH_SLOTS): the count
+ * epochs handed out there, and a note of one flow's state in the slot:
+ * where its frames go and in which count. A flow state takes the next
+ * epoch of its slot when it is made and whenever it starts counting
+ * afresh, so a state made anew after the LRU evicted its flow's never
+ * takes the epoch the old one had last if the note is that flow's, and
+ * otherwise only after seven other epochs were handed out in the slot in
+ * between. The note is how a state made anew learns where the evicted one
+ * left frames that may still be queued (remake(), order.h): the state
+ * notes itself once per window of the coarse clock while its flow runs
+ * and whenever its place or epoch changes, and keeps the slot while its
+ * note is recent (within the drain time), so a burst of new flows, the
+ * very thing that evicts it, cannot take its note away.
  */
 #define EPOCH_SLOTS 65536
+
+struct flow_slot {
+	__u32 fh;       /* flow hash of the state noted */
+	__u32 place;    /* its cpu_idx */
+	__u32 win;      /* the window of its last note (slot_window); 0: no note */
+	__u16 n;        /* count epochs handed out in the slot (wraps: read modulo HASH_EPOCHS) */
+	__u8 epoch;     /* its count epoch */
+	__u8 stay_cpu;  /* its stay_cpu: where a staying container stage queues */
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, NUM_STAGES * EPOCH_SLOTS);
 	__type(key, __u32); /* stage * EPOCH_SLOTS + flow hash % EPOCH_SLOTS */
-	__type(value, __u32); /* count epochs handed out in that slot */
+	__type(value, struct flow_slot); /* its epochs, and one flow state's note */
 } steer_epochs SEC(".maps");
 
 /*

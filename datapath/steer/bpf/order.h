@@ -2,16 +2,17 @@
 /*
  * Order keeping: what stops a move of a flow from letting its new frames
  * overtake its old ones. Each stage counts the frames it hands to a queue
- * in flight (queued) and the next stage's program counts them out (seen,
- * seen_hashed); frames cross from XDP to the skb side marked in the XDP
- * metadata (lanes_meta.h), and later stages' frames carry their count's
- * epoch in their hash (flow.h). The split stage's cpumap queues also keep
- * per-core accounting (struct steer_queue), so a frame dropped there is
- * told from one still queued; the later stages' drops are counted out by
- * the kfree_skb tracepoint (drop_tuple, trace.c). Also here: the hold on
+ * in flight (queued) and the next stage's program counts them out
+ * (seen_split, seen_hashed); frames cross from XDP to the skb side marked
+ * in the XDP metadata (lanes_meta.h) with their count's epoch, as later
+ * stages' frames carry it in their hash (flow.h). The split stage's
+ * cpumap queues also keep per-core accounting (struct steer_queue), so a
+ * frame dropped there is told from one still queued; the later stages'
+ * drops are counted out by the kfree_skb tracepoint (drop_tuple, trace.c). Also here: the hold on
  * a staying container stage's core, the wait of a split-stage move for a
- * staying bridge stage, and the adoption window of a container device
- * that lanes took over after apply.
+ * staying bridge stage, the adoption window of a container device that
+ * lanes took over after apply, and where a state the LRU evicted is made
+ * anew (remake).
  */
 #pragma once
 
@@ -134,7 +135,7 @@ static __always_inline int queue_settled(struct steer_queue *q, __u32 core, __u6
 
 /*
  * The skb side saw n frames of core qid - 1's queues (LANES_META_QID). Called
- * after the frames' per-flow seen(): a flow is settled only once its queue
+ * after the frames' per-flow seen_split(): a flow is settled only once its queue
  * is empty, and by then every frame that came out has already been taken
  * off its flow's count, so a late per-flow decrement cannot cancel a frame
  * of the flow's next path.
@@ -171,6 +172,106 @@ static __always_inline int adopting(__u32 ifindex)
 	__u64 *until = bpf_map_lookup_elem(&steer_adopt, &ifindex);
 
 	return until && bpf_ktime_get_ns() < *until;
+}
+
+/*
+ * A flow state the LRU evicted (or that aged out) and that its flow's
+ * next frame makes anew. Frames the old state queued may still be in
+ * flight: in a cpumap queue behind a starved kthread, in an RPS backlog.
+ * A state made anew at the table's place could let its first frames
+ * overtake them (onto another core, into the other class's queue, onto
+ * sync's shortcut), and one whose count epoch was the old one's would
+ * count the old frames out of its own count, so that a later move
+ * overtakes frames it still has queued. So each state notes in its slot
+ * of steer_epochs where its frames go and in which epoch (note_slot), and
+ * a state made anew whose slot holds its own flow's note starts where
+ * the old one's frames went, in another epoch: its frames queue behind
+ * the old ones, and it leaves only by the move rule (place()), once its
+ * own frames are out (and with them, in the same queue, every older one)
+ * and the flow was idle for a flowlet gap. Leaving sync's shortcut needs
+ * no wait, and a core no longer in the set has no order left to keep.
+ *
+ * The note's windows: SLOT_WIN_SHIFT bits of the clock, about 17 ms. A
+ * state notes itself at its first frame in each window and whenever its
+ * place, epoch or held core changed; a note another flow's state wrote
+ * within the drain time (slot_recent) is kept, so that an active flow's
+ * note outlives the burst of new flows that evicts its state. Two flows
+ * active at once in one slot (of EPOCH_SLOTS per stage): the second is
+ * not noted, and made anew it starts as a new flow would.
+ */
+#define SLOT_WIN_SHIFT 24
+
+/* The note window of clock reading now; never 0 (no note). */
+static __always_inline __u32 slot_window(__u64 now)
+{
+	return (__u32)(now >> SLOT_WIN_SHIFT) + 1;
+}
+
+/* Was the slot's note written within the drain time (its state's last
+ * frame came in the note's window or earlier, the coarse clock's lag
+ * counted as activity)? Never without a drain time, which presumes every
+ * queue empty. */
+static __always_inline int slot_recent(const struct steer_cfg *cfg, const struct flow_slot *s, __u32 win)
+{
+	return cfg->drain_ns && s->win && win - s->win <= ((cfg->drain_ns + cfg->coarse_lag_ns) >> SLOT_WIN_SHIFT) + 1;
+}
+
+/* Note st (the state of the flow with hash fh) in its slot s, unless
+ * another flow's note there is recent. */
+static __always_inline void note_slot(const struct steer_cfg *cfg, struct flow_slot *s, __u32 fh,
+				      struct steer_flow_state *st, __u32 win)
+{
+	st->slot_win = win;
+	if (!s || (s->fh != fh && slot_recent(cfg, s, win)))
+		return;
+	s->fh = fh;
+	s->place = st->cpu_idx;
+	s->epoch = st->epoch;
+	s->stay_cpu = st->stay_cpu;
+	s->win = win;
+}
+
+/* Where a state made anew starts from its flow's note s: the noted place,
+ * or for a container stage that stayed, the core it held while its note
+ * is recent; STAY for the container stage means here (see stay_core). */
+static __always_inline void remade_place(const struct steer_cfg *cfg, __u32 stage, const struct flow_slot *s,
+					 __u32 win, struct steer_flow_state *fresh)
+{
+	__u32 p = s->place, cpu = s->stay_cpu;
+
+	if (p == SYNC_IDX || (p != STAY && (p & ~CLASS_HI) >= cfg->ncpus))
+		return;
+	if (stage == STAGE_CONTAINER && p == STAY) {
+		if (!slot_recent(cfg, s, win) || cpu == bpf_get_smp_processor_id() || cpu >= MAX_CPUS)
+			return;
+		p = cfg->index_of[cpu & (MAX_CPUS - 1)];
+		if (p >= cfg->ncpus)
+			return;
+	}
+	if (p != fresh->cpu_idx) {
+		fresh->cpu_idx = p;
+		fresh->stay = STAY_FRESH;
+	}
+}
+
+/* A state made at now for the flow with hash fh: its count epoch, and
+ * with restore, where it starts if the LRU evicted its flow's (see
+ * above); noted in its slot. */
+static __always_inline void remake(const struct steer_cfg *cfg, __u32 stage, __u32 fh, __u64 now, int restore,
+				   struct steer_flow_state *fresh)
+{
+	struct flow_slot *s = flow_slot(stage, fh);
+	__u32 win = slot_window(now);
+
+	if (!s || !s->win || s->fh != fh) {
+		fresh->epoch = slot_epoch(s);
+	} else {
+		fresh->epoch = slot_epoch_after(s, s->epoch);
+		if (restore)
+			remade_place(cfg, stage, s, win, fresh);
+		count(stage, CNT_REMADE);
+	}
+	note_slot(cfg, s, fh, fresh, win);
 }
 
 /*
@@ -271,7 +372,8 @@ static __always_inline int mark_queued(struct xdp_md *ctx, struct steer_flow_sta
 	if ((void *)(meta + 1) > (void *)(long)ctx->data)
 		return 0;
 	meta->magic = LANES_META_MAGIC;
-	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT) | meta_gen(cfg);
+	meta->flags = LANES_META_QUEUED | (qid << LANES_META_QID_SHIFT) | meta_gen(cfg) |
+		      ((st ? st->epoch : 0) & LANES_META_EPOCH_MASK) << LANES_META_EPOCH_SHIFT;
 	queued(st, 1);
 	return 1;
 }
@@ -362,20 +464,23 @@ static __always_inline void count_out(__s64 *inflight, __s64 n)
 }
 
 /*
- * The program of the next stage has seen n frames the given stage of the
- * flow queued. A flow or stage that was never counted is left alone.
+ * The skb side has seen n frames the split stage of the flow queued, in
+ * the count epoch their metadata carries (LANES_META_EPOCH, from flags):
+ * frames of an older count (one presumed drained, or an evicted state's)
+ * do not lower the current one. A flow that was never counted is left
+ * alone.
  */
-static __always_inline void seen(const struct tuple *t, __u32 stage, __u32 n)
+static __always_inline void seen_split(const struct tuple *t, __u32 flags, __u32 n)
 {
-	struct steer_flow_key key = flow_key(t, stage);
+	struct steer_flow_key key = flow_key(t, STAGE_SPLIT);
 	struct steer_flow_state *st = bpf_map_lookup_elem(&steer_flows, &key);
 
-	if (st)
+	if (st && (st->epoch & LANES_META_EPOCH_MASK) == ((flags >> LANES_META_EPOCH_SHIFT) & LANES_META_EPOCH_MASK))
 		count_out(&st->inflight, n);
 }
 
 /*
- * seen() for a later stage (tc), whose frames carry their count in the
+ * seen_split() for a later stage (tc), whose frames carry their count in the
  * hash rps_to gave them: only counted frames of the flow's current count
  * (epoch) are counted out, so frames of a count presumed drained (an
  * undrained move) do not lower the next one. The flow is the one whose

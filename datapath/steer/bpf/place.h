@@ -65,6 +65,48 @@ static __always_inline int pass_return(const struct steer_cfg *cfg, __u32 stage,
 }
 
 /*
+ * A state for a flow that has none at this stage (new, or evicted by the
+ * LRU): where the table puts it (want), or in the NIC poll if the aside
+ * pass may have passed frames of it (pass_return), or at STAY on a
+ * container device still in its adoption window; where its flow's
+ * evicted state left its frames (remake). No frame counted yet: place()
+ * places the frame that made it as any, by the move rule. NULL if it
+ * could not be stored.
+ */
+static __always_inline struct steer_flow_state *make_state(const struct steer_cfg *cfg,
+							   const struct steer_flow_key *key, __u32 fh, __u32 stage,
+							   __u32 ifindex, __u32 bucket, __u32 want)
+{
+	__u32 gen = 0;
+	int passed = pass_return(cfg, stage, NULL, &gen);
+	/* MFLOW's rate windows want real arrival times. */
+	__u64 now = now_ns(cfg, cfg->mf_ncores != 0);
+
+	if (passed || (stage == STAGE_CONTAINER && want != STAY && adopting(ifindex)))
+		want = STAY;
+	struct steer_flow_state fresh = {
+		.cpu_idx = want,
+		.ifindex = ifindex,
+		.bucket = bucket,
+		.last_ns = now,
+		.inline_mark = INLINE_BOUNDARY,
+		/* A staying container stage queues here (stay_core). */
+		.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
+		.stay_cpu = bpf_get_smp_processor_id(),
+		.pass_gen = gen,
+	};
+
+	/* Frames passed by the aside pass ran in the NIC poll, after
+	 * anything an evicted state queued: the pass ran only with the
+	 * queues empty. */
+	remake(cfg, stage, fh, now, !passed, &fresh);
+	/* NOEXIST: if another core inserted the flow meanwhile, its entry
+	 * (and in-flight count) stays. */
+	bpf_map_update_elem(&steer_flows, key, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&steer_flows, key);
+}
+
+/*
  * The core index the stage of this flow goes to, or STAY. The table says
  * where the flow should go; the flow's state says where it went last.
  * Moving a busy flow would let its packets on the new core overtake those
@@ -98,7 +140,8 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	/* MFLOW's rate windows want real arrival times. */
 	int precise = cfg->mf_ncores != 0;
 	__u64 now, idle;
-	__u32 was, held = STAY, gen = 0;
+	__u32 was, held = STAY, gen = 0, win, noted_idx, noted_epoch, noted_cpu;
+	int made = 0;
 
 	if (want >= cfg->ncpus)
 		want = STAY;
@@ -113,41 +156,24 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 
 	st = bpf_map_lookup_elem(&steer_flows, &key);
 	if (!st) {
-		if (pass_return(cfg, stage, NULL, &gen))
-			want = STAY;
-		now = now_ns(cfg, precise);
-		if (stage == STAGE_CONTAINER && want != STAY && adopting(ifindex))
-			want = STAY;
-		struct steer_flow_state fresh = {
-			.cpu_idx = want,
-			.ifindex = ifindex,
-			.bucket = bucket,
-			.last_ns = now,
-			.packets = 1,
-			.bytes = len,
-			.inline_mark = INLINE_BOUNDARY,
-			/* Not the epoch of an evicted state of the flow (next_epoch). */
-			.epoch = next_epoch(stage, fh),
-			/* A staying container stage queues here (stay_core). */
-			.stay = stage == STAGE_CONTAINER && want == STAY ? STAY_QUEUED : STAY_FRESH,
-			.stay_cpu = bpf_get_smp_processor_id(),
-			.pass_gen = gen,
-		};
-
-		/* A failed insert only loses the history: place by the table.
-		 * NOEXIST: if another core inserted the flow meanwhile, its
-		 * entry (and in-flight count) stays. */
-		bpf_map_update_elem(&steer_flows, &key, &fresh, BPF_NOEXIST);
-		*out = bpf_map_lookup_elem(&steer_flows, &key);
-		return want;
+		/* Where make_state puts it is this frame's place: no move. */
+		made = 1;
+		st = make_state(cfg, &key, fh, stage, ifindex, bucket, want);
+		if (!st) {
+			/* Not stored: place by the table, without history. */
+			*out = NULL;
+			return want;
+		}
 	}
-
+	noted_idx = st->cpu_idx;
+	noted_epoch = st->epoch;
+	noted_cpu = st->stay_cpu;
 	pass_return(cfg, stage, st, &gen);
 	/* A pending move needs the precise clock for its flowlet test, and
 	 * so does the next packet's test: stamp this one precisely too. */
 	now = now_ns(cfg, precise || st->cpu_idx != want);
 	was = st->cpu_idx;
-	if (st->cpu_idx != want) {
+	if (st->cpu_idx != want && !made) {
 		/* Counted in flight on a cpumap queue whose accounting can tell
 		 * it empty (struct steer_queue): frames that were dropped no
 		 * longer hold the flow back, and no timeout lets it overtake
@@ -250,6 +276,11 @@ static __always_inline __u32 place(const struct steer_cfg *cfg, const struct tup
 	}
 	if (stage == STAGE_CONTAINER && st->cpu_idx == STAY)
 		held = stay_core(cfg, st, now, fh);
+	/* Its slot's note, once a window and whenever where its frames go or
+	 * their count changed (remake). */
+	win = slot_window(now);
+	if (st->slot_win != win || st->cpu_idx != noted_idx || st->epoch != noted_epoch || st->stay_cpu != noted_cpu)
+		note_slot(cfg, flow_slot(stage, fh), fh, st, win);
 	st->ifindex = ifindex;
 	st->bucket = bucket;
 	st->last_ns = now;

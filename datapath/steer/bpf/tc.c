@@ -62,7 +62,7 @@ static __always_inline int steer_tc(struct __sk_buff *skb, __u32 stage, int oute
 	 * which waits for that count, never finds the frame in neither count:
 	 * the container stage then holds its core for it (stay_core). */
 	if (flags & LANES_META_QUEUED)
-		seen(&t, STAGE_SPLIT, skb_frames(skb));
+		seen_split(&t, flags, skb_frames(skb));
 	else if (!outer && !(cfg->flags & CFG_HOME(STAGE_BRIDGE)) && hash_counted(skb))
 		bridge_out = 1;
 
@@ -217,7 +217,7 @@ static __always_inline void split_seen(struct __sk_buff *skb, const struct steer
 	if (parse_outer(&c, cfg, &t, NULL) < 0)
 		return;
 	if (flags & LANES_META_QUEUED)
-		seen(&t, STAGE_SPLIT, skb_frames(skb));
+		seen_split(&t, flags, skb_frames(skb));
 	if (flags & LANES_META_MFLOW) {
 		arrived(&t, seq, skb_frames(skb));
 		/* The sequence number leaves the metadata for skb->priority,
@@ -235,7 +235,7 @@ int steer_tc_split_seen(struct __sk_buff *skb)
 	__u32 flags = meta_ours(cfg, meta_flags(skb, &seq));
 
 	split_seen(skb, cfg, flags, seq);
-	/* Out of its queue, after its flow's seen(). */
+	/* Out of its queue, after its flow's seen_split(). */
 	queue_seen(meta_qid(flags), skb_frames(skb));
 	return TC_ACT_UNSPEC;
 }
