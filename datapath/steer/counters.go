@@ -2,7 +2,12 @@
 
 package steer
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
 
 // Counters are one stage's event counts, summed over cores.
 type Counters struct {
@@ -143,21 +148,31 @@ func (d *Datapath) Stats() ([NumStages]Counters, error) {
 }
 
 // CoreStats reads every stage's counters per core (index: core number),
-// as counted on the core each program ran on.
+// as counted on the core each program ran on, in one syscall.
 func (d *Datapath) CoreStats() ([][NumStages]Counters, error) {
-	var out [][NumStages]Counters
-	var per []uint64
-	for stage := range NumStages {
-		for i := range numCounters {
-			if err := d.objs.SteerStats.Lookup(uint32(stage*numCounters+i), &per); err != nil {
-				return nil, fmt.Errorf("reading %s counters: %w", StageName(stage), err)
-			}
-			if out == nil {
-				out = make([][NumStages]Counters, len(per))
-			}
-			for cpu, v := range per {
-				*out[cpu][stage].fields()[i] = v
-			}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("counting possible CPUs: %w", err)
+	}
+	n := NumStages * numCounters
+	keys := make([]uint32, n)
+	per := make([]uint64, n*ncpu)
+	var cur ebpf.MapBatchCursor
+	got, err := d.objs.SteerStats.BatchLookup(&cur, keys, per, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("reading counters: %w", err)
+	}
+	if got != n {
+		return nil, fmt.Errorf("reading counters: %d of %d read", got, n)
+	}
+	out := make([][NumStages]Counters, ncpu)
+	for i, k := range keys {
+		stage, c := int(k)/numCounters, int(k)%numCounters
+		if stage >= NumStages {
+			return nil, fmt.Errorf("reading counters: key %d past the last stage", k)
+		}
+		for cpu := range out {
+			*out[cpu][stage].fields()[c] = per[i*ncpu+cpu]
 		}
 	}
 	return out, nil
