@@ -209,11 +209,15 @@ static __always_inline __u32 slot_window(__u64 now)
 
 /* Was the slot's note written within the drain time (its state's last
  * frame came in the note's window or earlier, the coarse clock's lag
- * counted as activity)? Never without a drain time, which presumes every
- * queue empty. */
+ * counted as activity; a note from a later window than win, stamped on
+ * another core with a clock ahead, too)? Never without a drain time,
+ * which presumes every queue empty. */
 static __always_inline int slot_recent(const struct steer_cfg *cfg, const struct flow_slot *s, __u32 win)
 {
-	return cfg->drain_ns && s->win && win - s->win <= ((cfg->drain_ns + cfg->coarse_lag_ns) >> SLOT_WIN_SHIFT) + 1;
+	__s32 ago = win - s->win;
+
+	return cfg->drain_ns && s->win &&
+	       (ago <= 0 || (__u64)ago <= ((cfg->drain_ns + cfg->coarse_lag_ns) >> SLOT_WIN_SHIFT) + 1);
 }
 
 /* Note st (the state of the flow with hash fh) in its slot s, unless
