@@ -26,17 +26,7 @@ func needTwoCores(t *testing.T) {
 // changed) is steered back to that core until every frame queued there was
 // seen, and only then does the stage follow to the new core.
 func TestContainerStayHoldsCore(t *testing.T) {
-	needTwoCores(t)
-	d := drainDatapath(t, time.Hour)
-	f := udpFlow(40000)
-	inner := innerFrame(frameSpec{flow: f})
-	unpin := pinThread(t, 0)
-	runTC(t, d.TCEgress(), inner)
-	runTC(t, d.TCEgress(), inner)
-	unpin()
-	if fl := mustFlow(t, d, f, StageContainer); fl.CPUIndex != Stay || fl.StayCore != 0 || fl.InFlight != 2 {
-		t.Fatalf("on core 0: %+v, want staying on core 0 with 2 in flight", fl)
-	}
+	d, f, inner := stayingOnCore0(t, 40000)
 	defer pinThread(t, 1)()
 	runTC(t, d.TCEgress(), inner)
 	if fl := mustFlow(t, d, f, StageContainer); fl.StayCore != 0 || fl.InFlight != 3 {
@@ -68,6 +58,25 @@ func TestContainerStayHoldsCore(t *testing.T) {
 	if a.Held[StageContainer] != 1<<1 {
 		t.Errorf("activity held %b, want core 1", a.Held[StageContainer])
 	}
+}
+
+// stayingOnCore0 is a datapath with a flow from port whose container
+// stage stays, with two frames queued on core 0, and the flow's inner
+// frame.
+func stayingOnCore0(t *testing.T, port uint16) (*Datapath, flowSpec, []byte) {
+	t.Helper()
+	needTwoCores(t)
+	d := drainDatapath(t, time.Hour)
+	f := udpFlow(port)
+	inner := innerFrame(frameSpec{flow: f})
+	unpin := pinThread(t, 0)
+	runTC(t, d.TCEgress(), inner)
+	runTC(t, d.TCEgress(), inner)
+	unpin()
+	if fl := mustFlow(t, d, f, StageContainer); fl.CPUIndex != Stay || fl.StayCore != 0 || fl.InFlight != 2 {
+		t.Fatalf("premise: on core 0: %+v, want staying on core 0 with 2 in flight", fl)
+	}
+	return d, f, inner
 }
 
 // Frames counted on the held core that never come (lost where nothing

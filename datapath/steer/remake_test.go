@@ -95,17 +95,7 @@ func TestRemadeStateKeepsItsQueue(t *testing.T) {
 // take onto PRISM-sync's shortcut is evicted: made anew, its next frame
 // keeps the queue rather than take the shortcut past that frame.
 func TestRemadeStateOffShortcut(t *testing.T) {
-	d := syncDatapath(t, time.Hour, 0)
-	addRule(t, d, "dst "+innerDst.String())
-	f := udpFlow(40000)
-	frame := vxlanFrame(frameSpec{flow: f})
-	runXDP(t, d, frame)
-	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High || fl.InFlight != 1 {
-		t.Fatalf("premise: flow %+v, want the high-priority queue with 1 frame in flight", fl)
-	}
-	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	d, f, frame := queuedBeforeSync(t)
 	evict(t, d, f, StageSplit)
 	ret, out, meta := runXDPMeta(t, d, frame)
 	sameBytes(t, "made anew", frame, out)
@@ -132,17 +122,21 @@ func slotMates(f flowSpec, n int) []flowSpec {
 // next program run: a frame as an earlier stage's rps_to marked it.
 func setHashProg(t *testing.T, h uint32) *ebpf.Program {
 	t.Helper()
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "lanes_set_hash",
-		Type: ebpf.SchedCLS,
-		Instructions: asm.Instructions{
-			asm.Mov.Imm32(asm.R2, int32(h)),
-			asm.FnSetHash.Call(),
-			asm.Mov.Imm(asm.R0, -1), // TCX_NEXT
-			asm.Return(),
-		},
-		License: "MIT",
-	})
+	return newProg(t, ebpf.SchedCLS, asm.Mov.Imm32(asm.R2, int32(h)), asm.FnSetHash.Call(),
+		asm.Mov.Imm(asm.R0, -1)) // TCX_NEXT
+}
+
+// passProg is an XDP program that passes every frame.
+func passProg(t *testing.T) *ebpf.Program {
+	t.Helper()
+	return newProg(t, ebpf.XDP, asm.Mov.Imm(asm.R0, xdpPass))
+}
+
+// newProg loads a program of type typ made of insns and a return, closed
+// with the test.
+func newProg(t *testing.T, typ ebpf.ProgramType, insns ...asm.Instruction) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "lanes_test", Type: typ, Instructions: append(insns, asm.Return()), License: "MIT"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,30 +185,21 @@ func TestRemadeStateEpochReuse(t *testing.T) {
 		in := skbSide(t, setHashProg(t, RPSHash(1, 2, fh, StageBridge, epoch, true)), d.TCEgress())
 		in(func() error { return liveXDP(passProg(t), innerFrame(frameSpec{flow: f})) })
 	}
+	countsItsOwn(t, d, f, StageBridge, old, fresh, send)
+}
+
+// countsItsOwn checks that a frame of the old epoch, seen (send), leaves
+// f's count of 1 at stage alone, and one of the fresh epoch takes it out.
+func countsItsOwn(t *testing.T, d *Datapath, f flowSpec, stage int, old, fresh uint32, send func(epoch uint32)) {
+	t.Helper()
 	send(old)
-	if n := inFlight(t, d, f, StageBridge); n != 1 {
+	if n := inFlight(t, d, f, stage); n != 1 {
 		t.Errorf("a frame of the evicted state's count took the new count to %d, want 1", n)
 	}
 	send(fresh)
-	if n := inFlight(t, d, f, StageBridge); n != 0 {
+	if n := inFlight(t, d, f, stage); n != 0 {
 		t.Errorf("the new count's own frame left %d in flight, want 0", n)
 	}
-}
-
-// passProg is an XDP program that passes every frame.
-func passProg(t *testing.T) *ebpf.Program {
-	t.Helper()
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:         "lanes_pass",
-		Type:         ebpf.XDP,
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()},
-		License:      "MIT",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
 }
 
 // The split stage's frames carry their count's epoch in their metadata: a
@@ -241,14 +226,7 @@ func TestRemadeSplitCountsItsOwn(t *testing.T) {
 			return liveXDP(markProg(t, d, metaQueued|2<<metaQIDShift|epoch<<metaEpochShift, nil), frame)
 		})
 	}
-	seen(old)
-	if n := inFlight(t, d, f, StageSplit); n != 1 {
-		t.Errorf("a frame of the evicted state's count took the new count to %d, want 1", n)
-	}
-	seen(fresh)
-	if n := inFlight(t, d, f, StageSplit); n != 0 {
-		t.Errorf("the new count's own frame left %d in flight, want 0", n)
-	}
+	countsItsOwn(t, d, f, StageSplit, old, fresh, seen)
 }
 
 // A staying container stage holds the core its counted frames queued on
@@ -256,17 +234,7 @@ func TestRemadeSplitCountsItsOwn(t *testing.T) {
 // holding that core: its next frame is steered there, behind the ones
 // queued, and the stage follows to the new core once its own are out.
 func TestRemadeContainerHoldsItsCore(t *testing.T) {
-	needTwoCores(t)
-	d := drainDatapath(t, time.Hour)
-	f := udpFlow(40300)
-	inner := innerFrame(frameSpec{flow: f})
-	unpin := pinThread(t, 0)
-	runTC(t, d.TCEgress(), inner)
-	runTC(t, d.TCEgress(), inner)
-	unpin()
-	if fl := mustFlow(t, d, f, StageContainer); fl.CPUIndex != Stay || fl.StayCore != 0 || fl.InFlight != 2 {
-		t.Fatalf("premise: on core 0: %+v, want staying on core 0 with 2 in flight", fl)
-	}
+	d, f, inner := stayingOnCore0(t, 40300)
 	evict(t, d, f, StageContainer)
 	defer pinThread(t, 1)()
 	runTC(t, d.TCEgress(), inner)

@@ -167,17 +167,7 @@ func TestSyncFallsBack(t *testing.T) {
 // queue has drained, so a shortcut frame never overtakes one still queued.
 // Leaving it does not wait: what it delivered is ahead already.
 func TestSyncWaitsForQueue(t *testing.T) {
-	d := syncDatapath(t, time.Hour, 0)
-	addRule(t, d, "dst "+innerDst.String())
-	f := udpFlow(40000)
-	frame := vxlanFrame(frameSpec{flow: f})
-	runXDP(t, d, frame)
-	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High || fl.InFlight != 1 {
-		t.Fatalf("flow %+v, want the high-priority queue with 1 frame in flight", fl)
-	}
-	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	d, f, frame := queuedBeforeSync(t)
 	ret, out := runXDP(t, d, frame)
 	sameBytes(t, "held", frame, out)
 	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || ret == xdpRedirect && fl.InFlight != 2 {
@@ -206,6 +196,24 @@ func TestSyncWaitsForQueue(t *testing.T) {
 	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High {
 		t.Errorf("flow %+v, want back in the high-priority queue", fl)
 	}
+}
+
+// queuedBeforeSync is a sync datapath with a high-priority flow that has a
+// frame in its queue from before its destination was set, and its frame.
+func queuedBeforeSync(t *testing.T) (*Datapath, flowSpec, []byte) {
+	t.Helper()
+	d := syncDatapath(t, time.Hour, 0)
+	addRule(t, d, "dst "+innerDst.String())
+	f := udpFlow(40000)
+	frame := vxlanFrame(frameSpec{flow: f})
+	runXDP(t, d, frame)
+	if fl := mustFlow(t, d, f, StageSplit); fl.Sync || !fl.High || fl.InFlight != 1 {
+		t.Fatalf("premise: flow %+v, want the high-priority queue with 1 frame in flight", fl)
+	}
+	if err := d.Sync().Set(testSyncSet(1500), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	return d, f, frame
 }
 
 func TestSyncTargetsAPI(t *testing.T) {
