@@ -18,7 +18,8 @@ OUT     ?= out/quick
 # Integration tests share one kernel: run packages one after another.
 TESTFLAGS ?= -p 1 -count=1 -timeout 20m
 # Differential fuzzers (datapath/steer): the BPF programs against a Go
-# model of the kernel's VXLAN receive and bridge forward.
+# model of the kernel's VXLAN receive and bridge forward, in every datapath
+# setup the planners build (the seed corpus runs first, within FUZZTIME).
 FUZZERS   := FuzzSteerXDP FuzzSteerTC
 FUZZTIME  ?= 10m
 # The BPF C lanes writes (everything else it compiles is the kernel's or

@@ -16,7 +16,7 @@ import (
 // cpu until the returned function runs (deferred by the caller, on the
 // same goroutine): BPF_PROG_RUN runs the program on the caller's core, and
 // a flow runs on only on one core (stay_direct).
-func pinThread(t *testing.T, cpu int) func() {
+func pinThread(t testing.TB, cpu int) func() {
 	t.Helper()
 	runtime.LockOSThread()
 	var old, set unix.CPUSet

@@ -96,11 +96,14 @@ func TestModeObjects(t *testing.T) {
 	var names []string
 	for _, m := range modeConfigs() {
 		t.Run(m.name, func(t *testing.T) {
-			d, err := fuzzDatapath(m.cfg)
+			d, err := fuzzDatapath(Setup{Config: m.cfg, CPUMap: []int{0}, HiCPUMap: []int{0}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
+			if err := fuzzTables(d, 1, 1); err != nil { // every bucket on core index 0
+				t.Fatal(err)
+			}
 			if d.mode != modeOf(mustNormalized(t, m.cfg)) {
 				t.Fatalf("loaded for %s, want %s", modeString(d.mode), modeString(modeOf(m.cfg)))
 			}
@@ -125,9 +128,9 @@ func TestModeObjects(t *testing.T) {
 				if len(f) < ethHeaderLen || len(f) > 3000 {
 					continue
 				}
-				checkXDP(t, d, f)
+				checkXDP(t, d, fuzzState{}, f)
 				for _, r := range runs {
-					checkTC(t, r, f)
+					checkTC(t, r, fuzzState{}, f)
 				}
 				n++
 			}
