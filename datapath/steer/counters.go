@@ -157,13 +157,8 @@ func (d *Datapath) CoreStats() ([][NumStages]Counters, error) {
 	n := NumStages * numCounters
 	keys := make([]uint32, n)
 	per := make([]uint64, n*ncpu)
-	var cur ebpf.MapBatchCursor
-	got, err := d.objs.SteerStats.BatchLookup(&cur, keys, per, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, fmt.Errorf("reading counters: %w", err)
-	}
-	if got != n {
-		return nil, fmt.Errorf("reading counters: %d of %d read", got, n)
+	if err := readAll(d.objs.SteerStats, keys, per, "counters"); err != nil {
+		return nil, err
 	}
 	out := make([][NumStages]Counters, ncpu)
 	for i, k := range keys {
@@ -176,4 +171,18 @@ func (d *Datapath) CoreStats() ([][NumStages]Counters, error) {
 		}
 	}
 	return out, nil
+}
+
+// readAll reads every entry of the array m (keys sized for all of them,
+// vals for their values) in one batch lookup.
+func readAll(m *ebpf.Map, keys []uint32, vals any, what string) error {
+	var cur ebpf.MapBatchCursor
+	n, err := m.BatchLookup(&cur, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("reading %s: %w", what, err)
+	}
+	if n != len(keys) {
+		return fmt.Errorf("reading %s: %d of %d entries", what, n, len(keys))
+	}
+	return nil
 }

@@ -2,13 +2,6 @@
 
 package steer
 
-import (
-	"errors"
-	"fmt"
-
-	"github.com/cilium/ebpf"
-)
-
 // Micro is MFLOW's micro-flow cutting (bpf/mflow.h).
 type Micro struct{ *core }
 
@@ -56,13 +49,8 @@ func (d Micro) PerCore() ([MaxCPUs]uint64, error) {
 	var out [MaxCPUs]uint64
 	keys := make([]uint32, MaxCPUs)
 	vals := make([]uint64, MaxCPUs)
-	var cur ebpf.MapBatchCursor
-	n, err := d.objs.SteerMfCores.BatchLookup(&cur, keys, vals, nil)
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return out, fmt.Errorf("reading micro-flows per core: %w", err)
-	}
-	if n != MaxCPUs {
-		return out, fmt.Errorf("reading micro-flows per core: %d of %d entries", n, MaxCPUs)
+	if err := readAll(d.objs.SteerMfCores, keys, vals, "micro-flows per core"); err != nil {
+		return out, err
 	}
 	for i, k := range keys {
 		out[k%MaxCPUs] = vals[i]
