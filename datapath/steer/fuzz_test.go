@@ -241,8 +241,12 @@ func (c *fuzzCase) apply(s fuzzState) error {
 		}
 	}
 	if cfg.HighAutoPPS != 0 && (old == nil || old.inline != s.inline) {
+		var until time.Duration
+		if s.inline {
+			until = Now() + 24*time.Hour
+		}
 		for _, r := range fuzzRules {
-			if err := d.Prio().SetHighInline(mustRule(r), s.inline); err != nil {
+			if err := d.Prio().SetHighInline(mustRule(r), until); err != nil {
 				return err
 			}
 		}
