@@ -86,32 +86,66 @@ func capsAgent(t *testing.T, bin, netns, mode string, caps []string) (string, bo
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	read := func() string { b, _ := os.ReadFile(out); return string(b) }
+	ran, killed, err := superviseAgent(cmd, read, 2*time.Minute, stopGrace)
+	if killed {
+		t.Errorf("mode %s: the agent did not exit within %v of SIGTERM; killed:\n%s", mode, stopGrace, read())
+	}
+	modetest.NoState(t, filepath.Join(dir, "state"))
+	return read(), ran && err == nil
+}
+
+// stopGrace is how long an agent has to reset and exit after SIGTERM: the
+// DaemonSet's terminationGracePeriodSeconds.
+const stopGrace = 30 * time.Second
+
+// superviseAgent waits up to start for the started cmd to say that it
+// runs (read returns its output so far), then sends it SIGTERM and waits
+// up to stop for it to exit. One that does not say it runs in time, or
+// does not exit in time after SIGTERM (killed), is killed. It returns
+// whether the agent ran and how it exited.
+func superviseAgent(cmd *exec.Cmd, read func() string, start, stop time.Duration) (ran, killed bool, err error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	read := func() string { b, _ := os.ReadFile(out); return string(b) }
-	var err2 error
-	ran, done := false, false
-wait:
-	for end := time.Now().Add(2 * time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	kill := func() error { cmd.Process.Kill(); return <-exited }
+	for end := time.Now().Add(start); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		select {
-		case err2 = <-exited:
-			done = true
-			break wait
+		case err := <-exited:
+			return false, false, err
 		default:
 		}
 		if strings.Contains(read(), "running (on exit: reset)") {
-			ran = true
 			cmd.Process.Signal(syscall.SIGTERM)
-			err2, done = <-exited, true
-			break wait
+			select {
+			case err := <-exited:
+				return true, false, err
+			case <-time.After(stop):
+				return true, true, kill()
+			}
 		}
 	}
-	if !done {
-		cmd.Process.Kill()
-		err2 = <-exited
+	return false, false, kill()
+}
+
+// An agent that runs and then ignores SIGTERM (one stuck in its reset)
+// is killed after the grace and reported, instead of hanging the test.
+func TestSuperviseAgentStuck(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `trap "" TERM; echo "running (on exit: reset)"; exec sleep 1000`)
+	out := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	modetest.NoState(t, filepath.Join(dir, "state"))
-	return read(), ran && err2 == nil
+	defer f.Close()
+	cmd.Stdout = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	read := func() string { b, _ := os.ReadFile(out); return string(b) }
+	ran, killed, err := superviseAgent(cmd, read, time.Minute, time.Second)
+	if !ran || !killed || err == nil {
+		t.Errorf("an agent that ignores SIGTERM: ran %v, killed %v, exit %v; want it ran, killed, failing", ran, killed, err)
+	}
 }
 
 // Every mode applies, runs its agent and resets with lanesCaps alone,
