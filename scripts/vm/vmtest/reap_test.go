@@ -32,13 +32,15 @@ func TestMain(m *testing.M) {
 // standIn behaves as run.sh does to its guest: it starts a child that
 // moves to a session (and process group) of its own, as timeout does,
 // which starts a long-running grandchild, as vng starts QEMU; and a
-// child of its own. It says READY once all run, and ends by itself once
-// GO exists.
+// child of its own. Each shell says it is ready (INNER, READY) once it
+// has started its children, and it ends by itself once GO (a FIFO) is
+// opened for writing: it waits without starting a process, so that the
+// processes the test counts are these alone.
 const standIn = `
-setsid sh -c 'sleep 1000 & wait' &
+setsid sh -c 'sleep 1000 & : > "$DIR/INNER"; wait' &
 sleep 1000 &
 : > "$DIR/READY"
-while [ ! -e "$DIR/GO" ]; do sleep 0.05; done
+: < "$DIR/GO"
 `
 
 func harnessMain(mode string) int {
@@ -110,6 +112,9 @@ func TestGuestsEndWithHarness(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/pidns=%v", c.name, pidns), func(t *testing.T) {
 				dir := t.TempDir()
 				mark := fmt.Sprintf("%d-%s", os.Getpid(), filepath.Base(dir))
+				if err := syscall.Mkfifo(filepath.Join(dir, "GO"), 0o600); err != nil {
+					t.Fatal(err)
+				}
 				h := exec.Command(self)
 				h.Env = append(os.Environ(), harnessEnv+"="+c.mode, markEnv+"="+mark, "DIR="+dir)
 				if pidns {
@@ -126,8 +131,10 @@ func TestGuestsEndWithHarness(t *testing.T) {
 				})
 				exited := make(chan error, 1)
 				go func() { exited <- h.Wait() }()
-				if !waitFor(func() bool { return exists(filepath.Join(dir, "READY")) }) {
-					t.Fatalf("premise: the stand-in guest never said READY")
+				for _, m := range []string{"READY", "INNER"} {
+					if !waitFor(func() bool { return exists(filepath.Join(dir, m)) }) {
+						t.Fatalf("premise: the stand-in guest never said %s", m)
+					}
 				}
 				// harness, reaper, sh, setsid'd sh, its sleep, the sleep
 				if n := len(marked(mark)); n < 6 {
