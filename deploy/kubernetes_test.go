@@ -115,7 +115,7 @@ func TestDaemonSet(t *testing.T) {
 	if ctr.Lifecycle != nil && ctr.Lifecycle.PreStop != nil {
 		t.Errorf("a preStop hook %+v: the kubelet runs it for a liveness kill too", ctr.Lifecycle.PreStop)
 	}
-	checkSecurity(t, "daemonset.yaml", ctr)
+	checkSecurity(t, "daemonset.yaml", ctr, ds.Spec.Template.Annotations)
 	if strings.Contains(string(raw), "privileged: true") {
 		t.Error("privileged: true in the manifest")
 	}
@@ -123,8 +123,10 @@ func TestDaemonSet(t *testing.T) {
 }
 
 // checkSecurity: not privileged, every capability dropped but lanesCaps,
-// the runtime's seccomp profile, and no AppArmor (which forbids mount).
-func checkSecurity(t *testing.T, what string, ctr *corev1.Container) {
+// the runtime's seccomp profile, and no AppArmor (which forbids mount),
+// said both by the field and by the pod's annotation (annotations), which
+// API servers before Kubernetes 1.30 read instead.
+func checkSecurity(t *testing.T, what string, ctr *corev1.Container, annotations map[string]string) {
 	t.Helper()
 	sc := ctr.SecurityContext
 	if sc == nil || sc.Capabilities == nil {
@@ -146,6 +148,9 @@ func checkSecurity(t *testing.T, what string, ctr *corev1.Container) {
 	}
 	if sc.AppArmorProfile == nil || sc.AppArmorProfile.Type != corev1.AppArmorProfileTypeUnconfined {
 		t.Errorf("%s: %s AppArmor %+v: the runtime's default profile forbids the mounts lanes makes", what, ctr.Name, sc.AppArmorProfile)
+	}
+	if k := corev1.DeprecatedAppArmorBetaContainerAnnotationKeyPrefix + ctr.Name; annotations[k] != corev1.DeprecatedAppArmorBetaProfileNameUnconfined {
+		t.Errorf("%s: annotation %s is %q, want %s: API servers before 1.30 drop appArmorProfile", what, k, annotations[k], corev1.DeprecatedAppArmorBetaProfileNameUnconfined)
 	}
 	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
 		t.Errorf("%s: %s: the API server refuses allowPrivilegeEscalation false beside CAP_SYS_ADMIN", what, ctr.Name)
@@ -393,7 +398,7 @@ func TestUninstall(t *testing.T) {
 		if err != nil || cmd.Name() != "reset" || cmd.ParseFlags(rest) != nil {
 			t.Errorf("lanes refuses %q: %v", w.args, err)
 		}
-		checkSecurity(t, "uninstall.yaml", ctr)
+		checkSecurity(t, "uninstall.yaml", ctr, un.Spec.Template.Annotations)
 		mounts := map[string]corev1.VolumeMount{}
 		for _, m := range ctr.VolumeMounts {
 			mounts[m.MountPath] = m
