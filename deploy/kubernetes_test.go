@@ -417,6 +417,32 @@ func TestUninstall(t *testing.T) {
 	}
 }
 
+// The documented uninstall (uninstall.yaml's header, docs/deploy.md)
+// deletes the agents' DaemonSet in the foreground: kubectl returns once
+// their pods are gone, and the reset, which refuses a target whose agent
+// runs, finds none.
+func TestUninstallProcedure(t *testing.T) {
+	for _, path := range []string{"kubernetes/uninstall.yaml", "../docs/deploy.md"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if !strings.Contains(l, "delete daemonset lanes") {
+				continue
+			}
+			n++
+			if !strings.Contains(l, "--cascade=foreground") {
+				t.Errorf("%s: %q: the agents' pods may still run when it returns; delete with --cascade=foreground", path, strings.TrimSpace(l))
+			}
+		}
+		if n == 0 {
+			t.Errorf("premise: %s shows how to delete the agents' DaemonSet", path)
+		}
+	}
+}
+
 func equalPropagation(a, b corev1.VolumeMount) bool {
 	pa, pb := corev1.MountPropagationMode(""), corev1.MountPropagationMode("")
 	if a.MountPropagation != nil {
