@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,30 +19,59 @@ import (
 
 // lanesCaps are the Linux capabilities lanes needs, measured by
 // TestCapabilities: every mode applies, runs its agent and resets with
-// these alone, and without any one of them something fails. The DaemonSet
-// adds exactly these (dropping every other), the systemd unit bounds the
-// agent to them.
-//
-// CAP_BPF and CAP_PERFMON are not among them: lanes needs CAP_SYS_ADMIN
-// (setns into the overlay's namespace, mounting sysfs there), which the
-// kernel accepts for everything they grant (bpf_capable,
-// perfmon_capable); with CAP_SYS_ADMIN present they change nothing.
+// these alone, and without any one of them something fails. Every list of
+// them (the DaemonSets, the systemd unit, the Dockerfile's example,
+// docs/deploy.md's table, which says why each) equals this one
+// (TestDaemonSet, TestUninstall, TestSystemdUnit, TestCapabilityLists).
 var lanesCaps = []string{"NET_ADMIN", "SYS_ADMIN", "SYS_NICE", "SYS_PTRACE"}
 
-// capsWhy says what fails without each capability: the mode that fails
-// and a piece of its error.
+// capsWhy is, for each capability, a mode that fails without it, the
+// namespace form it fails on ("pid": pid:N) and a piece of its error.
 var capsWhy = map[string]struct {
 	mode, netns, fails string
 }{
-	// rps_cpus and a device's other net attributes, ethtool channels.
-	"NET_ADMIN": {"rps", "", "rps_cpus: operation not permitted"},
-	// setns(2) into the overlay's namespace.
-	"SYS_ADMIN": {"rps", "", "entering netns"},
-	// SCHED_FIFO for the cpumap and NAPI kernel threads.
-	"SYS_NICE": {"prism-batch", "", "setting the scheduling policy"},
-	// /proc/PID/ns/net of a process whose capabilities lanes' do not
-	// cover (any root process of a container runtime): pid:N namespaces.
+	"NET_ADMIN":  {"rps", "", "rps_cpus: operation not permitted"},
+	"SYS_ADMIN":  {"rps", "", "entering netns"},
+	"SYS_NICE":   {"prism-batch", "", "setting the scheduling policy"},
 	"SYS_PTRACE": {"rps", "pid", "lanes needs CAP_SYS_PTRACE"},
+}
+
+// The lists of lanesCaps outside the manifests and the unit: the
+// Dockerfile's `docker run` example adds exactly them, and docs/deploy.md's
+// table names exactly them.
+func TestCapabilityLists(t *testing.T) {
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := regexp.MustCompile(`--cap-add\s+([A-Z_]+)`).FindAllStringSubmatch(string(b), -1)
+	var docker []string
+	for _, m := range added {
+		docker = append(docker, m[1])
+	}
+	if !slices.Equal(docker, lanesCaps) || !strings.Contains(string(b), "--cap-drop ALL") {
+		t.Errorf("Dockerfile: docker run adds %v, want --cap-drop ALL and exactly %v", docker, lanesCaps)
+	}
+	b, err = os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "| capability |"):
+			in = true
+		case in && strings.HasPrefix(l, "| `"):
+			table = append(table, strings.Trim(strings.Fields(l)[1], "`"))
+		case in && !strings.HasPrefix(l, "|"):
+			in = false
+		}
+	}
+	if !slices.Equal(table, lanesCaps) {
+		t.Errorf("docs/deploy.md's capability table names %v, want exactly %v", table, lanesCaps)
+	}
 }
 
 // buildLanes builds the static binary, as make build does.
