@@ -128,15 +128,19 @@ func VXLANIDs(t *topology.Topology, pl *Plan) (uint16, []uint32, error) {
 }
 
 // LinkPin names a link's pin by kind, namespace and device, so every
-// attachment of a target has its own.
+// attachment of a target has its own: link_KIND_TARGET_DEV, where KIND
+// holds no '_' and TARGET is Target(ns). DEV is the device's name where
+// that holds none of '_', '.' (which bpffs refuses) and '%'; otherwise
+// "%" and the name in Target's escaped form, which holds no '_' either.
+// The last '_' therefore ends the target, and distinct devices and
+// namespaces have distinct pins (eth0.100 and eth0_100; a device "b_c"
+// of namespace "a" and a device "c" of namespace "a_b").
 func LinkPin(dir, kind, ns, dev string) string {
-	return dir + "/" + BPFFSName("link_"+kind+"_"+Target(ns)+"_"+dev)
+	if strings.ContainsAny(dev, "_.%") {
+		dev = "%" + targetEscape.Replace(dev)
+	}
+	return dir + "/link_" + kind + "_" + Target(ns) + "_" + dev
 }
-
-// BPFFSName makes name a valid bpffs file name: bpffs refuses names with
-// a dot (EPERM), which namespace paths ("/run/docker.d/netns/...") and
-// device names ("eth0.100", "flannel.1") may have.
-func BPFFSName(name string) string { return strings.ReplaceAll(name, ".", "_") }
 
 // DevLabel names a device for people, as DeviceTarget does.
 func DevLabel(ns, dev string) string { return Target(ns) + "/" + dev }

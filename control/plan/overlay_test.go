@@ -60,6 +60,58 @@ func TestIRQCPUsGiven(t *testing.T) {
 	}
 }
 
+// Distinct namespaces and devices never share a link pin: not a dotted
+// device and one with an underscore in its place, not the '_' between
+// the namespace and the device moved, not one escaped and one plain.
+func TestLinkPinInjective(t *testing.T) {
+	type at struct{ ns, dev string }
+	for _, pair := range [][2]at{
+		{{"", "eth0.100"}, {"", "eth0_100"}},
+		{{"a", "b_c"}, {"a_b", "c"}},
+		{{"a", "b.c"}, {"a_b", "c"}},
+		{{"/run/netns/a", "b_c"}, {"/run/netns/a_b", "c"}},
+		{{"", "%eth0%2E1"}, {"", "eth0.1"}},
+		{{"", "eth0%5F1"}, {"", "eth0_1"}},
+		{{"pid:1", "x"}, {"pid_1", "x"}},
+	} {
+		p, q := LinkPin("d", "xdp", pair[0].ns, pair[0].dev), LinkPin("d", "xdp", pair[1].ns, pair[1].dev)
+		if p == q {
+			t.Errorf("%+v and %+v share the pin %s", pair[0], pair[1], p)
+		}
+	}
+	// Every namespace and device over a small alphabet of the characters
+	// that matter.
+	words := func(prefixes, alphabet []string, n int) []string {
+		out := slices.Clone(prefixes)
+		for cur := prefixes; n > 0; n-- {
+			var next []string
+			for _, w := range cur {
+				for _, c := range alphabet {
+					next = append(next, w+c)
+				}
+			}
+			out, cur = append(out, next...), next
+		}
+		return out
+	}
+	seen := map[string]at{}
+	for _, ns := range words([]string{"", "a", "pid:", "/run/netns/", "run_netns_"}, []string{"a", "1", "_", ":", "/"}, 3) {
+		for _, dev := range words([]string{"a"}, []string{"a", "_", ".", "%"}, 4) {
+			pin := LinkPin("d", "xdp", ns, dev)
+			if prev, ok := seen[pin]; ok && prev != (at{ns, dev}) {
+				t.Fatalf("%+v and %+v share the pin %s", prev, at{ns, dev}, pin)
+			}
+			seen[pin] = at{ns, dev}
+			if strings.ContainsRune(pin, '.') {
+				t.Fatalf("%+v: pin %s has a dot", at{ns, dev}, pin)
+			}
+		}
+	}
+	if len(seen) < 50000 {
+		t.Fatalf("premise: %d distinct pairs tried", len(seen))
+	}
+}
+
 // bpffs refuses file names with a dot; pins of a namespace bound under a
 // dotted path, or of a device with a dot in its name, must not have one.
 func TestPinNamesHaveNoDot(t *testing.T) {
@@ -75,6 +127,9 @@ func TestPinNamesHaveNoDot(t *testing.T) {
 				t.Errorf("netns %q dev %q: pin name %q has a dot", tc.ns, tc.dev, name)
 			}
 		}
+	}
+	if got := LinkPin(PinDir("lanes-h2"), "xdp", "lanes-h2", "eth0"); got != BPFFS+"/lanes/lanes-h2/link_xdp_lanes-h2_eth0" {
+		t.Errorf("a plain device's link pin changed: %s", got)
 	}
 	if PinDir("lanes-h2") != BPFFS+"/lanes/lanes-h2" {
 		t.Errorf("a plain target's pin directory changed: %s", PinDir("lanes-h2"))
