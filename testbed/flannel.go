@@ -111,6 +111,11 @@ func (tb *Testbed) buildFlannel() error {
 	}); err != nil {
 		return fmt.Errorf("%w (etcd log: %s)", err, e.logTail())
 	}
+	// One flanneld at a time, each once the one before holds its lease:
+	// two that start together may pick the same free subnet, and the one
+	// whose create then finds it taken exits ("subnet already exists"),
+	// where a cluster's DaemonSet would restart it and the testbed has
+	// nothing to.
 	for i := range tb.Hosts {
 		h := &tb.Hosts[i]
 		f := flanneldDaemon(prefix, i+1)
@@ -121,10 +126,8 @@ func (tb *Testbed) buildFlannel() error {
 		}, nil); err != nil {
 			return err
 		}
-	}
-	for i := range tb.Hosts {
 		if err := tb.readFlannelHost(i); err != nil {
-			return fmt.Errorf("%w (flanneld log: %s)", err, flanneldDaemon(prefix, i+1).logTail())
+			return fmt.Errorf("%w (flanneld log: %s)", err, f.logTail())
 		}
 	}
 	for i := range tb.Hosts {
