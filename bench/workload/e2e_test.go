@@ -256,17 +256,20 @@ func TestE2EPacedPingPong(t *testing.T) {
 		if len(r.LatCDF) != len(cdfFractions) {
 			t.Errorf("spin %v: CDF has %d points, want %d", spin, len(r.LatCDF), len(cdfFractions))
 		}
-		// Every slot sent or (a stall of this shared VM longer than
-		// the client catches up from) skipped; most sent.
+		// Every slot sent or (a stall of the machine longer than the
+		// client catches up from) skipped, and every message sent
+		// measured. How many a busy machine makes the client skip is
+		// timing, not correctness: logged, not asserted.
 		want := rate * e2eDuration.Seconds()
-		if n := r.Extra["sent"] + r.Extra["skipped"]; n != want || r.Extra["observations"] < 0.9*want {
-			t.Errorf("spin %v: sent %v + skipped %v, %v observations: want %v slots, most of them measured", spin, r.Extra["sent"], r.Extra["skipped"], r.Extra["observations"], want)
+		if n := r.Extra["sent"] + r.Extra["skipped"]; n != want || r.Extra["sent"] == 0 || r.Extra["observations"] != r.Extra["sent"] {
+			t.Errorf("spin %v: sent %v + skipped %v, %v observations: want %v slots, the sent ones all measured", spin, r.Extra["sent"], r.Extra["skipped"], r.Extra["observations"], want)
 		}
+		t.Logf("spin %v: %v of %v slots skipped (%v sent late)", spin, r.Extra["skipped"], want, r.Extra["sent_late"])
 		if r.Extra["sent"] != r.Extra["received"] || r.Extra["dropped"] != 0 {
 			t.Errorf("spin %v: sent %v, received %v, dropped %v: want every message answered on an idle testbed", spin, r.Extra["sent"], r.Extra["received"], r.Extra["dropped"])
 		}
-		if r.PPS < 0.9*rate || r.PPS > rate {
-			t.Errorf("spin %v: PPS = %v, want at most %d, and not far under", spin, r.PPS, rate)
+		if r.PPS > rate {
+			t.Errorf("spin %v: PPS = %v, want at most %d (the pace asked)", spin, r.PPS, rate)
 		}
 		if r.Extra["paced_client"] != 1 || r.Extra["paced_spin"] != map[bool]float64{true: 1}[spin] {
 			t.Errorf("spin %v: paced_client %v, paced_spin %v", spin, r.Extra["paced_client"], r.Extra["paced_spin"])
