@@ -150,9 +150,23 @@ func TestPrismBulkGuard(t *testing.T) {
 		}
 		ag, stopAgent := a.StartAgent(t)
 		defer stopAgent()
-		time.Sleep(500 * time.Millisecond) // 10 samples, where one would do without the condition
-		st, _ := ag.Status().(prism.GuardStatus)
-		if st.Demoted || st.TasksMin != 50 || st.Tasks >= 50 {
+		// 10 samples, where one would do without the condition; again
+		// while another process of the machine burns the core (the
+		// guard demoting then is its rule, not a fault), until a window
+		// in which the core was idle throughout.
+		var st prism.GuardStatus
+		for try, busy := 0, false; ; try++ {
+			time.Sleep(500 * time.Millisecond)
+			st, _ = ag.Status().(prism.GuardStatus)
+			if st.Tasks < 50 && !busy {
+				break
+			}
+			if try == 20 {
+				t.Fatalf("premise: core %d idle for half a second, but other tasks kept running on it for 10 s (guard status %+v)", st.Core, st)
+			}
+			busy = st.Tasks >= 50
+		}
+		if st.Demoted || st.TasksMin != 50 {
 			t.Errorf("idle core: guard status %+v: want no demotion, other tasks under 50%%", st)
 		}
 		var core int
