@@ -68,8 +68,8 @@
  * One object, assembled from the program files under bpf/: the maps are
  * shared by every program, and the control plane loads, pins and reopens
  * them as one collection. Each concern lives in its own header there
- * (parse.h, maps.h, flow.h, order.h, place.h, prio.h, mflow.h, sync.h,
- * counters.h), each program in its program file.
+ * (parse.h, maps.h, flow.h, order.h, place.h, prio.h, mflow.h, outer.h,
+ * sync.h, counters.h), each program in its program file.
  */
 
 #include "bpf/xdp.c"

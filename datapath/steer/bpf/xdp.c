@@ -21,7 +21,7 @@ int steer_xdp(struct xdp_md *ctx)
 	struct overlay ov = {};
 	struct prio_rule rule = {};
 	struct sync_src *src = NULL;
-	__u32 idx, core, dest = 0, opts = 0, ecn = SYNC_ECN_KEEP;
+	__u32 idx, core, dest = 0, opts = 0, ecn = OUTER_ECN_KEEP;
 	__u64 cpu;
 	long ret;
 	int hi, busy = 0, beside = 0, aside = -1; /* -1: not looked up */
