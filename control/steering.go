@@ -71,6 +71,12 @@ type Steering struct {
 	Sync        bool        `json:"sync,omitempty"`
 	SyncTargets []string    `json:"sync_targets,omitempty"` // "VNI/MAC > veth (MTU)"
 	Shortcut    []FlowStage `json:"shortcut,omitempty"`
+	// Fast is on when the fast path into the container is (the fast
+	// mode); FastEntries lists its flows ("flow -> veth"), FastLease says
+	// how long lanes agent's word holds from now (0: it holds nothing).
+	Fast        bool          `json:"fast,omitempty"`
+	FastEntries []string      `json:"fast_entries,omitempty"`
+	FastLease   time.Duration `json:"fast_lease_ns,omitempty"`
 	// Queues is the split-stage queue accounting of each core that took
 	// frames (its cpumap queues of both classes and the NIC poll's marked
 	// frames); QueuesTracked whether it can tell a core's queues empty
@@ -232,6 +238,11 @@ func steering(s *StatusReport, netns string) error {
 			out.SyncTargets = append(out.SyncTargets, fmt.Sprintf("%d/%s > %s (MTU %d)", tg.VNI, tg.MAC, devName(s.Topology, int(tg.Ifindex)), tg.MTU))
 		}
 	}
+	if out.Fast = cfg.Fast; cfg.Fast {
+		if err := fastStatus(out, d, s.Topology); err != nil {
+			return err
+		}
+	}
 	if cfg.MFlow.At != steer.SplitOff {
 		if out.MicroFlows, err = microFlowsPerCore(d, cfg.CPUs); err != nil {
 			return err
@@ -315,6 +326,33 @@ func microFlowsPerCore(d *steer.Datapath, cpus []int) (map[int]uint64, error) {
 		out[c] = per[c]
 	}
 	return out, nil
+}
+
+// fastStatus reads the fast path's entries and lease into out. An entry
+// whose change count is not the datapath's is void (its next frame
+// deletes it) and left out.
+func fastStatus(out *Steering, d *steer.Datapath, t *topology.Topology) error {
+	es, err := d.Fast().Entries()
+	if err != nil {
+		return err
+	}
+	changes, err := d.Changes()
+	if err != nil {
+		return err
+	}
+	deadline, leased, err := d.Fast().Lease()
+	if err != nil {
+		return err
+	}
+	if now := steer.Now(); deadline > now && leased == changes {
+		out.FastLease = deadline - now
+	}
+	for _, e := range es {
+		if e.Changes == changes {
+			out.FastEntries = append(out.FastEntries, flowString(e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto)+" -> "+devName(t, int(e.Ifindex)))
+		}
+	}
+	return nil
 }
 
 // flowString names a flow for people: "198.19.0.11:40000 > 198.19.0.21:5201 tcp".

@@ -119,7 +119,20 @@ type Config struct {
 	// container-side veths they are attached to (PRISM's per-stage queues
 	// at the container stage).
 	VethClass bool
+	// Fast turns on the fast path into the container (bpf/fast.h):
+	// steer_tc_fast on the underlay's tc ingress, steer_tc_fast_learn on
+	// the host-side veths' tc egress. It admits and uses nothing until
+	// lanes agent vouches for the path (Fast.SetPath, Fast.Renew).
+	Fast bool
+	// FastIdle (with Fast) is how long an entry may go unused before it
+	// is void: whole milliseconds, up to MaxPrioQuiet.
+	FastIdle time.Duration
 }
+
+// DefaultFastIdle is the fast path's idle timeout unless a mode sets
+// another: an entry idle that long is deleted at its flow's next frame,
+// which takes the kernel's path and so makes it anew.
+const DefaultFastIdle = 10 * time.Second
 
 // MaxPrioQuiet is the longest Config.PrioQuiet.
 const MaxPrioQuiet = time.Hour
@@ -279,6 +292,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.VethClass && (!c.Prio || c.Sync) {
 		return c, errors.New("per-class container queues need priority classes without sync")
+	}
+	if c.Fast != (c.FastIdle != 0) || c.FastIdle < 0 || c.FastIdle > MaxPrioQuiet || c.FastIdle%time.Millisecond != 0 {
+		return c, fmt.Errorf("fast path idle timeout %v: want whole milliseconds from 1ms to %v, with the fast path on (and none without it)", c.FastIdle, MaxPrioQuiet)
 	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil

@@ -208,6 +208,8 @@ func (d *core) configOnly() (Config, error) {
 		InlineCPU:      int(m.InlineCpu),
 		AsideBelow:     m.AsidePct,
 		AsideDepth:     m.AsideDepth,
+		Fast:           m.Flags&modeFast != 0,
+		FastIdle:       time.Duration(m.FastIdleMs) * time.Millisecond,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

@@ -100,12 +100,32 @@ type Counters struct {
 	// state's frames went, in another count epoch, so its frames queue
 	// behind any of those still in flight (bpf/order.h's remake).
 	Remade uint64
+
+	// The fast path (Config.Fast), split stage: Fast is frames
+	// decapsulated at the underlay's tc ingress and handed straight to
+	// their container's namespace. The others are frames that took the
+	// kernel's path, by reason: FastNoEntry, no entry for their flow (each
+	// left a note to learn from); FastOther, another device, VTEP or MAC
+	// than the entry's; FastRefused, a check of the kernel's path failed
+	// (checksums, lengths, IP options, VXLAN flags, ECN, TTL, MTU);
+	// FastGSO, a GSO frame; FastStale, a change on the path since the
+	// entry was made (deleted); FastLease, the agent's lease past; FastIdle,
+	// an entry idle past Config.FastIdle (deleted); FastEnded, TCP FIN or
+	// RST (deleted). FastDropped is frames lost once decapsulation began.
+	// FastAdmitted is entries made at a host-side veth's egress;
+	// FastUnlearned is overlay frames leaving to a veth the agent vouches
+	// for that made none (no matching note, another MAC, IP options, FIN or
+	// RST).
+	Fast, FastNoEntry, FastOther, FastRefused, FastGSO, FastStale, FastLease, FastIdle, FastEnded, FastDropped uint64
+	FastAdmitted, FastUnlearned                                                                                uint64
 }
 
 // fields lists c's counters in bpf/counters.h's enum counter order.
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
-		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade}
+		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade,
+		&c.Fast, &c.FastNoEntry, &c.FastOther, &c.FastRefused, &c.FastGSO, &c.FastStale, &c.FastLease, &c.FastIdle, &c.FastEnded, &c.FastDropped,
+		&c.FastAdmitted, &c.FastUnlearned}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

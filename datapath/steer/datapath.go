@@ -34,17 +34,24 @@ const (
 	// ingress.
 	PinTCVethClass = steerProgSteerTcVethClass
 	PinTCVethSeen  = steerProgSteerTcVethSeen
-	// PinSyncNotify counts the changes lanes agent's netlink sockets are
-	// told of, which void PRISM-sync's destinations (Sync.CountChanges).
-	PinSyncNotify = steerProgSteerSyncNotify
+	// PinNotify counts the changes lanes agent's netlink sockets are
+	// told of, which void PRISM-sync's destinations and the fast path's
+	// entries (Datapath.CountChanges).
+	PinNotify = steerProgSteerNotify
+	// PinTCFast is the fast path into the container, for the underlay's
+	// tc ingress; PinTCFastLearn learns its entries, on a host-side
+	// veth's tc egress (Config.Fast).
+	PinTCFast      = steerProgSteerTcFast
+	PinTCFastLearn = steerProgSteerTcFastLearn
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
 // their maps: a small core (loading, pinning, the config, the programs,
-// the flows and counters) and one facet per concern of the programs,
-// each in the file named after its header under bpf/: Placement
-// (place.h), Order (order.h), Prio (prio.h, veth.c), Sync (sync.h), Micro
-// (mflow.h), and the split stage's cpumap queues (CPUMap, HiCPUMap).
+// the flows and counters, the change count) and one facet per concern of
+// the programs, each in the file named after its header under bpf/:
+// Placement (place.h), Order (order.h), Prio (prio.h, veth.c), Sync
+// (sync.h), Fast (fast.h), Micro (mflow.h), and the split stage's cpumap
+// queues (CPUMap, HiCPUMap).
 // Attaching the programs is the caller's business; the pins are how a
 // restarted control plane finds the same maps the attached programs use.
 type Datapath struct{ *core }
@@ -133,6 +140,14 @@ func (d *Datapath) TCVethClass() *ebpf.Program { return d.objs.SteerTcVethClass 
 // ingress.
 func (d *Datapath) TCVethSeen() *ebpf.Program { return d.objs.SteerTcVethSeen }
 
+// TCFast is the fast path into the container, for the underlay's tc
+// ingress (Config.Fast).
+func (d *Datapath) TCFast() *ebpf.Program { return d.objs.SteerTcFast }
+
+// TCFastLearn learns the fast path's entries, for a host-side veth's tc
+// egress (Config.Fast).
+func (d *Datapath) TCFastLearn() *ebpf.Program { return d.objs.SteerTcFastLearn }
+
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
@@ -169,7 +184,12 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerSyncDev, &o.SteerSyncDev},
 		{steerMapSteerSyncSrc, &o.SteerSyncSrc},
 		{steerMapSteerSyncLocal, &o.SteerSyncLocal},
-		{steerMapSteerSyncChanges, &o.SteerSyncChanges},
+		{steerMapSteerChanges, &o.SteerChanges},
+		{steerMapSteerFast, &o.SteerFast},
+		{steerMapSteerFastNotes, &o.SteerFastNotes},
+		{steerMapSteerFastLease, &o.SteerFastLease},
+		{steerMapSteerFastVxlan, &o.SteerFastVxlan},
+		{steerMapSteerFastDev, &o.SteerFastDev},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerAside, &o.SteerAside},
@@ -197,7 +217,9 @@ func (d *core) pinnedProgs() []pinnedProg {
 		{PinTCSplitSeen, &o.SteerTcSplitSeen},
 		{PinTCVethClass, &o.SteerTcVethClass},
 		{PinTCVethSeen, &o.SteerTcVethSeen},
-		{PinSyncNotify, &o.SteerSyncNotify},
+		{PinNotify, &o.SteerNotify},
+		{PinTCFast, &o.SteerTcFast},
+		{PinTCFastLearn, &o.SteerTcFastLearn},
 	}
 }
 
@@ -423,6 +445,8 @@ var retiredPins = []string{
 	"steer_backlog",          // until 5ee276d (the RPS backlog samples, reverted)
 	"steer_busy_high_seen",   // until a78ce34: now steer_high_seen
 	"steer_queued_high_seen", // until a78ce34: now steer_high_seen
+	"steer_sync_changes",     // now steer_changes, which the fast path shares
+	"steer_sync_notify",      // now steer_notify
 }
 
 // Unpin removes the pins Pin creates in dir (and those of earlier builds,

@@ -72,6 +72,18 @@ var counterEvents = []struct {
 	{"remade", func(c *Counters) uint64 { return c.Remade }},
 	{"micro_frames", func(c *Counters) uint64 { return c.MicroFrames }},
 	{"micro_late", func(c *Counters) uint64 { return c.MicroLate }},
+	{"fast", func(c *Counters) uint64 { return c.Fast }},
+	{"fast_no_entry", func(c *Counters) uint64 { return c.FastNoEntry }},
+	{"fast_other", func(c *Counters) uint64 { return c.FastOther }},
+	{"fast_refused", func(c *Counters) uint64 { return c.FastRefused }},
+	{"fast_gso", func(c *Counters) uint64 { return c.FastGSO }},
+	{"fast_stale", func(c *Counters) uint64 { return c.FastStale }},
+	{"fast_lease", func(c *Counters) uint64 { return c.FastLease }},
+	{"fast_idle", func(c *Counters) uint64 { return c.FastIdle }},
+	{"fast_ended", func(c *Counters) uint64 { return c.FastEnded }},
+	{"fast_dropped", func(c *Counters) uint64 { return c.FastDropped }},
+	{"fast_admitted", func(c *Counters) uint64 { return c.FastAdmitted }},
+	{"fast_unlearned", func(c *Counters) uint64 { return c.FastUnlearned }},
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {

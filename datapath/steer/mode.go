@@ -32,6 +32,7 @@ const (
 	modePrioIdleInline = 0x400
 	modeVethClass      = 0x800
 	modeStayQueued     = 0x1000
+	modeFast           = 0x4000
 )
 
 // mflowFlag is the mode flag of each split point.
@@ -54,7 +55,7 @@ func modeOf(c Config) steerSteerMode {
 	}{
 		{c.Prio, modePrio}, {c.CountSplit, modeCountSplit}, {c.NoBridgeCount, modeNoBridgeCount},
 		{c.StayQueued, modeStayQueued}, {c.Sync, modeSync}, {c.PrioIdleInline, modePrioIdleInline},
-		{c.VethClass, modeVethClass},
+		{c.VethClass, modeVethClass}, {c.Fast, modeFast},
 	} {
 		if f.on {
 			m.Flags |= f.flag
@@ -68,6 +69,7 @@ func modeOf(c Config) steerSteerMode {
 	m.InlineCpu = uint32(c.InlineCPU)
 	m.AsidePct = c.AsideBelow
 	m.AsideDepth = c.AsideDepth
+	m.FastIdleMs = uint32(c.FastIdle / time.Millisecond)
 	return m
 }
 
@@ -80,7 +82,7 @@ func modeString(m steerSteerMode) string {
 	}{
 		{modePrio, "prio"}, {modeCountSplit, "count-split"}, {modeMFlow, "mflow-irq"}, {modeMFlowBridge, "mflow-bridge"},
 		{modeNoBridgeCount, "no-bridge-count"}, {modeSync, "sync"}, {modePrioIdleInline, "prio-idle-inline"},
-		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"},
+		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeFast, "fast"},
 	} {
 		if m.Flags&f.flag != 0 {
 			s = append(s, f.name)
@@ -89,7 +91,7 @@ func modeString(m steerSteerMode) string {
 	for _, v := range []struct {
 		n    uint32
 		name string
-	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}, {m.AsidePct, "aside-pct"}, {m.AsideDepth, "aside-depth"}} {
+	}{{m.PrioQuietMs, "prio-quiet-ms"}, {m.HighAutoPps, "high-auto-pps"}, {m.BulkQuietMs, "bulk-quiet-ms"}, {m.BulkAutoMs, "bulk-auto-ms"}, {m.InlineCpu, "inline-cpu"}, {m.AsidePct, "aside-pct"}, {m.AsideDepth, "aside-depth"}, {m.FastIdleMs, "fast-idle-ms"}} {
 		if v.n != 0 {
 			s = append(s, fmt.Sprintf("%s=%d", v.name, v.n))
 		}

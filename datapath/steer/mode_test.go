@@ -53,6 +53,7 @@ func modeConfigs() []modeConfig {
 		{name: "prism-batch", cfg: with(auto)},
 		{name: "prism-sync", cfg: with(func(c *Config) { auto(c); c.Sync = true }), sync: true},
 		{name: "prism-veth-class", cfg: with(func(c *Config) { prism(c); c.VethClass = true })},
+		{name: "fast", cfg: with(func(c *Config) { c.Fast, c.FastIdle = true, DefaultFastIdle })},
 	}
 }
 
@@ -68,7 +69,8 @@ func progSizes(t *testing.T, d *Datapath) map[string][2]uint32 {
 		"steer_tc_veth_class": d.objs.SteerTcVethClass, "steer_tc_veth_seen": d.objs.SteerTcVethSeen,
 		"steer_drops_ring": d.objs.SteerDropsRing, "steer_drops_kthread": d.objs.SteerDropsKthread,
 		"steer_drops_skb": d.objs.SteerDropsSkb, "steer_sync_xmit": d.objs.SteerSyncXmit,
-		"steer_sync_redirect_err": d.objs.SteerSyncRedirectErr, "steer_sync_notify": d.objs.SteerSyncNotify,
+		"steer_sync_redirect_err": d.objs.SteerSyncRedirectErr, "steer_notify": d.objs.SteerNotify,
+		"steer_tc_fast": d.objs.SteerTcFast, "steer_tc_fast_learn": d.objs.SteerTcFastLearn,
 	} {
 		info, err := p.Info()
 		if err != nil {
@@ -181,7 +183,7 @@ func mustNormalized(t *testing.T, c Config) Config {
 func sizeTable(modes []string, sizes map[string]map[string][2]uint32) string {
 	progs := []string{"steer_xdp", "steer_tc_ingress", "steer_tc_egress", "steer_tc_seen", "steer_tc_split_seen",
 		"steer_tc_veth_class", "steer_tc_veth_seen", "steer_drops_ring", "steer_drops_kthread", "steer_drops_skb",
-		"steer_sync_xmit", "steer_sync_redirect_err", "steer_sync_notify"}
+		"steer_sync_xmit", "steer_sync_redirect_err", "steer_notify", "steer_tc_fast", "steer_tc_fast_learn"}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-24s", "program")
 	for _, m := range modes {

@@ -52,13 +52,20 @@
  * here and redirected to that container's host-side veth: it reaches the
  * socket in one pass of the receive core, and only where the kernel's own
  * path would have delivered the same inner frame there. See sync_dest()
- * and sync_accept(); steer_sync_notify voids the destinations the moment
+ * and sync_accept(); steer_notify voids the destinations the moment
  * a change on their path is announced.
  *
- * Nothing here rewrites a packet byte, drops or consumes a frame, with one
- * exception: PRISM-sync strips the outer headers of the frames it hands to
- * a container, and copies the outer ECN mark inward, exactly as the VXLAN
- * device would. Whatever is not
+ * The fast path (MODE_FAST, fast.h): a flow the kernel's path delivered to
+ * a container, learned where its packet left the overlay
+ * (steer_tc_fast_learn on the host-side veth), goes from the underlay's tc
+ * ingress (steer_tc_fast) straight into the container's namespace with
+ * bpf_redirect_peer, where every check the kernel's path makes holds.
+ *
+ * Nothing here rewrites a packet byte, drops or consumes a frame, with two
+ * exceptions: PRISM-sync and the fast path strip the outer headers of the
+ * frames they hand to a container, copy the outer ECN mark inward, and
+ * write the inner Ethernet header and TTL the kernel's path would have
+ * left. Whatever is not
  * understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the worst a
  * bug can do is place a stage on the wrong core. place.go mirrors
  * the hashing so the control plane can predict every decision.
@@ -69,7 +76,7 @@
  * shared by every program, and the control plane loads, pins and reopens
  * them as one collection. Each concern lives in its own header there
  * (parse.h, maps.h, flow.h, order.h, place.h, prio.h, mflow.h, outer.h,
- * sync.h, counters.h), each program in its program file.
+ * sync.h, fast.h, counters.h), each program in its program file.
  */
 
 #include "bpf/xdp.c"
@@ -77,5 +84,6 @@
 #include "bpf/veth.c"
 #include "bpf/trace.c"
 #include "bpf/notify.c"
+#include "bpf/fast.c"
 
 char __license[] SEC("license") = "Dual MIT/GPL";

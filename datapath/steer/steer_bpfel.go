@@ -29,6 +29,66 @@ type steerBpfCpumapVal struct {
 	}
 }
 
+type steerFastDev struct {
+	_   structs.HostLayout
+	Mtu uint32
+	Mac [6]uint8
+	Pad uint16
+}
+
+type steerFastEntry struct {
+	_         structs.HostLayout
+	Ifindex   uint32
+	Underlay  uint32
+	VtepSrc   uint32
+	VtepDst   uint32
+	OuterDmac [6]uint8
+	InDmac    [6]uint8
+	InSmac    [6]uint8
+	Dmac      [6]uint8
+	Smac      [6]uint8
+	TtlDec    uint8
+	Pad       uint8
+	Mtu       uint32
+	_         [4]byte
+	Changes   uint64
+	Last      uint64
+}
+
+type steerFastKey struct {
+	_     structs.HostLayout
+	Vni   uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type steerFastLease struct {
+	_        structs.HostLayout
+	Deadline uint64
+	Changes  uint64
+}
+
+type steerFastNote struct {
+	_         structs.HostLayout
+	VtepSrc   uint32
+	VtepDst   uint32
+	OuterDmac [6]uint8
+	InDmac    [6]uint8
+	InSmac    [6]uint8
+	Ttl       uint8
+	Pad       uint8
+	Underlay  uint32
+	Id        uint16
+	TotLen    uint16
+	_         [4]byte
+	Changes   uint64
+	At        uint64
+}
+
 type steerFlowSlot struct {
 	_       structs.HostLayout
 	Fh      uint32
@@ -133,6 +193,7 @@ type steerSteerMode struct {
 	InlineCpu   uint32
 	AsidePct    uint32
 	AsideDepth  uint32
+	FastIdleMs  uint32
 }
 
 type steerSteerQueue struct {
@@ -200,9 +261,15 @@ const (
 	steerMapSteerAsidePass        = "steer_aside_pass"
 	steerMapSteerBulkSeen         = "steer_bulk_seen"
 	steerMapSteerCfg              = "steer_cfg"
+	steerMapSteerChanges          = "steer_changes"
 	steerMapSteerCpumap           = "steer_cpumap"
 	steerMapSteerCpumapHi         = "steer_cpumap_hi"
 	steerMapSteerEpochs           = "steer_epochs"
+	steerMapSteerFast             = "steer_fast"
+	steerMapSteerFastDev          = "steer_fast_dev"
+	steerMapSteerFastLease        = "steer_fast_lease"
+	steerMapSteerFastNotes        = "steer_fast_notes"
+	steerMapSteerFastVxlan        = "steer_fast_vxlan"
 	steerMapSteerFlows            = "steer_flows"
 	steerMapSteerHighFrames       = "steer_high_frames"
 	steerMapSteerHighInline       = "steer_high_inline"
@@ -217,7 +284,6 @@ const (
 	steerMapSteerQueues           = "steer_queues"
 	steerMapSteerStats            = "steer_stats"
 	steerMapSteerSync             = "steer_sync"
-	steerMapSteerSyncChanges      = "steer_sync_changes"
 	steerMapSteerSyncDev          = "steer_sync_dev"
 	steerMapSteerSyncLocal        = "steer_sync_local"
 	steerMapSteerSyncSrc          = "steer_sync_src"
@@ -227,10 +293,12 @@ const (
 	steerProgSteerDropsKthread    = "steer_drops_kthread"
 	steerProgSteerDropsRing       = "steer_drops_ring"
 	steerProgSteerDropsSkb        = "steer_drops_skb"
-	steerProgSteerSyncNotify      = "steer_sync_notify"
+	steerProgSteerNotify          = "steer_notify"
 	steerProgSteerSyncRedirectErr = "steer_sync_redirect_err"
 	steerProgSteerSyncXmit        = "steer_sync_xmit"
 	steerProgSteerTcEgress        = "steer_tc_egress"
+	steerProgSteerTcFast          = "steer_tc_fast"
+	steerProgSteerTcFastLearn     = "steer_tc_fast_learn"
 	steerProgSteerTcIngress       = "steer_tc_ingress"
 	steerProgSteerTcSeen          = "steer_tc_seen"
 	steerProgSteerTcSplitSeen     = "steer_tc_split_seen"
@@ -285,10 +353,12 @@ type steerProgramSpecs struct {
 	SteerDropsKthread    *ebpf.ProgramSpec `ebpf:"steer_drops_kthread"`
 	SteerDropsRing       *ebpf.ProgramSpec `ebpf:"steer_drops_ring"`
 	SteerDropsSkb        *ebpf.ProgramSpec `ebpf:"steer_drops_skb"`
-	SteerSyncNotify      *ebpf.ProgramSpec `ebpf:"steer_sync_notify"`
+	SteerNotify          *ebpf.ProgramSpec `ebpf:"steer_notify"`
 	SteerSyncRedirectErr *ebpf.ProgramSpec `ebpf:"steer_sync_redirect_err"`
 	SteerSyncXmit        *ebpf.ProgramSpec `ebpf:"steer_sync_xmit"`
 	SteerTcEgress        *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
+	SteerTcFast          *ebpf.ProgramSpec `ebpf:"steer_tc_fast"`
+	SteerTcFastLearn     *ebpf.ProgramSpec `ebpf:"steer_tc_fast_learn"`
 	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
 	SteerTcSeen          *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
@@ -301,35 +371,40 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerAdopt       *ebpf.MapSpec `ebpf:"steer_adopt"`
-	SteerAside       *ebpf.MapSpec `ebpf:"steer_aside"`
-	SteerAsidePass   *ebpf.MapSpec `ebpf:"steer_aside_pass"`
-	SteerBulkSeen    *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
-	SteerCfg         *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerCpumap      *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi    *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerEpochs      *ebpf.MapSpec `ebpf:"steer_epochs"`
-	SteerFlows       *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerHighFrames  *ebpf.MapSpec `ebpf:"steer_high_frames"`
-	SteerHighInline  *ebpf.MapSpec `ebpf:"steer_high_inline"`
-	SteerHighSeen    *ebpf.MapSpec `ebpf:"steer_high_seen"`
-	SteerMfCores     *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPassedTick  *ebpf.MapSpec `ebpf:"steer_passed_tick"`
-	SteerPrio        *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen    *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerPrioShapes  *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
-	SteerQmaps       *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueueLost   *ebpf.MapSpec `ebpf:"steer_queue_lost"`
-	SteerQueues      *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats       *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync        *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncChanges *ebpf.MapSpec `ebpf:"steer_sync_changes"`
-	SteerSyncDev     *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerSyncLocal   *ebpf.MapSpec `ebpf:"steer_sync_local"`
-	SteerSyncSrc     *ebpf.MapSpec `ebpf:"steer_sync_src"`
-	SteerTable       *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVethClass   *ebpf.MapSpec `ebpf:"steer_veth_class"`
-	SteerVni         *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerAside      *ebpf.MapSpec `ebpf:"steer_aside"`
+	SteerAsidePass  *ebpf.MapSpec `ebpf:"steer_aside_pass"`
+	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
+	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerChanges    *ebpf.MapSpec `ebpf:"steer_changes"`
+	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
+	SteerFast       *ebpf.MapSpec `ebpf:"steer_fast"`
+	SteerFastDev    *ebpf.MapSpec `ebpf:"steer_fast_dev"`
+	SteerFastLease  *ebpf.MapSpec `ebpf:"steer_fast_lease"`
+	SteerFastNotes  *ebpf.MapSpec `ebpf:"steer_fast_notes"`
+	SteerFastVxlan  *ebpf.MapSpec `ebpf:"steer_fast_vxlan"`
+	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
+	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
+	SteerHighSeen   *ebpf.MapSpec `ebpf:"steer_high_seen"`
+	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
+	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
+	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.MapSpec `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.MapSpec `ebpf:"steer_sync_src"`
+	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -359,35 +434,40 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerAdopt       *ebpf.Map `ebpf:"steer_adopt"`
-	SteerAside       *ebpf.Map `ebpf:"steer_aside"`
-	SteerAsidePass   *ebpf.Map `ebpf:"steer_aside_pass"`
-	SteerBulkSeen    *ebpf.Map `ebpf:"steer_bulk_seen"`
-	SteerCfg         *ebpf.Map `ebpf:"steer_cfg"`
-	SteerCpumap      *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi    *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerEpochs      *ebpf.Map `ebpf:"steer_epochs"`
-	SteerFlows       *ebpf.Map `ebpf:"steer_flows"`
-	SteerHighFrames  *ebpf.Map `ebpf:"steer_high_frames"`
-	SteerHighInline  *ebpf.Map `ebpf:"steer_high_inline"`
-	SteerHighSeen    *ebpf.Map `ebpf:"steer_high_seen"`
-	SteerMfCores     *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPassedTick  *ebpf.Map `ebpf:"steer_passed_tick"`
-	SteerPrio        *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen    *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerPrioShapes  *ebpf.Map `ebpf:"steer_prio_shapes"`
-	SteerQmaps       *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueueLost   *ebpf.Map `ebpf:"steer_queue_lost"`
-	SteerQueues      *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats       *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync        *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncChanges *ebpf.Map `ebpf:"steer_sync_changes"`
-	SteerSyncDev     *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerSyncLocal   *ebpf.Map `ebpf:"steer_sync_local"`
-	SteerSyncSrc     *ebpf.Map `ebpf:"steer_sync_src"`
-	SteerTable       *ebpf.Map `ebpf:"steer_table"`
-	SteerVethClass   *ebpf.Map `ebpf:"steer_veth_class"`
-	SteerVni         *ebpf.Map `ebpf:"steer_vni"`
+	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
+	SteerAside      *ebpf.Map `ebpf:"steer_aside"`
+	SteerAsidePass  *ebpf.Map `ebpf:"steer_aside_pass"`
+	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
+	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
+	SteerChanges    *ebpf.Map `ebpf:"steer_changes"`
+	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
+	SteerFast       *ebpf.Map `ebpf:"steer_fast"`
+	SteerFastDev    *ebpf.Map `ebpf:"steer_fast_dev"`
+	SteerFastLease  *ebpf.Map `ebpf:"steer_fast_lease"`
+	SteerFastNotes  *ebpf.Map `ebpf:"steer_fast_notes"`
+	SteerFastVxlan  *ebpf.Map `ebpf:"steer_fast_vxlan"`
+	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
+	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
+	SteerHighSeen   *ebpf.Map `ebpf:"steer_high_seen"`
+	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
+	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerPrioShapes *ebpf.Map `ebpf:"steer_prio_shapes"`
+	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerSyncLocal  *ebpf.Map `ebpf:"steer_sync_local"`
+	SteerSyncSrc    *ebpf.Map `ebpf:"steer_sync_src"`
+	SteerTable      *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
+	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
@@ -397,9 +477,15 @@ func (m *steerMaps) Close() error {
 		m.SteerAsidePass,
 		m.SteerBulkSeen,
 		m.SteerCfg,
+		m.SteerChanges,
 		m.SteerCpumap,
 		m.SteerCpumapHi,
 		m.SteerEpochs,
+		m.SteerFast,
+		m.SteerFastDev,
+		m.SteerFastLease,
+		m.SteerFastNotes,
+		m.SteerFastVxlan,
 		m.SteerFlows,
 		m.SteerHighFrames,
 		m.SteerHighInline,
@@ -414,7 +500,6 @@ func (m *steerMaps) Close() error {
 		m.SteerQueues,
 		m.SteerStats,
 		m.SteerSync,
-		m.SteerSyncChanges,
 		m.SteerSyncDev,
 		m.SteerSyncLocal,
 		m.SteerSyncSrc,
@@ -438,10 +523,12 @@ type steerPrograms struct {
 	SteerDropsKthread    *ebpf.Program `ebpf:"steer_drops_kthread"`
 	SteerDropsRing       *ebpf.Program `ebpf:"steer_drops_ring"`
 	SteerDropsSkb        *ebpf.Program `ebpf:"steer_drops_skb"`
-	SteerSyncNotify      *ebpf.Program `ebpf:"steer_sync_notify"`
+	SteerNotify          *ebpf.Program `ebpf:"steer_notify"`
 	SteerSyncRedirectErr *ebpf.Program `ebpf:"steer_sync_redirect_err"`
 	SteerSyncXmit        *ebpf.Program `ebpf:"steer_sync_xmit"`
 	SteerTcEgress        *ebpf.Program `ebpf:"steer_tc_egress"`
+	SteerTcFast          *ebpf.Program `ebpf:"steer_tc_fast"`
+	SteerTcFastLearn     *ebpf.Program `ebpf:"steer_tc_fast_learn"`
 	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
 	SteerTcSeen          *ebpf.Program `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.Program `ebpf:"steer_tc_split_seen"`
@@ -455,10 +542,12 @@ func (p *steerPrograms) Close() error {
 		p.SteerDropsKthread,
 		p.SteerDropsRing,
 		p.SteerDropsSkb,
-		p.SteerSyncNotify,
+		p.SteerNotify,
 		p.SteerSyncRedirectErr,
 		p.SteerSyncXmit,
 		p.SteerTcEgress,
+		p.SteerTcFast,
+		p.SteerTcFastLearn,
 		p.SteerTcIngress,
 		p.SteerTcSeen,
 		p.SteerTcSplitSeen,

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/netnsx"
@@ -123,7 +122,7 @@ type SyncSet struct {
 	Targets []SyncTarget
 	Sources []SyncSource
 	Locals  []SyncLocal
-	// Changes is the count of changes on the path (Sync.Changes) read
+	// Changes is the count of changes on the path (Datapath.Changes) read
 	// before the facts the set comes from: once another change is
 	// counted, the datapath takes none of its destinations. Not part of
 	// the set's text (FormatSyncSet).
@@ -322,33 +321,6 @@ func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("removing: %w", err)
 		}
-	}
-	return nil
-}
-
-// Changes is the count of the changes on the shortcut's path announced
-// to a socket CountChanges watches: a set whose Changes it is (Set) holds
-// until the next one.
-func (d Sync) Changes() (uint64, error) {
-	var n uint64
-	if err := d.objs.SteerSyncChanges.Lookup(uint32(0), &n); err != nil {
-		return 0, fmt.Errorf("reading the sync change count: %w", err)
-	}
-	return n, nil
-}
-
-// CountChanges makes every message the kernel sends to the netlink socket
-// fd (one subscribed to changes on the shortcut's path: nftables, IPsec)
-// count a change (bpf/notify.c): the kernel counts it as it sends the
-// notification, before the process that made the change gets its answer,
-// and every destination written before is void from then on. The socket
-// gets every message whole.
-func (d Sync) CountChanges(fd int) error {
-	if d.objs.SteerSyncNotify == nil {
-		return errors.New("counting sync changes: the datapath has no steer_sync_notify")
-	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, d.objs.SteerSyncNotify.FD()); err != nil {
-		return fmt.Errorf("counting sync changes: attaching steer_sync_notify to the socket: %w", err)
 	}
 	return nil
 }
@@ -575,7 +547,7 @@ func (k *SyncKnob) Key() string  { return KindSync + ":" + k.Dir }
 
 // open opens the sync maps alone (see openForRestore).
 func (k *SyncKnob) open() (*Datapath, error) {
-	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev, steerMapSteerSyncSrc, steerMapSteerSyncLocal, steerMapSteerSyncChanges)
+	return openForRestore(k.Dir, steerMapSteerSync, steerMapSteerSyncDev, steerMapSteerSyncSrc, steerMapSteerSyncLocal, steerMapSteerChanges)
 }
 
 func (k *SyncKnob) Read() ([]byte, error) {

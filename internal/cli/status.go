@@ -255,6 +255,9 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 				fmt.Fprintf(out, "  shortcut: %s  (%d packets)\n", f.Flow, f.Packets)
 			}
 		}
+		if st.Fast {
+			ctlPrintFast(out, st)
+		}
 		if len(st.MicroFlows) > 0 || len(st.Elephants) > 0 {
 			var per []string
 			for _, c := range slices.Sorted(maps.Keys(st.MicroFlows)) {
@@ -283,6 +286,26 @@ func ctlPrintStatus(out io.Writer, s *control.StatusReport) {
 		if st.VethClass {
 			ctlPrintVethFlows(out, st)
 		}
+	}
+}
+
+// ctlPrintFast shows the fast path into the container: its lease, what
+// took it and what did not, by reason, and its flows.
+func ctlPrintFast(out io.Writer, st *control.Steering) {
+	k := st.Stages["split"]
+	lease := "none: every frame takes the kernel's path (is lanes agent running?)"
+	if st.FastLease > 0 {
+		lease = "lanes agent's, for " + st.FastLease.Round(time.Millisecond).String()
+	}
+	fmt.Fprintf(out, "  fast path: lease %s; %d frames taken, %d entries admitted, %d overlay frames taught nothing\n", lease, k.Fast, k.FastAdmitted, k.FastUnlearned)
+	fmt.Fprintf(out, "  fast path misses: %d no entry, %d other outer facts, %d refused by the path's checks, %d GSO, %d stale (a change), %d no lease, %d idle, %d ended (FIN/RST), %d dropped\n",
+		k.FastNoEntry, k.FastOther, k.FastRefused, k.FastGSO, k.FastStale, k.FastLease, k.FastIdle, k.FastEnded, k.FastDropped)
+	for i, e := range st.FastEntries {
+		if i == 8 {
+			fmt.Fprintf(out, "  fast: ... %d more\n", len(st.FastEntries)-i)
+			break
+		}
+		fmt.Fprintf(out, "  fast: %s\n", e)
 	}
 }
 

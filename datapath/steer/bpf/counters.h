@@ -34,5 +34,18 @@ enum counter {
 	CNT_SYNC_DROPPED, /* frames the shortcut redirected that the devmap or the veth then dropped (a full ring, a device going away) */
 	CNT_ASIDE,        /* frames PRISM's aside pass let through untouched: not parsed, classified or tracked (aside_pass) */
 	CNT_REMADE,       /* flow states made anew where their slot's note was their flow's: they start where the old state's frames went (remake) */
+	/* The fast path (MODE_FAST), counted at the split stage: */
+	CNT_FAST,           /* frames decapsulated and handed to their container's namespace */
+	CNT_FAST_NO_ENTRY,  /* miss: no entry for the flow (its frame noted for learning) */
+	CNT_FAST_OTHER,     /* miss: another device, VTEP or MAC than the entry's outer facts */
+	CNT_FAST_REFUSED,   /* miss: a check of the kernel's path fails (checksums, lengths, options, flags, ECN, TTL, MTU) */
+	CNT_FAST_GSO,       /* miss: a GSO frame (not taken by this fast path) */
+	CNT_FAST_STALE,     /* miss: a change on the path since admission: entry deleted */
+	CNT_FAST_LEASE,     /* miss: the agent's lease is past (or was never given) */
+	CNT_FAST_IDLE,      /* miss: the entry was idle past the timeout: deleted */
+	CNT_FAST_ENDED,     /* TCP FIN or RST: entry deleted, the frame takes the normal path */
+	CNT_FAST_DROPPED,   /* frames lost after decapsulation began (cannot happen for a frame whose headers were linear) */
+	CNT_FAST_ADMITTED,  /* entries made where a noted frame left the overlay */
+	CNT_FAST_UNLEARNED, /* overlay frames leaving to a served veth that admitted nothing (no matching note, another MAC, options, FIN/RST) */
 	NUM_COUNTERS,
 };

@@ -263,7 +263,7 @@ struct sync_dest {
 	__u32 ifindex;   /* host-side veth, key of steer_sync_dev */
 	__u32 mtu;       /* the smaller of the two veth ends' MTUs: longer inner frames take the batch path */
 	__u64 deadline;  /* bpf_ktime_get_ns(): from then on the destination is void */
-	__u64 changes;   /* steer_sync_changes when its facts were read: once the count moves on, the destination is void */
+	__u64 changes;   /* steer_changes when its facts were read: once the count moves on, the destination is void */
 };
 
 struct {
@@ -281,23 +281,24 @@ struct {
 } steer_sync_dev SEC(".maps");
 
 /*
- * PRISM-sync's count of the changes announced on the shortcut's path that
- * may make a destination unsafe: nftables and IPsec changes in every
- * namespace the path runs through, counted by steer_sync_notify on lanes
- * agent's netlink sockets. The kernel runs that filter as it sends the
- * notification, in the changing process's context, before the command
- * that made the change returns. Every destination records the count under
- * which lanes read its facts (sync_dest.changes): once it moved on, the
- * destination is void until the agent has read the path again, so no
- * frame that arrives after the command returned takes the shortcut past
- * the new rule, however late the agent itself reads the notification.
+ * The count of the changes announced on the path a shortcut skips that
+ * may make it unsafe: nftables and IPsec changes in every namespace the
+ * path runs through, counted by steer_notify on lanes agent's netlink
+ * sockets. The kernel runs that filter as it sends the notification, in
+ * the changing process's context, before the command that made the
+ * change returns. PRISM-sync's destinations (sync_dest.changes) and the
+ * fast path's entries (fast_entry.changes) record the count under which
+ * they were vouched for: once it moved on, they are void until the agent
+ * has read the path again (the fast path's are deleted), so no frame that
+ * arrives after the command returned takes a shortcut past the new rule,
+ * however late the agent itself reads the notification.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32); /* always 0 */
 	__type(value, __u64); /* changes counted */
-} steer_sync_changes SEC(".maps");
+} steer_changes SEC(".maps");
 
 /*
  * PRISM-sync's local VTEPs: a frame takes the shortcut only if its outer
@@ -346,6 +347,126 @@ struct {
 	__type(key, struct sync_key); /* (VNI, inner source MAC) */
 	__type(value, struct sync_src); /* its VTEP, when the shortcut last took a frame of it */
 } steer_sync_src SEC(".maps");
+
+/*
+ * The fast path into the container (MODE_FAST, fast.h): a flow of the
+ * overlay, by its VNI and inner 5-tuple.
+ */
+struct fast_key {
+	__u32 vni;     /* host byte order */
+	__be32 saddr;  /* inner IPv4 addresses and ports */
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];   /* 0: the key is hashed as bytes */
+};
+
+/*
+ * What the underlay's tc ingress saw of a flow's frame that took the
+ * kernel's path (no entry yet): the outer facts the kernel accepted it
+ * with, and what identifies the same packet where it leaves the overlay
+ * (its inner IP id and total length), with its TTL then.
+ */
+struct fast_note {
+	__be32 vtep_src;       /* outer source and destination addresses */
+	__be32 vtep_dst;
+	__u8 outer_dmac[6];    /* outer Ethernet destination (the underlay's MAC) */
+	__u8 in_dmac[6];       /* the inner Ethernet header as it arrived */
+	__u8 in_smac[6];
+	__u8 ttl;              /* inner TTL as it arrived */
+	__u8 pad;
+	__u32 underlay;        /* ifindex the frame came in on */
+	__be16 id;             /* inner IP id and total length */
+	__be16 tot_len;
+	__u64 changes;         /* steer_changes when it came in */
+	__u64 at;              /* bpf_ktime_get_ns() when it came in */
+};
+
+/*
+ * A flow the kernel's path delivered to a container, learned where the
+ * frame left the overlay (the host-side veth's egress), from a frame whose
+ * note it matched: later frames with the same outer facts go from the
+ * underlay's tc ingress straight into the container's namespace.
+ */
+struct fast_entry {
+	__u32 ifindex;         /* host-side veth: bpf_redirect_peer goes to its peer */
+	__u32 underlay;        /* the frames come in on this device ... */
+	__be32 vtep_src;       /* ... from this VTEP to this one ... */
+	__be32 vtep_dst;
+	__u8 outer_dmac[6];    /* ... with these MACs ... */
+	__u8 in_dmac[6];
+	__u8 in_smac[6];
+	__u8 dmac[6];          /* the inner Ethernet header as the kernel's path delivered it */
+	__u8 smac[6];
+	__u8 ttl_dec;          /* what the kernel's path took off the TTL: 0 bridged, 1 routed */
+	__u8 pad;
+	__u32 mtu;             /* longest inner IP packet the path forwards to the container */
+	__u64 changes;         /* steer_changes at admission: once it moved, the entry is void */
+	__u64 last;            /* bpf_ktime_get_ns() of its last use (stamped once per FAST_STAMP_NS) */
+};
+
+#define FAST_ENTRIES 16384
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FAST_ENTRIES);
+	__type(key, struct fast_key);
+	__type(value, struct fast_entry);
+} steer_fast SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FAST_ENTRIES);
+	__type(key, struct fast_key);
+	__type(value, struct fast_note);
+} steer_fast_notes SEC(".maps");
+
+/* The fast path's lease: lanes agent vouches for the path until deadline
+ * (bpf_ktime_get_ns), under the change count it read before it read the
+ * path (steer_changes). It renews it every round; past the deadline, or
+ * once another change was counted, nothing is admitted or used (an agent
+ * that died leaves the kernel's path to every frame; a change leaves it
+ * there until the agent has read the path again). */
+struct fast_lease {
+	__u64 deadline; /* 0: none */
+	__u64 changes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* always 0 */
+	__type(value, struct fast_lease);
+} steer_fast_lease SEC(".maps");
+
+/* The VXLAN devices whose frames the fast path may learn from, by the
+ * ifindex a frame they received carries on (skb->ingress_ifindex), with
+ * their VNI. Written by lanes agent where nothing on the path can change
+ * the kernel's verdict. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* ifindex of a VXLAN device */
+	__type(value, __u32); /* its VNI */
+} steer_fast_vxlan SEC(".maps");
+
+/* The host-side veths the fast path may deliver to, with what the path
+ * to each allows: the longest inner IP packet it forwards (the smallest
+ * MTU on the way) and the container interface's MAC (a frame for another
+ * MAC, flooded, teaches nothing). Written by lanes agent. */
+struct fast_dev {
+	__u32 mtu;
+	__u8 mac[6];
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* ifindex of a host-side veth */
+	__type(value, struct fast_dev);
+} steer_fast_dev SEC(".maps");
 
 /* MFLOW: micro-flows sent to each core. Written once per micro-flow, not
  * per frame, so one shared counter per core costs nothing that matters. */

@@ -48,6 +48,9 @@
 /* The bridge stage stays through the RPS backlog, as before stay_direct:
  * for measuring what running on changes. */
 #define MODE_STAY_QUEUED 0x1000u
+/* The fast path into the container (fast.h): steer_tc_fast and
+ * steer_tc_fast_learn act only with it. */
+#define MODE_FAST 0x4000u
 struct steer_mode {
 	__u32 flags; /* MODE_* */
 	/* MODE_PRIO_IDLE_INLINE: bulk also stays in the NIC poll while no
@@ -82,6 +85,9 @@ struct steer_mode {
 	 * receive work decides where it cannot); read by the agent. 0: the
 	 * receive work alone. */
 	__u32 aside_depth;
+	/* MODE_FAST: an entry unused for this long is void (deleted at its
+	 * next frame, which takes the kernel's path). */
+	__u32 fast_idle_ms;
 };
 
 const volatile struct steer_mode steer_mode = {};

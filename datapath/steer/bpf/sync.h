@@ -78,7 +78,7 @@ static __always_inline struct sync_src *sync_accept(struct xdp_md *ctx, const st
  * or 0. The control plane lists a (VNI, inner destination MAC) only where
  * the bridge forwards that MAC to that veth and nothing on the way could
  * act on the frame, until the deadline it renews and while no change it
- * watches came since it read that (steer_sync_changes); a frame longer than the
+ * watches came since it read that (steer_changes); a frame longer than the
  * container's MTU would be dropped by the veth, so it takes the batch
  * path (CNT_SYNC_MISS), and so does one the kernel would not deliver
  * (sync_accept, CNT_SYNC_REFUSED). *src and *ecn are sync_accept's.
@@ -102,7 +102,7 @@ static __always_inline __u32 sync_dest(struct xdp_md *ctx, const struct overlay 
 		count(STAGE_SPLIT, CNT_SYNC_MISS);
 		return 0;
 	}
-	changes = bpf_map_lookup_elem(&steer_sync_changes, &zero);
+	changes = bpf_map_lookup_elem(&steer_changes, &zero);
 	if (bpf_ktime_get_ns() >= d->deadline || !changes || *(volatile __u64 *)changes != d->changes) {
 		count(STAGE_SPLIT, CNT_SYNC_EXPIRED);
 		return 0;

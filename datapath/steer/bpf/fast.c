@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: (MIT OR GPL-2.0) */
+/*
+ * The fast path's programs (fast.h): steer_tc_fast on the underlay's tc
+ * ingress, steer_tc_fast_learn on each container's host-side veth's tc
+ * egress. Both hand on whatever they do not take (TC_ACT_UNSPEC: the next
+ * program of the hook, then the kernel).
+ */
+#include "fast.h"
+
+/* The outer UDP checksum of an skb whose datagram is linear and whole
+ * (outer_udp_csum_ok). A global function: the verifier checks its
+ * branches once. */
+__noinline int fast_udp_csum_ok(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	return data_end - data == skb->len && outer_udp_csum_ok(data, data_end);
+}
+
+/*
+ * udp_rcv's checksum verdict on the outer datagram: none (0), or one the
+ * skb says was verified (CHECKSUM_UNNECESSARY: the NIC or GRO checked the
+ * outermost checksum), or computed here over the datagram, pulled whole.
+ * A CHECKSUM_PARTIAL skb (sent by this host, never through a wire) is
+ * computed too, and its unfinished checksum refuses it: the kernel's path
+ * takes it.
+ */
+static __always_inline int fast_udp_ok(struct __sk_buff *skb, const struct outer_hdrs *o)
+{
+	if (!o->uh->check || bpf_csum_level(skb, BPF_CSUM_LEVEL_QUERY) >= 0)
+		return 1;
+	if (skb->len > OUTER_CSUM_CHUNK * OUTER_CSUM_CHUNKS || bpf_skb_pull_data(skb, skb->len) < 0)
+		return 0;
+	return fast_udp_csum_ok(skb);
+}
+
+SEC("tc")
+int steer_tc_fast(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct overlay ov = {};
+	struct fast_key k = {};
+	struct tuple t = {};
+	struct outer_hdrs o;
+	struct fast_entry *e;
+	struct cursor c;
+	__u32 why, ecn = OUTER_ECN_KEEP;
+	__u64 now;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
+		return TC_ACT_UNSPEC;
+	if (pull(skb, MAX_OUTER_HDRS) < 0)
+		goto passed;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	c.left = skb->len;
+	if (parse_outer(&c, cfg, &t, &ov) < 0 || ov.inner_off != OUTER_LEN ||
+	    !outer_at((void *)(long)skb->data, (void *)(long)skb->data_end, &o))
+		goto passed;
+	fast_key_of(&k, ov.vni, &t);
+	now = bpf_ktime_get_ns();
+	e = bpf_map_lookup_elem(&steer_fast, &k);
+	if (!e) {
+		fast_note(skb, &k, &o, now);
+		count(STAGE_SPLIT, CNT_FAST_NO_ENTRY);
+		return TC_ACT_UNSPEC;
+	}
+	why = fast_void(&k, e, now);
+	if (why) {
+		if (why != CNT_FAST_LEASE)
+			fast_note(skb, &k, &o, now);
+		count(STAGE_SPLIT, why);
+		return TC_ACT_UNSPEC;
+	}
+	if (tcp_flags(o.iip, (void *)(long)skb->data_end) & TCP_FIN_RST) {
+		bpf_map_delete_elem(&steer_fast, &k);
+		count(STAGE_SPLIT, CNT_FAST_ENDED);
+		return TC_ACT_UNSPEC;
+	}
+	if (skb->gso_segs > 1 || skb->gso_size) {
+		count(STAGE_SPLIT, CNT_FAST_GSO);
+		return TC_ACT_UNSPEC;
+	}
+	if (!fast_same_outer(skb, e, &o)) {
+		count(STAGE_SPLIT, CNT_FAST_OTHER);
+		return TC_ACT_UNSPEC;
+	}
+	if (!fast_checks(e, &o, skb->len, &ecn) || !fast_udp_ok(skb, &o)) {
+		count(STAGE_SPLIT, CNT_FAST_REFUSED);
+		return TC_ACT_UNSPEC;
+	}
+	return fast_deliver(skb, e, ecn, now);
+passed:
+	count(STAGE_SPLIT, CNT_PASSED);
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * Where a frame leaves the overlay into a container: on the host-side
+ * veth's egress, a frame the VXLAN device received (its ingress_ifindex)
+ * for the container behind a veth lanes agent vouches for, that is the
+ * packet a note describes (same flow, IP id and total length, within
+ * FAST_NOTE_NS, under the same change count, and a TTL the path took 0 or
+ * 1 off), makes the flow's entry. Broadcast and flooded frames (another
+ * MAC than the container's) and TCP FIN or RST make none.
+ */
+SEC("tc")
+int steer_tc_fast_learn(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	__u32 in = skb->ingress_ifindex, out = skb->ifindex;
+	struct fast_key k = {};
+	struct tuple t = {};
+	struct fast_note *n;
+	struct fast_dev *dev;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	void *data_end;
+	__u64 now, changes;
+	__u32 *vni;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
+		return TC_ACT_UNSPEC;
+	vni = bpf_map_lookup_elem(&steer_fast_vxlan, &in);
+	dev = bpf_map_lookup_elem(&steer_fast_dev, &out);
+	if (!vni || !dev)
+		return TC_ACT_UNSPEC;
+	now = bpf_ktime_get_ns();
+	changes = path_changes();
+	if (!fast_leased(now, changes) || skb_inner_tuple(skb, &t) < 0)
+		return TC_ACT_UNSPEC;
+	eth = (void *)(long)skb->data;
+	ip = (void *)(eth + 1);
+	data_end = (void *)(long)skb->data_end;
+	if ((void *)(ip + 1) > data_end)
+		return TC_ACT_UNSPEC;
+	fast_key_of(&k, *vni, &t);
+	n = bpf_map_lookup_elem(&steer_fast_notes, &k);
+	if (!n || n->id != ip->id || n->tot_len != ip->tot_len || now > n->at + FAST_NOTE_NS || n->ttl < ip->ttl ||
+	    n->ttl - ip->ttl > 1 || n->changes != changes || ip->ihl != 5 || !mac_eq(eth->h_dest, dev->mac) ||
+	    (tcp_flags(ip, data_end) & TCP_FIN_RST)) {
+		count(STAGE_SPLIT, CNT_FAST_UNLEARNED);
+		return TC_ACT_UNSPEC;
+	}
+	fast_admit(&k, n, dev, out, eth, ip->ttl, now);
+	return TC_ACT_UNSPEC;
+}

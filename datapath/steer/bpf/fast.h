@@ -1,0 +1,226 @@
+/* SPDX-License-Identifier: (MIT OR GPL-2.0) */
+/*
+ * The fast path into the container (MODE_FAST): once the kernel's own path
+ * has delivered a flow of the overlay to a container, its later frames go
+ * from the underlay's tc ingress straight into the container's namespace
+ * (bpf_redirect_peer), skipping outer IP/UDP, the VXLAN device and its
+ * GRO cell, the bridge or the routing, and the veth's transmit.
+ *
+ * Learning: a frame of a flow without an entry leaves a note at the
+ * underlay's ingress (fast_note: the outer facts the kernel then accepts
+ * it with, its inner IP id, total length and TTL, the change count). Where
+ * the same packet leaves the overlay, at the host-side veth's egress
+ * (fast_learn), it makes the flow's entry: the veth, the MACs and TTL the
+ * kernel's path left it with, the outer facts of the note. Only a packet
+ * the whole path delivered teaches anything, never one packet alone: no
+ * note, no entry.
+ *
+ * Use (fast_ingress): a frame with the entry's outer facts that passes
+ * every check the kernel's path makes on the way (outer.h's, the inner
+ * header's checksum and length, TTL, MTU) loses its outer headers, gets
+ * the inner Ethernet header and TTL the kernel's path would have given it,
+ * and goes to the container. Anything else takes the kernel's path,
+ * untouched, counted by reason. Entries end on TCP FIN or RST, idle time,
+ * any change counted on the path (steer_changes), and lanes agent's flush;
+ * nothing is admitted or used past the agent's lease (steer_fast_lease).
+ *
+ * GSO frames (GRO'd TCP) take the kernel's path: on kernels without
+ * BPF_F_ADJ_ROOM_DECAP_L4_UDP a decapsulated GSO skb keeps its tunnel GSO
+ * state.
+ */
+#pragma once
+
+#include "outer.h"
+
+/* A note older than this teaches nothing: the same packet crosses the
+ * host far sooner, and an IP id repeats. */
+#define FAST_NOTE_NS (1000ULL * 1000 * 1000)
+/* An entry's last use is stamped at most this often, so a busy flow does
+ * not write its entry on every frame from every core. */
+#define FAST_STAMP_NS (1000ULL * 1000)
+
+/* TCP flags that end a flow's entry: FIN, RST. */
+#define TCP_FIN_RST 0x05
+
+static __always_inline void fast_key_of(struct fast_key *k, __u32 vni, const struct tuple *t)
+{
+	k->vni = vni;
+	k->saddr = t->saddr;
+	k->daddr = t->daddr;
+	k->sport = t->sport;
+	k->dport = t->dport;
+	k->proto = t->proto;
+}
+
+/* The change count now (~0 if unreadable: matches no entry's). */
+static __always_inline __u64 path_changes(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&steer_changes, &zero);
+
+	return n ? *(volatile __u64 *)n : ~0ULL;
+}
+
+/* Does lanes agent vouch for the path at now, under the change count
+ * changes? */
+static __always_inline int fast_leased(__u64 now, __u64 changes)
+{
+	__u32 zero = 0;
+	struct fast_lease *l = bpf_map_lookup_elem(&steer_fast_lease, &zero);
+
+	return l && now < l->deadline && l->changes == changes;
+}
+
+/* The TCP flags of an inner IPv4 packet without options at ip, or 0. */
+static __always_inline __u8 tcp_flags(const struct iphdr *ip, void *data_end)
+{
+	const __u8 *flags = (const void *)(ip + 1) + 13;
+
+	if (ip->protocol != IPPROTO_TCP || (void *)(flags + 1) > data_end)
+		return 0;
+	return *flags;
+}
+
+/* Note a frame of a flow without an entry, for its packet's way out. */
+static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_key *k, const struct outer_hdrs *o,
+				      __u64 now)
+{
+	struct fast_note n = {
+		.vtep_src = o->ip->saddr,
+		.vtep_dst = o->ip->daddr,
+		.ttl = o->iip->ttl,
+		.underlay = skb->ingress_ifindex,
+		.id = o->iip->id,
+		.tot_len = o->iip->tot_len,
+		.changes = path_changes(),
+		.at = now,
+	};
+
+	__builtin_memcpy(n.outer_dmac, o->eth->h_dest, sizeof(n.outer_dmac));
+	__builtin_memcpy(n.in_dmac, o->ieth->h_dest, sizeof(n.in_dmac));
+	__builtin_memcpy(n.in_smac, o->ieth->h_source, sizeof(n.in_smac));
+	bpf_map_update_elem(&steer_fast_notes, k, &n, BPF_ANY);
+}
+
+/* Is the entry void at now? 0 if not, else the counter saying why; an
+ * entry that can never hold again (a change on the path, idle) is deleted. */
+static __always_inline __u32 fast_void(const struct fast_key *k, const struct fast_entry *e, __u64 now)
+{
+	__u64 changes = path_changes();
+
+	if (e->changes != changes) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_STALE;
+	}
+	if (!fast_leased(now, changes))
+		return CNT_FAST_LEASE;
+	if (now > e->last && now - e->last > (__u64)steer_mode.fast_idle_ms * 1000000) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_IDLE;
+	}
+	return 0;
+}
+
+/* Does the frame come as the entry's did: on its device, between its
+ * VTEPs, with its MACs? */
+static __always_inline int fast_same_outer(const struct __sk_buff *skb, const struct fast_entry *e,
+					   const struct outer_hdrs *o)
+{
+	return skb->ingress_ifindex == e->underlay && o->ip->saddr == e->vtep_src && o->ip->daddr == e->vtep_dst &&
+	       mac_eq(o->eth->h_dest, e->outer_dmac) && mac_eq(o->ieth->h_dest, e->in_dmac) &&
+	       mac_eq(o->ieth->h_source, e->in_smac);
+}
+
+/*
+ * The kernel's checks on the way that the outer facts do not settle, for
+ * a frame of len bytes: outer_ok's; an inner IPv4 header without options
+ * (ip_forward may act on them), its checksum right (ip_rcv on a routed
+ * path; the container's own otherwise) and its total length the frame's
+ * (the routed path trims the rest); a TTL the routed path does not expire
+ * (ip_forward); no longer than the path's MTU; RFC 6040's ECN (*ecn).
+ * The outer UDP checksum is fast_ingress's.
+ */
+static __always_inline int fast_checks(const struct fast_entry *e, const struct outer_hdrs *o, __u32 len, __u32 *ecn)
+{
+	__u32 ilen = bpf_ntohs(o->iip->tot_len);
+
+	if (!outer_ok(o, len) || o->iip->ihl != 5 || !ipv4_csum_ok(o->iip))
+		return 0;
+	if (ilen != len - OUTER_LEN - ETH_HLEN || ilen > e->mtu || o->iip->ttl <= e->ttl_dec)
+		return 0;
+	return outer_ecn(o, ecn);
+}
+
+/*
+ * Hand the checked frame to the container: strip the outer headers and
+ * the inner Ethernet header (bpf_skb_adjust_room keeps the first ETH_HLEN
+ * bytes, which become the inner Ethernet header the kernel's path would
+ * have delivered), apply ECN and the TTL the path takes off (as
+ * ip_decrease_ttl does), and leave the checksum state as the VXLAN
+ * socket's receive leaves it (one level of CHECKSUM_UNNECESSARY consumed:
+ * the outer UDP's). What bpf_redirect_peer's scrub keeps and the veth's
+ * would not, the mark, is cleared; the receive queue is the peer's own.
+ */
+static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry *e, __u32 ecn, __u64 now)
+{
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct iphdr *iip;
+
+	if (bpf_skb_adjust_room(skb, -(__s32)OUTER_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_NO_CSUM_RESET)) {
+		count(STAGE_SPLIT, CNT_FAST_REFUSED); /* the frame is whole: the kernel's path */
+		return TC_ACT_UNSPEC;
+	}
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	iip = data + ETH_HLEN;
+	if ((void *)(iip + 1) > data_end) {
+		count(STAGE_SPLIT, CNT_FAST_DROPPED);
+		return TC_ACT_SHOT;
+	}
+	__builtin_memcpy(eth->h_dest, e->dmac, sizeof(eth->h_dest));
+	__builtin_memcpy(eth->h_source, e->smac, sizeof(eth->h_source));
+	inner_ecn(iip, ecn);
+	if (e->ttl_dec) {
+		iip->check = csum16_add(iip->check, bpf_htons(0x0100));
+		iip->ttl--;
+	}
+	bpf_csum_level(skb, BPF_CSUM_LEVEL_DEC);
+	/* Two stores the compiler must not merge into one the verifier
+	 * refuses (a context field is written at its own width). */
+	*(volatile __u32 *)&skb->mark = 0;
+	*(volatile __u32 *)&skb->queue_mapping = 0;
+	if (now > e->last + FAST_STAMP_NS)
+		e->last = now;
+	count(STAGE_SPLIT, CNT_FAST);
+	return bpf_redirect_peer(e->ifindex, 0);
+}
+
+/* An entry made from the packet whose note n is, as it leaves on the
+ * host-side veth ifindex (MTU and container MAC dev) with the Ethernet
+ * header eth and inner TTL ttl. */
+static __always_inline void fast_admit(const struct fast_key *k, const struct fast_note *n, const struct fast_dev *dev,
+				       __u32 ifindex, const struct ethhdr *eth, __u8 ttl, __u64 now)
+{
+	struct fast_entry e = {
+		.ifindex = ifindex,
+		.underlay = n->underlay,
+		.vtep_src = n->vtep_src,
+		.vtep_dst = n->vtep_dst,
+		.ttl_dec = n->ttl - ttl,
+		.mtu = dev->mtu,
+		.changes = n->changes,
+		.last = now,
+	};
+
+	__builtin_memcpy(e.outer_dmac, n->outer_dmac, sizeof(e.outer_dmac));
+	__builtin_memcpy(e.in_dmac, n->in_dmac, sizeof(e.in_dmac));
+	__builtin_memcpy(e.in_smac, n->in_smac, sizeof(e.in_smac));
+	__builtin_memcpy(e.dmac, eth->h_dest, sizeof(e.dmac));
+	__builtin_memcpy(e.smac, eth->h_source, sizeof(e.smac));
+	bpf_map_delete_elem(&steer_fast_notes, k);
+	if (bpf_map_update_elem(&steer_fast, k, &e, BPF_ANY) == 0)
+		count(STAGE_SPLIT, CNT_FAST_ADMITTED);
+}
