@@ -361,3 +361,56 @@ func (t *Topology) MergesInnerUDP() string {
 	}
 	return strings.Join(why, "; ")
 }
+
+// UnderlayOf is v's underlay device, or nil if discovery found none.
+func (t *Topology) UnderlayOf(v *VXLAN) *Device {
+	for i := range t.Underlays {
+		if u := &t.Underlays[i]; v.Underlay != "" && u.Name == v.Underlay && u.NetNS == v.UnderlayNetNS {
+			return u
+		}
+	}
+	return nil
+}
+
+// BridgeNamed is the bridge of that name, or nil.
+func (t *Topology) BridgeNamed(name string) *Bridge {
+	for i := range t.Bridges {
+		if name != "" && t.Bridges[i].Name == name {
+			return &t.Bridges[i]
+		}
+	}
+	return nil
+}
+
+// VethNamed is the host-side veth of that name, or nil.
+func (t *Topology) VethNamed(name string) *Veth {
+	for i := range t.Veths {
+		if t.Veths[i].Name == name {
+			return &t.Veths[i]
+		}
+	}
+	return nil
+}
+
+// PeerOf is the container interface behind a host-side veth, or nil.
+func (t *Topology) PeerOf(v *Veth) *Interface {
+	for i := range t.Containers {
+		for j := range t.Containers[i].Interfaces {
+			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth == v.Name {
+				return ifc
+			}
+		}
+	}
+	return nil
+}
+
+// Port is how port forwards on b; a port b does not list reads as state
+// "unknown", not found.
+func (b *Bridge) Port(port string) (BridgePort, bool) {
+	for _, p := range b.PortInfo {
+		if p.Name == port {
+			return p, true
+		}
+	}
+	return BridgePort{Name: port, State: "unknown"}, false
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
 	"github.com/lanesnet/lanes/internal/netnsx"
+	"github.com/lanesnet/lanes/policy/onpath"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -30,15 +31,15 @@ func init() { plan.RegisterAgent(SyncAgentName, newSyncAgent) }
 // syncAgent keeps PRISM-sync's destinations true while the host changes:
 // containers come and go, the bridge learns and forgets MACs, someone adds
 // a filter. A change on the path that may make a destination unsafe
-// (netlink notifications: watch.go) withdraws every destination at once;
+// (netlink notifications: onpath.Watch) withdraws every destination at once;
 // the agent then rediscovers the topology and writes the destinations
 // that still hold. It does so every Interval in any case (legacy iptables
 // sends no notification), and every write gives the destinations a
 // deadline a few intervals on (syncTTL): an agent that dies leaves the
 // shortcut to close by itself. nftables and IPsec changes void the
 // destinations in the datapath already as the kernel announces them,
-// before the command that made one returns (steer.Sync.CountChanges on the
-// watch's sockets): a firewall rule does not wait for the agent to read
+// before the command that made one returns (steer.Datapath.CountChanges on
+// the watch's sockets): a firewall rule does not wait for the agent to read
 // of it. It refreshes the bridge's forwarding entries of the remote MACs
 // whose frames took the shortcut, as the bridge's own learning would have
 // (refreshFDB). It never turns a container's GRO on (agents change maps,
@@ -218,7 +219,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 		// destinations may have lapsed.
 		a.guard.whenAsideEnds(func() { askRound(changed) })
 	}
-	var w *watcher
+	var w *onpath.Watcher
 	// watched are the namespaces the path ran through at the last round
 	// that read it; w's, where w is set.
 	var watched []string
@@ -228,7 +229,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	var following sync.WaitGroup
 	defer func() {
 		if w != nil {
-			w.close()
+			w.Close()
 		}
 		following.Wait()
 	}()
@@ -237,7 +238,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 	beat := a.env.Beats.Loop("prism-sync rounds", a.interval)
 	defer beat.Stop()
 	for skipped := 0; ; {
-		if (w == nil || w.broken() != nil) && watched != nil {
+		if (w == nil || w.Broken() != nil) && watched != nil {
 			// None subscribed, or a subscription failed (follow
 			// withdrew on it): subscribe again before the round reads
 			// the path, which it vouches for only under a live watch.
@@ -289,7 +290,7 @@ func (a *syncAgent) Run(ctx context.Context) (err error) {
 		}
 		skipped = 0
 		if w != nil {
-			w.setMACs(a.macs())
+			w.SetMACs(a.macs())
 		}
 	}
 }
@@ -312,17 +313,17 @@ func (a *syncAgent) stale() error {
 // follow; nil where it cannot, which the status says: with no watch
 // counting the path's changes, no round writes a destination (refresh),
 // and the agent tries again before each round.
-func (a *syncAgent) rewatch(ctx context.Context, w *watcher, namespaces []string, changed chan<- struct{}, following *sync.WaitGroup) *watcher {
+func (a *syncAgent) rewatch(ctx context.Context, w *onpath.Watcher, namespaces []string, changed chan<- struct{}, following *sync.WaitGroup) *onpath.Watcher {
 	if w != nil {
-		w.close()
+		w.Close()
 	}
-	w, err := watch(ctx, namespaces, a.dp.Sync().CountChanges)
+	w, err := onpath.Watch(ctx, namespaces, a.dp.CountChanges)
 	if err != nil {
 		a.setWatch(fmt.Sprintf("%v: no destination until a subscription holds (tried again every %v)", err, a.interval))
 		return nil
 	}
 	a.setWatch("")
-	w.setMACs(a.macs())
+	w.SetMACs(a.macs())
 	following.Go(func() { a.follow(w, changed) })
 	return w
 }
@@ -331,16 +332,16 @@ func (a *syncAgent) rewatch(ctx context.Context, w *watcher, namespaces []string
 // destination unsafe withdraws every destination at once, and any change
 // asks for a round. A subscription that failed withdraws too, and the
 // status says so until the agent's loop has subscribed again.
-func (a *syncAgent) follow(w *watcher, changed chan<- struct{}) {
+func (a *syncAgent) follow(w *onpath.Watcher, changed chan<- struct{}) {
 	for {
 		select {
-		case <-w.done:
+		case <-w.Done():
 			return
-		case ev := <-w.events:
-			if ev.withdraw {
-				a.withdraw(ev.why)
+		case ev := <-w.Events():
+			if ev.Withdraw {
+				a.withdraw(ev.Why)
 			}
-			if err := w.broken(); err != nil {
+			if err := w.Broken(); err != nil {
 				a.setWatch(fmt.Sprintf("%v: subscribing again", err))
 			}
 			askRound(changed)
@@ -404,17 +405,17 @@ func (a *syncAgent) setWatch(why string) {
 }
 
 // macs are the destination and source MACs the datapath holds now.
-func (a *syncAgent) macs() shortcutMACs {
-	out := shortcutMACs{targets: map[string]bool{}, sources: map[string]bool{}}
+func (a *syncAgent) macs() onpath.MACs {
+	out := onpath.MACs{Targets: map[string]bool{}, Sources: map[string]bool{}}
 	s, err := a.dp.Sync().Get()
 	if err != nil {
 		return out
 	}
 	for _, t := range s.Targets {
-		out.targets[t.MAC.String()] = true
+		out.Targets[t.MAC.String()] = true
 	}
 	for _, src := range s.Sources {
-		out.sources[src.MAC.String()] = true
+		out.Sources[src.MAC.String()] = true
 	}
 	return out
 }
@@ -454,7 +455,7 @@ func (a *syncAgent) withdraw(why string) {
 // mode) until the next round, never open on stale facts. Withdrawals on
 // a change run beside it at the agent's normal policy (follow), so
 // closing is never the part that waits.
-func (a *syncAgent) refreshIdle(w *watcher, watched []string) (namespaces []string) {
+func (a *syncAgent) refreshIdle(w *onpath.Watcher, watched []string) (namespaces []string) {
 	round := func() {
 		if f := testRound.Load(); f != nil {
 			(*f)()
@@ -482,7 +483,7 @@ var testRound atomic.Pointer[func()]
 // destinations on a change w's sockets announce, and only from their
 // subscription on. Otherwise it withdraws them (the agent subscribes,
 // then reads the path again).
-func (a *syncAgent) refresh(w *watcher, watched []string) (namespaces []string) {
+func (a *syncAgent) refresh(w *onpath.Watcher, watched []string) (namespaces []string) {
 	st := SyncStatus{At: time.Now()}
 	defer func() {
 		if st.Err != "" {
@@ -513,13 +514,13 @@ func (a *syncAgent) refresh(w *watcher, watched []string) (namespaces []string) 
 	a.mu.Lock()
 	gen := a.gen
 	a.mu.Unlock()
-	live := w != nil && w.broken() == nil
+	live := w != nil && w.Broken() == nil
 	// The changes counted so far, before the path is read: the datapath
 	// takes the destinations only while no other change came (the watch
 	// counts them as the kernel announces them: steer.Sync.CountChanges),
 	// so a table added while this round reads voids them even if the
 	// round did not see it.
-	changes, err := a.dp.Sync().Changes()
+	changes, err := a.dp.Changes()
 	if err != nil {
 		st.Err = err.Error()
 		return nil
@@ -564,7 +565,7 @@ func (a *syncAgent) refresh(w *watcher, watched []string) (namespaces []string) 
 	// the watch failed since (its withdrawal is on its way), and under
 	// the lock a withdrawal takes, so none comes in between.
 	a.mu.Lock()
-	stale := a.gen != gen || w.broken() != nil
+	stale := a.gen != gen || w.Broken() != nil
 	if !stale {
 		err = netnsx.Do(a.env.NetNS, func() error { return a.dp.Sync().Set(set, syncTTL(a.interval)) })
 	}

@@ -1,8 +1,9 @@
 package prism
 
 import (
-	"errors"
 	"sync"
+
+	"github.com/lanesnet/lanes/policy/onpath"
 )
 
 // SetGuardRule makes new guards (the ladder's and bulk-sched's) use r
@@ -19,37 +20,13 @@ func SetGuardRule(r GuardRule) (undo func()) {
 // ladder.
 const GuardOff = guardOff
 
-// OnWatch tells f of each netlink watch a sync agent subscribes, with a
-// function that breaks it as an unexpected read error would (one of its
-// sockets closed under its reader), until undo.
-func OnWatch(f func(breakIt func())) (undo func()) {
-	testWatched = func(w *watcher) {
-		f(func() {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			if len(w.socks) > 0 {
-				w.socks[0].Close()
-			}
-		})
-	}
-	return func() { testWatched = nil }
-}
-
-// RefuseWatch makes every netlink watch a sync agent subscribes fail, as
-// a subscription the kernel refuses would, until undo.
-func RefuseWatch() (undo func()) {
-	f := func([]string) error { return errors.New("test: subscriptions refused") }
-	testSubscribe.Store(&f)
-	return func() { testSubscribe.Store(nil) }
-}
-
-// BeforeWatch runs f before each netlink watch a sync agent subscribes,
-// on the agent's goroutine, until undo.
-func BeforeWatch(f func()) (undo func()) {
-	g := func([]string) error { f(); return nil }
-	testSubscribe.Store(&g)
-	return func() { testSubscribe.Store(nil) }
-}
+// OnWatch, RefuseWatch and BeforeWatch act on the netlink watches a sync
+// agent subscribes (onpath's test hooks).
+var (
+	OnWatch     = onpath.OnWatch
+	RefuseWatch = onpath.RefuseWatch
+	BeforeWatch = onpath.BeforeWatch
+)
 
 // HoldSyncRound makes the next round of a sync agent wait, from its
 // start, until release; held is closed once it waits.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/policy/onpath"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -54,63 +55,6 @@ type SyncPlan struct {
 	facts SyncFacts
 }
 
-// netfilterMayAct says why netfilter in namespace ns may act on an IPv4
-// frame of the overlay ("" when nothing can).
-func netfilterMayAct(nf topology.Netfilter, ns string) string {
-	if nf.Err != "" {
-		return fmt.Sprintf("netfilter in %s could not be read (%s), so rules may filter the path", label(ns), nf.Err)
-	}
-	if len(nf.IPTables) > 0 {
-		return fmt.Sprintf("iptables tables %s exist in %s and may filter the overlay's frames", strings.Join(nf.IPTables, ", "), label(ns))
-	}
-	var tabs []string
-	for _, tab := range nf.NFTables {
-		fam, _, _ := strings.Cut(tab, " ")
-		if slices.Contains(nfFamiliesSeeIPv4, fam) {
-			tabs = append(tabs, fmt.Sprintf("%q", tab))
-		}
-	}
-	if len(tabs) > 0 {
-		return fmt.Sprintf("nftables tables %s exist in %s and may filter the overlay's frames", strings.Join(tabs, ", "), label(ns))
-	}
-	return ""
-}
-
-// filtersMayAct says why the packet filters of namespace ns may act on a
-// frame of the overlay on the path the shortcut skips ("" when nothing
-// can): nf its netfilter tables, f the rest (legacy ebtables, IPsec, which
-// drops the plaintext datagrams of an encrypted overlay on their way to
-// the VXLAN socket). lanes does not read what the rules do: where one
-// may exist, the shortcut is off.
-func filtersMayAct(nf topology.Netfilter, f topology.Filters, ns string) string {
-	if why := netfilterMayAct(nf, ns); why != "" {
-		return why
-	}
-	switch {
-	case f.Err != "":
-		return fmt.Sprintf("the packet filters of %s could not be read (%s), so rules may filter the path", label(ns), f.Err)
-	case len(f.Ebtables) > 0:
-		return fmt.Sprintf("legacy ebtables tables %s exist in %s and may filter the bridged frames", strings.Join(f.Ebtables, ", "), label(ns))
-	case len(f.XFRM) > 0:
-		return fmt.Sprintf("%s has IPsec policies or states (%s), whose checks on the overlay's datagrams the shortcut would skip", label(ns), strings.Join(f.XFRM, "; "))
-	}
-	return ""
-}
-
-// nfFamiliesSeeIPv4 are the nftables families whose tables can act on an
-// IPv4 frame on its way from the underlay to a container (ip6 and arp
-// tables never see it).
-var nfFamiliesSeeIPv4 = []string{"ip", "inet", "bridge", "netdev"}
-
-// ownHook says whether a hook is one of lanes' steering programs, which
-// the shortcut may skip: they only place later stages and count frames,
-// they never filter. (The kernel keeps 15 characters of a program's name;
-// every steering program's name starts with steer_.)
-func ownHook(entry string) bool {
-	_, name, _ := strings.Cut(entry, ":")
-	return (strings.HasPrefix(entry, "tcx:") || strings.HasPrefix(entry, "xdp:")) && strings.HasPrefix(name, "steer_")
-}
-
 // SyncFacts is what Sync reads beyond the topology: each bridged VXLAN
 // device's receive path (by device name) and the packet filters of the
 // namespaces on the way (by namespace).
@@ -121,15 +65,11 @@ type SyncFacts struct {
 
 // ReadSyncFacts reads t's SyncFacts.
 func ReadSyncFacts(t *topology.Topology) SyncFacts {
-	f := SyncFacts{Paths: map[string]topology.SyncPath{}, Filters: map[string]topology.Filters{t.NetNS: topology.ReadFilters(t.NetNS)}}
+	f := SyncFacts{Paths: map[string]topology.SyncPath{}, Filters: onpath.ReadFilters(t)}
 	for i := range t.VXLANs {
 		v := &t.VXLANs[i]
-		if v.Underlay == "" || v.Master == "" {
-			continue
-		}
-		f.Paths[v.Name] = topology.ReadSyncPath(t, v)
-		if _, ok := f.Filters[v.UnderlayNetNS]; !ok {
-			f.Filters[v.UnderlayNetNS] = topology.ReadFilters(v.UnderlayNetNS)
+		if v.Underlay != "" && v.Master != "" {
+			f.Paths[v.Name] = topology.ReadSyncPath(t, v)
 		}
 	}
 	return f
@@ -151,7 +91,7 @@ func (sp SyncPlan) Set() steer.SyncSet {
 func Sync(t *topology.Topology, facts SyncFacts) SyncPlan {
 	sp := SyncPlan{facts: facts}
 	note := func(format string, args ...any) { sp.Notes = append(sp.Notes, fmt.Sprintf(format, args...)) }
-	if why := filtersMayAct(t.Netfilter, facts.Filters[t.NetNS], t.NetNS); why != "" {
+	if why := onpath.FiltersMayAct(t.Netfilter, facts.Filters[t.NetNS], t.NetNS); why != "" {
 		note("sync off: %s; high-priority flows use batch mode", why)
 		return sp
 	}
@@ -185,8 +125,8 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	case v.GBP:
 		note("carries group policy ids that filters may match; batch mode")
 		return
-	case len(v.Hooks.Others(ownHook)) > 0:
-		note("has programs or filters (%s); batch mode", strings.Join(v.Hooks.Others(ownHook), ", "))
+	case len(v.Hooks.Others(onpath.OwnHook)) > 0:
+		note("has programs or filters (%s); batch mode", strings.Join(v.Hooks.Others(onpath.OwnHook), ", "))
 		return
 	case !v.Up:
 		note("is down (vxlan_rcv drops what it receives); batch mode")
@@ -196,23 +136,23 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 	// underlay's tc ingress, and, when the underlay lives in another
 	// namespace (Docker's overlay namespaces), that namespace's
 	// prerouting and input hooks on the way to the VXLAN socket.
-	u := underlayOf(t, v)
+	u := t.UnderlayOf(v)
 	if u == nil {
 		note("underlay not found; batch mode")
 		return
 	}
-	if h := ingressHooks(u.Hooks); len(h) > 0 {
+	if h := onpath.IngressHooks(u.Hooks); len(h) > 0 {
 		note("underlay %s has receive programs or filters (%s) the shortcut would skip; batch mode", u.Name, strings.Join(h, ", "))
 		return
 	}
 	if v.UnderlayNetNS != t.NetNS {
 		uf, read := sp.facts.Filters[v.UnderlayNetNS]
 		if v.UnderlayNetfilter == nil || !read {
-			note("the packet filters of the underlay's namespace %s were not read; batch mode", label(v.UnderlayNetNS))
+			note("the packet filters of the underlay's namespace %s were not read; batch mode", onpath.Label(v.UnderlayNetNS))
 			return
 		}
-		if why := filtersMayAct(*v.UnderlayNetfilter, uf, v.UnderlayNetNS); why != "" {
-			note("its datagrams arrive through %s: %s; batch mode", label(v.UnderlayNetNS), why)
+		if why := onpath.FiltersMayAct(*v.UnderlayNetfilter, uf, v.UnderlayNetNS); why != "" {
+			note("its datagrams arrive through %s: %s; batch mode", onpath.Label(v.UnderlayNetNS), why)
 			return
 		}
 	}
@@ -230,7 +170,7 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 		note("%s; batch mode", why)
 		return
 	}
-	br := bridgeNamed(t, v.Master)
+	br := t.BridgeNamed(v.Master)
 	if br == nil {
 		note("bridge %s not found; batch mode", v.Master)
 		return
@@ -239,7 +179,7 @@ func (sp *SyncPlan) vxlan(t *topology.Topology, v *topology.VXLAN) {
 		note("bridge %s filters VLANs; batch mode", br.Name)
 		return
 	}
-	in, ok := portInfo(br, v.Name)
+	in, ok := br.Port(v.Name)
 	if !ok || in.State != "forwarding" || in.Locked {
 		note("its bridge port is not forwarding freely (%+v); batch mode", in)
 		return
@@ -272,22 +212,22 @@ func (sp *SyncPlan) target(t *topology.Topology, v *topology.VXLAN, br *topology
 	if e.VLAN != 0 {
 		return fmt.Sprintf("entry %s is for VLAN %d", e.MAC, e.VLAN)
 	}
-	veth := vethNamed(t, e.Port)
+	veth := t.VethNamed(e.Port)
 	if veth == nil || veth.Master != br.Name {
 		return "not a container's veth"
 	}
-	out, ok := portInfo(br, veth.Name)
+	out, ok := br.Port(veth.Name)
 	switch {
 	case !ok || out.State != "forwarding" || out.Locked:
 		return fmt.Sprintf("not forwarding freely (%+v)", out)
 	case in.Isolated && out.Isolated:
 		return "isolated from " + v.Name
-	case len(egressHooks(veth.Hooks)) > 0:
+	case len(onpath.EgressHooks(veth.Hooks)) > 0:
 		// Its ingress and XDP hooks see the container's traffic to the
 		// host, not the frames the shortcut delivers.
-		return "egress has " + strings.Join(egressHooks(veth.Hooks), ", ")
+		return "egress has " + strings.Join(onpath.EgressHooks(veth.Hooks), ", ")
 	}
-	c := peerOf(t, veth)
+	c := t.PeerOf(veth)
 	if c == nil {
 		return "its container interface was not found"
 	}
@@ -342,7 +282,7 @@ func (sp *SyncPlan) sourcesAndLocals(t *topology.Topology, v *topology.VXLAN, p 
 	if len(locals) == 0 {
 		return nil, nil, fmt.Sprintf("underlay %s has no IPv4 address the device receives on (local %v)", v.Underlay, v.Local)
 	}
-	br := bridgeNamed(t, v.Master)
+	br := t.BridgeNamed(v.Master)
 	var srcs []steer.SyncSource
 	for _, s := range p.Sources {
 		hw, err := net.ParseMAC(s.MAC)
@@ -367,71 +307,6 @@ func (sp *SyncPlan) sourcesAndLocals(t *topology.Topology, v *topology.VXLAN, p 
 	return srcs, locals, ""
 }
 
-// egressHooks are the hooks of a veth's transmit side the shortcut skips.
-func egressHooks(h *topology.Hooks) []string {
-	if h == nil {
-		return nil
-	}
-	return (&topology.Hooks{Egress: h.Egress, Err: h.Err}).Others(ownHook)
-}
-
-// ingressHooks are the hooks of an underlay's receive side besides lanes'
-// own: XDP's redirect skips its tc ingress.
-func ingressHooks(h *topology.Hooks) []string {
-	if h == nil {
-		return nil
-	}
-	return (&topology.Hooks{Ingress: h.Ingress, XDP: h.XDP, Err: h.Err}).Others(ownHook)
-}
-
-func underlayOf(t *topology.Topology, v *topology.VXLAN) *topology.Device {
-	for i := range t.Underlays {
-		if u := &t.Underlays[i]; v.Underlay != "" && u.Name == v.Underlay && u.NetNS == v.UnderlayNetNS {
-			return u
-		}
-	}
-	return nil
-}
-
-func bridgeNamed(t *topology.Topology, name string) *topology.Bridge {
-	for i := range t.Bridges {
-		if t.Bridges[i].Name == name {
-			return &t.Bridges[i]
-		}
-	}
-	return nil
-}
-
-func vethNamed(t *topology.Topology, name string) *topology.Veth {
-	for i := range t.Veths {
-		if t.Veths[i].Name == name {
-			return &t.Veths[i]
-		}
-	}
-	return nil
-}
-
-func portInfo(br *topology.Bridge, port string) (topology.BridgePort, bool) {
-	for _, p := range br.PortInfo {
-		if p.Name == port {
-			return p, true
-		}
-	}
-	return topology.BridgePort{Name: port, State: "unknown"}, false
-}
-
-// peerOf is the container interface behind a host-side veth.
-func peerOf(t *topology.Topology, v *topology.Veth) *topology.Interface {
-	for i := range t.Containers {
-		for j := range t.Containers[i].Interfaces {
-			if ifc := &t.Containers[i].Interfaces[j]; ifc.HostVeth == v.Name {
-				return ifc
-			}
-		}
-	}
-	return nil
-}
-
 // toSteer is targets as the datapath takes them.
 func toSteer(targets []SyncTarget) []steer.SyncTarget {
 	out := make([]steer.SyncTarget, len(targets))
@@ -439,11 +314,4 @@ func toSteer(targets []SyncTarget) []steer.SyncTarget {
 		out[i] = steer.SyncTarget{VNI: tg.VNI, MAC: tg.MAC, Ifindex: uint32(tg.Ifindex), MTU: uint32(tg.MTU)}
 	}
 	return out
-}
-
-func label(ns string) string {
-	if ns == "" {
-		return "the host namespace"
-	}
-	return ns
 }

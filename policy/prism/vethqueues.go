@@ -10,6 +10,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/policy/onpath"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -94,15 +95,11 @@ func vethPairs(t *topology.Topology) ([]vethPair, error) {
 // container side's receive path (XDP, tc, tcx).
 func hookedVeth(p vethPair) []string {
 	var out []string
-	if h := p.host.Hooks; h != nil {
-		if o := (&topology.Hooks{Egress: h.Egress, Err: h.Err}).Others(ownHook); len(o) > 0 {
-			out = append(out, plan.DevLabel(p.host.NetNS, p.host.Name)+" has "+strings.Join(o, ", ")+" on its egress")
-		}
+	if o := onpath.EgressHooks(p.host.Hooks); len(o) > 0 {
+		out = append(out, plan.DevLabel(p.host.NetNS, p.host.Name)+" has "+strings.Join(o, ", ")+" on its egress")
 	}
-	if h := p.ctr.Hooks; h != nil {
-		if o := (&topology.Hooks{Ingress: h.Ingress, XDP: h.XDP, Err: h.Err}).Others(ownHook); len(o) > 0 {
-			out = append(out, plan.DevLabel(p.ctr.NetNS, p.ctr.Name)+" has "+strings.Join(o, ", ")+" on its receive side")
-		}
+	if o := onpath.IngressHooks(p.ctr.Hooks); len(o) > 0 {
+		out = append(out, plan.DevLabel(p.ctr.NetNS, p.ctr.Name)+" has "+strings.Join(o, ", ")+" on its receive side")
 	}
 	return out
 }

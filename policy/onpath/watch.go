@@ -1,4 +1,4 @@
-package prism
+package onpath
 
 import (
 	"context"
@@ -15,13 +15,14 @@ import (
 	"github.com/lanesnet/lanes/internal/netnsx"
 )
 
-// The sync agent's watch: netlink notifications from every namespace on
-// the shortcut's path. A change that may make a destination unsafe (a
+// The watch: netlink notifications from every namespace on a shortcut's
+// path. A change that may make what an agent vouched for unsafe (a
 // filter, a route, an address, a link, a tc filter, IPsec, a forwarding
-// entry of a destination or source) withdraws every destination at once,
-// before the agent looks again; anything else on the bridge (a MAC
+// entry of a MAC it goes by) is a withdrawal, which the agent acts on at
+// once, before it looks again; anything else on the bridge (a MAC
 // learned) only makes it look again. nftables, tc, links, routes and
-// forwarding entries announce their changes; legacy iptables and
+// forwarding entries, and the forwarding and reverse path filtering
+// sysctls (netconf) announce their changes; legacy iptables and
 // ebtables do not, and tcx and XDP attachments neither: the agent's
 // interval catches those.
 
@@ -34,45 +35,47 @@ const (
 	rtnlGrpIPv4Ifaddr = 5
 	rtnlGrpIPv4Route  = 7
 	rtnlGrpIPv4Rule   = 8
+	rtnlGrpIPv4Netcf  = 24
 	nfnlGrpNFTables   = 7
 	xfrmGrpSA         = 3
 	xfrmGrpPolicy     = 4
 )
 
-// watchEvent is what a notification means for the shortcut.
-type watchEvent struct {
-	withdraw bool   // a destination may be unsafe now: withdraw first
-	why      string // for status and logs
+// Event is what a notification means for the shortcut.
+type Event struct {
+	Withdraw bool   // what the agent vouched for may be unsafe now: withdraw first
+	Why      string // for status and logs
 }
 
-// shortcutMACs are the MACs the shortcut goes by.
-type shortcutMACs struct {
-	targets, sources map[string]bool
+// MACs are the MACs a shortcut goes by: the destinations' and the
+// sources'.
+type MACs struct {
+	Targets, Sources map[string]bool
 }
 
-// classify reads one notification (proto: its socket's protocol) against
+// Classify reads one notification (proto: its socket's protocol) against
 // the MACs the shortcut uses. A destination's forwarding entry changing
 // at all withdraws (the MAC may have moved to another port), and so does
 // a source's VXLAN entry (its VTEP, which the datapath checks); a
 // source's bridge entry changing (ageing out, say) only makes the agent
 // look again: the datapath's check does not depend on it, and a source
 // the bridge no longer has leaves the set then.
-func classify(proto int, m syscall.NetlinkMessage, macs shortcutMACs) watchEvent {
+func Classify(proto int, m syscall.NetlinkMessage, macs MACs) Event {
 	switch proto {
 	case unix.NETLINK_NETFILTER:
-		return watchEvent{true, "an nftables change"}
+		return Event{true, "an nftables change"}
 	case unix.NETLINK_XFRM:
-		return watchEvent{true, "an IPsec change"}
+		return Event{true, "an IPsec change"}
 	}
 	switch m.Header.Type {
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		// struct ndmsg: family, pad, pad, ifindex, state, flags, type.
 		if len(m.Data) < 12 || m.Data[0] != unix.AF_BRIDGE {
-			return watchEvent{} // IP neighbours: not on the shortcut's path
+			return Event{} // IP neighbours: not on the shortcut's path
 		}
 		attrs, err := nl.ParseRouteAttr(m.Data[12:])
 		if err != nil {
-			return watchEvent{true, "an unreadable forwarding entry"}
+			return Event{true, "an unreadable forwarding entry"}
 		}
 		self := m.Data[10]&unix.NTF_SELF != 0
 		for _, a := range attrs {
@@ -80,63 +83,65 @@ func classify(proto int, m syscall.NetlinkMessage, macs shortcutMACs) watchEvent
 				continue
 			}
 			mac := net.HardwareAddr(a.Value).String()
-			if macs.targets[mac] || self && macs.sources[mac] {
-				return watchEvent{true, "the forwarding entry of " + mac + " changed"}
+			if macs.Targets[mac] || self && macs.Sources[mac] {
+				return Event{true, "the forwarding entry of " + mac + " changed"}
 			}
 		}
-		return watchEvent{why: "a forwarding entry changed"}
+		return Event{Why: "a forwarding entry changed"}
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
-		return watchEvent{true, "a link changed"}
+		return Event{true, "a link changed"}
 	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-		return watchEvent{true, "an address changed"}
+		return Event{true, "an address changed"}
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWRULE, unix.RTM_DELRULE:
-		return watchEvent{true, "a route changed"}
+		return Event{true, "a route changed"}
+	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
+		return Event{true, "forwarding or reverse path filtering changed"}
 	case unix.RTM_NEWQDISC, unix.RTM_DELQDISC, unix.RTM_NEWTFILTER, unix.RTM_DELTFILTER,
 		unix.RTM_NEWCHAIN, unix.RTM_DELCHAIN:
-		return watchEvent{true, "a tc filter or qdisc changed"}
+		return Event{true, "a tc filter or qdisc changed"}
 	}
-	return watchEvent{why: fmt.Sprintf("netlink message %d", m.Header.Type)}
+	return Event{Why: fmt.Sprintf("netlink message %d", m.Header.Type)}
 }
 
-// watcher holds the subscriptions of a set of namespaces: one reader a
+// Watcher holds the subscriptions of a set of namespaces: one reader a
 // subscription, and one goroutine that stops it with its context, all
-// ended by close.
-type watcher struct {
-	events chan watchEvent
+// ended by Close.
+type Watcher struct {
+	events chan Event
 	done   chan struct{}
 	once   sync.Once
 	mu     sync.Mutex
-	macs   shortcutMACs
+	macs   MACs
 	socks  []*nl.NetlinkSocket
 	err    error // the first subscription that failed (broken)
 	wg     sync.WaitGroup
 }
 
-// testWatched, when set, is told of each watcher watch makes;
-// testSubscribe runs before watch subscribes, and its error is watch's.
+// testWatched, when set, is told of each watcher Watch makes;
+// testSubscribe runs before Watch subscribes, and its error is Watch's.
 var (
-	testWatched   func(w *watcher)
+	testWatched   atomic.Pointer[func(w *Watcher)]
 	testSubscribe atomic.Pointer[func(namespaces []string) error]
 )
 
-// watch subscribes in each namespace (deduplicated); it fails if any
-// subscription does (the caller then writes no destination until one
+// Watch subscribes in each namespace (deduplicated); it fails if any
+// subscription does (the caller then vouches for nothing until one
 // holds, and says so).
 // count (nil: none) is given each nftables and IPsec socket, to count the
 // changes the kernel announces there as it announces them, before the
-// process that made one gets its answer (steer.Sync.CountChanges).
-func watch(ctx context.Context, namespaces []string, count func(fd int) error) (*watcher, error) {
+// process that made one gets its answer (steer.Datapath.CountChanges).
+func Watch(ctx context.Context, namespaces []string, count func(fd int) error) (*Watcher, error) {
 	if f := testSubscribe.Load(); f != nil {
 		if err := (*f)(namespaces); err != nil {
 			return nil, err
 		}
 	}
-	w := &watcher{events: make(chan watchEvent, 64), done: make(chan struct{})}
+	w := &Watcher{events: make(chan Event, 64), done: make(chan struct{})}
 	subs := []struct {
 		proto  int
 		groups []uint
 	}{
-		{unix.NETLINK_ROUTE, []uint{rtnlGrpLink, rtnlGrpNeigh, rtnlGrpTC, rtnlGrpIPv4Ifaddr, rtnlGrpIPv4Route, rtnlGrpIPv4Rule}},
+		{unix.NETLINK_ROUTE, []uint{rtnlGrpLink, rtnlGrpNeigh, rtnlGrpTC, rtnlGrpIPv4Ifaddr, rtnlGrpIPv4Route, rtnlGrpIPv4Rule, rtnlGrpIPv4Netcf}},
 		{unix.NETLINK_NETFILTER, []uint{nfnlGrpNFTables}},
 		{unix.NETLINK_XFRM, []uint{xfrmGrpSA, xfrmGrpPolicy}},
 	}
@@ -159,8 +164,8 @@ func watch(ctx context.Context, namespaces []string, count func(fd int) error) (
 				return err
 			})
 			if err != nil {
-				w.close()
-				return nil, fmt.Errorf("subscribing to netlink protocol %d in %s: %w", sub.proto, label(ns), err)
+				w.Close()
+				return nil, fmt.Errorf("subscribing to netlink protocol %d in %s: %w", sub.proto, Label(ns), err)
 			}
 			w.socks = append(w.socks, s)
 			w.wg.Add(1)
@@ -170,24 +175,30 @@ func watch(ctx context.Context, namespaces []string, count func(fd int) error) (
 	w.wg.Go(func() {
 		select {
 		case <-ctx.Done():
-			w.stop()
+			w.Stop()
 		case <-w.done:
 		}
 	})
-	if testWatched != nil {
-		testWatched(w)
+	if f := testWatched.Load(); f != nil {
+		(*f)(w)
 	}
 	return w, nil
 }
 
-// setMACs sets the MACs whose forwarding entries matter.
-func (w *watcher) setMACs(macs shortcutMACs) {
+// Events are the notifications, classified (Classify), until Done.
+func (w *Watcher) Events() <-chan Event { return w.events }
+
+// Done is closed once the watch stopped (Stop, Close, or its context).
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
+// SetMACs sets the MACs whose forwarding entries matter.
+func (w *Watcher) SetMACs(macs MACs) {
 	w.mu.Lock()
 	w.macs = macs
 	w.mu.Unlock()
 }
 
-func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
+func (w *Watcher) read(s *nl.NetlinkSocket, proto int) {
 	defer w.wg.Done()
 	for {
 		msgs, _, err := s.Receive()
@@ -195,7 +206,7 @@ func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
 			if errors.Is(err, unix.ENOBUFS) {
 				// The kernel dropped notifications: any of them may
 				// have mattered.
-				w.send(watchEvent{true, "netlink notifications were lost (socket overflow)"})
+				w.send(Event{true, "netlink notifications were lost (socket overflow)"})
 				continue
 			}
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
@@ -214,7 +225,7 @@ func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
 				w.err = fmt.Errorf("reading %s notifications: %w", protoName(proto), err)
 			}
 			w.mu.Unlock()
-			w.send(watchEvent{true, fmt.Sprintf("the netlink watch failed (%s: %v)", protoName(proto), err)})
+			w.send(Event{true, fmt.Sprintf("the netlink watch failed (%s: %v)", protoName(proto), err)})
 			return
 		}
 		w.mu.Lock()
@@ -224,7 +235,7 @@ func (w *watcher) read(s *nl.NetlinkSocket, proto int) {
 			if m.Header.Type == unix.NLMSG_DONE || m.Header.Type == unix.NLMSG_ERROR {
 				continue
 			}
-			w.send(classify(proto, m, macs))
+			w.send(Classify(proto, m, macs))
 		}
 	}
 }
@@ -244,13 +255,13 @@ func protoName(proto int) string {
 
 // send delivers ev, or, with the channel full, makes sure a withdrawal
 // is not lost behind lesser events.
-func (w *watcher) send(ev watchEvent) {
+func (w *Watcher) send(ev Event) {
 	select {
 	case w.events <- ev:
 		return
 	default:
 	}
-	if ev.withdraw {
+	if ev.Withdraw {
 		select {
 		case w.events <- ev:
 		case <-w.done:
@@ -258,16 +269,16 @@ func (w *watcher) send(ev watchEvent) {
 	}
 }
 
-// broken is the error of the first subscription that failed (nil: all
+// Broken is the error of the first subscription that failed (nil: all
 // read).
-func (w *watcher) broken() error {
+func (w *Watcher) Broken() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.err
 }
 
-// stop ends the subscriptions: their readers return.
-func (w *watcher) stop() {
+// Stop ends the subscriptions: their readers return.
+func (w *Watcher) Stop() {
 	w.once.Do(func() { close(w.done) })
 	w.mu.Lock()
 	socks := w.socks
@@ -278,8 +289,8 @@ func (w *watcher) stop() {
 	}
 }
 
-// close stops the subscriptions and waits for their goroutines.
-func (w *watcher) close() {
-	w.stop()
+// Close stops the subscriptions and waits for their goroutines.
+func (w *Watcher) Close() {
+	w.Stop()
 	w.wg.Wait()
 }

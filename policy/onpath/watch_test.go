@@ -1,4 +1,4 @@
-package prism
+package onpath
 
 import (
 	"encoding/binary"
@@ -10,8 +10,8 @@ import (
 
 // What withdraws the destinations at once, and what only makes the agent
 // look again.
-func TestSyncWatchClassify(t *testing.T) {
-	macs := shortcutMACs{targets: map[string]bool{"02:00:00:00:02:01": true}, sources: map[string]bool{"02:00:00:00:01:01": true}}
+func TestClassify(t *testing.T) {
+	macs := MACs{Targets: map[string]bool{"02:00:00:00:02:01": true}, Sources: map[string]bool{"02:00:00:00:01:01": true}}
 	neigh := func(typ uint16, family byte, mac []byte, flags ...byte) syscall.NetlinkMessage {
 		d := make([]byte, 12)
 		d[0] = family
@@ -36,6 +36,7 @@ func TestSyncWatchClassify(t *testing.T) {
 		{"nftables rule added", unix.NETLINK_NETFILTER, msg(0xa06), true},
 		{"IPsec policy", unix.NETLINK_XFRM, msg(0x13), true},
 		{"route", unix.NETLINK_ROUTE, msg(unix.RTM_NEWROUTE), true},
+		{"forwarding turned off", unix.NETLINK_ROUTE, msg(unix.RTM_NEWNETCONF), true},
 		{"address gone", unix.NETLINK_ROUTE, msg(unix.RTM_DELADDR), true},
 		{"link", unix.NETLINK_ROUTE, msg(unix.RTM_NEWLINK), true},
 		{"tc filter", unix.NETLINK_ROUTE, msg(unix.RTM_NEWTFILTER), true},
@@ -45,7 +46,7 @@ func TestSyncWatchClassify(t *testing.T) {
 		{"a source's bridge entry aged out", unix.NETLINK_ROUTE, neigh(unix.RTM_DELNEIGH, unix.AF_BRIDGE, []byte{2, 0, 0, 0, 1, 1}, unix.NTF_MASTER), false},
 		{"an ARP neighbour", unix.NETLINK_ROUTE, neigh(unix.RTM_NEWNEIGH, unix.AF_INET, []byte{2, 0, 0, 0, 2, 1}), false},
 	} {
-		if got := classify(c.proto, c.m, macs); got.withdraw != c.withdraw {
+		if got := Classify(c.proto, c.m, macs); got.Withdraw != c.withdraw {
 			t.Errorf("%s: %+v, want withdraw %v", c.name, got, c.withdraw)
 		}
 	}

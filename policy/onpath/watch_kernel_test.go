@@ -1,4 +1,4 @@
-package prism
+package onpath
 
 import (
 	"fmt"
@@ -24,11 +24,11 @@ func TestWatchOverflowWithdraws(t *testing.T) {
 	ns := watchNetNS(t, "lanes-watch")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	w, err := watch(ctx, []string{ns}, nil)
+	w, err := Watch(ctx, []string{ns}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer w.Close()
 	for _, s := range w.socks {
 		if err := s.SetReceiveBufferSize(1, true); err != nil {
 			t.Fatal(err)
@@ -37,7 +37,7 @@ func TestWatchOverflowWithdraws(t *testing.T) {
 	// The reader drains as fast as it can; hold it back by filling the
 	// events channel first, so the kernel's queue overflows.
 	for range cap(w.events) {
-		w.events <- watchEvent{}
+		w.events <- Event{}
 	}
 	err = nsx.Do(ns, func() error {
 		for i := range 150 {
@@ -55,7 +55,7 @@ func TestWatchOverflowWithdraws(t *testing.T) {
 	for {
 		select {
 		case ev := <-w.events:
-			if ev.withdraw && strings.Contains(ev.why, "lost") {
+			if ev.Withdraw && strings.Contains(ev.Why, "lost") {
 				return
 			}
 		case <-deadline:
@@ -73,17 +73,17 @@ func TestWatchEndsItsGoroutines(t *testing.T) {
 	defer cancel()
 	before := runtime.NumGoroutine()
 	for range 20 {
-		w, err := watch(ctx, []string{ns}, nil)
+		w, err := Watch(ctx, []string{ns}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.close()
+		w.Close()
 	}
 	if n := runtime.NumGoroutine(); n != before {
 		t.Errorf("%d goroutines after 20 watches closed, %d before", n, before)
 	}
 	wctx, wcancel := context.WithCancel(ctx)
-	w, err := watch(wctx, []string{ns}, nil)
+	w, err := Watch(wctx, []string{ns}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,24 +99,24 @@ func TestWatchEndsItsGoroutines(t *testing.T) {
 // withdrawal naming the failure.
 func TestWatchReportsBrokenSubscription(t *testing.T) {
 	ns := watchNetNS(t, "lanes-watchb")
-	w, err := watch(context.Background(), []string{ns}, nil)
+	w, err := Watch(context.Background(), []string{ns}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
-	if w.broken() != nil {
-		t.Fatalf("premise: a fresh watch is whole: %v", w.broken())
+	defer w.Close()
+	if w.Broken() != nil {
+		t.Fatalf("premise: a fresh watch is whole: %v", w.Broken())
 	}
 	w.socks[0].Close()
 	select {
 	case ev := <-w.events:
-		if !ev.withdraw || !strings.Contains(ev.why, "netlink watch failed") {
+		if !ev.Withdraw || !strings.Contains(ev.Why, "netlink watch failed") {
 			t.Errorf("event %+v: want a withdrawal for the failed watch", ev)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event after a subscription failed")
 	}
-	if w.broken() == nil {
+	if w.Broken() == nil {
 		t.Error("the watch does not say it is broken")
 	}
 }
