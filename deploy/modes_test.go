@@ -4,6 +4,7 @@ package deploy_test
 // each, and the configuration checks look their settings up.
 import (
 	_ "github.com/lanesnet/lanes/policy/falcon"
+	_ "github.com/lanesnet/lanes/policy/fast"
 	_ "github.com/lanesnet/lanes/policy/mflow"
 	_ "github.com/lanesnet/lanes/policy/prism"
 )

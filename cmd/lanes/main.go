@@ -8,6 +8,7 @@ import (
 	// The modes: each policy registers its planner and agents with
 	// control/plan, which control and the CLI look them up in.
 	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and its single-mechanism modes
+	_ "github.com/lanesnet/lanes/policy/fast"   // fast
 	_ "github.com/lanesnet/lanes/policy/mflow"  // mflow
 	_ "github.com/lanesnet/lanes/policy/prism"  // prism, prism-batch, prism-sync
 )

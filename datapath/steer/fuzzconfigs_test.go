@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
 	_ "github.com/lanesnet/lanes/policy/falcon"
+	_ "github.com/lanesnet/lanes/policy/fast"
 	_ "github.com/lanesnet/lanes/policy/mflow"
 	_ "github.com/lanesnet/lanes/policy/prism"
 	"github.com/lanesnet/lanes/topology"

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	_ "github.com/lanesnet/lanes/policy/falcon"
+	_ "github.com/lanesnet/lanes/policy/fast"
 	_ "github.com/lanesnet/lanes/policy/mflow"
 	_ "github.com/lanesnet/lanes/policy/prism"
 )

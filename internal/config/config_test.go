@@ -91,13 +91,13 @@ func TestParseBad(t *testing.T) {
 		{"empty", "", []string{
 			`lanes.yaml:1: the file is empty: it needs at least a mode, e.g. "mode: rps" (example: deploy/lanes.yaml)`}},
 		{"no mode", "netns: auto\n", []string{
-			`lanes.yaml:1: no mode: add a line like "mode: rps" (modes: falcon, falcon-balance, falcon-pipeline, falcon-prism, falcon-split, mflow, prism, prism-batch, prism-sync, rps, vanilla)`}},
+			`lanes.yaml:1: no mode: add a line like "mode: rps" (modes: falcon, falcon-balance, falcon-pipeline, falcon-prism, falcon-split, fast, mflow, prism, prism-batch, prism-sync, rps, vanilla)`}},
 		{"unknown key", "mode: rps\nmod: x\n", []string{
 			`lanes.yaml:2: unknown key "mod": did you mean "mode"? the file takes netns, mode, settings, cpus, prio, agent, state-dir`}},
 		{"unknown key far from any", "mode: rps\nbananas: 3\n", []string{
 			`lanes.yaml:2: unknown key "bananas": the file takes netns, mode, settings, cpus, prio, agent, state-dir`}},
-		{"unknown mode", "mode: fast\n", []string{
-			`lanes.yaml:1: unknown mode "fast": use one of falcon, falcon-balance, falcon-pipeline, falcon-prism, falcon-split, mflow, prism, prism-batch, prism-sync, rps, vanilla`}},
+		{"unknown mode", "mode: faster\n", []string{
+			`lanes.yaml:1: unknown mode "faster": use one of falcon, falcon-balance, falcon-pipeline, falcon-prism, falcon-split, fast, mflow, prism, prism-batch, prism-sync, rps, vanilla`}},
 		{"empty mode", "mode:\n", []string{
 			`lanes.yaml:1: mode has no value: give one or drop the key`}},
 		{"mode a list", "mode: [rps]\n", []string{

@@ -1,0 +1,393 @@
+package fast_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/policy/fast"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// agentEnv, set to "NETNS STATEDIR", makes the test binary run the
+// applied mode's agent until it is killed: an agent process the test can
+// kill -9.
+const agentEnv = "LANES_FAST_TEST_AGENT"
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(agentEnv); v != "" {
+		ns, dir, _ := strings.Cut(v, " ")
+		logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "agent: "+format+"\n", args...) }
+		ag, _, err := control.NewAgent(control.AgentOptions{NetNS: ns, StateDir: dir, Logf: logf})
+		if err == nil {
+			err = ag.Run(context.Background())
+		}
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+	modetest.Main(m, "tf")
+}
+
+// startAgentProcess runs the applied mode's agent in a process of its own,
+// killed (SIGKILL) by the returned function or when the test ends.
+func startAgentProcess(t *testing.T, a *modetest.Applied) (kill func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), agentEnv+"="+a.NS+" "+a.StateDir)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	kill = func() {
+		if !done {
+			done = true
+			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait()
+		}
+	}
+	t.Cleanup(kill)
+	return kill
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// dgram is what a container's socket got: the datagram's sequence number
+// and payload, and the TTL and TOS of the IP packet that carried it.
+type dgram struct {
+	seq      uint64
+	ttl, tos int
+	payload  []byte
+}
+
+// udpFlow is one UDP flow between two containers, its receiver reading
+// each packet's TTL and TOS.
+type udpFlow struct {
+	rc, sc *net.UDPConn
+	next   uint64
+}
+
+func newUDPFlow(t *testing.T, src, dst testbed.Container) *udpFlow {
+	t.Helper()
+	rc, sc := overlaytest.UDPPair(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 8<<20)
+	t.Cleanup(func() { rc.Close(); sc.Close() })
+	raw, err := rc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1)
+		}
+	})
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return &udpFlow{rc: rc, sc: sc}
+}
+
+// payload is datagram seq's bytes: its number, then a pattern of it.
+func payload(seq uint64) []byte {
+	b := make([]byte, 200)
+	binary.BigEndian.PutUint64(b, seq)
+	for i := 8; i < len(b); i++ {
+		b[i] = byte(seq*31 + uint64(i))
+	}
+	return b
+}
+
+// send sends n datagrams (bursts of 25 a millisecond apart) and returns
+// those of them that arrived, in their order; one that comes later than
+// 300 ms after the last arrival counts as lost.
+func (f *udpFlow) send(t *testing.T, n int) []dgram {
+	t.Helper()
+	from := f.next
+	for i := range n {
+		if _, err := f.sc.Write(payload(f.next)); err != nil {
+			t.Fatalf("sending: %v", err)
+		}
+		f.next++
+		if (i+1)%25 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var got []dgram
+	buf, oob := make([]byte, 2048), make([]byte, 256)
+	for {
+		f.rc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		m, on, _, _, err := f.rc.ReadMsgUDP(buf, oob)
+		if err != nil {
+			return got
+		}
+		if m < 8 {
+			continue
+		}
+		d := dgram{seq: binary.BigEndian.Uint64(buf), ttl: -1, tos: -1, payload: bytes.Clone(buf[:m])}
+		if d.seq < from || d.seq >= f.next {
+			continue
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:on])
+		for _, c := range msgs {
+			if c.Header.Level == unix.IPPROTO_IP && len(c.Data) > 0 {
+				switch c.Header.Type {
+				case unix.IP_TTL:
+					d.ttl = int(binary.NativeEndian.Uint32(c.Data))
+				case unix.IP_TOS:
+					d.tos = int(c.Data[0])
+				}
+			}
+		}
+		got = append(got, d)
+	}
+}
+
+// same checks that got is every datagram of a stream of n, in order, each
+// with its own payload and the TTL and TOS the kernel's path delivered
+// (want, a stream the kernel's path carried).
+func same(t *testing.T, what string, got, want []dgram, n int) {
+	t.Helper()
+	if len(got) != n || len(want) != n {
+		t.Fatalf("%s: %d of %d datagrams (the kernel's path: %d)", what, len(got), n, len(want))
+	}
+	for i, d := range got {
+		if i > 0 && d.seq != got[i-1].seq+1 {
+			t.Fatalf("%s: datagram %d after %d", what, d.seq, got[i-1].seq)
+		}
+		if !bytes.Equal(d.payload, payload(d.seq)) || d.ttl != want[i].ttl || d.tos != want[i].tos {
+			t.Fatalf("%s: datagram %d: TTL %d TOS %d, payload intact %v; the kernel's path: TTL %d TOS %d",
+				what, d.seq, d.ttl, d.tos, bytes.Equal(d.payload, payload(d.seq)), want[i].ttl, want[i].tos)
+		}
+	}
+}
+
+// vxlanRx is how many packets the host's VXLAN device received.
+func vxlanRx(t *testing.T, h *testbed.Host) uint64 {
+	t.Helper()
+	var n uint64
+	if err := nsx.Do(h.NetNS, func() error {
+		l, err := netlink.LinkByName(h.VXLAN)
+		if err == nil {
+			n = l.Attrs().Statistics.RxPackets
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// counters reads the fast path's counters (split stage).
+func counters(t *testing.T, dp *steer.Datapath) steer.Counters {
+	t.Helper()
+	st, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st[steer.StageSplit]
+}
+
+// nftDrop adds to h's namespace an nftables rule dropping every VXLAN
+// datagram from peer; del removes it (also when the test ends).
+func nftDrop(t *testing.T, h, peer *testbed.Host) (del func()) {
+	t.Helper()
+	script := fmt.Sprintf("table inet lanes_fast_fw {\n chain input {\n  type filter hook input priority 0; policy accept;\n  ip saddr %s udp dport %d drop\n }\n}\n", peer.UnderlayAddr.Addr(), h.Port)
+	cmd := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft -f %q: %v: %s", script, err, out)
+	}
+	done := false
+	del = func() {
+		if !done {
+			done = true
+			if out, err := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "delete", "table", "inet", "lanes_fast_fw").CombinedOutput(); err != nil {
+				t.Errorf("deleting the nftables table: %v: %s", err, out)
+			}
+		}
+	}
+	t.Cleanup(del)
+	return del
+}
+
+// tcpRR runs rounds of request and response (100 bytes each way) between
+// a client in src and a server in dst, and fails t unless every response
+// is the server's answer to its request.
+func tcpRR(t *testing.T, src, dst testbed.Container, rounds int) {
+	t.Helper()
+	var ln net.Listener
+	if err := nsx.Do(dst.NetNS, func() (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(dst.Addr.Addr().String(), "0"))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 100)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			for i := range buf {
+				buf[i] ^= 0xff
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	var c net.Conn
+	if err := nsx.Do(src.NetNS, func() (err error) {
+		c, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	req, resp := make([]byte, 100), make([]byte, 100)
+	for r := range rounds {
+		for i := range req {
+			req[i] = byte(r + i)
+		}
+		if _, err := c.Write(req); err != nil {
+			t.Fatalf("request %d: %v", r, err)
+		}
+		if _, err := io.ReadFull(c, resp); err != nil {
+			t.Fatalf("response %d: %v", r, err)
+		}
+		for i := range resp {
+			if resp[i] != req[i]^0xff {
+				t.Fatalf("response %d is not the answer to its request", r)
+			}
+		}
+	}
+}
+
+// On the docker layout (bridged) and the flannel layout (routed), a UDP
+// flow between containers on the two hosts, once its first frames took
+// the kernel's path, goes from the receiver's underlay straight into its
+// container: the receiving VXLAN device sees none of the rest, and the
+// container gets every datagram, in order, with the payload, TTL and TOS
+// the kernel's path delivered (the same flow through vanilla first). A
+// TCP request-response exchange works. An nftables rule dropping the
+// flow, added while it runs on the fast path, drops every datagram sent
+// after the command returned, as vanilla does. With the agent killed
+// (SIGKILL), nothing takes the fast path once its lease has passed, and
+// the kernel's path delivers everything. Reset restores every knob.
+func TestFastTestbed(t *testing.T) {
+	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel} {
+		t.Run(string(topo), func(t *testing.T) { testFast(t, topo) })
+	}
+}
+
+func testFast(t *testing.T, topo testbed.Topology) {
+	const n = 200
+	tb := modetest.UpTestbed(t, topo)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	before := modetest.Snapshot(t, tb)
+	f := newUDPFlow(t, src, dst)
+	vanilla := f.send(t, n)
+	if len(vanilla) != n {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
+	}
+	del := nftDrop(t, r, s)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams past the rule", len(got), n)
+	}
+	del()
+
+	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"interval": "100ms"})
+	dp := a.Open(t)
+	kill := startAgentProcess(t, a)
+	onFast := func() {
+		t.Helper()
+		waitFor(t, "the agent's lease", func() bool {
+			d, _, err := dp.Fast().Lease()
+			return err == nil && d > steer.Now()
+		})
+		waitFor(t, "the flow's entry", func() bool {
+			f.send(t, 5)
+			es, err := dp.Fast().Entries()
+			return err == nil && len(es) > 0
+		})
+	}
+	onFast()
+	rx0, c0 := vxlanRx(t, r), counters(t, dp)
+	got := f.send(t, n)
+	same(t, "on the fast path", got, vanilla, n)
+	c := counters(t, dp).Sub(c0)
+	if rx := vxlanRx(t, r) - rx0; rx > 2 || c.Fast < n {
+		t.Errorf("%s received %d packets of %d datagrams, %d frames took the fast path (counters %+v): want the fast path to carry them", r.VXLAN, rx, n, c.Fast, c)
+	}
+
+	c0 = counters(t, dp)
+	tcpRR(t, src, dst, 50)
+	if c := counters(t, dp).Sub(c0); c.Fast == 0 {
+		t.Errorf("no TCP segment took the fast path (counters %+v)", c)
+	}
+
+	out, _ := exec.Command("nsenter", "--net="+nsx.Path(r.NetNS), "ss", "-f", "netlink", "-p").CombinedOutput()
+	t.Logf("DEBUG ss: %s", out)
+	ch0, _ := dp.Changes()
+	del = nftDrop(t, r, s)
+	ch1, _ := dp.Changes()
+	ld, lc, _ := dp.Fast().Lease()
+	es, _ := dp.Fast().Entries()
+	t.Logf("DEBUG changes %d -> %d, lease %v (now %v) under %d, entries %+v", ch0, ch1, ld, steer.Now(), lc, es)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Errorf("%d of %d datagrams sent after the rule was added were delivered (vanilla: 0)", len(got), n)
+	}
+	del()
+
+	onFast()
+	kill()
+	waitFor(t, "the lease to pass", func() bool {
+		d, _, err := dp.Fast().Lease()
+		return err == nil && d <= steer.Now()
+	})
+	c0 = counters(t, dp)
+	if got := f.send(t, n); len(got) != n {
+		t.Errorf("with the agent killed: %d of %d datagrams delivered", len(got), n)
+	}
+	if c := counters(t, dp).Sub(c0); c.Fast != 0 || c.FastLease == 0 {
+		t.Errorf("with the agent killed and its lease past: counters %+v, want nothing on the fast path", c)
+	}
+	a.ResetAndCheck(t, before)
+}

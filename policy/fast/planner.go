@@ -1,0 +1,134 @@
+// Package fast is the fast path into the container as a mode of its own:
+// once the kernel's own path has delivered a flow of the overlay to a
+// container, its later frames go from the underlay's tc ingress straight
+// into the container's namespace (datapath/steer's bpf/fast.h), where
+// nothing on the path skipped can change the kernel's verdict (path.go)
+// and while lanes agent vouches for it (agent.go).
+package fast
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/attach"
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/policy/onpath"
+	"github.com/lanesnet/lanes/topology"
+)
+
+// Mode is the name `lanes apply --mode` takes, and AgentName its agent's.
+const (
+	Mode      = "fast"
+	AgentName = "fast"
+)
+
+func init() {
+	plan.Register(planner{})
+	plan.RegisterAgent(AgentName, newAgent)
+}
+
+// Options are the mode's settings.
+type Options struct {
+	// Interval is how often the agent reads the path again besides on
+	// every change it is told of, and renews its lease.
+	Interval time.Duration
+	// Idle is how long an entry may go unused before it is void.
+	Idle time.Duration
+}
+
+var params = []plan.Param{
+	{Key: "interval", Default: "1s", Help: "how often lanes agent reads the path again besides on each change it is told of, and renews the fast path's lease, which lapses 3 intervals + 1s later (10ms..1m)"},
+	{Key: "idle", Default: steer.DefaultFastIdle.String(), Help: "a flow's entry unused this long is deleted; its next frame takes the kernel's path and teaches it again (1ms..1h, whole ms)"},
+}
+
+// Parse reads params over the defaults; every error is one line saying
+// what to fix.
+func Parse(m map[string]string) (Options, error) {
+	o := Options{Interval: time.Second, Idle: steer.DefaultFastIdle}
+	for k, v := range m {
+		var err error
+		switch k {
+		case "interval":
+			o.Interval, err = time.ParseDuration(v)
+			if err == nil && (o.Interval < 10*time.Millisecond || o.Interval > time.Minute) {
+				err = fmt.Errorf("want 10ms..1m")
+			}
+		case "idle":
+			o.Idle, err = time.ParseDuration(v)
+			if err == nil && (o.Idle < time.Millisecond || o.Idle > steer.MaxPrioQuiet || o.Idle%time.Millisecond != 0) {
+				err = fmt.Errorf("want whole milliseconds, 1ms..1h")
+			}
+		default:
+			err = fmt.Errorf("unknown setting")
+		}
+		if err != nil {
+			return o, fmt.Errorf("fast %s=%q: %v", k, v, err)
+		}
+	}
+	return o, nil
+}
+
+// leaseTTL is how long a lease the agent writes holds without it: a few
+// of its rounds, and never less than a second.
+func leaseTTL(interval time.Duration) time.Duration { return 3*interval + time.Second }
+
+type planner struct{}
+
+func (planner) Mode() string { return Mode }
+func (planner) Summary() string {
+	return "fast path: once the kernel's path delivered a flow to a container, its later non-GSO frames go from the underlay's tc ingress straight into the container (needs `lanes agent`)"
+}
+func (planner) Params() []plan.Param { return params }
+
+// Plan loads the steering datapath with the fast path on, attaches its
+// learning program to every container's host-side veth's tc egress and,
+// last, its fast path to the underlay's tc ingress. The plan vouches for
+// nothing: until lanes agent reads the path and gives the datapath its
+// lease, every frame takes the kernel's path.
+func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
+	o, err := Parse(cfg.Params)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Underlays) == 0 {
+		return nil, fmt.Errorf("no underlay device found: the fast path starts at the underlay's tc ingress and cannot run without it")
+	}
+	pl := &plan.Plan{Mode: Mode, Agent: AgentName}
+	port, vnis, err := plan.VXLANIDs(t, pl)
+	if err != nil {
+		return nil, err
+	}
+	setup := steer.Setup{Config: steer.Config{Enabled: true, CPUs: cfg.CPUs, Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain,
+		VXLANPort: port, VNIs: vnis, Fast: true, FastIdle: o.Idle}}
+	val, err := setup.Encode()
+	if err != nil {
+		return nil, err
+	}
+	dir := plan.PinDir(t.Target())
+	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
+	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
+	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps with the fast path on, vouching for nothing until lanes agent does")
+	for i := range t.Veths {
+		v := &t.Veths[i]
+		if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {
+			continue
+		}
+		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastLearn, Link: plan.LinkPin(dir, "tcx-out", v.NetNS, v.Name)},
+			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc egress", "learn where the kernel's path delivers each flow")
+	}
+	for _, u := range t.Underlays {
+		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFast, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
+			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "take learned flows straight into their container")
+	}
+	p := PathOf(t, onpath.ReadFilters(t))
+	pl.Notes = append(pl.Notes, p.Notes...)
+	what := "nowhere now"
+	if len(p.FastPath.Veths) > 0 {
+		what = "to " + strings.Join(p.Veths, ", ")
+	}
+	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) always take the kernel's path",
+		what, o.Interval, leaseTTL(o.Interval)))
+	return pl, nil
+}
