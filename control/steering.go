@@ -328,14 +328,8 @@ func microFlowsPerCore(d *steer.Datapath, cpus []int) (map[int]uint64, error) {
 	return out, nil
 }
 
-// fastStatus reads the fast path's entries and lease into out. An entry
-// whose change count is not the datapath's is void (its next frame
-// deletes it) and left out.
+// fastStatus reads the fast path's valid entries and lease into out.
 func fastStatus(out *Steering, d *steer.Datapath, t *topology.Topology) error {
-	es, err := d.Fast().Entries()
-	if err != nil {
-		return err
-	}
 	changes, err := d.Changes()
 	if err != nil {
 		return err
@@ -347,12 +341,8 @@ func fastStatus(out *Steering, d *steer.Datapath, t *topology.Topology) error {
 	if now := steer.Now(); deadline > now && leased == changes {
 		out.FastLease = deadline - now
 	}
-	for _, e := range es {
-		if e.Changes == changes {
-			out.FastEntries = append(out.FastEntries, flowString(e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto)+" -> "+devName(t, int(e.Ifindex)))
-		}
-	}
-	return nil
+	out.FastEntries, err = fastEntries(d, t, false)
+	return err
 }
 
 // flowString names a flow for people: "198.19.0.11:40000 > 198.19.0.21:5201 tcp".

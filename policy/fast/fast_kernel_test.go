@@ -230,6 +230,27 @@ func counters(t *testing.T, dp *steer.Datapath) steer.Counters {
 	return st[steer.StageSplit]
 }
 
+// listFlush checks that lanes fast lists the flow to dst and flushes it
+// (its next frames teach it again).
+func listFlush(t *testing.T, ns, dst string) {
+	t.Helper()
+	ft, err := control.OpenFast(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ft.Close()
+	es, err := ft.List()
+	if err != nil || len(es) == 0 || !strings.Contains(strings.Join(es, "\n"), " > "+dst+":") {
+		t.Fatalf("lanes fast list: %q, %v: want the flow to %s", es, err, dst)
+	}
+	if n, err := ft.Flush(); err != nil || n < len(es) {
+		t.Fatalf("lanes fast flush: %d entries, %v: want %d at least", n, err, len(es))
+	}
+	if es, err := ft.List(); err != nil || len(es) != 0 {
+		t.Fatalf("lanes fast list after flush: %q, %v", es, err)
+	}
+}
+
 // nftDrop adds to h's namespace an nftables rule dropping every VXLAN
 // datagram from peer; del removes it (also when the test ends).
 func nftDrop(t *testing.T, h, peer *testbed.Host) (del func()) {
@@ -372,6 +393,8 @@ func testFast(t *testing.T, topo testbed.Topology) {
 	if rx := vxlanRx(t, r) - rx0; rx >= n || c.Fast < n {
 		t.Errorf("%s received %d packets of %d datagrams, %d frames took the fast path (counters %+v): want the fast path to carry them", r.VXLAN, rx, n, c.Fast, c)
 	}
+
+	listFlush(t, a.NS, dst.Addr.Addr().String())
 
 	c0 = counters(t, dp)
 	tcpRR(t, src, dst, 50)
