@@ -83,14 +83,15 @@ func journaledOn(t *testing.T, a *modetest.Applied, ns, dev string) []string {
 // the adopted knobs too, and with the added containers gone every knob is
 // as before the apply. Falcon with spread=always: the container stage is
 // placed by hash from the start, so the adoption window is what keeps
-// the running stream in order.
+// the running stream in order; without balancing, so that no load on the
+// machine sends the set back to vanilla placement mid-test.
 func TestFollowContainers(t *testing.T) {
 	for _, topo := range testbed.Topologies {
 		t.Run(string(topo), func(t *testing.T) {
 			tb := modetest.UpTestbed(t, topo)
 			prefix := tb.Config.Prefix
 			before := modetest.Snapshot(t, tb)
-			a := modetest.Apply(t, tb, "falcon", map[string]string{"spread": "always"})
+			a := modetest.Apply(t, tb, "falcon", map[string]string{"spread": "always", "balance": "false"})
 			s := tb.Sender()
 			src := s.Containers[0]
 
