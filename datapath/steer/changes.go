@@ -36,3 +36,18 @@ func (d *core) CountChanges(fd int) error {
 	}
 	return nil
 }
+
+// countChange moves the change count on by one, as a change announced on
+// the path does: whatever was vouched for under an earlier count is void.
+// A notification counted at the same time moves it on too; either way the
+// count is no longer the one anything was vouched for under.
+func (d *core) countChange() error {
+	n, err := d.Changes()
+	if err != nil {
+		return err
+	}
+	if err := d.objs.SteerChanges.Put(uint32(0), n+1); err != nil {
+		return fmt.Errorf("moving the path's change count on: %w", err)
+	}
+	return nil
+}

@@ -115,9 +115,10 @@ type Counters struct {
 	// FastAdmitted is entries made at a host-side veth's egress;
 	// FastUnlearned is overlay frames leaving to a veth the agent vouches
 	// for that made none (no matching note, another MAC, IP options, FIN or
-	// RST).
+	// RST). FastBehind is frames that took the kernel's path because
+	// another of their flow was still on it (they would have overtaken it).
 	Fast, FastNoEntry, FastOther, FastRefused, FastGSO, FastStale, FastLease, FastIdle, FastEnded, FastDropped uint64
-	FastAdmitted, FastUnlearned                                                                                uint64
+	FastAdmitted, FastUnlearned, FastBehind                                                                    uint64
 }
 
 // fields lists c's counters in bpf/counters.h's enum counter order.
@@ -125,7 +126,7 @@ func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
 		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade,
 		&c.Fast, &c.FastNoEntry, &c.FastOther, &c.FastRefused, &c.FastGSO, &c.FastStale, &c.FastLease, &c.FastIdle, &c.FastEnded, &c.FastDropped,
-		&c.FastAdmitted, &c.FastUnlearned}
+		&c.FastAdmitted, &c.FastUnlearned, &c.FastBehind}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

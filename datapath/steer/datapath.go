@@ -41,8 +41,11 @@ const (
 	// PinTCFast is the fast path into the container, for the underlay's
 	// tc ingress; PinTCFastLearn learns its entries, on a host-side
 	// veth's tc egress (Config.Fast).
+	// PinTCFastSeen keeps a flow's frames in order, on each container
+	// interface's tc ingress.
 	PinTCFast      = steerProgSteerTcFast
 	PinTCFastLearn = steerProgSteerTcFastLearn
+	PinTCFastSeen  = steerProgSteerTcFastSeen
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -148,6 +151,10 @@ func (d *Datapath) TCFast() *ebpf.Program { return d.objs.SteerTcFast }
 // egress (Config.Fast).
 func (d *Datapath) TCFastLearn() *ebpf.Program { return d.objs.SteerTcFastLearn }
 
+// TCFastSeen keeps the fast path's flows in order, for a container
+// interface's tc ingress (Config.Fast).
+func (d *Datapath) TCFastSeen() *ebpf.Program { return d.objs.SteerTcFastSeen }
+
 type pinnedMap struct {
 	name string
 	m    **ebpf.Map
@@ -187,6 +194,7 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerChanges, &o.SteerChanges},
 		{steerMapSteerFast, &o.SteerFast},
 		{steerMapSteerFastNotes, &o.SteerFastNotes},
+		{steerMapSteerFastFlight, &o.SteerFastFlight},
 		{steerMapSteerFastLease, &o.SteerFastLease},
 		{steerMapSteerFastVxlan, &o.SteerFastVxlan},
 		{steerMapSteerFastDev, &o.SteerFastDev},
@@ -220,6 +228,7 @@ func (d *core) pinnedProgs() []pinnedProg {
 		{PinNotify, &o.SteerNotify},
 		{PinTCFast, &o.SteerTcFast},
 		{PinTCFastLearn, &o.SteerTcFastLearn},
+		{PinTCFastSeen, &o.SteerTcFastSeen},
 	}
 }
 

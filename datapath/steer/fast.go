@@ -156,11 +156,16 @@ func (f Fast) Lease() (deadline time.Duration, changes uint64, err error) {
 }
 
 // Withdraw ends what the agent vouched for: the lease first (nothing is
-// admitted or used from then on), then every entry and note. The path
-// stays for the next Renew (SetPath an empty one to clear it).
+// admitted or used from then on), then it moves the change count on, so
+// that every entry and note made before is void whatever a flush racing
+// a learning program misses, and flushes them. The path stays for the
+// next Renew (SetPath an empty one to clear it).
 func (f Fast) Withdraw() error {
 	if err := f.objs.SteerFastLease.Put(uint32(0), steerFastLease{}); err != nil {
 		return fmt.Errorf("ending the fast path's lease: %w", err)
+	}
+	if err := f.countChange(); err != nil {
+		return err
 	}
 	_, err := f.Flush()
 	return err

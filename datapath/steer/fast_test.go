@@ -98,7 +98,7 @@ func delivered(s frameSpec, dst, src net.HardwareAddr, ttlDec uint8) []byte {
 func learn(t *testing.T, d *Datapath, s frameSpec, dst, src net.HardwareAddr, ttlDec uint8) {
 	t.Helper()
 	before := stats(t, d)[StageSplit]
-	frame := vxlanFrame(s)
+	frame := fastFrame(s)
 	ret, out := fastRun(t, d.TCFast(), frame, ulIfindex, 0)
 	if ret != tcUnspec {
 		t.Fatalf("premise: a frame without entry: verdict %d, want the kernel's path", ret)
@@ -118,7 +118,7 @@ func learn(t *testing.T, d *Datapath, s frameSpec, dst, src net.HardwareAddr, tt
 func fastHit(t *testing.T, d *Datapath, s frameSpec, want []byte) {
 	t.Helper()
 	before := stats(t, d)[StageSplit].Fast
-	ret, out := fastRun(t, d.TCFast(), vxlanFrame(s), ulIfindex, 0)
+	ret, out := fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0)
 	if ret != tcRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (counters %+v)", ret, stats(t, d)[StageSplit])
 	}
@@ -175,9 +175,9 @@ func TestFastMisses(t *testing.T) {
 	with := func(f func(*frameSpec)) []byte {
 		c := s
 		f(&c)
-		return vxlanFrame(c)
+		return fastFrame(c)
 	}
-	otherSrc := vxlanFrame(s)
+	otherSrc := fastFrame(s)
 	copy(otherSrc[ethHeaderLen+12:], []byte{192, 0, 2, 9})
 	binary.BigEndian.PutUint16(otherSrc[ethHeaderLen+10:], ipv4Checksum(otherSrc[ethHeaderLen:ethHeaderLen+20]))
 	for _, c := range []struct {
@@ -201,7 +201,7 @@ func TestFastMisses(t *testing.T) {
 		{"reserved VXLAN flag", with(func(c *frameSpec) { c.vxFlags = 0x1 }), 0, func(c Counters) uint64 { return c.FastRefused }},
 		{"outer CE on Not-ECT", with(func(c *frameSpec) { c.outerIP.tos = 3 }), 0, func(c Counters) uint64 { return c.FastRefused }},
 		{"longer than the MTU", with(func(c *frameSpec) { c.payload = fastTestMTU }), 0, func(c Counters) uint64 { return c.FastRefused }},
-		{"GSO", vxlanFrame(s), 1400, func(c Counters) uint64 { return c.FastGSO }},
+		{"GSO", fastFrame(s), 1400, func(c Counters) uint64 { return c.FastGSO }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := fastDatapath(t, time.Hour, fastTestMTU)
@@ -227,7 +227,7 @@ func TestFastRoutedTTLExpires(t *testing.T) {
 	d := fastDatapath(t, time.Hour, fastTestMTU)
 	s := frameSpec{flow: udpFlow(40000), payload: 100}
 	learn(t, d, s, innerMAC, bridgeMAC, routedTTLTaken)
-	frame := vxlanFrame(s)
+	frame := fastFrame(s)
 	ip := frame[fastOuterLen+ethHeaderLen:]
 	ip[8] = 1
 	binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:20]))
@@ -266,7 +266,7 @@ func TestFastLearnsOnlyFromTheSamePacket(t *testing.T) {
 				}
 			}
 			if c.note {
-				fastRun(t, d.TCFast(), vxlanFrame(s), ulIfindex, 0)
+				fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0)
 			}
 			ret, out := fastRun(t, d.TCFastLearn(), c.frame, c.in, 0)
 			sameBytes(t, c.name, c.frame, out)
@@ -289,7 +289,7 @@ func TestFastEntriesEnd(t *testing.T) {
 	s := frameSpec{flow: udpFlow(40000), payload: 100}
 	tcp := frameSpec{flow: tcpFlow(40000), payload: 100}
 	flags := func(f byte) []byte {
-		b := vxlanFrame(tcp)
+		b := fastFrame(tcp)
 		b[fastOuterLen+ethHeaderLen+20+13] = f
 		return b
 	}
@@ -306,13 +306,13 @@ func TestFastEntriesEnd(t *testing.T) {
 			if err := d.objs.SteerChanges.Put(uint32(0), uint64(1)); err != nil {
 				t.Fatal(err)
 			}
-		}, vxlanFrame(s), func(c Counters) uint64 { return c.FastStale }, true},
-		{"idle", s, time.Millisecond, func(t *testing.T, d *Datapath) { ageEntries(t, d) }, vxlanFrame(s), func(c Counters) uint64 { return c.FastIdle }, true},
+		}, fastFrame(s), func(c Counters) uint64 { return c.FastStale }, true},
+		{"idle", s, time.Millisecond, func(t *testing.T, d *Datapath) { ageEntries(t, d) }, fastFrame(s), func(c Counters) uint64 { return c.FastIdle }, true},
 		{"lease past", s, time.Hour, func(t *testing.T, d *Datapath) {
 			if err := d.objs.SteerFastLease.Put(uint32(0), steerFastLease{Deadline: uint64(Now())}); err != nil {
 				t.Fatal(err)
 			}
-		}, vxlanFrame(s), func(c Counters) uint64 { return c.FastLease }, false},
+		}, fastFrame(s), func(c Counters) uint64 { return c.FastLease }, false},
 		{"FIN", tcp, time.Hour, nil, flags(0x11), func(c Counters) uint64 { return c.FastEnded }, true},
 		{"RST", tcp, time.Hour, nil, flags(0x14), func(c Counters) uint64 { return c.FastEnded }, true},
 	} {
@@ -346,7 +346,7 @@ func TestFastLease(t *testing.T) {
 	if err := d.objs.SteerFastLease.Put(uint32(0), steerFastLease{}); err != nil {
 		t.Fatal(err)
 	}
-	fastRun(t, d.TCFast(), vxlanFrame(s), ulIfindex, 0)
+	fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0)
 	fastRun(t, d.TCFastLearn(), delivered(s, innerMAC, remoteMAC, 0), vxIfindex, 0)
 	if es, _ := d.Fast().Entries(); len(es) != 0 {
 		t.Fatalf("entries %+v learned without a lease", es)
@@ -362,7 +362,7 @@ func TestFastLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := frameSpec{flow: udpFlow(40001), payload: 100}
-	fastRun(t, d.TCFast(), vxlanFrame(other), ulIfindex, 0)
+	fastRun(t, d.TCFast(), fastFrame(other), ulIfindex, 0)
 	fastRun(t, d.TCFastLearn(), delivered(other, innerMAC, remoteMAC, 0), vxIfindex, 0)
 	if es, _ := d.Fast().Entries(); len(es) != 1 {
 		t.Fatalf("entries %+v: want only the first flow's, learned before the change", es)
@@ -379,7 +379,7 @@ func TestFastLease(t *testing.T) {
 	if err != nil || len(es) != 0 || lease != 0 {
 		t.Errorf("after Withdraw: entries %+v (%v), lease %v: want none", es, err, lease)
 	}
-	frame := vxlanFrame(s)
+	frame := fastFrame(s)
 	if ret, out := fastRun(t, d.TCFast(), frame, ulIfindex, 0); ret != tcUnspec || !slices.Equal(out, frame) {
 		t.Errorf("after Withdraw: verdict %d, want the kernel's path, untouched", ret)
 	}
@@ -403,5 +403,127 @@ func ageEntries(t *testing.T, d *Datapath) {
 		if err := d.objs.SteerFast.Put(k, e); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// seen runs steer_tc_fast_seen on the inner frame of s as it reaches its
+// container (either path).
+func seen(t *testing.T, d *Datapath, s frameSpec) {
+	t.Helper()
+	if ret, _ := fastRun(t, d.TCFastSeen(), delivered(s, innerMAC, remoteMAC, 0), loIfindex, 0); ret != tcUnspec {
+		t.Fatalf("seen: verdict %d, want the frame to go on", ret)
+	}
+}
+
+// A frame of a learned flow takes the fast path only while none of its
+// flow is on the kernel's path: after a GRO'd frame went that way, the
+// next waits behind it (kernel's path) until the container's ingress saw
+// both; then the fast path takes the flow again. With a drain time of an
+// hour, a frame the kernel's path never delivers holds the flow there.
+func TestFastKeepsOrder(t *testing.T) {
+	d := fastDatapath(t, time.Hour, fastTestMTU)
+	cfg, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Drain = time.Hour
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	s := frameSpec{flow: udpFlow(40000), payload: 100, udpCsumRight: true}
+	learn(t, d, s, innerMAC, remoteMAC, 0)
+	seen(t, d, s) // the learned packet reaches the container
+	want := delivered(s, innerMAC, remoteMAC, 0)
+	fastHit(t, d, s, want)
+	seen(t, d, s)
+
+	c0 := stats(t, d)[StageSplit]
+	if ret, _ := fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 1400); ret != tcUnspec {
+		t.Fatalf("a GSO frame: verdict %d, want the kernel's path", ret)
+	}
+	if ret, _ := fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0); ret != tcUnspec {
+		t.Fatalf("a frame behind a GSO one still on the kernel's path: verdict %d, want the kernel's path too", ret)
+	}
+	if c := stats(t, d)[StageSplit].Sub(c0); c.FastGSO != 1 || c.FastBehind != 1 || c.Fast != 0 {
+		t.Fatalf("counters %+v, want one GSO frame and one behind it", c)
+	}
+	seen(t, d, s)
+	if ret, _ := fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0); ret != tcUnspec {
+		t.Fatalf("with one of two frames on the kernel's path still in flight: verdict %d, want the kernel's path", ret)
+	}
+	seen(t, d, s)
+	seen(t, d, s)
+	fastHit(t, d, s, want)
+}
+
+// fastFrame is s's VXLAN frame addressed, unless s says otherwise, to lo's
+// MAC: BPF_PROG_RUN gives an skb the pkt_type lo would (eth_type_trans on
+// lo), and only a frame for this host (PACKET_HOST) is noted.
+func fastFrame(s frameSpec) []byte {
+	if s.outerDstMAC == nil {
+		s.outerDstMAC = make([]byte, 6)
+	}
+	return vxlanFrame(s)
+}
+
+// Only what the kernel's path may deliver teaches the fast path: a frame
+// of the flow that the kernel drops (for another host's MAC, with a bad
+// outer IP checksum and another TTL), arriving between a delivered
+// packet's ingress and its egress, leaves no note, so the entry carries
+// the delivered packet's facts; a frame the kernel may deliver but with
+// other facts (from another inner MAC) makes the note teach nothing for a
+// while, since the packet leaving could be either.
+func TestFastLearnsOnlyWhatTheKernelDelivers(t *testing.T) {
+	s := frameSpec{flow: udpFlow(40000), payload: 100, udpCsumRight: true}
+	for _, c := range []struct {
+		name  string
+		frame func() []byte
+		entry bool // the delivered packet still makes its entry
+	}{
+		{"another host's MAC", func() []byte {
+			o := s
+			o.outerDstMAC = otherMAC
+			return fastFrame(o)
+		}, true},
+		{"a bad outer IP checksum, TTL 65", func() []byte {
+			b := fastFrame(s)
+			b[ethHeaderLen+10]++
+			in := b[fastOuterLen+ethHeaderLen:]
+			in[8]++
+			binary.BigEndian.PutUint16(in[10:], 0)
+			binary.BigEndian.PutUint16(in[10:], ipv4Checksum(in[:20]))
+			return b
+		}, true},
+		{"another inner source MAC", func() []byte {
+			o := s
+			o.innerSrcMAC = otherMAC
+			return fastFrame(o)
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := fastDatapath(t, time.Hour, fastTestMTU)
+			fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0)
+			fastRun(t, d.TCFast(), c.frame(), ulIfindex, 0)
+			fastRun(t, d.TCFastLearn(), delivered(s, innerMAC, remoteMAC, 0), vxIfindex, 0)
+			es, err := d.Fast().Entries()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.entry {
+				if len(es) != 0 {
+					t.Fatalf("entries %+v: want none while the note is unsure", es)
+				}
+				return
+			}
+			if len(es) != 1 || es[0].TTLDec != 0 {
+				t.Fatalf("entries %+v: want the delivered packet's, bridged (TTL untouched)", es)
+			}
+			seen(t, d, s)
+			seen(t, d, s)
+			fastHit(t, d, s, delivered(s, innerMAC, remoteMAC, 0))
+			if ret, _ := fastRun(t, d.TCFast(), c.frame(), ulIfindex, 0); ret == tcRedirect {
+				t.Errorf("a frame the kernel drops took the fast path")
+			}
+		})
 	}
 }

@@ -84,6 +84,7 @@ var counterEvents = []struct {
 	{"fast_dropped", func(c *Counters) uint64 { return c.FastDropped }},
 	{"fast_admitted", func(c *Counters) uint64 { return c.FastAdmitted }},
 	{"fast_unlearned", func(c *Counters) uint64 { return c.FastUnlearned }},
+	{"fast_behind", func(c *Counters) uint64 { return c.FastBehind }},
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {

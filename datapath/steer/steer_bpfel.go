@@ -55,6 +55,13 @@ type steerFastEntry struct {
 	Last      uint64
 }
 
+type steerFastFlight struct {
+	_   structs.HostLayout
+	N   uint32
+	Pad uint32
+	At  uint64
+}
+
 type steerFastKey struct {
 	_     structs.HostLayout
 	Vni   uint32
@@ -73,20 +80,21 @@ type steerFastLease struct {
 }
 
 type steerFastNote struct {
-	_         structs.HostLayout
-	VtepSrc   uint32
-	VtepDst   uint32
-	OuterDmac [6]uint8
-	InDmac    [6]uint8
-	InSmac    [6]uint8
-	Ttl       uint8
-	Pad       uint8
-	Underlay  uint32
-	Id        uint16
-	TotLen    uint16
-	_         [4]byte
-	Changes   uint64
-	At        uint64
+	_           structs.HostLayout
+	VtepSrc     uint32
+	VtepDst     uint32
+	OuterDmac   [6]uint8
+	InDmac      [6]uint8
+	InSmac      [6]uint8
+	Ttl         uint8
+	Pad         uint8
+	Underlay    uint32
+	Id          uint16
+	TotLen      uint16
+	_           [4]byte
+	Changes     uint64
+	At          uint64
+	UnsureUntil uint64
 }
 
 type steerFlowSlot struct {
@@ -267,6 +275,7 @@ const (
 	steerMapSteerEpochs           = "steer_epochs"
 	steerMapSteerFast             = "steer_fast"
 	steerMapSteerFastDev          = "steer_fast_dev"
+	steerMapSteerFastFlight       = "steer_fast_flight"
 	steerMapSteerFastLease        = "steer_fast_lease"
 	steerMapSteerFastNotes        = "steer_fast_notes"
 	steerMapSteerFastVxlan        = "steer_fast_vxlan"
@@ -299,6 +308,7 @@ const (
 	steerProgSteerTcEgress        = "steer_tc_egress"
 	steerProgSteerTcFast          = "steer_tc_fast"
 	steerProgSteerTcFastLearn     = "steer_tc_fast_learn"
+	steerProgSteerTcFastSeen      = "steer_tc_fast_seen"
 	steerProgSteerTcIngress       = "steer_tc_ingress"
 	steerProgSteerTcSeen          = "steer_tc_seen"
 	steerProgSteerTcSplitSeen     = "steer_tc_split_seen"
@@ -359,6 +369,7 @@ type steerProgramSpecs struct {
 	SteerTcEgress        *ebpf.ProgramSpec `ebpf:"steer_tc_egress"`
 	SteerTcFast          *ebpf.ProgramSpec `ebpf:"steer_tc_fast"`
 	SteerTcFastLearn     *ebpf.ProgramSpec `ebpf:"steer_tc_fast_learn"`
+	SteerTcFastSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_fast_seen"`
 	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
 	SteerTcSeen          *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
@@ -382,6 +393,7 @@ type steerMapSpecs struct {
 	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
 	SteerFast       *ebpf.MapSpec `ebpf:"steer_fast"`
 	SteerFastDev    *ebpf.MapSpec `ebpf:"steer_fast_dev"`
+	SteerFastFlight *ebpf.MapSpec `ebpf:"steer_fast_flight"`
 	SteerFastLease  *ebpf.MapSpec `ebpf:"steer_fast_lease"`
 	SteerFastNotes  *ebpf.MapSpec `ebpf:"steer_fast_notes"`
 	SteerFastVxlan  *ebpf.MapSpec `ebpf:"steer_fast_vxlan"`
@@ -445,6 +457,7 @@ type steerMaps struct {
 	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
 	SteerFast       *ebpf.Map `ebpf:"steer_fast"`
 	SteerFastDev    *ebpf.Map `ebpf:"steer_fast_dev"`
+	SteerFastFlight *ebpf.Map `ebpf:"steer_fast_flight"`
 	SteerFastLease  *ebpf.Map `ebpf:"steer_fast_lease"`
 	SteerFastNotes  *ebpf.Map `ebpf:"steer_fast_notes"`
 	SteerFastVxlan  *ebpf.Map `ebpf:"steer_fast_vxlan"`
@@ -483,6 +496,7 @@ func (m *steerMaps) Close() error {
 		m.SteerEpochs,
 		m.SteerFast,
 		m.SteerFastDev,
+		m.SteerFastFlight,
 		m.SteerFastLease,
 		m.SteerFastNotes,
 		m.SteerFastVxlan,
@@ -529,6 +543,7 @@ type steerPrograms struct {
 	SteerTcEgress        *ebpf.Program `ebpf:"steer_tc_egress"`
 	SteerTcFast          *ebpf.Program `ebpf:"steer_tc_fast"`
 	SteerTcFastLearn     *ebpf.Program `ebpf:"steer_tc_fast_learn"`
+	SteerTcFastSeen      *ebpf.Program `ebpf:"steer_tc_fast_seen"`
 	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
 	SteerTcSeen          *ebpf.Program `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.Program `ebpf:"steer_tc_split_seen"`
@@ -548,6 +563,7 @@ func (p *steerPrograms) Close() error {
 		p.SteerTcEgress,
 		p.SteerTcFast,
 		p.SteerTcFastLearn,
+		p.SteerTcFastSeen,
 		p.SteerTcIngress,
 		p.SteerTcSeen,
 		p.SteerTcSplitSeen,

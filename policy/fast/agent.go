@@ -36,6 +36,9 @@ type agent struct {
 	dp       *steer.Datapath
 	applyGen string // knobs.Generation of the journal it works for
 	m        *metrics
+	// asked asks the loop for a round (askRound): a change it was told
+	// of, or a path that must be vouched for anew.
+	asked chan struct{}
 
 	mu     sync.Mutex
 	status Status
@@ -99,7 +102,7 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fast agent: %w (is the fast mode applied? `lanes status` tells)", err)
 	}
-	a := &agent{env: env, o: o, dp: dp, applyGen: generation(env.StateDir)}
+	a := &agent{env: env, o: o, dp: dp, applyGen: generation(env.StateDir), asked: make(chan struct{}, 1)}
 	if env.Metrics != nil {
 		a.m = &metrics{
 			entries:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "lanes_fast_entries", Help: "Flows on the fast path into the container at the fast agent's last round."}),
@@ -127,7 +130,7 @@ func (a *agent) Status() any {
 // path and clears it, as the plan left it.
 func (a *agent) Run(ctx context.Context) error {
 	defer a.dp.Close()
-	changed := make(chan struct{}, 1)
+	changed := a.asked
 	var w *onpath.Watcher
 	// watched are the namespaces the path ran through at the last round
 	// that read it: w's, where w is set.
@@ -305,8 +308,9 @@ func (a *agent) round(w *onpath.Watcher, watched []string) (namespaces []string)
 	return namespaces
 }
 
-// vouch writes path, flushing the entries made on another one, and the
-// lease under changes; a path with nowhere to deliver ends the lease.
+// vouch writes path and the lease under changes; a path other than the
+// last one (or one with nowhere to deliver) withdraws everything made on
+// the last one instead, and asks for a round that vouches for the new.
 func (a *agent) vouch(path steer.FastPath, changes uint64) error {
 	f := a.dp.Fast()
 	changed, err := f.SetPath(path)
@@ -314,11 +318,14 @@ func (a *agent) vouch(path steer.FastPath, changes uint64) error {
 		return err
 	}
 	if changed || len(path.Veths) == 0 {
+		// The withdrawal moves the change count on: the path is read
+		// again under the new count, at once, before a lease is given.
 		if err := f.Withdraw(); err != nil {
 			return err
 		}
-	}
-	if len(path.Veths) == 0 {
+		if len(path.Veths) > 0 {
+			askRound(a.asked)
+		}
 		return nil
 	}
 	return f.Renew(leaseTTL(a.o.Interval), changes)

@@ -155,6 +155,13 @@ func (f *udpFlow) send(t *testing.T, n int) []dgram {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	return f.receive(from)
+}
+
+// receive returns the datagrams numbered from on that arrive, in their
+// order; one that comes later than 300 ms after the last arrival counts
+// as lost.
+func (f *udpFlow) receive(from uint64) []dgram {
 	var got []dgram
 	buf, oob := make([]byte, 2048), make([]byte, 256)
 	for {
@@ -228,6 +235,22 @@ func counters(t *testing.T, dp *steer.Datapath) steer.Counters {
 		t.Fatal(err)
 	}
 	return st[steer.StageSplit]
+}
+
+// bulkIntact sends a TCP stream from src to dst (the sender's TSO makes
+// GSO frames, which the fast path leaves to the kernel's path, with
+// single segments between them it may take) and fails t unless every byte
+// arrives intact. That no frame overtakes one of its flow on the kernel's
+// path is TestFastKeepsOrder's: a TCP receiver here also queues segments
+// out of order on the kernel's path alone (losses), so its count cannot
+// decide it.
+func bulkIntact(t *testing.T, dp *steer.Datapath, src, dst testbed.Container) {
+	t.Helper()
+	c0 := counters(t, dp)
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 16<<20)
+	if c := counters(t, dp).Sub(c0); c.FastGSO == 0 {
+		t.Fatalf("premise: the stream came as GSO frames to its entry (counters %+v)", c)
+	}
 }
 
 // listFlush checks that lanes fast lists the flow to dst and flushes it
@@ -395,6 +418,7 @@ func testFast(t *testing.T, topo testbed.Topology) {
 	}
 
 	listFlush(t, a.NS, dst.Addr.Addr().String())
+	bulkIntact(t, dp, src, dst)
 
 	c0 = counters(t, dp)
 	tcpRR(t, src, dst, 50)

@@ -110,6 +110,10 @@ func vethOn(t *topology.Topology, v *topology.Veth) (steer.FastVeth, string) {
 		return steer.FastVeth{}, "down"
 	case len(onpath.EgressHooks(v.Hooks)) > 0:
 		return steer.FastVeth{}, "its egress has " + strings.Join(onpath.EgressHooks(v.Hooks), ", ")
+	case c.Hooks != nil && (c.Hooks.XDP != "" || c.Hooks.Err != ""):
+		// The veth runs its peer's XDP program on every frame it
+		// transmits; a frame handed into the namespace would skip it.
+		return steer.FastVeth{}, fmt.Sprintf("container interface %s has an XDP program or unread hooks (%+v)", c.Name, *c.Hooks)
 	}
 	mtu := min(v.MTU, c.MTU)
 	if v.Master != "" {

@@ -110,6 +110,18 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps with the fast path on, vouching for nothing until lanes agent does")
+	// Where each flow's frames reach their container first, so that every
+	// frame the fast path counts on its way is counted there too.
+	for i := range t.Containers {
+		for j := range t.Containers[i].Interfaces {
+			ifc := &t.Containers[i].Interfaces[j]
+			if ifc.HostVeth == "" {
+				continue
+			}
+			pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastSeen, Link: plan.LinkPin(dir, "tcx-seen", ifc.NetNS, ifc.Name)},
+				"attached", plan.DevLabel(ifc.NetNS, ifc.Name)+" tc ingress", "count each flow's frames in, so none takes the fast path past one still on the kernel's path")
+		}
+	}
 	for i := range t.Veths {
 		v := &t.Veths[i]
 		if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {

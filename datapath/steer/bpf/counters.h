@@ -47,5 +47,6 @@ enum counter {
 	CNT_FAST_DROPPED,   /* frames lost after decapsulation began (cannot happen for a frame whose headers were linear) */
 	CNT_FAST_ADMITTED,  /* entries made where a noted frame left the overlay */
 	CNT_FAST_UNLEARNED, /* overlay frames leaving to a served veth that admitted nothing (no matching note, another MAC, options, FIN/RST) */
+	CNT_FAST_BEHIND,    /* miss: a frame of the flow was still on the kernel's path (it would have been overtaken) */
 	NUM_COUNTERS,
 };

@@ -35,12 +35,50 @@ static __always_inline int fast_udp_ok(struct __sk_buff *skb, const struct outer
 	return fast_udp_csum_ok(skb);
 }
 
+/*
+ * Why a frame of a flow (key k, entry e, in flight fl) takes the kernel's
+ * path: the counter that says so, or 0 when it may take the fast path
+ * (*ecn then says what decapsulation does to its ECN field). A frame of a
+ * flow without a valid entry is noted for learning; an entry that can
+ * never hold again is deleted.
+ */
+static __always_inline __u32 fast_why_not(struct __sk_buff *skb, const struct steer_cfg *cfg, const struct fast_key *k,
+					  struct fast_entry *e, const struct outer_hdrs *o, struct fast_flight *fl,
+					  __u64 now, __u32 *ecn)
+{
+	__u32 why = e ? fast_void(k, e, now) : CNT_FAST_NO_ENTRY;
+
+	if (why) {
+		if (why != CNT_FAST_LEASE && fast_leased(now, path_changes()))
+			fast_note(skb, k, o, now);
+		return why;
+	}
+	if (!fast_dev_holds(e)) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_STALE;
+	}
+	if (tcp_flags(o->iip, (void *)(long)skb->data_end) & TCP_FIN_RST) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_ENDED;
+	}
+	if (skb->gso_segs > 1 || skb->gso_size)
+		return CNT_FAST_GSO;
+	if (!fast_same_outer(skb, e, o))
+		return CNT_FAST_OTHER;
+	if (!fast_checks(e, o, skb->len, ecn) || !fast_udp_ok(skb, o))
+		return CNT_FAST_REFUSED;
+	if (!fast_in_order(cfg, fl, now))
+		return CNT_FAST_BEHIND;
+	return 0;
+}
+
 SEC("tc")
 int steer_tc_fast(struct __sk_buff *skb)
 {
 	struct steer_cfg *cfg = get_cfg();
+	struct fast_key k = {}, fk = {};
 	struct overlay ov = {};
-	struct fast_key k = {};
+	struct fast_flight *fl;
 	struct tuple t = {};
 	struct outer_hdrs o;
 	struct fast_entry *e;
@@ -55,39 +93,20 @@ int steer_tc_fast(struct __sk_buff *skb)
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
 	c.left = skb->len;
-	if (parse_outer(&c, cfg, &t, &ov) < 0 || ov.inner_off != OUTER_LEN ||
+	/* A VLAN tag the kernel took off before tc: the kernel's path hands
+	 * the frame to a VLAN device, or drops it. */
+	if (skb->vlan_present || parse_outer(&c, cfg, &t, &ov) < 0 || ov.inner_off != OUTER_LEN ||
 	    !outer_at((void *)(long)skb->data, (void *)(long)skb->data_end, &o))
 		goto passed;
 	fast_key_of(&k, ov.vni, &t);
+	fast_key_of(&fk, 0, &t);
 	now = bpf_ktime_get_ns();
+	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
 	e = bpf_map_lookup_elem(&steer_fast, &k);
-	if (!e) {
-		fast_note(skb, &k, &o, now);
-		count(STAGE_SPLIT, CNT_FAST_NO_ENTRY);
-		return TC_ACT_UNSPEC;
-	}
-	why = fast_void(&k, e, now);
+	why = fast_why_not(skb, cfg, &k, e, &o, fl, now, &ecn);
+	fast_handed(&fk, fl, now);
 	if (why) {
-		if (why != CNT_FAST_LEASE)
-			fast_note(skb, &k, &o, now);
 		count(STAGE_SPLIT, why);
-		return TC_ACT_UNSPEC;
-	}
-	if (tcp_flags(o.iip, (void *)(long)skb->data_end) & TCP_FIN_RST) {
-		bpf_map_delete_elem(&steer_fast, &k);
-		count(STAGE_SPLIT, CNT_FAST_ENDED);
-		return TC_ACT_UNSPEC;
-	}
-	if (skb->gso_segs > 1 || skb->gso_size) {
-		count(STAGE_SPLIT, CNT_FAST_GSO);
-		return TC_ACT_UNSPEC;
-	}
-	if (!fast_same_outer(skb, e, &o)) {
-		count(STAGE_SPLIT, CNT_FAST_OTHER);
-		return TC_ACT_UNSPEC;
-	}
-	if (!fast_checks(e, &o, skb->len, &ecn) || !fast_udp_ok(skb, &o)) {
-		count(STAGE_SPLIT, CNT_FAST_REFUSED);
 		return TC_ACT_UNSPEC;
 	}
 	return fast_deliver(skb, e, ecn, now);
@@ -137,12 +156,36 @@ int steer_tc_fast_learn(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	fast_key_of(&k, *vni, &t);
 	n = bpf_map_lookup_elem(&steer_fast_notes, &k);
-	if (!n || n->id != ip->id || n->tot_len != ip->tot_len || now > n->at + FAST_NOTE_NS || n->ttl < ip->ttl ||
+	if (!n || n->id != ip->id || n->tot_len != ip->tot_len || now > n->at + FAST_NOTE_NS || now < n->unsure_until ||
+	    n->ttl < ip->ttl ||
 	    n->ttl - ip->ttl > 1 || n->changes != changes || ip->ihl != 5 || !mac_eq(eth->h_dest, dev->mac) ||
 	    (tcp_flags(ip, data_end) & TCP_FIN_RST)) {
 		count(STAGE_SPLIT, CNT_FAST_UNLEARNED);
 		return TC_ACT_UNSPEC;
 	}
 	fast_admit(&k, n, dev, out, eth, ip->ttl, now);
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * Where a frame of the overlay reaches its container: on the container
+ * interface's tc ingress, which both paths pass (bpf_redirect_peer runs
+ * it at once), a frame of a flow the fast path counted is no longer in
+ * flight (steer_fast_flight).
+ */
+SEC("tc")
+int steer_tc_fast_seen(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	struct fast_flight *fl;
+	struct fast_key fk = {};
+	struct tuple t = {};
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST) || skb_inner_tuple(skb, &t) < 0)
+		return TC_ACT_UNSPEC;
+	fast_key_of(&fk, 0, &t);
+	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
+	if (fl && fl->n)
+		__sync_fetch_and_add(&fl->n, -1); /* XADD: -mcpu=v1 has no atomic sub */
 	return TC_ACT_UNSPEC;
 }

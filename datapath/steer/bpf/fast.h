@@ -32,6 +32,9 @@
 
 #include "outer.h"
 
+/* skb->pkt_type of a frame addressed to this host (linux/if_packet.h). */
+#define PACKET_HOST 0
+
 /* A note older than this teaches nothing: the same packet crosses the
  * host far sooner, and an IP id repeats. */
 #define FAST_NOTE_NS (1000ULL * 1000 * 1000)
@@ -81,7 +84,23 @@ static __always_inline __u8 tcp_flags(const struct iphdr *ip, void *data_end)
 	return *flags;
 }
 
-/* Note a frame of a flow without an entry, for its packet's way out. */
+/* Do two notes of a flow carry the same facts for its entry? */
+static __always_inline int fast_same_facts(const struct fast_note *a, const struct fast_note *b)
+{
+	return a->vtep_src == b->vtep_src && a->vtep_dst == b->vtep_dst && a->ttl == b->ttl &&
+	       a->underlay == b->underlay && mac_eq(a->outer_dmac, b->outer_dmac) && mac_eq(a->in_dmac, b->in_dmac) &&
+	       mac_eq(a->in_smac, b->in_smac);
+}
+
+/*
+ * Note a frame of a flow without an entry, for its packet's way out. Only
+ * a frame the kernel's path may deliver is noted: addressed to this host
+ * (pkt_type), untagged, its outer headers and its inner IPv4 header as
+ * the kernel's checks want them (outer_ok). One that the kernel drops
+ * anyway could still replace the note of a packet on its way; so a note
+ * whose facts differ from a fresh one's teaches nothing for FAST_NOTE_NS
+ * (unsure_until): the packet that then leaves the overlay may be either.
+ */
 static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_key *k, const struct outer_hdrs *o,
 				      __u64 now)
 {
@@ -95,10 +114,20 @@ static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_k
 		.changes = path_changes(),
 		.at = now,
 	};
+	struct fast_note *old;
 
+	if (skb->pkt_type != PACKET_HOST || !outer_ok(o, skb->len) || o->iip->ihl != 5 || !ipv4_csum_ok(o->iip) ||
+	    bpf_ntohs(o->iip->tot_len) != skb->len - OUTER_LEN - ETH_HLEN)
+		return;
 	__builtin_memcpy(n.outer_dmac, o->eth->h_dest, sizeof(n.outer_dmac));
 	__builtin_memcpy(n.in_dmac, o->ieth->h_dest, sizeof(n.in_dmac));
 	__builtin_memcpy(n.in_smac, o->ieth->h_source, sizeof(n.in_smac));
+	old = bpf_map_lookup_elem(&steer_fast_notes, k);
+	if (old) {
+		n.unsure_until = old->unsure_until;
+		if (now < old->at + FAST_NOTE_NS && !fast_same_facts(old, &n))
+			n.unsure_until = now + FAST_NOTE_NS;
+	}
 	bpf_map_update_elem(&steer_fast_notes, k, &n, BPF_ANY);
 }
 
@@ -119,6 +148,36 @@ static __always_inline __u32 fast_void(const struct fast_key *k, const struct fa
 		return CNT_FAST_IDLE;
 	}
 	return 0;
+}
+
+/* A frame of the flow fk is handed on (either path) at now: one more in
+ * flight until its container's ingress sees it. */
+static __always_inline void fast_handed(const struct fast_key *fk, struct fast_flight *fl, __u64 now)
+{
+	struct fast_flight first = { .n = 1, .at = now };
+
+	if (!fl) {
+		if (bpf_map_update_elem(&steer_fast_flight, fk, &first, BPF_NOEXIST) == 0)
+			return;
+		fl = bpf_map_lookup_elem(&steer_fast_flight, fk);
+		if (!fl)
+			return;
+	}
+	__sync_fetch_and_add(&fl->n, 1);
+	fl->at = now;
+}
+
+/* May a frame of the flow take the fast path at now, or would it overtake
+ * one on the kernel's path? A count left by frames that path dropped
+ * ends once the flow was idle for the drain time. */
+static __always_inline int fast_in_order(const struct steer_cfg *cfg, struct fast_flight *fl, __u64 now)
+{
+	if (!fl || !fl->n)
+		return 1;
+	if (now - fl->at < cfg->drain_ns)
+		return 0;
+	fl->n = 0;
+	return 1;
 }
 
 /* Does the frame come as the entry's did: on its device, between its
@@ -149,6 +208,17 @@ static __always_inline int fast_checks(const struct fast_entry *e, const struct 
 	if (ilen != len - OUTER_LEN - ETH_HLEN || ilen > e->mtu || o->iip->ttl <= e->ttl_dec)
 		return 0;
 	return outer_ecn(o, ecn);
+}
+
+/* Is the entry's veth still one the agent vouches for, its container's
+ * MAC the one the entry delivers to and its MTU no smaller? A container
+ * that changed either since admission is told at the agent's next round
+ * (steer_fast_dev); bpf_redirect_peer would check neither. */
+static __always_inline int fast_dev_holds(const struct fast_entry *e)
+{
+	struct fast_dev *dev = bpf_map_lookup_elem(&steer_fast_dev, &e->ifindex);
+
+	return dev && mac_eq(dev->mac, e->dmac) && dev->mtu >= e->mtu;
 }
 
 /*
@@ -184,7 +254,10 @@ static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry
 	__builtin_memcpy(eth->h_source, e->smac, sizeof(eth->h_source));
 	inner_ecn(iip, ecn);
 	if (e->ttl_dec) {
-		iip->check = csum16_add(iip->check, bpf_htons(0x0100));
+		/* ip_decrease_ttl's update, to the byte (0x0000, not 0xffff). */
+		__u32 check = (__u32)iip->check + bpf_htons(0x0100);
+
+		iip->check = (__u16)(check + (check >= 0xffff));
 		iip->ttl--;
 	}
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_DEC);

@@ -381,6 +381,10 @@ struct fast_note {
 	__be16 tot_len;
 	__u64 changes;         /* steer_changes when it came in */
 	__u64 at;              /* bpf_ktime_get_ns() when it came in */
+	/* Until then the note teaches nothing: a frame of the flow with
+	 * other outer facts came within FAST_NOTE_NS of another, so the
+	 * packet that leaves the overlay may be either's. */
+	__u64 unsure_until;
 };
 
 /*
@@ -421,6 +425,29 @@ struct {
 	__type(key, struct fast_key);
 	__type(value, struct fast_note);
 } steer_fast_notes SEC(".maps");
+
+/*
+ * The fast path's order keeping: frames of a flow handed on from the
+ * underlay's ingress, by either path, that its container's ingress has
+ * not seen yet (steer_tc_fast_seen). A frame takes the fast path only
+ * while none is on the kernel's path (its GRO cell, the bridge, the
+ * backlog), so it never overtakes one of its flow's; a count a frame the
+ * kernel's path dropped leaves behind ends once the flow was idle for the
+ * drain time. By inner 5-tuple (fast_key, VNI 0): the container's ingress
+ * does not know the VNI.
+ */
+struct fast_flight {
+	__u32 n;    /* frames handed on, not yet seen at the container's ingress */
+	__u32 pad;
+	__u64 at;   /* bpf_ktime_get_ns() when the last was handed on */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 2 * FAST_ENTRIES);
+	__type(key, struct fast_key);
+	__type(value, struct fast_flight);
+} steer_fast_flight SEC(".maps");
 
 /* The fast path's lease: lanes agent vouches for the path until deadline
  * (bpf_ktime_get_ns), under the change count it read before it read the
