@@ -20,7 +20,7 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 20m
 # Differential fuzzers (datapath/steer): the BPF programs against a Go
 # model of the kernel's VXLAN receive and bridge forward, in every datapath
 # setup the planners build (the seed corpus runs first, within FUZZTIME).
-FUZZERS   := FuzzSteerXDP FuzzSteerTC
+FUZZERS   := FuzzSteerXDP FuzzSteerTC FuzzSteerFast
 FUZZTIME  ?= 10m
 # The BPF C lanes writes (everything else it compiles is the kernel's or
 # libbpf's), formatted by the clang-format that matches the clang it is

@@ -184,7 +184,7 @@ func (m kernelModel) delivers(ifindex uint32, b []byte) (port uint32, inner []by
 	if hlen != 20 {
 		return 0, nil, false // options: ip_rcv_options, not modelled: dropped here
 	}
-	if ipv4Checksum(ip[:hlen]) != binary.BigEndian.Uint16(ip[10:]) {
+	if !ipv4HeaderOK(ip[:hlen]) {
 		return 0, nil, false
 	}
 	tot := int(binary.BigEndian.Uint16(ip[2:]))
@@ -283,4 +283,111 @@ func htons(v uint16) uint16 {
 	var b [2]byte
 	binary.BigEndian.PutUint16(b[:], v)
 	return binary.NativeEndian.Uint16(b[:])
+}
+
+// ipv4HeaderOK is ip_fast_csum's verdict on an IPv4 header: its words,
+// the checksum field's included, sum to 0xffff (ones' complement), so
+// that either form of a zero sum, 0x0000 or 0xffff, is a right checksum.
+func ipv4HeaderOK(h []byte) bool {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
+}
+
+// ipDecreaseTTL is the kernel's ip_decrease_ttl, in place: the checksum
+// updated as the bytes in memory, carried the kernel's way.
+func ipDecreaseTTL(ip []byte) {
+	check := uint32(binary.NativeEndian.Uint16(ip[10:])) + uint32(htons(0x0100))
+	if check >= 0xffff {
+		check++
+	}
+	binary.NativeEndian.PutUint16(ip[10:], uint16(check))
+	ip[8]--
+}
+
+// refFastEntry is a fast path entry as the reference sees it (bpf/fast.h's
+// fast_key and fast_entry): the flow, the outer facts its frames come
+// with, and what the kernel's path did with the frame it was learned from
+// (the container's veth ifindex, the MACs it wrote, the TTL it took off,
+// the MTU on the way).
+type refFastEntry struct {
+	vni                       uint32
+	tuple                     refTuple
+	underlay                  uint32
+	vtepSrc, vtepDst          netip.Addr
+	outerDMAC, inDMAC, inSMAC net.HardwareAddr
+	ifindex                   uint32
+	dmac, smac                net.HardwareAddr
+	ttlDec                    uint8
+	mtu                       int
+}
+
+// host is the receiving host e was learned on, as kernelModel models it:
+// the underlay device and its MAC, the local VTEP, the VXLAN port and
+// VNI, and the inner destination MAC the frame went on to (a container's
+// on a bridge, the router's on a routed path) as the one known port.
+func (e refFastEntry) host(port uint16) kernelModel {
+	return kernelModel{ifindex: e.underlay, mac: e.outerDMAC, locals: []netip.Addr{e.vtepDst}, port: port, vni: e.vni,
+		vxMAC: fuzzModel.vxMAC, fdb: map[string]uint32{e.inDMAC.String(): e.ifindex}, mtu: e.mtu}
+}
+
+// learnable says whether the kernel's path delivers a frame with e's
+// outer facts at all: an entry exists only from a frame it delivered.
+func (e refFastEntry) learnable(port uint16) bool {
+	f := vxlanFrame(frameSpec{flow: udpFlow(40000), payload: 10, udpPort: port, vni: e.vni, udpCsumRight: true})
+	copy(f[0:], e.outerDMAC)
+	s, d := e.vtepSrc.As4(), e.vtepDst.As4()
+	copy(f[ethHeaderLen+12:], s[:])
+	copy(f[ethHeaderLen+16:], d[:])
+	copy(f[50:], e.inDMAC)
+	copy(f[56:], e.inSMAC)
+	fixChecksums(f)
+	_, _, ok := e.host(port).delivers(e.underlay, f)
+	return ok
+}
+
+// delivers is what the fast path must make of frame b, received on
+// ifindex, while e is live: the frame the kernel's path hands e's
+// container (ok), or none (the kernel's path takes it). The kernel's
+// verdict is kernelModel's on the host e was learned on, and the rest of
+// the way is the entry's: its MACs, its TTL taken off (ip_forward: a TTL
+// it would expire is not forwarded), its MTU. What the fast path leaves to
+// the kernel's path although the kernel would deliver it, it must not
+// take: bytes the kernel trims (beyond the outer IP total length or UDP
+// length, or the inner total length), another VTEP's or container's
+// frame, inner IPv4 options or a wrong inner header checksum, a TTL of 0
+// on a bridged path, TCP FIN or RST (the entry ends).
+func (e refFastEntry) delivers(ifindex uint32, b []byte, port uint16, vnis []uint32) ([]byte, bool) {
+	r := refOuter(b, port, vnis)
+	if !r.inner || r.vni != e.vni || r.tuple != e.tuple {
+		return nil, false
+	}
+	_, inner, ok := e.host(port).delivers(ifindex, b)
+	if !ok {
+		return nil, false
+	}
+	ip := b[ethHeaderLen:] // IPv4 without options, UDP: the kernel model's
+	tot, ulen := int(binary.BigEndian.Uint16(ip[2:])), int(binary.BigEndian.Uint16(ip[24:]))
+	iip := b[50+ethHeaderLen:] // IPv4 of a TCP or UDP flow: the reference's
+	ilen := int(binary.BigEndian.Uint16(iip[2:]))
+	fin := iip[9] == protoTCP && len(iip) > 33 && iip[33]&0x05 != 0
+	switch {
+	case tot != len(ip) || ulen != tot-20 || ilen != len(inner)-ethHeaderLen:
+		return nil, false
+	case netip.AddrFrom4([4]byte(ip[12:16])) != e.vtepSrc || !bytes.Equal(b[56:62], e.inSMAC):
+		return nil, false
+	case iip[0]&0x0f != 5 || !ipv4HeaderOK(iip[:20]) || iip[8] <= e.ttlDec || ilen > e.mtu || fin:
+		return nil, false
+	}
+	copy(inner[0:], e.dmac)
+	copy(inner[6:], e.smac)
+	if e.ttlDec > 0 {
+		ipDecreaseTTL(inner[ethHeaderLen:])
+	}
+	return inner, true
 }
