@@ -199,6 +199,11 @@ func fastReset(t *testing.T, d *Datapath, s fastState, mtu uint32, vouched bool)
 	if _, err := d.Fast().Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// No frame of an earlier input in flight: each input's frame is the
+	// first of its flow since the container saw the last.
+	if _, err := clearMap[steerFastKey, steerFastFlight](d.objs.SteerFastFlight); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.objs.SteerChanges.Put(uint32(0), uint64(0)); err != nil {
 		t.Fatal(err)
 	}
@@ -275,6 +280,12 @@ func plant(t *testing.T, d *Datapath, e refFastEntry, s fastState, idle time.Dur
 		v.Last = 1
 	}
 	if err := d.objs.SteerFast.Put(k, v); err != nil {
+		t.Fatal(err)
+	}
+	// The entry's veth, vouched for as it was at admission.
+	dev := steerFastDev{Mtu: uint32(e.mtu)}
+	copy(dev.Mac[:], e.dmac)
+	if err := d.objs.SteerFastDev.Put(uint32(e.ifindex), dev); err != nil {
 		t.Fatal(err)
 	}
 }
