@@ -78,7 +78,7 @@ fuzz: generate
 	for f in $(FUZZERS); do $(GO) test -count=1 -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./datapath/steer/ || exit 1; done
 
 demo: deps build
-	./$(BIN) bench --quick --modes native,vanilla,rps --out $(OUT)
+	./$(BIN) bench --quick --modes native,vanilla,fast --out $(OUT)
 
 install: build
 	./scripts/install.sh

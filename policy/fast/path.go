@@ -77,7 +77,7 @@ func vxlanOff(t *topology.Topology, v *topology.VXLAN) string {
 	case !v.Up:
 		return "it is down (vxlan_rcv drops what it receives)"
 	case v.UnderlayNetNS != t.NetNS:
-		return fmt.Sprintf("its underlay lives in %s, from which bpf_redirect_peer cannot reach the containers' veths", onpath.Label(v.UnderlayNetNS))
+		return fmt.Sprintf("its underlay lives in %s and the containers' veths in %s, which bpf_redirect_peer from the underlay cannot reach", onpath.Label(v.UnderlayNetNS), onpath.Label(t.NetNS))
 	}
 	if h := allHooks(v.Hooks); len(h) > 0 {
 		return "it has programs or filters (" + strings.Join(h, ", ") + ")"
