@@ -119,6 +119,15 @@ type Counters struct {
 	// another of their flow was still on it (they would have overtaken it).
 	Fast, FastNoEntry, FastOther, FastRefused, FastGSO, FastStale, FastLease, FastIdle, FastEnded, FastDropped uint64
 	FastAdmitted, FastUnlearned, FastBehind                                                                    uint64
+
+	// The fast path out of the container (Config.Fast), split stage:
+	// FastOut is frames encapsulated at a host-side veth's tc ingress and
+	// sent out the underlay. The misses are as the way in's, FastOutOther
+	// being another MAC, TTL, TOS or DF than the learned packet's.
+	// FastOutAdmitted is entries made at the underlay's egress;
+	// FastOutUnlearned is noted packets leaving there that made none.
+	FastOut, FastOutNoEntry, FastOutOther, FastOutRefused, FastOutStale, FastOutLease, FastOutIdle, FastOutEnded, FastOutDropped uint64
+	FastOutAdmitted, FastOutUnlearned                                                                                            uint64
 }
 
 // fields lists c's counters in bpf/counters.h's enum counter order.
@@ -126,7 +135,9 @@ func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
 		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade,
 		&c.Fast, &c.FastNoEntry, &c.FastOther, &c.FastRefused, &c.FastGSO, &c.FastStale, &c.FastLease, &c.FastIdle, &c.FastEnded, &c.FastDropped,
-		&c.FastAdmitted, &c.FastUnlearned, &c.FastBehind}
+		&c.FastAdmitted, &c.FastUnlearned, &c.FastBehind,
+		&c.FastOut, &c.FastOutNoEntry, &c.FastOutOther, &c.FastOutRefused, &c.FastOutStale, &c.FastOutLease, &c.FastOutIdle, &c.FastOutEnded, &c.FastOutDropped,
+		&c.FastOutAdmitted, &c.FastOutUnlearned}
 }
 
 // Sub returns c minus earlier, counter by counter: what happened between

@@ -46,6 +46,11 @@ const (
 	PinTCFast      = steerProgSteerTcFast
 	PinTCFastLearn = steerProgSteerTcFastLearn
 	PinTCFastSeen  = steerProgSteerTcFastSeen
+	// PinTCFastOut is the fast path out of the container, for a
+	// host-side veth's tc ingress; PinTCFastOutLearn learns its entries,
+	// on the underlay's tc egress (Config.Fast).
+	PinTCFastOut      = steerProgSteerTcOut
+	PinTCFastOutLearn = steerProgSteerTcOutLearn
 )
 
 // Datapath is one loaded (or reopened) copy of the steer programs and
@@ -198,6 +203,10 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerFastLease, &o.SteerFastLease},
 		{steerMapSteerFastVxlan, &o.SteerFastVxlan},
 		{steerMapSteerFastDev, &o.SteerFastDev},
+		{steerMapSteerFastout, &o.SteerFastout},
+		{steerMapSteerFastoutNotes, &o.SteerFastoutNotes},
+		{steerMapSteerFastoutVxlan, &o.SteerFastoutVxlan},
+		{steerMapSteerFastoutDev, &o.SteerFastoutDev},
 		{steerMapSteerPrioSeen, &o.SteerPrioSeen},
 		{steerMapSteerHighInline, &o.SteerHighInline},
 		{steerMapSteerAside, &o.SteerAside},
@@ -229,6 +238,8 @@ func (d *core) pinnedProgs() []pinnedProg {
 		{PinTCFast, &o.SteerTcFast},
 		{PinTCFastLearn, &o.SteerTcFastLearn},
 		{PinTCFastSeen, &o.SteerTcFastSeen},
+		{PinTCFastOut, &o.SteerTcOut},
+		{PinTCFastOutLearn, &o.SteerTcOutLearn},
 	}
 }
 

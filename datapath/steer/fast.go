@@ -171,8 +171,8 @@ func (f Fast) Withdraw() error {
 	return err
 }
 
-// Flush deletes every entry and every note, and says how many entries
-// there were: the kernel's path takes each flow's next frame and makes
+// Flush deletes every entry and every note, both ways, and says how many
+// entries there were: the kernel's path takes each flow's next frame and makes
 // its entry anew where the path still allows it.
 func (f Fast) Flush() (int, error) {
 	n, err := clearMap[steerFastKey, steerFastEntry](f.objs.SteerFast)
@@ -182,7 +182,8 @@ func (f Fast) Flush() (int, error) {
 	if _, err := clearMap[steerFastKey, steerFastNote](f.objs.SteerFastNotes); err != nil {
 		return n, fmt.Errorf("flushing the fast path's notes: %w", err)
 	}
-	return n, nil
+	out, err := f.flushOut()
+	return n + out, err
 }
 
 // clearMap deletes every key of m and says how many it deleted.

@@ -85,6 +85,17 @@ var counterEvents = []struct {
 	{"fast_admitted", func(c *Counters) uint64 { return c.FastAdmitted }},
 	{"fast_unlearned", func(c *Counters) uint64 { return c.FastUnlearned }},
 	{"fast_behind", func(c *Counters) uint64 { return c.FastBehind }},
+	{"fastout", func(c *Counters) uint64 { return c.FastOut }},
+	{"fastout_no_entry", func(c *Counters) uint64 { return c.FastOutNoEntry }},
+	{"fastout_other", func(c *Counters) uint64 { return c.FastOutOther }},
+	{"fastout_refused", func(c *Counters) uint64 { return c.FastOutRefused }},
+	{"fastout_stale", func(c *Counters) uint64 { return c.FastOutStale }},
+	{"fastout_lease", func(c *Counters) uint64 { return c.FastOutLease }},
+	{"fastout_idle", func(c *Counters) uint64 { return c.FastOutIdle }},
+	{"fastout_ended", func(c *Counters) uint64 { return c.FastOutEnded }},
+	{"fastout_dropped", func(c *Counters) uint64 { return c.FastOutDropped }},
+	{"fastout_admitted", func(c *Counters) uint64 { return c.FastOutAdmitted }},
+	{"fastout_unlearned", func(c *Counters) uint64 { return c.FastOutUnlearned }},
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {

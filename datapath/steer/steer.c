@@ -59,13 +59,18 @@
  * a container, learned where its packet left the overlay
  * (steer_tc_fast_learn on the host-side veth), goes from the underlay's tc
  * ingress (steer_tc_fast) straight into the container's namespace with
- * bpf_redirect_peer, where every check the kernel's path makes holds.
+ * bpf_redirect_peer, where every check the kernel's path makes holds. Its
+ * way out (fastout.h): a flow the kernel's path sent out, learned where
+ * its packet left the underlay (steer_tc_out_learn), is encapsulated at
+ * the host-side veth's tc ingress (steer_tc_out) with the outer headers
+ * the kernel wrote for it and sent out the underlay with bpf_redirect.
  *
  * Nothing here rewrites a packet byte, drops or consumes a frame, with two
  * exceptions: PRISM-sync and the fast path strip the outer headers of the
  * frames they hand to a container, copy the outer ECN mark inward, and
  * write the inner Ethernet header and TTL the kernel's path would have
- * left. Whatever is not
+ * left; the fast path out writes the outer headers (and the inner
+ * Ethernet header and TTL) the kernel's path would have. Whatever is not
  * understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the worst a
  * bug can do is place a stage on the wrong core. place.go mirrors
  * the hashing so the control plane can predict every decision.
@@ -76,7 +81,8 @@
  * shared by every program, and the control plane loads, pins and reopens
  * them as one collection. Each concern lives in its own header there
  * (parse.h, maps.h, flow.h, order.h, place.h, prio.h, mflow.h, outer.h,
- * sync.h, fast.h, counters.h), each program in its program file.
+ * sync.h, fast.h, fastout.h, counters.h), each program in its program
+ * file.
  */
 
 #include "bpf/xdp.c"
@@ -85,5 +91,6 @@
 #include "bpf/trace.c"
 #include "bpf/notify.c"
 #include "bpf/fast.c"
+#include "bpf/fastout.c"
 
 char __license[] SEC("license") = "Dual MIT/GPL";

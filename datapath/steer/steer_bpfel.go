@@ -97,6 +97,60 @@ type steerFastNote struct {
 	UnsureUntil uint64
 }
 
+type steerFastoutEntry struct {
+	_         structs.HostLayout
+	Hdr       [64]uint8
+	Underlay  uint32
+	Mtu       uint32
+	Dmac      [6]uint8
+	Smac      [6]uint8
+	Ttl       uint8
+	Tos       uint8
+	Df        uint16
+	PortMin   uint32
+	PortRange uint32
+	TtlDec    uint8
+	Csum      uint8
+	Pad       [6]uint8
+	Changes   uint64
+	Last      uint64
+}
+
+type steerFastoutKey struct {
+	_     structs.HostLayout
+	Veth  uint32
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type steerFastoutNote struct {
+	_       structs.HostLayout
+	Veth    uint32
+	Hash    uint32
+	Dmac    [6]uint8
+	Smac    [6]uint8
+	Id      uint16
+	TotLen  uint16
+	Ttl     uint8
+	Tos     uint8
+	Df      uint16
+	_       [4]byte
+	Changes uint64
+	At      uint64
+}
+
+type steerFastoutVxlan struct {
+	_         structs.HostLayout
+	PortMin   uint32
+	PortRange uint32
+	Mtu       uint32
+	Pad       uint32
+}
+
 type steerFlowSlot struct {
 	_       structs.HostLayout
 	Fh      uint32
@@ -279,6 +333,10 @@ const (
 	steerMapSteerFastLease        = "steer_fast_lease"
 	steerMapSteerFastNotes        = "steer_fast_notes"
 	steerMapSteerFastVxlan        = "steer_fast_vxlan"
+	steerMapSteerFastout          = "steer_fastout"
+	steerMapSteerFastoutDev       = "steer_fastout_dev"
+	steerMapSteerFastoutNotes     = "steer_fastout_notes"
+	steerMapSteerFastoutVxlan     = "steer_fastout_vxlan"
 	steerMapSteerFlows            = "steer_flows"
 	steerMapSteerHighFrames       = "steer_high_frames"
 	steerMapSteerHighInline       = "steer_high_inline"
@@ -310,6 +368,8 @@ const (
 	steerProgSteerTcFastLearn     = "steer_tc_fast_learn"
 	steerProgSteerTcFastSeen      = "steer_tc_fast_seen"
 	steerProgSteerTcIngress       = "steer_tc_ingress"
+	steerProgSteerTcOut           = "steer_tc_out"
+	steerProgSteerTcOutLearn      = "steer_tc_out_learn"
 	steerProgSteerTcSeen          = "steer_tc_seen"
 	steerProgSteerTcSplitSeen     = "steer_tc_split_seen"
 	steerProgSteerTcVethClass     = "steer_tc_veth_class"
@@ -371,6 +431,8 @@ type steerProgramSpecs struct {
 	SteerTcFastLearn     *ebpf.ProgramSpec `ebpf:"steer_tc_fast_learn"`
 	SteerTcFastSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_fast_seen"`
 	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
+	SteerTcOut           *ebpf.ProgramSpec `ebpf:"steer_tc_out"`
+	SteerTcOutLearn      *ebpf.ProgramSpec `ebpf:"steer_tc_out_learn"`
 	SteerTcSeen          *ebpf.ProgramSpec `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.ProgramSpec `ebpf:"steer_tc_split_seen"`
 	SteerTcVethClass     *ebpf.ProgramSpec `ebpf:"steer_tc_veth_class"`
@@ -382,41 +444,45 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	SteerAdopt      *ebpf.MapSpec `ebpf:"steer_adopt"`
-	SteerAside      *ebpf.MapSpec `ebpf:"steer_aside"`
-	SteerAsidePass  *ebpf.MapSpec `ebpf:"steer_aside_pass"`
-	SteerBulkSeen   *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
-	SteerCfg        *ebpf.MapSpec `ebpf:"steer_cfg"`
-	SteerChanges    *ebpf.MapSpec `ebpf:"steer_changes"`
-	SteerCpumap     *ebpf.MapSpec `ebpf:"steer_cpumap"`
-	SteerCpumapHi   *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
-	SteerEpochs     *ebpf.MapSpec `ebpf:"steer_epochs"`
-	SteerFast       *ebpf.MapSpec `ebpf:"steer_fast"`
-	SteerFastDev    *ebpf.MapSpec `ebpf:"steer_fast_dev"`
-	SteerFastFlight *ebpf.MapSpec `ebpf:"steer_fast_flight"`
-	SteerFastLease  *ebpf.MapSpec `ebpf:"steer_fast_lease"`
-	SteerFastNotes  *ebpf.MapSpec `ebpf:"steer_fast_notes"`
-	SteerFastVxlan  *ebpf.MapSpec `ebpf:"steer_fast_vxlan"`
-	SteerFlows      *ebpf.MapSpec `ebpf:"steer_flows"`
-	SteerHighFrames *ebpf.MapSpec `ebpf:"steer_high_frames"`
-	SteerHighInline *ebpf.MapSpec `ebpf:"steer_high_inline"`
-	SteerHighSeen   *ebpf.MapSpec `ebpf:"steer_high_seen"`
-	SteerMfCores    *ebpf.MapSpec `ebpf:"steer_mf_cores"`
-	SteerPassedTick *ebpf.MapSpec `ebpf:"steer_passed_tick"`
-	SteerPrio       *ebpf.MapSpec `ebpf:"steer_prio"`
-	SteerPrioSeen   *ebpf.MapSpec `ebpf:"steer_prio_seen"`
-	SteerPrioShapes *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
-	SteerQmaps      *ebpf.MapSpec `ebpf:"steer_qmaps"`
-	SteerQueueLost  *ebpf.MapSpec `ebpf:"steer_queue_lost"`
-	SteerQueues     *ebpf.MapSpec `ebpf:"steer_queues"`
-	SteerStats      *ebpf.MapSpec `ebpf:"steer_stats"`
-	SteerSync       *ebpf.MapSpec `ebpf:"steer_sync"`
-	SteerSyncDev    *ebpf.MapSpec `ebpf:"steer_sync_dev"`
-	SteerSyncLocal  *ebpf.MapSpec `ebpf:"steer_sync_local"`
-	SteerSyncSrc    *ebpf.MapSpec `ebpf:"steer_sync_src"`
-	SteerTable      *ebpf.MapSpec `ebpf:"steer_table"`
-	SteerVethClass  *ebpf.MapSpec `ebpf:"steer_veth_class"`
-	SteerVni        *ebpf.MapSpec `ebpf:"steer_vni"`
+	SteerAdopt        *ebpf.MapSpec `ebpf:"steer_adopt"`
+	SteerAside        *ebpf.MapSpec `ebpf:"steer_aside"`
+	SteerAsidePass    *ebpf.MapSpec `ebpf:"steer_aside_pass"`
+	SteerBulkSeen     *ebpf.MapSpec `ebpf:"steer_bulk_seen"`
+	SteerCfg          *ebpf.MapSpec `ebpf:"steer_cfg"`
+	SteerChanges      *ebpf.MapSpec `ebpf:"steer_changes"`
+	SteerCpumap       *ebpf.MapSpec `ebpf:"steer_cpumap"`
+	SteerCpumapHi     *ebpf.MapSpec `ebpf:"steer_cpumap_hi"`
+	SteerEpochs       *ebpf.MapSpec `ebpf:"steer_epochs"`
+	SteerFast         *ebpf.MapSpec `ebpf:"steer_fast"`
+	SteerFastDev      *ebpf.MapSpec `ebpf:"steer_fast_dev"`
+	SteerFastFlight   *ebpf.MapSpec `ebpf:"steer_fast_flight"`
+	SteerFastLease    *ebpf.MapSpec `ebpf:"steer_fast_lease"`
+	SteerFastNotes    *ebpf.MapSpec `ebpf:"steer_fast_notes"`
+	SteerFastVxlan    *ebpf.MapSpec `ebpf:"steer_fast_vxlan"`
+	SteerFastout      *ebpf.MapSpec `ebpf:"steer_fastout"`
+	SteerFastoutDev   *ebpf.MapSpec `ebpf:"steer_fastout_dev"`
+	SteerFastoutNotes *ebpf.MapSpec `ebpf:"steer_fastout_notes"`
+	SteerFastoutVxlan *ebpf.MapSpec `ebpf:"steer_fastout_vxlan"`
+	SteerFlows        *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerHighFrames   *ebpf.MapSpec `ebpf:"steer_high_frames"`
+	SteerHighInline   *ebpf.MapSpec `ebpf:"steer_high_inline"`
+	SteerHighSeen     *ebpf.MapSpec `ebpf:"steer_high_seen"`
+	SteerMfCores      *ebpf.MapSpec `ebpf:"steer_mf_cores"`
+	SteerPassedTick   *ebpf.MapSpec `ebpf:"steer_passed_tick"`
+	SteerPrio         *ebpf.MapSpec `ebpf:"steer_prio"`
+	SteerPrioSeen     *ebpf.MapSpec `ebpf:"steer_prio_seen"`
+	SteerPrioShapes   *ebpf.MapSpec `ebpf:"steer_prio_shapes"`
+	SteerQmaps        *ebpf.MapSpec `ebpf:"steer_qmaps"`
+	SteerQueueLost    *ebpf.MapSpec `ebpf:"steer_queue_lost"`
+	SteerQueues       *ebpf.MapSpec `ebpf:"steer_queues"`
+	SteerStats        *ebpf.MapSpec `ebpf:"steer_stats"`
+	SteerSync         *ebpf.MapSpec `ebpf:"steer_sync"`
+	SteerSyncDev      *ebpf.MapSpec `ebpf:"steer_sync_dev"`
+	SteerSyncLocal    *ebpf.MapSpec `ebpf:"steer_sync_local"`
+	SteerSyncSrc      *ebpf.MapSpec `ebpf:"steer_sync_src"`
+	SteerTable        *ebpf.MapSpec `ebpf:"steer_table"`
+	SteerVethClass    *ebpf.MapSpec `ebpf:"steer_veth_class"`
+	SteerVni          *ebpf.MapSpec `ebpf:"steer_vni"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -446,41 +512,45 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	SteerAdopt      *ebpf.Map `ebpf:"steer_adopt"`
-	SteerAside      *ebpf.Map `ebpf:"steer_aside"`
-	SteerAsidePass  *ebpf.Map `ebpf:"steer_aside_pass"`
-	SteerBulkSeen   *ebpf.Map `ebpf:"steer_bulk_seen"`
-	SteerCfg        *ebpf.Map `ebpf:"steer_cfg"`
-	SteerChanges    *ebpf.Map `ebpf:"steer_changes"`
-	SteerCpumap     *ebpf.Map `ebpf:"steer_cpumap"`
-	SteerCpumapHi   *ebpf.Map `ebpf:"steer_cpumap_hi"`
-	SteerEpochs     *ebpf.Map `ebpf:"steer_epochs"`
-	SteerFast       *ebpf.Map `ebpf:"steer_fast"`
-	SteerFastDev    *ebpf.Map `ebpf:"steer_fast_dev"`
-	SteerFastFlight *ebpf.Map `ebpf:"steer_fast_flight"`
-	SteerFastLease  *ebpf.Map `ebpf:"steer_fast_lease"`
-	SteerFastNotes  *ebpf.Map `ebpf:"steer_fast_notes"`
-	SteerFastVxlan  *ebpf.Map `ebpf:"steer_fast_vxlan"`
-	SteerFlows      *ebpf.Map `ebpf:"steer_flows"`
-	SteerHighFrames *ebpf.Map `ebpf:"steer_high_frames"`
-	SteerHighInline *ebpf.Map `ebpf:"steer_high_inline"`
-	SteerHighSeen   *ebpf.Map `ebpf:"steer_high_seen"`
-	SteerMfCores    *ebpf.Map `ebpf:"steer_mf_cores"`
-	SteerPassedTick *ebpf.Map `ebpf:"steer_passed_tick"`
-	SteerPrio       *ebpf.Map `ebpf:"steer_prio"`
-	SteerPrioSeen   *ebpf.Map `ebpf:"steer_prio_seen"`
-	SteerPrioShapes *ebpf.Map `ebpf:"steer_prio_shapes"`
-	SteerQmaps      *ebpf.Map `ebpf:"steer_qmaps"`
-	SteerQueueLost  *ebpf.Map `ebpf:"steer_queue_lost"`
-	SteerQueues     *ebpf.Map `ebpf:"steer_queues"`
-	SteerStats      *ebpf.Map `ebpf:"steer_stats"`
-	SteerSync       *ebpf.Map `ebpf:"steer_sync"`
-	SteerSyncDev    *ebpf.Map `ebpf:"steer_sync_dev"`
-	SteerSyncLocal  *ebpf.Map `ebpf:"steer_sync_local"`
-	SteerSyncSrc    *ebpf.Map `ebpf:"steer_sync_src"`
-	SteerTable      *ebpf.Map `ebpf:"steer_table"`
-	SteerVethClass  *ebpf.Map `ebpf:"steer_veth_class"`
-	SteerVni        *ebpf.Map `ebpf:"steer_vni"`
+	SteerAdopt        *ebpf.Map `ebpf:"steer_adopt"`
+	SteerAside        *ebpf.Map `ebpf:"steer_aside"`
+	SteerAsidePass    *ebpf.Map `ebpf:"steer_aside_pass"`
+	SteerBulkSeen     *ebpf.Map `ebpf:"steer_bulk_seen"`
+	SteerCfg          *ebpf.Map `ebpf:"steer_cfg"`
+	SteerChanges      *ebpf.Map `ebpf:"steer_changes"`
+	SteerCpumap       *ebpf.Map `ebpf:"steer_cpumap"`
+	SteerCpumapHi     *ebpf.Map `ebpf:"steer_cpumap_hi"`
+	SteerEpochs       *ebpf.Map `ebpf:"steer_epochs"`
+	SteerFast         *ebpf.Map `ebpf:"steer_fast"`
+	SteerFastDev      *ebpf.Map `ebpf:"steer_fast_dev"`
+	SteerFastFlight   *ebpf.Map `ebpf:"steer_fast_flight"`
+	SteerFastLease    *ebpf.Map `ebpf:"steer_fast_lease"`
+	SteerFastNotes    *ebpf.Map `ebpf:"steer_fast_notes"`
+	SteerFastVxlan    *ebpf.Map `ebpf:"steer_fast_vxlan"`
+	SteerFastout      *ebpf.Map `ebpf:"steer_fastout"`
+	SteerFastoutDev   *ebpf.Map `ebpf:"steer_fastout_dev"`
+	SteerFastoutNotes *ebpf.Map `ebpf:"steer_fastout_notes"`
+	SteerFastoutVxlan *ebpf.Map `ebpf:"steer_fastout_vxlan"`
+	SteerFlows        *ebpf.Map `ebpf:"steer_flows"`
+	SteerHighFrames   *ebpf.Map `ebpf:"steer_high_frames"`
+	SteerHighInline   *ebpf.Map `ebpf:"steer_high_inline"`
+	SteerHighSeen     *ebpf.Map `ebpf:"steer_high_seen"`
+	SteerMfCores      *ebpf.Map `ebpf:"steer_mf_cores"`
+	SteerPassedTick   *ebpf.Map `ebpf:"steer_passed_tick"`
+	SteerPrio         *ebpf.Map `ebpf:"steer_prio"`
+	SteerPrioSeen     *ebpf.Map `ebpf:"steer_prio_seen"`
+	SteerPrioShapes   *ebpf.Map `ebpf:"steer_prio_shapes"`
+	SteerQmaps        *ebpf.Map `ebpf:"steer_qmaps"`
+	SteerQueueLost    *ebpf.Map `ebpf:"steer_queue_lost"`
+	SteerQueues       *ebpf.Map `ebpf:"steer_queues"`
+	SteerStats        *ebpf.Map `ebpf:"steer_stats"`
+	SteerSync         *ebpf.Map `ebpf:"steer_sync"`
+	SteerSyncDev      *ebpf.Map `ebpf:"steer_sync_dev"`
+	SteerSyncLocal    *ebpf.Map `ebpf:"steer_sync_local"`
+	SteerSyncSrc      *ebpf.Map `ebpf:"steer_sync_src"`
+	SteerTable        *ebpf.Map `ebpf:"steer_table"`
+	SteerVethClass    *ebpf.Map `ebpf:"steer_veth_class"`
+	SteerVni          *ebpf.Map `ebpf:"steer_vni"`
 }
 
 func (m *steerMaps) Close() error {
@@ -500,6 +570,10 @@ func (m *steerMaps) Close() error {
 		m.SteerFastLease,
 		m.SteerFastNotes,
 		m.SteerFastVxlan,
+		m.SteerFastout,
+		m.SteerFastoutDev,
+		m.SteerFastoutNotes,
+		m.SteerFastoutVxlan,
 		m.SteerFlows,
 		m.SteerHighFrames,
 		m.SteerHighInline,
@@ -545,6 +619,8 @@ type steerPrograms struct {
 	SteerTcFastLearn     *ebpf.Program `ebpf:"steer_tc_fast_learn"`
 	SteerTcFastSeen      *ebpf.Program `ebpf:"steer_tc_fast_seen"`
 	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
+	SteerTcOut           *ebpf.Program `ebpf:"steer_tc_out"`
+	SteerTcOutLearn      *ebpf.Program `ebpf:"steer_tc_out_learn"`
 	SteerTcSeen          *ebpf.Program `ebpf:"steer_tc_seen"`
 	SteerTcSplitSeen     *ebpf.Program `ebpf:"steer_tc_split_seen"`
 	SteerTcVethClass     *ebpf.Program `ebpf:"steer_tc_veth_class"`
@@ -565,6 +641,8 @@ func (p *steerPrograms) Close() error {
 		p.SteerTcFastLearn,
 		p.SteerTcFastSeen,
 		p.SteerTcIngress,
+		p.SteerTcOut,
+		p.SteerTcOutLearn,
 		p.SteerTcSeen,
 		p.SteerTcSplitSeen,
 		p.SteerTcVethClass,

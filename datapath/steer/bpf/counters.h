@@ -48,5 +48,17 @@ enum counter {
 	CNT_FAST_ADMITTED,  /* entries made where a noted frame left the overlay */
 	CNT_FAST_UNLEARNED, /* overlay frames leaving to a served veth that admitted nothing (no matching note, another MAC, options, FIN/RST) */
 	CNT_FAST_BEHIND,    /* miss: a frame of the flow was still on the kernel's path (it would have been overtaken) */
+	/* The fast path out of the container (fastout.h), counted at the split stage: */
+	CNT_FASTOUT,           /* frames encapsulated at the host-side veth's ingress and sent out the underlay */
+	CNT_FASTOUT_NO_ENTRY,  /* miss: no entry for the flow (its frame noted for learning) */
+	CNT_FASTOUT_OTHER,     /* miss: another MAC, TTL, TOS or DF than the noted packet's */
+	CNT_FASTOUT_REFUSED,   /* miss: a check of the kernel's path fails (checksum, lengths, options, TTL, MTU, no hash) */
+	CNT_FASTOUT_STALE,     /* miss: a change on the path since admission: entry deleted */
+	CNT_FASTOUT_LEASE,     /* miss: the agent's lease is past (or was never given) */
+	CNT_FASTOUT_IDLE,      /* miss: the entry was idle past the timeout: deleted */
+	CNT_FASTOUT_ENDED,     /* TCP FIN or RST: entry deleted, the frame takes the normal path */
+	CNT_FASTOUT_DROPPED,   /* frames lost after encapsulation began (cannot happen for a frame whose headers were linear) */
+	CNT_FASTOUT_ADMITTED,  /* entries made where a noted packet left the underlay */
+	CNT_FASTOUT_UNLEARNED, /* noted packets that left the underlay and admitted nothing (another packet, port, TTL, MAC, FIN/RST) */
 	NUM_COUNTERS,
 };

@@ -131,21 +131,25 @@ static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_k
 	bpf_map_update_elem(&steer_fast_notes, k, &n, BPF_ANY);
 }
 
-/* Is the entry void at now? 0 if not, else the counter saying why; an
- * entry that can never hold again (a change on the path, idle) is deleted. */
-static __always_inline __u32 fast_void(const struct fast_key *k, const struct fast_entry *e, __u64 now)
+/* Is an entry of map (key k, admitted under the change count changes,
+ * last used at last) void at now? 0 if not, else the counter saying why:
+ * stale, the first of three consecutive counters, then lease and idle.
+ * An entry that can never hold again (a change on the path, idle) is
+ * deleted. */
+static __always_inline __u32 fast_void_in(void *map, const void *k, __u64 changes, __u64 last, __u64 now,
+					  __u32 stale)
 {
-	__u64 changes = path_changes();
+	__u64 now_changes = path_changes();
 
-	if (e->changes != changes) {
-		bpf_map_delete_elem(&steer_fast, k);
-		return CNT_FAST_STALE;
+	if (changes != now_changes) {
+		bpf_map_delete_elem(map, k);
+		return stale;
 	}
-	if (!fast_leased(now, changes))
-		return CNT_FAST_LEASE;
-	if (now > e->last && now - e->last > (__u64)steer_mode.fast_idle_ms * 1000000) {
-		bpf_map_delete_elem(&steer_fast, k);
-		return CNT_FAST_IDLE;
+	if (!fast_leased(now, now_changes))
+		return stale + 1;
+	if (now > last && now - last > (__u64)steer_mode.fast_idle_ms * 1000000) {
+		bpf_map_delete_elem(map, k);
+		return stale + 2;
 	}
 	return 0;
 }
@@ -178,6 +182,12 @@ static __always_inline int fast_in_order(const struct steer_cfg *cfg, struct fas
 		return 0;
 	fl->n = 0;
 	return 1;
+}
+
+/* Is the entry e of the fast path into the container void at now? */
+static __always_inline __u32 fast_void(const struct fast_key *k, const struct fast_entry *e, __u64 now)
+{
+	return fast_void_in(&steer_fast, k, e->changes, e->last, now, CNT_FAST_STALE);
 }
 
 /* Does the frame come as the entry's did: on its device, between its
