@@ -66,17 +66,23 @@ func l4Sum(sum uint32, b []byte) uint32 {
 
 // sentFrame is the frame a container sends for s: innerFrame with its TCP
 // or UDP checksum right.
-func sentFrame(s frameSpec) []byte {
-	b := innerFrame(s)
-	ip := b[ethHeaderLen:]
+func sentFrame(s frameSpec) []byte { return sentFrameOf(innerFrame(s)) }
+
+// sentFrameOf fills in the TCP or UDP checksum of the frame fr (IPv4
+// header at ethHeaderLen) and returns it.
+func sentFrameOf(fr []byte) []byte {
+	ip := fr[ethHeaderLen:]
 	hl := int(ip[0]&0xf) * 4
+	if ip[0]>>4 != 4 || len(ip) < hl {
+		return fr
+	}
 	l4 := ip[hl:binary.BigEndian.Uint16(ip[2:])]
 	off := map[uint8]int{protoTCP: 16, protoUDP: 6}[ip[9]]
 	if off == 0 {
-		return b
+		return fr
 	}
-	sum := l4Sum(0, ip[12:20])
-	sum += uint32(ip[9]) + uint32(len(l4))
+	binary.BigEndian.PutUint16(l4[off:], 0)
+	sum := l4Sum(0, ip[12:20]) + uint32(ip[9]) + uint32(len(l4))
 	sum = l4Sum(sum, l4)
 	for sum > 0xffff {
 		sum = sum&0xffff + sum>>16
@@ -86,7 +92,7 @@ func sentFrame(s frameSpec) []byte {
 		c = 0xffff
 	}
 	binary.BigEndian.PutUint16(l4[off:], c)
-	return b
+	return fr
 }
 
 // wrote is how the kernel's path wrote a sent frame out: the outer IP id,
