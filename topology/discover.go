@@ -274,6 +274,10 @@ func (d *discovery) vxlan(s *nsScan, l *netlink.Vxlan) VXLAN {
 		v.Remote = netip.Addr{}
 	}
 	v.FDB = s.fdb[l.Index]
+	v.SrcPorts = s.localPorts
+	if l.PortLow < l.PortHigh {
+		v.SrcPorts = [2]int{l.PortLow, l.PortHigh}
+	}
 	if m := s.byIndex[l.MasterIndex]; m != nil {
 		v.Master = m.Attrs().Name
 	}
@@ -612,6 +616,8 @@ type nsScan struct {
 	napiInst []napi.Instance
 	nsids    map[int]string // peer netns id (as this namespace numbers them) -> name
 	path     pathScan
+	// localPorts is the namespace's ip_local_port_range (zero if unread).
+	localPorts [2]int
 }
 
 // scanNetNS reads namespace ns; all of it where full, its path otherwise
@@ -676,6 +682,7 @@ func scanNetNS(ns string, cat *catalog, full bool) (*nsScan, error) {
 			s.napi, s.napiErr = napiThreadsOf(inst, nerr)
 		}
 		s.readPath(sys, full)
+		s.localPorts = readLocalPorts()
 		s.resolveIDs(cat, wantIDs)
 		return nil
 	})
@@ -867,3 +874,17 @@ func napiThreadsOf(inst []napi.Instance, err error) (map[int][]int, error) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// readLocalPorts is the calling thread's namespace's ip_local_port_range
+// (zero if unreadable).
+func readLocalPorts() [2]int {
+	var r [2]int
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return r
+	}
+	if _, err := fmt.Sscan(string(b), &r[0], &r[1]); err != nil || r[0] >= r[1] {
+		return [2]int{}
+	}
+	return r
+}

@@ -191,6 +191,10 @@ type VXLAN struct {
 	// way to the VXLAN socket. nil when both are the same namespace
 	// (Topology.Netfilter) or the underlay namespace was not read.
 	UnderlayNetfilter *Netfilter `json:"underlay_netfilter,omitempty"`
+	// SrcPorts is the UDP source port range the device picks from
+	// (udp_flow_src_port's min and max): its srcport range, or else its
+	// namespace's ip_local_port_range; zero if unread.
+	SrcPorts [2]int `json:"src_ports,omitzero"`
 }
 
 // Bridge is a Linux bridge and its ports.

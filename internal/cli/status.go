@@ -300,6 +300,8 @@ func ctlPrintFast(out io.Writer, st *control.Steering) {
 	fmt.Fprintf(out, "  fast path: lease %s; %d frames taken, %d entries admitted, %d overlay frames taught nothing\n", lease, k.Fast, k.FastAdmitted, k.FastUnlearned)
 	fmt.Fprintf(out, "  fast path misses: %d no entry, %d other outer facts, %d refused by the path's checks, %d GSO, %d behind their flow's, %d stale (a change), %d no lease, %d idle, %d ended (FIN/RST), %d dropped\n",
 		k.FastNoEntry, k.FastOther, k.FastRefused, k.FastGSO, k.FastBehind, k.FastStale, k.FastLease, k.FastIdle, k.FastEnded, k.FastDropped)
+	fmt.Fprintf(out, "  fast path out: %d frames sent, %d entries admitted, %d noted packets taught nothing; misses: %d no entry, %d other MAC/TTL/TOS/DF, %d refused by the path's checks, %d stale, %d no lease, %d idle, %d ended (FIN/RST), %d dropped\n",
+		k.FastOut, k.FastOutAdmitted, k.FastOutUnlearned, k.FastOutNoEntry, k.FastOutOther, k.FastOutRefused, k.FastOutStale, k.FastOutLease, k.FastOutIdle, k.FastOutEnded, k.FastOutDropped)
 	for i, e := range st.FastEntries {
 		if i == 8 {
 			fmt.Fprintf(out, "  fast: ... %d more\n", len(st.FastEntries)-i)

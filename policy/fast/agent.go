@@ -52,8 +52,12 @@ type Status struct {
 	At      time.Time `json:"at"`
 	Veths   []string  `json:"veths"`   // where the fast path may deliver
 	Entries int       `json:"entries"` // flows on the fast path at the last round
-	Rounds  uint64    `json:"rounds"`
-	Notes   []string  `json:"notes,omitempty"`
+	// OutVeths are where the fast path out may take frames from, and
+	// OutEntries its flows at the last round.
+	OutVeths   []string `json:"out_veths,omitempty"`
+	OutEntries int      `json:"out_entries,omitempty"`
+	Rounds     uint64   `json:"rounds"`
+	Notes      []string `json:"notes,omitempty"`
 	// Withdrawals counts the changes that ended the lease and flushed
 	// every entry at once; Withdrawn says why the last time.
 	Withdrawals uint64 `json:"withdrawals,omitempty"`
@@ -71,7 +75,11 @@ func (s Status) Summary() []string {
 	if len(s.Veths) > 0 {
 		to = strings.Join(s.Veths, ", ")
 	}
-	out := []string{fmt.Sprintf("fast path (%d rounds, %d failed) to %s: %d flows", s.Rounds, s.Errors, to, s.Entries)}
+	from := "nowhere"
+	if len(s.OutVeths) > 0 {
+		from = strings.Join(s.OutVeths, ", ")
+	}
+	out := []string{fmt.Sprintf("fast path (%d rounds, %d failed) to %s: %d flows; out from %s: %d flows", s.Rounds, s.Errors, to, s.Entries, from, s.OutEntries)}
 	if s.Withdrawals > 0 {
 		out = append(out, fmt.Sprintf("withdrawn at once %d times, last: %s", s.Withdrawals, s.Withdrawn))
 	}
@@ -122,7 +130,7 @@ func (a *agent) Status() any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.status
-	s.Veths, s.Notes = slices.Clone(s.Veths), slices.Clone(s.Notes)
+	s.Veths, s.OutVeths, s.Notes = slices.Clone(s.Veths), slices.Clone(s.OutVeths), slices.Clone(s.Notes)
 	return s
 }
 
@@ -144,6 +152,9 @@ func (a *agent) Run(ctx context.Context) error {
 		a.withdraw("lanes agent stopped")
 		if _, err := a.dp.Fast().SetPath(steer.FastPath{}); err != nil && a.env.Logf != nil {
 			a.env.Logf("fast: clearing the path: %v", err)
+		}
+		if _, err := a.dp.Fast().SetOutPath(steer.FastOutPath{}); err != nil && a.env.Logf != nil {
+			a.env.Logf("fast: clearing the path out: %v", err)
 		}
 	}()
 	tick := time.NewTicker(a.o.Interval)
@@ -255,7 +266,7 @@ func (a *agent) withdraw(why string) {
 	err := a.dp.Fast().Withdraw()
 	a.status.Withdrawals++
 	a.status.Withdrawn = why
-	a.status.Entries = 0
+	a.status.Entries, a.status.OutEntries = 0, 0
 	if err != nil {
 		a.status.Err = err.Error()
 	}
@@ -294,7 +305,7 @@ func (a *agent) round(w *onpath.Watcher, watched []string) (namespaces []string)
 		return namespaces
 	}
 	p := PathOf(t, onpath.ReadFilters(t))
-	st.Notes, st.Veths = p.Notes, p.Veths
+	st.Notes, st.Veths, st.OutVeths = p.Notes, p.Veths, p.OutVeths
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.gen != gen || w.Broken() != nil {
@@ -302,28 +313,34 @@ func (a *agent) round(w *onpath.Watcher, watched []string) (namespaces []string)
 		// round, which reads it.
 		return namespaces
 	}
-	if err := a.vouch(p.FastPath, changes); err != nil {
+	if err := a.vouch(p.FastPath, p.Out, changes); err != nil {
 		st.Err = err.Error()
 	}
 	return namespaces
 }
 
-// vouch writes path and the lease under changes; a path other than the
-// last one (or one with nowhere to deliver) withdraws everything made on
-// the last one instead, and asks for a round that vouches for the new.
-func (a *agent) vouch(path steer.FastPath, changes uint64) error {
+// vouch writes the paths both ways and the lease under changes; paths
+// other than the last ones (or with nowhere to deliver or send from)
+// withdraw everything made on the last ones instead, and ask for a round
+// that vouches for the new.
+func (a *agent) vouch(path steer.FastPath, out steer.FastOutPath, changes uint64) error {
 	f := a.dp.Fast()
 	changed, err := f.SetPath(path)
 	if err != nil {
 		return err
 	}
-	if changed || len(path.Veths) == 0 {
-		// The withdrawal moves the change count on: the path is read
+	outChanged, err := f.SetOutPath(out)
+	if err != nil {
+		return err
+	}
+	none := len(path.Veths) == 0 && len(out.Veths) == 0
+	if changed || outChanged || none {
+		// The withdrawal moves the change count on: the paths are read
 		// again under the new count, at once, before a lease is given.
 		if err := f.Withdraw(); err != nil {
 			return err
 		}
-		if len(path.Veths) > 0 {
+		if !none {
 			askRound(a.asked)
 		}
 		return nil
@@ -338,13 +355,16 @@ func (a *agent) finish(st *Status) {
 		if err := a.dp.Fast().Withdraw(); err != nil {
 			st.Err += "; withdrawing: " + err.Error()
 		}
-		st.Veths = nil
+		st.Veths, st.OutVeths = nil, nil
 		if a.m != nil {
 			a.m.errors.Inc()
 		}
 	}
 	if es, err := a.dp.Fast().Entries(); err == nil {
 		st.Entries = len(es)
+	}
+	if es, err := a.dp.Fast().OutEntries(); err == nil {
+		st.OutEntries = len(es)
 	}
 	a.mu.Lock()
 	st.Rounds = a.status.Rounds + 1

@@ -26,7 +26,11 @@ type Path struct {
 	steer.FastPath
 	// Veths names the veths of FastPath.Veths, for status.
 	Veths []string
-	Notes []string
+	// Out is where the fast path out of the container may run (pathout.go),
+	// OutVeths the names of its veths.
+	Out      steer.FastOutPath
+	OutVeths []string
+	Notes    []string
 }
 
 // PathOf reads where the fast path may run on t, with the packet filters
@@ -43,6 +47,7 @@ func PathOf(t *topology.Topology, filters map[string]topology.Filters) Path {
 		note("fast path off: %s; every flow takes the kernel's path", why)
 		return p
 	}
+	p.addOut(t, note)
 	for i := range t.VXLANs {
 		v := &t.VXLANs[i]
 		if why := vxlanOff(t, v); why != "" {

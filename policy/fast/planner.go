@@ -78,13 +78,14 @@ type planner struct{}
 
 func (planner) Mode() string { return Mode }
 func (planner) Summary() string {
-	return "fast path: once the kernel's path delivered a flow to a container, its later non-GSO frames go from the underlay's tc ingress straight into the container (needs `lanes agent`)"
+	return "fast path: once the kernel's path delivered a flow to a container, its later non-GSO frames go from the underlay's tc ingress straight into the container; once it sent one out, its later frames go from the container's veth straight out the underlay (needs `lanes agent`)"
 }
 func (planner) Params() []plan.Param { return params }
 
 // Plan loads the steering datapath with the fast path on, attaches its
-// learning program to every container's host-side veth's tc egress and,
-// last, its fast path to the underlay's tc ingress. The plan vouches for
+// learning programs to every container's host-side veth's tc egress and
+// the underlay's tc egress and, last, its fast paths to the underlay's tc
+// ingress (into the containers) and the veths' tc ingress (out of them). The plan vouches for
 // nothing: until lanes agent reads the path and gives the datapath its
 // lease, every frame takes the kernel's path.
 func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
@@ -122,17 +123,21 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 				"attached", plan.DevLabel(ifc.NetNS, ifc.Name)+" tc ingress", "count each flow's frames in, so none takes the fast path past one still on the kernel's path")
 		}
 	}
-	for i := range t.Veths {
-		v := &t.Veths[i]
-		if v.PeerNetNS == "" || v.PeerNetNS == "unknown" {
-			continue
-		}
+	for _, v := range hostVeths(t) {
 		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastLearn, Link: plan.LinkPin(dir, "tcx-out", v.NetNS, v.Name)},
 			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc egress", "learn where the kernel's path delivers each flow")
 	}
 	for _, u := range t.Underlays {
+		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastOutLearn, Link: plan.LinkPin(dir, "tcx-out", u.NetNS, u.Name)},
+			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc egress", "learn how the kernel's path sends each flow out")
+	}
+	for _, u := range t.Underlays {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFast, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "take learned flows straight into their container")
+	}
+	for _, v := range hostVeths(t) {
+		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastOut, Link: plan.LinkPin(dir, "tcx-in", v.NetNS, v.Name)},
+			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc ingress", "send learned flows straight out the underlay")
 	}
 	p := PathOf(t, onpath.ReadFilters(t))
 	pl.Notes = append(pl.Notes, p.Notes...)
@@ -140,7 +145,24 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	if len(p.FastPath.Veths) > 0 {
 		what = "to " + strings.Join(p.Veths, ", ")
 	}
+	out := "nowhere now"
+	if len(p.Out.Veths) > 0 {
+		out = "from " + strings.Join(p.OutVeths, ", ")
+	}
+	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path out possible %s; TCP GSO frames take it, encapsulated as UDP-tunnel GSO with an outer UDP checksum of 0", out))
 	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) always take the kernel's path",
 		what, o.Interval, leaseTTL(o.Interval)))
 	return pl, nil
+}
+
+// hostVeths are t's veths whose peers are in a namespace of their own:
+// the containers' host-side veths.
+func hostVeths(t *topology.Topology) []*topology.Veth {
+	var out []*topology.Veth
+	for i := range t.Veths {
+		if v := &t.Veths[i]; v.PeerNetNS != "" && v.PeerNetNS != "unknown" {
+			out = append(out, v)
+		}
+	}
+	return out
 }
