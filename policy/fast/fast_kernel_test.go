@@ -212,19 +212,22 @@ func same(t *testing.T, what string, got, want []dgram, n int) {
 }
 
 // vxlanRx is how many packets the host's VXLAN device received.
-func vxlanRx(t *testing.T, h *testbed.Host) uint64 {
+func vxlanRx(t *testing.T, h *testbed.Host) uint64 { return vxlanStats(t, h).RxPackets }
+
+// vxlanStats are the host's VXLAN device's statistics.
+func vxlanStats(t *testing.T, h *testbed.Host) netlink.LinkStatistics {
 	t.Helper()
-	var n uint64
+	var st netlink.LinkStatistics
 	if err := nsx.Do(h.NetNS, func() error {
 		l, err := netlink.LinkByName(h.VXLAN)
 		if err == nil {
-			n = l.Attrs().Statistics.RxPackets
+			st = *l.Attrs().Statistics
 		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return st
 }
 
 // counters reads the fast path's counters (split stage).

@@ -1,0 +1,78 @@
+package fast_test
+
+import (
+	"testing"
+
+	"github.com/lanesnet/lanes/datapath/steer"
+	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/overlaytest"
+	"github.com/lanesnet/lanes/policy/fast"
+	"github.com/lanesnet/lanes/testbed"
+)
+
+// On every layout, flows from a container on the host lanes runs on (the
+// receiver) back to the other host's, once their first packets took the
+// kernel's path, leave the host on the fast path out: a UDP flow's
+// datagrams are all counted there and arrive, in order, with the payload,
+// TTL and TOS the kernel's path delivered (the same flow through vanilla
+// first), the VXLAN device sending none of them; a TCP request-response
+// exchange and a bulk transfer through a socket with TSO on (GSO frames)
+// take it and arrive intact. Reset restores every knob.
+func TestFastOutTestbed(t *testing.T) {
+	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel, testbed.Calico} {
+		t.Run(string(topo), func(t *testing.T) { testFastOut(t, topo) })
+	}
+}
+
+func testFastOut(t *testing.T, topo testbed.Topology) {
+	const n, bulk = 200, 4 << 20
+	tb := modetest.UpTestbed(t, topo)
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := r.Containers[0], s.Containers[0]
+	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	before := modetest.Snapshot(t, tb)
+	f := newUDPFlow(t, src, dst)
+	vanilla := f.send(t, n)
+	if len(vanilla) != n {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
+	}
+
+	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"interval": "100ms"})
+	dp := a.Open(t)
+	startAgentProcess(t, a)
+	waitFor(t, "the agent's lease", func() bool {
+		d, _, err := dp.Fast().Lease()
+		return err == nil && d > steer.Now()
+	})
+	waitFor(t, "the flow's entry out", func() bool {
+		f.send(t, 5)
+		es, err := dp.Fast().OutEntries()
+		return err == nil && len(es) > 0
+	})
+	tx0, c0 := vxlanStats(t, r).TxPackets, counters(t, dp)
+	got := f.send(t, n)
+	same(t, "on the fast path out", got, vanilla, n)
+	c := counters(t, dp).Sub(c0)
+	if tx := vxlanStats(t, r).TxPackets - tx0; tx >= n || c.FastOut < n {
+		t.Errorf("%s sent %d packets of %d datagrams, %d frames took the fast path out (counters %+v): want the fast path to carry them", r.VXLAN, tx, n, c.FastOut, c)
+	}
+
+	c0 = counters(t, dp)
+	tcpRR(t, src, dst, 50)
+	if c := counters(t, dp).Sub(c0); c.FastOut == 0 {
+		t.Errorf("no TCP segment took the fast path out (counters %+v)", c)
+	}
+
+	tx0, c0 = vxlanStats(t, r).TxPackets, counters(t, dp)
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), bulk)
+	c = counters(t, dp).Sub(c0)
+	if tx := vxlanStats(t, r).TxPackets - tx0; c.FastOut == 0 || tx >= c.FastOut {
+		t.Errorf("TCP bulk: %d frames took the fast path out, %s sent %d (counters %+v): want the fast path to carry most", c.FastOut, r.VXLAN, tx, c)
+	}
+	// Fewer frames than full-sized segments would take: GSO frames took it.
+	if c.FastOut >= bulk/1500 {
+		t.Errorf("TCP bulk: %d frames for %d bytes took the fast path out: want GSO frames among them", c.FastOut, bulk)
+	}
+	a.ResetAndCheck(t, before)
+}
