@@ -488,3 +488,48 @@ func ageOutEntries(t *testing.T, d *Datapath) {
 		}
 	}
 }
+
+// The fast path's own frames pass the underlay's egress without teaching
+// or voiding anything, the same packet's too; a copy of the learned packet
+// to another VTEP (a VXLAN device flooding it) voids the entry: the
+// kernel's path takes the flow.
+func TestFastOutFloodedLearnsNothing(t *testing.T) {
+	d := fastOutDatapath(t, time.Hour, fastTestMTU)
+	s := frameSpec{flow: udpFlow(40000), payload: 100}
+	sent := sentFrame(s)
+	w := learnOut(t, d, sent, wrote{id: 7, csum: true})
+	ret, own := fastRun(t, d.TCFastOut(), sent, loIfindex, 0)
+	if ret != tcRedirect {
+		t.Fatalf("premise: verdict %d, want the fast path", ret)
+	}
+	before := stats(t, d)[StageSplit]
+	for _, f := range [][]byte{own, kernelFrame(sent, w)} {
+		if ret, out := fastRun(t, d.TCFastOutLearn(), f, loIfindex, 0); ret != tcUnspec || !slices.Equal(out, f) {
+			t.Fatalf("the fast path's own frame: verdict %d, want it untouched", ret)
+		}
+	}
+	if st := stats(t, d)[StageSplit].Sub(before); st.FastOutUnlearned != 0 || st.FastOutAdmitted != 0 {
+		t.Errorf("the fast path's own frames counted %+v: want nothing", st)
+	}
+	if es, _ := d.Fast().OutEntries(); len(es) != 1 {
+		t.Fatalf("entries %+v after the fast path's own frames: want the flow's", es)
+	}
+	copyTo := kernelFrame(sent, w)
+	ip := copyTo[ethHeaderLen:]
+	copy(ip[16:], []byte{192, 0, 2, 3})
+	binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:20]))
+	fastRun(t, d.TCFastOutLearn(), copyTo, loIfindex, 0)
+	if st := stats(t, d)[StageSplit].Sub(before); st.FastOutUnlearned != 1 {
+		t.Errorf("a copy to another VTEP counted %+v: want one unlearned", st)
+	}
+	if es, _ := d.Fast().OutEntries(); len(es) != 0 {
+		t.Errorf("entries %+v after a copy to another VTEP: want none", es)
+	}
+	before = stats(t, d)[StageSplit]
+	if ret, _ := fastRun(t, d.TCFastOut(), sent, loIfindex, 0); ret != tcUnspec {
+		t.Errorf("after the copy: verdict %d, want the kernel's path", ret)
+	}
+	if st := stats(t, d)[StageSplit].Sub(before); st.FastOutNoEntry != 1 {
+		t.Errorf("after the copy: counters %+v, want a miss for no entry", st)
+	}
+}

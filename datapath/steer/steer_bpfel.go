@@ -128,19 +128,21 @@ type steerFastoutKey struct {
 }
 
 type steerFastoutNote struct {
-	_       structs.HostLayout
-	Veth    uint32
-	Hash    uint32
-	Dmac    [6]uint8
-	Smac    [6]uint8
-	Id      uint16
-	TotLen  uint16
-	Ttl     uint8
-	Tos     uint8
-	Df      uint16
-	_       [4]byte
-	Changes uint64
-	At      uint64
+	_        structs.HostLayout
+	Veth     uint32
+	Hash     uint32
+	Dmac     [6]uint8
+	Smac     [6]uint8
+	Id       uint16
+	TotLen   uint16
+	Ttl      uint8
+	Tos      uint8
+	Df       uint16
+	Admitted uint32
+	Pad      uint32
+	_        [4]byte
+	Changes  uint64
+	At       uint64
 }
 
 type steerFastoutVxlan struct {

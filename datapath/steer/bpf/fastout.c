@@ -77,7 +77,8 @@ int steer_tc_out(struct __sk_buff *skb)
  * FAST_NOTE_NS, under the same change count, an inner TTL the path took 0
  * or 1 off), with the UDP source port fastout_port gives the note's hash,
  * a unicast inner destination MAC and no outer or inner IP options, makes
- * the flow's entry. A TCP FIN or RST makes none.
+ * the flow's entry. A TCP FIN or RST makes none; a second copy of the
+ * same packet leaving (flooded) voids the entry it made.
  */
 SEC("tc")
 int steer_tc_out_learn(struct __sk_buff *skb)
@@ -112,6 +113,13 @@ int steer_tc_out_learn(struct __sk_buff *skb)
 	vx = bpf_map_lookup_elem(&steer_fastout_vxlan, &ov.vni);
 	if (!n || !vx)
 		return TC_ACT_UNSPEC;
+	switch (fastout_seen(&k, n, o.ip, o.iip)) {
+	case FASTOUT_FLOODED:
+		count(STAGE_SPLIT, CNT_FASTOUT_UNLEARNED);
+		return TC_ACT_UNSPEC;
+	case FASTOUT_AGAIN:
+		return TC_ACT_UNSPEC;
+	}
 	if (n->id != o.iip->id || n->tot_len != o.iip->tot_len || now > n->at + FAST_NOTE_NS ||
 	    n->changes != changes || n->ttl < o.iip->ttl || n->ttl - o.iip->ttl > 1 || o.ip->ihl != 5 ||
 	    o.iip->ihl != 5 || (o.ieth->h_dest[0] & 1) || (o.eth->h_dest[0] & 1) ||

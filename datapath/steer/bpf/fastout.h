@@ -76,6 +76,8 @@ struct fastout_note {
 	__u8 ttl;      /* inner TTL, TOS and DF as they came in */
 	__u8 tos;
 	__be16 df;
+	__u32 admitted; /* the packet left and made an entry: a second copy of it leaving voids it */
+	__u32 pad;
 	__u64 changes; /* steer_changes when it came in */
 	__u64 at;      /* bpf_ktime_get_ns() when it came in */
 };
@@ -332,10 +334,46 @@ static __always_inline int fastout_send(struct __sk_buff *skb, struct fastout_en
 	return bpf_redirect(e->underlay, 0);
 }
 
+/* What fastout_seen says of a frame leaving whose flow's note made an
+ * entry already. */
+#define FASTOUT_AGAIN 1   /* nothing to learn: the fast path's own frame, or another packet */
+#define FASTOUT_FLOODED 2 /* the entry is void, and gone */
+
+/*
+ * A frame (outer IPv4 header ip, inner iip) leaving whose note n made an
+ * entry already: 0 if n made none. A copy of that same packet to another
+ * VTEP (a VXLAN device flooding it to more than one, which one entry
+ * cannot do) voids the entry and the note (k, veth 0): the kernel's path
+ * takes the flow. Anything else is FASTOUT_AGAIN: the fast path's own
+ * frames pass here too.
+ */
+static __always_inline int fastout_seen(struct fastout_key *k, const struct fastout_note *n,
+					const struct iphdr *ip, const struct iphdr *iip)
+{
+	struct fastout_entry *e;
+	struct iphdr *eip;
+
+	if (!n->admitted)
+		return 0;
+	if (n->id != iip->id || n->tot_len != iip->tot_len)
+		return FASTOUT_AGAIN;
+	k->veth = n->veth;
+	e = bpf_map_lookup_elem(&steer_fastout, k);
+	eip = e ? (void *)(e->hdr + ETH_HLEN) : NULL;
+	if (eip && eip->daddr == ip->daddr)
+		return FASTOUT_AGAIN;
+	bpf_map_delete_elem(&steer_fastout, k);
+	k->veth = 0;
+	bpf_map_delete_elem(&steer_fastout_notes, k);
+	return FASTOUT_FLOODED;
+}
+
 /* An entry made from the packet whose note n is, as it leaves on the
  * underlay ifindex in the frame at data (outer headers at their fixed
- * offsets, inner TTL ttl), through the VXLAN device vx. */
-static __always_inline void fastout_admit(const struct fastout_key *nk, const struct fastout_note *n,
+ * offsets), through the VXLAN device vx. The note stays, marked: another
+ * copy of the same packet leaving (flooded to more than one VTEP) voids
+ * the entry (fastout_seen). */
+static __always_inline void fastout_admit(const struct fastout_key *nk, struct fastout_note *n,
 					  const struct fastout_vxlan *vx, __u32 ifindex, const void *data,
 					  const struct outer_hdrs *o, __u64 now)
 {
@@ -358,7 +396,7 @@ static __always_inline void fastout_admit(const struct fastout_key *nk, const st
 	__builtin_memcpy(e.dmac, n->dmac, sizeof(e.dmac));
 	__builtin_memcpy(e.smac, n->smac, sizeof(e.smac));
 	k.veth = n->veth;
-	bpf_map_delete_elem(&steer_fastout_notes, nk);
+	n->admitted = 1;
 	if (bpf_map_update_elem(&steer_fastout, &k, &e, BPF_ANY) == 0)
 		count(STAGE_SPLIT, CNT_FASTOUT_ADMITTED);
 }
