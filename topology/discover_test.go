@@ -37,6 +37,13 @@ func TestDiscoverDocker(t *testing.T) {
 		}
 	}
 
+	// A port range of the namespace's own, which the VXLAN device (with
+	// no srcport range) picks its UDP source ports from.
+	if err := nsx.Do(h.NetNS, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 50000"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
 	topo, err := topology.Discover(h.NetNS)
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +60,9 @@ func TestDiscoverDocker(t *testing.T) {
 	vx := topo.VXLANs[0]
 	if vx.Name != h.VXLAN || vx.VNI != 42 || vx.Port != 4789 || vx.L3 || vx.Master != h.Bridge || vx.Learning {
 		t.Errorf("vxlan %+v: want %s vni 42 port 4789 l2 on %s without learning", vx, h.VXLAN, h.Bridge)
+	}
+	if vx.SrcPorts != [2]int{40000, 50000} {
+		t.Errorf("vxlan source ports %v, want its namespace's ip_local_port_range 40000..50000", vx.SrcPorts)
 	}
 	if vx.Underlay != h.Underlay || vx.UnderlayNetNS != h.NetNS {
 		t.Errorf("vxlan underlay %q in %q (found by %q), want %q in %q", vx.Underlay, vx.UnderlayNetNS, vx.How, h.Underlay, h.NetNS)

@@ -302,17 +302,9 @@ func TestFastEntriesEnd(t *testing.T) {
 		want    func(Counters) uint64
 		deleted bool
 	}{
-		{"a change counted", s, time.Hour, func(t *testing.T, d *Datapath) {
-			if err := d.objs.SteerChanges.Put(uint32(0), uint64(1)); err != nil {
-				t.Fatal(err)
-			}
-		}, fastFrame(s), func(c Counters) uint64 { return c.FastStale }, true},
-		{"idle", s, time.Millisecond, func(t *testing.T, d *Datapath) { ageEntries(t, d) }, fastFrame(s), func(c Counters) uint64 { return c.FastIdle }, true},
-		{"lease past", s, time.Hour, func(t *testing.T, d *Datapath) {
-			if err := d.objs.SteerFastLease.Put(uint32(0), steerFastLease{Deadline: uint64(Now())}); err != nil {
-				t.Fatal(err)
-			}
-		}, fastFrame(s), func(c Counters) uint64 { return c.FastLease }, false},
+		{"a change counted", s, time.Hour, countChange, fastFrame(s), func(c Counters) uint64 { return c.FastStale }, true},
+		{"idle", s, time.Millisecond, ageEntries, fastFrame(s), func(c Counters) uint64 { return c.FastIdle }, true},
+		{"lease past", s, time.Hour, leasePast, fastFrame(s), func(c Counters) uint64 { return c.FastLease }, false},
 		{"FIN", tcp, time.Hour, nil, flags(0x11), func(c Counters) uint64 { return c.FastEnded }, true},
 		{"RST", tcp, time.Hour, nil, flags(0x14), func(c Counters) uint64 { return c.FastEnded }, true},
 	} {
@@ -387,23 +379,7 @@ func TestFastLease(t *testing.T) {
 
 // ageEntries makes every entry's last use the boot's first nanosecond.
 func ageEntries(t *testing.T, d *Datapath) {
-	t.Helper()
-	var k steerFastKey
-	var e steerFastEntry
-	var keys []steerFastKey
-	it := d.objs.SteerFast.Iterate()
-	for it.Next(&k, &e) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := d.objs.SteerFast.Lookup(k, &e); err != nil {
-			t.Fatal(err)
-		}
-		e.Last = 1
-		if err := d.objs.SteerFast.Put(k, e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ageMap[steerFastKey](t, d.objs.SteerFast, func(e *steerFastEntry) { e.Last = 1 })
 }
 
 // seen runs steer_tc_fast_seen on the inner frame of s as it reaches its
