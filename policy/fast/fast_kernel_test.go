@@ -281,7 +281,14 @@ func listFlush(t *testing.T, ns, dst string) {
 // datagram from peer; del removes it (also when the test ends).
 func nftDrop(t *testing.T, h, peer *testbed.Host) (del func()) {
 	t.Helper()
-	script := fmt.Sprintf("table inet lanes_fast_fw {\n chain input {\n  type filter hook input priority 0; policy accept;\n  ip saddr %s udp dport %d drop\n }\n}\n", peer.UnderlayAddr.Addr(), h.Port)
+	return nftRule(t, h, "input", fmt.Sprintf("ip saddr %s udp dport %d drop", peer.UnderlayAddr.Addr(), h.Port))
+}
+
+// nftRule adds to h's namespace an nftables chain on hook with rule; del
+// removes it (also when the test ends).
+func nftRule(t *testing.T, h *testbed.Host, hook, rule string) (del func()) {
+	t.Helper()
+	script := fmt.Sprintf("table inet lanes_fast_fw {\n chain c {\n  type filter hook %s priority 0; policy accept;\n  %s\n }\n}\n", hook, rule)
 	cmd := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -1,6 +1,7 @@
 package fast_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/lanesnet/lanes/datapath/steer"
@@ -17,7 +18,11 @@ import (
 // TTL and TOS the kernel's path delivered (the same flow through vanilla
 // first), the VXLAN device sending none of them; a TCP request-response
 // exchange and a bulk transfer through a socket with TSO on (GSO frames)
-// take it and arrive intact. Reset restores every knob.
+// take it and arrive intact. An nftables output rule dropping the flow,
+// added while it runs on the fast path out, drops every datagram sent
+// after the command returned; with the agent killed (SIGKILL), nothing
+// takes the fast path out once its lease has passed and the kernel's path
+// delivers everything. Reset restores every knob.
 func TestFastOutTestbed(t *testing.T) {
 	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel, testbed.Calico} {
 		t.Run(string(topo), func(t *testing.T) { testFastOut(t, topo) })
@@ -37,19 +42,29 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	if len(vanilla) != n {
 		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
 	}
+	dropOut := fmt.Sprintf("ip daddr %s udp dport %d drop", s.UnderlayAddr.Addr(), r.Port)
+	del := nftRule(t, r, "output", dropOut)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams past the output rule", len(got), n)
+	}
+	del()
 
 	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"interval": "100ms"})
 	dp := a.Open(t)
-	startAgentProcess(t, a)
-	waitFor(t, "the agent's lease", func() bool {
-		d, _, err := dp.Fast().Lease()
-		return err == nil && d > steer.Now()
-	})
-	waitFor(t, "the flow's entry out", func() bool {
-		f.send(t, 5)
-		es, err := dp.Fast().OutEntries()
-		return err == nil && len(es) > 0
-	})
+	kill := startAgentProcess(t, a)
+	onFastOut := func() {
+		t.Helper()
+		waitFor(t, "the agent's lease", func() bool {
+			d, _, err := dp.Fast().Lease()
+			return err == nil && d > steer.Now()
+		})
+		waitFor(t, "the flow's entry out", func() bool {
+			f.send(t, 5)
+			es, err := dp.Fast().OutEntries()
+			return err == nil && len(es) > 0
+		})
+	}
+	onFastOut()
 	tx0, c0 := vxlanStats(t, r).TxPackets, counters(t, dp)
 	got := f.send(t, n)
 	same(t, "on the fast path out", got, vanilla, n)
@@ -73,6 +88,31 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	// Fewer frames than full-sized segments would take: GSO frames took it.
 	if c.FastOut >= bulk/1500 {
 		t.Errorf("TCP bulk: %d frames for %d bytes took the fast path out: want GSO frames among them", c.FastOut, bulk)
+	}
+
+	// A firewall rule on the way out, added while the flow is on the fast
+	// path out, drops every datagram sent after the command returned.
+	onFastOut()
+	del = nftRule(t, r, "output", dropOut)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Errorf("%d of %d datagrams sent after an output rule dropping them was added were delivered", len(got), n)
+	}
+	del()
+
+	// With the agent killed, nothing takes the fast path out once its
+	// lease has passed, and the kernel's path delivers everything.
+	onFastOut()
+	kill()
+	waitFor(t, "the lease to pass", func() bool {
+		d, _, err := dp.Fast().Lease()
+		return err == nil && d <= steer.Now()
+	})
+	c0 = counters(t, dp)
+	if got := f.send(t, n); len(got) != n {
+		t.Errorf("with the agent killed: %d of %d datagrams delivered", len(got), n)
+	}
+	if c := counters(t, dp).Sub(c0); c.FastOut != 0 || c.FastOutLease == 0 {
+		t.Errorf("with the agent killed and its lease past: counters %+v, want nothing on the fast path out", c)
 	}
 	a.ResetAndCheck(t, before)
 }
