@@ -348,6 +348,11 @@ func TestFastOutLearnsOnlyFromTheSamePacket(t *testing.T) {
 			return kernelFrame(sentFrame(frameSpec{flow: s.flow, payload: 99}), wrote{sport: p, csum: true})
 		}, unlearned: 1},
 		{name: "another source port", sent: sent, wrote: func(p uint16) []byte { return kernelFrame(sent, wrote{sport: p + 1, csum: true}) }, unlearned: 1},
+		{name: "VXLAN header with more bits", sent: sent, wrote: func(p uint16) []byte {
+			f := kernelFrame(sent, wrote{sport: p})
+			f[fastOuterLen-8+3] = 0x81 // remote checksum offload's start and offset in the VNI field's low byte
+			return f
+		}, unlearned: 1},
 		{name: "two hops", sent: sent, wrote: func(p uint16) []byte {
 			f := kernelFrame(sent, wrote{sport: p, csum: true, routed: true, dst: remoteVtepMAC, src: vtepMAC})
 			ip := f[fastOuterLen+ethHeaderLen:]

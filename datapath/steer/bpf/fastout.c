@@ -76,9 +76,11 @@ int steer_tc_out(struct __sk_buff *skb)
  * note describes (same flow, inner IP id and total length, within
  * FAST_NOTE_NS, under the same change count, an inner TTL the path took 0
  * or 1 off), with the UDP source port fastout_port gives the note's hash,
- * a unicast inner destination MAC and no outer or inner IP options, makes
- * the flow's entry. A TCP FIN or RST makes none; a second copy of the
- * same packet leaving (flooded) voids the entry it made.
+ * a unicast inner destination MAC, no outer or inner IP options and a
+ * VXLAN header of the VNI alone (no per-packet bits: remote checksum
+ * offload's), makes the flow's entry. A TCP FIN or RST makes none; a
+ * second copy of the same packet leaving (flooded) voids the entry it
+ * made.
  */
 SEC("tc")
 int steer_tc_out_learn(struct __sk_buff *skb)
@@ -123,6 +125,7 @@ int steer_tc_out_learn(struct __sk_buff *skb)
 	if (n->id != o.iip->id || n->tot_len != o.iip->tot_len || now > n->at + FAST_NOTE_NS ||
 	    n->changes != changes || n->ttl < o.iip->ttl || n->ttl - o.iip->ttl > 1 || o.ip->ihl != 5 ||
 	    o.iip->ihl != 5 || (o.ieth->h_dest[0] & 1) || (o.eth->h_dest[0] & 1) ||
+	    o.vx->vx_flags != bpf_htonl(VXLAN_FLAG_VNI) || (o.vx->vx_vni & bpf_htonl(0xff)) ||
 	    o.uh->source != fastout_port(n->hash, vx->port_min, vx->port_range) ||
 	    (tcp_flags(o.iip, data_end) & TCP_FIN_RST)) {
 		count(STAGE_SPLIT, CNT_FASTOUT_UNLEARNED);
