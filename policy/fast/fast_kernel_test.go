@@ -408,15 +408,7 @@ func testFast(t *testing.T, topo testbed.Topology) {
 	kill := startAgentProcess(t, a)
 	onFast := func() {
 		t.Helper()
-		waitFor(t, "the agent's lease", func() bool {
-			d, _, err := dp.Fast().Lease()
-			return err == nil && d > steer.Now()
-		})
-		waitFor(t, "the flow's entry", func() bool {
-			f.send(t, 5)
-			es, err := dp.Fast().Entries()
-			return err == nil && len(es) > 0
-		})
+		waitVouched(t, dp, f, "the flow's entry", func() (int, error) { es, err := dp.Fast().Entries(); return len(es), err })
 	}
 	onFast()
 	rx0, c0 := vxlanRx(t, r), counters(t, dp)
@@ -443,11 +435,7 @@ func testFast(t *testing.T, topo testbed.Topology) {
 	del()
 
 	onFast()
-	kill()
-	waitFor(t, "the lease to pass", func() bool {
-		d, _, err := dp.Fast().Lease()
-		return err == nil && d <= steer.Now()
-	})
+	lapse(t, dp, kill)
 	c0 = counters(t, dp)
 	if got := f.send(t, n); len(got) != n {
 		t.Errorf("with the agent killed: %d of %d datagrams delivered", len(got), n)

@@ -54,15 +54,7 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	kill := startAgentProcess(t, a)
 	onFastOut := func() {
 		t.Helper()
-		waitFor(t, "the agent's lease", func() bool {
-			d, _, err := dp.Fast().Lease()
-			return err == nil && d > steer.Now()
-		})
-		waitFor(t, "the flow's entry out", func() bool {
-			f.send(t, 5)
-			es, err := dp.Fast().OutEntries()
-			return err == nil && len(es) > 0
-		})
+		waitVouched(t, dp, f, "the flow's entry out", func() (int, error) { es, err := dp.Fast().OutEntries(); return len(es), err })
 	}
 	onFastOut()
 	tx0, c0 := vxlanStats(t, r).TxPackets, counters(t, dp)
@@ -102,11 +94,7 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	// With the agent killed, nothing takes the fast path out once its
 	// lease has passed, and the kernel's path delivers everything.
 	onFastOut()
-	kill()
-	waitFor(t, "the lease to pass", func() bool {
-		d, _, err := dp.Fast().Lease()
-		return err == nil && d <= steer.Now()
-	})
+	lapse(t, dp, kill)
 	c0 = counters(t, dp)
 	if got := f.send(t, n); len(got) != n {
 		t.Errorf("with the agent killed: %d of %d datagrams delivered", len(got), n)
@@ -115,4 +103,29 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 		t.Errorf("with the agent killed and its lease past: counters %+v, want nothing on the fast path out", c)
 	}
 	a.ResetAndCheck(t, before)
+}
+
+// waitVouched waits for the agent's lease, then sends 5 datagrams of f at
+// a time until entries (of one way) counts one: the flow's.
+func waitVouched(t *testing.T, dp *steer.Datapath, f *udpFlow, what string, entries func() (int, error)) {
+	t.Helper()
+	waitFor(t, "the agent's lease", func() bool {
+		d, _, err := dp.Fast().Lease()
+		return err == nil && d > steer.Now()
+	})
+	waitFor(t, what, func() bool {
+		f.send(t, 5)
+		n, err := entries()
+		return err == nil && n > 0
+	})
+}
+
+// lapse kills the agent and waits for its lease to pass.
+func lapse(t *testing.T, dp *steer.Datapath, kill func()) {
+	t.Helper()
+	kill()
+	waitFor(t, "the lease to pass", func() bool {
+		d, _, err := dp.Fast().Lease()
+		return err == nil && d <= steer.Now()
+	})
 }
