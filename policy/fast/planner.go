@@ -150,7 +150,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		out = "from " + strings.Join(p.OutVeths, ", ")
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path out possible %s; TCP GSO frames take it, encapsulated as UDP-tunnel GSO with an outer UDP checksum of 0", out))
-	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) always take the kernel's path",
+	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) always take the kernel's path in",
 		what, o.Interval, leaseTTL(o.Interval)))
 	return pl, nil
 }
