@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/testenv"
 )
 
 // The fast path out against the kernel's own path: a host namespace with
@@ -53,6 +54,7 @@ var (
 
 func newOutbed(t *testing.T) *outbed {
 	t.Helper()
+	testenv.Root(t)
 	b := &outbed{host: scratchNetNS(t), peer: scratchNetNS(t)}
 	var peer *os.File
 	err := nsx.Do(b.peer, func() (err error) {
