@@ -403,7 +403,7 @@ func testFast(t *testing.T, topo testbed.Topology) {
 	}
 	del()
 
-	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"interval": "100ms"})
+	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"x-interval": "100ms"})
 	dp := a.Open(t)
 	kill := startAgentProcess(t, a)
 	onFast := func() {

@@ -38,9 +38,16 @@ type Options struct {
 	Idle time.Duration
 }
 
+// The settings no kept run has shown to matter: for tests and comparison
+// only (plan.ComparisonPrefix), out of the default help.
+const (
+	keyInterval = plan.ComparisonPrefix + "interval"
+	keyIdle     = plan.ComparisonPrefix + "idle"
+)
+
 var params = []plan.Param{
-	{Key: "interval", Default: "1s", Help: "how often lanes agent reads the path again besides on each change it is told of, and renews the fast path's lease, which lapses 3 intervals + 1s later (10ms..1m)"},
-	{Key: "idle", Default: steer.DefaultFastIdle.String(), Help: "a flow's entry unused this long is deleted; its next frame takes the kernel's path and teaches it again (1ms..1h, whole ms)"},
+	{Key: keyInterval, Default: "1s", Help: "how often lanes agent reads the path again besides on each change it is told of, and renews the fast path's lease, which lapses 3 intervals + 1s later (10ms..1m)"},
+	{Key: keyIdle, Default: steer.DefaultFastIdle.String(), Help: "a flow's entry unused this long is deleted; its next frame takes the kernel's path and teaches it again (1ms..1h, whole ms)"},
 }
 
 // Parse reads params over the defaults; every error is one line saying
@@ -50,12 +57,12 @@ func Parse(m map[string]string) (Options, error) {
 	for k, v := range m {
 		var err error
 		switch k {
-		case "interval":
+		case keyInterval:
 			o.Interval, err = time.ParseDuration(v)
 			if err == nil && (o.Interval < 10*time.Millisecond || o.Interval > time.Minute) {
 				err = fmt.Errorf("want 10ms..1m")
 			}
-		case "idle":
+		case keyIdle:
 			o.Idle, err = time.ParseDuration(v)
 			if err == nil && (o.Idle < time.Millisecond || o.Idle > steer.MaxPrioQuiet || o.Idle%time.Millisecond != 0) {
 				err = fmt.Errorf("want whole milliseconds, 1ms..1h")
