@@ -188,14 +188,8 @@ func (f Fast) Flush() (int, error) {
 
 // clearMap deletes every key of m and says how many it deleted.
 func clearMap[K comparable, V any](m *ebpf.Map) (int, error) {
-	var keys []K
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
+	keys, err := mapKeys[K, V](m)
+	if err != nil {
 		return 0, err
 	}
 	n := 0

@@ -292,18 +292,24 @@ func (d Sync) Withdraw() error {
 	return nil
 }
 
-// replaceMap makes m hold exactly want: new and changed entries first,
-// then the stale ones deleted. adjust (may be nil) edits a value before
-// it is written.
-func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *V)) error {
-	var have []K
+// mapKeys lists m's keys.
+func mapKeys[K comparable, V any](m *ebpf.Map) ([]K, error) {
+	var keys []K
 	var k K
 	var v V
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		have = append(have, k)
+		keys = append(keys, k)
 	}
-	if err := it.Err(); err != nil {
+	return keys, it.Err()
+}
+
+// replaceMap makes m hold exactly want: new and changed entries first,
+// then the stale ones deleted. adjust (may be nil) edits a value before
+// it is written.
+func replaceMap[K comparable, V any](m *ebpf.Map, want map[K]V, adjust func(K, *V)) error {
+	have, err := mapKeys[K, V](m)
+	if err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}
 	for k, v := range want {
