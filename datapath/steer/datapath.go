@@ -39,11 +39,12 @@ const (
 	// entries (Datapath.CountChanges).
 	PinNotify = steerProgSteerNotify
 	// PinTCFast is the fast path into the container, for the underlay's
-	// tc ingress; PinTCFastLearn learns its entries, on a host-side
-	// veth's tc egress (Config.Fast).
-	// PinTCFastSeen keeps a flow's frames in order, on each container
-	// interface's tc ingress.
+	// tc ingress, PinTCFastVX for a VXLAN device's where the underlay
+	// lives in another namespace; PinTCFastLearn learns their entries,
+	// on a host-side veth's tc egress (Config.Fast). PinTCFastSeen keeps
+	// a flow's frames in order, on each container interface's tc ingress.
 	PinTCFast      = steerProgSteerTcFast
+	PinTCFastVX    = steerProgSteerTcFastVx
 	PinTCFastLearn = steerProgSteerTcFastLearn
 	PinTCFastSeen  = steerProgSteerTcFastSeen
 	// PinTCFastOut is the fast path out of the container, for a
@@ -152,6 +153,9 @@ func (d *Datapath) TCVethSeen() *ebpf.Program { return d.objs.SteerTcVethSeen }
 // ingress (Config.Fast).
 func (d *Datapath) TCFast() *ebpf.Program { return d.objs.SteerTcFast }
 
+// TCFastVX is the fast path from a VXLAN device's tc ingress, for tests.
+func (d *Datapath) TCFastVX() *ebpf.Program { return d.objs.SteerTcFastVx }
+
 // TCFastLearn learns the fast path's entries, for a host-side veth's tc
 // egress (Config.Fast).
 func (d *Datapath) TCFastLearn() *ebpf.Program { return d.objs.SteerTcFastLearn }
@@ -236,6 +240,7 @@ func (d *core) pinnedProgs() []pinnedProg {
 		{PinTCVethSeen, &o.SteerTcVethSeen},
 		{PinNotify, &o.SteerNotify},
 		{PinTCFast, &o.SteerTcFast},
+		{PinTCFastVX, &o.SteerTcFastVx},
 		{PinTCFastLearn, &o.SteerTcFastLearn},
 		{PinTCFastSeen, &o.SteerTcFastSeen},
 		{PinTCFastOut, &o.SteerTcOut},

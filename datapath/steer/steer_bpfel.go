@@ -369,6 +369,7 @@ const (
 	steerProgSteerTcFast          = "steer_tc_fast"
 	steerProgSteerTcFastLearn     = "steer_tc_fast_learn"
 	steerProgSteerTcFastSeen      = "steer_tc_fast_seen"
+	steerProgSteerTcFastVx        = "steer_tc_fast_vx"
 	steerProgSteerTcIngress       = "steer_tc_ingress"
 	steerProgSteerTcOut           = "steer_tc_out"
 	steerProgSteerTcOutLearn      = "steer_tc_out_learn"
@@ -432,6 +433,7 @@ type steerProgramSpecs struct {
 	SteerTcFast          *ebpf.ProgramSpec `ebpf:"steer_tc_fast"`
 	SteerTcFastLearn     *ebpf.ProgramSpec `ebpf:"steer_tc_fast_learn"`
 	SteerTcFastSeen      *ebpf.ProgramSpec `ebpf:"steer_tc_fast_seen"`
+	SteerTcFastVx        *ebpf.ProgramSpec `ebpf:"steer_tc_fast_vx"`
 	SteerTcIngress       *ebpf.ProgramSpec `ebpf:"steer_tc_ingress"`
 	SteerTcOut           *ebpf.ProgramSpec `ebpf:"steer_tc_out"`
 	SteerTcOutLearn      *ebpf.ProgramSpec `ebpf:"steer_tc_out_learn"`
@@ -620,6 +622,7 @@ type steerPrograms struct {
 	SteerTcFast          *ebpf.Program `ebpf:"steer_tc_fast"`
 	SteerTcFastLearn     *ebpf.Program `ebpf:"steer_tc_fast_learn"`
 	SteerTcFastSeen      *ebpf.Program `ebpf:"steer_tc_fast_seen"`
+	SteerTcFastVx        *ebpf.Program `ebpf:"steer_tc_fast_vx"`
 	SteerTcIngress       *ebpf.Program `ebpf:"steer_tc_ingress"`
 	SteerTcOut           *ebpf.Program `ebpf:"steer_tc_out"`
 	SteerTcOutLearn      *ebpf.Program `ebpf:"steer_tc_out_learn"`
@@ -642,6 +645,7 @@ func (p *steerPrograms) Close() error {
 		p.SteerTcFast,
 		p.SteerTcFastLearn,
 		p.SteerTcFastSeen,
+		p.SteerTcFastVx,
 		p.SteerTcIngress,
 		p.SteerTcOut,
 		p.SteerTcOutLearn,

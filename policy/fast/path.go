@@ -12,9 +12,10 @@ import (
 )
 
 // Where the fast path may run: the VXLAN devices and host-side veths
-// between which nothing the fast path skips (outer IP/UDP, the VXLAN
-// device, the bridge or the routing, the veth's transmit) can change the
-// kernel's verdict on a flow. lanes does not judge what a rule or a
+// between which nothing the fast path skips (outer IP/UDP and the VXLAN
+// device unless it starts at the VXLAN device (FromVXLAN), the bridge or
+// the routing, the veth's transmit) can change the kernel's verdict on a
+// flow. lanes does not judge what a rule or a
 // program does: any netfilter table that can see the overlay's frames,
 // IPsec, legacy ebtables, or a tc or XDP program lanes did not install on
 // what is skipped keeps the fast path off there (onpath). The datapath
@@ -72,6 +73,16 @@ func PathOf(t *topology.Topology, filters map[string]topology.Filters) Path {
 	return p
 }
 
+// FromVXLAN says whether the fast path for v's frames starts at v's own tc
+// ingress (bpf/fast.h's fast_vx) rather than at its underlay's: where the
+// underlay lives in another namespace than the containers' veths
+// (dockerd's overlay namespace), bpf_redirect_peer from it cannot reach
+// them, so the kernel's path keeps the outer stack and the VXLAN device,
+// and the fast path skips the bridge, the veth and the backlog.
+func FromVXLAN(t *topology.Topology, v *topology.VXLAN) bool {
+	return v.UnderlayNetNS != t.NetNS
+}
+
 // vxlanOff says why the fast path cannot take v's frames ("" when it can).
 func vxlanOff(t *topology.Topology, v *topology.VXLAN) string {
 	switch {
@@ -81,11 +92,14 @@ func vxlanOff(t *topology.Topology, v *topology.VXLAN) string {
 		return "it carries group policy ids that filters may match"
 	case !v.Up:
 		return "it is down (vxlan_rcv drops what it receives)"
-	case v.UnderlayNetNS != t.NetNS:
-		return fmt.Sprintf("its underlay lives in %s and the containers' veths in %s, which bpf_redirect_peer from the underlay cannot reach", onpath.Label(v.UnderlayNetNS), onpath.Label(t.NetNS))
 	}
 	if h := allHooks(v.Hooks); len(h) > 0 {
 		return "it has programs or filters (" + strings.Join(h, ", ") + ")"
+	}
+	if FromVXLAN(t, v) {
+		// The kernel's path runs the underlay, its hooks and its
+		// namespace's filters; the fast path starts after them.
+		return bridgedOff(t, v)
 	}
 	u := t.UnderlayOf(v)
 	if u == nil {
@@ -94,10 +108,14 @@ func vxlanOff(t *topology.Topology, v *topology.VXLAN) string {
 	if h := onpath.IngressHooks(u.Hooks); len(h) > 0 {
 		return fmt.Sprintf("underlay %s has receive programs or filters (%s) the fast path would skip", u.Name, strings.Join(h, ", "))
 	}
+	return bridgedOff(t, v)
+}
+
+// bridgedOff says why frames from v's port of its bridge may not be
+// forwarded plainly ("" when they are, or v has no bridge).
+func bridgedOff(t *topology.Topology, v *topology.VXLAN) string {
 	if br := t.BridgeNamed(v.Master); br != nil {
-		if why := bridgeOff(br, v.Name); why != "" {
-			return why
-		}
+		return bridgeOff(br, v.Name)
 	}
 	return ""
 }

@@ -8,6 +8,7 @@ package fast
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,7 +86,7 @@ type planner struct{}
 
 func (planner) Mode() string { return Mode }
 func (planner) Summary() string {
-	return "fast path: once the kernel's path delivered a flow to a container, its later non-GSO frames go from the underlay's tc ingress straight into the container; once it sent one out, its later frames go from the container's veth straight out the underlay (needs `lanes agent`)"
+	return "fast path: once the kernel's path delivered a flow to a container, its later non-GSO frames go from the underlay's tc ingress (or, all of them, from the VXLAN device's where the underlay lives in another namespace) straight into the container; once it sent one out, its later frames go from the container's veth straight out the underlay (needs `lanes agent`)"
 }
 func (planner) Params() []plan.Param { return params }
 
@@ -138,9 +139,15 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastOutLearn, Link: plan.LinkPin(dir, "tcx-out", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc egress", "learn how the kernel's path sends each flow out")
 	}
-	for _, u := range t.Underlays {
+	for _, u := range underlaysIn(t) {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFast, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "take learned flows straight into their container")
+	}
+	for i := range t.VXLANs {
+		if v := &t.VXLANs[i]; FromVXLAN(t, v) {
+			pl.Add(&attach.TCX{NetNS: t.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastVX, Link: plan.LinkPin(dir, "tcx-in", t.NetNS, v.Name)},
+				"attached", plan.DevLabel(t.NetNS, v.Name)+" tc ingress", "take learned flows straight into their container once the kernel decapsulated them (the underlay lives in "+onpath.Label(v.UnderlayNetNS)+")")
+		}
 	}
 	for _, v := range hostVeths(t) {
 		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastOut, Link: plan.LinkPin(dir, "tcx-in", v.NetNS, v.Name)},
@@ -157,9 +164,28 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		out = "from " + strings.Join(p.OutVeths, ", ")
 	}
 	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path out possible %s; TCP GSO frames take it, encapsulated as UDP-tunnel GSO with an outer UDP checksum of 0", out))
-	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) always take the kernel's path in",
+	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) take the kernel's path in from the underlay",
 		what, o.Interval, leaseTTL(o.Interval)))
+	for i := range t.VXLANs {
+		if v := &t.VXLANs[i]; FromVXLAN(t, v) {
+			pl.Notes = append(pl.Notes, fmt.Sprintf("fast path in from %s's tc ingress: its underlay lives in %s, so the kernel's path keeps the outer IP/UDP and the VXLAN device; the fast path skips the bridge, the veth and the backlog queue, for GSO frames too",
+				v.Name, onpath.Label(v.UnderlayNetNS)))
+		}
+	}
 	return pl, nil
+}
+
+// underlaysIn are the underlays of t's VXLAN devices whose fast path starts
+// there (not FromVXLAN): a frame is counted in flight at one place only.
+func underlaysIn(t *topology.Topology) []*topology.Device {
+	var out []*topology.Device
+	for i := range t.VXLANs {
+		v := &t.VXLANs[i]
+		if u := t.UnderlayOf(v); u != nil && !FromVXLAN(t, v) && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // hostVeths are t's veths whose peers are in a namespace of their own:

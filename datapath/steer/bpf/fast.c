@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: (MIT OR GPL-2.0) */
 /*
  * The fast path's programs (fast.h): steer_tc_fast on the underlay's tc
- * ingress, steer_tc_fast_learn on each container's host-side veth's tc
- * egress. Both hand on whatever they do not take (TC_ACT_UNSPEC: the next
- * program of the hook, then the kernel).
+ * ingress or, where the underlay lives in another namespace,
+ * steer_tc_fast_vx on the VXLAN device's; steer_tc_fast_learn on each
+ * container's host-side veth's tc egress; steer_tc_fast_seen on each
+ * container interface's tc ingress. Each hands on whatever it does not
+ * take (TC_ACT_UNSPEC: the next program of the hook, then the kernel).
  */
 #include "fast.h"
 
@@ -187,5 +189,91 @@ int steer_tc_fast_seen(struct __sk_buff *skb)
 	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
 	if (fl && fl->n)
 		__sync_fetch_and_add(&fl->n, -1); /* XADD: -mcpu=v1 has no atomic sub */
+	return TC_ACT_UNSPEC;
+}
+
+/*
+ * Why a frame at the VXLAN device's ingress (fast_vx; the flow k, entry
+ * e, in flight fl, received on ifindex) takes the kernel's path: the
+ * counter that says so, or 0 when it may take the fast path. As
+ * fast_why_not, on the inner frame: the entry's device and MACs, the
+ * checks of the bridge and the veth, GSO frames taken.
+ */
+static __always_inline __u32 fast_vx_why_not(struct __sk_buff *skb, const struct steer_cfg *cfg,
+					     const struct fast_key *k, struct fast_entry *e, const struct ethhdr *eth,
+					     const struct iphdr *iip, struct fast_flight *fl, __u32 ifindex, __u64 now)
+{
+	__u32 why = e ? fast_void(k, e, now) : CNT_FAST_NO_ENTRY;
+
+	if (why) {
+		if (why != CNT_FAST_LEASE && fast_leased(now, path_changes()))
+			fast_vx_note(skb, k, eth, iip, ifindex, now);
+		return why;
+	}
+	if (!fast_dev_holds(e)) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_STALE;
+	}
+	if (tcp_flags(iip, (void *)(long)skb->data_end) & TCP_FIN_RST) {
+		bpf_map_delete_elem(&steer_fast, k);
+		return CNT_FAST_ENDED;
+	}
+	if (ifindex != e->underlay || !mac_eq(eth->h_dest, e->in_dmac) || !mac_eq(eth->h_source, e->in_smac))
+		return CNT_FAST_OTHER;
+	if (!fast_vx_checks(e, iip, skb->len, skb->gso_segs > 1 || skb->gso_size))
+		return CNT_FAST_REFUSED;
+	if (!fast_in_order(cfg, fl, now))
+		return CNT_FAST_BEHIND;
+	return 0;
+}
+
+/*
+ * The fast path from the VXLAN device (fast.h), on its tc ingress: a
+ * frame of a flow with an entry that passes the checks goes to its
+ * container, marked for the host as the veth's eth_type_trans would mark
+ * it (the VXLAN device's marked it for another host: the container's
+ * MAC is not its own).
+ */
+SEC("tc")
+int steer_tc_fast_vx(struct __sk_buff *skb)
+{
+	struct steer_cfg *cfg = get_cfg();
+	__u32 in = skb->ingress_ifindex, why;
+	struct fast_key k = {}, fk = {};
+	struct fast_flight *fl;
+	struct fast_entry *e;
+	struct tuple t = {};
+	struct ethhdr *eth;
+	struct iphdr *iip;
+	__u32 *vni;
+	__u64 now;
+
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
+		return TC_ACT_UNSPEC;
+	vni = bpf_map_lookup_elem(&steer_fast_vxlan, &in);
+	if (!vni || skb->vlan_present || skb_inner_tuple(skb, &t) < 0)
+		goto passed;
+	eth = (void *)(long)skb->data;
+	iip = (void *)(eth + 1);
+	if ((void *)(iip + 1) > (void *)(long)skb->data_end)
+		goto passed;
+	fast_key_of(&k, *vni, &t);
+	fast_key_of(&fk, 0, &t);
+	now = bpf_ktime_get_ns();
+	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
+	e = bpf_map_lookup_elem(&steer_fast, &k);
+	why = fast_vx_why_not(skb, cfg, &k, e, eth, iip, fl, in, now);
+	fast_handed(&fk, fl, now);
+	if (why) {
+		count(STAGE_SPLIT, why);
+		return TC_ACT_UNSPEC;
+	}
+	if (bpf_skb_change_type(skb, PACKET_HOST)) {
+		count(STAGE_SPLIT, CNT_FAST_REFUSED);
+		return TC_ACT_UNSPEC;
+	}
+	return fast_hand_in(skb, e, eth, iip, now);
+passed:
+	count(STAGE_SPLIT, CNT_PASSED);
 	return TC_ACT_UNSPEC;
 }

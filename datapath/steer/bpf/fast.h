@@ -27,6 +27,17 @@
  * GSO frames (GRO'd TCP) take the kernel's path: on kernels without
  * BPF_F_ADJ_ROOM_DECAP_L4_UDP a decapsulated GSO skb keeps its tunnel GSO
  * state.
+ *
+ * From the VXLAN device (fast_vx): where the underlay lives in another
+ * namespace than the containers' veths (dockerd's overlay namespace),
+ * bpf_redirect_peer from the underlay cannot reach them. The fast path
+ * then starts at the VXLAN device's tc ingress: the kernel's path has
+ * received and decapsulated the frame (outer IP and UDP with their
+ * netfilter hooks, the VXLAN device and its GRO cell); what it skips is
+ * the bridge, the veth's transmit and the backlog queue. Frames there
+ * are inner frames, GRO'd TCP plain TCP GSO, which it takes too. Notes,
+ * entries and the order keeping are the same, the note's outer facts
+ * none (the kernel checked the outer frame).
  */
 #pragma once
 
@@ -93,13 +104,44 @@ static __always_inline int fast_same_facts(const struct fast_note *a, const stru
 }
 
 /*
- * Note a frame of a flow without an entry, for its packet's way out. Only
+ * Keep the note n of a frame of the flow k, for its packet's way out. A
+ * frame the kernel drops anyway could still replace the note of a packet
+ * on its way; so a note whose facts differ from a fresh one's teaches
+ * nothing for FAST_NOTE_NS (unsure_until): the packet that then leaves
+ * the overlay may be either. The caller notes only a frame the kernel's
+ * path may deliver.
+ */
+static __always_inline void fast_note_keep(const struct fast_key *k, struct fast_note *n, __u64 now)
+{
+	struct fast_note *old = bpf_map_lookup_elem(&steer_fast_notes, k);
+
+	if (old) {
+		n->unsure_until = old->unsure_until;
+		if (now < old->at + FAST_NOTE_NS && !fast_same_facts(old, n))
+			n->unsure_until = now + FAST_NOTE_NS;
+	}
+	bpf_map_update_elem(&steer_fast_notes, k, n, BPF_ANY);
+}
+
+/* The inner facts of a note: the inner Ethernet header and IPv4 header
+ * as they arrived, the change count, the time. */
+static __always_inline void fast_note_inner(struct fast_note *n, const struct ethhdr *ieth, const struct iphdr *iip,
+					    __u64 now)
+{
+	__builtin_memcpy(n->in_dmac, ieth->h_dest, sizeof(n->in_dmac));
+	__builtin_memcpy(n->in_smac, ieth->h_source, sizeof(n->in_smac));
+	n->ttl = iip->ttl;
+	n->id = iip->id;
+	n->tot_len = iip->tot_len;
+	n->changes = path_changes();
+	n->at = now;
+}
+
+/*
+ * Note a frame of a flow without an entry at the underlay's ingress. Only
  * a frame the kernel's path may deliver is noted: addressed to this host
  * (pkt_type), untagged, its outer headers and its inner IPv4 header as
- * the kernel's checks want them (outer_ok). One that the kernel drops
- * anyway could still replace the note of a packet on its way; so a note
- * whose facts differ from a fresh one's teaches nothing for FAST_NOTE_NS
- * (unsure_until): the packet that then leaves the overlay may be either.
+ * the kernel's checks want them (outer_ok).
  */
 static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_key *k, const struct outer_hdrs *o,
 				      __u64 now)
@@ -107,28 +149,15 @@ static __always_inline void fast_note(struct __sk_buff *skb, const struct fast_k
 	struct fast_note n = {
 		.vtep_src = o->ip->saddr,
 		.vtep_dst = o->ip->daddr,
-		.ttl = o->iip->ttl,
 		.underlay = skb->ingress_ifindex,
-		.id = o->iip->id,
-		.tot_len = o->iip->tot_len,
-		.changes = path_changes(),
-		.at = now,
 	};
-	struct fast_note *old;
 
 	if (skb->pkt_type != PACKET_HOST || !outer_ok(o, skb->len) || o->iip->ihl != 5 || !ipv4_csum_ok(o->iip) ||
 	    bpf_ntohs(o->iip->tot_len) != skb->len - OUTER_LEN - ETH_HLEN)
 		return;
 	__builtin_memcpy(n.outer_dmac, o->eth->h_dest, sizeof(n.outer_dmac));
-	__builtin_memcpy(n.in_dmac, o->ieth->h_dest, sizeof(n.in_dmac));
-	__builtin_memcpy(n.in_smac, o->ieth->h_source, sizeof(n.in_smac));
-	old = bpf_map_lookup_elem(&steer_fast_notes, k);
-	if (old) {
-		n.unsure_until = old->unsure_until;
-		if (now < old->at + FAST_NOTE_NS && !fast_same_facts(old, &n))
-			n.unsure_until = now + FAST_NOTE_NS;
-	}
-	bpf_map_update_elem(&steer_fast_notes, k, &n, BPF_ANY);
+	fast_note_inner(&n, o->ieth, o->iip, now);
+	fast_note_keep(k, &n, now);
 }
 
 /* Is an entry of map (key k, admitted under the change count changes,
@@ -232,14 +261,42 @@ static __always_inline int fast_dev_holds(const struct fast_entry *e)
 }
 
 /*
- * Hand the checked frame to the container: strip the outer headers and
- * the inner Ethernet header (bpf_skb_adjust_room keeps the first ETH_HLEN
- * bytes, which become the inner Ethernet header the kernel's path would
- * have delivered), apply ECN and the TTL the path takes off (as
- * ip_decrease_ttl does), and leave the checksum state as the VXLAN
- * socket's receive leaves it (one level of CHECKSUM_UNNECESSARY consumed:
- * the outer UDP's). What bpf_redirect_peer's scrub keeps and the veth's
- * would not, the mark, is cleared; the receive queue is the peer's own.
+ * Hand a checked frame whose inner Ethernet header is eth and IPv4 header
+ * iip to the entry's container as the kernel's path would have delivered
+ * it: the inner Ethernet header that path leaves, the TTL it takes off
+ * (as ip_decrease_ttl does). What bpf_redirect_peer's scrub keeps and the
+ * veth's would not, the mark, is cleared; the receive queue is the peer's
+ * own.
+ */
+static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry *e, struct ethhdr *eth,
+					struct iphdr *iip, __u64 now)
+{
+	__builtin_memcpy(eth->h_dest, e->dmac, sizeof(eth->h_dest));
+	__builtin_memcpy(eth->h_source, e->smac, sizeof(eth->h_source));
+	if (e->ttl_dec) {
+		/* ip_decrease_ttl's update, to the byte (0x0000, not 0xffff). */
+		__u32 check = (__u32)iip->check + bpf_htons(0x0100);
+
+		iip->check = (__u16)(check + (check >= 0xffff));
+		iip->ttl--;
+	}
+	/* Two stores the compiler must not merge into one the verifier
+	 * refuses (a context field is written at its own width). */
+	*(volatile __u32 *)&skb->mark = 0;
+	*(volatile __u32 *)&skb->queue_mapping = 0;
+	if (now > e->last + FAST_STAMP_NS)
+		e->last = now;
+	count(STAGE_SPLIT, CNT_FAST);
+	return bpf_redirect_peer(e->ifindex, 0);
+}
+
+/*
+ * Hand the checked frame at the underlay's ingress to the container:
+ * strip the outer headers and the inner Ethernet header
+ * (bpf_skb_adjust_room keeps the first ETH_HLEN bytes, which become the
+ * inner Ethernet header), apply ECN, and leave the checksum state as the
+ * VXLAN socket's receive leaves it (one level of CHECKSUM_UNNECESSARY
+ * consumed: the outer UDP's); then fast_hand_in.
  */
 static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry *e, __u32 ecn, __u64 now)
 {
@@ -260,25 +317,44 @@ static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry
 		count(STAGE_SPLIT, CNT_FAST_DROPPED);
 		return TC_ACT_SHOT;
 	}
-	__builtin_memcpy(eth->h_dest, e->dmac, sizeof(eth->h_dest));
-	__builtin_memcpy(eth->h_source, e->smac, sizeof(eth->h_source));
 	inner_ecn(iip, ecn);
-	if (e->ttl_dec) {
-		/* ip_decrease_ttl's update, to the byte (0x0000, not 0xffff). */
-		__u32 check = (__u32)iip->check + bpf_htons(0x0100);
-
-		iip->check = (__u16)(check + (check >= 0xffff));
-		iip->ttl--;
-	}
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_DEC);
-	/* Two stores the compiler must not merge into one the verifier
-	 * refuses (a context field is written at its own width). */
-	*(volatile __u32 *)&skb->mark = 0;
-	*(volatile __u32 *)&skb->queue_mapping = 0;
-	if (now > e->last + FAST_STAMP_NS)
-		e->last = now;
-	count(STAGE_SPLIT, CNT_FAST);
-	return bpf_redirect_peer(e->ifindex, 0);
+	return fast_hand_in(skb, e, eth, iip, now);
+}
+
+/*
+ * Note a frame of a flow without an entry at the VXLAN device's ingress
+ * (fast_vx), received on ifindex. Only a frame the kernel's path may
+ * deliver is noted: untagged, its IPv4 header without options, its
+ * checksum and total length right (br_netfilter's br_validate_ipv4 drops
+ * it otherwise).
+ */
+static __always_inline void fast_vx_note(struct __sk_buff *skb, const struct fast_key *k, const struct ethhdr *eth,
+					 const struct iphdr *iip, __u32 ifindex, __u64 now)
+{
+	struct fast_note n = { .underlay = ifindex };
+
+	if (iip->ihl != 5 || !ipv4_csum_ok(iip) || bpf_ntohs(iip->tot_len) != skb->len - ETH_HLEN)
+		return;
+	fast_note_inner(&n, eth, iip, now);
+	fast_note_keep(k, &n, now);
+}
+
+/*
+ * The checks of the kernel's path from the VXLAN device to the container
+ * (fast_vx) for the frame at eth of len bytes: its IPv4 header without
+ * options, its checksum and total length right (br_validate_ipv4 with
+ * br_netfilter on; ip_rcv on a routed path), a TTL the routed path does
+ * not expire; no longer than the path's MTU unless GSO (the bridge and
+ * the veth forward a GSO frame of any length, is_skb_forwardable).
+ */
+static __always_inline int fast_vx_checks(const struct fast_entry *e, const struct iphdr *iip, __u32 len, int gso)
+{
+	__u32 ilen = bpf_ntohs(iip->tot_len);
+
+	if (iip->ihl != 5 || !ipv4_csum_ok(iip) || ilen != len - ETH_HLEN || iip->ttl <= e->ttl_dec)
+		return 0;
+	return gso || ilen <= e->mtu;
 }
 
 /* An entry made from the packet whose note n is, as it leaves on the
