@@ -288,8 +288,15 @@ func nftDrop(t *testing.T, h, peer *testbed.Host) (del func()) {
 // removes it (also when the test ends).
 func nftRule(t *testing.T, h *testbed.Host, hook, rule string) (del func()) {
 	t.Helper()
+	return nftRuleIn(t, h.NetNS, hook, rule)
+}
+
+// nftRuleIn adds to namespace ns an nftables chain on hook with rule; del
+// removes it (also when the test ends).
+func nftRuleIn(t *testing.T, ns, hook, rule string) (del func()) {
+	t.Helper()
 	script := fmt.Sprintf("table inet lanes_fast_fw {\n chain c {\n  type filter hook %s priority 0; policy accept;\n  %s\n }\n}\n", hook, rule)
-	cmd := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "-f", "-")
+	cmd := exec.Command("nsenter", "--net="+nsx.Path(ns), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft -f %q: %v: %s", script, err, out)
@@ -298,7 +305,7 @@ func nftRule(t *testing.T, h *testbed.Host, hook, rule string) (del func()) {
 	del = func() {
 		if !done {
 			done = true
-			if out, err := exec.Command("nsenter", "--net="+nsx.Path(h.NetNS), "nft", "delete", "table", "inet", "lanes_fast_fw").CombinedOutput(); err != nil {
+			if out, err := exec.Command("nsenter", "--net="+nsx.Path(ns), "nft", "delete", "table", "inet", "lanes_fast_fw").CombinedOutput(); err != nil {
 				t.Errorf("deleting the nftables table: %v: %s", err, out)
 			}
 		}
@@ -444,4 +451,76 @@ func testFast(t *testing.T, topo testbed.Topology) {
 		t.Errorf("with the agent killed and its lease past: counters %+v, want nothing on the fast path", c)
 	}
 	a.ResetAndCheck(t, before)
+}
+
+// On the overlay dockerd builds (the VXLAN device, bridge and veths in an
+// overlay namespace, the underlay in the host's), the fast path starts at
+// the VXLAN device: a UDP flow's datagrams, once its first took the
+// kernel's path, are counted on it and skip the host-side veth's
+// transmit, arriving every one, in order, as vanilla's; TCP bulk, whose
+// GRO'd segments take it too, arrives intact; a FORWARD rule in the
+// overlay namespace dropping the flow at the bridge (bridge-nf-call-
+// iptables is on there), added while the flow runs on the fast path,
+// drops every datagram sent after the command returned, as vanilla does.
+// Reset restores every knob.
+func TestFastDockerd(t *testing.T) {
+	const n = 200
+	tb := modetest.UpTestbedOverlay(t, "dockerd")
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	before := modetest.Snapshot(t, tb)
+	f := newUDPFlow(t, src, dst)
+	vanilla := f.send(t, n)
+	if len(vanilla) != n {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
+	}
+	dropFwd := fmt.Sprintf("ip daddr %s udp dport %d drop", dst.Addr.Addr(), f.rc.LocalAddr().(*net.UDPAddr).Port)
+	del := nftRuleIn(t, r.OverlayNS(), "forward", dropFwd)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams past the bridge's FORWARD rule", len(got), n)
+	}
+	del()
+
+	a := modetest.Apply(t, tb, fast.Mode, map[string]string{"x-interval": "100ms"})
+	dp := a.Open(t)
+	startAgentProcess(t, a)
+	waitVouched(t, dp, f, "the flow's entry", func() (int, error) { es, err := dp.Fast().Entries(); return len(es), err })
+	tx0, c0 := vethTx(t, r.OverlayNS(), dst.HostVeth), counters(t, dp)
+	got := f.send(t, n)
+	same(t, "on the fast path from the VXLAN device", got, vanilla, n)
+	c := counters(t, dp).Sub(c0)
+	if tx := vethTx(t, r.OverlayNS(), dst.HostVeth) - tx0; tx >= n || c.Fast < n {
+		t.Errorf("%s sent %d packets of %d datagrams, %d frames took the fast path (counters %+v): want the fast path to carry them", dst.HostVeth, tx, n, c.Fast, c)
+	}
+
+	c0 = counters(t, dp)
+	overlaytest.TCP(t, src.NetNS, dst.NetNS, dst.Addr.Addr(), 16<<20)
+	if c := counters(t, dp).Sub(c0); c.Fast == 0 || c.FastGSO != 0 {
+		t.Errorf("TCP bulk: counters %+v, want its frames, GSO ones too, on the fast path", c)
+	}
+
+	del = nftRuleIn(t, r.OverlayNS(), "forward", dropFwd)
+	if got := f.send(t, n); len(got) != 0 {
+		t.Errorf("%d of %d datagrams sent after the FORWARD rule was added were delivered (vanilla: 0)", len(got), n)
+	}
+	del()
+	a.ResetAndCheck(t, before)
+}
+
+// vethTx is how many packets device dev of namespace ns sent.
+func vethTx(t *testing.T, ns, dev string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := nsx.Do(ns, func() error {
+		l, err := netlink.LinkByName(dev)
+		if err == nil {
+			n = l.Attrs().Statistics.TxPackets
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -93,9 +93,11 @@ func (planner) Params() []plan.Param { return params }
 // Plan loads the steering datapath with the fast path on, attaches its
 // learning programs to every container's host-side veth's tc egress and
 // the underlay's tc egress and, last, its fast paths to the underlay's tc
-// ingress (into the containers) and the veths' tc ingress (out of them). The plan vouches for
-// nothing: until lanes agent reads the path and gives the datapath its
-// lease, every frame takes the kernel's path.
+// ingress (into the containers; the VXLAN device's where the underlay
+// lives in another namespace, FromVXLAN) and the veths' tc ingress (out
+// of them). The plan vouches for nothing: until lanes agent reads the
+// path and gives the datapath its lease, every frame takes the kernel's
+// path.
 func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	o, err := Parse(cfg.Params)
 	if err != nil {
@@ -135,7 +137,10 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastLearn, Link: plan.LinkPin(dir, "tcx-out", v.NetNS, v.Name)},
 			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc egress", "learn where the kernel's path delivers each flow")
 	}
-	for _, u := range t.Underlays {
+	// The way out needs the underlay in the veths' namespace
+	// (bpf_redirect), as the way in from it does: where none is, neither
+	// way's programs run there.
+	for _, u := range underlaysIn(t) {
 		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastOutLearn, Link: plan.LinkPin(dir, "tcx-out", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc egress", "learn how the kernel's path sends each flow out")
 	}
@@ -150,6 +155,9 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		}
 	}
 	for _, v := range hostVeths(t) {
+		if len(underlaysIn(t)) == 0 {
+			break
+		}
 		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastOut, Link: plan.LinkPin(dir, "tcx-in", v.NetNS, v.Name)},
 			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc ingress", "send learned flows straight out the underlay")
 	}
