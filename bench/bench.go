@@ -58,6 +58,11 @@ type Options struct {
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
+	// BothHosts applies each mode to the sending host too, with its own
+	// agent, as an operator runs lanes on every node; native stays the
+	// hosts without the overlay, and the figures are still the
+	// receiver's.
+	BothHosts bool
 	// ServiceApart runs the priority workloads' marked server on the
 	// cores other than the IRQ core, beside their clients and the
 	// background's receiver, as PRISM's evaluation ran its servers on
@@ -530,6 +535,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 		Modes:    o.Modes,
 		Duration: o.Duration.Seconds(),
 	}
+	if o.BothHosts {
+		f.Notes = append(f.Notes, bothHostsNote)
+	}
 	r.file = f
 	err = r.all(ctx)
 	for _, note := range []string{stallNote(f.Runs), depthNote(f.Runs)} {
@@ -568,8 +576,9 @@ type runner struct {
 	applied  string
 	// agent runs the applied mode's run-time part (Falcon's balancer)
 	// while that mode is measured (nil: none); its status tells what a
-	// guard did during each run.
-	agent benchAgent
+	// guard did during each run. senderAgent is the sending host's,
+	// with Options.BothHosts.
+	agent, senderAgent benchAgent
 	// xdpPassOff detaches vanilla:xdp-pass's program (xdppass.go).
 	xdpPassOff func() error
 	// agentLog receives the agents' decisions (agent.log in the output
@@ -904,8 +913,11 @@ func steerCounts(ns string) (steer.Counters, bool) {
 	return sum, true
 }
 
-// apply puts the receiving host into mode. native and vanilla both mean
-// "as the kernel does it": no lanes change on the receiver.
+const bothHostsNote = "Each mode ran on both hosts (--both-hosts), each with its own agent, as an operator runs lanes on every node; the figures are the receiving host's."
+
+// apply puts the receiving host (and with Options.BothHosts the sending
+// one) into mode. native and vanilla both mean "as the kernel does it": no
+// lanes change.
 func (r *runner) apply(mode string) error {
 	want := mode
 	if mode == "native" {
@@ -930,34 +942,27 @@ func (r *runner) apply(mode string) error {
 	if cpu, ok := r.tb.GivenIRQCPU(); ok {
 		params = plan.WithIRQ(base, params, cpu)
 	}
-	st, err := control.Apply(control.Options{Mode: base, NetNS: r.tb.Receiver().NetNS, StateDir: r.stateDir, Params: params, CPUs: cpus})
-	if err != nil {
-		return fmt.Errorf("applying %s: %w", want, err)
+	if r.o.BothHosts {
+		// The sender first: the receiver's agent then settles with
+		// the sender's path as it will be measured.
+		ag, _, err := r.applyOn(r.tb.Sender().NetNS, mode+"@sender", want, base, params, cpus)
+		if err != nil {
+			return fmt.Errorf("on the sending host: %w", err)
+		}
+		r.senderAgent = ag
 	}
+	ag, st, err := r.applyOn(r.tb.Receiver().NetNS, mode, want, base, params, cpus)
+	if err != nil {
+		return err
+	}
+	r.agent = ag
 	if xdpPassOn(want) {
 		rc := r.tb.Receiver()
 		if r.xdpPassOff, err = attachXDPPass(rc.NetNS, rc.Underlay); err != nil {
 			return err
 		}
 	}
-	// A static mode with a steering datapath gets lanes agent's queue
-	// reconciler, as `lanes apply` advises.
-	wantsAgent := st.Plan.Agent != "" || steer.Pinned(plan.PinDir(st.NetNS))
-	if wantsAgent && agentOff(want) {
-		fmt.Fprintf(r.agentLog, "%s %s: agent=false: no agent\n", time.Now().UTC().Format("15:04:05.000"), mode)
-	} else if wantsAgent {
-		var err error
-		if r.o.AgentBinary != "" {
-			r.agent, err = startProcAgent(r.o.AgentBinary, st.NetNS, r.stateDir, &agentOutput{log: r.agentLog, mode: mode})
-		} else {
-			r.agent, err = startInAgent(st.NetNS, r.stateDir, func(format string, args ...any) {
-				fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), mode, fmt.Sprintf(format, args...))
-			})
-		}
-		if err != nil {
-			r.agent = nil
-			return fmt.Errorf("starting the %s agent: %w", want, err)
-		}
+	if ag != nil {
 		r.noteAgentOnce()
 		// Measure the mode as it runs on a host, not its first second:
 		// an agent needs a few rounds to bring Falcon's stages home
@@ -980,6 +985,40 @@ func (r *runner) stopAgent() {
 		r.agent.stop()
 		r.agent = nil
 	}
+	if r.senderAgent != nil {
+		r.senderAgent.stop()
+		r.senderAgent = nil
+	}
+}
+
+// applyOn applies mode want (base with params on cpus) to namespace ns and
+// starts its agent where it has one, as `lanes apply` advises (a static
+// mode with a steering datapath gets lanes agent's queue reconciler);
+// label names it in the agent log.
+func (r *runner) applyOn(ns, label, want, base string, params map[string]string, cpus string) (benchAgent, *control.State, error) {
+	st, err := control.Apply(control.Options{Mode: base, NetNS: ns, StateDir: r.stateDir, Params: params, CPUs: cpus})
+	if err != nil {
+		return nil, nil, fmt.Errorf("applying %s: %w", want, err)
+	}
+	if st.Plan.Agent == "" && !steer.Pinned(plan.PinDir(st.NetNS)) {
+		return nil, st, nil
+	}
+	if agentOff(want) {
+		fmt.Fprintf(r.agentLog, "%s %s: agent=false: no agent\n", time.Now().UTC().Format("15:04:05.000"), label)
+		return nil, st, nil
+	}
+	var ag benchAgent
+	if r.o.AgentBinary != "" {
+		ag, err = startProcAgent(r.o.AgentBinary, st.NetNS, r.stateDir, &agentOutput{log: r.agentLog, mode: label})
+	} else {
+		ag, err = startInAgent(st.NetNS, r.stateDir, func(format string, args ...any) {
+			fmt.Fprintf(r.agentLog, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), label, fmt.Sprintf(format, args...))
+		})
+	}
+	if err != nil {
+		return nil, st, fmt.Errorf("starting the %s agent: %w", want, err)
+	}
+	return ag, st, nil
 }
 
 // noteAgentOnce says in the report, once, where the modes' agents ran.
