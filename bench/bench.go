@@ -52,9 +52,12 @@ type Options struct {
 	// (testbed.Config.Overlay: flanneld, dockerd); Topology is then
 	// theirs.
 	Overlay string
-	Prefix  string // testbed prefix; default "lbench", apart from a user's testbed
-	IRQCPU  int    // -1: the last core
-	Keep    bool   // leave the testbed up afterwards
+	// NoForwardRules runs flanneld without its FORWARD accept rules
+	// (testbed.Config.NoForwardRules).
+	NoForwardRules bool
+	Prefix         string // testbed prefix; default "lbench", apart from a user's testbed
+	IRQCPU         int    // -1: the last core
+	Keep           bool   // leave the testbed up afterwards
 	// SenderApart polls the sending host's NIC off the IRQ core
 	// (testbed.Config.SenderApart).
 	SenderApart bool
@@ -343,8 +346,8 @@ func (o *Options) Validate() error {
 	if o.Prefix == "" {
 		o.Prefix = "lbench"
 	}
-	if o.Overlay != "" {
-		cfg := testbed.Config{Overlay: o.Overlay, Topology: o.Topology}.WithDefaults()
+	if o.Overlay != "" || o.NoForwardRules {
+		cfg := testbed.Config{Overlay: o.Overlay, Topology: o.Topology, NoForwardRules: o.NoForwardRules}.WithDefaults()
 		if err := cfg.ValidateOverlay(); err != nil {
 			return err
 		}
@@ -501,7 +504,7 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 		built = o.Overlay
 	}
 	fmt.Fprintf(o.Progress, "bringing up the %s testbed built by %s (IRQ core %d, %s NAPI)...\n", o.Topology, built, o.IRQCPU, o.NIC)
-	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, Overlay: o.Overlay, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart, NIC: o.NIC})
+	tb, err := testbed.Up(testbed.Config{Prefix: o.Prefix, Topology: o.Topology, Overlay: o.Overlay, NoForwardRules: o.NoForwardRules, IRQCPU: o.IRQCPU, SenderApart: o.SenderApart, NIC: o.NIC})
 	if err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
 	}
@@ -537,6 +540,9 @@ func Run(ctx context.Context, o Options) (*results.File, error) {
 	}
 	if o.BothHosts {
 		f.Notes = append(f.Notes, bothHostsNote)
+	}
+	if o.NoForwardRules {
+		f.Notes = append(f.Notes, noForwardRulesNote)
 	}
 	r.file = f
 	err = r.all(ctx)
@@ -912,6 +918,8 @@ func steerCounts(ns string) (steer.Counters, bool) {
 	}
 	return sum, true
 }
+
+const noForwardRulesNote = "flanneld ran with --iptables-forward-rules=false (--flanneld-forward-rules=false): no iptables table on the hosts, their FORWARD policy accept."
 
 const bothHostsNote = "Each mode ran on both hosts (--both-hosts), each with its own agent, as an operator runs lanes on every node; the figures are the receiving host's."
 

@@ -120,10 +120,14 @@ func (tb *Testbed) buildFlannel() error {
 		h := &tb.Hosts[i]
 		f := flanneldDaemon(prefix, i+1)
 		os.Remove(subnetFile(prefix, i+1))
-		if err := f.start(h.NetNS, []string{flanneld,
+		args := []string{flanneld,
 			"--etcd-endpoints=" + tb.etcdURL(), "--iface=" + h.Underlay,
 			"--subnet-file=" + subnetFile(prefix, i+1), "--ip-masq=false",
-		}, nil); err != nil {
+		}
+		if tb.Config.NoForwardRules {
+			args = append(args, "--iptables-forward-rules=false")
+		}
+		if err := f.start(h.NetNS, args, nil); err != nil {
 			return err
 		}
 		if err := tb.readFlannelHost(i); err != nil {

@@ -44,9 +44,11 @@ var Overlays = []string{OverlayFlanneld, OverlayDockerd}
 func (c Config) ValidateOverlay() error { return c.validateOverlay() }
 
 func (c Config) validateOverlay() error {
+	if c.NoForwardRules && c.Overlay != OverlayFlanneld {
+		return fmt.Errorf("--flanneld-forward-rules=false is flanneld's: add --overlay flanneld")
+	}
 	switch c.Overlay {
 	case "":
-		return nil
 	case OverlayFlanneld:
 		if c.Topology != Flannel {
 			return fmt.Errorf("--overlay flanneld builds Flannel's layout: drop --topology %s", c.Topology)

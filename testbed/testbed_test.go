@@ -285,6 +285,8 @@ func TestValidate(t *testing.T) {
 		{Prefix: "waytoolongprefix"},
 		{NIC: "polled"},
 		{NIC: NICSoftirq, MTU: 9000}, // the wire's XDP takes one page
+		{NoForwardRules: true},       // flanneld's, without flanneld
+		{Overlay: OverlayDockerd, NoForwardRules: true},
 	}
 	for _, c := range bad {
 		c2 := c

@@ -62,6 +62,10 @@ type Config struct {
 	// layout and the daemon chooses VNI, port, addresses and MACs; Host
 	// records what it chose.
 	Overlay string
+	// NoForwardRules runs flanneld with --iptables-forward-rules=false, as
+	// an operator does where the host's FORWARD policy accepts: flanneld
+	// then installs no iptables table at all (--ip-masq=false too).
+	NoForwardRules bool
 }
 
 // Testbed is what Up built (and what Load reads back).

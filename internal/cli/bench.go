@@ -21,6 +21,7 @@ func init() { register(newBenchCmd) }
 
 func newBenchCmd() *cobra.Command {
 	var o bench.Options
+	var forwardRules bool
 	var modes, workloads, topo, rates, loads string
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -35,6 +36,7 @@ also on Ctrl-C.`,
 			o.Modes = splitList(modes)
 			o.Workloads = splitList(workloads)
 			o.Topology = testbed.Topology(topo)
+			o.NoForwardRules = !forwardRules
 			var err error
 			if o.Rates, err = bench.ParseRates(rates); err != nil {
 				return err
@@ -82,6 +84,7 @@ also on Ctrl-C.`,
 	fl.DurationVar(&o.Duration, "duration", 0, "length of one measurement (default 2s with --quick, else 10s)")
 	fl.StringVar(&topo, "topology", "", "testbed topology lanes builds: docker (the default), flannel or calico")
 	fl.StringVar(&o.Overlay, "overlay", "", "have the real daemons build the testbed's overlay: flanneld or dockerd")
+	fl.BoolVar(&forwardRules, "flanneld-forward-rules", true, "with --overlay flanneld: let flanneld add its FORWARD accept rules (false: --iptables-forward-rules=false, as where the host's FORWARD policy accepts)")
 	fl.IntVar(&o.IRQCPU, "irq-cpu", -1, "core polling the receiving underlay NIC (default: the last core)")
 	fl.StringVar(&o.NIC, "nic", testbed.NICThreaded, "how the testbed polls each host's underlay NIC on the IRQ core: threaded (a pinned NAPI kthread: each poll's frames reach their sockets before the next poll), softirq (NET_RX softirq, one poll list with the later stages, as most physical NIC drivers poll) or veth (a plain veth pair: each host's receive path starts on its sender's core, no IRQ core lanes can read)")
 	fl.BoolVar(&o.SenderApart, "sender-apart", false, "poll the sending host's underlay NIC on another core than the IRQ core, as if it were another machine, its poller at SCHED_FIFO 1 as hardware would take the core (default: both on the IRQ core)")

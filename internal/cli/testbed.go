@@ -20,12 +20,14 @@ func newTestbedCmd() *cobra.Command {
 	}
 	var cfg testbed.Config
 	var topo string
+	var forwardRules bool
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Build the testbed (idempotent: an intact testbed with the same settings is left as it is)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Topology = testbed.Topology(topo)
+			cfg.NoForwardRules = !forwardRules
 			tb, err := testbed.Up(cfg)
 			if err != nil {
 				return err
@@ -35,6 +37,7 @@ func newTestbedCmd() *cobra.Command {
 	}
 	up.Flags().StringVar(&cfg.Prefix, "prefix", "lanes", "name prefix of the testbed's namespaces")
 	up.Flags().StringVar(&topo, "topology", "", "the layout lanes builds itself: docker (VXLAN in a bridge; the default), flannel (L3 VXLAN + pod bridge) or calico (L3 VXLAN + a routed veth per pod)")
+	up.Flags().BoolVar(&forwardRules, "flanneld-forward-rules", true, "with --overlay flanneld: let flanneld add its FORWARD accept rules (false: --iptables-forward-rules=false, as where the host's FORWARD policy accepts; flanneld then adds no iptables table)")
 	up.Flags().StringVar(&cfg.Overlay, "overlay", "", "have real daemons build the overlay instead: flanneld (etcd + flanneld's vxlan backend, containers through the CNI bridge plugin) or dockerd (a dockerd per host, a swarm, an attachable overlay network)")
 	up.Flags().IntVar(&cfg.Containers, "containers", 2, "containers per host")
 	up.Flags().IntVar(&cfg.IRQCPU, "irq-cpu", runtime.NumCPU()-1, "core that polls the underlay NICs (like a NIC's IRQ affinity)")

@@ -387,13 +387,23 @@ func tcpRR(t *testing.T, src, dst testbed.Container, rounds int) {
 // the kernel's path delivers everything. Reset restores every knob.
 func TestFastTestbed(t *testing.T) {
 	for _, topo := range []testbed.Topology{testbed.Docker, testbed.Flannel, testbed.Calico} {
-		t.Run(string(topo), func(t *testing.T) { testFast(t, topo) })
+		t.Run(string(topo), func(t *testing.T) { testFast(t, modetest.UpTestbed(t, topo)) })
 	}
 }
 
-func testFast(t *testing.T, topo testbed.Topology) {
+// The same on the overlay flanneld builds, run as an operator runs it
+// where the host's FORWARD policy accepts (--iptables-forward-rules=false,
+// --ip-masq=false): flanneld then installs no iptables table, and the
+// fast path runs from the underlay.
+func TestFastFlanneld(t *testing.T) {
+	if err := testbed.CheckOverlay(testbed.OverlayFlanneld); err != nil {
+		t.Skipf("flanneld overlay: %v", err)
+	}
+	testFast(t, modetest.UpTestbedConfig(t, testbed.Config{Overlay: testbed.OverlayFlanneld, NoForwardRules: true}))
+}
+
+func testFast(t *testing.T, tb *testbed.Testbed) {
 	const n = 200
-	tb := modetest.UpTestbed(t, topo)
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
 	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
