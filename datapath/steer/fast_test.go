@@ -61,6 +61,22 @@ func fastDatapath(t *testing.T, idle time.Duration, mtu uint32) *Datapath {
 	return d
 }
 
+// fastDatapathNoDrain is fastDatapath's with a drain time of an hour: a
+// count of frames in flight never lapses within a test.
+func fastDatapathNoDrain(t *testing.T) *Datapath {
+	t.Helper()
+	d := fastDatapath(t, time.Hour, fastTestMTU)
+	cfg, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Drain = time.Hour
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // fastRun runs p on frame as an skb received on in (skb->ingress_ifindex)
 // and, with gsoSize, standing for two segments.
 func fastRun(t *testing.T, p *ebpf.Program, frame []byte, in uint32, gsoSize uint32) (uint32, []byte) {
@@ -97,18 +113,24 @@ func delivered(s frameSpec, dst, src net.HardwareAddr, ttlDec uint8) []byte {
 // (admitted), with the MACs and TTL the path gave it there.
 func learn(t *testing.T, d *Datapath, s frameSpec, dst, src net.HardwareAddr, ttlDec uint8) {
 	t.Helper()
+	learnVia(t, d, d.TCFast(), fastFrame(s), ulIfindex, delivered(s, dst, src, ttlDec))
+}
+
+// learnVia runs frame, received on in, through the fast path's entry p
+// (noted, handed on untouched), then leaving, the same packet as the
+// kernel's path delivers it, through the veth's egress (admitted).
+func learnVia(t *testing.T, d *Datapath, p *ebpf.Program, frame []byte, in uint32, leaving []byte) {
+	t.Helper()
 	before := stats(t, d)[StageSplit]
-	frame := fastFrame(s)
-	ret, out := fastRun(t, d.TCFast(), frame, ulIfindex, 0)
+	ret, out := fastRun(t, p, frame, in, 0)
 	if ret != tcUnspec {
 		t.Fatalf("premise: a frame without entry: verdict %d, want the kernel's path", ret)
 	}
 	sameBytes(t, "noted frame", frame, out)
-	if ret, _ := fastRun(t, d.TCFastLearn(), delivered(s, dst, src, ttlDec), vxIfindex, 0); ret != tcUnspec {
+	if ret, _ := fastRun(t, d.TCFastLearn(), leaving, vxIfindex, 0); ret != tcUnspec {
 		t.Fatalf("learning: verdict %d, want the frame to go on", ret)
 	}
-	st := stats(t, d)[StageSplit].Sub(before)
-	if st.FastNoEntry != 1 || st.FastAdmitted != 1 {
+	if st := stats(t, d)[StageSplit].Sub(before); st.FastNoEntry != 1 || st.FastAdmitted != 1 {
 		t.Fatalf("premise: learning gave counters %+v, want one miss for no entry and one entry admitted", st)
 	}
 }
@@ -117,8 +139,16 @@ func learn(t *testing.T, d *Datapath, s frameSpec, dst, src net.HardwareAddr, tt
 // byte for byte want, and redirected.
 func fastHit(t *testing.T, d *Datapath, s frameSpec, want []byte) {
 	t.Helper()
+	hitVia(t, d, d.TCFast(), fastFrame(s), ulIfindex, 0, want)
+}
+
+// hitVia runs frame, received on in (standing for two segments of gsoSize,
+// if given), through the fast path's entry p and wants it redirected, its
+// bytes want, counted once.
+func hitVia(t *testing.T, d *Datapath, p *ebpf.Program, frame []byte, in, gsoSize uint32, want []byte) {
+	t.Helper()
 	before := stats(t, d)[StageSplit].Fast
-	ret, out := fastRun(t, d.TCFast(), fastFrame(s), ulIfindex, 0)
+	ret, out := fastRun(t, p, frame, in, gsoSize)
 	if ret != tcRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (counters %+v)", ret, stats(t, d)[StageSplit])
 	}
@@ -206,19 +236,26 @@ func TestFastMisses(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := fastDatapath(t, time.Hour, fastTestMTU)
 			learn(t, d, s, innerMAC, remoteMAC, 0)
-			before := stats(t, d)[StageSplit]
-			ret, out := fastRun(t, d.TCFast(), c.frame, ulIfindex, c.gso)
-			if ret != tcUnspec {
-				t.Errorf("verdict %d, want the kernel's path", ret)
-			}
-			sameBytes(t, c.name, c.frame, out)
-			st := stats(t, d)[StageSplit].Sub(before)
-			if c.want(st) != 1 || st.Fast != 0 {
-				t.Errorf("counters %+v: want one miss of this reason, no hit", st)
-			}
+			missVia(t, d, d.TCFast(), c.frame, ulIfindex, c.gso, c.name, c.want)
 			// The entry stays for the flow's next good frame.
 			fastHit(t, d, s, delivered(s, innerMAC, remoteMAC, 0))
 		})
+	}
+}
+
+// missVia runs frame, received on in (standing for two segments of
+// gsoSize, if given), through the fast path's entry p and wants it handed
+// to the kernel's path untouched, counted once by want's reason.
+func missVia(t *testing.T, d *Datapath, p *ebpf.Program, frame []byte, in, gsoSize uint32, name string, want func(Counters) uint64) {
+	t.Helper()
+	before := stats(t, d)[StageSplit]
+	ret, out := fastRun(t, p, frame, in, gsoSize)
+	if ret != tcUnspec {
+		t.Errorf("verdict %d, want the kernel's path", ret)
+	}
+	sameBytes(t, name, frame, out)
+	if st := stats(t, d)[StageSplit].Sub(before); want(st) != 1 || st.Fast != 0 {
+		t.Errorf("counters %+v: want one miss of this reason, no hit", st)
 	}
 }
 
@@ -397,15 +434,7 @@ func seen(t *testing.T, d *Datapath, s frameSpec) {
 // both; then the fast path takes the flow again. With a drain time of an
 // hour, a frame the kernel's path never delivers holds the flow there.
 func TestFastKeepsOrder(t *testing.T) {
-	d := fastDatapath(t, time.Hour, fastTestMTU)
-	cfg, err := d.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Drain = time.Hour
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
+	d := fastDatapathNoDrain(t)
 	s := frameSpec{flow: udpFlow(40000), payload: 100, udpCsumRight: true}
 	learn(t, d, s, innerMAC, remoteMAC, 0)
 	seen(t, d, s) // the learned packet reaches the container

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanesnet/lanes/internal/nsx"
+	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/internal/testenv"
 )
 
@@ -356,17 +357,4 @@ func TestFastOutAsTheKernelWrites(t *testing.T) {
 }
 
 // vxlanTx is how many packets vxlan0 in ns sent.
-func vxlanTx(t *testing.T, ns string) uint64 {
-	t.Helper()
-	var n uint64
-	if err := nsx.Do(ns, func() error {
-		l, err := netlink.LinkByName("vxlan0")
-		if err == nil {
-			n = l.Attrs().Statistics.TxPackets
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
+func vxlanTx(t *testing.T, ns string) uint64 { return overlaytest.LinkStats(t, ns, "vxlan0").TxPackets }

@@ -3,7 +3,6 @@
 package steer
 
 import (
-	"slices"
 	"testing"
 	"time"
 )
@@ -18,19 +17,7 @@ import (
 // (admitted), bridged.
 func vxLearn(t *testing.T, d *Datapath, s frameSpec) {
 	t.Helper()
-	before := stats(t, d)[StageSplit]
-	frame := innerFrame(s)
-	ret, out := fastRun(t, d.TCFastVX(), frame, vxIfindex, 0)
-	if ret != tcUnspec {
-		t.Fatalf("premise: a frame without entry: verdict %d, want the kernel's path", ret)
-	}
-	sameBytes(t, "noted frame", frame, out)
-	if ret, _ := fastRun(t, d.TCFastLearn(), frame, vxIfindex, 0); ret != tcUnspec {
-		t.Fatalf("learning: verdict %d, want the frame to go on", ret)
-	}
-	if st := stats(t, d)[StageSplit].Sub(before); st.FastNoEntry != 1 || st.FastAdmitted != 1 {
-		t.Fatalf("premise: learning gave counters %+v, want one miss for no entry and one entry admitted", st)
-	}
+	learnVia(t, d, d.TCFastVX(), innerFrame(s), vxIfindex, innerFrame(s))
 	seen(t, d, s) // the learned packet reaches the container
 }
 
@@ -39,18 +26,7 @@ func vxLearn(t *testing.T, d *Datapath, s frameSpec) {
 // unchanged: the bridge and the veth change no byte.
 func vxHit(t *testing.T, d *Datapath, s frameSpec, gsoSize uint32) {
 	t.Helper()
-	before := stats(t, d)[StageSplit].Fast
-	frame := innerFrame(s)
-	ret, out := fastRun(t, d.TCFastVX(), frame, vxIfindex, gsoSize)
-	if ret != tcRedirect {
-		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (counters %+v)", ret, stats(t, d)[StageSplit])
-	}
-	if !slices.Equal(out, frame) {
-		t.Errorf("delivered frame\n got: %x\nwant: %x", out, frame)
-	}
-	if n := stats(t, d)[StageSplit].Fast - before; n != 1 {
-		t.Errorf("%d hits counted, want 1", n)
-	}
+	hitVia(t, d, d.TCFastVX(), innerFrame(s), vxIfindex, gsoSize, innerFrame(s))
 	seen(t, d, s)
 }
 
@@ -107,16 +83,7 @@ func TestFastVXMisses(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := fastDatapath(t, time.Hour, fastTestMTU)
 			vxLearn(t, d, s)
-			before := stats(t, d)[StageSplit]
-			ret, out := fastRun(t, d.TCFastVX(), c.frame, c.in, 0)
-			if ret != tcUnspec {
-				t.Errorf("verdict %d, want the kernel's path", ret)
-			}
-			sameBytes(t, c.name, c.frame, out)
-			st := stats(t, d)[StageSplit].Sub(before)
-			if c.want(st) != 1 || st.Fast != 0 {
-				t.Errorf("counters %+v: want one miss of this reason, no hit", st)
-			}
+			missVia(t, d, d.TCFastVX(), c.frame, c.in, 0, c.name, c.want)
 			vxHit(t, d, s, 0)
 		})
 	}
@@ -126,15 +93,7 @@ func TestFastVXMisses(t *testing.T) {
 // entry yet, or one a change voided) holds the flow's next frames there
 // until its container's ingress saw it; FIN ends the entry.
 func TestFastVXKeepsOrderAndEnds(t *testing.T) {
-	d := fastDatapath(t, time.Hour, fastTestMTU)
-	cfg, err := d.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Drain = time.Hour
-	if err := d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
+	d := fastDatapathNoDrain(t)
 	s := frameSpec{flow: tcpFlow(40000), payload: 100}
 	vxLearn(t, d, s)
 	bad := s

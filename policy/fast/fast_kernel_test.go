@@ -102,6 +102,22 @@ type dgram struct {
 	payload  []byte
 }
 
+// vanillaFlow warms the way between src and dst both ways, snapshots tb's
+// knobs (before) and sends n datagrams of a new UDP flow from src to dst
+// through the kernel's path: what arrived is vanilla, every one of them.
+func vanillaFlow(t *testing.T, tb *testbed.Testbed, src, dst testbed.Container, n int) (f *udpFlow, vanilla []dgram, before map[string]string) {
+	t.Helper()
+	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
+	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
+	before = modetest.Snapshot(t, tb)
+	f = newUDPFlow(t, src, dst)
+	vanilla = f.send(t, n)
+	if len(vanilla) != n {
+		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
+	}
+	return f, vanilla, before
+}
+
 // udpFlow is one UDP flow between two containers, its receiver reading
 // each packet's TTL and TOS.
 type udpFlow struct {
@@ -216,18 +232,7 @@ func vxlanRx(t *testing.T, h *testbed.Host) uint64 { return vxlanStats(t, h).RxP
 
 // vxlanStats are the host's VXLAN device's statistics.
 func vxlanStats(t *testing.T, h *testbed.Host) netlink.LinkStatistics {
-	t.Helper()
-	var st netlink.LinkStatistics
-	if err := nsx.Do(h.NetNS, func() error {
-		l, err := netlink.LinkByName(h.VXLAN)
-		if err == nil {
-			st = *l.Attrs().Statistics
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return overlaytest.LinkStats(t, h.NetNS, h.VXLAN)
 }
 
 // counters reads the fast path's counters (split stage).
@@ -406,14 +411,7 @@ func testFast(t *testing.T, tb *testbed.Testbed) {
 	const n = 200
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
-	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
-	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	before := modetest.Snapshot(t, tb)
-	f := newUDPFlow(t, src, dst)
-	vanilla := f.send(t, n)
-	if len(vanilla) != n {
-		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
-	}
+	f, vanilla, before := vanillaFlow(t, tb, src, dst, n)
 	del := nftDrop(t, r, s)
 	if got := f.send(t, n); len(got) != 0 {
 		t.Fatalf("premise: vanilla delivered %d of %d datagrams past the rule", len(got), n)
@@ -478,14 +476,7 @@ func TestFastDockerd(t *testing.T) {
 	tb := modetest.UpTestbedOverlay(t, "dockerd")
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
-	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
-	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	before := modetest.Snapshot(t, tb)
-	f := newUDPFlow(t, src, dst)
-	vanilla := f.send(t, n)
-	if len(vanilla) != n {
-		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
-	}
+	f, vanilla, before := vanillaFlow(t, tb, src, dst, n)
 	dropFwd := fmt.Sprintf("ip daddr %s udp dport %d drop", dst.Addr.Addr(), f.rc.LocalAddr().(*net.UDPAddr).Port)
 	del := nftRuleIn(t, r.OverlayNS(), "forward", dropFwd)
 	if got := f.send(t, n); len(got) != 0 {
@@ -497,11 +488,11 @@ func TestFastDockerd(t *testing.T) {
 	dp := a.Open(t)
 	startAgentProcess(t, a)
 	waitVouched(t, dp, f, "the flow's entry", func() (int, error) { es, err := dp.Fast().Entries(); return len(es), err })
-	tx0, c0 := vethTx(t, r.OverlayNS(), dst.HostVeth), counters(t, dp)
+	tx0, c0 := overlaytest.LinkStats(t, r.OverlayNS(), dst.HostVeth).TxPackets, counters(t, dp)
 	got := f.send(t, n)
 	same(t, "on the fast path from the VXLAN device", got, vanilla, n)
 	c := counters(t, dp).Sub(c0)
-	if tx := vethTx(t, r.OverlayNS(), dst.HostVeth) - tx0; tx >= n || c.Fast < n {
+	if tx := overlaytest.LinkStats(t, r.OverlayNS(), dst.HostVeth).TxPackets - tx0; tx >= n || c.Fast < n {
 		t.Errorf("%s sent %d packets of %d datagrams, %d frames took the fast path (counters %+v): want the fast path to carry them", dst.HostVeth, tx, n, c.Fast, c)
 	}
 
@@ -517,20 +508,4 @@ func TestFastDockerd(t *testing.T) {
 	}
 	del()
 	a.ResetAndCheck(t, before)
-}
-
-// vethTx is how many packets device dev of namespace ns sent.
-func vethTx(t *testing.T, ns, dev string) uint64 {
-	t.Helper()
-	var n uint64
-	if err := nsx.Do(ns, func() error {
-		l, err := netlink.LinkByName(dev)
-		if err == nil {
-			n = l.Attrs().Statistics.TxPackets
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

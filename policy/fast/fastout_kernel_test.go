@@ -34,14 +34,7 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	tb := modetest.UpTestbed(t, topo)
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := r.Containers[0], s.Containers[0]
-	overlaytest.Warm(t, dst.NetNS, src.NetNS, src.Addr.Addr())
-	overlaytest.Warm(t, src.NetNS, dst.NetNS, dst.Addr.Addr())
-	before := modetest.Snapshot(t, tb)
-	f := newUDPFlow(t, src, dst)
-	vanilla := f.send(t, n)
-	if len(vanilla) != n {
-		t.Fatalf("premise: vanilla delivered %d of %d datagrams", len(vanilla), n)
-	}
+	f, vanilla, before := vanillaFlow(t, tb, src, dst, n)
 	dropOut := fmt.Sprintf("ip daddr %s udp dport %d drop", s.UnderlayAddr.Addr(), r.Port)
 	del := nftRule(t, r, "output", dropOut)
 	if got := f.send(t, n); len(got) != 0 {
