@@ -127,6 +127,10 @@ type Config struct {
 	// FastIdle (with Fast) is how long an entry may go unused before it
 	// is void: whole milliseconds, up to MaxPrioQuiet.
 	FastIdle time.Duration
+	// FastNoGSO (with Fast) leaves GSO frames at a VXLAN device's fast
+	// path (steer_tc_fast_vx) to the kernel's path, as the underlay's
+	// always does.
+	FastNoGSO bool
 }
 
 // DefaultFastIdle is the fast path's idle timeout unless a mode sets
@@ -295,6 +299,9 @@ func (c Config) normalized() (Config, error) {
 	}
 	if c.Fast != (c.FastIdle != 0) || c.FastIdle < 0 || c.FastIdle > MaxPrioQuiet || c.FastIdle%time.Millisecond != 0 {
 		return c, fmt.Errorf("fast path idle timeout %v: want whole milliseconds from 1ms to %v, with the fast path on (and none without it)", c.FastIdle, MaxPrioQuiet)
+	}
+	if c.FastNoGSO && !c.Fast {
+		return c, errors.New("leaving GSO frames to the kernel's path needs the fast path")
 	}
 	c.CPUs, c.VNIs = cpus, vnis
 	return c, nil

@@ -125,3 +125,27 @@ func TestFastVXKeepsOrderAndEnds(t *testing.T) {
 		t.Fatalf("entries after FIN: %+v, %v", es, err)
 	}
 }
+
+// With FastNoGSO a GSO frame at the VXLAN device takes the kernel's path,
+// counted as GSO, as at the underlay; the flow's next single frame waits
+// behind it, then takes the fast path.
+func TestFastVXNoGSO(t *testing.T) {
+	d := fastDatapathNoDrain(t)
+	cfg, err := d.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.FastNoGSO = true
+	if err := d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	s := frameSpec{flow: tcpFlow(40000), payload: 100}
+	vxLearn(t, d, s)
+	long := s
+	long.payload = 2 * fastTestMTU
+	missVia(t, d, d.TCFastVX(), innerFrame(long), vxIfindex, fastTestMTU-52, "a GSO frame", func(c Counters) uint64 { return c.FastGSO })
+	missVia(t, d, d.TCFastVX(), innerFrame(s), vxIfindex, 0, "a frame behind it", func(c Counters) uint64 { return c.FastBehind })
+	seen(t, d, s)
+	seen(t, d, s)
+	vxHit(t, d, s, 0)
+}

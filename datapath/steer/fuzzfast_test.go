@@ -15,7 +15,8 @@ import (
 )
 
 // The fast path's differential fuzzer: steer_tc_fast (the underlay's tc
-// ingress) and steer_tc_fast_learn (the host-side veth's tc egress) run
+// ingress), steer_tc_fast_vx (the VXLAN device's, on the inner frame) and
+// steer_tc_fast_learn (the host-side veth's tc egress) run
 // through BPF_PROG_RUN on arbitrary frames, in the setups the planners
 // build with the fast path on, each run checked against the reference
 // (refFastEntry, reference_test.go). An input is the setup, the fast
@@ -134,6 +135,7 @@ func FuzzSteerFast(f *testing.F) {
 		checkFastLearn(t, c, s, frame)
 		if len(frame) >= fastOuterLen+ethHeaderLen {
 			checkFastLearn(t, c, s, frame[fastOuterLen:])
+			checkFastVX(t, c, s, frame[fastOuterLen:])
 		}
 	})
 }
@@ -318,6 +320,97 @@ func checkFast(t *testing.T, c *fuzzCase, s fastState, frame []byte) {
 		t.Fatalf("steer_tc_fast (state %+v): verdict %#x, %d hits, for a frame the kernel's path delivers\n in: %x\nout: %x\nwant: %x", s, ret, hits, in, out, want)
 	case !deliver && (ret != tcUnspec || !bytes.Equal(out, in) || hits != 0):
 		t.Fatalf("steer_tc_fast (state %+v): verdict %#x, %d hits, bytes changed %v: want the kernel's path, untouched\n in: %x\nout: %x", s, ret, hits, !bytes.Equal(out, in), in, out)
+	}
+}
+
+// vxDelivers is what the kernel's path from the VXLAN device (its bridge,
+// or its routing, and the veth) delivers of the inner frame b to entry
+// e's container in state s, where the reference parses b's flow: nothing
+// unless the lease and the entry live, the frame comes on the entry's
+// device with its MACs, has an IPv4 header without options, its checksum
+// and total length right, a TTL the path does not expire, no more than
+// the MTU unless GSO, and is no TCP FIN or RST; else the frame with the
+// path's MACs and TTL (ip_decrease_ttl's checksum).
+func vxDelivers(b []byte, e refFastEntry, s fastState) ([]byte, bool) {
+	ip := b[ethHeaderLen:]
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	fin := ip[9] == protoTCP && len(ip) > 33 && ip[33]&0x05 != 0
+	if s.life != lifeLive || e.underlay != vxIfindex || !bytes.Equal(b[0:6], e.inDMAC) || !bytes.Equal(b[6:12], e.inSMAC) ||
+		ip[0]&0x0f != 5 || !ipv4SumOK(ip[:20]) || tot != len(b)-ethHeaderLen || ip[8] <= e.ttlDec ||
+		(!s.gso && tot > e.mtu) || fin {
+		return nil, false
+	}
+	out := bytes.Clone(b)
+	copy(out[0:], e.dmac)
+	copy(out[6:], e.smac)
+	if e.ttlDec > 0 {
+		oip := out[ethHeaderLen:]
+		check := uint32(binary.BigEndian.Uint16(oip[10:])) + 0x0100
+		if check >= 0xffff {
+			check++
+		}
+		binary.BigEndian.PutUint16(oip[10:], uint16(check))
+		oip[8]--
+	}
+	return out, true
+}
+
+// ipv4SumOK is ip_fast_csum's test of an IPv4 header: its words, the
+// checksum field included, sum to 0xffff (ones' complement).
+func ipv4SumOK(h []byte) bool {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
+}
+
+// checkFastVX runs steer_tc_fast_vx once on the inner frame b in state s,
+// with an entry of the reference's flow whose facts are b's (but for what
+// s.other changes: 1 the device, 5 and 6 a MAC; the others are outer
+// facts, which the kernel checked before the VXLAN device), and checks it
+// against the reference.
+func checkFastVX(t *testing.T, c *fuzzCase, s fastState, b []byte) {
+	t.Helper()
+	d := c.d
+	in := bytes.Clone(b)
+	fastReset(t, d, s, fastTestMTU, true)
+	var want []byte
+	deliver := false
+	if tuple, ok := refInner(b); ok && !s.none {
+		// No outer facts: the VTEPs are none (0.0.0.0), the outer MAC
+		// zero, as a note at the VXLAN device leaves them.
+		e := refFastEntry{vni: testVNI, tuple: tuple, underlay: vxIfindex, vtepSrc: netip.IPv4Unspecified(), vtepDst: netip.IPv4Unspecified(),
+			outerDMAC: make([]byte, 6), inDMAC: bytes.Clone(b[0:6]), inSMAC: bytes.Clone(b[6:12]), ifindex: fuzzVeth, mtu: fastMTU(s, b)}
+		e.dmac, e.smac = e.inDMAC, e.inSMAC
+		if s.routed {
+			e.dmac, e.smac, e.ttlDec = innerMAC, bridgeMAC, routedTTLTaken
+		}
+		switch s.other {
+		case 1:
+			e.underlay++
+		case 5:
+			e.inDMAC = otherMAC
+		case 6:
+			e.inSMAC = otherMAC
+		}
+		plant(t, d, e, s, c.Setup.Config.FastIdle)
+		want, deliver = vxDelivers(b, e, s)
+	}
+	hits := stats(t, d)[StageSplit].Fast
+	ret, out, ran := runFast(t, d.TCFastVX(), b, vxIfindex, s.gso)
+	if !ran {
+		return
+	}
+	hits = stats(t, d)[StageSplit].Fast - hits
+	switch {
+	case deliver && (ret != tcRedirect || !bytes.Equal(out, want) || hits != 1):
+		t.Fatalf("steer_tc_fast_vx (state %+v): verdict %#x, %d hits, for a frame the kernel's path delivers\n in: %x\nout: %x\nwant: %x", s, ret, hits, in, out, want)
+	case !deliver && (ret != tcUnspec || !bytes.Equal(out, in) || hits != 0):
+		t.Fatalf("steer_tc_fast_vx (state %+v): verdict %#x, %d hits, bytes changed %v: want the kernel's path, untouched\n in: %x\nout: %x", s, ret, hits, !bytes.Equal(out, in), in, out)
 	}
 }
 

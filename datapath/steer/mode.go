@@ -33,6 +33,7 @@ const (
 	modeVethClass      = 0x800
 	modeStayQueued     = 0x1000
 	modeFast           = 0x4000
+	modeFastNoGSO      = 0x8000
 )
 
 // mflowFlag is the mode flag of each split point.
@@ -55,7 +56,7 @@ func modeOf(c Config) steerSteerMode {
 	}{
 		{c.Prio, modePrio}, {c.CountSplit, modeCountSplit}, {c.NoBridgeCount, modeNoBridgeCount},
 		{c.StayQueued, modeStayQueued}, {c.Sync, modeSync}, {c.PrioIdleInline, modePrioIdleInline},
-		{c.VethClass, modeVethClass}, {c.Fast, modeFast},
+		{c.VethClass, modeVethClass}, {c.Fast, modeFast}, {c.FastNoGSO, modeFastNoGSO},
 	} {
 		if f.on {
 			m.Flags |= f.flag
@@ -82,7 +83,7 @@ func modeString(m steerSteerMode) string {
 	}{
 		{modePrio, "prio"}, {modeCountSplit, "count-split"}, {modeMFlow, "mflow-irq"}, {modeMFlowBridge, "mflow-bridge"},
 		{modeNoBridgeCount, "no-bridge-count"}, {modeSync, "sync"}, {modePrioIdleInline, "prio-idle-inline"},
-		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeFast, "fast"},
+		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeFast, "fast"}, {modeFastNoGSO, "fast-no-gso"},
 	} {
 		if m.Flags&f.flag != 0 {
 			s = append(s, f.name)

@@ -9,6 +9,7 @@ package fast
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +38,9 @@ type Options struct {
 	Interval time.Duration
 	// Idle is how long an entry may go unused before it is void.
 	Idle time.Duration
+	// NoGSO leaves GSO frames at a VXLAN device's fast path to the
+	// kernel's path (steer.Config.FastNoGSO).
+	NoGSO bool
 }
 
 // The settings no kept run has shown to matter: for tests and comparison
@@ -44,11 +48,13 @@ type Options struct {
 const (
 	keyInterval = plan.ComparisonPrefix + "interval"
 	keyIdle     = plan.ComparisonPrefix + "idle"
+	keyGSO      = plan.ComparisonPrefix + "gso"
 )
 
 var params = []plan.Param{
 	{Key: keyInterval, Default: "1s", Help: "how often lanes agent reads the path again besides on each change it is told of, and renews the fast path's lease, which lapses 3 intervals + 1s later (10ms..1m)"},
 	{Key: keyIdle, Default: steer.DefaultFastIdle.String(), Help: "a flow's entry unused this long is deleted; its next frame takes the kernel's path and teaches it again (1ms..1h, whole ms)"},
+	{Key: keyGSO, Default: "true", Help: "where the fast path starts at the VXLAN device (the underlay in another namespace), it takes GSO frames (GRO'd TCP) too: true|false"},
 }
 
 // Parse reads params over the defaults; every error is one line saying
@@ -68,6 +74,10 @@ func Parse(m map[string]string) (Options, error) {
 			if err == nil && (o.Idle < time.Millisecond || o.Idle > steer.MaxPrioQuiet || o.Idle%time.Millisecond != 0) {
 				err = fmt.Errorf("want whole milliseconds, 1ms..1h")
 			}
+		case keyGSO:
+			var gso bool
+			gso, err = strconv.ParseBool(v)
+			o.NoGSO = !gso
 		default:
 			err = fmt.Errorf("unknown setting")
 		}
@@ -112,7 +122,7 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		return nil, err
 	}
 	setup := steer.Setup{Config: steer.Config{Enabled: true, CPUs: cfg.CPUs, Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain,
-		VXLANPort: port, VNIs: vnis, Fast: true, FastIdle: o.Idle}}
+		VXLANPort: port, VNIs: vnis, Fast: true, FastIdle: o.Idle, FastNoGSO: o.NoGSO}}
 	val, err := setup.Encode()
 	if err != nil {
 		return nil, err
@@ -176,8 +186,12 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		what, o.Interval, leaseTTL(o.Interval)))
 	for i := range t.VXLANs {
 		if v := &t.VXLANs[i]; FromVXLAN(t, v) {
-			pl.Notes = append(pl.Notes, fmt.Sprintf("fast path in from %s's tc ingress: its underlay lives in %s, so the kernel's path keeps the outer IP/UDP and the VXLAN device; the fast path skips the bridge, the veth and the backlog queue, for GSO frames too",
-				v.Name, onpath.Label(v.UnderlayNetNS)))
+			gso := "GSO frames too"
+			if o.NoGSO {
+				gso = "not for GSO frames (" + keyGSO + "=false)"
+			}
+			pl.Notes = append(pl.Notes, fmt.Sprintf("fast path in from %s's tc ingress: its underlay lives in %s, so the kernel's path keeps the outer IP/UDP and the VXLAN device; the fast path skips the bridge, the veth and the backlog queue, %s",
+				v.Name, onpath.Label(v.UnderlayNetNS), gso))
 		}
 	}
 	return pl, nil

@@ -220,6 +220,8 @@ static __always_inline __u32 fast_vx_why_not(struct __sk_buff *skb, const struct
 	}
 	if (ifindex != e->underlay || !mac_eq(eth->h_dest, e->in_dmac) || !mac_eq(eth->h_source, e->in_smac))
 		return CNT_FAST_OTHER;
+	if ((skb->gso_segs > 1 || skb->gso_size) && mode(MODE_FAST_NO_GSO))
+		return CNT_FAST_GSO;
 	if (!fast_vx_checks(e, iip, skb->len, skb->gso_segs > 1 || skb->gso_size))
 		return CNT_FAST_REFUSED;
 	if (!fast_in_order(cfg, fl, now))

@@ -51,6 +51,9 @@
 /* The fast path into the container (fast.h): steer_tc_fast and
  * steer_tc_fast_learn act only with it. */
 #define MODE_FAST 0x4000u
+/* With MODE_FAST: the fast path from a VXLAN device (fast_vx) leaves GSO
+ * frames to the kernel's path, as the one from the underlay does. */
+#define MODE_FAST_NO_GSO 0x8000u
 struct steer_mode {
 	__u32 flags; /* MODE_* */
 	/* MODE_PRIO_IDLE_INLINE: bulk also stays in the NIC poll while no
