@@ -399,6 +399,7 @@ func checkFastVX(t *testing.T, c *fuzzCase, s fastState, b []byte) {
 		}
 		plant(t, d, e, s, c.Setup.Config.FastIdle)
 		want, deliver = vxDelivers(b, e, s)
+		deliver = deliver && !(s.gso && c.Setup.Config.FastNoGSO)
 	}
 	hits := stats(t, d)[StageSplit].Fast
 	ret, out, ran := runFast(t, d.TCFastVX(), b, vxIfindex, s.gso)
