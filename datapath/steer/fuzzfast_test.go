@@ -224,6 +224,12 @@ func fastEntryFor(r refFrame, frame []byte, s fastState) refFastEntry {
 		outerDMAC: bytes.Clone(frame[0:6]), inDMAC: bytes.Clone(frame[50:56]), inSMAC: bytes.Clone(frame[56:62]),
 		ifindex: fuzzVeth, mtu: fastMTU(s, frame[fastOuterLen:]),
 	}
+	return e.in(s)
+}
+
+// in is e on the path s says: the path's MACs and TTL (routed, or e's
+// inner MACs), one of its facts another if s.other says so.
+func (e refFastEntry) in(s fastState) refFastEntry {
 	e.dmac, e.smac = e.inDMAC, e.inSMAC
 	if s.routed {
 		e.dmac, e.smac, e.ttlDec = innerMAC, bridgeMAC, routedTTLTaken
@@ -309,17 +315,25 @@ func checkFast(t *testing.T, c *fuzzCase, s fastState, frame []byte) {
 			deliver = deliver && s.life == lifeLive && !s.gso
 		}
 	}
+	checkEntryRun(t, d, d.TCFast(), ulIfindex, s, in, want, deliver)
+}
+
+// checkEntryRun runs the fast path's entry p once on in, received on
+// ifindex in state s, and wants it delivered as want where the reference
+// delivers (deliver), else handed to the kernel's path untouched.
+func checkEntryRun(t *testing.T, d *Datapath, p *ebpf.Program, ifindex uint32, s fastState, in, want []byte, deliver bool) {
+	t.Helper()
 	hits := stats(t, d)[StageSplit].Fast
-	ret, out, ran := runFast(t, d.TCFast(), frame, ulIfindex, s.gso)
+	ret, out, ran := runFast(t, p, in, ifindex, s.gso)
 	if !ran {
 		return
 	}
 	hits = stats(t, d)[StageSplit].Fast - hits
 	switch {
 	case deliver && (ret != tcRedirect || !bytes.Equal(out, want) || hits != 1):
-		t.Fatalf("steer_tc_fast (state %+v): verdict %#x, %d hits, for a frame the kernel's path delivers\n in: %x\nout: %x\nwant: %x", s, ret, hits, in, out, want)
+		t.Fatalf("%s (state %+v): verdict %#x, %d hits, for a frame the kernel's path delivers\n in: %x\nout: %x\nwant: %x", p, s, ret, hits, in, out, want)
 	case !deliver && (ret != tcUnspec || !bytes.Equal(out, in) || hits != 0):
-		t.Fatalf("steer_tc_fast (state %+v): verdict %#x, %d hits, bytes changed %v: want the kernel's path, untouched\n in: %x\nout: %x", s, ret, hits, !bytes.Equal(out, in), in, out)
+		t.Fatalf("%s (state %+v): verdict %#x, %d hits, bytes changed %v: want the kernel's path, untouched\n in: %x\nout: %x", p, s, ret, hits, !bytes.Equal(out, in), in, out)
 	}
 }
 
@@ -336,7 +350,7 @@ func vxDelivers(b []byte, e refFastEntry, s fastState) ([]byte, bool) {
 	tot := int(binary.BigEndian.Uint16(ip[2:]))
 	fin := ip[9] == protoTCP && len(ip) > 33 && ip[33]&0x05 != 0
 	if s.life != lifeLive || e.underlay != vxIfindex || !bytes.Equal(b[0:6], e.inDMAC) || !bytes.Equal(b[6:12], e.inSMAC) ||
-		ip[0]&0x0f != 5 || !ipv4SumOK(ip[:20]) || tot != len(b)-ethHeaderLen || ip[8] <= e.ttlDec ||
+		ip[0]&0x0f != 5 || !ipv4HeaderOK(ip[:20]) || tot != len(b)-ethHeaderLen || ip[8] <= e.ttlDec ||
 		(!s.gso && tot > e.mtu) || fin {
 		return nil, false
 	}
@@ -355,24 +369,11 @@ func vxDelivers(b []byte, e refFastEntry, s fastState) ([]byte, bool) {
 	return out, true
 }
 
-// ipv4SumOK is ip_fast_csum's test of an IPv4 header: its words, the
-// checksum field included, sum to 0xffff (ones' complement).
-func ipv4SumOK(h []byte) bool {
-	var sum uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return sum == 0xffff
-}
-
 // checkFastVX runs steer_tc_fast_vx once on the inner frame b in state s,
 // with an entry of the reference's flow whose facts are b's (but for what
-// s.other changes: 1 the device, 5 and 6 a MAC; the others are outer
-// facts, which the kernel checked before the VXLAN device), and checks it
-// against the reference.
+// s.other changes: 1 the device, 5 and 6 a MAC; 2-4 are outer facts,
+// which the kernel checked before the VXLAN device and the program does
+// not), and checks it against the reference.
 func checkFastVX(t *testing.T, c *fuzzCase, s fastState, b []byte) {
 	t.Helper()
 	d := c.d
@@ -384,35 +385,12 @@ func checkFastVX(t *testing.T, c *fuzzCase, s fastState, b []byte) {
 		// No outer facts: the VTEPs are none (0.0.0.0), the outer MAC
 		// zero, as a note at the VXLAN device leaves them.
 		e := refFastEntry{vni: testVNI, tuple: tuple, underlay: vxIfindex, vtepSrc: netip.IPv4Unspecified(), vtepDst: netip.IPv4Unspecified(),
-			outerDMAC: make([]byte, 6), inDMAC: bytes.Clone(b[0:6]), inSMAC: bytes.Clone(b[6:12]), ifindex: fuzzVeth, mtu: fastMTU(s, b)}
-		e.dmac, e.smac = e.inDMAC, e.inSMAC
-		if s.routed {
-			e.dmac, e.smac, e.ttlDec = innerMAC, bridgeMAC, routedTTLTaken
-		}
-		switch s.other {
-		case 1:
-			e.underlay++
-		case 5:
-			e.inDMAC = otherMAC
-		case 6:
-			e.inSMAC = otherMAC
-		}
+			outerDMAC: make([]byte, 6), inDMAC: bytes.Clone(b[0:6]), inSMAC: bytes.Clone(b[6:12]), ifindex: fuzzVeth, mtu: fastMTU(s, b)}.in(s)
 		plant(t, d, e, s, c.Setup.Config.FastIdle)
 		want, deliver = vxDelivers(b, e, s)
 		deliver = deliver && !(s.gso && c.Setup.Config.FastNoGSO)
 	}
-	hits := stats(t, d)[StageSplit].Fast
-	ret, out, ran := runFast(t, d.TCFastVX(), b, vxIfindex, s.gso)
-	if !ran {
-		return
-	}
-	hits = stats(t, d)[StageSplit].Fast - hits
-	switch {
-	case deliver && (ret != tcRedirect || !bytes.Equal(out, want) || hits != 1):
-		t.Fatalf("steer_tc_fast_vx (state %+v): verdict %#x, %d hits, for a frame the kernel's path delivers\n in: %x\nout: %x\nwant: %x", s, ret, hits, in, out, want)
-	case !deliver && (ret != tcUnspec || !bytes.Equal(out, in) || hits != 0):
-		t.Fatalf("steer_tc_fast_vx (state %+v): verdict %#x, %d hits, bytes changed %v: want the kernel's path, untouched\n in: %x\nout: %x", s, ret, hits, !bytes.Equal(out, in), in, out)
-	}
+	checkEntryRun(t, d, d.TCFastVX(), vxIfindex, s, in, want, deliver)
 }
 
 // noteFor is the note the learner meets: for the reference's flow t, of
