@@ -135,7 +135,7 @@ func TestCheckReady(t *testing.T) {
 	detached := attach.TCX{Device: "lo", Direction: "ingress", Prog: "/sys/fs/bpf/lanes/x/p", Link: "/sys/fs/bpf/lanes/x/l"}
 	writeTestTarget(t, dir, "falcon", Applied, gone, detached)
 	r := CheckReady(dir)
-	if r.Ready || r.Programs != 2 || !strings.Contains(r.Reason, "1 of 2 programs not attached (tcx-link:host:lo:ingress)") {
+	if r.Ready || r.Programs != 2 || !strings.Contains(r.Reason, "1 of 2 programs not attached (tcx-link:host:lo:ingress#l)") {
 		t.Errorf("a detached program: %+v", r)
 	}
 	if err := os.WriteFile(filepath.Join(dir, plan.AgentStateFile), []byte("{}"), 0o644); err != nil {

@@ -560,9 +560,10 @@ func (f *follower) once() (roundResult, error) {
 		if onContainer {
 			steered[devs.iface[dev]] = true
 		}
-		// A journal written by a build before the pid:N@C labels holds
-		// pid:N: the same knob (its entries enter unchecked).
-		if key := c.Knob.Key(); journaled[key] || (key != knobs.UnpinnedKey(key) && journaled[knobs.UnpinnedKey(key)]) {
+		// A journal written by an older build holds pid:N for pid:N@C,
+		// and a tcx hook's key without its link: the same knob (its
+		// entries enter unchecked).
+		if key := c.Knob.Key(); journaled[key] || (key != knobs.OlderKey(key) && journaled[knobs.OlderKey(key)]) {
 			if parked || !onContainer || !followableKnob(c.Knob) {
 				continue
 			}

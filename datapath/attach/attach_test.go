@@ -218,7 +218,7 @@ func TestTCX(t *testing.T) {
 	_, tcPin := pinProgs(t, fs)
 	in := &attach.TCX{NetNS: ns, Device: "veth0", Direction: "ingress", Prog: tcPin, Link: filepath.Join(fs, "tcx_in")}
 	out := &attach.TCX{NetNS: ns, Device: "veth0", Direction: "egress", Prog: tcPin, Link: filepath.Join(fs, "tcx_out")}
-	if want := "tcx-link:" + ns + ":veth0:ingress"; in.Key() != want {
+	if want := "tcx-link:" + ns + ":veth0:ingress#tcx_in"; in.Key() != want {
 		t.Errorf("key %q, want %q", in.Key(), want)
 	}
 

@@ -3,10 +3,12 @@ package attach
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/kver"
 	"github.com/lanesnet/lanes/internal/netnsx"
 )
@@ -25,8 +27,11 @@ type TCX struct {
 }
 
 func (k *TCX) Kind() string { return KindTCX }
+
+// Key names the hook and the link: tcx runs several of lanes' programs
+// on one hook (the fast path's beside Falcon's), each its own knob.
 func (k *TCX) Key() string {
-	return KindTCX + ":" + nsLabel(k.NetNS) + ":" + k.Device + ":" + k.Direction
+	return KindTCX + ":" + nsLabel(k.NetNS) + ":" + k.Device + ":" + k.Direction + knobs.WriterSep + filepath.Base(k.Link)
 }
 func (k *TCX) String() string {
 	return fmt.Sprintf("tcx %s on %s in netns %s", k.Direction, k.Device, nsLabel(k.NetNS))

@@ -300,15 +300,16 @@ func TestJournalDrop(t *testing.T) {
 	}
 }
 
-func TestUnpinnedKey(t *testing.T) {
+func TestOlderKey(t *testing.T) {
 	for in, want := range map[string]string{
-		"feature:pid:42@8193:eth0:gro":        "feature:pid:42:eth0:gro",
-		"feature:pid:42:eth0:gro":             "feature:pid:42:eth0:gro",
-		"sysfs:lanes-h2:/sys/class/net/x/rps": "sysfs:lanes-h2:/sys/class/net/x/rps",
-		"tcx:pid:7@1:veth1@ingress":           "tcx:pid:7:veth1@ingress",
+		"feature:pid:42@8193:eth0:gro":            "feature:pid:42:eth0:gro",
+		"feature:pid:42:eth0:gro":                 "feature:pid:42:eth0:gro",
+		"sysfs:lanes-h2:/sys/class/net/x/rps":     "sysfs:lanes-h2:/sys/class/net/x/rps",
+		"tcx:pid:7@1:veth1:ingress":               "tcx:pid:7:veth1:ingress",
+		"tcx:pid:7@1:veth1:ingress#link_tcx-in_x": "tcx:pid:7:veth1:ingress",
 	} {
-		if got := knobs.UnpinnedKey(in); got != want {
-			t.Errorf("UnpinnedKey(%q) = %q, want %q", in, got, want)
+		if got := knobs.OlderKey(in); got != want {
+			t.Errorf("OlderKey(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

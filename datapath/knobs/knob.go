@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/lanesnet/lanes/internal/netnsx"
@@ -117,8 +118,16 @@ func init() {
 // pinnedPID is a pid form's cookie part inside a knob key.
 var pinnedPID = regexp.MustCompile(`\bpid:([0-9]+)@[0-9]+`)
 
-// UnpinnedKey is a knob key with its pid forms' cookies removed: the key a
-// journal of a build without the cookie holds for the same knob ("pid:N"),
-// so that a follower started by a newer build over such an apply knows
-// those knobs as journaled.
-func UnpinnedKey(key string) string { return pinnedPID.ReplaceAllString(key, "pid:$1") }
+// WriterSep ends the part of a knob key that names a piece of state and
+// starts the name of one of several writers of it that are each a knob
+// of their own (a tcx hook's links).
+const WriterSep = "#"
+
+// OlderKey is the key a journal of an older build holds for the same knob:
+// without its pid forms' cookies ("pid:N"), and without a writer's name
+// (one writer per hook then), so that a follower started by a newer build
+// over such an apply knows those knobs as journaled.
+func OlderKey(key string) string {
+	key, _, _ = strings.Cut(key, WriterSep)
+	return pinnedPID.ReplaceAllString(key, "pid:$1")
+}

@@ -300,6 +300,11 @@ func (c Config) normalized() (Config, error) {
 	if c.Fast != (c.FastIdle != 0) || c.FastIdle < 0 || c.FastIdle > MaxPrioQuiet || c.FastIdle%time.Millisecond != 0 {
 		return c, fmt.Errorf("fast path idle timeout %v: want whole milliseconds from 1ms to %v, with the fast path on (and none without it)", c.FastIdle, MaxPrioQuiet)
 	}
+	if c.Fast && (c.MFlow.At != SplitOff || c.Sync) {
+		// A micro-flow's frames must meet their reassembly on the
+		// kernel's path, and sync's shortcut would be a second one.
+		return c, errors.New("the fast path runs beside neither micro-flows nor PRISM-sync")
+	}
 	if c.FastNoGSO && !c.Fast {
 		return c, errors.New("leaving GSO frames to the kernel's path needs the fast path")
 	}

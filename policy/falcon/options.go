@@ -60,6 +60,11 @@ type Options struct {
 	// Balance runs the balancer: stages move off cores whose load is over
 	// Threshold, and all steering stops while the set's average is over it.
 	Balance bool
+	// Fast runs the fast path (policy/fast) beside Falcon: a flow the
+	// kernel's path delivered goes from the underlay straight into its
+	// container, on the core its first stage runs on; Falcon spreads the
+	// frames the fast path leaves to the kernel's path.
+	Fast bool
 	// SplitCPUs are the cores the split stage may use; empty = the set
 	// minus the IRQ cores.
 	SplitCPUs []int
@@ -253,6 +258,7 @@ var params = slices.Concat([]plan.Param{
 	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
+	{Key: "fast", Default: "false", Help: "the fast path beside Falcon: a flow the kernel's path delivered goes from the underlay straight into its container on its first stage's core; Falcon spreads the rest (needs `lanes agent`)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 }, prism.ClassParams(), []plan.Param{
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
@@ -315,6 +321,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 		case "balance":
 			o.Balance, err = strconv.ParseBool(v)
+		case "fast":
+			o.Fast, err = strconv.ParseBool(v)
 		case "split-cpus":
 			o.SplitCPUs, err = cpuset.ParseList(v)
 		case "threshold":
@@ -428,6 +436,7 @@ func (o Options) Params() map[string]string {
 		"pipeline":    strconv.FormatBool(o.Pipeline),
 		"split":       strconv.FormatBool(o.Split),
 		"balance":     strconv.FormatBool(o.Balance),
+		"fast":        strconv.FormatBool(o.Fast),
 		"threshold":   strconv.FormatFloat(o.Threshold, 'g', -1, 64),
 		"hysteresis":  strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
 		"home-room":   strconv.FormatFloat(o.HomeRoom, 'g', -1, 64),

@@ -9,6 +9,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -106,6 +107,11 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if len(t.Underlays) == 0 {
 		return nil, fmt.Errorf("no underlay device found under %s: falcon steers at the underlay NIC and cannot run without it", vxNames(t))
 	}
+	if o.Fast {
+		if err := fastBeside(t); err != nil {
+			return nil, err
+		}
+	}
 
 	lay := Layout{Set: cfg.CPUs, IRQCPUs: plan.IRQCPUsOr(t, o.IRQCPUs)}
 	split := o.SplitCPUs
@@ -152,7 +158,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		}
 	}
 	if len(lay.IRQCPUs) == 0 {
-		if o.spreadBusy() && !o.SplitRPS && !o.Prio {
+		if o.spreadBusy() && !o.SplitRPS && !o.Prio && !o.Fast {
 			// Stages leave the IRQ core only once it is busy, and no
 			// core can be seen to be busy without knowing which it is:
 			// the plan would only add lanes' programs and RPS maps to a
@@ -202,9 +208,13 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// A class change is a move of the first stage, so with prio
 		// the split stage's queue is always counted.
 		Config: steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis,
-			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio, StayQueued: o.Stay == StayQueued},
+			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio, StayQueued: o.Stay == StayQueued,
+			Fast: o.Fast},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
+	}
+	if o.Fast {
+		setup.Config.FastIdle = fast.Defaults().Idle
 	}
 	if o.Split {
 		setup.CPUMap = lay.SplitCPUs
@@ -239,6 +249,13 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		return nil, err
 	}
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps, placement at stay (vanilla)")
+	if o.Fast {
+		// First on every hook the two share: Falcon's programs see only
+		// what the fast path leaves to the kernel's path.
+		fast.Steps(pl, t, dir)
+		pl.Agent = plan.Agents(pl.Agent, fast.AgentName)
+		pl.Notes = append(pl.Notes, fast.Notes(t, fast.Defaults())...)
+	}
 
 	// Programs attach from the end of the path to its start, so each
 	// stage's queue is counted seen before anything counts frames into it.
@@ -491,4 +508,17 @@ func vxNames(t *topology.Topology) string {
 		n = append(n, v.Name)
 	}
 	return strings.Join(n, ", ")
+}
+
+// fastBeside says why the fast path cannot run beside Falcon on t, or nil.
+// Where it starts at the VXLAN device (dockerd's overlay namespace), the
+// frames it takes have passed the underlay's tc ingress, where Falcon
+// counts its bridge stage in flight, and would never be counted out.
+func fastBeside(t *topology.Topology) error {
+	for i := range t.VXLANs {
+		if v := &t.VXLANs[i]; fast.FromVXLAN(t, v) {
+			return fmt.Errorf("falcon fast=true: %s's underlay lives in another namespace, where the fast path starts at the VXLAN device, past Falcon's bridge stage: use --mode fast there", v.Name)
+		}
+	}
+	return nil
 }

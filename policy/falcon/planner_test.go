@@ -566,3 +566,56 @@ func TestPlanIRQUnknownLeavesPathAlone(t *testing.T) {
 		}
 	}
 }
+
+// fast=true runs the fast path beside Falcon: its programs come first on
+// every hook the two share (the fast path sees each frame first), under
+// link pins of their own, its agent runs beside the balancer, and the
+// datapath is loaded with it. Where the fast path would start at the
+// VXLAN device (its underlay in another namespace), past Falcon's bridge
+// stage, the plan is refused.
+func TestPlanFast(t *testing.T) {
+	p, err := planFor(t, "falcon", map[string]string{"fast": "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Agent != plan.Agents(AgentName, "fast") {
+		t.Errorf("agent %q, want the balancer and the fast path's", p.Agent)
+	}
+	hooks := map[string][]string{} // device and direction: programs in attach order
+	links := map[string]bool{}
+	for _, c := range p.Changes {
+		switch k := c.Knob.(type) {
+		case *steer.DatapathKnob:
+			s, err := steer.DecodeSetup(string(c.Value))
+			if err != nil || !s.Config.Fast || s.Config.FastIdle == 0 {
+				t.Errorf("datapath %+v, %v: want the fast path on", s.Config, err)
+			}
+		case *attach.TCX:
+			h := k.NetNS + "/" + k.Device + " " + k.Direction
+			hooks[h] = append(hooks[h], k.Prog[strings.LastIndex(k.Prog, "/")+1:])
+			if links[k.Link] {
+				t.Errorf("link pin %s used twice", k.Link)
+			}
+			links[k.Link] = true
+		}
+	}
+	for h, want := range map[string][]string{
+		"h2/ul2 ingress":     {steer.PinTCFast, steer.PinTCIngress},
+		"h2/veth1 egress":    {steer.PinTCFastLearn, steer.PinTCEgress},
+		"h2-c1/eth0 ingress": {steer.PinTCFastSeen, steer.PinTCSeen},
+	} {
+		if got := hooks[h]; !slices.Equal(got, want) {
+			t.Errorf("%s: programs %v, want %v", h, got, want)
+		}
+	}
+
+	topo := fixture()
+	topo.VXLANs[0].UnderlayNetNS = "host"
+	p2, err := plan.Lookup("falcon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p2.Plan(topo, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: map[string]string{"fast": "true"}}); err == nil || !strings.Contains(err.Error(), "use --mode fast there") {
+		t.Errorf("fast=true with the underlay in another namespace: %v, want a refusal", err)
+	}
+}

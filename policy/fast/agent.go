@@ -2,6 +2,7 @@ package fast
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -102,9 +103,14 @@ type metrics struct {
 }
 
 func newAgent(env plan.AgentEnv) (plan.Agent, error) {
-	o, err := Parse(env.Params)
-	if err != nil {
-		return nil, plan.ConfigError{Err: err}
+	// Beside another mode (Steps), the settings are that mode's and the
+	// fast path's are its defaults.
+	o := Defaults()
+	if env.Mode == Mode {
+		var err error
+		if o, err = Parse(env.Params); err != nil {
+			return nil, plan.ConfigError{Err: err}
+		}
 	}
 	dp, err := steer.Open(plan.PinDir(env.NetNS))
 	if err != nil {
@@ -117,7 +123,14 @@ func newAgent(env plan.AgentEnv) (plan.Agent, error) {
 			withdrawals: prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_fast_withdrawals_total", Help: "Changes on the path that ended the fast path's lease and flushed every entry at once."}),
 			errors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "lanes_fast_errors_total", Help: "Rounds of the fast agent that failed (the fast path was withdrawn until one succeeded)."}),
 		}
-		env.Metrics.MustRegister(a.m.entries, a.m.withdrawals, a.m.errors, steer.NewCollector(plan.PinDir(env.NetNS)))
+		env.Metrics.MustRegister(a.m.entries, a.m.withdrawals, a.m.errors)
+		// The datapath's counters, unless the agent of the mode beside
+		// it collects them already.
+		var dup prometheus.AlreadyRegisteredError
+		if err := env.Metrics.Register(steer.NewCollector(plan.PinDir(env.NetNS))); err != nil && !errors.As(err, &dup) {
+			dp.Close()
+			return nil, err
+		}
 	}
 	return a, nil
 }

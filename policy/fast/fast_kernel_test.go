@@ -24,6 +24,7 @@ import (
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
+	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and falcon-prism, with fast=true
 	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -457,6 +458,69 @@ func testFast(t *testing.T, tb *testbed.Testbed) {
 	}
 	if c := counters(t, dp).Sub(c0); c.Fast != 0 || c.FastLease == 0 {
 		t.Errorf("with the agent killed and its lease past: counters %+v, want nothing on the fast path", c)
+	}
+	a.ResetAndCheck(t, before)
+}
+
+// Beside Falcon (fast=true), the fast path takes a flow's frames as they
+// come out of the first stage's queue Falcon handed them to (split=true
+// with spread=always: a split core by hash from the first frame) or
+// PRISM's classes did (falcon-prism, its bulk class queued on the IRQ
+// core even while no flow is marked): every datagram arrives, in order, as
+// vanilla's, counted on the fast path, and the queue's count of the
+// flow's frames in flight drains to zero, as Falcon's own program would
+// have counted them out (a move of the flow would otherwise wait for
+// frames long delivered). TCP request-response works; reset restores
+// every knob.
+func TestFastBesideFalcon(t *testing.T) {
+	tb := modetest.UpTestbed(t, testbed.Docker)
+	for _, m := range []struct {
+		mode   string
+		params map[string]string
+	}{
+		{"falcon", map[string]string{"fast": "true", "split": "true", "spread": "always"}},
+		{"falcon-prism", map[string]string{"fast": "true", "x-bulk-inline": "false"}},
+	} {
+		t.Run(m.mode, func(t *testing.T) { testBeside(t, tb, m.mode, m.params) })
+	}
+}
+
+func testBeside(t *testing.T, tb *testbed.Testbed, mode string, params map[string]string) {
+	const n = 200
+	r, s := tb.Receiver(), tb.Sender()
+	src, dst := s.Containers[0], r.Containers[0]
+	f, vanilla, before := vanillaFlow(t, tb, src, dst, n)
+
+	a := modetest.Apply(t, tb, mode, params)
+	dp := a.Open(t)
+	startAgentProcess(t, a)
+	waitVouched(t, dp, f, "the flow's entry", func() (int, error) { es, err := dp.Fast().Entries(); return len(es), err })
+	c0 := counters(t, dp)
+	got := f.send(t, n)
+	same(t, "on the fast path beside "+mode, got, vanilla, n)
+	c := counters(t, dp).Sub(c0)
+	if c.Fast < n || c.Steered < n {
+		t.Errorf("counters %+v: want the first stage to queue every datagram and the fast path to take each", c)
+	}
+	port := uint16(f.rc.LocalAddr().(*net.UDPAddr).Port)
+	waitFor(t, "the first stage's count of the flow in flight to drain", func() bool {
+		flows, err := dp.Flows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fl := range flows {
+			if fl.Stage == steer.StageSplit && fl.Dst == dst.Addr.Addr() && fl.DstPort == port {
+				return fl.InFlight == 0
+			}
+		}
+		t.Fatalf("the flow has no state at the first stage: %+v", flows)
+		return false
+	})
+
+	c0 = counters(t, dp)
+	tcpRR(t, src, dst, 50)
+	if c := counters(t, dp).Sub(c0); c.Fast == 0 {
+		t.Errorf("no TCP segment took the fast path (counters %+v)", c)
 	}
 	a.ResetAndCheck(t, before)
 }

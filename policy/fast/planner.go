@@ -57,10 +57,14 @@ var params = []plan.Param{
 	{Key: keyGSO, Default: "true", Help: "where the fast path starts at the VXLAN device (the underlay in another namespace), it takes GSO frames (GRO'd TCP) too: true|false"},
 }
 
+// Defaults are the settings of the fast path a mode beside it carries
+// (Steps).
+func Defaults() Options { return Options{Interval: time.Second, Idle: steer.DefaultFastIdle} }
+
 // Parse reads params over the defaults; every error is one line saying
 // what to fix.
 func Parse(m map[string]string) (Options, error) {
-	o := Options{Interval: time.Second, Idle: steer.DefaultFastIdle}
+	o := Defaults()
 	for k, v := range m {
 		var err error
 		switch k {
@@ -131,6 +135,22 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	pl.Add(&attach.BPFFS{Path: plan.BPFFS}, "mounted", plan.BPFFS, "bpffs for lanes' pinned programs and maps")
 	pl.Add(&attach.PinDir{Path: dir}, "present", dir, "pin directory of this namespace's BPF objects")
 	pl.Add(&steer.DatapathKnob{Dir: dir}, val, dir, "steering programs and maps with the fast path on, vouching for nothing until lanes agent does")
+	Steps(pl, t, dir)
+	pl.Notes = append(pl.Notes, Notes(t, o)...)
+	return pl, nil
+}
+
+// Steps adds to pl the fast path's programs, from the end of the path to
+// its start, for the datapath pinned in dir (loaded with Config.Fast):
+// its learning programs on every container's host-side veth's tc egress
+// and the underlay's tc egress, then its fast paths on the underlay's tc
+// ingress (into the containers; the VXLAN device's where the underlay
+// lives in another namespace, FromVXLAN) and the veths' tc ingress (out
+// of them). A mode beside it adds them before its own programs on the
+// same hooks, so the fast path runs first there and theirs see only the
+// frames it leaves to the kernel's path; its links are pinned under names
+// of their own.
+func Steps(pl *plan.Plan, t *topology.Topology, dir string) {
 	// Where each flow's frames reach their container first, so that every
 	// frame the fast path counts on its way is counted there too.
 	for i := range t.Containers {
@@ -139,28 +159,28 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 			if ifc.HostVeth == "" {
 				continue
 			}
-			pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastSeen, Link: plan.LinkPin(dir, "tcx-seen", ifc.NetNS, ifc.Name)},
+			pl.Add(&attach.TCX{NetNS: ifc.NetNS, Device: ifc.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastSeen, Link: plan.LinkPin(dir, "tcx-fast-seen", ifc.NetNS, ifc.Name)},
 				"attached", plan.DevLabel(ifc.NetNS, ifc.Name)+" tc ingress", "count each flow's frames in, so none takes the fast path past one still on the kernel's path")
 		}
 	}
 	for _, v := range hostVeths(t) {
-		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastLearn, Link: plan.LinkPin(dir, "tcx-out", v.NetNS, v.Name)},
+		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastLearn, Link: plan.LinkPin(dir, "tcx-fast-out", v.NetNS, v.Name)},
 			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc egress", "learn where the kernel's path delivers each flow")
 	}
 	// The way out needs the underlay in the veths' namespace
 	// (bpf_redirect), as the way in from it does: where none is, neither
 	// way's programs run there.
 	for _, u := range underlaysIn(t) {
-		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastOutLearn, Link: plan.LinkPin(dir, "tcx-out", u.NetNS, u.Name)},
+		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "egress", Prog: dir + "/" + steer.PinTCFastOutLearn, Link: plan.LinkPin(dir, "tcx-fast-out", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc egress", "learn how the kernel's path sends each flow out")
 	}
 	for _, u := range underlaysIn(t) {
-		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFast, Link: plan.LinkPin(dir, "tcx-in", u.NetNS, u.Name)},
+		pl.Add(&attach.TCX{NetNS: u.NetNS, Device: u.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFast, Link: plan.LinkPin(dir, "tcx-fast-in", u.NetNS, u.Name)},
 			"attached", plan.DevLabel(u.NetNS, u.Name)+" tc ingress", "take learned flows straight into their container")
 	}
 	for i := range t.VXLANs {
 		if v := &t.VXLANs[i]; FromVXLAN(t, v) {
-			pl.Add(&attach.TCX{NetNS: t.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastVX, Link: plan.LinkPin(dir, "tcx-in", t.NetNS, v.Name)},
+			pl.Add(&attach.TCX{NetNS: t.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastVX, Link: plan.LinkPin(dir, "tcx-fast-in", t.NetNS, v.Name)},
 				"attached", plan.DevLabel(t.NetNS, v.Name)+" tc ingress", "take learned flows straight into their container once the kernel decapsulated them (the underlay lives in "+onpath.Label(v.UnderlayNetNS)+")")
 		}
 	}
@@ -168,21 +188,26 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 		if len(underlaysIn(t)) == 0 {
 			break
 		}
-		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastOut, Link: plan.LinkPin(dir, "tcx-in", v.NetNS, v.Name)},
+		pl.Add(&attach.TCX{NetNS: v.NetNS, Device: v.Name, Direction: "ingress", Prog: dir + "/" + steer.PinTCFastOut, Link: plan.LinkPin(dir, "tcx-fast-in", v.NetNS, v.Name)},
 			"attached", plan.DevLabel(v.NetNS, v.Name)+" tc ingress", "send learned flows straight out the underlay")
 	}
+}
+
+// Notes say where the fast path can run on t and what it takes.
+func Notes(t *topology.Topology, o Options) []string {
+	var out []string
 	p := PathOf(t, onpath.ReadFilters(t))
-	pl.Notes = append(pl.Notes, p.Notes...)
+	out = append(out, p.Notes...)
 	what := "nowhere now"
 	if len(p.FastPath.Veths) > 0 {
 		what = "to " + strings.Join(p.Veths, ", ")
 	}
-	out := "nowhere now"
+	from := "nowhere now"
 	if len(p.Out.Veths) > 0 {
-		out = "from " + strings.Join(p.OutVeths, ", ")
+		from = "from " + strings.Join(p.OutVeths, ", ")
 	}
-	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path out possible %s; TCP GSO frames take it, encapsulated as UDP-tunnel GSO with an outer UDP checksum of 0", out))
-	pl.Notes = append(pl.Notes, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) take the kernel's path in from the underlay",
+	out = append(out, fmt.Sprintf("fast path out possible %s; TCP GSO frames take it, encapsulated as UDP-tunnel GSO with an outer UDP checksum of 0", from))
+	out = append(out, fmt.Sprintf("fast path possible %s; it admits nothing until `lanes agent` runs, which vouches for the path every %v and on each change (its lease lapses %v after its last round); GSO frames (GRO'd TCP) take the kernel's path in from the underlay",
 		what, o.Interval, leaseTTL(o.Interval)))
 	for i := range t.VXLANs {
 		if v := &t.VXLANs[i]; FromVXLAN(t, v) {
@@ -190,11 +215,11 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 			if o.NoGSO {
 				gso = "not for GSO frames (" + keyGSO + "=false)"
 			}
-			pl.Notes = append(pl.Notes, fmt.Sprintf("fast path in from %s's tc ingress: its underlay lives in %s, so the kernel's path keeps the outer IP/UDP and the VXLAN device; the fast path skips the bridge, the veth and the backlog queue, %s",
+			out = append(out, fmt.Sprintf("fast path in from %s's tc ingress: its underlay lives in %s, so the kernel's path keeps the outer IP/UDP and the VXLAN device; the fast path skips the bridge, the veth and the backlog queue, %s",
 				v.Name, onpath.Label(v.UnderlayNetNS), gso))
 		}
 	}
-	return pl, nil
+	return out
 }
 
 // underlaysIn are the underlays of t's VXLAN devices whose fast path starts

@@ -85,11 +85,15 @@ int steer_tc_fast(struct __sk_buff *skb)
 	struct outer_hdrs o;
 	struct fast_entry *e;
 	struct cursor c;
-	__u32 why, ecn = OUTER_ECN_KEEP;
+	__u32 why, ecn = OUTER_ECN_KEEP, seq = 0, flags, n = skb_frames(skb);
 	__u64 now;
+	int ret;
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
 		return TC_ACT_UNSPEC;
+	/* Read before pulling, which may move the data. No micro-flow's
+	 * (Config refuses the fast path with MFLOW's split). */
+	flags = meta_ours(cfg, meta_flags(skb, &seq));
 	if (pull(skb, MAX_OUTER_HDRS) < 0)
 		goto passed;
 	c.pos = (void *)(long)skb->data;
@@ -111,7 +115,10 @@ int steer_tc_fast(struct __sk_buff *skb)
 		count(STAGE_SPLIT, why);
 		return TC_ACT_UNSPEC;
 	}
-	return fast_deliver(skb, e, ecn, now);
+	ret = fast_deliver(skb, e, ecn, &t, now);
+	if (ret != TC_ACT_UNSPEC)
+		fast_dequeued(&t, flags, n);
+	return ret;
 passed:
 	count(STAGE_SPLIT, CNT_PASSED);
 	return TC_ACT_UNSPEC;
@@ -274,7 +281,7 @@ int steer_tc_fast_vx(struct __sk_buff *skb)
 		count(STAGE_SPLIT, CNT_FAST_REFUSED);
 		return TC_ACT_UNSPEC;
 	}
-	return fast_hand_in(skb, e, eth, iip, now);
+	return fast_hand_in(skb, e, eth, iip, &t, now);
 passed:
 	count(STAGE_SPLIT, CNT_PASSED);
 	return TC_ACT_UNSPEC;

@@ -41,6 +41,7 @@
  */
 #pragma once
 
+#include "order.h"
 #include "outer.h"
 
 /* skb->pkt_type of a frame addressed to this host (linux/if_packet.h). */
@@ -261,15 +262,18 @@ static __always_inline int fast_dev_holds(const struct fast_entry *e)
 }
 
 /*
- * Hand a checked frame whose inner Ethernet header is eth and IPv4 header
- * iip to the entry's container as the kernel's path would have delivered
- * it: the inner Ethernet header that path leaves, the TTL it takes off
- * (as ip_decrease_ttl does). What bpf_redirect_peer's scrub keeps and the
- * veth's would not, the mark, is cleared; the receive queue is the peer's
- * own.
+ * Hand a checked frame of flow t whose inner Ethernet header is eth and
+ * IPv4 header iip to the entry's container as the kernel's path would
+ * have delivered it: the inner Ethernet header that path leaves, the TTL
+ * it takes off (as ip_decrease_ttl does). What bpf_redirect_peer's scrub
+ * keeps and the veth's would not, the mark, is cleared; the receive queue
+ * is the peer's own. Where a mode counts its later stages beside the fast
+ * path (falcon), its container stage's end (steer_tc_seen) counts out a
+ * frame whose hash is zero or HASH_COUNTED: the frame gets its flow's
+ * hash without that bit, which no stage counted in.
  */
 static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry *e, struct ethhdr *eth,
-					struct iphdr *iip, __u64 now)
+					struct iphdr *iip, const struct tuple *t, __u64 now)
 {
 	__builtin_memcpy(eth->h_dest, e->dmac, sizeof(eth->h_dest));
 	__builtin_memcpy(eth->h_source, e->smac, sizeof(eth->h_source));
@@ -284,6 +288,8 @@ static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry
 	 * refuses (a context field is written at its own width). */
 	*(volatile __u32 *)&skb->mark = 0;
 	*(volatile __u32 *)&skb->queue_mapping = 0;
+	if (!skb->hash || (skb->hash & HASH_COUNTED))
+		bpf_set_hash(skb, (flow_hash(t) & ~HASH_COUNTED) ?: 2);
 	if (now > e->last + FAST_STAMP_NS)
 		e->last = now;
 	count(STAGE_SPLIT, CNT_FAST);
@@ -298,7 +304,8 @@ static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry
  * VXLAN socket's receive leaves it (one level of CHECKSUM_UNNECESSARY
  * consumed: the outer UDP's); then fast_hand_in.
  */
-static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry *e, __u32 ecn, __u64 now)
+static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry *e, __u32 ecn,
+					const struct tuple *t, __u64 now)
 {
 	void *data, *data_end;
 	struct ethhdr *eth;
@@ -319,7 +326,22 @@ static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry
 	}
 	inner_ecn(iip, ecn);
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_DEC);
-	return fast_hand_in(skb, e, eth, iip, now);
+	return fast_hand_in(skb, e, eth, iip, t, now);
+}
+
+/*
+ * A frame of flow t (n frames) the fast path took out of the first
+ * stage's queue of a mode beside it (falcon's split, PRISM's classes: the
+ * flags steer_xdp's metadata carried) is counted out of it as the
+ * program the fast path skips (steer_tc_ingress, steer_tc_split_seen)
+ * would count it, so a move waiting for that queue to drain does not
+ * wait for it.
+ */
+static __always_inline void fast_dequeued(const struct tuple *t, __u32 flags, __u32 n)
+{
+	if (flags & LANES_META_QUEUED)
+		seen_split(t, flags, n);
+	queue_seen(meta_qid(flags), n);
 }
 
 /*
