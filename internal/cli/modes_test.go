@@ -54,10 +54,10 @@ func TestModesListsComparisonSettingsApart(t *testing.T) {
 	if n := strings.Count(falcon, "\n"); n > 24 {
 		t.Errorf("falcon takes %d lines:\n%s", n, falcon)
 	}
-	// falcon's, mflow's (x-reorder-check) and fast's (x-interval,
-	// x-idle): the policies with such settings.
-	if n := strings.Count(out, "for comparison or diagnosis:"); n != 3 {
-		t.Errorf("%d comparison lines, want falcon's, mflow's and fast's:\n%s", n, out)
+	// falcon's, mflow's (x-reorder-check), fast's (x-interval, x-idle)
+	// and prism's (x-fast): the policies with such settings.
+	if n := strings.Count(out, "for comparison or diagnosis:"); n != 4 {
+		t.Errorf("%d comparison lines, want falcon's, mflow's, fast's and prism's:\n%s", n, out)
 	}
 
 	out = modes("--all")

@@ -105,7 +105,7 @@ func TestParseBad(t *testing.T) {
 		{"key twice", "mode: rps\nmode: vanilla\n", []string{
 			`lanes.yaml:2: key "mode" given twice (first on line 1): keep one`}},
 		{"setting unknown and value bad", "mode: falcon\nsettings:\n  treshold: 70\n  threshold: x\n", []string{
-			`lanes.yaml:3: mode falcon has no setting "treshold": it takes irq-cpus, pipeline, split, balance, split-cpus, threshold, home-room, mice, hysteresis, interval, flowlet, drain, load, queue-size, rt, prio, high-rt, high, high-auto-pps, bulk-quiet, bulk, spread, x-fallback, x-damp, x-sampler, x-agent-sched, x-stay, x-bare, x-park, x-bulk-inline`,
+			`lanes.yaml:3: mode falcon has no setting "treshold": it takes irq-cpus, pipeline, split, balance, split-cpus, threshold, home-room, mice, hysteresis, interval, flowlet, drain, load, queue-size, rt, prio, high-rt, high, high-auto-pps, bulk-quiet, bulk, spread, x-fallback, x-damp, x-sampler, x-agent-sched, x-stay, x-bare, x-park, x-bulk-inline, x-fast`,
 			`lanes.yaml:4: bad falcon setting threshold="x": want a percentage 0..100`}},
 		{"two bad values", "mode: falcon\nsettings:\n  interval: 1h\n  load: cpu\n", []string{
 			`lanes.yaml:3: bad falcon setting interval="1h": want 1ms..10s`,

@@ -21,6 +21,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/policy/falcon/balancer"
+	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/policy/prism"
 )
 
@@ -258,7 +259,6 @@ var params = slices.Concat([]plan.Param{
 	{Key: "load", Default: "busy", Help: "load figure: rx (softirq + NAPI/cpumap threads) or busy (all non-idle time but SCHED_IDLE threads', which yield to anything)"},
 	{Key: "queue-size", Default: "2048", Help: "cpumap queue length per split core"},
 	{Key: "rt", Default: "0", Help: "SCHED_FIFO priority of the split stage's cpumap kthreads (0 = normal scheduling)"},
-	{Key: "fast", Default: "false", Help: "the fast path beside Falcon: a flow the kernel's path delivered goes from the underlay straight into its container on its first stage's core; Falcon spreads the rest (needs `lanes agent`)"},
 	{Key: "prio", Default: "false; true in falcon-prism", Help: "PRISM-batch on top: flows marked with `lanes prio` get their own queue and real-time kthread wherever their first stage runs"},
 }, prism.ClassParams(), []plan.Param{
 	{Key: "spread", Default: "busy", Help: "when stages leave the IRQ core: busy (with balance: only once it passes the threshold, then to their hashed core) or always (by hash from the first packet, as Falcon)"},
@@ -275,6 +275,7 @@ var params = slices.Concat([]plan.Param{
 	{Key: keyBare, OldKeys: []string{"bare"}, Default: "true", Help: "at home, the bridge stage's program skips the flow lookup once no flow there would queue (false: always looks up)"},
 	{Key: keyPark, OldKeys: []string{"park"}, Default: "true", Help: "once every stage has rested at home for 1 s, take lanes' programs and RPS maps off the path (vanilla's cost) until the IRQ core gets busy (false: they stay on)"},
 	{Key: keyBulkInline, Default: "true", Help: "with prio: while no flow is marked, bulk flows whose first stage is at home run it in the IRQ core's NIC poll, as vanilla (false: in the IRQ core's bulk queue, one hop more)"},
+	fast.Param,
 })
 
 // Keys of the settings for comparison.
@@ -321,7 +322,7 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			}
 		case "balance":
 			o.Balance, err = strconv.ParseBool(v)
-		case "fast":
+		case fast.Param.Key:
 			o.Fast, err = strconv.ParseBool(v)
 		case "split-cpus":
 			o.SplitCPUs, err = cpuset.ParseList(v)
@@ -433,30 +434,30 @@ func Parse(base Options, m map[string]string) (Options, error) {
 // the full setting and `lanes agent` needs nothing else.
 func (o Options) Params() map[string]string {
 	m := map[string]string{
-		"pipeline":    strconv.FormatBool(o.Pipeline),
-		"split":       strconv.FormatBool(o.Split),
-		"balance":     strconv.FormatBool(o.Balance),
-		"fast":        strconv.FormatBool(o.Fast),
-		"threshold":   strconv.FormatFloat(o.Threshold, 'g', -1, 64),
-		"hysteresis":  strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
-		"home-room":   strconv.FormatFloat(o.HomeRoom, 'g', -1, 64),
-		"mice":        strconv.FormatFloat(o.Mice, 'g', -1, 64),
-		keyFallback:   o.Fallback,
-		keyDamp:       strconv.FormatBool(o.Damp),
-		"interval":    o.Interval.String(),
-		"flowlet":     o.Flowlet.String(),
-		"drain":       o.Drain.String(),
-		"load":        o.Load,
-		keySampler:    o.Sampler,
-		keyAgentSched: o.AgentSched,
-		"queue-size":  strconv.FormatUint(uint64(o.QueueSize), 10),
-		"rt":          strconv.Itoa(o.RTPriority),
-		"prio":        strconv.FormatBool(o.Prio),
-		"spread":      o.Spread,
-		keyStay:       o.Stay,
-		keyBare:       strconv.FormatBool(o.Bare),
-		keyPark:       strconv.FormatBool(o.Park),
-		keyBulkInline: strconv.FormatBool(o.BulkInline),
+		"pipeline":     strconv.FormatBool(o.Pipeline),
+		"split":        strconv.FormatBool(o.Split),
+		"balance":      strconv.FormatBool(o.Balance),
+		fast.Param.Key: strconv.FormatBool(o.Fast),
+		"threshold":    strconv.FormatFloat(o.Threshold, 'g', -1, 64),
+		"hysteresis":   strconv.FormatFloat(o.Hysteresis, 'g', -1, 64),
+		"home-room":    strconv.FormatFloat(o.HomeRoom, 'g', -1, 64),
+		"mice":         strconv.FormatFloat(o.Mice, 'g', -1, 64),
+		keyFallback:    o.Fallback,
+		keyDamp:        strconv.FormatBool(o.Damp),
+		"interval":     o.Interval.String(),
+		"flowlet":      o.Flowlet.String(),
+		"drain":        o.Drain.String(),
+		"load":         o.Load,
+		keySampler:     o.Sampler,
+		keyAgentSched:  o.AgentSched,
+		"queue-size":   strconv.FormatUint(uint64(o.QueueSize), 10),
+		"rt":           strconv.Itoa(o.RTPriority),
+		"prio":         strconv.FormatBool(o.Prio),
+		"spread":       o.Spread,
+		keyStay:        o.Stay,
+		keyBare:        strconv.FormatBool(o.Bare),
+		keyPark:        strconv.FormatBool(o.Park),
+		keyBulkInline:  strconv.FormatBool(o.BulkInline),
 	}
 	maps.Copy(m, o.Classes.Params())
 	if o.SplitAuto {

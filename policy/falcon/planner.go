@@ -208,13 +208,12 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 		// A class change is a move of the first stage, so with prio
 		// the split stage's queue is always counted.
 		Config: steer.Config{Enabled: true, CPUs: lay.CPUs, Flowlet: o.Flowlet, Drain: o.Drain, VXLANPort: port, VNIs: vnis,
-			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio, StayQueued: o.Stay == StayQueued,
-			Fast: o.Fast},
+			CountSplit: (o.Split && (o.Pipeline || o.Balance)) || o.Prio, Prio: o.Prio, StayQueued: o.Stay == StayQueued},
 		QueueSize:  o.QueueSize,
 		RTPriority: o.RTPriority,
 	}
 	if o.Fast {
-		setup.Config.FastIdle = fast.Defaults().Idle
+		fast.Configure(&setup.Config)
 	}
 	if o.Split {
 		setup.CPUMap = lay.SplitCPUs
@@ -252,9 +251,7 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 	if o.Fast {
 		// First on every hook the two share: Falcon's programs see only
 		// what the fast path leaves to the kernel's path.
-		fast.Steps(pl, t, dir)
-		pl.Agent = plan.Agents(pl.Agent, fast.AgentName)
-		pl.Notes = append(pl.Notes, fast.Notes(t, fast.Defaults())...)
+		fast.Beside(pl, t, dir)
 	}
 
 	// Programs attach from the end of the path to its start, so each
@@ -517,7 +514,7 @@ func vxNames(t *topology.Topology) string {
 func fastBeside(t *topology.Topology) error {
 	for i := range t.VXLANs {
 		if v := &t.VXLANs[i]; fast.FromVXLAN(t, v) {
-			return fmt.Errorf("falcon fast=true: %s's underlay lives in another namespace, where the fast path starts at the VXLAN device, past Falcon's bridge stage: use --mode fast there", v.Name)
+			return fmt.Errorf("falcon x-fast=true: %s's underlay lives in another namespace, where the fast path starts at the VXLAN device, past Falcon's bridge stage: use --mode fast there", v.Name)
 		}
 	}
 	return nil

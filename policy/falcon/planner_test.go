@@ -567,14 +567,14 @@ func TestPlanIRQUnknownLeavesPathAlone(t *testing.T) {
 	}
 }
 
-// fast=true runs the fast path beside Falcon: its programs come first on
+// x-fast=true runs the fast path beside Falcon: its programs come first on
 // every hook the two share (the fast path sees each frame first), under
 // link pins of their own, its agent runs beside the balancer, and the
 // datapath is loaded with it. Where the fast path would start at the
 // VXLAN device (its underlay in another namespace), past Falcon's bridge
 // stage, the plan is refused.
 func TestPlanFast(t *testing.T) {
-	p, err := planFor(t, "falcon", map[string]string{"fast": "true"})
+	p, err := planFor(t, "falcon", map[string]string{"x-fast": "true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,7 +615,7 @@ func TestPlanFast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p2.Plan(topo, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: map[string]string{"fast": "true"}}); err == nil || !strings.Contains(err.Error(), "use --mode fast there") {
-		t.Errorf("fast=true with the underlay in another namespace: %v, want a refusal", err)
+	if _, err := p2.Plan(topo, plan.Config{CPUs: []int{0, 1}, Online: []int{0, 1}, Params: map[string]string{"x-fast": "true"}}); err == nil || !strings.Contains(err.Error(), "use --mode fast there") {
+		t.Errorf("x-fast=true with the underlay in another namespace: %v, want a refusal", err)
 	}
 }

@@ -24,8 +24,9 @@ import (
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
-	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and falcon-prism, with fast=true
+	_ "github.com/lanesnet/lanes/policy/falcon" // falcon and falcon-prism, with x-fast=true
 	"github.com/lanesnet/lanes/policy/fast"
+	_ "github.com/lanesnet/lanes/policy/prism" // prism-batch, with x-fast=true
 	"github.com/lanesnet/lanes/testbed"
 )
 
@@ -462,47 +463,56 @@ func testFast(t *testing.T, tb *testbed.Testbed) {
 	a.ResetAndCheck(t, before)
 }
 
-// Beside Falcon (fast=true), the fast path takes a flow's frames as they
-// come out of the first stage's queue Falcon handed them to (split=true
-// with spread=always: a split core by hash from the first frame) or
-// PRISM's classes did (falcon-prism, its bulk class queued on the IRQ
-// core even while no flow is marked): every datagram arrives, in order, as
+// Beside Falcon or PRISM (x-fast=true), the fast path takes a flow's
+// frames as they come out of the first stage's queue those handed them
+// to: Falcon's split (split=true with spread=always: a split core by hash
+// from the first frame), falcon-prism's classes (bulk queued on the IRQ
+// core even while no flow is marked) or prism-batch's high-priority
+// queue (the flow marked), where a marked flow then runs to completion
+// in its own queue's kthread. Every datagram arrives, in order, as
 // vanilla's, counted on the fast path, and the queue's count of the
-// flow's frames in flight drains to zero, as Falcon's own program would
+// flow's frames in flight drains to zero, as the mode's own program would
 // have counted them out (a move of the flow would otherwise wait for
 // frames long delivered). TCP request-response works; reset restores
 // every knob.
-func TestFastBesideFalcon(t *testing.T) {
+func TestFastBeside(t *testing.T) {
 	tb := modetest.UpTestbed(t, testbed.Docker)
 	for _, m := range []struct {
 		mode   string
 		params map[string]string
+		mark   bool
 	}{
-		{"falcon", map[string]string{"fast": "true", "split": "true", "spread": "always"}},
-		{"falcon-prism", map[string]string{"fast": "true", "x-bulk-inline": "false"}},
+		{"falcon", map[string]string{"x-fast": "true", "split": "true", "spread": "always"}, false},
+		{"falcon-prism", map[string]string{"x-fast": "true", "x-bulk-inline": "false"}, false},
+		{"prism-batch", map[string]string{"x-fast": "true", "high": "queue"}, true},
 	} {
-		t.Run(m.mode, func(t *testing.T) { testBeside(t, tb, m.mode, m.params) })
+		t.Run(m.mode, func(t *testing.T) { testBeside(t, tb, m.mode, m.params, m.mark) })
 	}
 }
 
-func testBeside(t *testing.T, tb *testbed.Testbed, mode string, params map[string]string) {
+func testBeside(t *testing.T, tb *testbed.Testbed, mode string, params map[string]string, mark bool) {
 	const n = 200
 	r, s := tb.Receiver(), tb.Sender()
 	src, dst := s.Containers[0], r.Containers[0]
 	f, vanilla, before := vanillaFlow(t, tb, src, dst, n)
+	port := uint16(f.rc.LocalAddr().(*net.UDPAddr).Port)
 
 	a := modetest.Apply(t, tb, mode, params)
 	dp := a.Open(t)
+	if mark {
+		if err := dp.Prio().AddRule(steer.Rule{Addr: dst.Addr.Addr(), Port: port, Proto: unix.IPPROTO_UDP}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	startAgentProcess(t, a)
 	waitVouched(t, dp, f, "the flow's entry", func() (int, error) { es, err := dp.Fast().Entries(); return len(es), err })
 	c0 := counters(t, dp)
 	got := f.send(t, n)
 	same(t, "on the fast path beside "+mode, got, vanilla, n)
 	c := counters(t, dp).Sub(c0)
-	if c.Fast < n || c.Steered < n {
-		t.Errorf("counters %+v: want the first stage to queue every datagram and the fast path to take each", c)
+	if c.Fast < n || c.Steered < n || mark && c.High < n {
+		t.Errorf("counters %+v: want the first stage to queue every datagram (in the high-priority queue if marked) and the fast path to take each", c)
 	}
-	port := uint16(f.rc.LocalAddr().(*net.UDPAddr).Port)
 	waitFor(t, "the first stage's count of the flow in flight to drain", func() bool {
 		flows, err := dp.Flows()
 		if err != nil {

@@ -140,6 +140,25 @@ func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	return pl, nil
 }
 
+// Param is the setting by which another mode carries the fast path
+// beside its own mechanism (Beside). A comparison setting until a kept
+// run shows what it does beside each mode.
+var Param = plan.Param{Key: plan.ComparisonPrefix + "fast", Default: "false", Help: "the fast path beside this mode: a flow the kernel's path delivered goes from the underlay straight into its container, on the core its first stage runs on; this mode's mechanism serves the frames it leaves to the kernel's path (needs `lanes agent`)"}
+
+// Configure turns the fast path on, with its defaults, in the datapath
+// configuration of a mode beside it.
+func Configure(c *steer.Config) { c.Fast, c.FastIdle = true, Defaults().Idle }
+
+// Beside adds the fast path to the plan of a mode beside it, whose
+// datapath (pinned in dir, Configure'd) pl has just loaded and whose own
+// programs come next: the fast path's programs (Steps), its agent beside
+// the mode's, and its notes.
+func Beside(pl *plan.Plan, t *topology.Topology, dir string) {
+	Steps(pl, t, dir)
+	pl.Agent = plan.Agents(pl.Agent, AgentName)
+	pl.Notes = append(pl.Notes, Notes(t, Defaults())...)
+}
+
 // Steps adds to pl the fast path's programs, from the end of the path to
 // its start, for the datapath pinned in dir (loaded with Config.Fast):
 // its learning programs on every container's host-side veth's tc egress

@@ -15,6 +15,7 @@ import (
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
+	"github.com/lanesnet/lanes/policy/fast"
 )
 
 // Options are a prism mode's settings. What was measured for the
@@ -65,6 +66,11 @@ type Options struct {
 	// veths) to the receive core: priorities only order work that shares
 	// a core.
 	Pin bool
+	// Fast runs the fast path (policy/fast) beside the classes: a flow the
+	// kernel's path delivered goes from its class's queue (or the NIC
+	// poll) straight into its container, its later stages skipped, so a
+	// marked flow runs to completion in its own queue's kthread.
+	Fast bool
 	// High is where high-priority frames run their first stage (skb
 	// allocation, GRO, decap): "queue", their own cpumap queue and kthread
 	// at the top of the ladder, or "inline", the NIC poll that classified
@@ -351,6 +357,7 @@ var params = []plan.Param{
 	{Key: "netdev-budget", Default: "0 (left as it is)", Help: "set the host's net.core.netdev_budget (frames per NET_RX softirq round, 1..100000): the high-priority queue's kthread gets the core only when the round ends, so a smaller budget (e.g. 64: one poll of a NIC polled in softirq) lets it preempt bulk sooner; host-wide (lanes must run in the host's network namespace; one target at a time), lanes reset puts back the value it had; costs busy TCP services"},
 	{Key: "pin", Default: "true", Help: "pin the GRO cell and container veth NAPI threads to the receive core"},
 	{Key: "sync-interval", Default: "1s", Help: "sync: how often lanes agent rediscovers the host besides on link and forwarding-table changes (10ms..1m)"},
+	fast.Param,
 }
 
 // retiredParams are settings prism no longer takes, each with the one
@@ -406,6 +413,8 @@ func Parse(base Options, m map[string]string) (Options, error) {
 			o.QueueSize, err = plan.ParseQueueSize(v)
 		case "pin":
 			o.Pin, err = strconv.ParseBool(v)
+		case fast.Param.Key:
+			o.Fast, err = strconv.ParseBool(v)
 		case "streamline":
 			o.Streamline, err = strconv.ParseBool(v)
 		case "high":
@@ -522,6 +531,9 @@ func Parse(base Options, m map[string]string) (Options, error) {
 	}
 	if o.Bulk == BulkAuto && o.High != HighAuto {
 		return o, fmt.Errorf("prism bulk=auto runs bulk in the NIC poll beside the busy rules high=auto runs there, but high is %s: drop bulk=auto or set high=auto", o.High)
+	}
+	if o.Fast && o.PrioMode == "sync" {
+		return o, fmt.Errorf("prism x-fast=true with prio-mode=sync: sync's shortcut and the fast path would be two shortcuts for one flow; with x-fast=true, batch already runs a marked flow on the fast path to completion in its queue: drop one of them")
 	}
 	if o.VethQueues == VethClass && o.PrioMode == "sync" {
 		return o, fmt.Errorf("prism veth-queues=class is a batch setting: sync already hands high-priority frames straight to the container veth's NAPI; drop one of them")

@@ -12,6 +12,7 @@ import (
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/ethtool"
+	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/topology"
 )
 
@@ -106,6 +107,9 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			Flowlet: steer.DefaultFlowlet, Drain: steer.DefaultDrain, VXLANPort: port, VNIs: vnis,
 			Sync: o.PrioMode == "sync", VethClass: len(pairs) > 0},
 		CPUMap: []int{core}, QueueSize: o.QueueSize, RTPriority: lad.Low,
+	}
+	if o.Fast {
+		fast.Configure(&setup.Config)
 	}
 	if o.BulkSched != SchedNormal {
 		setup.BulkPolicy = o.BulkSched
@@ -217,6 +221,10 @@ func (p *planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error
 			fmt.Sprintf("sync: %d destinations the bridge forwards to plainly", len(sp.Targets)))
 		pl.Notes = append(pl.Notes, sp.Notes...)
 		pl.Notes = append(pl.Notes, fmt.Sprintf("sync: %d destinations now, which lapse %v after the apply unless `lanes agent` runs: it renews them, and follows containers and filters as they change (every %v and on each change)", len(sp.Targets), syncTTL(o.SyncInterval), o.SyncInterval))
+	}
+	if o.Fast {
+		// Before the classes' programs on the hooks the two share.
+		fast.Beside(pl, t, dir)
 	}
 
 	// The ladder, from the end of the path to its start.
