@@ -1138,9 +1138,10 @@ func (r *runner) stressTarget(native bool) stress.Target {
 // core: Falcon and MFLOW measured receive capacity with senders on other
 // machines, so the receiver had every core. On 2 cores the generator's core
 // is the only one a mode can move receive work to; at normal priority a
-// saturating generator starves kthreads there (PREEMPT_NONE, see shared
-// FACTS), at SCHED_IDLE it sends with what receive work leaves (mostly:
-// see rxwait.go).
+// saturating generator starves kthreads there (on a PREEMPT_NONE kernel
+// a kthread waits for a busy task on its core to yield: docs/architecture.md,
+// "What a stock kernel forces"), at SCHED_IDLE it sends with what receive
+// work leaves (mostly: see rxwait.go).
 func (r *runner) stressGen() stress.GenConfig {
 	cpu := 0
 	if r.o.IRQCPU == 0 {

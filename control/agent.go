@@ -91,7 +91,7 @@ func NewAgent(o AgentOptions) (plan.Agent, *State, error) {
 // running is a mode's agent with what runs beside every agent of a
 // target: the container follower (follow.go) and, where a steering
 // datapath is pinned, its queue reconciler (mechanism, not policy:
-// datapath/steer/reconcile.go): a frame lost where nothing reports it
+// datapath/steer/order_reconcile.go): a frame lost where nothing reports it
 // would otherwise hold the flows waiting on its core's queues for good.
 type running struct {
 	plan.Agent

@@ -1,8 +1,11 @@
-// Package docs holds lanes' documentation; its test keeps the README's and
-// the docs' cross-references true: every relative link names a file that
-// exists and, for a markdown file, a heading it has. The docs cite runs in
-// docs/results and each other's sections by anchor, so a renamed heading
-// or a removed result directory would otherwise break them silently.
+// Package docs holds lanes' documentation; its tests keep the
+// cross-references true. In the README and the docs every relative link
+// names a file that exists and, for a markdown file, a heading it has:
+// the docs cite runs in docs/results and each other's sections by anchor,
+// so a renamed heading or a removed result directory would otherwise
+// break them silently. And every file name a comment or a document gives
+// is one the repository has (names_test.go): a renamed or removed file
+// would otherwise leave its readers looking for it.
 package docs
 
 import (

@@ -37,9 +37,8 @@ func (vanilla) Plan(*topology.Topology, plan.Config) (*plan.Plan, error) {
 // rps_sock_flow_entries exists only in the initial namespace and applies to
 // the whole machine, and RFS steers a flow to the core its application runs
 // on, which is placement by application, a different policy than spreading
-// by hash; on two cores it lands receive work on the sender's or
-// application's core, which costs more than it gains (see
-// shared/FACTS.md). It can be a mode of its own.
+// by hash; on two cores it lands receive work on the core the sender or
+// the application keeps busy. It can be a mode of its own.
 type rps struct{}
 
 func (rps) Mode() string { return "rps" }

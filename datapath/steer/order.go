@@ -86,9 +86,9 @@ func (d Order) Queues() ([]Queue, bool, error) {
 
 // BookLost counts n more frames of core's queues as lost: counted in,
 // never seen nor reported dropped. Only lanes agent's reconciler
-// (control/queues.go) calls it, and only when nothing can still be in
-// those queues; the datapath then treats them as out, so the flows that
-// wait for the core's queues to empty can move.
+// (Reconciler, order_reconcile.go) calls it, and only when nothing can
+// still be in those queues; the datapath then treats them as out, so the
+// flows that wait for the core's queues to empty can move.
 func (d Order) BookLost(core int, n uint64) error {
 	if core < 0 || core >= MaxCPUs {
 		return fmt.Errorf("core %d out of range", core)

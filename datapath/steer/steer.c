@@ -72,7 +72,7 @@
  * left; the fast path out writes the outer headers (and the inner
  * Ethernet header and TTL) the kernel's path would have. Whatever is not
  * understood goes on untouched (XDP_PASS, TC_ACT_UNSPEC), so the worst a
- * bug can do is place a stage on the wrong core. place.go mirrors
+ * bug can do is place a stage on the wrong core. flowhash.go mirrors
  * the hashing so the control plane can predict every decision.
  */
 

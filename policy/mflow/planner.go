@@ -53,7 +53,8 @@ var kernelSupport = steer.KernelSupport
 // gives them one hash. (Rewriting the outer UDP source port per micro-flow
 // would change that hash, but lanes never rewrites packet bytes, and
 // at=irq splits at that same point already, earlier.) Checked in Linux
-// 6.12 net/core/dev.c and filter.c (xdp_func_proto has no set_hash).
+// 6.12 net/core/dev.c and net/core/filter.c (xdp_func_proto has no
+// set_hash).
 func (planner) Plan(t *topology.Topology, cfg plan.Config) (*plan.Plan, error) {
 	o, err := Parse(Defaults(), cfg.Params)
 	if err != nil {

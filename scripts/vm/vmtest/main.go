@@ -41,7 +41,9 @@ import (
 	"github.com/lanesnet/lanes/internal/kver"
 )
 
-// hostLock serialises root integration tests on this machine (HELPERS.md).
+// hostLock is the lock the root integration tests on this machine share
+// (flock, exclusive): they share one kernel, so a run on the host waits
+// for whoever holds it (docs/vm.md).
 const hostLock = "/tmp/lanes-itest.lock"
 
 // bootMargin is what a guest may take beyond its tests' timeouts: the
