@@ -226,7 +226,7 @@ const (
 	DefaultDrain = 20 * time.Millisecond
 )
 
-// maxVNIs is steer_vni's size.
+// maxVNIs is steer_vni's size (TestConstsMatchC checks it in the object).
 const maxVNIs = 64
 
 // normalized checks c and returns it with CPUs sorted and VNIs sorted and

@@ -11,7 +11,9 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// steer_cfg.flags bits: the runtime switches (the mode's are in mode.go).
+// steer_cfg.flags bits: the runtime switches (the mode's are in mode.go),
+// bpf/consts.h's CFG_ENABLED, CFG_HOME(0) and CFG_HOME_BARE, as
+// TestConstsMatchC checks.
 const (
 	cfgEnabled  = 1
 	cfgHome     = 0x80   // << stage: the stage is at home (SetHome)

@@ -130,7 +130,8 @@ type Counters struct {
 	FastOutAdmitted, FastOutUnlearned                                                                                            uint64
 }
 
-// fields lists c's counters in bpf/counters.h's enum counter order.
+// fields lists c's counters in bpf/counters.h's enum counter order, which
+// TestConstsMatchC checks (and their count, against steer_stats' size).
 func (c *Counters) fields() []*uint64 {
 	return []*uint64{&c.Steered, &c.Stayed, &c.Passed, &c.Held, &c.Moved, &c.Disabled, &c.Undrained, &c.High,
 		&c.MicroFrames, &c.MicroFlows, &c.Elephants, &c.ElephantsEnd, &c.MicroArrived, &c.MicroLate, &c.Sync, &c.SyncMiss, &c.Home, &c.Settled, &c.Dropped, &c.Direct, &c.BulkBeside, &c.Unmarked, &c.SyncRefused, &c.SyncExpired, &c.SyncDropped, &c.Aside, &c.Remade,
@@ -161,7 +162,7 @@ func (c Counters) Add(other Counters) Counters {
 	return out
 }
 
-// numCounters is bpf/counters.h's NUM_COUNTERS.
+// numCounters is bpf/counters.h's NUM_COUNTERS (TestConstsMatchC).
 var numCounters = len((&Counters{}).fields())
 
 // Stats reads every stage's counters, summed over cores.

@@ -45,7 +45,8 @@ type FastPath struct {
 }
 
 // maxFastVXLANs and maxFastVeths are steer_fast_vxlan's and steer_fast_dev's
-// sizes.
+// sizes, and steer_fastout_vxlan's and steer_fastout_dev's: TestConstsMatchC
+// checks them in the object.
 const (
 	maxFastVXLANs = 64
 	maxFastVeths  = 4096

@@ -31,7 +31,7 @@ const (
 	fastTestMTU    = 1500
 	routedTTLTaken = 1
 	// fastOuterLen is bpf/outer.h's OUTER_LEN: outer Ethernet, IPv4, UDP,
-	// VXLAN.
+	// VXLAN (TestConstsMatchC).
 	fastOuterLen = 50
 )
 

@@ -45,7 +45,8 @@ type FastOutPath struct {
 	Underlays []uint32
 }
 
-// Roles in steer_fastout_dev (bits).
+// Roles in steer_fastout_dev (bits): bpf/fastout.h's FASTOUT_VETH and
+// FASTOUT_UNDERLAY, as TestConstsMatchC checks.
 const (
 	fastOutVeth     = 1
 	fastOutUnderlay = 2

@@ -20,7 +20,7 @@ const flowChunk = 1024
 
 // classHi is the bit of a flow's cpu_idx that says it uses the core's
 // high-priority queue (bpf/consts.h's CLASS_HI); syncIdx is the cpu_idx of a
-// flow on PRISM-sync's shortcut (SYNC_IDX).
+// flow on PRISM-sync's shortcut (SYNC_IDX). TestConstsMatchC checks both.
 const (
 	classHi = 0x40000000
 	syncIdx = 0x20000000
@@ -30,7 +30,8 @@ const (
 // STAY_QUEUED and STAY_DIRECT: a bridge-stage flow that has to queue a
 // counted frame before it may run on, one queuing counted (at the
 // container stage: on the core in stay_cpu, stay_core), and one staying
-// without the RPS backlog.
+// without the RPS backlog; stayMode is STAY_MODE, the bits they take.
+// TestConstsMatchC checks them.
 const (
 	stayFresh  = 0
 	stayQueued = 1
@@ -124,7 +125,7 @@ func cpuIndex(v uint32) uint32 {
 	return v &^ classHi
 }
 
-// epochSlots is bpf/maps.h's EPOCH_SLOTS.
+// epochSlots is bpf/maps.h's EPOCH_SLOTS (TestConstsMatchC).
 const epochSlots = 65536
 
 // nextEpoch hands out the next count epoch of k's slot other than cur,

@@ -8,7 +8,8 @@ import (
 )
 
 // Stages of the overlay receive path that steer places, the bucket count
-// of each stage's table and the largest core set. They match bpf/consts.h.
+// of each stage's table and the largest core set: bpf/consts.h's STAGE_*,
+// NUM_STAGES, BUCKETS, MAX_CPUS and STAY, as TestConstsMatchC checks.
 const (
 	// StageSplit is XDP on the underlay NIC: skb allocation, GRO, outer
 	// IP/UDP and VXLAN decap run on the chosen core (cpumap).
@@ -101,8 +102,12 @@ func rpsRange(idx, n int) (lo, span uint32) {
 }
 
 // HashEpochs is how many counts a flow's later-stage frames can belong to
-// (bpf/flow.h's HASH_EPOCHS), in bits 1-3 of the hash.
-const HashEpochs = 8
+// (bpf/flow.h's HASH_EPOCHS), in bits 1-3 of the hash. hashCounted is the
+// hash's low bit, bpf/flow.h's HASH_COUNTED. TestConstsMatchC checks both.
+const (
+	HashEpochs  = 8
+	hashCounted = 1
+)
 
 // RPSHash is the skb hash steer's tc programs set for a frame of a flow at
 // a later stage placed on the idx-th of n cores; RPS with the core set as
@@ -123,7 +128,7 @@ func RPSHash(idx, n int, flowhash uint32, stage int, epoch uint32, counted bool)
 	slots := (span - 1) / 2 / HashEpochs
 	v := (lo+1)&^1 + (flowhash%slots*HashEpochs+epoch%HashEpochs)*2
 	if counted {
-		v |= 1
+		v |= hashCounted
 	}
 	if v == 0 {
 		return 2
@@ -139,7 +144,8 @@ func RPSIndex(hash uint32, n int) int {
 
 // XDP metadata steer_xdp puts in front of a frame it hands to the cpumap
 // (datapath/bpf/include/lanes_meta.h): magic, then flags; with metaMFlow,
-// then the micro-flow's sequence number.
+// then the micro-flow's sequence number. TestConstsMatchC checks them
+// against its LANES_META_* and its structs' sizes.
 const (
 	metaMagic  = 0x4c4e5331 // "LNS1"
 	metaQueued = 0x1        // counted in its (flow, split stage)'s in-flight frames

@@ -29,7 +29,8 @@ type MicroFlowState struct {
 // mfSeen is bpf/mflow.h's MF_SEEN: the flow's mf_seen holds a sequence number.
 const mfSeen = 1 << 32
 
-// mfBig is bpf/mflow.h's MF_BIG: the flow is split.
+// mfBig is bpf/mflow.h's MF_BIG: the flow is split. TestConstsMatchC checks
+// both.
 const mfBig = 1
 
 func microFlowState(s *steerSteerFlowState) MicroFlowState {

@@ -21,7 +21,9 @@ import (
 // constants (bpf/mode.h, struct steer_mode) before the programs are
 // loaded, so the verifier drops the code of every feature the mode leaves
 // out. Its flags' bits are apart from steer_cfg.flags' (the runtime
-// switches: enabled, home, the bare path), so both read as one set.
+// switches: enabled, home, the bare path), so both read as one set. Each
+// is bpf/mode.h's MODE_* of its name; TestConstsMatchC checks them, and
+// that every MODE_* has one.
 const (
 	modePrio           = 0x2
 	modeCountSplit     = 0x4

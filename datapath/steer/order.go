@@ -125,7 +125,8 @@ func (d *core) metaGen() (uint32, error) {
 }
 
 // Uncounted is what a flow's in-flight count (Flow.InFlight) carries on
-// top of its frames once one of them went unmarked (bpf/order.h, UNCOUNTED).
+// top of its frames once one of them went unmarked (bpf/order.h, UNCOUNTED;
+// TestConstsMatchC checks it).
 const Uncounted = 1 << 40
 
 // The drop tracepoints' links (TrackQueues), pinned beside the maps so

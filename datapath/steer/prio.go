@@ -236,7 +236,7 @@ type Rule struct {
 	Proto uint8      // 6 (TCP), 17 (UDP), 0: any
 }
 
-// maxRules is steer_prio's size.
+// maxRules is steer_prio's size (TestConstsMatchC checks it in the object).
 const maxRules = 1024
 
 func (r Rule) check() error {

@@ -40,7 +40,7 @@ type SyncTarget struct {
 }
 
 // maxSync is steer_sync's size, and steer_sync_src's; maxSyncLocal is
-// steer_sync_local's.
+// steer_sync_local's. TestConstsMatchC checks them in the object.
 const (
 	maxSync      = 4096
 	maxSyncLocal = 256

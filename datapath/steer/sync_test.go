@@ -257,7 +257,7 @@ func TestSyncTargetsAPI(t *testing.T) {
 	}
 }
 
-// ecnOf is the ECN field of an IPv4 TOS byte.
+// The ECN field of an IPv4 TOS byte: bpf/outer.h's ECN_* (TestConstsMatchC).
 const (
 	ecnNotECT = 0
 	ecnECT1   = 1
