@@ -204,6 +204,7 @@ func (d *core) pinnedMaps() []pinnedMap {
 		{steerMapSteerFast, &o.SteerFast},
 		{steerMapSteerFastNotes, &o.SteerFastNotes},
 		{steerMapSteerFastFlight, &o.SteerFastFlight},
+		{steerMapSteerFastFrags, &o.SteerFastFrags},
 		{steerMapSteerFastLease, &o.SteerFastLease},
 		{steerMapSteerFastVxlan, &o.SteerFastVxlan},
 		{steerMapSteerFastDev, &o.SteerFastDev},

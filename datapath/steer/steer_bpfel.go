@@ -332,6 +332,7 @@ const (
 	steerMapSteerFast             = "steer_fast"
 	steerMapSteerFastDev          = "steer_fast_dev"
 	steerMapSteerFastFlight       = "steer_fast_flight"
+	steerMapSteerFastFrags        = "steer_fast_frags"
 	steerMapSteerFastLease        = "steer_fast_lease"
 	steerMapSteerFastNotes        = "steer_fast_notes"
 	steerMapSteerFastVxlan        = "steer_fast_vxlan"
@@ -460,6 +461,7 @@ type steerMapSpecs struct {
 	SteerFast         *ebpf.MapSpec `ebpf:"steer_fast"`
 	SteerFastDev      *ebpf.MapSpec `ebpf:"steer_fast_dev"`
 	SteerFastFlight   *ebpf.MapSpec `ebpf:"steer_fast_flight"`
+	SteerFastFrags    *ebpf.MapSpec `ebpf:"steer_fast_frags"`
 	SteerFastLease    *ebpf.MapSpec `ebpf:"steer_fast_lease"`
 	SteerFastNotes    *ebpf.MapSpec `ebpf:"steer_fast_notes"`
 	SteerFastVxlan    *ebpf.MapSpec `ebpf:"steer_fast_vxlan"`
@@ -528,6 +530,7 @@ type steerMaps struct {
 	SteerFast         *ebpf.Map `ebpf:"steer_fast"`
 	SteerFastDev      *ebpf.Map `ebpf:"steer_fast_dev"`
 	SteerFastFlight   *ebpf.Map `ebpf:"steer_fast_flight"`
+	SteerFastFrags    *ebpf.Map `ebpf:"steer_fast_frags"`
 	SteerFastLease    *ebpf.Map `ebpf:"steer_fast_lease"`
 	SteerFastNotes    *ebpf.Map `ebpf:"steer_fast_notes"`
 	SteerFastVxlan    *ebpf.Map `ebpf:"steer_fast_vxlan"`
@@ -571,6 +574,7 @@ func (m *steerMaps) Close() error {
 		m.SteerFast,
 		m.SteerFastDev,
 		m.SteerFastFlight,
+		m.SteerFastFrags,
 		m.SteerFastLease,
 		m.SteerFastNotes,
 		m.SteerFastVxlan,

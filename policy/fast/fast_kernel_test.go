@@ -149,8 +149,12 @@ func newUDPFlow(t *testing.T, src, dst testbed.Container) *udpFlow {
 }
 
 // payload is datagram seq's bytes: its number, then a pattern of it.
-func payload(seq uint64) []byte {
-	b := make([]byte, 200)
+func payload(seq uint64) []byte { return payloadOf(seq, 200) }
+
+// payloadOf is datagram seq's n bytes (n >= 8): its number, then a
+// pattern of it.
+func payloadOf(seq uint64, n int) []byte {
+	b := make([]byte, n)
 	binary.BigEndian.PutUint64(b, seq)
 	for i := 8; i < len(b); i++ {
 		b[i] = byte(seq*31 + uint64(i))
@@ -163,9 +167,19 @@ func payload(seq uint64) []byte {
 // 300 ms after the last arrival counts as lost.
 func (f *udpFlow) send(t *testing.T, n int) []dgram {
 	t.Helper()
+	sizes := make([]int, n)
+	for i := range sizes {
+		sizes[i] = 200
+	}
+	return f.sendSizes(t, sizes)
+}
+
+// sendSizes is send with datagrams of these sizes, in this order.
+func (f *udpFlow) sendSizes(t *testing.T, sizes []int) []dgram {
+	t.Helper()
 	from := f.next
-	for i := range n {
-		if _, err := f.sc.Write(payload(f.next)); err != nil {
+	for i, n := range sizes {
+		if _, err := f.sc.Write(payloadOf(f.next, n)); err != nil {
 			t.Fatalf("sending: %v", err)
 		}
 		f.next++
@@ -181,7 +195,7 @@ func (f *udpFlow) send(t *testing.T, n int) []dgram {
 // as lost.
 func (f *udpFlow) receive(from uint64) []dgram {
 	var got []dgram
-	buf, oob := make([]byte, 2048), make([]byte, 256)
+	buf, oob := make([]byte, 65536), make([]byte, 256)
 	for {
 		f.rc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 		m, on, _, _, err := f.rc.ReadMsgUDP(buf, oob)

@@ -69,7 +69,7 @@ static __always_inline __u32 fast_why_not(struct __sk_buff *skb, const struct st
 		return CNT_FAST_OTHER;
 	if (!fast_checks(e, o, skb->len, ecn) || !fast_udp_ok(skb, o))
 		return CNT_FAST_REFUSED;
-	if (!fast_in_order(cfg, fl, now))
+	if (!fast_in_order(cfg, fl, now) || !fast_frags_in_order(cfg, k, now))
 		return CNT_FAST_BEHIND;
 	return 0;
 }
@@ -101,8 +101,12 @@ int steer_tc_fast(struct __sk_buff *skb)
 	c.left = skb->len;
 	/* A VLAN tag the kernel took off before tc: the kernel's path hands
 	 * the frame to a VLAN device, or drops it. */
-	if (skb->vlan_present || parse_outer(&c, cfg, &t, &ov) < 0 || ov.inner_off != OUTER_LEN ||
-	    !outer_at((void *)(long)skb->data, (void *)(long)skb->data_end, &o))
+	if (skb->vlan_present)
+		goto passed;
+	ret = parse_outer(&c, cfg, &t, &ov);
+	if (ret == PARSE_INNER_UNKNOWN)
+		fast_frag_in(skb, ov.inner_off);
+	if (ret < 0 || ov.inner_off != OUTER_LEN || !outer_at((void *)(long)skb->data, (void *)(long)skb->data_end, &o))
 		goto passed;
 	fast_key_of(&k, ov.vni, &t);
 	fast_key_of(&fk, 0, &t);
@@ -190,8 +194,12 @@ int steer_tc_fast_seen(struct __sk_buff *skb)
 	struct fast_key fk = {};
 	struct tuple t = {};
 
-	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST) || skb_inner_tuple(skb, &t) < 0)
+	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
 		return TC_ACT_UNSPEC;
+	if (skb_inner_tuple(skb, &t) < 0) {
+		fast_frag_seen(skb, 0);
+		return TC_ACT_UNSPEC;
+	}
 	fast_key_of(&fk, 0, &t);
 	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
 	if (fl && fl->n)
@@ -231,7 +239,7 @@ static __always_inline __u32 fast_vx_why_not(struct __sk_buff *skb, const struct
 		return CNT_FAST_GSO;
 	if (!fast_vx_checks(e, iip, skb->len, skb->gso_segs > 1 || skb->gso_size))
 		return CNT_FAST_REFUSED;
-	if (!fast_in_order(cfg, fl, now))
+	if (!fast_in_order(cfg, fl, now) || !fast_frags_in_order(cfg, k, now))
 		return CNT_FAST_BEHIND;
 	return 0;
 }
@@ -260,8 +268,12 @@ int steer_tc_fast_vx(struct __sk_buff *skb)
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
 		return TC_ACT_UNSPEC;
 	vni = bpf_map_lookup_elem(&steer_fast_vxlan, &in);
-	if (!vni || skb->vlan_present || skb_inner_tuple(skb, &t) < 0)
+	if (!vni || skb->vlan_present)
 		goto passed;
+	if (skb_inner_tuple(skb, &t) < 0) {
+		fast_frag_in(skb, 0);
+		goto passed;
+	}
 	eth = (void *)(long)skb->data;
 	iip = (void *)(eth + 1);
 	if ((void *)(iip + 1) > (void *)(long)skb->data_end)

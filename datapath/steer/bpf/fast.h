@@ -214,6 +214,101 @@ static __always_inline int fast_in_order(const struct steer_cfg *cfg, struct fas
 	return 1;
 }
 
+/*
+ * Inner IPv4 fragments. Past the first a fragment carries no ports, so
+ * the fast path takes none, and a later frame of its flow must not take
+ * the fast path past one still on the kernel's path: fragments are
+ * counted in flight by addresses and protocol (a fast_key without ports
+ * or VNI), from the fast path's entry to the container's ingress, and a
+ * frame of any flow between those addresses waits for them as for its own
+ * flow's (fast_frags_in_order). The count of all of them
+ * (steer_fast_frags) spares every frame that lookup while none is in
+ * flight.
+ */
+static __always_inline __s64 *fast_frags(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&steer_fast_frags, &zero);
+}
+
+/* The fragments' key of the inner frame at off in skb, linear up to its
+ * IPv4 header: 1 if it is an IPv4 fragment, 0 if not. */
+static __always_inline int fast_frag_key(struct __sk_buff *skb, __u32 off, struct fast_key *k)
+{
+	__u64 at = off;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+
+	if (at > MAX_OUTER_HDRS)
+		return 0;
+	/* Bound the offset in the register the pointer is made from (the
+	 * compiler compares a copy, and would drop a C mask as redundant). */
+	asm volatile("%0 &= 0xff" : "+r"(at));
+	eth = (void *)(long)skb->data + at;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > (void *)(long)skb->data_end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 ||
+	    !(ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+		return 0;
+	k->saddr = ip->saddr;
+	k->daddr = ip->daddr;
+	k->proto = ip->protocol;
+	return 1;
+}
+
+/* The frame at off in skb, which the fast path leaves to the kernel's
+ * path, is counted in flight if it is an inner IPv4 fragment. */
+static __always_inline void fast_frag_in(struct __sk_buff *skb, __u32 off)
+{
+	struct fast_key k = {};
+	__s64 *all = fast_frags();
+
+	if (!all || !fast_frag_key(skb, off, &k))
+		return;
+	__sync_fetch_and_add(all, 1);
+	fast_handed(&k, bpf_map_lookup_elem(&steer_fast_flight, &k), bpf_ktime_get_ns());
+}
+
+/* The container's ingress saw the frame at off in skb: one fragment fewer
+ * in flight, if it is one the fast path counted. */
+static __always_inline void fast_frag_seen(struct __sk_buff *skb, __u32 off)
+{
+	struct fast_key k = {};
+	struct fast_flight *fl;
+	__s64 *all = fast_frags();
+
+	if (!all || *all <= 0 || !fast_frag_key(skb, off, &k))
+		return;
+	fl = bpf_map_lookup_elem(&steer_fast_flight, &k);
+	if (fl && fl->n) {
+		__sync_fetch_and_add(&fl->n, -1); /* XADD: -mcpu=v1 has no atomic sub */
+		__sync_fetch_and_add(all, -1);
+	}
+}
+
+/* May a frame of flow k take the fast path at now, with no fragment
+ * between its addresses on the kernel's path? A count left by fragments
+ * that path dropped ends, as fast_in_order's does, after the drain time. */
+static __always_inline int fast_frags_in_order(const struct steer_cfg *cfg, const struct fast_key *k, __u64 now)
+{
+	struct fast_key fk = { .saddr = k->saddr, .daddr = k->daddr, .proto = k->proto };
+	struct fast_flight *fl;
+	__s64 *all = fast_frags();
+	__u32 n;
+
+	if (!all || *all <= 0)
+		return 1;
+	fl = bpf_map_lookup_elem(&steer_fast_flight, &fk);
+	if (!fl || !fl->n)
+		return 1;
+	if (now - fl->at < cfg->drain_ns)
+		return 0;
+	n = fl->n;
+	fl->n = 0;
+	__sync_fetch_and_add(all, -(__s64)n);
+	return 1;
+}
+
 /* Is the entry e of the fast path into the container void at now? */
 static __always_inline __u32 fast_void(const struct fast_key *k, const struct fast_entry *e, __u64 now)
 {

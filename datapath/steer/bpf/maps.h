@@ -449,6 +449,17 @@ struct {
 	__type(value, struct fast_flight);
 } steer_fast_flight SEC(".maps");
 
+/* Inner IPv4 fragments the fast path counted in flight, all flows
+ * together (fast.h's fast_frag_in): while none is, no frame looks up its
+ * addresses' count. Signed: a count a lost update left below zero reads
+ * as none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __s64);
+} steer_fast_frags SEC(".maps");
+
 /* The fast path's lease: lanes agent vouches for the path until deadline
  * (bpf_ktime_get_ns), under the change count it read before it read the
  * path (steer_changes). It renews it every round; past the deadline, or
