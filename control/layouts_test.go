@@ -14,8 +14,9 @@ import (
 // The BPF modes mount bpffs: the tests run in a mount namespace of their own.
 func TestMain(m *testing.M) { modetest.Main(m, "tc") }
 
-// reorders are the modes that give up order by design (MFLOW without the
-// kernel backend's reassembly); their streams are checked for arrival only.
+// reorders are the modes that may give up order (MFLOW, whose micro-flows
+// are merged in order only where the kernel has the BPF qdisc,
+// docs/reorder.md); their streams are checked for arrival only.
 var reorders = map[string]bool{"mflow": true}
 
 // variants are settings an operator is told about in the README that
