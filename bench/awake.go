@@ -9,12 +9,12 @@ import (
 
 // A core with nothing to run enters an idle state, and leaving it delays
 // the first packet or wake-up that arrives: on the VMs lanes is measured
-// on, a halted vCPU takes tens of µs to wake. A priority workload's idle
-// point then carries that wake-up, which a loaded point does not (its core
-// never idles), so vanilla's latency under load can come out lower than
-// idle, and "within 1.3x of idle" compares against the wrong thing. So the
-// priority workloads also run with every core kept out of idle states: idle
-// then means no competing packets, not a sleeping core.
+// on, a halted vCPU wakes slowly (docs/testbed.md). A priority workload's
+// idle point then carries that wake-up, which a loaded point does not (its
+// core never idles), so vanilla's latency under load can come out lower
+// than idle, and "within 1.3x of idle" compares against the wrong thing.
+// So the priority workloads also run with every core kept out of idle
+// states: idle then means no competing packets, not a sleeping core.
 //
 // The way is the kernel's CPU latency request (PM QoS), the one cyclictest
 // uses: while a process holds /dev/cpu_dma_latency open with 0 written to

@@ -501,7 +501,7 @@ func LegacyEbtables(kallsyms string) ([]string, error) {
 }
 
 // ebtablesCache keeps LegacyEbtables' answer for /proc/kallsyms. Reading
-// kallsyms formats every kernel symbol, tens of milliseconds of CPU, and
+// kallsyms formats every kernel symbol, a burst of CPU, and
 // lanes agent reads the filters of every namespace on the path each round,
 // on the cores the receive path runs on. The answer changes only when a
 // module is loaded or unloaded, so it is kept while the list of loaded

@@ -18,8 +18,8 @@
 //	d.Apply(&run)
 //
 // Everything is read from /proc: no tools are forked and no netlink sockets
-// opened, so a snapshot costs about a millisecond and can be taken inside
-// the measured window without disturbing it.
+// opened, so a snapshot is cheap enough to be taken inside the measured
+// window without disturbing it.
 package metrics
 
 import (

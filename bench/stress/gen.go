@@ -217,14 +217,13 @@ func (e *UnsupportedError) Is(target error) bool { return target == ebpf.ErrNotS
 // Target.SenderDev from one pinned thread. It is not safe for concurrent Runs.
 //
 // Pacing (TestMeasure measures what follows on the machine it runs on):
-//   - a BPF_PROG_RUN call that leaves frames in flight costs tens of
-//     milliseconds of wall time however few frames it sends (a call of one
-//     frame costs microseconds): milliseconds pass between entering the
-//     call and the first frame, and the page-pool teardown at its end
-//     waits for the frames still in flight. So a rate cannot be held by
-//     short calls with sleeps between them, and long calls become
-//     line-rate bursts of thousands of frames that overflow the receiving
-//     veth's 256-frame ring.
+//   - a BPF_PROG_RUN call that leaves frames in flight costs far more wall
+//     time than its frames take, however few it sends (a call of one frame
+//     is quick): time passes between entering the call and the first frame,
+//     and the page-pool teardown at its end waits for the frames still in
+//     flight. So a rate cannot be held by short calls with sleeps between
+//     them, and long calls become line-rate bursts of thousands of frames
+//     that overflow the receiving veth's 256-frame ring.
 //   - so a Run is one open-ended call (repeat = 2^32-1) that Run ends by
 //     signalling the thread: the kernel checks for signals between batches
 //     and returns EINTR. The fixed cost is paid once, and the rate is
@@ -497,8 +496,8 @@ func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) 
 			if err := g.objs.TxPort.Put(uint32(0), uint32(ifc.Index)); err != nil {
 				return fmt.Errorf("pointing devmap at %s: %w", g.t.SenderDev, err)
 			}
-			// Every signal ends a call, and a new call costs ~20 ms of
-			// sending: keep the profiler's SIGPROF off this thread (it
+			// Every signal ends a call, and a new call pays its set-up
+			// again: keep the profiler's SIGPROF off this thread (it
 			// dies after the Run, so the mask needs no undoing).
 			var prof unix.Sigset_t
 			const wordBits = int(unsafe.Sizeof(prof.Val[0]) * 8)
@@ -539,7 +538,7 @@ func (g *Generator) Run(ctx context.Context, d time.Duration) (GenStats, error) 
 	}
 	stop.Store(true)
 	// Sending ends within a batch of the signal, but the call then tears
-	// down its page pool, which waits ~20 ms for frames still in flight:
+	// down its page pool, which waits for frames still in flight:
 	// the run lasts until the stop, not until the syscall returns.
 	stopNs = monotonicNs()
 	// A signal that lands just before the thread enters the syscall is

@@ -17,8 +17,8 @@ import (
 	"github.com/lanesnet/lanes/internal/nsx"
 )
 
-// TestMeasure produces the numbers quoted in the Generator comment and the
-// report: injection rate from one core, BPF_PROG_RUN per-call cost, pacing
+// TestMeasure measures what the Generator comment says and the report
+// quotes: injection rate from one core, BPF_PROG_RUN per-call cost, pacing
 // accuracy, and what one receive core delivers through the VXLAN path.
 // Slow, and its numbers belong to the machine: run on demand with
 //

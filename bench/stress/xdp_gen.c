@@ -207,7 +207,7 @@ int xdp_gen(struct xdp_md *ctx)
 		} else if (now < next) {
 			/* Not due: drop this copy. A dropped live frame goes
 			 * straight back to the page pool, so a wait step costs
-			 * one run (60-140 ns). */
+			 * one run. */
 			cnt->held++;
 			return XDP_DROP;
 		} else if (now - next > burst_fp) {
@@ -229,7 +229,7 @@ int xdp_gen(struct xdp_md *ctx)
 		st->left = train - 1;
 	}
 
-	/* A BPF_PROG_RUN call takes ~10 ms to set up before the first run:
+	/* A BPF_PROG_RUN call takes a while to set up before the first run:
 	 * userspace measures the rate from here, not from the syscall. */
 	if (!st->start_ns)
 		st->start_ns = bpf_ktime_get_ns();

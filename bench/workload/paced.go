@@ -52,14 +52,14 @@ import (
 // could make a light rule look busy). A reply a little slower than the
 // interval delays only the next few sends (pacedCatchUp).
 //
-// A core that has nothing to run halts, and a halted vCPU takes tens of µs
-// to wake for the reply (this VM's haltpoll idle driver polls only up to
-// 200 µs, less once idle periods run longer). sockperf's spinning client
-// never lets its core halt, and in a run with background neither does the
-// generator (it spins at SCHED_IDLE whenever nothing else runs). For a run
-// without it, PingPong.Spin keeps the core from halting the same way: a
-// process beside the client spins at SCHED_IDLE, which any other task
-// preempts at once. Not beside the generator: two SCHED_IDLE spinners
+// A core that has nothing to run halts, and a halted vCPU is slow to wake
+// for the reply (docs/testbed.md; this VM's haltpoll idle driver polls only
+// up to 200 µs, less once idle periods run longer). sockperf's spinning
+// client never lets its core halt, and in a run with background neither
+// does the generator (it spins at SCHED_IDLE whenever nothing else runs).
+// For a run without it, PingPong.Spin keeps the core from halting the same
+// way: a process beside the client spins at SCHED_IDLE, which any other
+// task preempts at once. Not beside the generator: two SCHED_IDLE spinners
 // share the core in scheduler slices of a millisecond or more, and the
 // generator would fall behind again.
 //
@@ -84,7 +84,7 @@ const pacedReplyTimeout = 20 * time.Millisecond
 
 // pacedCatchUp is how far behind its schedule the client may fall and still
 // send at once, catching up (at least two intervals): a slow reply or a
-// stall of the VM (a few milliseconds, even on an idle testbed) costs no
+// stall of the VM (it happens even on an idle testbed) costs no
 // slot and at most ten sends back to back at 1000/s, while a wait for a
 // lost one (pacedReplyTimeout) skips its slots rather than sending them
 // back to back.

@@ -8,7 +8,7 @@
  * user space the same figure costs a /proc/stat read per sample, plus the
  * run time of every receive kthread and SCHED_IDLE thread from their
  * /proc files, plus a walk of all of /proc now and then to find new ones:
- * about 1 ms of one core once a second, on the IRQ core as likely as not,
+ * a burst on one core once a second, on the IRQ core as likely as not,
  * where the NIC poll waits behind it. Here the kernel hands the time over
  * as it switches tasks, so a sample is one map read, and the figures are
  * in nanoseconds instead of /proc/stat's 10 ms ticks.

@@ -116,10 +116,10 @@ const (
 	minFlowLimit   = 512
 )
 
-// DefaultTimeout is the watchdog's default: about 15 times the time a core
-// takes to run a 256-frame micro-flow through the overlay (2.5 us a frame),
-// and above a 250 Hz tick, so a core preempted for one tick does not pass
-// for a loss.
+// DefaultTimeout is the watchdog's default: many times what a core takes
+// to run a 256-frame micro-flow through the overlay (CPU per datagram:
+// docs/results/bpfcost-intel-2026-11-26/README.md), and above a 250 Hz
+// tick, so a core preempted for one tick does not pass for a loss.
 const DefaultTimeout = 10 * time.Millisecond
 
 // DefaultConfig is the merge for a splitter's batch over cores: up to four

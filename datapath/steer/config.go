@@ -213,10 +213,9 @@ const MaxBatch = 65536
 
 // Defaults of Config's move rules, for every policy that moves flows.
 const (
-	// DefaultFlowlet: a backlog of netdev_max_backlog (1000) packets
-	// drains in well under a millisecond at the ~1-2 us per packet a core
-	// spends on the later stages; the gap only has to cover the short
-	// tail of a stage after the point where its frames are counted seen.
+	// DefaultFlowlet: frames still queued are waited for by their count,
+	// not by the gap; the gap only has to cover the short tail of a stage
+	// after the point where its frames are counted seen.
 	DefaultFlowlet = time.Millisecond
 	// DefaultDrain is longer than a backlog (or an untracked cpumap
 	// kthread) usually waits for its core on a PREEMPT_NONE kernel (a few

@@ -117,8 +117,8 @@ type Options struct {
 	// Sampler is where the agent reads that load: "sched" (BPF programs
 	// on the scheduler's task switches and softirqs: one map read per
 	// sample, nanosecond figures), "proc" (/proc/stat and the threads'
-	// /proc files, with a walk of all of /proc once a second: about 1 ms
-	// of a core, often the IRQ core, whose NIC poll waits behind it) or
+	// /proc files, with a walk of all of /proc once a second: a burst on
+	// one core, often the IRQ core, whose NIC poll waits behind it) or
 	// "auto" (sched where the kernel can, else proc).
 	Sampler string
 	// AgentSched is the scheduling policy of the agent's rounds (sample,

@@ -25,8 +25,8 @@ import (
 // bridge stage), tc egress on every host-side veth (the container stage)
 // and tc ingress on every container-side veth (its end), and RPS maps on
 // the VXLAN device and the container veths make the kernel look each
-// frame's hash up. That is a few hundred nanoseconds a frame (TestSteerCost)
-// on a core that, under bulk traffic, is the bottleneck: it raises the
+// frame's hash up. That is a cost on every frame (TestSteerCost measures
+// it) on a core that, under bulk traffic, is the bottleneck: it raises the
 // core's utilization, and queueing delay grows much faster than
 // utilization near saturation: with every stage at home, a ping-pong's
 // p99 under background was above vanilla's.

@@ -52,13 +52,13 @@ type Options struct {
 }
 
 // Defaults are MFLOW's where it has them. The threshold is lanes' own (the
-// paper names elephants but gives no number): 10000 packets/s. The overlay
-// receive path costs vanilla 1.8-3.2 us of CPU per datagram on the 2-core
-// VMs of docs/results (runs bpfcost-intel-2026-11-26 and
-// fast-own-intel-2026-11-29), so a flow below that rate takes about 3% of
-// a core or less and splitting it would only reorder it; request/response
-// flows (a ping-pong at 1000 messages/s, a memcached connection) stay
-// below it, while bulk streams (tens to hundreds of Kpps) are far above.
+// paper names elephants but gives no number): 10000 packets/s. At what the
+// overlay's receive path costs vanilla per datagram on the 2-core VMs
+// (docs/results/bpfcost-intel-2026-11-26/README.md,
+// docs/results/fast-own-intel-2026-11-29/README.md), a flow below that rate
+// takes a small share of a core and splitting it would only reorder it;
+// request/response flows (a ping-pong at 1000 messages/s, a memcached
+// connection) stay below it, while bulk streams are far above.
 // A flow at the threshold fills a 256-frame micro-flow every 25 ms.
 func Defaults() Options {
 	return Options{Batch: 256, Threshold: 10000, At: steer.SplitAtIRQ, QueueSize: 2048, Reorder: true, ReorderTimeout: reorder.DefaultTimeout}

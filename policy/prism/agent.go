@@ -445,10 +445,10 @@ func (a *syncAgent) withdraw(why string) {
 
 // refreshIdle runs refresh on a SCHED_IDLE thread (its namespace hops
 // too: nsx runs them at the caller's policy). A round reads every
-// namespace on the path, tens of milliseconds of CPU in bursts, and at
-// normal policy the scheduler lets such a burst finish its slice before a
-// woken task gets the core: the high-priority service on the receive core
-// waited milliseconds behind it, once a second. At SCHED_IDLE any other
+// namespace on the path in bursts of CPU, and at normal policy the
+// scheduler lets such a burst finish its slice before a woken task gets
+// the core: the high-priority service on the receive core waited behind
+// it, once a second (docs/prism.md, Sync mode). At SCHED_IDLE any other
 // task takes the core at once (in user space; a kernel built without
 // preemption first ends the system call). A round starved past the
 // destinations' deadline lets them lapse: the shortcut closes (batch

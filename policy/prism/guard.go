@@ -109,7 +109,7 @@ type GuardRule struct {
 	// runs out, the NIC poll under overload (its NAPI thread or
 	// ksoftirqd, both normal tasks that SCHED_IDLE yields to for good),
 	// which polls frames into a queue nobody drains: bulk would fall to a
-	// few percent of vanilla's. Bulk that keeps up at any load below the
+	// small fraction of vanilla's. Bulk that keeps up at any load below the
 	// core's capacity runs a large share of the core and cannot wait
 	// this long. Only slack ends such a demotion: the applications were
 	// not what caused it. 0: off.

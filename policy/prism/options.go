@@ -289,7 +289,7 @@ func (o Options) Ladder() Ladder {
 // bulkSchedDefault is bulk-sched when not given: idle, the policy that
 // came closest to PRISM's p99 target on the testbed (against normal: a
 // lower ping-pong p99 under background, the background kept when evenly
-// spaced, the TCP services a few points of request rate lower), unless
+// spaced, the TCP services' request rate slightly lower), unless
 // the other settings leave it nothing to set (bulk=inline:
 // no bulk queue; bulk-rt > 0: a real-time one) or would put bulk work
 // below a real-time NIC poll as well (streamline=true). Then normal, as

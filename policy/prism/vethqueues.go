@@ -189,8 +189,8 @@ func vethNote(pairs []vethPair) string {
 // container rung, above the stages that feed them. The bulk poller is not
 // SCHED_IDLE even under bulk-sched=idle: a veth's receive queue is a
 // 256-frame ring that drops when full, and a starved idle poller let one
-// TCP stream lose tens of thousands of frames; the shared default's backlog
-// holds 1000 and is drained in softirq.
+// TCP stream overflow it (docs/decisions/README.md); the shared default's
+// backlog holds 1000 and is drained in softirq.
 func vethPollerRT(o Options) (high, bulk int) {
 	lad := o.Ladder()
 	switch {

@@ -121,7 +121,7 @@ static __always_inline __u32 next_epoch_after(__u32 stage, __u32 fh, __u32 cur)
 
 /*
  * Clock. The precise clock (bpf_ktime_get_ns: a TSC read and its
- * conversion, tens of ns a packet on the IRQ core; docs/decisions) is
+ * conversion, paid per packet on the IRQ core; docs/decisions/README.md) is
  * only needed by the flowlet test, which runs
  * while a move is pending, and by MFLOW's rate windows. Other packets
  * stamp the coarse clock (CLOCK_MONOTONIC too, updated every tick, so up

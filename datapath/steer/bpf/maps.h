@@ -523,8 +523,8 @@ struct {
  * skb could be allocated) from frames still queued behind a starved
  * kthread. Without it, the only way out was a timeout (drain_ns), and a
  * kthread starved for longer than that let a move overtake its frames
- * (measured: 1277 of 20000 datagrams out of order, docs/prism.md "Under CPU
- * contention a path change could reorder"). Every frame steer_xdp marks
+ * (docs/decisions/README.md, Falcon: split-stage queues are tracked, not
+ * timed). Every frame steer_xdp marks
  * for the core is counted in enq; the skb side counts it seen when it
  * reaches the underlay's tc ingress (after the kthread's GRO), and the
  * kernel's cpumap tracepoints count the ones dropped on the way. When seen

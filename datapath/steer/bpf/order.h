@@ -518,9 +518,9 @@ static __always_inline void seen_hashed(const struct steer_cfg *cfg, const struc
 /* Did the previous stage count this frame queued? Frames it queued without
  * counting (a stage at home, MFLOW's micro-flows) must not be counted seen:
  * they would cancel counted frames still queued behind them, and a move
- * would then overtake those (measured: after a stage left home, 45
- * datagrams of a stream out of order). No hash at all (BPF_PROG_RUN, a
- * frame no lanes program hashed) counts, as before this bit existed. */
+ * would then overtake those (the case just after a stage leaves home).
+ * No hash at all (BPF_PROG_RUN, a frame no lanes program hashed)
+ * counts. */
 static __always_inline int hash_counted(const struct __sk_buff *skb)
 {
 	return skb->hash == 0 || (skb->hash & HASH_COUNTED);

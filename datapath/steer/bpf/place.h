@@ -334,10 +334,10 @@ static __always_inline int rps_to(struct __sk_buff *skb, const struct steer_cfg 
  * RPS on the VXLAN device queues every frame to a core's backlog, the one
  * the GRO cell runs on too, so "stay" expressed as a hash for this core
  * costs a pass through the backlog that vanilla does not make: under a
- * busy IRQ core, one more FIFO to wait in (measured on Calico: the
- * ping-pong's p99 under a 65% background at 1.9-2.7x vanilla's with the
- * stages at home; plain RPS maps aimed at the IRQ core itself did the
- * same). A zero hash is the stock kernel's one way around it: get_rps_cpu
+ * busy IRQ core, one more FIFO to wait in, which raised the ping-pong's
+ * p99 under background with the stages at home (docs/decisions/README.md,
+ * Falcon), as plain RPS maps aimed at the IRQ core itself did. A zero
+ * hash is the stock kernel's one way around it: get_rps_cpu
  * picks no core for a frame whose hash is 0, and bpf_set_hash marks it
  * L4, so decapsulation keeps it and nothing recomputes it; the GRO cell's
  * poll then runs the stage on itself, as in vanilla (run_on). The cost:

@@ -237,8 +237,8 @@ static __always_inline int bulk_quiet(const struct steer_cfg *cfg)
  * that a queued high-priority frame waits behind no bulk frame's full
  * receive work; when no marked frame takes a queue, its hop (a redirect
  * and a second skb build for every bulk frame) buys nothing and costs the
- * core that the busy marked service runs on (docs/decisions: a marked
- * memcached lost a third of its request rate with bulk queued). One queued high-priority frame
+ * core that the busy marked service runs on (docs/decisions/README.md,
+ * `bulk=auto`: a marked memcached lost request rate with bulk queued). One queued high-priority frame
  * (a light rule's) ends it at once, and bulk flows go back to their queue
  * in order, as after a rule's arrival; that frame, and those right behind
  * it, find bulk still in the NIC poll.
