@@ -33,7 +33,7 @@ func OpenFast(netns string) (*FastTable, error) {
 	}
 	cfg, err := d.Config()
 	if err == nil && !cfg.Fast {
-		err = fmt.Errorf("the mode applied to %s has no fast path: apply --mode fast to use lanes fast", target)
+		err = fmt.Errorf("the mode applied to %s has no fast path: apply --mode fast (or another mode with --set x-fast=true) to use lanes fast", target)
 	}
 	if err != nil {
 		d.Close()
@@ -48,7 +48,8 @@ func (f *FastTable) Close() error { return f.d.Close() }
 func (f *FastTable) Flush() (int, error) { return f.d.Fast().Flush() }
 
 // List names each valid entry for people: the flow, its VNI, the
-// host-side veth it goes to, and how long ago it was last used. Entries a
+// host-side veth it goes to (or, on the way out, comes from and the
+// underlay it leaves by), and how long ago it was last used. Entries a
 // change on the path voided (their next frame deletes them) are left out.
 func (f *FastTable) List() ([]string, error) {
 	t, err := topology.Discover(f.netns)
@@ -58,10 +59,15 @@ func (f *FastTable) List() ([]string, error) {
 	return fastEntries(f.d, t, true)
 }
 
-// fastEntries names the valid entries of d ("flow vni N -> veth", with
-// how long ago each was used when used is set).
+// fastEntries names the valid entries of d, in ("flow vni N -> veth")
+// then out ("out flow vni N veth -> underlay"), with how long ago each
+// was used when used is set.
 func fastEntries(d *steer.Datapath, t *topology.Topology, used bool) ([]string, error) {
 	es, err := d.Fast().Entries()
+	if err != nil {
+		return nil, err
+	}
+	outs, err := d.Fast().OutEntries()
 	if err != nil {
 		return nil, err
 	}
@@ -71,15 +77,21 @@ func fastEntries(d *steer.Datapath, t *topology.Topology, used bool) ([]string, 
 	}
 	now := steer.Now()
 	var out []string
-	for _, e := range es {
-		if e.Changes != changes {
-			continue
-		}
-		s := fmt.Sprintf("%s vni %d -> %s", flowString(e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto), e.VNI, devName(t, int(e.Ifindex)))
+	add := func(s string, last time.Duration) {
 		if used {
-			s += fmt.Sprintf(" (used %v ago)", max(now-e.LastUsed, 0).Round(time.Millisecond))
+			s += fmt.Sprintf(" (used %v ago)", max(now-last, 0).Round(time.Millisecond))
 		}
 		out = append(out, s)
+	}
+	for _, e := range es {
+		if e.Changes == changes {
+			add(fmt.Sprintf("%s vni %d -> %s", flowString(e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto), e.VNI, devName(t, int(e.Ifindex))), e.LastUsed)
+		}
+	}
+	for _, e := range outs {
+		if e.Changes == changes {
+			add(fmt.Sprintf("out %s vni %d %s -> %s", flowString(e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto), e.VNI, devName(t, int(e.Veth)), devName(t, int(e.Underlay))), e.LastUsed)
+		}
 	}
 	return out, nil
 }

@@ -72,7 +72,7 @@ type Steering struct {
 	SyncTargets []string    `json:"sync_targets,omitempty"` // "VNI/MAC > veth (MTU)"
 	Shortcut    []FlowStage `json:"shortcut,omitempty"`
 	// Fast is on when the fast path into the container is (the fast
-	// mode); FastEntries lists its flows ("flow -> veth"), FastLease says
+	// mode); FastEntries lists its flows (fastEntries), FastLease says
 	// how long lanes agent's word holds from now (0: it holds nothing).
 	Fast        bool          `json:"fast,omitempty"`
 	FastEntries []string      `json:"fast_entries,omitempty"`

@@ -2,8 +2,10 @@ package fast_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
@@ -56,6 +58,17 @@ func testFastOut(t *testing.T, topo testbed.Topology) {
 	c := counters(t, dp).Sub(c0)
 	if tx := vxlanStats(t, r).TxPackets - tx0; tx >= n || c.FastOut < n {
 		t.Errorf("%s sent %d packets of %d datagrams, %d frames took the fast path out (counters %+v): want the fast path to carry them", r.VXLAN, tx, n, c.FastOut, c)
+	}
+
+	// lanes fast list shows the flow's entry out.
+	ft, err := control.OpenFast(a.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := ft.List()
+	ft.Close()
+	if err != nil || !strings.Contains(strings.Join(es, "\n"), "out "+src.Addr.Addr().String()+":") {
+		t.Errorf("lanes fast list: %q, %v: want the flow's entry out", es, err)
 	}
 
 	c0 = counters(t, dp)

@@ -2,11 +2,15 @@ package fast_test
 
 import (
 	"bytes"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/testbed"
 )
@@ -18,6 +22,8 @@ import (
 //     the flow's datagrams still arrive in the order they were sent, the
 //     later small ones on the fast path never overtaking a fragmented one
 //     still on the kernel's path, as vanilla delivers them;
+//   - ICMP (no ports to key a flow by): echo requests between the
+//     hosts' containers are answered, every one, on the kernel's path;
 //   - a flow between two containers of the same host, which the bridge or
 //     the host's routing carries without the overlay: nothing of it is
 //     counted at the fast path's entry.
@@ -57,6 +63,14 @@ func testNeverTakes(t *testing.T, tb *testbed.Testbed) {
 	}
 
 	c0 = counters(t, dp)
+	if got := echo(t, src.NetNS, dst.Addr.Addr(), 20); got != 20 {
+		t.Errorf("ICMP echo: %d of 20 answered", got)
+	}
+	if c := counters(t, dp).Sub(c0); c.Fast != 0 || c.FastOut != 0 {
+		t.Errorf("ICMP took the fast path: counters %+v", c)
+	}
+
+	c0 = counters(t, dp)
 	if got := local.send(t, 200); len(got) != 200 {
 		t.Errorf("between the receiver's containers: %d of 200 datagrams delivered", len(got))
 	}
@@ -90,4 +104,57 @@ func inOrder(t *testing.T, what string, got []dgram, sizes []int) {
 			t.Fatalf("%s: datagram %d: %d bytes, not the %d sent", what, d.seq, len(d.payload), sizes[i])
 		}
 	}
+}
+
+// echo sends n ICMP echo requests from namespace ns to dst, one at a
+// time, and returns how many were answered within a second each.
+func echo(t *testing.T, ns string, dst netip.Addr, n int) int {
+	t.Helper()
+	var c *net.IPConn
+	if err := nsx.Do(ns, func() (err error) {
+		c, err = net.ListenIP("ip4:icmp", nil)
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const id = 0x4c4e
+	answered := 0
+	buf := make([]byte, 1500)
+	for seq := range n {
+		req := []byte{8, 0, 0, 0, id >> 8, id & 0xff, byte(seq >> 8), byte(seq), 'l', 'a', 'n', 'e', 's'}
+		sum := ipv4Checksum(req)
+		req[2], req[3] = byte(sum>>8), byte(sum)
+		if _, err := c.WriteToIP(req, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+			t.Fatalf("ICMP echo: %v", err)
+		}
+		for deadline := time.Now().Add(time.Second); ; {
+			c.SetReadDeadline(deadline)
+			m, from, err := c.ReadFromIP(buf)
+			if err != nil {
+				break
+			}
+			// The raw socket gets the ICMP message without its IP header.
+			if m >= 8 && buf[0] == 0 && from.IP.Equal(dst.AsSlice()) && int(buf[4])<<8|int(buf[5]) == id && int(buf[6])<<8|int(buf[7]) == seq&0xffff {
+				answered++
+				break
+			}
+		}
+	}
+	return answered
+}
+
+// ipv4Checksum is the Internet checksum of b.
+func ipv4Checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
 }
