@@ -15,8 +15,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/lanesnet/lanes/internal/cli"
-	"github.com/lanesnet/lanes/internal/config"
+	"github.com/lanesnet/lanes/cmd/lanes/cli"
+	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/lanesnet/lanes/topology"
 )
 

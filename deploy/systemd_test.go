@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lanesnet/lanes/internal/cli"
-	"github.com/lanesnet/lanes/internal/config"
+	"github.com/lanesnet/lanes/cmd/lanes/cli"
+	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/spf13/pflag"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lanesnet/lanes/bench"
 	"github.com/lanesnet/lanes/bench/workload"
-	"github.com/lanesnet/lanes/internal/cli"
+	"github.com/lanesnet/lanes/cmd/lanes/cli"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/testenv"
 	"github.com/lanesnet/lanes/testbed"

@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/lanesnet/lanes/bench/workload"
-	"github.com/lanesnet/lanes/internal/cli"
+	"github.com/lanesnet/lanes/cmd/lanes/cli"
 
 	// The modes: each policy registers its planner and agents with
 	// control/plan, which control and the CLI look them up in.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lanesnet/lanes/internal/cli"
+	"github.com/lanesnet/lanes/cmd/lanes/cli"
 )
 
 // The binary's commands see every mode the policies register, whatever

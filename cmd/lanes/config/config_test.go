@@ -250,7 +250,7 @@ func TestExitCode(t *testing.T) {
 // ExitConfig: a refused file, or a mode its own start applied and could
 // not run (reset before it exits).
 func TestUnitDoesNotRestartOnConfigError(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/systemd/lanes.service")
+	b, err := os.ReadFile("../../../deploy/systemd/lanes.service")
 	if err != nil {
 		t.Fatal(err)
 	}
