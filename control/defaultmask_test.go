@@ -3,9 +3,9 @@ package control_test
 import (
 	"testing"
 
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/internal/cpuset"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/testbed"
 )

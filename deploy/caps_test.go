@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
 

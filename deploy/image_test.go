@@ -15,7 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/internal/netnsx"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/testenv"

@@ -35,8 +35,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/lanesnet/lanes/bench/stress"
 	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 	"golang.org/x/sys/unix"
 )

@@ -16,10 +16,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"

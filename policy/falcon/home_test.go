@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/datapath/attach"
 	"github.com/lanesnet/lanes/datapath/cpuload"
 	"github.com/lanesnet/lanes/datapath/steer"
 	"github.com/lanesnet/lanes/internal/kthread"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/internal/overlaytest"
 	"github.com/lanesnet/lanes/policy/falcon"
 	"github.com/lanesnet/lanes/testbed"

@@ -27,8 +27,8 @@ import (
 
 	"github.com/lanesnet/lanes/bench/stress"
 	"github.com/lanesnet/lanes/bench/workload"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/internal/modetest"
 	"github.com/lanesnet/lanes/testbed"
 )
 

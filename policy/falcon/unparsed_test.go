@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/testbed"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control/modetest"
 	"github.com/lanesnet/lanes/internal/nsx"
 	"github.com/lanesnet/lanes/policy/fast"
 	"github.com/lanesnet/lanes/testbed"

@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/lanesnet/lanes/internal/cpuset"
 	"github.com/lanesnet/lanes/internal/heartbeat"
 	"github.com/prometheus/client_golang/prometheus"

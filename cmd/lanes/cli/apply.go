@@ -6,10 +6,10 @@ import (
 	"io"
 	"strings"
 
+	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/lanesnet/lanes/control"
 	"github.com/lanesnet/lanes/control/plan"
 	"github.com/lanesnet/lanes/datapath/steer"
-	"github.com/lanesnet/lanes/cmd/lanes/config"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )

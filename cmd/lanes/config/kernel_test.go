@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lanesnet/lanes/control"
-	"github.com/lanesnet/lanes/control/plan"
-	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/cmd/lanes/cli"
 	"github.com/lanesnet/lanes/cmd/lanes/config"
-	"github.com/lanesnet/lanes/internal/modetest"
+	"github.com/lanesnet/lanes/control"
+	"github.com/lanesnet/lanes/control/modetest"
+	"github.com/lanesnet/lanes/control/plan"
+	"github.com/lanesnet/lanes/datapath/knobs"
 	"github.com/lanesnet/lanes/testbed"
 	"github.com/lanesnet/lanes/topology"
 )
