@@ -131,6 +131,11 @@ type Config struct {
 	// path (steer_tc_fast_vx) to the kernel's path, as the underlay's
 	// always does.
 	FastNoGSO bool
+	// FastBeside (with Fast) runs the fast path beside another mode whose
+	// programs count frames through their queues (falcon, PRISM): a frame
+	// it takes is counted out of the first stage's queue and given a hash
+	// no later stage counts out. The fast path alone does neither.
+	FastBeside bool
 }
 
 // DefaultFastIdle is the fast path's idle timeout unless a mode sets
@@ -303,6 +308,9 @@ func (c Config) normalized() (Config, error) {
 		// A micro-flow's frames must meet their reassembly on the
 		// kernel's path, and sync's shortcut would be a second one.
 		return c, errors.New("the fast path runs beside neither micro-flows nor PRISM-sync")
+	}
+	if c.FastBeside && !c.Fast {
+		return c, errors.New("the fast path beside another mode needs the fast path")
 	}
 	if c.FastNoGSO && !c.Fast {
 		return c, errors.New("leaving GSO frames to the kernel's path needs the fast path")

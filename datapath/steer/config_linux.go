@@ -213,6 +213,7 @@ func (d *core) configOnly() (Config, error) {
 		Fast:           m.Flags&modeFast != 0,
 		FastIdle:       time.Duration(m.FastIdleMs) * time.Millisecond,
 		FastNoGSO:      m.Flags&modeFastNoGSO != 0,
+		FastBeside:     m.Flags&modeFastBeside != 0,
 		Flowlet:        time.Duration(k.FlowletNs),
 		Drain:          time.Duration(k.DrainNs),
 		VXLANPort:      uint16(k.VxlanPort),

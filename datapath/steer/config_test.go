@@ -41,7 +41,8 @@ func TestConfigValidation(t *testing.T) {
 			c.Fast, c.FastIdle = true, time.Second
 			c.MFlow = MFlow{At: SplitAtIRQ, Batch: 1, Cores: []int{3}, Window: time.Second}
 		}, "beside neither micro-flows"},
-		"fast path with sync": {func(c *Config) { c.Fast, c.FastIdle, c.Prio, c.Sync = true, time.Second, true, true }, "nor PRISM-sync"},
+		"beside without the fast path": {func(c *Config) { c.FastBeside = true }, "needs the fast path"},
+		"fast path with sync":          {func(c *Config) { c.Fast, c.FastIdle, c.Prio, c.Sync = true, time.Second, true, true }, "nor PRISM-sync"},
 		"inline core not steered to": {func(c *Config) {
 			c.Prio, c.CountSplit, c.PrioIdleInline, c.InlineCPU = true, true, true, 7
 		}, "bulk inline while idle on core 7"},

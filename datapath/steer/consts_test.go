@@ -47,6 +47,7 @@ func TestConstsMatchC(t *testing.T) {
 		{"MODE_STAY_QUEUED", modeStayQueued},
 		{"MODE_FAST", modeFast},
 		{"MODE_FAST_NO_GSO", modeFastNoGSO},
+		{"MODE_FAST_BESIDE", modeFastBeside},
 		// bpf/consts.h: the stages, the table, the core set.
 		{"STAGE_SPLIT", StageSplit},
 		{"STAGE_BRIDGE", StageBridge},

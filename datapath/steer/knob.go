@@ -68,6 +68,7 @@ func (s Setup) Encode() (string, error) {
 		NoBridgeCount: s.Config.NoBridgeCount, StayQueued: s.Config.StayQueued, MFlow: encodeMFlowDoc(s.Config.MFlow), Sync: s.Config.Sync,
 		PrioIdleInline: s.Config.PrioIdleInline, PrioQuietMS: int64(s.Config.PrioQuiet / time.Millisecond), HighAutoPPS: s.Config.HighAutoPPS, BulkQuietMS: int64(s.Config.BulkQuiet / time.Millisecond), BulkAutoMS: int64(s.Config.BulkAuto / time.Millisecond), InlineCPU: s.Config.InlineCPU, AsideBelow: s.Config.AsideBelow, AsideDepth: s.Config.AsideDepth,
 		BulkPolicy: s.BulkPolicy, VethClass: s.Config.VethClass, Fast: s.Config.Fast, FastIdleMS: int64(s.Config.FastIdle / time.Millisecond), FastNoGSO: s.Config.FastNoGSO,
+		FastBeside: s.Config.FastBeside,
 	})
 	return string(b), err
 }
@@ -143,6 +144,7 @@ type setupDoc struct {
 	Fast       bool   `json:"fast,omitempty"`
 	FastIdleMS int64  `json:"fast_idle_ms,omitempty"`
 	FastNoGSO  bool   `json:"fast_no_gso,omitempty"`
+	FastBeside bool   `json:"fast_beside,omitempty"`
 }
 
 // DecodeSetup parses a DatapathKnob value.
@@ -162,7 +164,7 @@ func DecodeSetup(v string) (Setup, error) {
 		Config: Config{Enabled: d.Enabled, CPUs: d.CPUs, Flowlet: time.Duration(d.FlowletNS), Drain: time.Duration(d.DrainNS), VXLANPort: d.Port, VNIs: d.VNIs, Prio: d.Prio, CountSplit: d.CountSplit,
 			NoBridgeCount: d.NoBridgeCount, StayQueued: d.StayQueued, MFlow: mf, Sync: d.Sync, PrioIdleInline: d.PrioIdleInline,
 			PrioQuiet: time.Duration(d.PrioQuietMS) * time.Millisecond, HighAutoPPS: d.HighAutoPPS, BulkQuiet: time.Duration(d.BulkQuietMS) * time.Millisecond, BulkAuto: time.Duration(d.BulkAutoMS) * time.Millisecond, InlineCPU: d.InlineCPU, AsideBelow: d.AsideBelow, AsideDepth: d.AsideDepth, VethClass: d.VethClass,
-			Fast: d.Fast, FastIdle: time.Duration(d.FastIdleMS) * time.Millisecond, FastNoGSO: d.FastNoGSO},
+			Fast: d.Fast, FastIdle: time.Duration(d.FastIdleMS) * time.Millisecond, FastNoGSO: d.FastNoGSO, FastBeside: d.FastBeside},
 		CPUMap: d.CPUMap, QueueSize: d.QueueSize, RTPriority: d.RTPriority,
 		HiCPUMap: d.HiCPUMap, HiRTPriority: d.HiRTPriority, BulkPolicy: d.BulkPolicy,
 	}, nil

@@ -36,6 +36,7 @@ const (
 	modeStayQueued     = 0x1000
 	modeFast           = 0x4000
 	modeFastNoGSO      = 0x8000
+	modeFastBeside     = 0x10000
 )
 
 // mflowFlag is the mode flag of each split point.
@@ -58,7 +59,7 @@ func modeOf(c Config) steerSteerMode {
 	}{
 		{c.Prio, modePrio}, {c.CountSplit, modeCountSplit}, {c.NoBridgeCount, modeNoBridgeCount},
 		{c.StayQueued, modeStayQueued}, {c.Sync, modeSync}, {c.PrioIdleInline, modePrioIdleInline},
-		{c.VethClass, modeVethClass}, {c.Fast, modeFast}, {c.FastNoGSO, modeFastNoGSO},
+		{c.VethClass, modeVethClass}, {c.Fast, modeFast}, {c.FastNoGSO, modeFastNoGSO}, {c.FastBeside, modeFastBeside},
 	} {
 		if f.on {
 			m.Flags |= f.flag
@@ -85,7 +86,7 @@ func modeString(m steerSteerMode) string {
 	}{
 		{modePrio, "prio"}, {modeCountSplit, "count-split"}, {modeMFlow, "mflow-irq"}, {modeMFlowBridge, "mflow-bridge"},
 		{modeNoBridgeCount, "no-bridge-count"}, {modeSync, "sync"}, {modePrioIdleInline, "prio-idle-inline"},
-		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeFast, "fast"}, {modeFastNoGSO, "fast-no-gso"},
+		{modeVethClass, "veth-class"}, {modeStayQueued, "stay-queued"}, {modeFast, "fast"}, {modeFastNoGSO, "fast-no-gso"}, {modeFastBeside, "fast-beside"},
 	} {
 		if m.Flags&f.flag != 0 {
 			s = append(s, f.name)

@@ -587,8 +587,8 @@ func TestPlanFast(t *testing.T) {
 		switch k := c.Knob.(type) {
 		case *steer.DatapathKnob:
 			s, err := steer.DecodeSetup(string(c.Value))
-			if err != nil || !s.Config.Fast || s.Config.FastIdle == 0 {
-				t.Errorf("datapath %+v, %v: want the fast path on", s.Config, err)
+			if err != nil || !s.Config.Fast || !s.Config.FastBeside || s.Config.FastIdle == 0 {
+				t.Errorf("datapath %+v, %v: want the fast path on, beside Falcon", s.Config, err)
 			}
 		case *attach.TCX:
 			h := k.NetNS + "/" + k.Device + " " + k.Direction

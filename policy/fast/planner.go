@@ -147,7 +147,7 @@ var Param = plan.Param{Key: plan.ComparisonPrefix + "fast", Default: "false", He
 
 // Configure turns the fast path on, with its defaults, in the datapath
 // configuration of a mode beside it.
-func Configure(c *steer.Config) { c.Fast, c.FastIdle = true, Defaults().Idle }
+func Configure(c *steer.Config) { c.Fast, c.FastBeside, c.FastIdle = true, true, Defaults().Idle }
 
 // Beside adds the fast path to the plan of a mode beside it, whose
 // datapath (pinned in dir, Configure'd) pl has just loaded and whose own

@@ -33,8 +33,8 @@ func TestPlanFast(t *testing.T) {
 		switch k := c.Knob.(type) {
 		case *steer.DatapathKnob:
 			s, err := steer.DecodeSetup(string(c.Value))
-			if err != nil || !s.Config.Fast {
-				t.Errorf("datapath %+v, %v: want the fast path on", s.Config, err)
+			if err != nil || !s.Config.Fast || !s.Config.FastBeside {
+				t.Errorf("datapath %+v, %v: want the fast path on, beside PRISM", s.Config, err)
 			}
 		case *attach.TCX:
 			if k.Device == "ul2" && k.Direction == "ingress" {

@@ -91,9 +91,10 @@ int steer_tc_fast(struct __sk_buff *skb)
 
 	if (!cfg || !(cfg->flags & CFG_ENABLED) || !mode(MODE_FAST))
 		return TC_ACT_UNSPEC;
-	/* Read before pulling, which may move the data. No micro-flow's
-	 * (Config refuses the fast path with MFLOW's split). */
-	flags = meta_ours(cfg, meta_flags(skb, &seq));
+	/* Read before pulling, which may move the data; only beside a mode
+	 * whose first stage queues. No micro-flow's (Config refuses the fast
+	 * path with MFLOW's split). */
+	flags = mode(MODE_FAST_BESIDE) ? meta_ours(cfg, meta_flags(skb, &seq)) : 0;
 	if (pull(skb, MAX_OUTER_HDRS) < 0)
 		goto passed;
 	c.pos = (void *)(long)skb->data;

@@ -362,10 +362,11 @@ static __always_inline int fast_dev_holds(const struct fast_entry *e)
  * have delivered it: the inner Ethernet header that path leaves, the TTL
  * it takes off (as ip_decrease_ttl does). What bpf_redirect_peer's scrub
  * keeps and the veth's would not, the mark, is cleared; the receive queue
- * is the peer's own. Where a mode counts its later stages beside the fast
- * path (falcon), its container stage's end (steer_tc_seen) counts out a
- * frame whose hash is zero or HASH_COUNTED: the frame gets its flow's
- * hash without that bit, which no stage counted in.
+ * is the peer's own. Beside a mode that counts its later stages
+ * (MODE_FAST_BESIDE), whose container stage's end (steer_tc_seen,
+ * steer_tc_veth_seen) counts out a frame whose hash is zero or
+ * HASH_COUNTED, the frame gets its flow's hash without that bit, which no
+ * stage counted in.
  */
 static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry *e, struct ethhdr *eth,
 					struct iphdr *iip, const struct tuple *t, __u64 now)
@@ -383,7 +384,7 @@ static __always_inline int fast_hand_in(struct __sk_buff *skb, struct fast_entry
 	 * refuses (a context field is written at its own width). */
 	*(volatile __u32 *)&skb->mark = 0;
 	*(volatile __u32 *)&skb->queue_mapping = 0;
-	if (!skb->hash || (skb->hash & HASH_COUNTED))
+	if (mode(MODE_FAST_BESIDE) && (!skb->hash || (skb->hash & HASH_COUNTED)))
 		bpf_set_hash(skb, (flow_hash(t) & ~HASH_COUNTED) ?: 2);
 	if (now > e->last + FAST_STAMP_NS)
 		e->last = now;
@@ -434,6 +435,8 @@ static __always_inline int fast_deliver(struct __sk_buff *skb, struct fast_entry
  */
 static __always_inline void fast_dequeued(const struct tuple *t, __u32 flags, __u32 n)
 {
+	if (!mode(MODE_FAST_BESIDE))
+		return;
 	if (flags & LANES_META_QUEUED)
 		seen_split(t, flags, n);
 	queue_seen(meta_qid(flags), n);

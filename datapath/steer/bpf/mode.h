@@ -54,6 +54,11 @@
 /* With MODE_FAST: the fast path from a VXLAN device (fast_vx) leaves GSO
  * frames to the kernel's path, as the one from the underlay does. */
 #define MODE_FAST_NO_GSO 0x8000u
+/* With MODE_FAST: beside another mode whose programs count frames through
+ * their queues (falcon, PRISM). A frame the fast path takes is counted
+ * out of the first stage's queue (fast_dequeued) and leaves with a hash
+ * no later stage counts out; alone, the fast path skips both. */
+#define MODE_FAST_BESIDE 0x10000u
 struct steer_mode {
 	__u32 flags; /* MODE_* */
 	/* MODE_PRIO_IDLE_INLINE: bulk also stays in the NIC poll while no
